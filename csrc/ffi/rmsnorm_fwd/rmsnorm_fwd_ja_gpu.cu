@@ -1,0 +1,31 @@
+// XLA FFI handlers for RMSNorm on the GPU (CUDA or ROCm builds only).
+#include "ja/gpu.h"
+#include "rmsnorm_common.h"
+
+namespace ffi = xla::ffi;
+
+static ffi::Error rmsnorm_gpu(ja_stream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w,
+                              ffi::Result<ffi::AnyBuffer> out, float eps) {
+  JaRmsNormArgs a;
+  if (auto e = ja::rmsnorm_args(x, nullptr, w, *out, nullptr, eps, &a); e.failure()) return e;
+  return ja::from_kernel(ja_rmsnorm_fwd_gpu(&a, stream));
+}
+
+static ffi::Error rmsnorm_add_gpu(ja_stream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer residual, ffi::AnyBuffer w,
+                                  ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> residual_out,
+                                  float eps) {
+  JaRmsNormArgs a;
+  if (auto e = ja::rmsnorm_args(x, &residual, w, *out, &*residual_out, eps, &a); e.failure()) return e;
+  return ja::from_kernel(ja_rmsnorm_fwd_gpu(&a, stream));
+}
+
+JA_FFI_HANDLER(JaRmsNormFwdGpu);
+JA_FFI_HANDLER(JaRmsNormFwdAddGpu);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaRmsNormFwdGpu, rmsnorm_gpu,
+                              ffi::Ffi::Bind().Ctx<ffi::PlatformStream<ja_stream_t>>().Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Attr<float>("eps"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaRmsNormFwdAddGpu, rmsnorm_add_gpu,
+                              ffi::Ffi::Bind().Ctx<ffi::PlatformStream<ja_stream_t>>().Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>().Attr<float>("eps"));

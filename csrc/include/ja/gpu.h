@@ -1,0 +1,75 @@
+// Portability header: one kernel source compiles with nvcc (CUDA) and hipcc (HIP).
+//
+// Kernel code uses only the ja_* names below, never cuda*/hip* directly, so a
+// tuning that only one compiler accepts stays behind this header.
+#pragma once
+
+#if defined(__HIPCC__) || defined(JA_BACKEND_ROCM)
+#include <hip/hip_runtime.h>
+#include <hip/hip_fp16.h>
+#include <hip/hip_bf16.h>
+#define JA_GPU_HIP 1
+using ja_stream_t = hipStream_t;
+using ja_error_t = hipError_t;
+#define ja_success hipSuccess
+#define ja_get_last_error hipGetLastError
+#define ja_peek_last_error hipPeekAtLastError
+#define ja_get_error_string hipGetErrorString
+#define ja_memset_async hipMemsetAsync
+#define JA_WARP_SIZE_MAX 64
+#define JA_PLATFORM_NAME "ROCM"
+#elif defined(__CUDACC__) || defined(JA_BACKEND_CUDA)
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#define JA_GPU_CUDA 1
+using ja_stream_t = cudaStream_t;
+using ja_error_t = cudaError_t;
+#define ja_success cudaSuccess
+#define ja_get_last_error cudaGetLastError
+#define ja_peek_last_error cudaPeekAtLastError
+#define ja_get_error_string cudaGetErrorString
+#define ja_memset_async cudaMemsetAsync
+#define JA_WARP_SIZE_MAX 32
+#define JA_PLATFORM_NAME "CUDA"
+#else
+#error "ja/gpu.h needs nvcc or hipcc (define JA_BACKEND_CUDA or JA_BACKEND_ROCM)"
+#endif
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define JA_DEVICE __device__ __forceinline__
+#define JA_HOST_DEVICE __host__ __device__ __forceinline__
+#define JA_GLOBAL __global__
+
+// Warp-level reductions. The warp width is a compile-time property of the
+// device pass (32 on NVIDIA, 64 on CDNA), exposed as ja_warp_size().
+#if defined(JA_GPU_HIP)
+JA_DEVICE constexpr int ja_warp_size() {
+#if defined(__GFX9__) || defined(__gfx90a__) || defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__) || defined(__gfx950__)
+  return 64;
+#else
+  return 32;
+#endif
+}
+template <typename T>
+JA_DEVICE T ja_shfl_xor(T v, int mask) { return __shfl_xor(v, mask); }
+#else
+JA_DEVICE constexpr int ja_warp_size() { return 32; }
+template <typename T>
+JA_DEVICE T ja_shfl_xor(T v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
+#endif
+
+JA_DEVICE float ja_warp_sum(float v) {
+#pragma unroll
+  for (int m = ja_warp_size() / 2; m > 0; m >>= 1) v += ja_shfl_xor(v, m);
+  return v;
+}
+JA_DEVICE float ja_warp_max(float v) {
+#pragma unroll
+  for (int m = ja_warp_size() / 2; m > 0; m >>= 1) v = fmaxf(v, ja_shfl_xor(v, m));
+  return v;
+}
+
+JA_DEVICE float ja_exp2(float x) { return exp2f(x); }
+JA_DEVICE float ja_rsqrt(float x) { return rsqrtf(x); }
+#endif  // device compiler

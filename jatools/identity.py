@@ -1,0 +1,77 @@
+"""Build identity of the JIT libraries, derived at build time and never typed by hand.
+
+The hard gate for reuse is (kernel-source revision, GPU arch set, recipe hash,
+backend, FFI API version); the toolchain is recorded as advisory provenance.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from pathlib import Path
+
+from jatools import config, toolchain
+
+GATED_FIELDS = ("kernel_source_revision", "gpu_archs", "recipe_hash", "backend", "ffi_api_version")
+
+
+class IdentityError(RuntimeError):
+    pass
+
+
+def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+
+
+def kernel_source_revision(root: Path, kernel_dir: Path) -> tuple[str, bool]:
+    """(revision, dirty): `git rev-parse HEAD:<dir>` (a tree id or a submodule commit)."""
+    rel = kernel_dir.resolve().relative_to(root.resolve()).as_posix()
+    out = _git(root, "rev-parse", f"HEAD:{rel}")
+    if out.returncode != 0:
+        raise IdentityError(
+            f"cannot derive the kernel-source revision: `git rev-parse HEAD:{rel}` failed in {root} "
+            f"({out.stderr.strip() or 'not a git checkout'}); build from a git checkout with {rel} committed"
+        )
+    status = _git(root, "status", "--porcelain", "--", rel)
+    return out.stdout.strip(), bool(status.stdout.strip())
+
+
+def recipe_paths(root: Path, patterns: tuple[str, ...] | list[str]) -> list[Path]:
+    """The files the recipe lists (globs expanded, sorted, de-duplicated)."""
+    found: set[Path] = set()
+    for pat in patterns:
+        matches = [p for p in root.glob(pat) if p.is_file()] if any(c in pat for c in "*?[") else (
+            [root / pat] if (root / pat).is_file() else [])
+        found.update(matches)
+    return sorted(found)
+
+
+def recipe_hash(root: Path, patterns: tuple[str, ...] | list[str]) -> str:
+    """sha256 over (relative path, file sha256) of exactly the listed files."""
+    h = hashlib.sha256()
+    for p in recipe_paths(root, patterns):
+        h.update(p.relative_to(root).as_posix().encode() + b"\0")
+        h.update(hashlib.sha256(p.read_bytes()).hexdigest().encode() + b"\n")
+    return h.hexdigest()
+
+
+def derive(settings: config.Settings, tc: toolchain.Toolchain) -> dict:
+    rev, dirty = kernel_source_revision(settings.root, settings.kernel_source_dir)
+    major, minor = toolchain.ffi_api_version(settings.ffi_include_dir)
+    ident = {
+        "kernel_source_revision": rev,
+        "kernel_source_dirty": dirty,
+        "gpu_archs": sorted(tc.archs),
+        "recipe_hash": recipe_hash(settings.root, settings.recipe_files),
+        "backend": tc.backend,
+        "ffi_api_version": f"{major}.{minor}",
+        "toolchain": tc.identity(),
+    }
+    ident["cache_id"] = cache_id(ident)
+    return ident
+
+
+def cache_id(ident: dict) -> str:
+    """Short hash of the gated fields: names the immutable release `jit-libs-<cache-id>`."""
+    gated = {k: (sorted(ident[k]) if k == "gpu_archs" else ident[k]) for k in GATED_FIELDS}
+    return hashlib.sha256(json.dumps(gated, sort_keys=True).encode()).hexdigest()[:16]

@@ -1,0 +1,321 @@
+"""Backend and toolchain detection: which compiler builds the GPU code, for which archs.
+
+ROCm follows the reference recipe: a legacy image has ROCM_PATH or /opt/rocm;
+TheRock has no /opt/rocm, so the root comes from ``rocm-sdk path --root`` and
+``hipcc`` from PATH. CUDA is nvcc from CUDA_HOME or PATH. ``auto`` picks ROCm,
+else CUDA, else the CPU. Every decision is recorded in ``Toolchain.how`` so the
+build can print why it chose what it chose.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from jatools import config
+
+
+class ToolchainError(RuntimeError):
+    """A toolchain problem the user can fix; the message says how."""
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    backend: str  # cpu | cuda | rocm
+    cxx: str
+    cxx_version: str
+    gpu_compiler: str | None = None
+    gpu_compiler_version: str | None = None
+    platform_version: str | None = None  # CUDA or ROCm release
+    rocm_root: str | None = None
+    cuda_home: str | None = None
+    archs: tuple[str, ...] = ()
+    how: tuple[str, ...] = field(default_factory=tuple)
+
+    def identity(self) -> dict:
+        """The toolchain part of a build identity (paths left out: they are machine-specific)."""
+        return {
+            "backend": self.backend,
+            "cxx_version": self.cxx_version,
+            "gpu_compiler": Path(self.gpu_compiler).name if self.gpu_compiler else None,
+            "gpu_compiler_version": self.gpu_compiler_version,
+            "platform_version": self.platform_version,
+        }
+
+
+def _run(cmd: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0].strip() if text.strip() else ""
+
+
+def cxx_version(cxx: str) -> str:
+    try:
+        out = _run([cxx, "-dumpfullversion", "-dumpversion"])
+    except FileNotFoundError as e:
+        raise ToolchainError(f"C++ compiler {cxx!r} not found; install g++ (apt-get install g++) or set CXX") from e
+    return f"{Path(cxx).name} {out.stdout.strip()}"
+
+
+def nvcc_version(nvcc: str) -> str:
+    text = _run([nvcc, "--version"]).stdout
+    m = re.search(r"release (\d+\.\d+)", text)
+    return m.group(1) if m else _first_line(text)
+
+
+def hipcc_version(hipcc: str) -> str:
+    text = _run([hipcc, "--version"]).stdout
+    m = re.search(r"HIP version:\s*([\w.\-]+)", text)
+    return m.group(1) if m else _first_line(text)
+
+
+def find_rocm(env: dict[str, str], legacy_root: str, which=shutil.which) -> tuple[str | None, str | None, list[str]]:
+    """Return (rocm_root, hipcc, notes). rocm_root may be None for a bare hipcc on PATH."""
+    notes: list[str] = []
+    rocm_path = env.get("ROCM_PATH")
+    if rocm_path:
+        hipcc = Path(rocm_path) / "bin" / "hipcc"
+        if hipcc.exists():
+            notes.append(f"ROCm from ROCM_PATH={rocm_path}")
+            return rocm_path, str(hipcc), notes
+        notes.append(f"ROCM_PATH={rocm_path} has no bin/hipcc; looking further")
+    if Path(legacy_root, "bin", "hipcc").exists():
+        notes.append(f"ROCm from legacy image root {legacy_root}")
+        return legacy_root, str(Path(legacy_root, "bin", "hipcc")), notes
+    rocm_sdk = which("rocm-sdk", path=env.get("PATH"))
+    hipcc = which("hipcc", path=env.get("PATH"))
+    if rocm_sdk:
+        out = _run([rocm_sdk, "path", "--root"])
+        root = out.stdout.strip()
+        if out.returncode != 0 or not root:
+            raise ToolchainError(
+                f"`rocm-sdk path --root` failed (exit {out.returncode}): {out.stderr.strip()}; "
+                "repair the TheRock install (pip install rocm[devel]) or set ROCM_PATH"
+            )
+        if not hipcc:
+            raise ToolchainError(
+                f"TheRock root {root} found by rocm-sdk, but hipcc is not on PATH; "
+                "activate the TheRock environment or add its bin folder to PATH"
+            )
+        notes.append(f"ROCm from TheRock: `rocm-sdk path --root` = {root}, hipcc from PATH ({hipcc})")
+        return root, hipcc, notes
+    if hipcc:
+        notes.append(f"ROCm from hipcc on PATH ({hipcc}), no ROCm root")
+        return None, hipcc, notes
+    return None, None, notes
+
+
+def find_nvcc(env: dict[str, str], which=shutil.which) -> tuple[str | None, list[str]]:
+    cuda_home = env.get("CUDA_HOME") or env.get("CUDA_PATH")
+    if cuda_home and Path(cuda_home, "bin", "nvcc").exists():
+        return str(Path(cuda_home, "bin", "nvcc")), [f"CUDA from CUDA_HOME={cuda_home}"]
+    nvcc = which("nvcc", path=env.get("PATH"))
+    return nvcc, ([f"CUDA from nvcc on PATH ({nvcc})"] if nvcc else [])
+
+
+def normalise_cuda_arch(arch: str) -> str:
+    a = arch.strip().lower()
+    if re.fullmatch(r"\d+a?", a):
+        a = "sm_" + a
+    if not re.fullmatch(r"sm_\d+a?", a):
+        raise ToolchainError(f"GPU arch {arch!r} is not a CUDA arch; CUDA archs look like sm_90")
+    return a
+
+
+def check_cuda_archs(nvcc: str, archs: list[str]) -> None:
+    listed = set(_run([nvcc, "--list-gpu-code"]).stdout.split())
+    for a in archs:
+        if listed and a not in listed:
+            raise ToolchainError(
+                f"GPU arch {a} is not supported by {nvcc} (it supports {', '.join(sorted(listed))}); "
+                "set GPU_ARCHS to one of those"
+            )
+
+
+def check_rocm_archs(hipcc: str, archs: list[str], env: dict[str, str]) -> None:
+    """Ask the HIP compiler to compile an empty file for each arch; a rejection names the arch."""
+    for a in archs:
+        if not re.fullmatch(r"gfx[0-9a-f]+(:[a-z+\-:]+)?", a):
+            raise ToolchainError(f"GPU arch {a!r} is not a ROCm arch; ROCm archs look like gfx950")
+        with tempfile.TemporaryDirectory() as tmp:
+            src = Path(tmp, "probe.hip")
+            src.write_text("__global__ void ja_probe() {}\n")
+            out = subprocess.run(
+                [hipcc, "-x", "hip", f"--offload-arch={a}", "--cuda-device-only", "-c", str(src), "-o", str(Path(tmp, "p.o"))],
+                capture_output=True, text=True, timeout=300, env={**os.environ, **env, "HIP_PLATFORM": "amd"},
+            )
+            if out.returncode != 0:
+                reason = _first_line(out.stderr) or f"exit {out.returncode}"
+                raise ToolchainError(
+                    f"GPU arch {a} is rejected by {hipcc}: {reason}; "
+                    "use an arch this ROCm release supports (e.g. gfx90a, gfx942) or a newer ROCm"
+                )
+
+
+def detect(settings: config.Settings, env: dict[str, str] | None = None, which=shutil.which,
+           check_archs: bool = True) -> Toolchain:
+    env = dict(os.environ if env is None else env)
+    cxx = env.get("CXX", "g++")
+    how: list[str] = []
+    want = settings.backend
+    rocm_root = hipcc = nvcc = None
+    if want in ("auto", "rocm"):
+        rocm_root, hipcc, notes = find_rocm(env, settings.raw.get("rocm_legacy_root", "/opt/rocm"), which)
+        how += notes
+        if want == "rocm" and not hipcc:
+            raise ToolchainError(
+                "JA_BACKEND=rocm but no ROCm toolchain was found (no ROCM_PATH, no /opt/rocm, no rocm-sdk, "
+                "no hipcc on PATH); install ROCm or TheRock (pip install rocm[devel]), or use JA_BACKEND=cpu"
+            )
+    if want == "cuda" or (want == "auto" and not hipcc):
+        nvcc, notes = find_nvcc(env, which)
+        how += notes
+        if want == "cuda" and not nvcc:
+            raise ToolchainError(
+                "JA_BACKEND=cuda but nvcc was not found on PATH or in CUDA_HOME; "
+                "install the CUDA toolkit or set CUDA_HOME, or use JA_BACKEND=cpu"
+            )
+    backend = "rocm" if hipcc and want in ("auto", "rocm") else "cuda" if nvcc else "cpu"
+    if want == "auto":
+        how.append(f"JA_BACKEND=auto resolved to {backend}")
+    cxxv = cxx_version(cxx)
+    if backend == "cpu":
+        return Toolchain("cpu", cxx, cxxv, how=tuple(how))
+    archs = list(settings.gpu_archs or settings.default_archs(backend))
+    if backend == "cuda":
+        archs = [normalise_cuda_arch(a) for a in archs]
+        if check_archs:
+            check_cuda_archs(nvcc, archs)
+        ver = nvcc_version(nvcc)
+        return Toolchain("cuda", cxx, cxxv, nvcc, ver, ver, cuda_home=str(Path(nvcc).parent.parent),
+                         archs=tuple(archs), how=tuple(how))
+    if check_archs:
+        check_rocm_archs(hipcc, archs, env)
+    ver = hipcc_version(hipcc)
+    platform_version = ver
+    rocm_sdk = which("rocm-sdk", path=env.get("PATH"))
+    if rocm_sdk:
+        out = _run([rocm_sdk, "version"])
+        if out.returncode == 0 and out.stdout.strip():
+            platform_version = out.stdout.strip()
+    return Toolchain("rocm", cxx, cxxv, hipcc, ver, platform_version, rocm_root=rocm_root,
+                     archs=tuple(archs), how=tuple(how))
+
+
+def arch_flags(tc: Toolchain) -> list[str]:
+    """One code-generation flag per arch, as the reference recipe does."""
+    if tc.backend == "cuda":
+        return [f"--generate-code=arch=compute_{a[3:].rstrip('a')}{'a' if a.endswith('a') else ''},code={a}" for a in tc.archs]
+    if tc.backend == "rocm":
+        return [f"--offload-arch={a}" for a in tc.archs]
+    return []
+
+
+def compile_flags(tc: Toolchain, settings: config.Settings) -> dict[str, list[str]]:
+    """Compiler and linker flags for every native target (umbrella, shims, JIT libraries).
+
+    One definition serves the Makefile (through build/config.mk) and
+    build_jit.py, so the two can never drift. Paths are relative to the
+    repository root, where both run their compilers.
+    """
+    vis = [] if settings.symbol_visible else ["-fvisibility=hidden"]
+    ffi_inc = os.path.relpath(settings.ffi_include_dir, settings.root)
+    inc = ["-Icsrc/include", "-Icsrc/kernels", f"-I{ffi_inc}"]
+    gpu_defs = [] if tc.backend == "cpu" else ["-DJA_HAS_GPU=1", f"-DJA_BACKEND_{tc.backend.upper()}=1"]
+    prefix_map = [f"-ffile-prefix-map={settings.root}/="]
+    cxx = ["-std=c++17", "-O3", "-fPIC", *vis, "-Wall", "-Wextra", "-Wno-unused-parameter", *prefix_map,
+           *inc, *gpu_defs]
+    if tc.backend == "cuda":
+        host = ",".join(["-fPIC", *vis, *prefix_map])
+        gpu = ["-std=c++17", "-O3", f"-Xcompiler={host}", "--expt-relaxed-constexpr", *arch_flags(tc), *inc, *gpu_defs]
+        link = [tc.gpu_compiler, "-shared", "-cudart=static"]
+        link_pass = "-Xlinker="
+    elif tc.backend == "rocm":
+        gpu = ["-x", "hip", "-std=c++17", "-O3", "-fPIC", *vis, *prefix_map, *arch_flags(tc), *inc, *gpu_defs]
+        link = [tc.gpu_compiler, "-shared"]
+        link_pass = "-Wl,"
+    else:
+        gpu, link, link_pass = [], [tc.cxx, "-shared"], "-Wl,"
+    return {"cxx": cxx, "gpu": gpu, "link": link, "link_pass": [link_pass], "libs": ["-lpthread"]}
+
+
+def make_config(tc: Toolchain, settings: config.Settings, key: str) -> str:
+    """The build/config.mk text the Makefile includes (regenerated only when `key` changes)."""
+    ffi_major, ffi_minor = ffi_api_version(settings.ffi_include_dir)
+    lines = [
+        "# Generated by `python3 -m jatools.toolchain --emit-make`; do not edit.",
+        f"CFG_KEY := {key}",
+        f"JA_BACKEND_RESOLVED := {tc.backend}",
+        f"CXX := {tc.cxx}",
+        f"GPUCC := {tc.gpu_compiler or ''}",
+        f"GPU_ARCH_FLAGS := {' '.join(arch_flags(tc))}",
+        f"GPU_ARCHS_RESOLVED := {';'.join(tc.archs)}",
+        f"ROCM_ROOT := {tc.rocm_root or ''}",
+        f"FFI_INCLUDE := {settings.ffi_include_dir}",
+        f"FFI_API_VERSION := {ffi_major}.{ffi_minor}",
+        f"SYMBOL_VISIBLE := {1 if settings.symbol_visible else 0}",
+        f"TOOLCHAIN_CXX_VERSION := {tc.cxx_version}",
+        f"TOOLCHAIN_GPU_VERSION := {tc.gpu_compiler_version or ''}",
+    ]
+    flags = compile_flags(tc, settings)
+    lines += [
+        f"CXXFLAGS_BASE := {' '.join(flags['cxx'])}",
+        f"GPUFLAGS_BASE := {' '.join(flags['gpu'])}",
+        f"LINK_DRIVER := {' '.join(flags['link'])}",
+        f"LINK_PASS := {flags['link_pass'][0]}",
+        f"LINK_LIBS := {' '.join(flags['libs'])}",
+    ]
+    for note in tc.how:
+        lines.append(f"# {note}")
+    return "\n".join(lines) + "\n"
+
+
+def ffi_api_version(include_dir: Path) -> tuple[int, int]:
+    """XLA_FFI_API_MAJOR/MINOR from an XLA FFI c_api.h (ours or the installed jaxlib's)."""
+    text = (Path(include_dir) / "xla/ffi/api/c_api.h").read_text()
+    major = re.search(r"#define XLA_FFI_API_MAJOR (\d+)", text)
+    minor = re.search(r"#define XLA_FFI_API_MINOR (\d+)", text)
+    if not (major and minor):
+        raise ToolchainError(f"{include_dir}/xla/ffi/api/c_api.h has no XLA_FFI_API_MAJOR/MINOR")
+    return int(major.group(1)), int(minor.group(1))
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--emit-make", metavar="FILE", help="write the Makefile configuration")
+    p.add_argument("--key", default="", help="the environment key the Makefile compares")
+    p.add_argument("--json", action="store_true", help="print the detected toolchain as JSON")
+    args = p.parse_args(argv)
+    try:
+        settings = config.load()
+        tc = detect(settings)
+    except (ToolchainError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.emit_make:
+        _atomic_write(Path(args.emit_make), make_config(tc, settings, args.key))
+        print(f"jax-aiter: backend {tc.backend}" + (f", archs {';'.join(tc.archs)}" if tc.archs else "")
+              + f" ({'; '.join(tc.how) or 'no GPU toolchain found'})", file=sys.stderr)
+    if args.json or not args.emit_make:
+        import json
+        print(json.dumps(asdict(tc), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
