@@ -17,7 +17,7 @@
 .SUFFIXES:
 
 PYTHON ?= python3
-BUILD := build
+BUILD ?= $(or $(JA_BUILD_DIR),build)
 CFG := $(BUILD)/config.mk
 UMBRELLA_DIR := $(BUILD)/jax_aiter_build
 JIT_DIR := $(BUILD)/aiter_build
@@ -75,7 +75,7 @@ define SHIM_RULE
 $(UMBRELLA_DIR)/$(1)_ja.so: $(call shim_objs,$(1)) $(UMBRELLA) $(call shim_jit,$(1)) $(CFG)
 	@mkdir -p $$(@D)
 	$$(LINK_DRIVER) -o $$@.tmp $(call shim_objs,$(1)) \
-	  -L$(UMBRELLA_DIR) -L$(JIT_DIR) $(foreach j,$(JIT_$(1)),-l$(j)) -ljax_aiter \
+	  $$(LINK_PASS)--no-as-needed -L$(UMBRELLA_DIR) -L$(JIT_DIR) $(foreach j,$(JIT_$(1)),-l$(j)) -ljax_aiter \
 	  $$(LINK_PASS)-soname=$(1)_ja.so $$(LINK_PASS)--enable-new-dtags \
 	  '$$(LINK_PASS)-rpath=$$$$ORIGIN:$$$$ORIGIN/../aiter_build' $$(LINK_LIBS)
 	@mv -f $$@.tmp $$@

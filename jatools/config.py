@@ -13,12 +13,6 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-# environment variable -> pyproject key
-ENV_KEYS = {
-    "JA_BACKEND": "backend",
-    "AITER_SYMBOL_VISIBLE": "symbol_visible",
-}
-
 VALID_BACKENDS = ("auto", "cpu", "cuda", "rocm")
 
 
@@ -93,14 +87,15 @@ def load(backend: str | None = None, gpu_archs: str | None = None, root: Path | 
     archs_text = gpu_archs if gpu_archs is not None else env.get("GPU_ARCHS")
     archs = tuple(split_archs(archs_text)) if archs_text else None
     sym = env.get("AITER_SYMBOL_VISIBLE")
+    build_dir = root / (env.get("JA_BUILD_DIR") or raw["build_dir"])
     return Settings(
         root=root,
         backend=chosen_backend,
         gpu_archs=archs or None,
         symbol_visible=_truthy(sym) if sym is not None else bool(raw.get("symbol_visible", False)),
-        umbrella_dir=root / raw["umbrella_dir"],
-        jit_dir=root / raw["jit_dir"],
-        build_dir=root / raw["build_dir"],
+        umbrella_dir=build_dir / "jax_aiter_build",
+        jit_dir=build_dir / "aiter_build",
+        build_dir=build_dir,
         kernel_source_dir=root / raw["kernel_source_dir"],
         jit_config=root / raw["jit_config"],
         ffi_include_dir=root / raw["ffi_include_dir"],

@@ -228,7 +228,7 @@ def compile_flags(tc: Toolchain, settings: config.Settings) -> dict[str, list[st
     """
     vis = [] if settings.symbol_visible else ["-fvisibility=hidden"]
     ffi_inc = os.path.relpath(settings.ffi_include_dir, settings.root)
-    inc = ["-Icsrc/include", "-Icsrc/kernels", f"-I{ffi_inc}"]
+    inc = ["-Icsrc/include", "-Icsrc/kernels", "-isystem", ffi_inc]
     gpu_defs = [] if tc.backend == "cpu" else ["-DJA_HAS_GPU=1", f"-DJA_BACKEND_{tc.backend.upper()}=1"]
     prefix_map = [f"-ffile-prefix-map={settings.root}/="]
     cxx = ["-std=c++17", "-O3", "-fPIC", *vis, "-Wall", "-Wextra", "-Wno-unused-parameter", *prefix_map,

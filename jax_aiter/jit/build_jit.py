@@ -137,7 +137,7 @@ def ninja_text(modules: dict[str, dict], sources: dict[str, dict[str, list[Path]
     lines += [
         f"link = {_q(flags['link'])}",
         "rule link",
-        f"  command = $link -o $out.tmp $in -L{umb_dir} -ljax_aiter {lp}-soname=$soname {lp}--enable-new-dtags "
+        f"  command = $link -o $out.tmp $in {lp}--no-as-needed -L{umb_dir} -ljax_aiter {lp}-soname=$soname {lp}--enable-new-dtags "
         f"'{lp}-rpath=$$ORIGIN:$$ORIGIN/../jax_aiter_build' {_q(flags['libs'])} && mv -f $out.tmp $out",
         "  description = LINK $out",
     ]

@@ -6,7 +6,7 @@ namespace ffi = xla::ffi;
 JA_DEFINE_FFI_API_VERSION()
 
 static ffi::Error rmsnorm_cpu(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> out, float eps) {
-  JaRmsNormArgs a;
+  JaRmsNormArgs a{};
   if (auto e = ja::rmsnorm_args(x, nullptr, w, *out, nullptr, eps, &a); e.failure()) return e;
   return ja::from_kernel(ja_rmsnorm_fwd_cpu(&a));
 }
@@ -14,7 +14,7 @@ static ffi::Error rmsnorm_cpu(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ff
 static ffi::Error rmsnorm_add_cpu(ffi::AnyBuffer x, ffi::AnyBuffer residual, ffi::AnyBuffer w,
                                   ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> residual_out,
                                   float eps) {
-  JaRmsNormArgs a;
+  JaRmsNormArgs a{};
   if (auto e = ja::rmsnorm_args(x, &residual, w, *out, &*residual_out, eps, &a); e.failure()) return e;
   return ja::from_kernel(ja_rmsnorm_fwd_cpu(&a));
 }

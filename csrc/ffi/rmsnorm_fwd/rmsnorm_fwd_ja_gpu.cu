@@ -6,7 +6,7 @@ namespace ffi = xla::ffi;
 
 static ffi::Error rmsnorm_gpu(ja_stream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w,
                               ffi::Result<ffi::AnyBuffer> out, float eps) {
-  JaRmsNormArgs a;
+  JaRmsNormArgs a{};
   if (auto e = ja::rmsnorm_args(x, nullptr, w, *out, nullptr, eps, &a); e.failure()) return e;
   return ja::from_kernel(ja_rmsnorm_fwd_gpu(&a, stream));
 }
@@ -14,7 +14,7 @@ static ffi::Error rmsnorm_gpu(ja_stream_t stream, ffi::AnyBuffer x, ffi::AnyBuff
 static ffi::Error rmsnorm_add_gpu(ja_stream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer residual, ffi::AnyBuffer w,
                                   ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> residual_out,
                                   float eps) {
-  JaRmsNormArgs a;
+  JaRmsNormArgs a{};
   if (auto e = ja::rmsnorm_args(x, &residual, w, *out, &*residual_out, eps, &a); e.failure()) return e;
   return ja::from_kernel(ja_rmsnorm_fwd_gpu(&a, stream));
 }

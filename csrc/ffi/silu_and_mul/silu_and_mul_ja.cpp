@@ -16,7 +16,7 @@ const char* ja_silu_and_mul_cpu(const JaSiluAndMulArgs* a) {
 }
 
 static ffi::Error silu_and_mul_cpu(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out) {
-  JaSiluAndMulArgs a;
+  JaSiluAndMulArgs a{};
   if (auto e = ja::silu_and_mul_args(x, *out, &a); e.failure()) return e;
   return ja::from_kernel(ja_silu_and_mul_cpu(&a));
 }

@@ -14,7 +14,7 @@ const char* ja_silu_and_mul_gpu(const JaSiluAndMulArgs* a, void* stream) {
 }
 
 static ffi::Error silu_and_mul_gpu(ja_stream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out) {
-  JaSiluAndMulArgs a;
+  JaSiluAndMulArgs a{};
   if (auto e = ja::silu_and_mul_args(x, *out, &a); e.failure()) return e;
   return ja::from_kernel(ja_silu_and_mul_gpu(&a, stream));
 }

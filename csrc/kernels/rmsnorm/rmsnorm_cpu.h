@@ -20,7 +20,7 @@ const char* rmsnorm_fwd_cpu(const JaRmsNormArgs& a) {
   const int64_t h = a.hidden;
   const float inv_h = 1.0f / float(h);
   parallel_for(a.rows, std::max<int64_t>(1, 65536 / std::max<int64_t>(h, 1)), [&](int64_t r0, int64_t r1) {
-    std::vector<float> row(size_t(h));
+    std::vector<float> row(static_cast<size_t>(h));
     for (int64_t r = r0; r < r1; ++r) {
       const T* xr = x + r * h;
       // Four partial sums keep the reduction vectorisable and better conditioned.

@@ -1,0 +1,205 @@
+"""Find the native libraries, check their FFI API version, and register the FFI targets.
+
+Search order for each library (every step that is skipped is logged):
+
+1. ``JAX_AITER_LIB_DIR`` when set (a folder of libraries, e.g. fetched MHA ones);
+2. the libraries packaged in the wheel (``jax_aiter/_lib``);
+3. a source checkout's build tree (``build/jax_aiter_build`` and ``build/aiter_build``);
+4. for the MHA JIT libraries only, the fetch cache written by ``jax-aiter-fetch-mha``.
+
+A library found nowhere raises ``LibraryNotFoundError`` naming the command that
+produces it. Libraries are loaded by absolute path in dependency order
+(umbrella, JIT library, shim); each shim names its JIT library in DT_NEEDED, and
+the dynamic loader matches it by SONAME, so no RTLD_GLOBAL is involved.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("jax_aiter")
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGED_LIB_DIR = PACKAGE_DIR / "_lib"
+IDENTITY_FILE = PACKAGE_DIR / "_build_identity.json"
+UMBRELLA = "libjax_aiter.so"
+MHA_JIT_LIBS = ("libmha_fwd.so", "libmha_bwd.so")
+
+
+class LibraryNotFoundError(ImportError):
+    """A native library is missing; the message names the command that provides it."""
+
+
+class FfiVersionError(ImportError):
+    """A shim was built against an XLA FFI API the installed jaxlib does not support."""
+
+
+@dataclass(frozen=True)
+class OpLibrary:
+    shim: str
+    jit: tuple[str, ...]
+    targets: tuple[tuple[str, str], ...]  # (FFI target name, handler symbol prefix)
+
+
+OPS: dict[str, OpLibrary] = {
+    "rmsnorm_fwd": OpLibrary("rmsnorm_fwd_ja.so", ("librmsnorm_fwd.so",),
+                             (("ja_rmsnorm_fwd", "JaRmsNormFwd"), ("ja_rmsnorm_fwd_add", "JaRmsNormFwdAdd"))),
+    "silu_and_mul": OpLibrary("silu_and_mul_ja.so", (), (("ja_silu_and_mul", "JaSiluAndMul"),)),
+    "mha_fwd": OpLibrary("mha_fwd_ja.so", ("libmha_fwd.so",), (("ja_mha_fwd", "JaMhaFwd"),)),
+    "mha_bwd": OpLibrary("mha_bwd_ja.so", ("libmha_bwd.so",), (("ja_mha_bwd", "JaMhaBwd"),)),
+}
+
+
+def _checkout_dirs() -> list[Path]:
+    root = Path(os.environ.get("JA_ROOT_DIR") or PACKAGE_DIR.parent)
+    build = root / os.environ.get("JA_BUILD_DIR", "build")
+    return [build / "jax_aiter_build", build / "aiter_build"]
+
+
+def build_identity() -> dict | None:
+    """The identity baked into an installed wheel, or None in a source checkout."""
+    if IDENTITY_FILE.exists():
+        return json.loads(IDENTITY_FILE.read_text())
+    return None
+
+
+def fetch_cache_dir(identity: dict | None = None) -> Path | None:
+    """Where jax-aiter-fetch-mha puts the MHA JIT libraries for this install."""
+    if os.environ.get("JAX_AITER_LIB_DIR"):
+        return Path(os.environ["JAX_AITER_LIB_DIR"])
+    identity = identity or build_identity()
+    if not identity or not identity.get("cache_id"):
+        return None
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "jax-aiter" / identity["version"] / identity["cache_id"]
+
+
+def search_dirs(name: str) -> list[tuple[str, Path]]:
+    dirs: list[tuple[str, Path]] = []
+    if os.environ.get("JAX_AITER_LIB_DIR"):
+        dirs.append(("JAX_AITER_LIB_DIR", Path(os.environ["JAX_AITER_LIB_DIR"])))
+    dirs.append(("wheel", PACKAGED_LIB_DIR))
+    dirs += [("checkout", d) for d in _checkout_dirs()]
+    if name in MHA_JIT_LIBS:
+        cache = fetch_cache_dir()
+        if cache is not None:
+            dirs.append(("fetch cache", cache))
+    return dirs
+
+
+def find_library(name: str) -> Path:
+    tried = []
+    for label, d in search_dirs(name):
+        cand = d / name
+        if cand.is_file():
+            if tried:
+                log.info("jax_aiter: %s not in %s; using %s (%s)", name, ", ".join(str(t) for t in tried), cand, label)
+            return cand
+        tried.append(d)
+    if name in MHA_JIT_LIBS:
+        fix = ("run `jax-aiter-fetch-mha` to download the attention libraries for this install "
+               "(or install the +full wheel)")
+        if build_identity() is None:
+            fix = "run `python3 jax_aiter/jit/build_jit.py --module mha_fwd,mha_bwd` (or `invoke jit.fetch`)"
+    elif name.endswith("_ja.so"):
+        fix = "run `make ja_mods` (or `nox -s ja_mods`)"
+    elif name == UMBRELLA:
+        fix = "run `make` (or `nox -s umbrella`)"
+    else:
+        fix = f"run `python3 jax_aiter/jit/build_jit.py --module {name[3:-3]}` (or `invoke jit.fetch`)"
+    raise LibraryNotFoundError(f"jax_aiter: {name} not found (looked in {', '.join(str(t) for t in tried)}); {fix}")
+
+
+def installed_ffi_api_version() -> tuple[int, int]:
+    """XLA FFI API version of the installed jaxlib, from the headers it ships."""
+    import jax
+
+    header = Path(jax.ffi.include_dir()) / "xla" / "ffi" / "api" / "c_api.h"
+    text = header.read_text()
+    major = re.search(r"#define XLA_FFI_API_MAJOR (\d+)", text)
+    minor = re.search(r"#define XLA_FFI_API_MINOR (\d+)", text)
+    if not (major and minor):
+        raise FfiVersionError(f"cannot read the XLA FFI API version from {header}")
+    return int(major.group(1)), int(minor.group(1))
+
+
+def check_ffi_version(shim: Path, lib: ctypes.CDLL, installed: tuple[int, int]) -> tuple[int, int]:
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    lib.ja_ffi_api_version(ctypes.byref(major), ctypes.byref(minor))
+    built = (major.value, minor.value)
+    if built[0] != installed[0] or built[1] > installed[1]:
+        import jaxlib
+
+        raise FfiVersionError(
+            f"jax_aiter: {shim.name} was built against XLA FFI API {built[0]}.{built[1]}, but the installed "
+            f"jaxlib {jaxlib.__version__} supports API {installed[0]}.{installed[1]}; XLA would refuse its "
+            f"handlers. Rebuild the shims against jaxlib 0.11.0's headers (`make ja_mods`, which uses "
+            f"third_party/xla_ffi) or upgrade jaxlib to a release that supports API {built[0]}.{built[1]}."
+        )
+    return built
+
+
+_lock = threading.Lock()
+_loaded: dict[str, ctypes.CDLL] = {}
+_registered: set[str] = set()
+
+
+def _load(path: Path) -> ctypes.CDLL:
+    key = path.name
+    if key not in _loaded:
+        try:
+            _loaded[key] = ctypes.CDLL(str(path))
+        except OSError as e:
+            raise LibraryNotFoundError(f"jax_aiter: cannot load {path}: {e}") from e
+    return _loaded[key]
+
+
+def gpu_platform() -> str | None:
+    """'CUDA' or 'ROCM' for a GPU build of the libraries, None for a CPU build."""
+    umbrella = _load(find_library(UMBRELLA))
+    umbrella.ja_build_identity.restype = ctypes.c_char_p
+    backend = json.loads(umbrella.ja_build_identity().decode())["backend"]
+    return {"cuda": "CUDA", "rocm": "ROCM"}.get(backend)
+
+
+def ensure_registered(op: str) -> None:
+    """Load op's libraries (once per process) and register its FFI targets."""
+    if op in _registered:
+        return
+    with _lock:
+        if op in _registered:
+            return
+        import jax
+
+        spec = OPS[op]
+        _load(find_library(UMBRELLA))
+        for jit in spec.jit:
+            _load(find_library(jit))
+        shim_path = find_library(spec.shim)
+        shim = _load(shim_path)
+        check_ffi_version(shim_path, shim, installed_ffi_api_version())
+        platform = gpu_platform()
+        for target, prefix in spec.targets:
+            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(shim, prefix + "Cpu")), platform="cpu")
+            if platform and hasattr(shim, prefix + "Gpu"):
+                jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(shim, prefix + "Gpu")),
+                                            platform=platform)
+        _registered.add(op)
+
+
+def library_report() -> list[dict]:
+    """Where each library would load from (for `python -m jax_aiter info`)."""
+    names = [UMBRELLA] + sorted({j for s in OPS.values() for j in s.jit}) + [s.shim for s in OPS.values()]
+    out = []
+    for name in names:
+        try:
+            out.append({"library": name, "path": str(find_library(name))})
+        except LibraryNotFoundError as e:
+            out.append({"library": name, "path": None, "error": str(e)})
+    return out

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Run a jax-aiter command (nox, invoke, pytest ...) with the project's tools
+# installed: makes .venv-tools (Python 3.12, nox, invoke, uv) once, then runs
+# the command with it first on PATH.
+#
+#   bash scripts/run.sh nox -s release
+#   bash scripts/run.sh nox -s tests
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+export JA_ROOT_DIR="${JA_ROOT_DIR:-$root}"
+
+find_python312() {
+  if command -v python3.12 >/dev/null 2>&1 && python3.12 -c '' 2>/dev/null; then echo python3.12; return; fi
+  if command -v pyenv >/dev/null 2>&1; then
+    local v
+    v="$(pyenv versions --bare 2>/dev/null | grep -E '^3\.12(\.[0-9]+)?$' | tail -n 1 || true)"
+    if [ -n "$v" ]; then
+      export PYENV_VERSION="$(pyenv version-name 2>/dev/null | tr -d ' ' | sed 's/:$//'):$v"
+      echo "run.sh: using Python $v from pyenv (PYENV_VERSION=$PYENV_VERSION)" >&2
+      echo python3.12; return
+    fi
+  fi
+  echo "run.sh: Python 3.12 is required (JAX 0.11 needs it). Install it (e.g. 'pyenv install 3.12'" \
+       "or 'apt-get install python3.12') and run again." >&2
+  exit 2
+}
+
+py="$(find_python312)"
+venv="$root/.venv-tools"
+stamp="$venv/.installed-$(sha256sum pyproject.toml scripts/run.sh | sha256sum | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+  echo "run.sh: preparing $venv (nox, invoke, uv)" >&2
+  rm -rf "$venv"
+  "$py" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --upgrade pip
+  "$venv/bin/python" -m pip install -q "nox>=2024.4.15" "invoke>=2.2" "uv>=0.4" "rich>=13" \
+    "pyelftools>=0.31" "zstandard>=0.22" "filelock>=3.12" "packaging>=24" "auditwheel>=6.1" "wheel>=0.43"
+  touch "$stamp"
+fi
+export PATH="$venv/bin:$PATH"
+exec "$@"
