@@ -5,14 +5,14 @@ import jax
 import jax.numpy as jnp
 
 from jax_aiter import _loader
-from jax_aiter.ops import _checks
+from jax_aiter.ops import _checks, _ffi
 
 
 def _silu_and_mul_prim(x):
     _loader.ensure_registered("silu_and_mul")
     out = jax.ShapeDtypeStruct((*x.shape[:-1], x.shape[-1] // 2), x.dtype)
     # Every leading axis is a row for the kernel, so a vmapped batch folds in.
-    return jax.ffi.ffi_call("ja_silu_and_mul", out, vmap_method="broadcast_all")(x)
+    return _ffi.ffi_call("ja_silu_and_mul", out, x, vmap_method="broadcast_all")
 
 
 @jax.custom_vjp

@@ -5,10 +5,9 @@ from functools import lru_cache, partial
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jax_aiter import _loader
-from jax_aiter.ops import _batching, _checks
+from jax_aiter.ops import _batching, _checks, _ffi
 
 
 def _check(op: str, x, weight, eps, residual=None) -> float:
@@ -30,13 +29,12 @@ def _check(op: str, x, weight, eps, residual=None) -> float:
 def _prims(eps: float):
     def plain(x, weight):
         _loader.ensure_registered("rmsnorm_fwd")
-        return jax.ffi.ffi_call("ja_rmsnorm_fwd", jax.ShapeDtypeStruct(x.shape, x.dtype))(
-            x, weight, eps=np.float32(eps))
+        return _ffi.ffi_call("ja_rmsnorm_fwd", jax.ShapeDtypeStruct(x.shape, x.dtype), x, weight, eps=_ffi.f32(eps))
 
     def with_add(x, residual, weight):
         _loader.ensure_registered("rmsnorm_fwd")
         out = jax.ShapeDtypeStruct(x.shape, x.dtype)
-        return tuple(jax.ffi.ffi_call("ja_rmsnorm_fwd_add", (out, out))(x, residual, weight, eps=np.float32(eps)))
+        return _ffi.ffi_call("ja_rmsnorm_fwd_add", (out, out), x, residual, weight, eps=_ffi.f32(eps))
 
     return _batching.rowwise(plain, 1), _batching.rowwise(with_add, 2)
 

@@ -15,7 +15,8 @@ const char* ja_silu_and_mul_cpu(const JaSiluAndMulArgs* a) {
   return ja_error("silu_and_mul: unsupported dtype id %d", a->dtype);
 }
 
-static ffi::Error silu_and_mul_cpu(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out) {
+static ffi::Error silu_and_mul_cpu(ffi::AnyBuffer x, ffi::RemainingArgs poison, ffi::Result<ffi::AnyBuffer> out) {
+  if (auto e = ja::check_poison(poison, 1); e.failure()) return e;
   JaSiluAndMulArgs a{};
   if (auto e = ja::silu_and_mul_args(x, *out, &a); e.failure()) return e;
   return ja::from_kernel(ja_silu_and_mul_cpu(&a));
@@ -23,4 +24,4 @@ static ffi::Error silu_and_mul_cpu(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer>
 
 JA_FFI_HANDLER(JaSiluAndMulCpu);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaSiluAndMulCpu, silu_and_mul_cpu,
-                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
+                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().RemainingArgs().Ret<ffi::AnyBuffer>());

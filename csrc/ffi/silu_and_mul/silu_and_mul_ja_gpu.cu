@@ -13,7 +13,8 @@ const char* ja_silu_and_mul_gpu(const JaSiluAndMulArgs* a, void* stream) {
   return ja_error("silu_and_mul: unsupported dtype id %d", a->dtype);
 }
 
-static ffi::Error silu_and_mul_gpu(ja_stream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out) {
+static ffi::Error silu_and_mul_gpu(ja_stream_t stream, ffi::AnyBuffer x, ffi::RemainingArgs poison, ffi::Result<ffi::AnyBuffer> out) {
+  if (auto e = ja::check_poison(poison, 1); e.failure()) return e;
   JaSiluAndMulArgs a{};
   if (auto e = ja::silu_and_mul_args(x, *out, &a); e.failure()) return e;
   return ja::from_kernel(ja_silu_and_mul_gpu(&a, stream));
@@ -21,5 +22,5 @@ static ffi::Error silu_and_mul_gpu(ja_stream_t stream, ffi::AnyBuffer x, ffi::Re
 
 JA_FFI_HANDLER(JaSiluAndMulGpu);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaSiluAndMulGpu, silu_and_mul_gpu,
-                              ffi::Ffi::Bind().Ctx<ffi::PlatformStream<ja_stream_t>>().Arg<ffi::AnyBuffer>()
+                              ffi::Ffi::Bind().Ctx<ffi::PlatformStream<ja_stream_t>>().Arg<ffi::AnyBuffer>().RemainingArgs()
                                   .Ret<ffi::AnyBuffer>());

@@ -24,6 +24,16 @@ inline ffi::Error from_kernel(const char* err) {
   return err ? ffi::Error::Internal(err) : ffi::Error::Success();
 }
 
+// Handlers take optional trailing "poison" buffers: test builds pass NaN-filled
+// buffers aliased to the results (JA_POISON_OUTPUTS=1 in jax_aiter/ops/_ffi.py),
+// so elements a kernel forgets to write stay NaN. They are never read here.
+inline ffi::Error check_poison(const ffi::RemainingArgs& poison, size_t n_results) {
+  if (poison.size() != 0 && poison.size() != n_results)
+    return invalid("expected 0 or " + std::to_string(n_results) + " aliased output buffers, got " +
+                   std::to_string(poison.size()));
+  return ffi::Error::Success();
+}
+
 // Product of all dimensions but the last (the "rows" of a row-wise op).
 inline int64_t leading_rows(const ffi::AnyBuffer& b) {
   const auto dims = b.dimensions();

@@ -1,0 +1,36 @@
+"""One way to build every op's ffi_call, with optional output poisoning for tests.
+
+With JA_POISON_OUTPUTS=1 (read at trace time) each output is first filled with
+NaN (floats) and passed in as an input aliased to the output, so a kernel that
+leaves an element unwritten shows NaN instead of a stale value that happens to
+be right. Production calls never take this path.
+"""
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def poisoning() -> bool:
+    return os.environ.get("JA_POISON_OUTPUTS", "") == "1"
+
+
+def ffi_call(target: str, out_types, *args, vmap_method: str | None = None, **attrs):
+    single = not isinstance(out_types, (tuple, list))
+    outs = (out_types,) if single else tuple(out_types)
+    kwargs = {} if vmap_method is None else {"vmap_method": vmap_method}
+    if poisoning():
+        poison = [jnp.full(o.shape, jnp.nan if jnp.issubdtype(o.dtype, jnp.floating) else -1, o.dtype) for o in outs]
+        aliases = {len(args) + i: i for i in range(len(outs))}
+        call = jax.ffi.ffi_call(target, outs, input_output_aliases=aliases, **kwargs)
+        result = call(*args, *poison, **attrs)
+    else:
+        result = jax.ffi.ffi_call(target, outs, **kwargs)(*args, **attrs)
+    return result[0] if single else tuple(result)
+
+
+def f32(value: float) -> np.float32:
+    return np.float32(value)
