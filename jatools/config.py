@@ -98,7 +98,7 @@ def load(backend: str | None = None, gpu_archs: str | None = None, root: Path | 
         build_dir=build_dir,
         kernel_source_dir=root / raw["kernel_source_dir"],
         jit_config=root / raw["jit_config"],
-        ffi_include_dir=root / raw["ffi_include_dir"],
+        ffi_include_dir=root / (env.get("JA_FFI_INCLUDE_DIR") or raw["ffi_include_dir"]),
         recipe_files=tuple(raw["recipe_files"]),
         toolchain_strict=_truthy(env.get("JA_TOOLCHAIN_STRICT", raw.get("toolchain_strict", False))),
         raw=raw,

@@ -1,0 +1,139 @@
+"""Backend and toolchain detection with stand-in rocm-sdk/hipcc/nvcc for the hardware we lack."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from jatools import config, toolchain
+
+GXX = shutil.which("g++") or "g++"
+
+HIPCC = """#!/bin/sh
+# stand-in hipcc: knows gfx90a and gfx942 only
+case "$*" in
+  *--version*) echo "HIP version: 7.14.0-therock"; echo "AMD clang version 20.0.0"; exit 0;;
+esac
+for a in "$@"; do
+  case "$a" in
+    --offload-arch=gfx90a|--offload-arch=gfx942) ;;
+    --offload-arch=*) echo "clang: error: invalid target ID '${a#--offload-arch=}'" >&2; exit 1;;
+  esac
+done
+exit 0
+"""
+NVCC = """#!/bin/sh
+case "$1" in
+  --version) echo "Cuda compilation tools, release 13.0, V13.0.48";;
+  --list-gpu-code) echo "sm_80 sm_86 sm_90 sm_90a";;
+esac
+"""
+
+
+def _tool(bin_dir: Path, name: str, text: str) -> Path:
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    p = bin_dir / name
+    p.write_text(text)
+    p.chmod(0o755)
+    return p
+
+
+@pytest.fixture
+def tools(tmp_path):
+    """An empty PATH folder plus a settings object that never finds the host's /opt/rocm."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+
+    def settings(backend: str = "auto", archs: str | None = None):
+        s = config.load(backend=backend, gpu_archs=archs, env={})
+        return config.Settings(**{**s.__dict__, "raw": {**s.raw, "rocm_legacy_root": str(tmp_path / "no-rocm")}})
+
+    def env(**extra):
+        return {"PATH": str(bin_dir), "CXX": GXX, **extra}
+
+    return bin_dir, settings, env
+
+
+def test_cpu_when_no_gpu_toolchain(tools):
+    bin_dir, settings, env = tools
+    tc = toolchain.detect(settings(), env=env())
+    assert tc.backend == "cpu" and tc.archs == ()
+    assert "resolved to cpu" in " ".join(tc.how)
+
+
+def test_auto_picks_cuda_when_only_nvcc(tools):
+    bin_dir, settings, env = tools
+    _tool(bin_dir, "nvcc", NVCC)
+    tc = toolchain.detect(settings(), env=env())
+    assert (tc.backend, tc.archs, tc.gpu_compiler_version) == ("cuda", ("sm_90",), "13.0")
+    assert toolchain.arch_flags(tc) == ["--generate-code=arch=compute_90,code=sm_90"]
+
+
+def test_therock_root_from_rocm_sdk_and_hipcc_from_path(tools, tmp_path):
+    bin_dir, settings, env = tools
+    root = tmp_path / "venv/lib/python3.12/site-packages/_rocm_sdk_core"
+    _tool(bin_dir, "rocm-sdk", f'#!/bin/sh\ncase "$1" in path) echo {root};; version) echo 7.14.0;; esac\n')
+    _tool(bin_dir, "hipcc", HIPCC)
+    _tool(bin_dir, "nvcc", NVCC)  # ROCm wins over CUDA under auto
+    tc = toolchain.detect(settings(archs="gfx942"), env=env())
+    assert tc.backend == "rocm" and tc.rocm_root == str(root) and tc.platform_version == "7.14.0"
+    assert any("TheRock" in h for h in tc.how)
+    flags = toolchain.compile_flags(tc, settings(archs="gfx942"))
+    assert "--offload-arch=gfx942" in flags["gpu"]
+    assert not any("_rocm_sdk_devel" in f for fl in flags.values() for f in fl)
+
+
+def test_rocm_path_wins_and_archs_split_on_both_separators(tools, tmp_path):
+    bin_dir, settings, env = tools
+    rocm = tmp_path / "rocm"
+    _tool(rocm / "bin", "hipcc", HIPCC)
+    tc = toolchain.detect(settings(archs="gfx90a; gfx942,gfx90a"), env=env(ROCM_PATH=str(rocm)))
+    assert tc.rocm_root == str(rocm) and tc.archs == ("gfx90a", "gfx942")
+    assert toolchain.arch_flags(tc) == ["--offload-arch=gfx90a", "--offload-arch=gfx942"]
+
+
+def test_therock_without_hipcc_on_path_is_an_error(tools, tmp_path):
+    bin_dir, settings, env = tools
+    _tool(bin_dir, "rocm-sdk", f"#!/bin/sh\necho {tmp_path}\n")
+    with pytest.raises(toolchain.ToolchainError, match="hipcc is not on PATH"):
+        toolchain.detect(settings(), env=env())
+
+
+def test_rejected_rocm_arch_names_arch_and_compiler(tools):
+    bin_dir, settings, env = tools
+    hipcc = _tool(bin_dir, "hipcc", HIPCC)
+    with pytest.raises(toolchain.ToolchainError) as e:
+        toolchain.detect(settings(archs="gfx942;gfx950"), env=env())
+    assert "gfx950" in str(e.value) and str(hipcc) in str(e.value) and "invalid target ID" in str(e.value)
+
+
+def test_rejected_cuda_arch_names_arch_and_compiler(tools):
+    bin_dir, settings, env = tools
+    nvcc = _tool(bin_dir, "nvcc", NVCC)
+    with pytest.raises(toolchain.ToolchainError) as e:
+        toolchain.detect(settings(backend="cuda", archs="sm_90,sm_120"), env=env())
+    assert "sm_120" in str(e.value) and str(nvcc) in str(e.value)
+
+
+@pytest.mark.parametrize("backend, what", [("rocm", "no ROCm toolchain"), ("cuda", "nvcc was not found")])
+def test_requested_backend_without_toolchain(tools, backend, what):
+    _, settings, env = tools
+    with pytest.raises(toolchain.ToolchainError, match=what):
+        toolchain.detect(settings(backend=backend), env=env())
+
+
+def test_unknown_backend_lists_valid_ones():
+    with pytest.raises(ValueError, match="auto, cpu, cuda, rocm"):
+        config.load(env={"JA_BACKEND": "metal"})
+
+
+def test_precedence_flag_over_env_over_pyproject():
+    assert config.load(env={}).backend == config.defaults()["backend"]
+    assert config.load(env={"JA_BACKEND": "cpu"}).backend == "cpu"
+    assert config.load(backend="cuda", env={"JA_BACKEND": "cpu"}).backend == "cuda"
+    assert config.load(env={"GPU_ARCHS": "gfx942;gfx950"}).gpu_archs == ("gfx942", "gfx950")
+
+
+def test_ffi_api_version_of_vendored_headers():
+    assert toolchain.ffi_api_version(config.load(env={}).ffi_include_dir) == (0, 3)

@@ -1,0 +1,51 @@
+"""float64 NumPy references and per-dtype error bounds for the op tests."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+# Bounds on |ours - ref| <= ATOL + RTOL * |ref|, per dtype. The kernels
+# accumulate in float32 and round once on store, so the error is about one
+# unit in the last place of the output dtype (bf16: 2^-8, f16: 2^-11) plus
+# float32 accumulation noise; inputs are exactly representable in the dtype.
+TOL = {
+    jnp.dtype(jnp.float32): dict(rtol=2e-5, atol=2e-5),
+    jnp.dtype(jnp.bfloat16): dict(rtol=1.6e-2, atol=1.6e-2),
+    jnp.dtype(jnp.float16): dict(rtol=2e-3, atol=2e-3),
+}
+DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
+
+
+def f64(a) -> np.ndarray:
+    return np.asarray(jnp.asarray(a).astype(jnp.float32), dtype=np.float64)
+
+
+def rms_norm_ref(x, w, eps):
+    x, w = f64(x), f64(w)
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def silu_and_mul_ref(x):
+    x = f64(x)
+    d = x.shape[-1] // 2
+    a, b = x[..., :d], x[..., d:]
+    return a / (1.0 + np.exp(-a)) * b
+
+
+def assert_close(got, ref, dtype, scale: float = 1.0, what: str = "") -> None:
+    tol = TOL[jnp.dtype(dtype)]
+    got = f64(got)
+    assert got.shape == ref.shape, f"{what}: shape {got.shape} != {ref.shape}"
+    assert np.all(np.isfinite(got)), f"{what}: non-finite values in the output"
+    err = np.abs(got - ref)
+    bound = tol["atol"] * scale + tol["rtol"] * np.abs(ref)
+    worst = np.unravel_index(np.argmax(err - bound), err.shape)
+    assert np.all(err <= bound), (
+        f"{what}: max error {err.max():.3g} at {worst} (got {got[worst]:.6g}, ref {ref[worst]:.6g}) "
+        f"exceeds atol={tol['atol'] * scale:.3g} + rtol={tol['rtol']}*|ref| for {jnp.dtype(dtype).name}"
+    )
+
+
+def random(shape, dtype, seed: int, scale: float = 1.0):
+    rng = np.random.default_rng(seed)
+    return jnp.asarray(rng.standard_normal(shape) * scale, dtype=dtype)
