@@ -14,20 +14,21 @@ SHAPES = [(1, 2), (3, 14), (4, 128), (2, 3, 200), (7, 2 * 1001), (9, 2 * 8192)]
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_silu_and_mul_matches_reference(shape, dtype):
+def test_silu_and_mul_matches_reference(shape, dtype, device):
     x = random(shape, dtype, 0, scale=3.0)
     got = jax.jit(ja.silu_and_mul)(x)
     assert got.shape == (*shape[:-1], shape[-1] // 2) and got.dtype == jnp.dtype(dtype)
+    assert got.devices() == {device}
     assert_close(got, silu_and_mul_ref(x), dtype, what="silu_and_mul")
 
 
-def test_extreme_inputs_stay_finite():
+def test_extreme_inputs_stay_finite(device):
     x = jnp.asarray([[-100.0, -20.0, 0.0, 20.0, 3.0, 2.0, 1.0, 0.5]], jnp.float32)
     assert_close(ja.silu_and_mul(x), silu_and_mul_ref(x), jnp.float32, what="extremes")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
-def test_grad_matches_reference(dtype):
+def test_grad_matches_reference(dtype, device):
     x, g = random((5, 48), dtype, 1, scale=2.0), random((5, 24), jnp.float32, 2)
 
     def ref(x):
@@ -40,14 +41,14 @@ def test_grad_matches_reference(dtype):
     assert_close(got, f64(want), dtype, scale=float(np.abs(f64(want)).max()), what="dx")
 
 
-def test_vmap_matches_per_example():
+def test_vmap_matches_per_example(device):
     x = random((4, 3, 64), jnp.float16, 3)
     per = jnp.stack([ja.silu_and_mul(x[i]) for i in range(4)])
     np.testing.assert_array_equal(f64(jax.vmap(ja.silu_and_mul)(x)), f64(per))
     np.testing.assert_array_equal(f64(jax.vmap(ja.silu_and_mul, in_axes=1, out_axes=1)(x)), f64(per))
 
 
-def test_bad_input_is_a_clear_error():
+def test_bad_input_is_a_clear_error(device):
     with pytest.raises(ValueError, match="must be even"):
         ja.silu_and_mul(jnp.ones((2, 5)))
     with pytest.raises(TypeError, match="supported dtypes are float32, bfloat16, float16"):

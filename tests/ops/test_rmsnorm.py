@@ -16,16 +16,16 @@ EPS = 1e-6
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_rms_norm_matches_reference(shape, dtype):
+def test_rms_norm_matches_reference(shape, dtype, device):
     x, w = random(shape, dtype, 0), random(shape[-1:], dtype, 1)
     got = jax.jit(ja.rms_norm, static_argnums=2)(x, w, EPS)
-    assert got.dtype == jnp.dtype(dtype)
+    assert got.dtype == jnp.dtype(dtype) and got.devices() == {device}
     assert_close(got, rms_norm_ref(x, w, EPS), dtype, what="rms_norm")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("shape", [(3, 7), (2, 3, 100), (17, 4096)], ids=str)
-def test_rms_norm_with_add_matches_reference(shape, dtype):
+def test_rms_norm_with_add_matches_reference(shape, dtype, device):
     x, r, w = random(shape, dtype, 0), random(shape, dtype, 2), random(shape[-1:], dtype, 1)
     out, summed = jax.jit(ja.rms_norm_with_add)(x, r, w)
     ref_sum = f64(x) + f64(r)
@@ -33,7 +33,7 @@ def test_rms_norm_with_add_matches_reference(shape, dtype):
     assert_close(out, rms_norm_ref(ref_sum, w, EPS), dtype, what="rms_norm_with_add")
 
 
-def test_eps_is_applied():
+def test_eps_is_applied(device):
     x = jnp.zeros((2, 8), jnp.float32).at[0, 0].set(1e-3)
     w = jnp.ones((8,), jnp.float32)
     for eps in (1e-6, 1e-2):
@@ -46,7 +46,7 @@ def _ref_jnp(x, w, eps=EPS):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
-def test_rms_norm_grad_matches_reference(dtype):
+def test_rms_norm_grad_matches_reference(dtype, device):
     x, w, g = random((6, 96), dtype, 3), random((96,), dtype, 4), random((6, 96), jnp.float32, 5)
     ours = jax.grad(lambda x, w: jnp.sum(ja.rms_norm(x, w).astype(jnp.float32) * g), argnums=(0, 1))(x, w)
     ref = jax.grad(lambda x, w: jnp.sum(_ref_jnp(x, w) * g), argnums=(0, 1))(
@@ -57,7 +57,7 @@ def test_rms_norm_grad_matches_reference(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
-def test_rms_norm_with_add_grad_matches_reference(dtype):
+def test_rms_norm_with_add_grad_matches_reference(dtype, device):
     x, r, w = random((4, 40), dtype, 6), random((4, 40), dtype, 7), random((40,), dtype, 8)
     g1, g2 = random((4, 40), jnp.float32, 9), random((4, 40), jnp.float32, 10)
 
@@ -75,7 +75,7 @@ def test_rms_norm_with_add_grad_matches_reference(dtype):
         assert_close(a, f64(b), dtype, scale=float(np.abs(f64(b)).max()), what=name)
 
 
-def test_vmap_over_rows_and_over_weights():
+def test_vmap_over_rows_and_over_weights(device):
     x = random((3, 5, 32), jnp.bfloat16, 11)
     w = random((32,), jnp.bfloat16, 12)
     ws = random((3, 32), jnp.bfloat16, 13)
@@ -90,7 +90,7 @@ def test_vmap_over_rows_and_over_weights():
         np.testing.assert_array_equal(f64(s[i]), f64(s_i))
 
 
-def test_vmap_of_grad():
+def test_vmap_of_grad(device):
     x, w = random((3, 4, 16), jnp.float32, 14), random((16,), jnp.float32, 15)
     f = jax.grad(lambda x, w: jnp.sum(ja.rms_norm(x, w) ** 2), argnums=(0, 1))
     dx, dw = jax.vmap(f, in_axes=(0, None))(x, w)
@@ -114,13 +114,13 @@ def test_vmap_of_grad():
         (lambda: (jnp.ones((2, 4)), jnp.ones(4), True), TypeError, "eps must be a Python float"),
     ],
 )
-def test_bad_input_is_a_clear_error(make, exc, text):
+def test_bad_input_is_a_clear_error(make, exc, text, device):
     with pytest.raises(exc, match=None) as info:
         ja.rms_norm(*make())
     assert text in str(info.value), str(info.value)
 
 
-def test_residual_shape_mismatch():
+def test_residual_shape_mismatch(device):
     with pytest.raises(ValueError, match="residual shape"):
         ja.rms_norm_with_add(jnp.ones((2, 4)), jnp.ones((3, 4)), jnp.ones(4))
     with pytest.raises(TypeError, match="residual.astype"):

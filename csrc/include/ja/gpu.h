@@ -16,6 +16,12 @@ using ja_error_t = hipError_t;
 #define ja_peek_last_error hipPeekAtLastError
 #define ja_get_error_string hipGetErrorString
 #define ja_memset_async hipMemsetAsync
+using ja_event_t = hipEvent_t;
+#define ja_event_create hipEventCreate
+#define ja_event_record hipEventRecord
+#define ja_event_synchronize hipEventSynchronize
+#define ja_event_elapsed_time hipEventElapsedTime
+#define ja_memcpy_d2d_async(dst, src, n, s) hipMemcpyAsync(dst, src, n, hipMemcpyDeviceToDevice, s)
 #define JA_WARP_SIZE_MAX 64
 #define JA_PLATFORM_NAME "ROCM"
 #elif defined(__CUDACC__) || defined(JA_BACKEND_CUDA)
@@ -30,6 +36,12 @@ using ja_error_t = cudaError_t;
 #define ja_peek_last_error cudaPeekAtLastError
 #define ja_get_error_string cudaGetErrorString
 #define ja_memset_async cudaMemsetAsync
+using ja_event_t = cudaEvent_t;
+#define ja_event_create cudaEventCreate
+#define ja_event_record cudaEventRecord
+#define ja_event_synchronize cudaEventSynchronize
+#define ja_event_elapsed_time cudaEventElapsedTime
+#define ja_memcpy_d2d_async(dst, src, n, s) cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, s)
 #define JA_WARP_SIZE_MAX 32
 #define JA_PLATFORM_NAME "CUDA"
 #else
