@@ -10,23 +10,23 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 export JA_ROOT_DIR="${JA_ROOT_DIR:-$root}"
 
-find_python312() {
-  if command -v python3.12 >/dev/null 2>&1 && python3.12 -c '' 2>/dev/null; then echo python3.12; return; fi
+# Python 3.12: on PATH, else a pyenv-installed 3.12 made visible through PYENV_VERSION
+# (exported, so nox finds python3.12 for its sessions too).
+if ! (command -v python3.12 >/dev/null 2>&1 && python3.12 -c '' 2>/dev/null); then
+  v=""
   if command -v pyenv >/dev/null 2>&1; then
-    local v
     v="$(pyenv versions --bare 2>/dev/null | grep -E '^3\.12(\.[0-9]+)?$' | tail -n 1 || true)"
-    if [ -n "$v" ]; then
-      export PYENV_VERSION="$(pyenv version-name 2>/dev/null | tr -d ' ' | sed 's/:$//'):$v"
-      echo "run.sh: using Python $v from pyenv (PYENV_VERSION=$PYENV_VERSION)" >&2
-      echo python3.12; return
-    fi
   fi
-  echo "run.sh: Python 3.12 is required (JAX 0.11 needs it). Install it (e.g. 'pyenv install 3.12'" \
-       "or 'apt-get install python3.12') and run again." >&2
-  exit 2
-}
-
-py="$(find_python312)"
+  if [ -z "$v" ]; then
+    echo "run.sh: Python 3.12 is required (JAX 0.11 needs it). Install it (e.g. 'pyenv install 3.12'" \
+         "or 'apt-get install python3.12') and run again." >&2
+    exit 2
+  fi
+  current="$(pyenv version-name 2>/dev/null | tr -d ' ' || true)"
+  export PYENV_VERSION="${current:+$current:}$v"
+  echo "run.sh: using Python $v from pyenv (PYENV_VERSION=$PYENV_VERSION)" >&2
+fi
+py=python3.12
 venv="$root/.venv-tools"
 stamp="$venv/.installed-$(sha256sum pyproject.toml scripts/run.sh | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
