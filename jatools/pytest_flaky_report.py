@@ -23,8 +23,8 @@ DEFAULT_JSON = Path("build") / "test-results" / "flaky.json"
 def _short(report: pytest.TestReport) -> str:
     text = getattr(report, "longreprtext", "") or ""
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    errors = [ln for ln in lines if ln.startswith("E ")]
-    return (errors[-1] if errors else lines[-1] if lines else "")[:300]
+    errors = [ln[1:].strip() for ln in lines if ln.startswith("E ")]
+    return (errors[0] if errors else lines[-1] if lines else "")[:300]
 
 
 def _worker(report: pytest.TestReport) -> str | None:

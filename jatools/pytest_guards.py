@@ -67,4 +67,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_runtest_setup(item: pytest.Item) -> None:
     reason = skip_reason(item)
     if reason:
-        pytest.skip(reason)
+        # Reported at the test's location (as a skip marker is), not at this hook's line.
+        raise pytest.skip.Exception(reason, _use_item_location=True)

@@ -71,7 +71,7 @@ def _with_cpu_devices(xla_flags: str, n: int) -> str:
 
 def plan(tier: str, platform: str, gpus: gpu_slots.Gpus, pytest_args: list[str], workers: int | None = None,
          reruns: int = 0, have_rerun_plugin: bool = True, env: dict[str, str] | None = None,
-         python: str = sys.executable) -> list[PytestRun]:
+         python: str = sys.executable, results_dir: Path = RESULTS_DIR) -> list[PytestRun]:
     """The pytest processes a tier runs on a platform, in order."""
     env = dict(os.environ if env is None else env)
     runs = []
@@ -81,7 +81,7 @@ def plan(tier: str, platform: str, gpus: gpu_slots.Gpus, pytest_args: list[str],
             raise TierError(f"tier {tier} on {platform}: {config} selects nothing ({flt.contradiction()})")
         expr = flt.expression()
         argv = [python, "-m", "pytest", *(["-m", expr] if expr else [])]
-        over: dict[str, str] = {"JA_FLAKY_JSON": str(RESULTS_DIR / f"flaky-{tier}-{kind}.json")}
+        over: dict[str, str] = {"JA_FLAKY_JSON": str(results_dir / f"flaky-{tier}-{kind}.json")}
         if reruns and have_rerun_plugin:
             argv += ["--reruns", str(reruns)]
         if kind == "multi":
@@ -126,12 +126,12 @@ def execute(runs: list[PytestRun], gpus: gpu_slots.Gpus, root: Path) -> list[dic
             for s in held:
                 s.release()
         seconds = time.monotonic() - start
-        flaky = _flaky(root / run.env["JA_FLAKY_JSON"])
+        flaky = _flaky(Path(run.env["JA_FLAKY_JSON"]))
         results.append({**asdict(run), "rc": rc, "seconds": round(seconds, 2), "flaky": flaky})
     return results
 
 
-def summarize(tier: str, platform: str, why: str, results: list[dict], root: Path, notes: list[str]) -> int:
+def summarize(tier: str, platform: str, why: str, results: list[dict], results_dir: Path, notes: list[str]) -> int:
     rc = 0
     print(f"\n== tier {tier} on {platform} ({why}) ==")
     for note in notes:
@@ -142,7 +142,7 @@ def summarize(tier: str, platform: str, why: str, results: list[dict], root: Pat
         print(f"{r['kind']:<6} {r['config']:<10} {state:<18} {r['seconds']:>8.1f} s  "
               f"flaky={flaky.get('flaky', '?')}  -m {r['expression'] or '<all>'!r}")
         rc = rc or r["rc"]
-    out = root / RESULTS_DIR / f"tier-{tier}.json"
+    out = results_dir / f"tier-{tier}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(json.dumps({"tier": tier, "platform": platform, "platform_how": why, "notes": notes,
@@ -161,10 +161,12 @@ def main(argv: list[str] | None = None) -> int:
                    "default: one per GPU slot on a GPU host, none on the CPU)")
     p.add_argument("--reruns", type=int, default=None, help=f"retries of a failing test (${RERUNS_ENV}; default "
                    "2 on GPU hosts, 0 on the CPU); every retry is reported")
+    p.add_argument("--results-dir", type=Path, default=None, help=f"where the JSON results go ({RESULTS_DIR})")
     p.add_argument("--dry-run", action="store_true", help="print the pytest commands and exit")
     a, pytest_args = p.parse_known_args(argv)
     env = dict(os.environ)
     root = Path(__file__).resolve().parent.parent
+    results_dir = (a.results_dir or root / RESULTS_DIR).resolve()
     tier = a.tier or env.get(TIER_ENV) or tag_filters.DEFAULT_TIER
     try:
         tag_filters.tier(tier)
@@ -177,11 +179,13 @@ def main(argv: list[str] | None = None) -> int:
         if reruns and not have_rerun:
             notes.append(f"retries off: pytest-rerunfailures is not installed for {sys.executable} "
                          "(pip install pytest-rerunfailures, or `pip install -e .[test]`)")
-        runs = plan(tier, platform, gpus, pytest_args, workers, reruns, have_rerun, env)
+        runs = plan(tier, platform, gpus, pytest_args, workers, reruns, have_rerun, env, results_dir=results_dir)
     except (tag_filters.TagFilterError, TierError, ValueError) as e:
         print(f"test_tiers: {e}", file=sys.stderr)
         return 2
     if a.dry_run:
+        for note in notes:
+            print(f"note: {note}")
         for run in runs:
             print(f"{run.kind} {run.config}{' exclusive' if run.exclusive else ''}: {run.command_line()}")
         return 0
@@ -194,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     except gpu_slots.SlotTimeout as e:
         print(f"test_tiers: {e}", file=sys.stderr)
         return 75
-    return summarize(tier, platform, why, results, root, notes)
+    return summarize(tier, platform, why, results, results_dir, notes)
 
 
 if __name__ == "__main__":
