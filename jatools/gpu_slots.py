@@ -100,6 +100,8 @@ def detect(env: dict[str, str] | None = None) -> Gpus:
             raise ValueError(f"{GPU_PLATFORM_ENV}={platform!r}; use cuda or rocm")
         n = int(env[GPU_COUNT_ENV])
         found, how = tuple(str(i) for i in range(n)), f"{GPU_COUNT_ENV}={n}"
+        if n == 0:
+            platform = "cpu"
     else:
         platform, found, how = "cpu", (), "no GPU: rocminfo and nvidia-smi found none"
         rocm = _tool_lines(["rocminfo"], env)
