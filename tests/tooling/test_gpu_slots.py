@@ -106,6 +106,10 @@ def test_override_count_skips_the_tools(host):
     assert gpu_slots.detect(env) == gpu_slots.Gpus("rocm", ("0", "1", "2", "3"), "JA_GPU_COUNT=4")
 
 
+def test_override_of_zero_means_no_gpu(host):
+    assert gpu_slots.detect({**host(cuda=2), "JA_GPU_COUNT": "0"}).platform == "cpu"
+
+
 def test_zero_gpus_runs_unpinned_and_passes_the_exit_code_through(host, tmp_path):
     env = host()
     env["CUDA_VISIBLE_DEVICES"] = "7"  # whatever the caller set stays as it is

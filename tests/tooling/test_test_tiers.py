@@ -145,3 +145,16 @@ def test_ci_test_sh_takes_the_tier_from_the_environment(tmp_path):
     bad = subprocess.run(["bash", str(ROOT / "ci" / "test.sh")], env={**env, "JA_TEST_TIER": "smoke"},
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "valid tiers: pr, nightly, multigpu" in bad.stderr
+
+
+def test_slot_speedup_pinning_check_names_each_problem():
+    from jatools.slot_speedup import check_pinning
+
+    good = [{"worker": "gw0", "gpu": "0", "jax_devices": ["cuda:0"]},
+            {"worker": "gw1", "gpu": "1", "jax_devices": ["cuda:0"]}]
+    assert check_pinning(good, 2) == []
+    shared = [{**good[0]}, {**good[1], "gpu": "0"}]
+    assert any("shared a GPU" in p for p in check_pinning(shared, 2))
+    wide = [{**good[0], "jax_devices": ["cuda:0", "cuda:1"]}, good[1]]
+    assert any("saw 2 devices" in p for p in check_pinning(wide, 2))
+    assert any("1 worker records for 2 workers" in p for p in check_pinning(good[:1], 2))
