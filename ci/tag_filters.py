@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from jatools import tag_filters as tf  # noqa: E402
+from jatools import tag_filters as tf
 
 GOLDEN = ROOT / "ci" / "tag_filters_golden.txt"
 

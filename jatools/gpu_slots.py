@@ -77,7 +77,7 @@ def _tool_lines(cmd: list[str], env: dict[str, str]) -> list[str] | None:
     if not exe:
         return None
     try:
-        out = subprocess.run([exe, *cmd[1:]], capture_output=True, text=True, timeout=TOOL_TIMEOUT_S, env=env)
+        out = subprocess.run([exe, *cmd[1:]], capture_output=True, text=True, timeout=TOOL_TIMEOUT_S, env=env, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return []
     return out.stdout.splitlines() if out.returncode == 0 else []

@@ -28,7 +28,7 @@ def required_devices(item: pytest.Item) -> int | None:
     return n
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _devices(platform: str | None) -> tuple[list, str]:
     """(devices, why-empty) for a JAX platform name (None: the default backend)."""
     try:

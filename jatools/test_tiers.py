@@ -121,7 +121,7 @@ def execute(runs: list[PytestRun], gpus: gpu_slots.Gpus, root: Path) -> list[dic
                                          note=f"pid {os.getpid()}: multigpu tier (exclusive)")
         start = time.monotonic()
         try:
-            rc = subprocess.run(list(run.argv), cwd=root, env={**os.environ, **run.env}).returncode
+            rc = subprocess.run(list(run.argv), cwd=root, env={**os.environ, **run.env}, check=False).returncode
         finally:
             for s in held:
                 s.release()

@@ -10,9 +10,16 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import pytest
+from _mesh_cases import (
+    assert_close,
+    layout_params,
+    mesh_and_spec,
+    put,
+    random,
+    shard_mapped,
+)
 
 import jax_aiter
-from _mesh_cases import assert_close, layout_params, mesh_and_spec, put, random, shard_mapped
 
 BATCH, SEQ_Q, SEQ_K, HEAD_DIM = 4, 16, 24, 64
 CASES = [  # (heads_q, heads_kv, causal, dtype): GQA ratios 1 and 4, both mask kinds, both dtype families

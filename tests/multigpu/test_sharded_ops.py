@@ -11,11 +11,21 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import pytest
+from _mesh_cases import (
+    assert_close,
+    assert_equal,
+    custom_call_shapes,
+    hlo_shape,
+    layout_params,
+    local_shape,
+    mesh_and_spec,
+    put,
+    random,
+    shard_mapped,
+)
 from jax.sharding import PartitionSpec as P
 
 import jax_aiter
-from _mesh_cases import (assert_close, assert_equal, custom_call_shapes, hlo_shape, layout_params, local_shape,
-                         mesh_and_spec, put, random, shard_mapped)
 
 SHAPE = (4, 8, 4, 64)  # batch, seq, heads, head_dim (normalised over head_dim)
 DTYPES = [jnp.float32, jnp.bfloat16]

@@ -70,7 +70,7 @@ def _recorder(out: Path, hold_s: float = 0.0, code: int = 0) -> list[str]:
 
 def _run(env: dict, cmd: list[str], *flags: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(RUNNER), *flags, "--", *cmd], env=env, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, check=False)
 
 
 def _start(env: dict, cmd: list[str], *flags: str) -> subprocess.Popen:
@@ -231,5 +231,5 @@ def test_exclusive_holds_every_slot_and_leaves_devices_unpinned(host, tmp_path):
 
 
 def test_missing_command_is_a_usage_error(host):
-    r = subprocess.run([sys.executable, str(RUNNER)], env=host(), capture_output=True, text=True)
+    r = subprocess.run([sys.executable, str(RUNNER)], env=host(), capture_output=True, text=True, check=False)
     assert r.returncode == 2 and "give the command" in r.stderr

@@ -46,7 +46,7 @@ def suite(tmp_path):
                     PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                     JA_GPU_LOCK_DIR=str(tmp_path / "locks"), **env)
         return subprocess.run([sys.executable, "-m", "pytest", str(tree), *args], cwd=tree, env=full,
-                              capture_output=True, text=True, timeout=300)
+                              capture_output=True, text=True, timeout=300, check=False)
 
     run.tree = tree
     run.tmp = tmp_path
@@ -56,9 +56,9 @@ def suite(tmp_path):
 WHO_AM_I = """
     import json, os, sys, time, pytest
 
-    @pytest.mark.parametrize("i", range(6))
+    @pytest.mark.parametrize("i", range(4))
     def test_where(i):
-        time.sleep(0.2)
+        time.sleep(0.1)
         rec = {k: os.environ.get(k) for k in ("PYTEST_XDIST_WORKER", "CUDA_VISIBLE_DEVICES", "JA_GPU_SLOT_HELD")}
         rec["jax_imported"] = "jax" in sys.modules
         open(os.path.join(os.environ["OUT"], f"{i}.json"), "w").write(json.dumps(rec))
@@ -80,7 +80,7 @@ def test_xdist_workers_each_take_a_different_gpu(suite):
     for rec in recs:
         by_worker.setdefault(rec["PYTEST_XDIST_WORKER"], set()).add(rec["CUDA_VISIBLE_DEVICES"])
         assert not rec["jax_imported"]
-    assert len(recs) == 6 and set(by_worker) == {"gw0", "gw1"}
+    assert len(recs) == 4 and set(by_worker) == {"gw0", "gw1"}
     assert all(len(g) == 1 for g in by_worker.values())           # a worker stays on one GPU
     assert set.union(*by_worker.values()) == {"0", "1"}            # the two workers on different GPUs
     slots = {s["worker"]: (s["gpu"], s["slot"]) for s in _records(suite.tmp / "slots")}

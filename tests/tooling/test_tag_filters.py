@@ -82,7 +82,7 @@ def test_cli_prints_one_expression_and_rejects_bad_names():
                          capture_output=True, text=True, check=True).stdout
     assert out.strip() == tf.tag_filter("rocm", "single_gpu").expression()
     bad = subprocess.run([sys.executable, str(CLI), "--config", "dual_gpu", "--platform", "rocm"],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and "valid configs: cpu, single_gpu, multi_gpu" in bad.stderr
 
 
