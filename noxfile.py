@@ -51,12 +51,8 @@ def ja_mods_nomha(session: nox.Session) -> None:
 
 @nox.session(python=PY, tags=["test"])
 def tests(session: nox.Session) -> None:
-    """Build what is out of date, then run the test suite (pytest args after --)."""
-    session.install(*TEST_DEPS, "ninja")
-    session.run("make", "umbrella", external=True)
-    session.run("python", "jax_aiter/jit/build_jit.py")
-    session.run("make", "ja_mods", external=True)
-    session.run("pytest", *session.posargs)
+    """Build what is out of date, then run a test tier: `-- --tier pr|nightly|multigpu` or $JA_TEST_TIER (pr)."""
+    _build_and_run_tier(session)
 
 
 @nox.session(python=PY, tags=["test"])
@@ -77,3 +73,33 @@ def lint(session: nox.Session) -> None:
 def compile_only(session: nox.Session) -> None:
     """Compile every library for CUDA (nvcc, sm_90) and ROCm (hipcc, gfx90a) without a GPU."""
     session.run("python3", "-m", "jatools.compile_only", *session.posargs, external=True)
+
+
+# --- test tiers (docs/testing.md): the tiers and their marker expressions live in
+# jatools/tag_filters.py, the runner in jatools/test_tiers.py ---------------------
+
+
+def _build_and_run_tier(session: nox.Session, *tier: str) -> None:
+    session.install(*TEST_DEPS, "ninja")
+    session.run("make", "umbrella", external=True)
+    session.run("python", "jax_aiter/jit/build_jit.py")
+    session.run("make", "ja_mods", external=True)
+    session.run("python", "-m", "jatools.test_tiers", *tier, *session.posargs)
+
+
+@nox.session(python=PY, tags=["tiers"], default=False)
+def tests_pr(session: nox.Session) -> None:
+    """The pr tier: fast single-device tests (not slow, not multigpu); one xdist worker per GPU slot on a GPU host."""
+    _build_and_run_tier(session, "--tier", "pr")
+
+
+@nox.session(python=PY, tags=["tiers"], default=False)
+def tests_nightly(session: nox.Session) -> None:
+    """The nightly tier: the full suite, single-device run then the multi-device run."""
+    _build_and_run_tier(session, "--tier", "nightly")
+
+
+@nox.session(python=PY, tags=["tiers"], default=False)
+def tests_multigpu(session: nox.Session) -> None:
+    """The multigpu tier: sharded tests, unpinned and exclusive (CPU: 4 forced host devices)."""
+    _build_and_run_tier(session, "--tier", "multigpu")

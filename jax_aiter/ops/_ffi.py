@@ -4,6 +4,10 @@ With JA_POISON_OUTPUTS=1 (read at trace time) each output is first filled with
 NaN (floats) and passed in as an input aliased to the output, so a kernel that
 leaves an element unwritten shows NaN instead of a stale value that happens to
 be right. Production calls never take this path.
+
+Inside jax.shard_map the outputs get the inputs' varying manual axes (XLA FFI
+calls are per-shard computations); JAX would otherwise type them as
+replicated and transpose them wrongly, which gives wrong gradients.
 """
 from __future__ import annotations
 
@@ -13,6 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_aiter.ops import _sharding
+
 
 def poisoning() -> bool:
     return os.environ.get("JA_POISON_OUTPUTS", "") == "1"
@@ -21,9 +27,13 @@ def poisoning() -> bool:
 def ffi_call(target: str, out_types, *args, vmap_method: str | None = None, **attrs):
     single = not isinstance(out_types, (tuple, list))
     outs = (out_types,) if single else tuple(out_types)
+    args = _sharding.vary_like(*args)
+    if args and _sharding.varying_axes(args[0]):
+        outs = tuple(_sharding.varying_like(o, args[0]) for o in outs)
     kwargs = {} if vmap_method is None else {"vmap_method": vmap_method}
     if poisoning():
         poison = [jnp.full(o.shape, jnp.nan if jnp.issubdtype(o.dtype, jnp.floating) else -1, o.dtype) for o in outs]
+        poison = list(_sharding.vary_like(*args, *poison)[len(args):])
         aliases = {len(args) + i: i for i in range(len(outs))}
         call = jax.ffi.ffi_call(target, outs, input_output_aliases=aliases, **kwargs)
         result = call(*args, *poison, **attrs)

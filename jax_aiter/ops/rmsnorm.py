@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_aiter import _loader
-from jax_aiter.ops import _batching, _checks, _ffi
+from jax_aiter.ops import _batching, _checks, _ffi, _sharding
 
 
 def _check(op: str, x, weight, eps, residual=None) -> float:
@@ -92,6 +92,7 @@ _rms_norm_add.defvjp(_rms_norm_add_fwd, _rms_norm_add_bwd)
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float = 1e-6) -> jax.Array:
     """x / sqrt(mean(x**2, -1) + eps) * weight over the last axis (float32 accumulation)."""
     eps = _check("rms_norm", x, weight, eps)
+    x, weight = _sharding.vary_like(x, weight)
     return _rms_norm(x, weight, eps)
 
 
@@ -99,4 +100,5 @@ def rms_norm_with_add(x: jax.Array, residual: jax.Array, weight: jax.Array,
                       eps: float = 1e-6) -> tuple[jax.Array, jax.Array]:
     """Fused residual add and RMSNorm: returns (rms_norm(x + residual), x + residual)."""
     eps = _check("rms_norm_with_add", x, weight, eps, residual)
+    x, residual, weight = _sharding.vary_like(x, residual, weight)
     return _rms_norm_add(x, residual, weight, eps)

@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""Run a command on one GPU slot (after XLA's parallel_gpu_execute), or on all GPUs exclusively.
+
+    python3 ci/parallel_gpu_execute.py [--exclusive] [--timeout S] -- CMD [ARGS...]
+
+Takes the first free (gpu, slot) lock (slot 0 on every GPU before slot 1), sets
+CUDA_VISIBLE_DEVICES (CUDA) or ROCR_VISIBLE_DEVICES + HIP_VISIBLE_DEVICES (ROCm)
+to that GPU and execs the command with the lock descriptor open, so the slot
+is held exactly as long as the command runs and its exit code is this
+script's. ``--exclusive`` takes every slot and leaves the devices unpinned (the
+multigpu tier). With no GPU the command runs unpinned.
+
+Environment: JA_TESTS_PER_GPU (slots per GPU, 1), JA_GPU_SLOT_TIMEOUT (seconds,
+900), JA_GPU_LOCK_DIR (lock folder), JA_GPU_COUNT / JA_GPU_PLATFORM (override
+the count). Exit 75 when no slot frees up in time, 2 on bad usage.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from jatools import gpu_slots
+
+EXIT_NO_SLOT = 75  # EX_TEMPFAIL
+
+
+def _say(msg: str) -> None:
+    print(f"parallel_gpu_execute: {msg}", file=sys.stderr, flush=True)
+
+
+def _exec(cmd: list[str], env: dict[str, str], fds: list[int]) -> int:
+    for fd in fds:
+        os.set_inheritable(fd, True)  # the command holds the lock from here on
+    try:
+        os.execvpe(cmd[0], cmd, env)
+    except OSError as e:
+        _say(f"cannot run {cmd[0]!r}: {e}")
+        return 127
+    return 0  # not reached
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--exclusive", action="store_true", help="hold every slot of every GPU; leave devices unpinned")
+    p.add_argument("--timeout", type=float, default=None, help="seconds to wait for a slot (JA_GPU_SLOT_TIMEOUT)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command (after --)")
+    a = p.parse_args(argv)
+    cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
+    if not cmd:
+        p.error("give the command to run after --")
+    try:
+        gpus = gpu_slots.detect()
+        per_gpu = gpu_slots.tests_per_gpu()
+        timeout = a.timeout if a.timeout is not None else gpu_slots.timeout_from_env()
+    except ValueError as e:
+        _say(str(e))
+        return 2
+    note = f"pid {os.getpid()}: {shlex.join(cmd)[:200]}"
+    if gpus.count == 0:
+        _say(f"{gpus.how}; running unpinned: {shlex.join(cmd)}")
+        return _exec(cmd, dict(os.environ), [])
+    try:
+        if a.exclusive:
+            slots = gpu_slots.acquire_all(gpus, per_gpu, timeout=timeout, note=note)
+            _say(f"exclusive: all {gpus.count} GPU(s) x {per_gpu} slot(s) ({gpus.how}), unpinned")
+            return _exec(cmd, dict(os.environ), [s.fd for s in slots])
+        slot = gpu_slots.acquire(gpus, per_gpu, timeout=timeout, note=note)
+    except gpu_slots.SlotTimeout as e:
+        _say(str(e))
+        return EXIT_NO_SLOT
+    env = gpu_slots.pinned_env(slot, per_gpu)
+    shown = {k: env[k] for k in ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES") if k in env}
+    _say(f"GPU {slot.gpu} slot {slot.slot} ({gpus.how}) {' '.join(f'{k}={v}' for k, v in shown.items())}")
+    return _exec(cmd, env, [slot.fd])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""pytest plugin: each xdist worker takes a GPU slot before JAX is imported.
+
+A worker (PYTEST_XDIST_WORKER set) takes the first free (gpu, slot) lock from
+jatools.gpu_slots in pytest_configure, which runs before test modules are
+collected and so before JAX starts, and pins itself to that GPU through the
+environment. N workers thus spread over the GPUs, slot 0 on every GPU first.
+The lock is held until the worker exits.
+
+Switches: JA_GPU_SLOT=0 never pins (the multigpu tier runs unpinned and
+exclusive); JA_GPU_SLOT=1 pins a run without xdist too; a process already
+pinned by ci/parallel_gpu_execute.py (JA_GPU_SLOT_HELD set) is left alone.
+JA_GPU_SLOT_RECORD_DIR: each pinned process writes <worker>.json there (its
+slot and the devices JAX saw), which the slot speed-up measurement checks.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from jatools import gpu_slots
+
+SWITCH_ENV = "JA_GPU_SLOT"
+RECORD_ENV = "JA_GPU_SLOT_RECORD_DIR"
+
+_held: gpu_slots.Slot | None = None
+
+
+def _wants_slot(env: dict[str, str]) -> bool:
+    switch = env.get(SWITCH_ENV, "")
+    if switch == "0" or env.get(gpu_slots.HELD_ENV):
+        return False
+    return switch == "1" or bool(env.get("PYTEST_XDIST_WORKER"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _held
+    if not _wants_slot(dict(os.environ)):
+        return
+    gpus = gpu_slots.detect()
+    if gpus.count == 0:
+        return  # nothing to pin; the gpu-marked tests skip with their reason
+    if "jax" in sys.modules:
+        raise pytest.UsageError(
+            "jatools.pytest_gpu_slot: JAX was imported before this worker took its GPU slot, so the "
+            "worker could see every GPU; import JAX only inside tests or fixtures, not in conftest.py "
+            "or plugins")
+    per_gpu = gpu_slots.tests_per_gpu()
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    try:
+        _held = gpu_slots.acquire(gpus, per_gpu, timeout=gpu_slots.timeout_from_env(),
+                                  note=f"pid {os.getpid()}: pytest worker {worker}")
+    except gpu_slots.SlotTimeout as e:
+        raise pytest.UsageError(f"jatools.pytest_gpu_slot ({worker}): {e}") from e
+    pinned = gpu_slots.pinned_env(_held, per_gpu)
+    for key in ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"):
+        if key in pinned:
+            os.environ[key] = pinned[key]
+        else:
+            os.environ.pop(key, None)
+    for key in ("XLA_PYTHON_CLIENT_MEM_FRACTION", gpu_slots.HELD_ENV):
+        if key in pinned:
+            os.environ[key] = pinned[key]
+
+
+def _record(worker: str) -> None:
+    folder = os.environ.get(RECORD_ENV)
+    if not folder or _held is None:
+        return
+    rec = {"worker": worker, "pid": os.getpid(), "platform": _held.platform, "gpu": _held.gpu,
+           "slot": _held.slot, "env": {k: os.environ.get(k) for k in
+                                       ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")}}
+    if "jax" in sys.modules:  # only report what the tests already initialised
+        jax = sys.modules["jax"]
+        rec["jax_devices"] = [str(d) for d in jax.devices()]
+    path = Path(folder) / f"{worker}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(rec, indent=1))
+    os.replace(tmp, path)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    global _held
+    if _held is not None:
+        _record(os.environ.get("PYTEST_XDIST_WORKER", "main"))
+        _held.release()
+        _held = None

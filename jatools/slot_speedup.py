@@ -1,0 +1,116 @@
+"""Measure what GPU slots buy: the pr tier's GPU tests with N xdist workers (one GPU each) vs 1, in one run.
+
+    python3 ci/measure_slot_speedup.py [--workers 2] [--repeats 1] [--out F] [pytest args]
+
+Both runs use the same pytest command the pr tier uses (jatools.test_tiers.plan),
+with retries off. Each worker records its slot and the devices JAX showed it
+(jatools.pytest_gpu_slot), and the run fails unless every worker of the
+N-worker run saw exactly one GPU and no two workers shared one. The N-worker
+run goes first in each round, so any warm-cache effect favours the 1-worker
+run (the reported speed-up is not flattered). Writes a JSON with every run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from jatools import gpu_slots, test_tiers
+from jatools.pytest_gpu_slot import RECORD_ENV
+
+GOAL = 1.8
+
+
+def _counts(output: str) -> dict[str, int]:
+    tail = "\n".join(output.strip().splitlines()[-3:])
+    return {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected|rerun)", tail)}
+
+
+def check_pinning(records: list[dict], workers: int) -> list[str]:
+    """Problems with how the workers were pinned (empty when each saw exactly one, different, GPU)."""
+    problems = []
+    if len(records) != workers:
+        problems.append(f"{len(records)} worker records for {workers} workers")
+    gpus = [r["gpu"] for r in records]
+    if len(set(gpus)) != len(gpus):
+        problems.append(f"workers shared a GPU: {gpus}")
+    for r in records:
+        devs = r.get("jax_devices")
+        if devs is None:
+            problems.append(f"{r['worker']}: JAX never started (no GPU test ran there?)")
+        elif len(devs) != 1:
+            problems.append(f"{r['worker']}: JAX saw {len(devs)} devices ({devs}), expected exactly 1")
+    return problems
+
+
+def timed_run(run: test_tiers.PytestRun, root: Path, records: Path) -> dict:
+    env = {**os.environ, **run.env, RECORD_ENV: str(records)}
+    start = time.monotonic()
+    proc = subprocess.run(list(run.argv), cwd=root, env=env, capture_output=True, text=True, check=False)
+    seconds = time.monotonic() - start
+    sys.stdout.write("\n".join(proc.stdout.splitlines()[-4:]) + "\n")
+    recs = [json.loads(p.read_text()) for p in sorted(records.glob("*.json"))]
+    return {"rc": proc.returncode, "seconds": round(seconds, 2), "counts": _counts(proc.stdout), "workers_seen": recs,
+            "output_tail": proc.stdout[-4000:] + proc.stderr[-2000:]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python3 ci/measure_slot_speedup.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    p.add_argument("--workers", type=int, default=2, help="workers of the parallel run, one GPU each (2)")
+    p.add_argument("--repeats", type=int, default=1, help="rounds of (N workers, 1 worker); medians are compared")
+    p.add_argument("--tier", default="pr", help="tier whose single-device run is timed (pr)")
+    p.add_argument("--platform", default=None, help="cuda | rocm (default: detected)")
+    p.add_argument("--out", type=Path, default=Path("build/test-results/slot_speedup.json"))
+    a, pytest_args = p.parse_known_args(argv)
+    root = Path(__file__).resolve().parent.parent
+    gpus = gpu_slots.detect()
+    platform, why = test_tiers.choose_platform(a.platform, dict(os.environ), gpus)
+    if platform == "cpu" or gpus.count < a.workers:
+        print(f"slot_speedup: needs {a.workers} GPUs, found {gpus.count} ({gpus.how}); run it on the GPU host",
+              file=sys.stderr)
+        return 2
+    rounds = []
+    for r in range(a.repeats):
+        for n in (a.workers, 1):
+            (run,) = [x for x in test_tiers.plan(a.tier, platform, gpus, pytest_args, workers=n, reruns=0,
+                                                 results_dir=root / test_tiers.RESULTS_DIR) if x.kind == "single"]
+            print(f"slot_speedup: round {r + 1}, {n} worker(s): {run.command_line()}", flush=True)
+            with tempfile.TemporaryDirectory(prefix="ja-slots-") as tmp:
+                res = timed_run(run, root, Path(tmp))
+            res.update(workers=n, round=r + 1, command=run.command_line(), pinning_problems=check_pinning(
+                res["workers_seen"], n))
+            rounds.append(res)
+    t_n = statistics.median(x["seconds"] for x in rounds if x["workers"] == a.workers)
+    t_1 = statistics.median(x["seconds"] for x in rounds if x["workers"] == 1)
+    failures = [f"{x['workers']} worker(s), round {x['round']}: exit {x['rc']}" for x in rounds if x["rc"] != 0]
+    failures += [f"{x['workers']} worker(s), round {x['round']}: {pr}" for x in rounds for pr in x["pinning_problems"]]
+    speedup = t_1 / t_n if t_n else 0.0
+    result = {"tier": a.tier, "platform": platform, "platform_how": why, "gpus": list(gpus.ids), "gpus_how": gpus.how,
+              "workers": a.workers, "repeats": a.repeats, "seconds_1_worker": t_1, f"seconds_{a.workers}_workers": t_n,
+              "speedup": round(speedup, 3), "goal": GOAL, "met_goal": speedup >= GOAL and not failures,
+              "failures": failures, "runs": rounds}
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = a.out.with_name(a.out.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    os.replace(tmp, a.out)
+    print(f"\n== slot speed-up, tier {a.tier} on {platform} ({gpus.how}) ==")
+    for x in rounds:
+        pins = ", ".join(f"{w['worker']}->GPU {w['gpu']} ({len(w.get('jax_devices') or [])} dev)" for w in x["workers_seen"])
+        print(f"{x['workers']} worker(s) round {x['round']}: {x['seconds']:.1f} s, exit {x['rc']}, {x['counts']}; {pins}")
+    print(f"1 worker {t_1:.1f} s, {a.workers} workers {t_n:.1f} s: speed-up {speedup:.2f}x (goal {GOAL}x)")
+    for f in failures:
+        print(f"FAILED: {f}")
+    print(f"results: {a.out}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Which tests a machine runs: pytest marker expressions composed from one table.
+
+As XLA composes its ROCm tag filters, a platform has a base list of what it
+must never attempt, and each CI configuration adds its own requirements. The
+test tiers (pr / nightly / multigpu) are defined here too, with the same
+``Filter`` type, so there is one source for every ``pytest -m`` expression CI
+uses. ``python3 ci/tag_filters.py`` prints them; ``ci/tag_filters_golden.txt``
+holds that printout and a test keeps it current.
+
+Stdlib only: it runs under the system ``python3`` on any CI runner.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MARKERS = ("gpu", "multigpu", "slow", "cuda_only", "rocm_only")
+PLATFORMS = ("cpu", "cuda", "rocm")
+CONFIGS = ("cpu", "single_gpu", "multi_gpu")
+
+
+class TagFilterError(ValueError):
+    """An unknown platform, configuration or tier; the message lists the valid ones."""
+
+
+@dataclass(frozen=True)
+class Filter:
+    """A marker selection: a test must carry every ``require`` marker and no ``exclude`` marker."""
+
+    require: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in (*self.require, *self.exclude) if m not in MARKERS]
+        if unknown:
+            raise TagFilterError(f"unknown marker(s) {', '.join(unknown)}; markers are {', '.join(MARKERS)} "
+                                 "(registered in pyproject.toml [tool.pytest.ini_options])")
+
+    def __add__(self, other: Filter) -> Filter:
+        return Filter(_merge(self.require, other.require), _merge(self.exclude, other.exclude))
+
+    def contradiction(self) -> str | None:
+        """Why this filter can select no test, or None when it can select some."""
+        both = [m for m in self.require if m in self.exclude]
+        return f"requires and excludes {', '.join(both)}" if both else None
+
+    def expression(self) -> str:
+        """The ``pytest -m`` expression ('' selects everything)."""
+        return " and ".join([*self.require, *(f"not {m}" for m in self.exclude)])
+
+
+def _merge(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys((*a, *b)))
+
+
+# What each platform must never attempt (XLA: rocm_tag_filters.sh's base list).
+PLATFORM_BASE: dict[str, Filter] = {
+    "cpu": Filter(exclude=("gpu", "cuda_only", "rocm_only")),
+    "cuda": Filter(exclude=("rocm_only",)),
+    "rocm": Filter(exclude=("cuda_only",)),
+}
+
+# Per-configuration additions (XLA: ci_rocm_cpu / ci_single_gpu / ci_multi_gpu).
+CONFIG_ADDS: dict[str, Filter] = {
+    "cpu": Filter(exclude=("gpu", "multigpu")),
+    "single_gpu": Filter(require=("gpu",), exclude=("multigpu",)),
+    "multi_gpu": Filter(require=("multigpu",)),
+}
+
+
+@dataclass(frozen=True)
+class Tier:
+    """A test tier: one or more pytest runs, each a device kind plus the tier's own selection."""
+
+    name: str
+    doc: str
+    runs: tuple[tuple[str, Filter], ...]  # (kind: "single" | "multi", tier selection)
+
+
+TIERS: dict[str, Tier] = {
+    t.name: t
+    for t in (
+        Tier("pr", "every pull request: fast single-device tests", (("single", Filter(exclude=("slow", "multigpu"))),)),
+        Tier("nightly", "the full suite: single-device run, then the multi-device run",
+             (("single", Filter()), ("multi", Filter(require=("multigpu",))))),
+        Tier("multigpu", "the sharded multi-device tests only", (("multi", Filter(require=("multigpu",))),)),
+    )
+}
+DEFAULT_TIER = "pr"
+
+
+def _check(kind: str, value: str, valid) -> None:
+    if value not in valid:
+        raise TagFilterError(f"unknown {kind} {value!r}; valid {kind}s: {', '.join(valid)}")
+
+
+def tag_filter(platform: str, config: str) -> Filter:
+    """The platform's base list plus the configuration's additions."""
+    _check("platform", platform, PLATFORMS)
+    _check("config", config, CONFIGS)
+    return PLATFORM_BASE[platform] + CONFIG_ADDS[config]
+
+
+def config_for(platform: str, kind: str) -> str:
+    """The configuration a tier's run of this kind uses on this platform."""
+    _check("platform", platform, PLATFORMS)
+    if kind == "multi":
+        return "multi_gpu"
+    return "cpu" if platform == "cpu" else "single_gpu"
+
+
+def tier(name: str) -> Tier:
+    _check("tier", name, tuple(TIERS))
+    return TIERS[name]
+
+
+def tier_runs(name: str, platform: str) -> list[tuple[str, str, Filter]]:
+    """[(kind, config, filter)] for a tier on a platform: tag filter plus the tier's selection."""
+    return [(kind, config_for(platform, kind), tag_filter(platform, config_for(platform, kind)) + sel)
+            for kind, sel in tier(name).runs]
+
+
+def render_table() -> str:
+    """The whole table as text: the golden file's content."""
+    lines = ["# pytest -m expressions by (platform, config): platform base + config additions.",
+             "# Regenerate: python3 ci/tag_filters.py --update-golden", ""]
+    for platform in PLATFORMS:
+        for config in CONFIGS:
+            f = tag_filter(platform, config)
+            note = f"   # selects nothing: {f.contradiction()}" if f.contradiction() else ""
+            lines.append(f"{platform:<5} {config:<10} {f.expression()!r}{note}")
+    lines += ["", "# tiers: the tier's own selection, then each run as materialised per platform", ""]
+    for t in TIERS.values():
+        own = " | ".join(f"{kind}: {sel.expression() or '<all>'!r}" for kind, sel in t.runs)
+        lines.append(f"tier {t.name:<9} {own}   # {t.doc}")
+        for platform in PLATFORMS:
+            for kind, config, f in tier_runs(t.name, platform):
+                lines.append(f"  {platform:<5} {kind:<6} {config:<10} {f.expression()!r}")
+    return "\n".join(lines) + "\n"

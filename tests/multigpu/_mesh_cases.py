@@ -1,0 +1,81 @@
+"""Shared pieces of the sharded tests: mesh layouts, shard_map wrapping, comparisons.
+
+Every layout is a pytest param carrying ``multigpu(devices=N)``, so the
+central guard (jatools.pytest_guards) skips it, with the reason printed, on a
+machine with fewer devices. Activations are [batch, seq, heads, head_dim];
+"batch" and "heads" are the mesh axes they are sharded over.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+# name: (mesh axis names, mesh shape, spec of a [batch, seq, heads, dim] activation)
+LAYOUTS = {
+    "batch": (("batch",), (2,), P("batch", None, None, None)),
+    "heads": (("heads",), (2,), P(None, None, "heads", None)),
+    "batch_heads": (("batch", "heads"), (2, 2), P("batch", None, "heads", None)),
+}
+
+
+def layout_params() -> list:
+    return [pytest.param(name, id=name, marks=pytest.mark.multigpu(devices=math.prod(shape)))
+            for name, (_, shape, _) in LAYOUTS.items()]
+
+
+def mesh_and_spec(layout: str) -> tuple[jax.sharding.Mesh, P]:
+    axes, shape, spec = LAYOUTS[layout]
+    return jax.make_mesh(shape, axes, devices=jax.devices()[: math.prod(shape)]), spec
+
+
+def put(x: jax.Array, mesh: jax.sharding.Mesh, spec: P) -> jax.Array:
+    return jax.device_put(x, NamedSharding(mesh, spec))
+
+
+def shard_mapped(fn, mesh: jax.sharding.Mesh, in_specs, out_specs):
+    """jit(shard_map(fn)): fn sees one shard per device, as a multi-GPU model would run it."""
+    return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs))
+
+
+def local_shape(shape: tuple[int, ...], mesh: jax.sharding.Mesh, spec: P) -> tuple[int, ...]:
+    return tuple(n // (mesh.shape[a] if a else 1) for n, a in zip(shape, tuple(spec) + (None,) * len(shape)))
+
+
+def custom_call_shapes(compiled_text: str, target: str) -> list[str]:
+    """The result shapes of every custom call to `target` in compiled HLO text."""
+    pat = re.compile(r"=\s*([a-z0-9]+\[[0-9,]*\])\S*\s+custom-call\(.*custom_call_target=\"" + re.escape(target) + '"')
+    return [m.group(1) for m in pat.finditer(compiled_text)]
+
+
+def hlo_shape(dtype, shape: tuple[int, ...]) -> str:
+    name = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}[jnp.dtype(dtype).name]
+    return f"{name}[{','.join(map(str, shape))}]"
+
+
+def random(key: int, shape: tuple[int, ...], dtype) -> jax.Array:
+    return jax.random.normal(jax.random.key(key), shape, jnp.float32).astype(dtype)
+
+
+def assert_close(got, want, dtype, what: str) -> None:
+    """Sharded vs single-device values where summation order may differ (cross-shard reductions).
+
+    A reduction over shards rounds each shard's partial sum to the dtype before
+    the psum, so the bound is relative to the largest magnitude, not per element.
+    """
+    tol = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 2e-3}[jnp.dtype(dtype).name]
+    want = np.asarray(want, np.float32)
+    np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=tol, atol=tol * max(1.0, np.abs(want).max()),
+                               err_msg=f"{what}: sharded result differs from the single-device result")
+
+
+def assert_equal(got, want, what: str) -> None:
+    """Sharded vs single-device values of a per-row kernel: the same rows, so the same bits."""
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                                  err_msg=f"{what}: sharded result differs from the single-device result")

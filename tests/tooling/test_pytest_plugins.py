@@ -1,0 +1,213 @@
+"""The pytest plugins in real pytest processes: xdist GPU slots, device guards, flaky-retry report."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PLUGINS = ["jatools.pytest_gpu_slot", "jatools.pytest_guards", "jatools.pytest_flaky_report"]
+MARKERS = ["gpu", "multigpu", "slow", "cuda_only", "rocm_only"]
+PINNING = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "XLA_FLAGS",
+           "JA_GPU_SLOT", "JA_GPU_SLOT_HELD", "JA_FLAKY_JSON", "PYTEST_XDIST_WORKER", "PYTEST_ADDOPTS")
+
+needs_xdist = pytest.mark.skipif(importlib.util.find_spec("xdist") is None, reason="pytest-xdist is not installed")
+needs_rerun = pytest.mark.skipif(importlib.util.find_spec("pytest_rerunfailures") is None,
+                                 reason="pytest-rerunfailures is not installed (pip install -e .[test])")
+
+
+@pytest.fixture
+def suite(tmp_path):
+    """A throw-away test tree wired to the plugins like tests/conftest.py, plus a fake GPU host."""
+    tree = tmp_path / "suite"
+    tree.mkdir()
+    (tree / "pytest.ini").write_text("[pytest]\naddopts = -ra -p no:cacheprovider --strict-markers\nmarkers =\n"
+                                     + "".join(f"    {m}: x\n" for m in MARKERS))
+    (tree / "conftest.py").write_text(f"pytest_plugins = {PLUGINS!r}\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+
+    def run(tests: str, *args: str, gpus: int = 0, **env: str) -> subprocess.CompletedProcess:
+        (tree / "test_it.py").write_text(textwrap.dedent(tests))
+        smi = bin_dir / "nvidia-smi"
+        smi.write_text("#!/bin/sh\n" + "".join(f"echo 'GPU {i}: NVIDIA H200 (UUID: GPU-{i})'\n" for i in range(gpus))
+                       + ("" if gpus else "exit 9\n"))
+        smi.chmod(0o755)
+        (bin_dir / "rocminfo").write_text("#!/bin/sh\nexit 1\n")
+        (bin_dir / "rocminfo").chmod(0o755)
+        full = {k: v for k, v in os.environ.items() if k not in PINNING}
+        full.update(PATH=f"{bin_dir}:{os.environ['PATH']}",
+                    PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+                    JA_GPU_LOCK_DIR=str(tmp_path / "locks"), **env)
+        return subprocess.run([sys.executable, "-m", "pytest", str(tree), *args], cwd=tree, env=full,
+                              capture_output=True, text=True, timeout=300, check=False)
+
+    run.tree = tree
+    run.tmp = tmp_path
+    return run
+
+
+WHO_AM_I = """
+    import json, os, sys, time, pytest
+
+    @pytest.mark.parametrize("i", range(4))
+    def test_where(i):
+        time.sleep(0.1)
+        rec = {k: os.environ.get(k) for k in ("PYTEST_XDIST_WORKER", "CUDA_VISIBLE_DEVICES", "JA_GPU_SLOT_HELD")}
+        rec["jax_imported"] = "jax" in sys.modules
+        open(os.path.join(os.environ["OUT"], f"{i}.json"), "w").write(json.dumps(rec))
+"""
+
+
+def _records(folder: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+
+
+@needs_xdist
+def test_xdist_workers_each_take_a_different_gpu(suite):
+    out = suite.tmp / "out"
+    out.mkdir()
+    r = suite(WHO_AM_I, "-n", "2", gpus=2, OUT=str(out), JA_GPU_SLOT_RECORD_DIR=str(suite.tmp / "slots"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    recs = _records(out)
+    by_worker = {}
+    for rec in recs:
+        by_worker.setdefault(rec["PYTEST_XDIST_WORKER"], set()).add(rec["CUDA_VISIBLE_DEVICES"])
+        assert not rec["jax_imported"]
+    assert len(recs) == 4 and set(by_worker) == {"gw0", "gw1"}
+    assert all(len(g) == 1 for g in by_worker.values())           # a worker stays on one GPU
+    assert set.union(*by_worker.values()) == {"0", "1"}            # the two workers on different GPUs
+    slots = {s["worker"]: (s["gpu"], s["slot"]) for s in _records(suite.tmp / "slots")}
+    assert sorted(slots.values()) == [("0", 0), ("1", 0)]
+
+
+@needs_xdist
+def test_slot_switch_off_leaves_workers_unpinned(suite):
+    out = suite.tmp / "out"
+    out.mkdir()
+    r = suite(WHO_AM_I, "-n", "2", gpus=2, OUT=str(out), JA_GPU_SLOT="0")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert {rec["CUDA_VISIBLE_DEVICES"] for rec in _records(out)} == {None}
+
+
+def test_single_process_pins_itself_on_request(suite):
+    out = suite.tmp / "out"
+    out.mkdir()
+    r = suite(WHO_AM_I, gpus=3, OUT=str(out), JA_GPU_SLOT="1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert {rec["JA_GPU_SLOT_HELD"] for rec in _records(out)} == {"0:0"}
+
+
+GUARDED = """
+    import pytest
+
+    def test_plain():  # first: nothing marked has run yet
+        import sys
+        assert "jax" not in sys.modules  # the guards import JAX only for marked tests
+
+    @pytest.mark.gpu
+    def test_needs_gpu():
+        pass
+
+    @pytest.mark.cuda_only
+    def test_needs_cuda():
+        pass
+
+    @pytest.mark.rocm_only
+    def test_needs_rocm():
+        pass
+
+    @pytest.mark.multigpu(devices=2)
+    def test_two():
+        import jax
+        assert len(jax.devices()) >= 2
+
+    @pytest.mark.multigpu(devices=4)
+    def test_four():
+        import jax
+        assert len(jax.devices()) >= 4
+
+    @pytest.mark.multigpu(devices=8)
+    def test_eight():
+        pass
+"""
+
+
+def test_guards_skip_with_printed_reasons(suite):
+    pytest.importorskip("jax", reason="the device guards ask JAX what it sees")
+    r = suite(GUARDED)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "1 passed, 6 skipped" in r.stdout
+    assert "gpu: needs a GPU; JAX has no gpu backend" in r.stdout
+    assert "cuda_only: needs a CUDA GPU" in r.stdout and "rocm_only: needs a ROCm GPU" in r.stdout
+    assert "multigpu: needs 2 devices, JAX sees 1 (cpu)" in r.stdout
+    assert "xla_force_host_platform_device_count" in r.stdout  # the fix is named
+    assert "SKIPPED [1] test_it.py:" in r.stdout  # reported at the test, not inside the plugin
+
+
+def test_multigpu_tests_run_when_enough_devices_are_visible(suite):
+    pytest.importorskip("jax", reason="the device guards ask JAX what it sees")
+    r = suite(GUARDED, "-m", "multigpu", XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "2 passed, 1 skipped" in r.stdout and "multigpu: needs 8 devices, JAX sees 4 (cpu)" in r.stdout
+
+
+def test_malformed_device_count_fails_the_run(suite):
+    r = suite("""
+        import pytest
+
+        @pytest.mark.multigpu(devices="two")
+        def test_x():
+            pass
+    """)
+    assert r.returncode != 0 and "multigpu(devices=...) needs a positive int, got 'two'" in r.stdout + r.stderr
+
+
+FLAKY = """
+    import os, pytest
+
+    def test_flaky():
+        marker = os.path.join(os.environ["OUT"], "flaky-attempted")
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            assert 1 == 2, "first attempt fails"
+
+    def test_broken():
+        assert False, "always fails"
+
+    def test_fine():
+        pass
+"""
+
+
+@needs_rerun
+@pytest.mark.parametrize("xdist", [False, pytest.param(True, marks=needs_xdist)], ids=["serial", "xdist"])
+def test_retries_are_listed_and_never_hide_a_failure(suite, xdist):
+    out = suite.tmp / "out"
+    out.mkdir()
+    report = suite.tmp / "flaky.json"
+    r = suite(FLAKY, "--reruns", "2", *(["-n", "2"] if xdist else []), OUT=str(out), JA_FLAKY_JSON=str(report))
+    assert r.returncode == 1, r.stdout + r.stderr  # the always-failing test still fails the run
+    assert "FLAKY (passed after retry): test_it.py::test_flaky (1 retry)" in r.stdout
+    assert "FAILED after retries: test_it.py::test_broken (2 retries)" in r.stdout
+    assert "first attempt fails" in r.stdout
+    res = json.loads(report.read_text())
+    tests = {t["nodeid"]: t for t in res["tests"]}
+    assert set(tests) == {"test_it.py::test_flaky", "test_it.py::test_broken"}
+    assert tests["test_it.py::test_flaky"]["flaky"] and tests["test_it.py::test_flaky"]["final"] == "passed"
+    assert tests["test_it.py::test_broken"]["final"] == "failed" and len(tests["test_it.py::test_broken"]["attempts"]) == 2
+    assert (res["flaky"], res["failed_after_retries"], res["retries_configured"]) == (1, 1, 2)
+
+
+def test_report_is_written_when_nothing_was_retried(suite):
+    report = suite.tmp / "flaky.json"
+    r = suite("def test_ok():\n    pass\n", JA_FLAKY_JSON=str(report))
+    assert r.returncode == 0
+    res = json.loads(report.read_text())
+    assert res["tests"] == [] and res["flaky"] == 0

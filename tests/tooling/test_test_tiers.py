@@ -1,0 +1,160 @@
+"""The tier runner: plans derived from the tag-filter table, and real pytest runs of a small tree."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from jatools import gpu_slots, tag_filters, test_tiers
+
+ROOT = Path(__file__).resolve().parents[2]
+CPU = gpu_slots.Gpus("cpu", (), "none")
+TWO_CUDA = gpu_slots.Gpus("cuda", ("0", "1"), "nvidia-smi -L: 2 GPUs")
+
+
+def _plan(tier, platform, gpus, **kw):
+    return test_tiers.plan(tier, platform, gpus, [], env=kw.pop("env", {}), python="py", **kw)
+
+
+def test_pr_on_the_cpu_is_one_in_process_run_with_the_tables_expression():
+    (run,) = _plan("pr", "cpu", CPU)
+    assert run.expression == tag_filters.tier_runs("pr", "cpu")[0][2].expression()
+    assert run.argv == ("py", "-m", "pytest", "-m", run.expression) and not run.exclusive
+    assert "-n" not in run.argv
+
+
+def test_pr_on_a_gpu_host_runs_one_xdist_worker_per_slot():
+    (run,) = _plan("pr", "cuda", TWO_CUDA)
+    assert run.argv[-2:] == ("-n", "2") and run.config == "single_gpu"
+    (run,) = _plan("pr", "cuda", TWO_CUDA, env={"JA_TESTS_PER_GPU": "2"})
+    assert run.argv[-2:] == ("-n", "4")
+    (run,) = _plan("pr", "cuda", TWO_CUDA, workers=0)
+    assert "-n" not in run.argv and run.env["JA_GPU_SLOT"] == "1"  # one process, pinned itself
+
+
+def test_more_workers_than_slots_is_refused_before_anything_runs():
+    with pytest.raises(test_tiers.TierError, match="3 workers but only 2 GPU slots"):
+        _plan("pr", "cuda", TWO_CUDA, workers=3)
+
+
+def test_multigpu_runs_unpinned_exclusive_on_gpus_and_on_forced_cpu_devices():
+    (gpu,) = _plan("multigpu", "cuda", TWO_CUDA)
+    assert gpu.exclusive and gpu.env["JA_GPU_SLOT"] == "0" and "XLA_FLAGS" not in gpu.env
+    (cpu,) = _plan("multigpu", "cpu", CPU, env={"XLA_FLAGS": "--xla_dump_to=/tmp/x"})
+    assert cpu.env["XLA_FLAGS"] == "--xla_dump_to=/tmp/x --xla_force_host_platform_device_count=4"
+    assert not cpu.exclusive
+
+
+def test_nightly_is_the_whole_suite_in_two_runs():
+    runs = _plan("nightly", "rocm", gpu_slots.Gpus("rocm", ("0",), "x"))
+    assert [(r.kind, r.expression) for r in runs] == [
+        ("single", "gpu and not cuda_only and not multigpu"), ("multi", "multigpu and not cuda_only")]
+
+
+def test_retries_only_when_the_plugin_is_there():
+    (run,) = _plan("pr", "cuda", TWO_CUDA, reruns=2)
+    assert "--reruns" in run.argv
+    (run,) = _plan("pr", "cuda", TWO_CUDA, reruns=2, have_rerun_plugin=False)
+    assert "--reruns" not in run.argv
+
+
+def test_platform_choice_precedence():
+    assert test_tiers.choose_platform("rocm", {"JA_TEST_PLATFORM": "cuda"}, CPU)[0] == "rocm"
+    assert test_tiers.choose_platform(None, {"JA_TEST_PLATFORM": "cuda", "JA_BACKEND": "cpu"}, CPU)[0] == "cuda"
+    assert test_tiers.choose_platform(None, {"JA_BACKEND": "auto"}, TWO_CUDA)[0] == "cuda"
+    with pytest.raises(test_tiers.TierError, match="use one of cpu, cuda, rocm"):
+        test_tiers.choose_platform("tpu", {}, CPU)
+
+
+TREE = """
+    import pytest
+
+    def test_plain():
+        pass
+
+    @pytest.mark.slow
+    def test_slow():
+        pass
+
+    @pytest.mark.gpu
+    def test_gpu():
+        pass
+
+    @pytest.mark.multigpu(devices=4)
+    def test_sharded():
+        import jax
+        assert len(jax.devices()) == 4
+"""
+
+
+def _tier(tmp_path, *args, tests=TREE):
+    tree = tmp_path / "tree"
+    tree.mkdir(exist_ok=True)
+    (tree / "pytest.ini").write_text("[pytest]\naddopts = -ra -p no:cacheprovider --strict-markers\nmarkers =\n"
+                                     + "".join(f"    {m}: x\n" for m in tag_filters.MARKERS))
+    (tree / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text().replace(
+        "Path(__file__).resolve().parent.parent", repr(str(ROOT))))
+    (tree / "test_tree.py").write_text(textwrap.dedent(tests))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JA_", "XLA_FLAGS", "PYTEST_"))}
+    env.update(JA_GPU_COUNT="0", PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    r = subprocess.run([sys.executable, "-m", "jatools.test_tiers", "--results-dir", str(tmp_path / "res"),
+                        *args, str(tree)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+    return r, tmp_path / "res"
+
+
+def test_nightly_runs_the_single_and_the_multi_device_run(tmp_path):
+    pytest.importorskip("jax", reason="the multi-device run asks JAX for its forced CPU devices")
+    r, res = _tier(tmp_path, "--tier", "nightly")
+    assert r.returncode == 0, r.stdout + r.stderr
+    result = json.loads((res / "tier-nightly.json").read_text())
+    assert [(x["kind"], x["rc"]) for x in result["runs"]] == [("single", 0), ("multi", 0)]
+    assert "2 passed, 2 deselected" in r.stdout  # single: plain + slow; gpu and multigpu deselected
+    assert "1 passed, 3 deselected" in r.stdout  # multi: the sharded test on 4 forced CPU devices
+    assert result["runs"][0]["flaky"]["tests"] == []
+
+
+def test_pr_leaves_out_slow_tests(tmp_path):
+    r, _ = _tier(tmp_path, "--tier", "pr")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "1 passed, 3 deselected" in r.stdout
+
+
+def test_a_failing_test_fails_the_tier_and_every_run_still_runs(tmp_path):
+    pytest.importorskip("jax", reason="the multi-device run asks JAX for its forced CPU devices")
+    r, res = _tier(tmp_path, "--tier", "nightly", tests=TREE + "\n    def test_bad():\n        assert 0\n")
+    assert r.returncode == 1
+    result = json.loads((res / "tier-nightly.json").read_text())
+    assert [x["rc"] for x in result["runs"]] == [1, 0] and "FAILED (exit 1)" in r.stdout
+
+
+def test_unknown_tier_lists_the_valid_ones(tmp_path):
+    r, _ = _tier(tmp_path, "--tier", "weekly")
+    assert r.returncode == 2 and "valid tiers: pr, nightly, multigpu" in r.stderr
+
+
+def test_ci_test_sh_takes_the_tier_from_the_environment(tmp_path):
+    env = {**os.environ, "JA_TEST_TIER": "multigpu", "PYTHON": sys.executable, "JA_GPU_COUNT": "0"}
+    r = subprocess.run(["bash", str(ROOT / "ci" / "test.sh"), "--dry-run"], env=env, capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr
+    assert "--xla_force_host_platform_device_count=4" in r.stdout and "-m 'multigpu and not gpu" in r.stdout
+    bad = subprocess.run(["bash", str(ROOT / "ci" / "test.sh")], env={**env, "JA_TEST_TIER": "smoke"},
+                         capture_output=True, text=True, check=False)
+    assert bad.returncode == 2 and "valid tiers: pr, nightly, multigpu" in bad.stderr
+
+
+def test_slot_speedup_pinning_check_names_each_problem():
+    from jatools.slot_speedup import check_pinning
+
+    good = [{"worker": "gw0", "gpu": "0", "jax_devices": ["cuda:0"]},
+            {"worker": "gw1", "gpu": "1", "jax_devices": ["cuda:0"]}]
+    assert check_pinning(good, 2) == []
+    shared = [{**good[0]}, {**good[1], "gpu": "0"}]
+    assert any("shared a GPU" in p for p in check_pinning(shared, 2))
+    wide = [{**good[0], "jax_devices": ["cuda:0", "cuda:1"]}, good[1]]
+    assert any("saw 2 devices" in p for p in check_pinning(wide, 2))
+    assert any("1 worker records for 2 workers" in p for p in check_pinning(good[:1], 2))
