@@ -63,7 +63,7 @@ def tests(session: nox.Session) -> None:
 def ci_tooling(session: nox.Session) -> None:
     """CPU-only tooling tests (manifest, tiers, CI driver, perf logs): no GPU, no native build."""
     session.install(*TOOLING_DEPS)
-    session.run("pytest", "tests/tooling", *session.posargs)
+    session.run("pytest", "tests/tooling", "ci", *session.posargs)
 
 
 @nox.session(python=PY, tags=["lint"])
@@ -77,3 +77,11 @@ def lint(session: nox.Session) -> None:
 def compile_only(session: nox.Session) -> None:
     """Compile every library for CUDA (nvcc, sm_90) and ROCm (hipcc, gfx90a) without a GPU."""
     session.run("python3", "-m", "jatools.compile_only", *session.posargs, external=True)
+
+
+# --- CI: sanitizers (logic in jatools/sanitize.py; see docs/ci.md) -------------------------------
+@nox.session(python=PY, tags=["test"], default=False)
+def sanitize(session: nox.Session) -> None:
+    """CPU libraries built with ASan+UBSan into build/sanitize, then the CPU op tests run against them (pytest args after --)."""
+    session.install(*TEST_DEPS, "ninja")
+    session.run("python", "-m", "jatools.sanitize", "--", *session.posargs)

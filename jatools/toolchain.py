@@ -248,6 +248,15 @@ def compile_flags(tc: Toolchain, settings: config.Settings) -> dict[str, list[st
         link_pass = "-Wl,"
     else:
         gpu, link, link_pass = [], [tc.cxx, "-shared"], "-Wl,"
+    if settings.sanitize:
+        if tc.backend != "cpu":
+            raise ToolchainError(
+                f"JA_SANITIZE={','.join(settings.sanitize)} instruments host code built by {tc.cxx} and needs "
+                f"JA_BACKEND=cpu (resolved: {tc.backend}); for GPU code use compute-sanitizer or ROCm's ASan build"
+            )
+        san = "-fsanitize=" + ",".join(settings.sanitize)
+        cxx += [san, "-fno-omit-frame-pointer", "-fno-sanitize-recover=all", "-g"]
+        link += [san]
     return {"cxx": cxx, "gpu": gpu, "link": link, "link_pass": [link_pass], "libs": ["-lpthread"]}
 
 
