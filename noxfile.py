@@ -85,3 +85,11 @@ def sanitize(session: nox.Session) -> None:
     """CPU libraries built with ASan+UBSan into build/sanitize, then the CPU op tests run against them (pytest args after --)."""
     session.install(*TEST_DEPS, "ninja")
     session.run("python", "-m", "jatools.sanitize", "--", *session.posargs)
+
+
+# --- CI: convergence recipe (logic in ci/convergence/train_tiny.py; see docs/ci.md) ---------------
+@nox.session(python=PY, tags=["test"], default=False)
+def convergence(session: nox.Session) -> None:
+    """Train a small LM with jax_aiter's kernels and with plain JAX; fail unless both reach the same loss (args after --)."""
+    session.install(*TEST_DEPS)
+    session.run("python", "ci/convergence/train_tiny.py", "--compare", *session.posargs)

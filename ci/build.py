@@ -244,9 +244,18 @@ for _backend, _runner, _env in (("rocm", BUILD_ONLY_ROCM, ROCM_ENV), ("cuda", BU
               description=f"JIT producer ({_backend}): build {_module} only (offline, no GPU)",
               steps=(Nox("jit", ("--module", _module)),))
     Build(name=f"jit_libs_merge_{_backend}", group="jit_libs", runner=UBUNTU, env=_env, timeout_minutes=30,
-          description=f"JIT producer ({_backend}): merge the shards into one manifest, verify, publish",
-          steps=(Invoke("jit.merge-manifests", ("--from", "build/jit-shards")), Invoke("verify"),
-                 Invoke("jit.publish", network=True)))
+          description=f"JIT producer ({_backend}): merge the shards into build/aiter_build with one manifest, verify",
+          steps=(Invoke("jit.merge-manifests", ("--from", "build/jit-shards")), Invoke("verify")))
+    Build(name=f"jit_libs_publish_{_backend}", group="jit_libs", runner=UBUNTU, env=_env, timeout_minutes=60,
+          description=f"JIT producer ({_backend}): compress, verify and upload the merged libraries (write access)",
+          steps=(Invoke("verify"), Invoke("jit.publish", network=True)))
+
+Build(name="weekly_convergence", group="convergence", runner=MI355_1, env=ROCM_ENV, timeout_minutes=120,
+      description="Weekly: a small LM trained with the kernels and with plain JAX must reach the same loss "
+                  "(float32 and bfloat16, 1x MI355); logs summarised to the job summary",
+      steps=(FETCH_JIT, *NATIVE,
+             Nox("convergence", ("--steps", "300", "--out", "build/convergence/float32")),
+             Nox("convergence", ("--steps", "300", "--dtype", "bfloat16", "--out", "build/convergence/bfloat16"))))
 
 Build(name="validation_image", group="images", runner=UBUNTU, timeout_minutes=90,
       description="Publish the clean-room validation image tagged with its Dockerfile hash (skip if present)",
