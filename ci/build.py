@@ -41,8 +41,9 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import ClassVar, Iterable
+from typing import ClassVar
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -143,7 +144,7 @@ Step = Nox | Invoke
 class Build:
     """One CI build. Registering is a side effect of construction, as in XLA's build.py."""
 
-    _builds: ClassVar[dict[str, "Build"]] = {}
+    _builds: ClassVar[dict[str, Build]] = {}
 
     name: str
     group: str
@@ -161,7 +162,7 @@ class Build:
         Build._builds[self.name] = self
 
     @classmethod
-    def all_builds(cls) -> dict[str, "Build"]:
+    def all_builds(cls) -> dict[str, Build]:
         return dict(sorted(cls._builds.items()))
 
     def commands(self) -> list[list[str]]:

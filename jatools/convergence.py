@@ -172,8 +172,8 @@ def check(root: Path, base: str, head: str = "HEAD") -> Verdict:
 
 def report(v: Verdict) -> str:
     """The one-screen text the task prints."""
-    lines = [f"convergence-check: {v.base[:12]}...{v.head[:12]}: {len(v.changed)} changed file(s), "
-             f"{len(v.triggering)} touch numerics"]
+    lines = [(f"convergence-check: {v.base[:12]}...{v.head[:12]}: {len(v.changed)} changed file(s), "
+              f"{len(v.triggering)} touch numerics")]
     for c in v.triggering:
         lines.append(f"  numerics: {c['path']}  ({c['why']})")
     for d in v.decisions:

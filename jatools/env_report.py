@@ -17,8 +17,8 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from jatools import atomic_write, config, toolchain
 

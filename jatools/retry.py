@@ -15,7 +15,7 @@ import shlex
 import subprocess
 import sys
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 MAX_ATTEMPTS = 10
 NOT_RETRYABLE = {126: "not executable", 127: "command not found", 130: "interrupted"}

@@ -17,8 +17,8 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from jatools import config, retry
 from jax_aiter.integrity import sha256_file

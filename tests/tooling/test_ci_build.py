@@ -149,7 +149,7 @@ def test_placeholders_come_from_the_environment() -> None:
     assert build.placeholders() == ["JA_RELEASE_TAG"]
     with pytest.raises(ci_build.BuildError, match="needs JA_RELEASE_TAG"):
         ci_build.run_build(build, env={})
-    cmd = [c for c in build.commands() if "release.upload" in c][0]
+    cmd = next(c for c in build.commands() if "release.upload" in c)
     assert ci_build.substitute(cmd, {"JA_RELEASE_TAG": "v0.1.0"})[-1] == "v0.1.0"
 
 
