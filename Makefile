@@ -23,7 +23,7 @@ UMBRELLA_DIR := $(BUILD)/jax_aiter_build
 JIT_DIR := $(BUILD)/aiter_build
 STAGE_DIR := $(BUILD)/wheel_stage
 
-CFG_KEY_NOW := $(strip $(JA_BACKEND)|$(GPU_ARCHS)|$(JA_FFI_INCLUDE_DIR)|$(ROCM_PATH)|$(CUDA_HOME)|$(AITER_SYMBOL_VISIBLE)|$(CXX)|$(shell command -v hipcc nvcc rocm-sdk 2>/dev/null | tr '\n' ' '))
+CFG_KEY_NOW := $(strip $(JA_BACKEND)|$(GPU_ARCHS)|$(JA_FFI_INCLUDE_DIR)|$(ROCM_PATH)|$(CUDA_HOME)|$(AITER_SYMBOL_VISIBLE)|$(JA_SANITIZE)|$(CXX)|$(shell command -v hipcc nvcc rocm-sdk 2>/dev/null | tr '\n' ' '))
 
 ifeq ($(filter clean clean-stage,$(MAKECMDGOALS)),)
 -include $(CFG)

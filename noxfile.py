@@ -59,7 +59,7 @@ def tests(session: nox.Session) -> None:
 def ci_tooling(session: nox.Session) -> None:
     """CPU-only tooling tests (manifest, tiers, CI driver, perf logs): no GPU, no native build."""
     session.install(*TOOLING_DEPS)
-    session.run("pytest", "tests/tooling", *session.posargs)
+    session.run("pytest", "tests/tooling", "ci", *session.posargs)
 
 
 @nox.session(python=PY, tags=["lint"])
@@ -103,3 +103,19 @@ def tests_nightly(session: nox.Session) -> None:
 def tests_multigpu(session: nox.Session) -> None:
     """The multigpu tier: sharded tests, unpinned and exclusive (CPU: 4 forced host devices)."""
     _build_and_run_tier(session, "--tier", "multigpu")
+
+
+# --- CI: sanitizers (logic in jatools/sanitize.py; see docs/ci.md) -------------------------------
+@nox.session(python=PY, tags=["test"], default=False)
+def sanitize(session: nox.Session) -> None:
+    """CPU libraries built with ASan+UBSan into build/sanitize, then the CPU op tests run against them (pytest args after --)."""
+    session.install(*TEST_DEPS, "ninja")
+    session.run("python", "-m", "jatools.sanitize", "--", *session.posargs)
+
+
+# --- CI: convergence recipe (logic in ci/convergence/train_tiny.py; see docs/ci.md) ---------------
+@nox.session(python=PY, tags=["test"], default=False)
+def convergence(session: nox.Session) -> None:
+    """Train a small LM with jax_aiter's kernels and with plain JAX; fail unless both reach the same loss (args after --)."""
+    session.install(*TEST_DEPS)
+    session.run("python", "ci/convergence/train_tiny.py", "--compare", *session.posargs)

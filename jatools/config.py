@@ -14,6 +14,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 VALID_BACKENDS = ("auto", "cpu", "cuda", "rocm")
+VALID_SANITIZERS = ("address", "undefined", "leak", "thread")
 
 
 def repo_root() -> Path:
@@ -67,6 +68,7 @@ class Settings:
     recipe_files: tuple[str, ...]
     toolchain_strict: bool
     raw: dict
+    sanitize: tuple[str, ...] = ()  # JA_SANITIZE, e.g. address,undefined (CPU backend only)
 
     def default_archs(self, backend: str) -> tuple[str, ...]:
         key = {"rocm": "gpu_archs_rocm", "cuda": "gpu_archs_cuda"}.get(backend)
@@ -86,6 +88,13 @@ def load(backend: str | None = None, gpu_archs: str | None = None, root: Path | 
         )
     archs_text = gpu_archs if gpu_archs is not None else env.get("GPU_ARCHS")
     archs = tuple(split_archs(archs_text)) if archs_text else None
+    sanitize = tuple(split_archs(env.get("JA_SANITIZE", "")))
+    unknown = [s for s in sanitize if s not in VALID_SANITIZERS]
+    if unknown or {"address", "thread"} <= set(sanitize):
+        raise ValueError(
+            f"JA_SANITIZE={env.get('JA_SANITIZE')!r}: use a comma list of {', '.join(VALID_SANITIZERS)} "
+            "(address and thread exclude each other), e.g. JA_SANITIZE=address,undefined"
+        )
     sym = env.get("AITER_SYMBOL_VISIBLE")
     build_dir = root / (env.get("JA_BUILD_DIR") or raw["build_dir"])
     return Settings(
@@ -102,4 +111,5 @@ def load(backend: str | None = None, gpu_archs: str | None = None, root: Path | 
         recipe_files=tuple(raw["recipe_files"]),
         toolchain_strict=_truthy(env.get("JA_TOOLCHAIN_STRICT", raw.get("toolchain_strict", False))),
         raw=raw,
+        sanitize=sanitize,
     )

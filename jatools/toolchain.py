@@ -77,6 +77,15 @@ def hipcc_version(hipcc: str) -> str:
     return m.group(1) if m else _first_line(text)
 
 
+def rocm_sdk_version(env: dict[str, str], which=shutil.which) -> str | None:
+    """TheRock's release (`rocm-sdk version`), or None where rocm-sdk is absent or fails."""
+    rocm_sdk = which("rocm-sdk", path=env.get("PATH"))
+    if not rocm_sdk:
+        return None
+    out = _run([rocm_sdk, "version"])
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
+
+
 def find_rocm(env: dict[str, str], legacy_root: str, which=shutil.which) -> tuple[str | None, str | None, list[str]]:
     """Return (rocm_root, hipcc, notes). rocm_root may be None for a bare hipcc on PATH."""
     notes: list[str] = []
@@ -200,12 +209,7 @@ def detect(settings: config.Settings, env: dict[str, str] | None = None, which=s
     if check_archs:
         check_rocm_archs(hipcc, archs, env)
     ver = hipcc_version(hipcc)
-    platform_version = ver
-    rocm_sdk = which("rocm-sdk", path=env.get("PATH"))
-    if rocm_sdk:
-        out = _run([rocm_sdk, "version"])
-        if out.returncode == 0 and out.stdout.strip():
-            platform_version = out.stdout.strip()
+    platform_version = rocm_sdk_version(env, which) or ver
     return Toolchain("rocm", cxx, cxxv, hipcc, ver, platform_version, rocm_root=rocm_root,
                      archs=tuple(archs), how=tuple(how))
 
@@ -244,6 +248,15 @@ def compile_flags(tc: Toolchain, settings: config.Settings) -> dict[str, list[st
         link_pass = "-Wl,"
     else:
         gpu, link, link_pass = [], [tc.cxx, "-shared"], "-Wl,"
+    if settings.sanitize:
+        if tc.backend != "cpu":
+            raise ToolchainError(
+                f"JA_SANITIZE={','.join(settings.sanitize)} instruments host code built by {tc.cxx} and needs "
+                f"JA_BACKEND=cpu (resolved: {tc.backend}); for GPU code use compute-sanitizer or ROCm's ASan build"
+            )
+        san = "-fsanitize=" + ",".join(settings.sanitize)
+        cxx += [san, "-fno-omit-frame-pointer", "-fno-sanitize-recover=all", "-g"]
+        link += [san]
     return {"cxx": cxx, "gpu": gpu, "link": link, "link_pass": [link_pass], "libs": ["-lpthread"]}
 
 

@@ -1,0 +1,406 @@
+#!/usr/bin/env python3
+r"""jax-aiter's CI driver: every CI build is data, and its commands are derived from that data.
+
+Each build (a CI job) is a frozen dataclass in one registry: where it runs
+(runner label, container, GPU count), the environment it sets, and its steps,
+each a named nox session or invoke task from the project's command-line
+contract (docs/ci.md). The commands are materialised from the data, so the
+workflows stay free of logic: a job checks out the code and calls
+``python3 ci/build.py --build NAME``. After XLA's build_tools/ci/build.py:
+
+* every build starts with ``invoke env-report`` (what machine, GPUs, compilers);
+* a nox session's dependencies are installed first in a separate
+  ``--install-only`` pass wrapped in a bounded retry (``jatools.retry``), then
+  the session runs with ``-R`` (reuse the environment, no install), as XLA
+  retries its dependency-fetching ``--nobuild`` pass before the real build;
+  invoke tasks that fetch or upload are wrapped in the same retry;
+* ``--dump_commands`` prints every build's commands; ``ci/golden_commands.txt``
+  holds that output, and a test fails (naming the command below) when it is stale.
+
+Regenerate the golden file after changing a build:
+  PYTHONDONTWRITEBYTECODE=1 python3 ci/build.py --dump_commands > ci/golden_commands.txt
+
+    python3 ci/build.py --list                 # builds, grouped, with runner and description
+    python3 ci/build.py --build pr_cpu         # run one build
+    python3 ci/build.py --build pr_cpu --dry_run
+    python3 ci/build.py --matrix jit_libs_shard_rocm   # JSON matrix for a workflow (also to $GITHUB_OUTPUT)
+
+Values only CI knows (a release tag, a base revision) appear as ``${NAME}`` and
+are taken from the environment when the build runs; a missing one stops the
+build before any command runs. Standard library only: this runs before any
+virtual environment exists.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import ClassVar
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from jatools import config  # noqa: E402
+
+RETRY = ("python3", "-m", "jatools.retry", "--attempts", "3", "--delay", "15", "--")
+ENV_REPORT = ("invoke", "env-report", "--json-out", "build/ci/env-report.json")
+PLACEHOLDER = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)\}")
+
+
+# --- where builds run -----------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Runner:
+    """A runner pool (GitHub `runs-on` label) and the container a job runs in (None: on the host)."""
+
+    label: str
+    gpus: int = 0
+    container: str | None = None
+    options: tuple[str, ...] = ()
+
+    @property
+    def options_text(self) -> str:
+        return " ".join(self.options)
+
+
+THEROCK_DEV = "ghcr.io/rocm/jax-dev-ubu24.therock-7.14:7.14"
+THEROCK_MANYLINUX = "ghcr.io/rocm/jax-manylinux_2_28-therock-7.14:7.14"
+CUDA_DEVEL = "nvidia/cuda:13.0.1-devel-ubuntu24.04"
+# The AMD GPU must be passed into the container (kfd + render nodes, video group); RCCL and the
+# stream executor use host shared memory; sanitizer-instrumented binaries need ptrace.
+ROCM_GPU_OPTIONS = ("--device=/dev/kfd", "--device=/dev/dri", "--group-add", "video", "--ipc=host",
+                    "--shm-size=64G", "--cap-add=SYS_PTRACE", "--security-opt", "seccomp=unconfined")
+CUDA_GPU_OPTIONS = ("--gpus", "all", "--ipc=host", "--shm-size=64G")
+
+UBUNTU = Runner("ubuntu-24.04")
+UBUNTU_THEROCK = Runner("ubuntu-24.04", container=THEROCK_DEV)
+UBUNTU_CUDA = Runner("ubuntu-24.04", container=CUDA_DEVEL)
+BUILD_ONLY_ROCM = Runner("build-only-jax-aiter", container=THEROCK_DEV)
+BUILD_ONLY_CUDA = Runner("build-only-jax-aiter", container=CUDA_DEVEL)
+MI355_1 = Runner("linux-mi355-1gpu", 1, THEROCK_DEV, ROCM_GPU_OPTIONS)
+MI355_4 = Runner("linux-mi355-4gpu", 4, THEROCK_DEV, ROCM_GPU_OPTIONS)
+MI355_1_MANYLINUX = Runner("linux-mi355-1gpu", 1, THEROCK_MANYLINUX, ROCM_GPU_OPTIONS)
+H200_1 = Runner("linux-h200-1gpu", 1, CUDA_DEVEL, CUDA_GPU_OPTIONS)
+H200_2 = Runner("linux-h200-2gpu", 2, CUDA_DEVEL, CUDA_GPU_OPTIONS)
+
+ROCM_ENV = (("JA_BACKEND", "rocm"), ("GPU_ARCHS", "gfx950"))
+CUDA_ENV = (("JA_BACKEND", "cuda"), ("GPU_ARCHS", "sm_90"))
+CPU_ENV = (("JA_BACKEND", "cpu"),)
+
+
+# --- what builds run ------------------------------------------------------------------------------
+
+def _env_prefix(env: Iterable[tuple[str, str]]) -> list[str]:
+    pairs = [f"{k}={v}" for k, v in env]
+    return ["env", *pairs] if pairs else []
+
+
+@dataclasses.dataclass(frozen=True)
+class Nox:
+    """A nox session from noxfile.py. `installs`: the session has a virtualenv whose deps are fetched."""
+
+    session: str
+    posargs: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    installs: bool = True
+
+    def commands(self, build_env: tuple[tuple[str, str], ...], installed: set[str]) -> list[list[str]]:
+        cmds = []
+        if self.installs and self.session not in installed:
+            installed.add(self.session)
+            cmds.append([*_env_prefix(build_env), *RETRY, "nox", "-s", self.session, "--install-only"])
+        run = ["nox", "-R", "-s", self.session] if self.installs else ["nox", "-s", self.session]
+        cmds.append([*_env_prefix((*build_env, *self.env)), *run, *(["--", *self.posargs] if self.posargs else [])])
+        return cmds
+
+
+@dataclasses.dataclass(frozen=True)
+class Invoke:
+    """An invoke task from tasks.py; `network`: it fetches or uploads, so it runs under the bounded retry."""
+
+    task: str
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    network: bool = False
+
+    def commands(self, build_env: tuple[tuple[str, str], ...], installed: set[str]) -> list[list[str]]:
+        call = ["invoke", self.task, *self.args]
+        return [[*_env_prefix((*build_env, *self.env)), *(RETRY if self.network else ()), *call]]
+
+
+Step = Nox | Invoke
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Build:
+    """One CI build. Registering is a side effect of construction, as in XLA's build.py."""
+
+    _builds: ClassVar[dict[str, Build]] = {}
+
+    name: str
+    group: str
+    description: str
+    runner: Runner
+    steps: tuple[Step, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    timeout_minutes: int = 60
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", self.name):
+            raise ValueError(f"build name {self.name!r}: use lower_snake_case")
+        if self.name in Build._builds:
+            raise ValueError(f"build {self.name!r} is defined twice")
+        Build._builds[self.name] = self
+
+    @classmethod
+    def all_builds(cls) -> dict[str, Build]:
+        return dict(sorted(cls._builds.items()))
+
+    def commands(self) -> list[list[str]]:
+        installed: set[str] = set()
+        cmds = [[*_env_prefix(self.env), *ENV_REPORT]]
+        for step in self.steps:
+            cmds += step.commands(self.env, installed)
+        return cmds
+
+    def placeholders(self) -> list[str]:
+        """The ${NAME} values this build takes from the CI environment."""
+        return sorted({m for cmd in self.commands() for arg in cmd for m in PLACEHOLDER.findall(arg)})
+
+    def sessions(self) -> set[str]:
+        return {s.session for s in self.steps if isinstance(s, Nox)}
+
+    def tasks(self) -> set[str]:
+        return {"env-report"} | {s.task for s in self.steps if isinstance(s, Invoke)}
+
+
+def jit_modules() -> list[str]:
+    """JIT modules from optCompilerConfig.json: the producer builds one shard per module."""
+    return list(json.loads(config.load(env={}).jit_config.read_text())["modules"])
+
+
+# --- the registry ---------------------------------------------------------------------------------
+
+PR_TIER = (("JA_TEST_TIER", "pr"),)
+FETCH_JIT = Invoke("jit.fetch", ("--base-url", "${JA_JIT_BASE_URL}"), network=True)
+NATIVE = (Nox("umbrella", installs=False), Nox("ja_mods", installs=False))
+
+Build(name="pr_cpu", group="pr", runner=UBUNTU, env=CPU_ENV, timeout_minutes=45,
+      description="PR: lint, CPU-only tooling tests, the pr test tier on the CPU, and the multigpu tier "
+                  "on 4 forced host devices",
+      steps=(Nox("lint"), Nox("ci_tooling"), Nox("tests", env=PR_TIER),
+             Nox("tests", env=(("JA_TEST_TIER", "multigpu"),
+                               ("XLA_FLAGS", "--xla_force_host_platform_device_count=4")))))
+Build(name="pr_convergence_gate", group="pr", runner=UBUNTU, timeout_minutes=10,
+      description="PR: a numerics change needs a `Convergence:` decision trailer (ci/convergence_paths.toml)",
+      steps=(Invoke("convergence-check", ("--base", "${JA_BASE_REV}", "--json-out", "build/ci/convergence.json")),))
+Build(name="pr_compile_cuda", group="pr", runner=UBUNTU_CUDA, timeout_minutes=45,
+      description="PR: compile every library for CUDA sm_90 with nvcc, no GPU",
+      steps=(Nox("compile_only", ("--backend", "cuda"), installs=False),))
+Build(name="pr_compile_rocm", group="pr", runner=UBUNTU_THEROCK, timeout_minutes=45,
+      description="PR: compile every library for ROCm with TheRock's hipcc, no GPU",
+      steps=(Nox("compile_only", ("--backend", "rocm"), installs=False),))
+Build(name="pr_gpu_rocm_mi355", group="pr", runner=MI355_1, env=ROCM_ENV, timeout_minutes=60,
+      description="PR: published JIT libraries fetched (never rebuilt), shims built, pr tier on 1x MI355",
+      steps=(FETCH_JIT, *NATIVE, Nox("tests", env=PR_TIER)))
+Build(name="pr_gpu_cuda_h200", group="pr", runner=H200_1, env=CUDA_ENV, timeout_minutes=60,
+      description="PR: published JIT libraries fetched (never rebuilt), shims built, pr tier on 1x H200",
+      steps=(FETCH_JIT, *NATIVE, Nox("tests", env=PR_TIER)))
+
+Build(name="nightly_rocm_4gpu", group="nightly", runner=MI355_4, env=ROCM_ENV, timeout_minutes=180,
+      description="Nightly: the full test suite (nightly tier) on 4x MI355",
+      steps=(FETCH_JIT, *NATIVE, Nox("tests", env=(("JA_TEST_TIER", "nightly"),))))
+Build(name="nightly_cpu_sanitize", group="nightly", runner=UBUNTU, timeout_minutes=60,
+      description="Nightly: CPU libraries built with ASan+UBSan, CPU op tests against them",
+      steps=(Nox("sanitize"),))
+Build(name="nightly_cpu_bench_smoke", group="nightly", runner=UBUNTU, timeout_minutes=30,
+      description="Nightly: tiny-scale smoke of the tooling benchmark harness (numbers go to the artifact)",
+      steps=(Nox("bench", ("--scale", "0.01")),))
+
+Build(name="multigpu_rocm_4gpu", group="multigpu", runner=MI355_4, env=ROCM_ENV, timeout_minutes=120,
+      description="Multi-GPU: sharded cases (multigpu tier) across 4x MI355, unpinned",
+      steps=(FETCH_JIT, *NATIVE, Nox("tests", env=(("JA_TEST_TIER", "multigpu"),))))
+Build(name="multigpu_cuda_h200_2gpu", group="multigpu", runner=H200_2, env=CUDA_ENV, timeout_minutes=120,
+      description="Multi-GPU: sharded cases (multigpu tier) across 2x H200, unpinned",
+      steps=(FETCH_JIT, *NATIVE, Nox("tests", env=(("JA_TEST_TIER", "multigpu"),))))
+
+# The JIT-library producer: the only builds that compile JIT libraries. One shard per (backend, module)
+# on build-only runners with no GPU; the merge step joins the shards into one manifest, then publishes.
+for _backend, _runner, _env in (("rocm", BUILD_ONLY_ROCM, ROCM_ENV), ("cuda", BUILD_ONLY_CUDA, CUDA_ENV)):
+    Build(name=f"jit_libs_plan_{_backend}", group="jit_libs", runner=UBUNTU, env=_env, timeout_minutes=15,
+          description=f"JIT producer ({_backend}): reuse or rebuild? (decision= and rebuild= to $GITHUB_OUTPUT)",
+          steps=(Invoke("jit.decide", ("--base-url", "${JA_JIT_BASE_URL}"), network=True),))
+    for _module in jit_modules():
+        Build(name=f"jit_libs_{_backend}_{_module}", group=f"jit_libs_shard_{_backend}", runner=_runner,
+              env=_env, timeout_minutes=240,
+              description=f"JIT producer ({_backend}): build {_module} only (offline, no GPU)",
+              steps=(Nox("jit", ("--module", _module)),))
+    Build(name=f"jit_libs_merge_{_backend}", group="jit_libs", runner=UBUNTU, env=_env, timeout_minutes=30,
+          description=f"JIT producer ({_backend}): merge the shards into build/aiter_build with one manifest, verify",
+          steps=(Invoke("jit.merge-manifests", ("--from", "build/jit-shards")), Invoke("verify")))
+    Build(name=f"jit_libs_publish_{_backend}", group="jit_libs", runner=UBUNTU, env=_env, timeout_minutes=60,
+          description=f"JIT producer ({_backend}): compress, verify and upload the merged libraries (write access)",
+          steps=(Invoke("verify"), Invoke("jit.publish", network=True)))
+
+Build(name="weekly_convergence", group="convergence", runner=MI355_1, env=ROCM_ENV, timeout_minutes=120,
+      description="Weekly: a small LM trained with the kernels and with plain JAX must reach the same loss "
+                  "(float32 and bfloat16, 1x MI355); logs summarised to the job summary",
+      steps=(FETCH_JIT, *NATIVE,
+             Nox("convergence", ("--steps", "300", "--out", "build/convergence/float32")),
+             Nox("convergence", ("--steps", "300", "--dtype", "bfloat16", "--out", "build/convergence/bfloat16"))))
+
+Build(name="validation_image", group="images", runner=UBUNTU, timeout_minutes=90,
+      description="Publish the clean-room validation image tagged with its Dockerfile hash (skip if present)",
+      steps=(Invoke("image.publish", ("--push",)),))
+
+Build(name="release", group="release", runner=MI355_1_MANYLINUX, env=(
+          *ROCM_ENV, ("JA_WHEEL_ARCH", "gfx950"), ("JA_WHEEL_PLAT_NAME", "manylinux_2_39_x86_64")),
+      timeout_minutes=180,
+      description="Release: fetch JIT libraries, both wheels, verify/floor/contents, clean-room validation of "
+                  "both on 1x MI355, dist/release-report.json",
+      steps=(Nox("release", ("--fetch-jit", "${JA_JIT_BASE_URL}")),))
+Build(name="release_upload", group="release", runner=UBUNTU, timeout_minutes=30,
+      description="Release: upload the validated wheels (refuses a stale or red report)",
+      steps=(Invoke("release.upload", ("--tag", "${JA_RELEASE_TAG}"), network=True),))
+
+
+# Entry points the builds and workflows name that other branches are adding now (contract names from
+# DESIGN.md, plus two the JIT producer needs). tests/tooling/test_ci_build.py accepts these as pending and
+# fails once one exists on this branch, so the list only shrinks as branches merge.
+PENDING_SESSIONS = {
+    "wheel_lite": "issue 6 (wheels)", "wheel_full": "issue 6 (wheels)", "bench": "issue 10 (benchmarks)",
+    "release": "issue 11 (release)",
+}
+PENDING_TASKS = {
+    "verify": "issue 5 (manifest)", "jit.fetch": "issue 5 (manifest)", "jit.publish": "issue 5 (manifest)",
+    "jit.decide": "issue 5 (manifest): reuse-or-rebuild decision, decision=/rebuild= to $GITHUB_OUTPUT",
+    "jit.merge-manifests": "issue 5 (manifest): join per-module shard outputs into one manifest",
+    "release.upload": "issue 11 (release)",
+}
+
+
+# --- command line ---------------------------------------------------------------------------------
+
+class BuildError(RuntimeError):
+    pass
+
+
+def dump_commands() -> str:
+    out = []
+    for name, build in Build.all_builds().items():
+        out.append(f"# BEGIN {name}")
+        out += [shlex.join(cmd) for cmd in build.commands()]
+        out.append(f"# END {name}")
+    return "\n".join(out) + "\n"
+
+
+def get_build(name: str) -> Build:
+    builds = Build.all_builds()
+    if name not in builds:
+        raise BuildError(f"unknown build {name!r}; valid builds: {', '.join(builds)} "
+                         "(`python3 ci/build.py --list` describes them)")
+    return builds[name]
+
+
+def substitute(cmd: list[str], env: dict[str, str]) -> list[str]:
+    return [PLACEHOLDER.sub(lambda m: env[m.group(1)], arg) for arg in cmd]
+
+
+def run_build(build: Build, dry_run: bool = False, env: dict[str, str] | None = None) -> int:
+    """Run the build's commands in order from the repository root; stop at the first failure."""
+    env = dict(os.environ if env is None else env)
+    missing = [p for p in build.placeholders() if not env.get(p)]
+    if missing and not dry_run:
+        raise BuildError(f"build {build.name} needs {', '.join(missing)} in the environment "
+                         "(the workflow sets them; see docs/ci.md)")
+    gh = bool(env.get("GITHUB_ACTIONS"))
+    times: list[dict] = []
+    for i, cmd in enumerate(build.commands(), 1):
+        argv = cmd if dry_run else substitute(cmd, env)
+        text = shlex.join(argv)
+        print(f"::group::[{i}] {text}" if gh else f"ci/build.py: [{build.name} {i}] $ {text}", flush=True)
+        if dry_run:
+            continue
+        start = time.monotonic()
+        rc = subprocess.call(argv, cwd=ROOT)
+        times.append({"command": text, "exit": rc, "seconds": round(time.monotonic() - start, 2)})
+        if gh:
+            print("::endgroup::", flush=True)
+        if rc != 0:
+            _write_summary(build, times)
+            print(f"ci/build.py: build {build.name} failed at step {i} (exit {rc}): {text}\n"
+                  f"  re-run just that step from the repository root: {text}", file=sys.stderr)
+            return rc
+    if not dry_run:
+        _write_summary(build, times)
+        total = sum(t["seconds"] for t in times)
+        print(f"ci/build.py: build {build.name} passed: {len(times)} commands, {total:.1f} s "
+              f"(build/ci/{build.name}.json)", flush=True)
+    return 0
+
+
+def _write_summary(build: Build, times: list[dict]) -> None:
+    from jatools import atomic_write
+
+    atomic_write.write_text(ROOT / "build" / "ci" / f"{build.name}.json",
+                            json.dumps({"build": build.name, "commands": times}, indent=2) + "\n")
+
+
+def matrix(group: str) -> dict:
+    builds = [b for b in Build.all_builds().values() if b.group == group]
+    if not builds:
+        groups = sorted({b.group for b in Build.all_builds().values()})
+        raise BuildError(f"no builds in group {group!r}; groups: {', '.join(groups)}")
+    return {"build": [b.name for b in builds]}
+
+
+def list_builds() -> str:
+    lines = []
+    for group in sorted({b.group for b in Build.all_builds().values()}):
+        lines.append(f"{group}:")
+        for b in Build.all_builds().values():
+            if b.group == group:
+                where = b.runner.label + (f" [{b.runner.container}]" if b.runner.container else "")
+                lines.append(f"  {b.name:<28} {where}\n  {'':<28} {b.description}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="ci/build.py", description=__doc__.splitlines()[0])
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--build", metavar="NAME", help="run one build")
+    mode.add_argument("--list", action="store_true", help="name and describe every build")
+    mode.add_argument("--dump_commands", action="store_true", help="print every build's commands (the golden file)")
+    mode.add_argument("--matrix", metavar="GROUP", help="print a GitHub matrix of the group's builds as JSON")
+    p.add_argument("--dry_run", action="store_true", help="with --build: print the commands without running them")
+    args = p.parse_args(argv)
+    try:
+        if args.list:
+            print(list_builds())
+        elif args.dump_commands:
+            sys.stdout.write(dump_commands())
+        elif args.matrix:
+            text = json.dumps(matrix(args.matrix))
+            print(text)
+            if os.environ.get("GITHUB_OUTPUT"):
+                with open(os.environ["GITHUB_OUTPUT"], "a") as f:
+                    f.write(f"matrix={text}\n")
+        else:
+            return run_build(get_build(args.build), args.dry_run)
+    except BuildError as e:
+        print(f"ci/build.py: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

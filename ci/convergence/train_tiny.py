@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""The convergence recipe: a small language model trained with jax_aiter's kernels and with plain JAX.
+
+Both runs start from the same weights and see the same batches; only the
+implementation of RMSNorm and SiLU-and-mul differs. The kernels converge when
+the loss falls and their loss curve stays within a tolerance of the reference's
+over the last steps. Each run writes a MaxText-style log (``completed step: N,
+seconds: S, TFLOP/s/device: T, Tokens/s/device: K, total_weights: W, loss: L``),
+summarised by ci/perf/parse_perf_log.py into JSON and a markdown table (the
+job summary on GitHub). Throughput is reported, not gated: this run answers
+"do the kernels train the same model", not "are they fast".
+
+    python3 ci/convergence/train_tiny.py --compare --out build/convergence [--steps 200] [--dtype bfloat16]
+
+Exit codes: 0 converged; 1 diverged (loss curves apart, loss not falling, or a
+non-finite loss); 2 bad input (unknown option, parse failure).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "ci" / "perf")]  # the checkout's jax_aiter, and the perf-log parser
+
+import parse_perf_log  # noqa: E402
+
+VOCAB, DIM, HIDDEN, LAYERS, BATCH, SEQ = 64, 128, 256, 2, 16, 32
+EPS = 1e-6
+
+
+def rms_norm_ref(x, w, eps=EPS):
+    xf = x.astype(jnp.float32)
+    return (xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps) * w.astype(jnp.float32)).astype(x.dtype)
+
+
+def silu_and_mul_ref(x):
+    a, b = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    return (jax.nn.silu(a) * b).astype(x.dtype)
+
+
+def ops(impl: str):
+    if impl == "reference":
+        return rms_norm_ref, silu_and_mul_ref
+    import jax_aiter
+
+    return (lambda x, w: jax_aiter.rms_norm(x, w, EPS)), jax_aiter.silu_and_mul
+
+
+def init(key, dtype):
+    keys = jax.random.split(key, 2 + 2 * LAYERS)
+    scale = lambda fan_in: 1.0 / math.sqrt(fan_in)  # noqa: E731
+    params = {"embed": jax.random.normal(keys[0], (VOCAB, DIM)) * 0.02, "norm": jnp.ones((DIM,)), "layers": []}
+    for i in range(LAYERS):
+        params["layers"].append({
+            "norm": jnp.ones((DIM,)),
+            "up": jax.random.normal(keys[2 + 2 * i], (DIM, 2 * HIDDEN)) * scale(DIM),
+            "down": jax.random.normal(keys[3 + 2 * i], (HIDDEN, DIM)) * scale(HIDDEN),
+        })
+    return jax.tree_util.tree_map(lambda a: a.astype(dtype), params)
+
+
+def batch(step: int):
+    """Sequences of an affine recurrence mod VOCAB: learnable, deterministic, different every step."""
+    key = jax.random.fold_in(jax.random.PRNGKey(1234), step)
+    start = jax.random.randint(key, (BATCH, 1), 0, VOCAB)
+    mult = 1 + 2 * jax.random.randint(jax.random.fold_in(key, 1), (BATCH, 1), 0, 4)
+    pos = jnp.arange(SEQ + 1)[None, :]
+    return (start + mult * pos) % VOCAB
+
+
+def loss_fn(params, tokens, rms_norm, silu_and_mul):
+    x = params["embed"][tokens[:, :-1]]
+    for layer in params["layers"]:
+        h = rms_norm(x, layer["norm"])
+        x = x + silu_and_mul(h @ layer["up"]) @ layer["down"]
+    logits = (rms_norm(x, params["norm"]) @ params["embed"].T).astype(jnp.float32)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
+
+
+def adam(lr=3e-3, b1=0.9, b2=0.99, eps=1e-8):
+    def update(grads, state, params):
+        m, v, t = state
+        t = t + 1
+        m = jax.tree_util.tree_map(lambda m, g: b1 * m + (1 - b1) * g.astype(jnp.float32), m, grads)
+        v = jax.tree_util.tree_map(lambda v, g: b2 * v + (1 - b2) * jnp.square(g.astype(jnp.float32)), v, grads)
+        step = lambda p, m, v: (p.astype(jnp.float32) - lr * (m / (1 - b1 ** t)) /  # noqa: E731
+                                (jnp.sqrt(v / (1 - b2 ** t)) + eps)).astype(p.dtype)
+        return jax.tree_util.tree_map(step, params, m, v), (m, v, t)
+
+    def init_state(params):
+        zeros = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+        return zeros, zeros, 0
+    return init_state, update
+
+
+def train(impl: str, steps: int, dtype, log_path: Path) -> list[float]:
+    rms_norm, silu_and_mul = ops(impl)
+    params = init(jax.random.PRNGKey(0), dtype)
+    init_state, update = adam()
+    state = init_state(params)
+    n_params = sum(p.size for p in jax.tree_util.tree_leaves(params))
+    tokens_per_step = BATCH * SEQ
+    flops_per_step = 6.0 * n_params * tokens_per_step  # forward + backward, the usual estimate
+
+    @jax.jit
+    def step_fn(params, state, tokens):
+        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, rms_norm, silu_and_mul)
+        params, state = update(grads, state, params)
+        return params, state, loss
+
+    losses = []
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log:
+        log.write(f"train_tiny: impl={impl} dtype={jnp.dtype(dtype).name} params={n_params} "
+                  f"backend={jax.default_backend()}\n")
+        for i in range(steps):
+            start = time.perf_counter()
+            params, state, loss = step_fn(params, state, batch(i))
+            loss = float(loss)  # waits for the step
+            dt = time.perf_counter() - start
+            losses.append(loss)
+            log.write(f"completed step: {i}, seconds: {dt:.6f}, TFLOP/s/device: {flops_per_step / dt / 1e12:.6f}, "
+                      f"Tokens/s/device: {tokens_per_step / dt:.1f}, total_weights: {tokens_per_step}, "
+                      f"loss: {loss:.6f}\n")
+    return losses
+
+
+def verdict(ref: list[float], ours: list[float], window: int, rel_tol: float) -> list[str]:
+    """Reasons the kernels did not converge like the reference (empty when they did)."""
+    problems = []
+    bad = [i for i, v in enumerate(ours) if not math.isfinite(v)]
+    if bad:
+        problems.append(f"non-finite loss at steps {bad[:10]}")
+    tail_ref, tail_ours = ref[-window:], ours[-window:]
+    mean_ref, mean_ours = sum(tail_ref) / len(tail_ref), sum(tail_ours) / len(tail_ours)
+    if not mean_ours < 0.5 * ours[0]:
+        problems.append(f"loss did not fall: first {ours[0]:.4f}, last-{window} mean {mean_ours:.4f}")
+    if math.isfinite(mean_ours) and abs(mean_ours - mean_ref) > rel_tol * abs(mean_ref):
+        problems.append(f"last-{window} mean loss {mean_ours:.4f} differs from the reference's {mean_ref:.4f} "
+                        f"by more than {rel_tol:.0%}")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="train_tiny.py", description=__doc__.splitlines()[0])
+    p.add_argument("--compare", action="store_true", help="train with the reference and with jax_aiter, compare")
+    p.add_argument("--impl", choices=("aiter", "reference"), default="aiter", help="one run (without --compare)")
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--window", type=int, default=20, help="tail steps compared and summarised")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--rel-tol", type=float, default=0.02, help="allowed relative gap of the tail mean loss")
+    p.add_argument("--out", type=Path, default=ROOT / "build" / "convergence")
+    args = p.parse_args(argv)
+    dtype = jnp.dtype(args.dtype)
+    impls = ("reference", "aiter") if args.compare else (args.impl,)
+    losses = {impl: train(impl, args.steps, dtype, args.out / f"{impl}.log") for impl in impls}
+    summaries = {}
+    for impl in impls:
+        rc = parse_perf_log.run([str(args.out / f"{impl}.log"), "--window", str(args.window),
+                                 "--json-out", str(args.out / f"{impl}.json"),
+                                 *(["--baseline", str(args.out / "reference.json")] if impl == "aiter" and
+                                   args.compare else [])])
+        if rc == parse_perf_log.EXIT_INPUT:
+            return 2
+        summaries[impl] = json.loads((args.out / f"{impl}.json").read_text())
+    if not args.compare:
+        return 0
+    problems = verdict(losses["reference"], losses["aiter"], args.window, args.rel_tol)
+    result = {"converged": not problems, "problems": problems, "steps": args.steps, "dtype": args.dtype,
+              "rel_tol": args.rel_tol, "mean_loss": {k: v["mean_loss"] for k, v in summaries.items()}}
+    (args.out / "verdict.json").write_text(json.dumps(result, indent=2) + "\n")
+    for msg in problems:
+        print(f"train_tiny: DIVERGED: {msg}", file=sys.stderr)
+    if not problems:
+        print(f"train_tiny: converged: last-{args.window} mean loss {result['mean_loss']['aiter']:.4f} "
+              f"(reference {result['mean_loss']['reference']:.4f}), {args.steps} steps, {args.dtype}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

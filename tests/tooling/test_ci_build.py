@@ -1,0 +1,179 @@
+"""ci/build.py: the registry, the golden file, the command line, and a real build run end to end."""
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = ROOT / "ci" / "golden_commands.txt"
+REGENERATE = "PYTHONDONTWRITEBYTECODE=1 python3 ci/build.py --dump_commands > ci/golden_commands.txt"
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+ci_build = _load("ja_ci_build", ROOT / "ci" / "build.py")
+
+
+@functools.cache
+def nox_sessions() -> dict[str, object]:
+    """Sessions defined in noxfile.py, from nox's own registry (imported once: nox registers globally)."""
+    import nox.registry
+
+    _load("ja_noxfile", ROOT / "noxfile.py")
+    return dict(nox.registry.get())
+
+
+def invoke_tasks() -> set[str]:
+    """Task names (with namespaces, e.g. image.publish) and aliases from tasks.py."""
+    tasks = _load("ja_tasks", ROOT / "tasks.py")
+    names = set()
+    for name, aliases in tasks.ns.task_names.items():
+        names.add(name)
+        names.update(aliases)
+    return names
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items() if k not in ("GITHUB_OUTPUT", "GITHUB_ACTIONS")}
+    full.update(PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}", **(env or {}))
+    return subprocess.run([sys.executable, str(ROOT / "ci" / "build.py"), *args], capture_output=True, text=True,
+                          env=full, cwd=ROOT)
+
+
+def test_golden_file_is_current() -> None:
+    want = ci_build.dump_commands()
+    have = GOLDEN.read_text() if GOLDEN.exists() else ""
+    if have != want:
+        diff = "".join(difflib.unified_diff(have.splitlines(True), want.splitlines(True), "golden", "build.py", n=1))
+        pytest.fail(f"ci/golden_commands.txt is stale; regenerate it with:\n  {REGENERATE}\n{diff[:4000]}")
+
+
+def test_required_builds_exist() -> None:
+    builds = ci_build.Build.all_builds()
+    for name in ("pr_cpu", "pr_compile_cuda", "pr_compile_rocm", "pr_gpu_rocm_mi355", "pr_gpu_cuda_h200",
+                 "nightly_rocm_4gpu", "multigpu_rocm_4gpu", "validation_image", "release", "release_upload",
+                 "pr_convergence_gate", "nightly_cpu_sanitize"):
+        assert name in builds
+    shards = {n for n, b in builds.items() if b.group == "jit_libs_shard_rocm"}
+    assert shards == {f"jit_libs_rocm_{m}" for m in ci_build.jit_modules()}
+    assert builds["pr_gpu_rocm_mi355"].runner.gpus == 1 and builds["nightly_rocm_4gpu"].runner.gpus == 4
+
+
+def test_every_build_starts_with_the_environment_report() -> None:
+    for build in ci_build.Build.all_builds().values():
+        first = build.commands()[0]
+        assert first[first.index("invoke"):][:2] == ["invoke", "env-report"], build.name
+
+
+def test_network_steps_run_under_the_bounded_retry() -> None:
+    retry = list(ci_build.RETRY)
+    network = ("--install-only", "jit.fetch", "jit.publish", "jit.decide", "release.upload")
+    for build in ci_build.Build.all_builds().values():
+        for cmd in build.commands():
+            wrapped = any(cmd[i:i + len(retry)] == retry for i in range(len(cmd)))
+            assert wrapped == any(tok in cmd for tok in network), (build.name, cmd)
+
+
+def test_only_the_jit_producer_builds_jit_libraries() -> None:
+    for build in ci_build.Build.all_builds().values():
+        builds_jit = "jit" in build.sessions()
+        assert builds_jit == build.group.startswith("jit_libs_shard"), build.name
+        if builds_jit:
+            assert build.runner.gpus == 0 and build.runner.label == "build-only-jax-aiter"
+
+
+def test_install_only_once_per_session_and_only_for_sessions_with_a_venv() -> None:
+    sessions = nox_sessions()
+    for build in ci_build.Build.all_builds().values():
+        installs = [c for c in build.commands() if "--install-only" in c]
+        names = [c[c.index("-s") + 1] for c in installs]
+        assert len(names) == len(set(names)), build.name
+        for step in build.steps:
+            if isinstance(step, ci_build.Nox) and step.session in sessions:
+                no_venv = getattr(sessions[step.session], "venv_backend", None) == "none"
+                assert step.installs != no_venv, f"{build.name}: Nox({step.session!r}).installs must be {not no_venv}"
+
+
+def test_named_sessions_and_tasks_exist_or_are_pending() -> None:
+    sessions, tasks = set(nox_sessions()), invoke_tasks()
+    named_sessions = set().union(*(b.sessions() for b in ci_build.Build.all_builds().values()))
+    named_tasks = set().union(*(b.tasks() for b in ci_build.Build.all_builds().values()))
+    unknown = sorted((named_sessions - sessions - set(ci_build.PENDING_SESSIONS))
+                     | (named_tasks - tasks - set(ci_build.PENDING_TASKS)))
+    assert not unknown, f"builds name entry points that exist nowhere: {unknown}"
+    landed = sorted((set(ci_build.PENDING_SESSIONS) & sessions) | (set(ci_build.PENDING_TASKS) & tasks))
+    assert not landed, f"these have landed; remove them from PENDING_* in ci/build.py: {landed}"
+    print("pending (other branches):", ", ".join(sorted({*ci_build.PENDING_SESSIONS, *ci_build.PENDING_TASKS})))
+
+
+def test_unknown_build_lists_the_valid_ones() -> None:
+    r = cli("--build", "pr_cpuu")
+    assert r.returncode == 2
+    assert "unknown build 'pr_cpuu'; valid builds: " in r.stderr and "pr_cpu," in r.stderr
+
+
+def test_list_names_every_build() -> None:
+    r = cli("--list")
+    assert r.returncode == 0
+    for name in ci_build.Build.all_builds():
+        assert f"  {name} " in r.stdout
+
+
+def test_matrix_and_github_output(tmp_path: Path) -> None:
+    out = tmp_path / "github_output"
+    r = cli("--matrix", "jit_libs_shard_rocm", env={"GITHUB_OUTPUT": str(out)})
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data == {"build": [f"jit_libs_rocm_{m}" for m in ci_build.jit_modules()]}
+    assert out.read_text() == f"matrix={json.dumps(data)}\n"
+    bad = cli("--matrix", "nope")
+    assert bad.returncode == 2 and "groups: " in bad.stderr
+
+
+def test_placeholders_come_from_the_environment() -> None:
+    build = ci_build.get_build("release_upload")
+    assert build.placeholders() == ["JA_RELEASE_TAG"]
+    with pytest.raises(ci_build.BuildError, match="needs JA_RELEASE_TAG"):
+        ci_build.run_build(build, env={})
+    cmd = next(c for c in build.commands() if "release.upload" in c)
+    assert ci_build.substitute(cmd, {"JA_RELEASE_TAG": "v0.1.0"})[-1] == "v0.1.0"
+
+
+def test_dry_run_prints_without_running() -> None:
+    r = cli("--build", "release", "--dry_run")
+    assert r.returncode == 0
+    assert "nox -R -s release -- --fetch-jit '${JA_JIT_BASE_URL}'" in r.stdout
+
+
+def test_a_real_build_runs_end_to_end_and_stops_at_the_first_failure(tmp_path: Path) -> None:
+    """pr_convergence_gate runs real invoke processes: the environment report, then the gate."""
+    ok = cli("--build", "pr_convergence_gate", env={"JA_BASE_REV": "HEAD", "GITHUB_ACTIONS": "true"})
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "::group::[1] invoke env-report" in ok.stdout and "== environment report ==" in ok.stdout
+    assert "convergence-check: passed" in ok.stdout
+    summary = json.loads((ROOT / "build" / "ci" / "pr_convergence_gate.json").read_text())
+    assert [c["exit"] for c in summary["commands"]] == [0, 0]
+    bad = cli("--build", "pr_convergence_gate", env={"JA_BASE_REV": "no-such-revision"})
+    assert bad.returncode == 2
+    assert "failed at step 2 (exit 2)" in bad.stderr and "re-run just that step" in bad.stderr
+
+
+def test_registry_rejects_bad_builds() -> None:
+    with pytest.raises(ValueError, match="defined twice"):
+        ci_build.Build(name="pr_cpu", group="pr", description="", runner=ci_build.UBUNTU, steps=())
+    with pytest.raises(ValueError, match="lower_snake_case"):
+        ci_build.Build(name="Bad-Name", group="pr", description="", runner=ci_build.UBUNTU, steps=())

@@ -1,0 +1,113 @@
+"""Sanitizer plumbing: JA_SANITIZE reaches the compile and link flags, and the runtime environment of
+`nox -s sanitize` really catches faults in a library loaded into Python (planted in a real g++ build)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jatools import config, sanitize, toolchain
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PLANTED = r"""
+#include <cstdlib>
+#include <stdexcept>
+#define API extern "C" __attribute__((visibility("default")))
+API int ok(int n) { int* p = (int*)std::malloc(n * sizeof(int)); for (int i = 0; i < n; ++i) p[i] = i;
+  int s = p[n - 1]; std::free(p); return s; }
+API int heap_overflow(int n) { int* p = (int*)std::malloc(n * sizeof(int)); p[n] = 1; int s = p[0];
+  std::free(p); return s; }
+API int use_after_free(int n) { int* p = (int*)std::malloc(n * sizeof(int)); std::free(p); return p[0]; }
+API int bad_shift(int s) { return 1 << s; }
+API int throw_and_catch(int n) { try { throw std::runtime_error("x"); } catch (const std::exception&) {
+  return n; } }
+"""
+
+
+@pytest.fixture(scope="module")
+def planted_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A shared library built with exactly the flags jatools.toolchain gives under JA_SANITIZE."""
+    d = tmp_path_factory.mktemp("planted")
+    (d / "planted.cpp").write_text(PLANTED)
+    settings = config.load(env={"JA_BACKEND": "cpu", "JA_SANITIZE": sanitize.SANITIZERS}, root=ROOT)
+    tc = toolchain.Toolchain("cpu", "g++", toolchain.cxx_version("g++"))
+    flags = toolchain.compile_flags(tc, settings)
+    cxx = [f for f in flags["cxx"] if not f.startswith(("-I", "-isystem", "third_party"))]
+    lib = d / "libplanted.so"
+    subprocess.run([*flags["link"], *cxx, "-O0", str(d / "planted.cpp"), "-o", str(lib)], check=True, cwd=ROOT)
+    return lib
+
+
+def call(lib: Path, fn: str, arg: int) -> subprocess.CompletedProcess:
+    env = sanitize.runtime_env(ROOT, {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"})
+    code = f"import ctypes; print(ctypes.CDLL({str(lib)!r}).{fn}({arg}))"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_ja_sanitize_parsed_and_validated() -> None:
+    assert config.load(env={"JA_SANITIZE": "address;undefined"}, root=ROOT).sanitize == ("address", "undefined")
+    assert config.load(env={}, root=ROOT).sanitize == ()
+    with pytest.raises(ValueError, match="JA_SANITIZE='adress'"):
+        config.load(env={"JA_SANITIZE": "adress"}, root=ROOT)
+    with pytest.raises(ValueError, match="exclude each other"):
+        config.load(env={"JA_SANITIZE": "address,thread"}, root=ROOT)
+
+
+def test_flags_reach_compile_and_link_for_cpu_only() -> None:
+    settings = config.load(env={"JA_BACKEND": "cpu", "JA_SANITIZE": "address,undefined"}, root=ROOT)
+    cpu = toolchain.Toolchain("cpu", "g++", "g++ 12")
+    flags = toolchain.compile_flags(cpu, settings)
+    assert "-fsanitize=address,undefined" in flags["cxx"] and "-fno-sanitize-recover=all" in flags["cxx"]
+    assert flags["link"][-1] == "-fsanitize=address,undefined"
+    plain = toolchain.compile_flags(cpu, config.load(env={"JA_BACKEND": "cpu"}, root=ROOT))
+    assert not any("sanitize" in f for f in plain["cxx"] + plain["link"])
+    cuda = toolchain.Toolchain("cuda", "g++", "g++ 12", "/usr/bin/nvcc", "13.0", "13.0", archs=("sm_90",))
+    with pytest.raises(toolchain.ToolchainError, match="needs JA_BACKEND=cpu"):
+        toolchain.compile_flags(cuda, settings)
+
+
+def test_build_env_isolates_the_sanitized_tree() -> None:
+    env = sanitize.build_env({"GPU_ARCHS": "gfx950", "JA_BACKEND": "rocm", "PATH": "/bin"})
+    assert env == {"PATH": "/bin", "JA_BACKEND": "cpu", "JA_BUILD_DIR": "build/sanitize",
+                   "JA_SANITIZE": "address,undefined"}
+
+
+def test_runtime_env_preloads_asan_then_libstdcxx_and_names_the_suppressions() -> None:
+    env = sanitize.runtime_env(ROOT, {"LD_PRELOAD": "/x/libother.so"})
+    libs = env["LD_PRELOAD"].split()
+    assert "libasan.so" in libs[0] and "libstdc++.so" in libs[1] and libs[2] == "/x/libother.so"
+    for var, name in (("ASAN_OPTIONS", "asan.supp"), ("UBSAN_OPTIONS", "ubsan.supp"), ("LSAN_OPTIONS", "lsan.supp")):
+        supp = env[var].split("suppressions=")[1].split(":")[0]
+        assert supp.endswith(name) and Path(supp).is_file()
+    assert "halt_on_error=1" in env["ASAN_OPTIONS"] and "halt_on_error=1" in env["UBSAN_OPTIONS"]
+
+
+def test_clean_code_and_cpp_exceptions_run(planted_lib: Path) -> None:
+    r = call(planted_lib, "ok", 10)
+    assert (r.returncode, r.stdout.strip()) == (0, "9"), r.stderr[-2000:]
+    r = call(planted_lib, "throw_and_catch", 7)  # needs libstdc++ preloaded with ASan
+    assert (r.returncode, r.stdout.strip()) == (0, "7"), r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("fn,report", [
+    ("heap_overflow", "AddressSanitizer: heap-buffer-overflow"),
+    ("use_after_free", "AddressSanitizer: heap-use-after-free"),
+    ("bad_shift", "runtime error: shift exponent 40 is too large"),
+])
+def test_planted_faults_abort_with_a_report(planted_lib: Path, fn: str, report: str) -> None:
+    r = call(planted_lib, fn, 40 if fn == "bad_shift" else 8)
+    assert r.returncode != 0, f"{fn} was not caught: {r.stdout} {r.stderr[-1000:]}"
+    assert report in r.stderr, r.stderr[-2000:]
+
+
+def test_shim_target_follows_the_jit_config(tmp_path: Path) -> None:
+    settings = config.load(env={}, root=ROOT)
+    cfg = tmp_path / "jit.json"
+    cfg.write_text('{"modules": {"rmsnorm_fwd": {}, "mha_fwd": {}, "mha_bwd": {}}}')
+    assert sanitize.shim_target(settings.__class__(**{**settings.__dict__, "jit_config": cfg})) == "ja_mods"
+    cfg.write_text('{"modules": {"rmsnorm_fwd": {}}}')
+    assert sanitize.shim_target(settings.__class__(**{**settings.__dict__, "jit_config": cfg})) == "ja_mods_nomha"

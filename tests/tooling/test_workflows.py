@@ -1,0 +1,167 @@
+"""GitHub workflows: valid against the workflow schema, free of logic, and consistent with ci/build.py's registry.
+
+Every `run:` step calls one ci/build.py build (or prints a build matrix); the job's runner, container,
+options and timeout are the build's own; every build runs somewhere; only the upload/publish builds get
+write access; every ${NAME} a build takes is set by its workflow.
+"""
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+yaml = pytest.importorskip("yaml", reason="PyYAML is needed to read the workflows (pip install '.[tooling]')")
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+RUN_BUILD = re.compile(r'^bash scripts/run\.sh python3 ci/build\.py --build "?([\w${}. ]+?)"?$')
+RUN_MATRIX = re.compile(r"^python3 ci/build\.py --matrix (\w+)$")
+CONCURRENCY_GROUP = "${{ github.workflow }}-${{ github.head_ref || github.ref }}"
+CANCEL_ON_PRS = "${{ github.event_name == 'pull_request' }}"
+# Builds allowed to run in a job with write permission (uploads and publishing only).
+WRITE_BUILDS = {"release_upload", "validation_image", "jit_libs_publish_rocm", "jit_libs_publish_cuda"}
+GITHUB_HOSTED = {"ubuntu-24.04"}
+REQUIRED = {"ci.yml", "jit-libs.yml", "validation-image.yml", "release.yml", "nightly.yml", "multigpu.yml",
+            "weekly-convergence.yml"}
+
+
+def _load_build_module():
+    spec = importlib.util.spec_from_file_location("ja_ci_build_wf", ROOT / "ci" / "build.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+ci_build = _load_build_module()
+BUILDS = ci_build.Build.all_builds()
+
+
+def load(path: Path) -> dict:
+    data = yaml.safe_load(path.read_text())
+    data["on"] = data.pop(True, data.get("on"))  # YAML 1.1 reads the key `on` as a boolean
+    return data
+
+
+def job_builds(wf: dict, job: dict) -> list[str]:
+    """The builds a job runs: named directly, or every build of the matrix its plan job prints."""
+    names = []
+    for step in job.get("steps", []):
+        m = RUN_BUILD.match(step.get("run", "").strip())
+        if not m:
+            continue
+        name = m.group(1)
+        if name == "${{ matrix.build }}":
+            plan = re.fullmatch(r"\$\{\{ fromJSON\(needs\.(\w+)\.outputs\.matrix\) \}\}", job["strategy"]["matrix"])
+            assert plan, f"matrix builds must come from a plan job's ci/build.py --matrix: {job['strategy']}"
+            group = next(RUN_MATRIX.match(s["run"]).group(1) for s in wf["jobs"][plan.group(1)]["steps"]
+                         if RUN_MATRIX.match(s.get("run", "")))
+            names += ci_build.matrix(group)["build"]
+        else:
+            names.append(name)
+    return names
+
+
+def all_jobs():
+    for path in WORKFLOWS:
+        wf = load(path)
+        for job_id, job in wf["jobs"].items():
+            yield path.name, wf, job_id, job
+
+
+def test_required_workflows_exist() -> None:
+    assert REQUIRED <= {p.name for p in WORKFLOWS}
+
+
+def test_workflows_validate_against_the_github_schema() -> None:
+    """check-jsonschema ships the GitHub workflow schema; it runs offline."""
+    r = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows",
+                        *map(str, WORKFLOWS)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_actionlint_when_available() -> None:
+    exe = shutil.which("actionlint")
+    if not exe:
+        pytest.skip("actionlint is not installed (its PyPI wrapper downloads a binary at install time); "
+                    "the schema test above still validates every workflow")
+    r = subprocess.run([exe, "-config-file", str(ROOT / ".github" / "actionlint.yaml"), *map(str, WORKFLOWS)],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_permissions_and_concurrency(path: Path) -> None:
+    wf = load(path)
+    assert wf["permissions"] == {"contents": "read"}, "default permissions must be contents: read"
+    assert wf["concurrency"]["group"] == CONCURRENCY_GROUP
+    assert wf["concurrency"]["cancel-in-progress"] in (CANCEL_ON_PRS, False), \
+        "cancel in-progress runs on pull requests only, never on main"
+
+
+def test_steps_hold_no_logic() -> None:
+    for name, _wf, job_id, job in all_jobs():
+        for step in job["steps"]:
+            if "uses" in step:
+                continue
+            run = step["run"].strip()
+            assert RUN_BUILD.match(run) or RUN_MATRIX.match(run), \
+                f"{name}:{job_id}: a run step may only call `bash scripts/run.sh python3 ci/build.py --build NAME`: {run!r}"
+
+
+def test_jobs_match_their_builds() -> None:
+    for name, wf, job_id, job in all_jobs():
+        for build_name in job_builds(wf, job):
+            assert build_name in BUILDS, f"{name}:{job_id} runs unknown build {build_name}"
+            b = BUILDS[build_name]
+            where = f"{name}:{job_id} ({build_name})"
+            assert job["runs-on"] == b.runner.label, where
+            container = job.get("container") or {}
+            assert container.get("image") == b.runner.container, where
+            assert container.get("options", "") == b.runner.options_text, where
+            assert job["timeout-minutes"] == b.timeout_minutes, where
+            env = {**wf.get("env", {}), **job.get("env", {})}
+            missing = [p for p in b.placeholders() if p not in env]
+            assert not missing, f"{where} needs {missing} in the workflow or job env"
+
+
+def test_every_build_runs_in_some_workflow() -> None:
+    used = {b for _n, wf, _j, job in all_jobs() for b in job_builds(wf, job)}
+    assert set(BUILDS) - used == set(), f"builds no workflow runs: {sorted(set(BUILDS) - used)}"
+
+
+def test_only_upload_jobs_get_write_access() -> None:
+    for name, wf, job_id, job in all_jobs():
+        perms = job.get("permissions", {})
+        writes = [k for k, v in perms.items() if v == "write"]
+        if writes:
+            builds = set(job_builds(wf, job))
+            assert builds and builds <= WRITE_BUILDS, f"{name}:{job_id} has {writes}: write but runs {builds}"
+    release = load(ROOT / ".github" / "workflows" / "release.yml")["jobs"]
+    assert [j for j, job in release.items() if job.get("permissions")] == ["release_upload"]
+    assert release["release_upload"]["needs"] == "release"
+
+
+def test_gpu_jobs_never_run_fork_code() -> None:
+    for name, wf, job_id, job in all_jobs():
+        if "pull_request" not in (wf["on"] or {}):
+            continue
+        if any(BUILDS[b].runner.gpus for b in job_builds(wf, job)):
+            assert "head.repo.full_name == github.repository" in job.get("if", ""), f"{name}:{job_id}"
+
+
+def test_self_hosted_labels_are_declared_for_actionlint() -> None:
+    declared = set(yaml.safe_load((ROOT / ".github" / "actionlint.yaml").read_text())["self-hosted-runner"]["labels"])
+    used = {job["runs-on"] for _n, _wf, _j, job in all_jobs()}
+    assert used - GITHUB_HOSTED <= declared
+
+
+def test_only_jit_libs_workflow_builds_jit_libraries() -> None:
+    for name, wf, job_id, job in all_jobs():
+        if any("jit" in BUILDS[b].sessions() for b in job_builds(wf, job)):
+            assert name == "jit-libs.yml", f"{name}:{job_id} builds JIT libraries"
