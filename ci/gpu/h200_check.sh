@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# One call on a CUDA host: build every library for CUDA, run the GPU test set,
+# the sanitizers and the GPU benchmark. Logs and JSON go to OUT (default build/gpu-check).
+#   bash ci/gpu/h200_check.sh [OUT] [--quick]
+set -uo pipefail
+out="${1:-build/gpu-check}"; shift || true
+mkdir -p "$out"
+export JA_BACKEND=cuda GPU_ARCHS="${GPU_ARCHS:-sm_90}" PYTHONUNBUFFERED=1
+py="${PYTHON:-python3}"
+nvidia-smi -L; "$py" -c "import jax; print('jax', jax.__version__, jax.devices())"
+t0=$(date +%s)
+{ make -j"$(nproc)" && "$py" jax_aiter/jit/build_jit.py -j "$(nproc)" && make -j"$(nproc)" ja_mods; } >"$out/build.log" 2>&1 \
+  || { tail -n 40 "$out/build.log"; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"; tail -n 5 "$out/build.log"
+t0=$(date +%s)
+"$py" -m pytest tests/ops -m gpu -q -p no:cacheprovider -n 4 2>&1 | tee "$out/gpu_tests.log" | tail -n 25
+echo "gpu tests: $(( $(date +%s) - t0 )) s"
