@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(os.environ.get("JA_ROOT_DIR") or Path(__file__).resolve().parents[1])
+ROOT = Path(__file__).resolve().parents[1]  # the tooling's own checkout (JA_ROOT_DIR picks the one to work on)
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

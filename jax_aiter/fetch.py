@@ -212,6 +212,9 @@ def _attempt(url: str, begin: Callable[[bool], object], offset: int, timeout: fl
             sink.write(view[:n])
             got += n
             advance(n)
+    declared = resp.headers.get("Content-Length")
+    if declared is not None and declared.isdigit() and got < int(declared):
+        raise _Transient(f"connection closed early after {got} of {declared} bytes")
 
 
 def _retrying(what: str, opts: FetchOptions, log: Log, once: Callable[[], None]) -> None:
