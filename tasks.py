@@ -12,11 +12,13 @@ ns = Collection()
 
 # --- JIT-library transport: jit.fetch / jit.publish / jit.verify / jit.decide, and `invoke verify` ---------
 # (logic in jatools/jit_cache.py and jatools/publish.py; docs/jit-libs.md)
-from pathlib import Path as _Path  # noqa: E402
+from pathlib import Path as _Path
 
-from invoke import Exit, task  # noqa: E402
+from invoke import Exit, task
 
-from jatools import config as _config, jit_cache as _jit_cache, publish as _publish  # noqa: E402
+from jatools import config as _config
+from jatools import jit_cache as _jit_cache
+from jatools import publish as _publish
 
 
 def _jit_run(name: str, fn, *args, **kwargs):
@@ -39,10 +41,10 @@ def jit_fetch(c, base_url=None, strict=False, force=False):
 def jit_publish(c, to=None, level=None, window_log=None, asset_limit=None, stage_only=False):
     """Publish build/aiter_build as jit-libs-<cache-id>: zstd, verify, split, upload, manifest last."""
     settings = _config.load()
-    num = lambda v: int(v) if v is not None else None  # noqa: E731
-    _jit_run("publish", _publish.publish, settings, to or settings.raw["jit_libs_publish_to"], level=num(level),
-             window_log=num(window_log), asset_limit=num(asset_limit), stage_only=stage_only,
-             runner=_publish.invoke_runner(c))
+    ints = {k: int(v) for k, v in {"level": level, "window_log": window_log, "asset_limit": asset_limit}.items()
+            if v is not None}
+    _jit_run("publish", _publish.publish, settings, to or settings.raw["jit_libs_publish_to"], stage_only=stage_only,
+             runner=_publish.invoke_runner(c), **ints)
 
 
 @task(help={"dir": "folder to check (default build/aiter_build)", "against": "manifest or record (path or URL)"})

@@ -26,9 +26,10 @@ ROOT = Path(__file__).resolve().parents[1]  # the tooling's own checkout (JA_ROO
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from jatools import config, identity, jit_cache, publish  # noqa: E402
-from jax_aiter import fetch, manifest as mf  # noqa: E402
-from jax_aiter.integrity import sha256_files  # noqa: E402
+from jatools import config, identity, jit_cache, publish
+from jax_aiter import fetch
+from jax_aiter import manifest as mf
+from jax_aiter.integrity import sha256_files
 
 
 def _show(source: str) -> dict:

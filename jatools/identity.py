@@ -90,5 +90,6 @@ def checkout_identity(settings: config.Settings) -> tuple[dict, list[str]]:
         bare = toolchain.Toolchain(settings.backend, cxx="", cxx_version="", archs=tuple(archs))
         ident = derive(settings, bare)
         ident["toolchain"] = None
-        return ident, [f"toolchain not detected ({e}); identity from JA_BACKEND={settings.backend} and "
-                       f"GPU_ARCHS={';'.join(archs) or '(none)'}, toolchain not compared"]
+        note = (f"toolchain not detected ({e}); identity from JA_BACKEND={settings.backend} and "
+                f"GPU_ARCHS={';'.join(archs) or '(none)'}, toolchain not compared")
+        return ident, [note]

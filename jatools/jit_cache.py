@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from jatools import config, identity
-from jax_aiter import fetch, manifest as mf, reuse_gate
+from jax_aiter import fetch, reuse_gate
+from jax_aiter import manifest as mf
 from jax_aiter.integrity import diff_entries
 
 RECORD_NAME = "build_record.json"

@@ -26,13 +26,15 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 from jatools import config
-from jax_aiter import __version__, blob, fetch, manifest as mf, reuse_gate
+from jax_aiter import __version__, blob, fetch, reuse_gate
+from jax_aiter import manifest as mf
 from jax_aiter.integrity import IntegrityError, diff_entries, verify_entries
 
 RECORD_NAME = "build_record.json"
@@ -53,7 +55,7 @@ class Compression:
 
     @classmethod
     def from_settings(cls, settings: config.Settings, level: int | None = None,
-                      window_log: int | None = None) -> "Compression":
+                      window_log: int | None = None) -> Compression:
         return cls(level if level is not None else int(settings.raw["jit_libs_zstd_level"]),
                    window_log if window_log is not None else int(settings.raw["jit_libs_zstd_window_log"]))
 
@@ -124,7 +126,7 @@ class _PartWriter:
     def _roll(self) -> None:
         self._close_part()
         part = f"{self.name}.part{len(self.parts):03d}"
-        self._fh = open(self.folder / part, "wb")
+        self._fh = open(self.folder / part, "wb")  # noqa: SIM115 (held across writes; closed by _close_part)
         self._hash = hashlib.sha256()
         self._size = 0
         self.parts.append({"name": part})
@@ -236,7 +238,7 @@ def stage(record: dict, ident: dict, jit_dir: Path, stage_root: Path, comp: Comp
         manifest = {
             "kind": mf.KIND, "schema": mf.SCHEMA, "release_tag": tag, "identity": ident,
             "compression": comp.describe(), "asset_limit": asset_limit, "files": files,
-            "created_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "created_utc": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "producer": {"jax_aiter_version": __version__, "tool": "jatools.publish"},
         }
         mf.validate(manifest, "the new manifest")
@@ -315,7 +317,7 @@ class HttpTarget:
 
 def subprocess_runner(cmd: list[str]) -> tuple[int, str, str]:
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True)
+        out = subprocess.run(cmd, check=False, capture_output=True, text=True)
     except FileNotFoundError:
         raise PublishError(f"{cmd[0]} not found; install the GitHub CLI (https://cli.github.com) and run "
                            "`gh auth login`, or publish to a folder or URL with --to") from None

@@ -36,7 +36,7 @@ class PartsReader(io.RawIOBase):
             if self._fh is None:
                 if not self._paths:
                     return 0
-                self._fh = open(self._paths.pop(0), "rb", buffering=0)
+                self._fh = open(self._paths.pop(0), "rb", buffering=0)  # noqa: SIM115 (closed when drained)
             n = self._fh.readinto(buf)
             if n:
                 self.sha256.update(memoryview(buf)[:n])
@@ -71,7 +71,7 @@ def decode(parts: list[Path], window_log: int, expected_size: int, out: Path | N
     dctx = zstd.ZstdDecompressor(max_window_size=1 << window_log)
     h = hashlib.sha256()
     size = 0
-    dst = open(out, "wb") if out is not None else None
+    dst = open(out, "wb") if out is not None else None  # noqa: SIM115 (closed in the finally below)
     src = PartsReader(parts)
     try:
         with src, dctx.stream_reader(src, read_size=CHUNK, read_across_frames=True, closefd=False) as reader:

@@ -23,25 +23,26 @@ Runs at runtime, so it must not import JAX.
 """
 from __future__ import annotations
 
+import hashlib
 import http.client
 import io
 import os
 import shutil
-import socket
 import sys
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
 
-from jax_aiter import blob, manifest as mf, reuse_gate
-from jax_aiter.progress import Progress
+from jax_aiter import blob, reuse_gate
+from jax_aiter import manifest as mf
 from jax_aiter.integrity import diff_entries
+from jax_aiter.progress import Progress
 
 ENV_BASE_URL = "JA_FETCH_BASE_URL"
 ENV_TIMEOUT = "JA_FETCH_TIMEOUT_S"
@@ -81,7 +82,7 @@ class FetchOptions:
     progress: bool | None = None  # None: a live bar on a terminal, plain lines otherwise
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> "FetchOptions":
+    def from_env(cls, env: dict[str, str] | None = None) -> FetchOptions:
         """Defaults overridden by JA_FETCH_TIMEOUT_S, JA_FETCH_RETRIES, JA_FETCH_BACKOFF_S, JA_FETCH_LOCK_TIMEOUT_S."""
         env = os.environ if env is None else env
         opts = cls()
@@ -137,19 +138,15 @@ class _HashingFile:
     """A file being downloaded, hashed as it is written (so the bytes are read once)."""
 
     def __init__(self, path: Path):
-        import hashlib
-
         self.path = path
         self.hash = hashlib.sha256()
         self.size = 0
         self._fh = None
 
-    def open(self, resume: bool) -> "_HashingFile":
-        import hashlib
-
+    def open(self, resume: bool) -> _HashingFile:
         if not resume:
             self.hash, self.size = hashlib.sha256(), 0
-        self._fh = open(self.path, "ab" if resume else "wb")
+        self._fh = open(self.path, "ab" if resume else "wb")  # noqa: SIM115 (held across writes; closed by close())
         return self
 
     def write(self, data) -> None:
@@ -186,10 +183,10 @@ def _attempt(url: str, begin: Callable[[bool], object], offset: int, timeout: fl
             raise ReleaseNotFound(f"{url}: not found") from None
         if isinstance(e.reason, PermissionError):
             raise FetchError(f"{url}: {e.reason}") from None
-        if isinstance(e.reason, (TimeoutError, socket.timeout)):
+        if isinstance(e.reason, TimeoutError):
             raise _Transient(f"no response within {timeout:g} s") from None
         raise _Transient(f"cannot connect ({e.reason})") from None
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         raise _Transient(f"no response within {timeout:g} s") from None
     except (ConnectionError, http.client.HTTPException) as e:
         raise _Transient(f"connection failed ({e!r})") from None
@@ -201,7 +198,7 @@ def _attempt(url: str, begin: Callable[[bool], object], offset: int, timeout: fl
         while True:
             try:
                 n = resp.readinto(buf)
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 raise _Transient(f"stalled: no data for {timeout:g} s after {got} bytes") from None
             except http.client.IncompleteRead:
                 raise _Transient(f"connection closed early after {got} bytes") from None

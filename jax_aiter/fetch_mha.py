@@ -22,7 +22,13 @@ import sys
 from pathlib import Path
 
 from jax_aiter import _loader
-from jax_aiter.fetch import ENV_BASE_URL, FetchError, FetchOptions, fetch_release, resolve_base_url
+from jax_aiter.fetch import (
+    ENV_BASE_URL,
+    FetchError,
+    FetchOptions,
+    fetch_release,
+    resolve_base_url,
+)
 from jax_aiter.manifest import ManifestError
 
 BASE_URL_KEY = "fetch_base_url"  # the wheel's baked default base URL
@@ -38,7 +44,7 @@ def local_gpu_archs(backend: str) -> tuple[list[str] | None, str]:
         tool = shutil.which("rocminfo")
         if not tool:
             return None, "rocminfo not found"
-        out = subprocess.run([tool], capture_output=True, text=True, timeout=60)
+        out = subprocess.run([tool], check=False, capture_output=True, text=True, timeout=60)
         archs = sorted(set(re.findall(r"\bgfx[0-9a-f]{2,}\b", out.stdout)) - {"gfx000"})
         return (archs or None), "rocminfo"
     if backend == "cuda":
@@ -46,7 +52,7 @@ def local_gpu_archs(backend: str) -> tuple[list[str] | None, str]:
         if not tool:
             return None, "nvidia-smi not found"
         out = subprocess.run([tool, "--query-gpu=compute_cap", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=60)
+                             check=False, capture_output=True, text=True, timeout=60)
         caps = re.findall(r"(\d+)\.(\d+)", out.stdout)
         return (sorted({f"sm_{a}{b}" for a, b in caps}) or None), "nvidia-smi"
     return [], "CPU build"

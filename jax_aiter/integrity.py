@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterable
 
 CHUNK = 8 << 20  # 8 MiB reads keep syscall overhead negligible
 

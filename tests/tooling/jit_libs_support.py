@@ -12,11 +12,13 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Self
 
 import pytest
 
 from jatools import config, identity, publish
-from jax_aiter import manifest as mf, reuse_gate
+from jax_aiter import manifest as mf
+from jax_aiter import reuse_gate
 
 REPO = Path(__file__).resolve().parents[2]
 FAST_FETCH_ENV = {"JA_FETCH_TIMEOUT_S": "0.5", "JA_FETCH_RETRIES": "2", "JA_FETCH_BACKOFF_S": "0.05",
@@ -118,7 +120,7 @@ class FaultServer:
     def gets(self, name: str) -> list[tuple[str, str, str | None]]:
         return [r for r in self.requests if r[0] == "GET" and r[1].endswith("/" + name)]
 
-    def __enter__(self) -> "FaultServer":
+    def __enter__(self) -> Self:
         self.thread.start()
         return self
 
@@ -239,7 +241,7 @@ def snapshot(folder: Path) -> dict[str, tuple[str, int]]:
 
 def run_py(args: list[str], env: dict[str, str] | None = None, **kw) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **FAST_FETCH_ENV, **(env or {})}
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=full_env, cwd=REPO,
+    return subprocess.run([sys.executable, *args], check=False, capture_output=True, text=True, env=full_env, cwd=REPO,
                           timeout=60, **kw)
 
 
@@ -249,23 +251,23 @@ def popen_py(args: list[str], env: dict[str, str] | None = None) -> subprocess.P
                             env=full_env, cwd=REPO)
 
 
-# --- fixtures ---------------------------------------------------------------------------------------------
+# --- fixtures (imported by the test modules as *_fixture; used by their names) ---------------------------------------------------------------------------------------------
 
-@pytest.fixture
-def checkout(tmp_path: Path) -> Path:
+@pytest.fixture(name="checkout")
+def checkout_fixture(tmp_path: Path) -> Path:
     return make_checkout(tmp_path / "checkout")
 
 
-@pytest.fixture
-def server(tmp_path: Path):
+@pytest.fixture(name="server")
+def server_fixture(tmp_path: Path):
     root = tmp_path / "served"
     root.mkdir()
     with FaultServer(root) as srv:
         yield srv
 
 
-@pytest.fixture
-def fast_fetch_env(monkeypatch):
+@pytest.fixture(name="fast_fetch_env")
+def fast_fetch_env_fixture(monkeypatch):
     for k, v in FAST_FETCH_ENV.items():
         monkeypatch.setenv(k, v)
 

@@ -11,11 +11,23 @@ import time
 from pathlib import Path
 
 import pytest
-from jit_libs_support import (checkout, checkout_identity, fast_fetch_env, make_release, other_identity,  # noqa: F401
-                              popen_py, run_py, server, snapshot, wheel_identity)
+from jit_libs_support import (  # noqa: F401  (pytest fixtures)
+    REPO,
+    checkout_fixture,
+    checkout_identity,
+    fast_fetch_env_fixture,
+    make_release,
+    other_identity,
+    popen_py,
+    run_py,
+    server_fixture,
+    snapshot,
+    wheel_identity,
+)
 
 from jatools import jit_cache
-from jax_aiter import _loader, fetch, manifest as mf, reuse_gate
+from jax_aiter import _loader, fetch, reuse_gate
+from jax_aiter import manifest as mf
 from jax_aiter.integrity import diff_entries
 
 MHA = list(_loader.MHA_JIT_LIBS)
@@ -65,8 +77,8 @@ def test_split_release_is_joined_and_verified(checkout, server, tmp_path, fast_f
 
 
 @pytest.mark.parametrize("fault,match", [
-    ("tamper", r"libmha_fwd.so.zst: sha256 [0-9a-f]{64} does not match the manifest's [0-9a-f]{64}; the asset at "
-               r"http://127.0.0.1:\d+/jit-libs-\w+/libmha_fwd.so.zst was altered or damaged"),
+    ("tamper", (r"libmha_fwd.so.zst: sha256 [0-9a-f]{64} does not match the manifest's [0-9a-f]{64}; the asset at "
+                r"http://127.0.0.1:\d+/jit-libs-\w+/libmha_fwd.so.zst was altered or damaged")),
     ("truncate", r"connection closed early after \d+ of \d+ bytes; gave up after 3 attempts"),
     ("stall", r"stalled: no data for 0.5 s after \d+ bytes; gave up after 3 attempts.*JA_FETCH_TIMEOUT_S"),
     ("404", r"libmha_fwd.so.zst: HTTP 404 \(not found\)"),
@@ -150,7 +162,7 @@ def test_unwritable_destination_fails_before_downloading(release, server, tmp_pa
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
     before = len(server.requests)
-    with pytest.raises(fetch.FetchError, match=rf"cannot write to .*a_file.*choose a writable destination"):
+    with pytest.raises(fetch.FetchError, match=r"cannot write to .*a_file.*choose a writable destination"):
         _fetch(server, ident, blocker / "cache" / "x")
     assert blocker.read_text() == "not a folder"
     assert [r for r in server.requests[before:] if not r[1].endswith(mf.MANIFEST_NAME)] == []
@@ -299,3 +311,20 @@ def test_ci_fetch_installs_into_the_build_tree_with_a_build_record(release, serv
     (checkout / "csrc/kernels/attn/attn.inst.in").write_text("// edited, not committed\n")
     with pytest.raises(jit_cache.JitCacheError, match="uncommitted changes"):
         jit_cache.run_fetch(settings, log=lambda m: None)
+
+
+def test_ci_wrapper_script_fetches_and_fails_on_a_miss(release, server, checkout):
+    import subprocess
+    import sys
+
+    from jit_libs_support import FAST_FETCH_ENV
+    env = {**os.environ, **FAST_FETCH_ENV, "JA_ROOT_DIR": str(checkout), "JA_BACKEND": "cpu",
+           "PYTHON": sys.executable}
+    miss = subprocess.run(["bash", str(REPO / "ci/fetch_jit_libs.sh"), "--base-url", server.url + "/nothing-here"],
+                          check=False, capture_output=True, text=True, env=env, timeout=60)
+    assert miss.returncode == 1 and "no release jit-libs-" in miss.stderr
+    assert not (checkout / "build/aiter_build").exists()
+    ok = subprocess.run(["bash", str(REPO / "ci/fetch_jit_libs.sh"), "--base-url", server.url],
+                        check=False, capture_output=True, text=True, env=env, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    assert (checkout / "build/aiter_build/build_record.json").is_file()

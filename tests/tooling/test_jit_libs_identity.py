@@ -5,8 +5,18 @@ import json
 from pathlib import Path
 
 import pytest
-from jit_libs_support import (REPO, checkout, checkout_identity, git, make_release, other_identity,  # noqa: F401
-                              run_py, server, settings_for, write_build)
+from jit_libs_support import (  # noqa: F401  (pytest fixtures)
+    REPO,
+    checkout_fixture,
+    checkout_identity,
+    git,
+    make_release,
+    other_identity,
+    run_py,
+    server_fixture,
+    settings_for,
+    write_build,
+)
 
 from jatools import config, identity, jit_cache, toolchain
 from jax_aiter import reuse_gate
@@ -114,7 +124,7 @@ def test_decide_against_a_release_writes_json_and_github_output(checkout, server
     assert decision["decision"] == "reuse" and decision["cache_id"] == want["cache_id"]
     lines = out.read_text().splitlines()
     assert lines[:2] == ["decision=rebuild", "rebuild=true"]
-    assert f"decision=reuse" in lines[4:] and "rebuild=false" in lines[4:]
+    assert "decision=reuse" in lines[4:] and "rebuild=false" in lines[4:]
     assert f"release_tag=jit-libs-{want['cache_id']}" in lines
 
 

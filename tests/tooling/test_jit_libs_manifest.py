@@ -5,11 +5,20 @@ import json
 from pathlib import Path
 
 import pytest
-from jit_libs_support import (MODULES, checkout, checkout_identity, make_release, run_py, server,  # noqa: F401
-                              settings_for, write_build)
+from jit_libs_support import (  # noqa: F401  (pytest fixtures)
+    MODULES,
+    checkout_fixture,
+    checkout_identity,
+    make_release,
+    run_py,
+    server_fixture,
+    settings_for,
+    write_build,
+)
 
 from jatools import publish
-from jax_aiter import blob, manifest as mf, reuse_gate
+from jax_aiter import blob, reuse_gate
+from jax_aiter import manifest as mf
 from jax_aiter.integrity import sha256_file, sha256_files
 
 

@@ -10,10 +10,18 @@ import re
 
 import pytest
 from invoke import Exit, MockContext, Result
-from jit_libs_support import (MODULES, REPO, checkout, checkout_identity, make_release, server,  # noqa: F401
-                              write_build)
+from jit_libs_support import (  # noqa: F401  (pytest fixtures)
+    MODULES,
+    REPO,
+    checkout_fixture,
+    checkout_identity,
+    make_release,
+    server_fixture,
+    write_build,
+)
 
-from jax_aiter import manifest as mf, reuse_gate
+from jax_aiter import manifest as mf
+from jax_aiter import reuse_gate
 
 
 @pytest.fixture
