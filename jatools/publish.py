@@ -36,6 +36,7 @@ from jatools import config
 from jax_aiter import __version__, blob, fetch, reuse_gate
 from jax_aiter import manifest as mf
 from jax_aiter.integrity import IntegrityError, diff_entries, verify_entries
+from jax_aiter.progress import Progress
 
 RECORD_NAME = "build_record.json"
 Log = Callable[[str], None]
@@ -163,7 +164,20 @@ class _PartWriter:
                 "parts": self.parts}
 
 
-def compress(src: Path, out_dir: Path, comp: Compression, asset_limit: int) -> dict:
+class _CountingReader:
+    """A file reader that reports how much has been read (compression progress)."""
+
+    def __init__(self, fh, advance: Callable[[int], None]):
+        self._fh, self._advance = fh, advance
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._fh.read(n)
+        self._advance(len(data))
+        return data
+
+
+def compress(src: Path, out_dir: Path, comp: Compression, asset_limit: int,
+             advance: Callable[[int], None] = lambda n: None) -> dict:
     """Compress `src` to `<name>.zst` in `out_dir`, split into `.partNNN` files when over `asset_limit`."""
     zstd = blob.zstd_module()
     size = src.stat().st_size
@@ -172,8 +186,8 @@ def compress(src: Path, out_dir: Path, comp: Compression, asset_limit: int) -> d
         threads=comp.threads)
     writer = _PartWriter(out_dir, src.name + ".zst", asset_limit)
     with open(src, "rb") as fh:
-        zstd.ZstdCompressor(compression_params=params).copy_stream(fh, writer, size=size, read_size=4 << 20,
-                                                                   write_size=4 << 20)
+        zstd.ZstdCompressor(compression_params=params).copy_stream(_CountingReader(fh, advance), writer, size=size,
+                                                                   read_size=4 << 20, write_size=4 << 20)
     return writer.close()
 
 
@@ -223,18 +237,20 @@ def stage(record: dict, ident: dict, jit_dir: Path, stage_root: Path, comp: Comp
     modules = {m["file"]["name"]: (name, m.get("instances")) for name, m in record["modules"].items()}
     files = []
     try:
-        for name in sorted(raw):
-            start = time.monotonic()
-            entry = dict(raw[name])
-            entry["module"], entry["instances"] = modules[name]
-            entry["compressed"] = compress(jit_dir / name, tmp, comp, asset_limit)
-            took = time.monotonic() - start
-            verify_blob(tmp, entry, comp)
-            c = entry["compressed"]
-            log(f"publish: {name} {entry['size'] / 1e6:.1f} MB -> {c['size'] / 1e6:.1f} MB "
-                f"({100 * c['size'] / max(entry['size'], 1):.1f}%, {len(c['parts'])} part(s)) in {took:.1f} s "
-                f"({entry['size'] / 1e6 / max(took, 1e-9):.0f} MB/s); decompressed and verified")
-            files.append(entry)
+        with Progress(None, log) as progress:
+            for name in sorted(raw):
+                start = time.monotonic()
+                entry = dict(raw[name])
+                entry["module"], entry["instances"] = modules[name]
+                entry["compressed"] = compress(jit_dir / name, tmp, comp, asset_limit,
+                                               progress.task(f"compress {name}", entry["size"]))
+                took = time.monotonic() - start
+                verify_blob(tmp, entry, comp)
+                c = entry["compressed"]
+                log(f"publish: {name} {entry['size'] / 1e6:.1f} MB -> {c['size'] / 1e6:.1f} MB "
+                    f"({100 * c['size'] / max(entry['size'], 1):.1f}%, {len(c['parts'])} part(s)) in {took:.1f} s "
+                    f"({entry['size'] / 1e6 / max(took, 1e-9):.0f} MB/s); decompressed and verified")
+                files.append(entry)
         manifest = {
             "kind": mf.KIND, "schema": mf.SCHEMA, "release_tag": tag, "identity": ident,
             "compression": comp.describe(), "asset_limit": asset_limit, "files": files,

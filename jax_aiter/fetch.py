@@ -387,7 +387,12 @@ def _fetch_file(f: dict, release: str, staging: Path, window_log: int, opts: Fet
             if stop.is_set():
                 raise _Stopped("stopped: another file of this fetch failed")
             show(n)
-        download(f"{release}/{part['name']}", path, part["size"], part["sha256"], opts, advance, log)
+        try:
+            download(f"{release}/{part['name']}", path, part["size"], part["sha256"], opts, advance, log)
+        except ReleaseNotFound as e:
+            raise FetchError(f"{e}: the manifest lists {part['name']} but the release does not have it; the "
+                             "release is incomplete. Nothing was installed; republish it (`invoke jit.publish`)"
+                             ) from None
         parts.append(path)
     out = staging / f["name"]
     try:
@@ -451,14 +456,14 @@ def fetch_release(base_url: str, want: dict, dest: Path, names: list[str] | None
     start = time.monotonic()
     cid = want.get("cache_id") or reuse_gate.cache_id(want)
     release = release_url(base_url, cid)
+    dest = Path(dest)
+    _prepare_parent(dest)
     manifest, url = read_manifest(base_url, cid, opts, log)
     warnings = check_identity(want, manifest, url, strict_toolchain)
     for w in warnings:
         log(f"fetch: warning: {w}")
     files = mf.select_files(manifest, names)
     chosen = [f["name"] for f in files]
-    dest = Path(dest)
-    _prepare_parent(dest)
     lock = _lock(dest, opts, log)
     try:
         _clear_leftovers(dest, log)

@@ -93,7 +93,10 @@ def main(argv: list[str] | None = None) -> int:
             identity = json.loads(args.identity.read_text())
         else:
             identity = _loader.build_identity()
-        if not identity or not identity.get("cache_id"):
+        if identity and not (identity.get("cache_id") and identity.get("version")):
+            raise FetchError(f"the build identity {args.identity or _loader.IDENTITY_FILE} has no cache_id or "
+                             "version; reinstall jax-aiter (the wheel bakes both)")
+        if not identity:
             raise FetchError(
                 "this jax-aiter is not an installed wheel (no jax_aiter/_build_identity.json), so there is no "
                 "identity to fetch for; in a source checkout run `invoke jit.fetch` or build the libraries with "
