@@ -10,17 +10,30 @@ stage, wheel, install and fetch.
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-CHUNK = 8 << 20  # 8 MiB reads keep syscall overhead negligible
+CHUNK = 1 << 20  # reads of 1 MiB stay in the CPU cache between the copy and the hash
+MMAP_MIN = 16 << 20  # larger files are hashed straight from the page cache (no copy)
+MMAP_STEP = 8 << 20
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = CHUNK) -> str:
+    """sha256 of one file; large files through mmap, which saves the kernel-to-user copy (about a
+    third of the CPU time of reading), small ones through a reused buffer."""
     h = hashlib.sha256()
     with open(path, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size >= MMAP_MIN:
+            with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+                m.madvise(mmap.MADV_SEQUENTIAL)
+                with memoryview(m) as view:
+                    for start in range(0, size, MMAP_STEP):
+                        h.update(view[start:start + MMAP_STEP])
+            return h.hexdigest()
         buf = bytearray(chunk)
         view = memoryview(buf)
         while True:

@@ -213,3 +213,18 @@ def test_cli_show_and_verify_name_the_file_and_both_hashes(checkout, tmp_path):
     assert bad.returncode == 1
     assert f"librmsnorm_fwd.so: sha256 {sha256_file(jit / 'librmsnorm_fwd.so')} does not match the recorded {want}" \
         in bad.stderr
+
+
+def test_parallel_hashing_matches_hashlib_for_small_empty_and_mmapped_files(tmp_path):
+    import hashlib
+
+    from jax_aiter import integrity
+
+    files = {"empty": b"", "small": b"x" * 1000, "big": bytes(range(256)) * ((integrity.MMAP_MIN + 12345) // 256)}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    paths = [str(tmp_path / n) for n in files] + [str(tmp_path / "small")]
+    got = sha256_files(paths)
+    assert list(got) == [str(tmp_path / n) for n in files]  # input order kept, duplicates once
+    assert got == {str(tmp_path / n): hashlib.sha256(d).hexdigest() for n, d in files.items()}
+    assert len(files["big"]) >= integrity.MMAP_MIN
