@@ -163,6 +163,10 @@ def run_fetch(settings: config.Settings, *, base_url: str | None = None, strict:
     result = fetch.fetch_release(base, want, settings.jit_dir, strict_toolchain=strict_toolchain(settings, strict),
                                  force=force, opts=fetch.FetchOptions.from_env(), log=log)
     _write_json(settings.jit_dir / RECORD_NAME, record_from_manifest(result.manifest, result.url))
+    _write_json(settings.build_dir / "jit_libs_fetch.json", {
+        "status": result.status, "release_tag": result.manifest["release_tag"], "url": result.url,
+        "dest": str(result.dest), "files": result.files, "downloaded_bytes": result.downloaded_bytes,
+        "seconds": round(result.seconds, 2), "warnings": result.warnings})
     return result
 
 

@@ -437,6 +437,6 @@ def publish(settings: config.Settings, to: str, *, level: int | None = None, win
     }
     (stage_root / f"{tag}-summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     log(f"publish: {tag} {summary['status']}" + (f" to {summary['target']}" if target else f" in {folder}")
-        + f": {len(manifest['files'])} libraries, {raw_total / 1e6:.1f} MB -> {comp_total / 1e6:.1f} MB in "
+        + f": {len(manifest['files'])} library file(s), {raw_total / 1e6:.1f} MB -> {comp_total / 1e6:.1f} MB in "
         f"{len(assets)} asset(s), {summary['seconds']} s")
     return summary

@@ -308,6 +308,9 @@ def test_ci_fetch_installs_into_the_build_tree_with_a_build_record(release, serv
     assert record["identity"] == ident and record["files"] == mf.raw_entries(manifest["files"])
     assert set(record["modules"]) == {"rmsnorm_fwd", "mha_fwd", "mha_bwd"}
     assert jit_cache.verify(settings.jit_dir)[1] == 3
+    summary = json.loads((settings.build_dir / "jit_libs_fetch.json").read_text())
+    assert summary["status"] == "fetched" and summary["downloaded_bytes"] == sum(
+        f["compressed"]["size"] for f in manifest["files"])
     (checkout / "csrc/kernels/attn/attn.inst.in").write_text("// edited, not committed\n")
     with pytest.raises(jit_cache.JitCacheError, match="uncommitted changes"):
         jit_cache.run_fetch(settings, log=lambda m: None)
