@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
+import sys
 from pathlib import Path
 
 from jatools import config, toolchain
@@ -22,16 +23,27 @@ def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def kernel_source_revision(root: Path, kernel_dir: Path) -> tuple[str, bool]:
-    """(revision, dirty): `git rev-parse HEAD:<dir>` (a tree id or a submodule commit)."""
+    """(revision, dirty): `git rev-parse HEAD:<dir>` (a tree id or a submodule commit).
+
+    Outside a git checkout with that folder committed (a source tarball, a copied
+    tree) the revision is a content hash, "content-sha256:<hex>", and the build
+    counts as dirty: it builds and runs, but cannot be published.
+    """
     rel = kernel_dir.resolve().relative_to(root.resolve()).as_posix()
     out = _git(root, "rev-parse", f"HEAD:{rel}")
     if out.returncode != 0:
-        raise IdentityError(
-            f"cannot derive the kernel-source revision: `git rev-parse HEAD:{rel}` failed in {root} "
-            f"({out.stderr.strip() or 'not a git checkout'}); build from a git checkout with {rel} committed"
-        )
+        print(f"identity: `git rev-parse HEAD:{rel}` failed ({out.stderr.strip() or 'not a git checkout'}); "
+              f"using a content hash of {rel} (such a build cannot be published)", file=sys.stderr)
+        return content_revision(kernel_dir), True
     status = _git(root, "status", "--porcelain", "--", rel)
     return out.stdout.strip(), bool(status.stdout.strip())
+
+
+def content_revision(folder: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(q for q in folder.rglob("*") if q.is_file()):
+        h.update(p.relative_to(folder).as_posix().encode() + b"\0" + hashlib.sha256(p.read_bytes()).digest())
+    return "content-sha256:" + h.hexdigest()
 
 
 def recipe_paths(root: Path, patterns: tuple[str, ...] | list[str]) -> list[Path]:

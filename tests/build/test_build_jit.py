@@ -100,3 +100,16 @@ def test_missing_umbrella_names_make(tmp_path):
     root = make_scratch(tmp_path / "fresh")
     out = build_jit(root, "--module", "rmsnorm_fwd", check=False)
     assert out.returncode == 2 and "run `make`" in out.stderr
+
+
+def test_outside_git_the_revision_is_a_content_hash(tmp_path):
+    root = make_scratch(tmp_path / "tarball")
+    import shutil
+
+    shutil.rmtree(root / ".git")
+    run(["make", "-j2"], root)
+    out = build_jit(root, "--module", "rmsnorm_fwd")
+    assert "using a content hash" in out.stderr
+    ident = json.loads((root / "build/aiter_build/build_record.json").read_text())["modules"]["rmsnorm_fwd"]["identity"]
+    assert re.fullmatch(r"content-sha256:[0-9a-f]{64}", ident["kernel_source_revision"])
+    assert ident["kernel_source_dirty"] is True
