@@ -36,6 +36,16 @@ def _wants_slot(env: dict[str, str]) -> bool:
     return switch == "1" or bool(env.get("PYTEST_XDIST_WORKER"))
 
 
+def _jax_backends_started() -> bool:
+    """True once JAX has initialised a backend (reading the visible devices then).
+
+    Importing JAX alone is harmless: some images' pytest plugins (jaxtyping,
+    chex) import it at start-up, before this hook runs.
+    """
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    return bool(getattr(bridge, "_backends", None))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     global _held
     if not _wants_slot(dict(os.environ)):
@@ -43,11 +53,11 @@ def pytest_configure(config: pytest.Config) -> None:
     gpus = gpu_slots.detect()
     if gpus.count == 0:
         return  # nothing to pin; the gpu-marked tests skip with their reason
-    if "jax" in sys.modules:
+    if _jax_backends_started():
         raise pytest.UsageError(
-            "jatools.pytest_gpu_slot: JAX was imported before this worker took its GPU slot, so the "
-            "worker could see every GPU; import JAX only inside tests or fixtures, not in conftest.py "
-            "or plugins")
+            "jatools.pytest_gpu_slot: JAX started its backends before this worker took its GPU slot, so "
+            "the worker could see every GPU; create no arrays and query no devices in conftest.py or "
+            "plugins")
     per_gpu = gpu_slots.tests_per_gpu()
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     try:

@@ -211,3 +211,14 @@ def test_report_is_written_when_nothing_was_retried(suite):
     assert r.returncode == 0
     res = json.loads(report.read_text())
     assert res["tests"] == [] and res["flaky"] == 0
+
+
+@needs_xdist
+@pytest.mark.parametrize("early, refused", [("import jax", False), ("import jax; jax.devices()", True)])
+def test_worker_refuses_only_a_jax_that_already_chose_its_devices(suite, early, refused):
+    """Importing JAX before the slot is harmless (image plugins do it); starting a backend is not."""
+    conftest = suite.tree / "conftest.py"
+    conftest.write_text(f"{early}\n" + conftest.read_text())
+    r = suite("def test_ok():\n    pass\n", "-n", "1", gpus=1)
+    assert (r.returncode != 0) == refused, r.stdout + r.stderr
+    assert ("started its backends before this worker took its GPU slot" in r.stdout + r.stderr) == refused
