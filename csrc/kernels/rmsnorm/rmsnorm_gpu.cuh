@@ -55,18 +55,28 @@ JA_GLOBAL void __launch_bounds__(THREADS) rmsnorm_fwd_kernel(JaRmsNormArgs a) {
 
   float acc = 0.f;
   if (fits) {
+    // Issue every load (x, residual and the weight, which is an L2 hit) before
+    // any arithmetic, so the whole row is in flight at once and the weight's
+    // latency hides behind the reduction.
+    V xv[REGS], rv[REGS], wv[REGS];
+#pragma unroll
+    for (int r = 0; r < REGS; ++r) {
+      const int64_t i = int64_t(threadIdx.x) + int64_t(r) * THREADS;
+      if (i < nvec) {
+        xv[r] = reinterpret_cast<const V*>(x)[i];
+        if (res) rv[r] = reinterpret_cast<const V*>(res)[i];
+        wv[r] = reinterpret_cast<const V*>(w)[i];
+      }
+    }
     float vals[REGS][VEC];
 #pragma unroll
     for (int r = 0; r < REGS; ++r) {
       const int64_t i = int64_t(threadIdx.x) + int64_t(r) * THREADS;
       if (i < nvec) {
-        V xv = reinterpret_cast<const V*>(x)[i];
-        V rv;
-        if (res) rv = reinterpret_cast<const V*>(res)[i];
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-          float f = to_f32(xv.v[k]);
-          if (res) f += to_f32(rv.v[k]);
+          float f = to_f32(xv[r].v[k]);
+          if (res) f += to_f32(rv[r].v[k]);
           vals[r][k] = f;
           acc += f * f;
         }
@@ -83,10 +93,9 @@ JA_GLOBAL void __launch_bounds__(THREADS) rmsnorm_fwd_kernel(JaRmsNormArgs a) {
     for (int r = 0; r < REGS; ++r) {
       const int64_t i = int64_t(threadIdx.x) + int64_t(r) * THREADS;
       if (i < nvec) {
-        V wv = reinterpret_cast<const V*>(w)[i];
         V ov;
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) ov.v[k] = from_f32<T>(vals[r][k] * inv_rms * to_f32(wv.v[k]));
+        for (int k = 0; k < VEC; ++k) ov.v[k] = from_f32<T>(vals[r][k] * inv_rms * to_f32(wv[r].v[k]));
         reinterpret_cast<V*>(out)[i] = ov;
       }
     }
@@ -116,10 +125,20 @@ const char* rmsnorm_fwd_gpu(const JaRmsNormArgs& a, void* stream) {
   const ja_stream_t s = static_cast<ja_stream_t>(stream);
   const int64_t nvec = a.hidden / (16 / int64_t(sizeof(T)));
   const dim3 grid(unsigned(a.rows));
-  if (nvec <= 256 * 2) {
-    rmsnorm_fwd_kernel<T, 256, 2><<<grid, 256, 0, s>>>(a);
+  // Block shape by row length (in 16-byte vectors): about four vectors per
+  // thread in small blocks, so many rows are in flight on each multiprocessor.
+  if (nvec <= 64) {
+    rmsnorm_fwd_kernel<T, 64, 1><<<grid, 64, 0, s>>>(a);
+  } else if (nvec <= 256) {
+    rmsnorm_fwd_kernel<T, 128, 2><<<grid, 128, 0, s>>>(a);
+  } else if (nvec <= 512) {
+    rmsnorm_fwd_kernel<T, 128, 4><<<grid, 128, 0, s>>>(a);
+  } else if (nvec <= 1024) {
+    rmsnorm_fwd_kernel<T, 256, 4><<<grid, 256, 0, s>>>(a);
+  } else if (nvec <= 2048) {
+    rmsnorm_fwd_kernel<T, 512, 4><<<grid, 512, 0, s>>>(a);
   } else {
-    rmsnorm_fwd_kernel<T, 1024, 4><<<grid, 1024, 0, s>>>(a);
+    rmsnorm_fwd_kernel<T, 1024, 4><<<grid, 1024, 0, s>>>(a);  // longer rows stream
   }
   const ja_error_t err = ja_get_last_error();
   if (err != ja_success) return ja_error("rmsnorm: kernel launch failed: %s", ja_get_error_string(err));
