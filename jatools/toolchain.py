@@ -77,6 +77,15 @@ def hipcc_version(hipcc: str) -> str:
     return m.group(1) if m else _first_line(text)
 
 
+def rocm_sdk_version(env: dict[str, str], which=shutil.which) -> str | None:
+    """TheRock's release (`rocm-sdk version`), or None where rocm-sdk is absent or fails."""
+    rocm_sdk = which("rocm-sdk", path=env.get("PATH"))
+    if not rocm_sdk:
+        return None
+    out = _run([rocm_sdk, "version"])
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
+
+
 def find_rocm(env: dict[str, str], legacy_root: str, which=shutil.which) -> tuple[str | None, str | None, list[str]]:
     """Return (rocm_root, hipcc, notes). rocm_root may be None for a bare hipcc on PATH."""
     notes: list[str] = []
@@ -200,12 +209,7 @@ def detect(settings: config.Settings, env: dict[str, str] | None = None, which=s
     if check_archs:
         check_rocm_archs(hipcc, archs, env)
     ver = hipcc_version(hipcc)
-    platform_version = ver
-    rocm_sdk = which("rocm-sdk", path=env.get("PATH"))
-    if rocm_sdk:
-        out = _run([rocm_sdk, "version"])
-        if out.returncode == 0 and out.stdout.strip():
-            platform_version = out.stdout.strip()
+    platform_version = rocm_sdk_version(env, which) or ver
     return Toolchain("rocm", cxx, cxxv, hipcc, ver, platform_version, rocm_root=rocm_root,
                      archs=tuple(archs), how=tuple(how))
 

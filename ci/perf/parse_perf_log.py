@@ -1,0 +1,302 @@
+#!/usr/bin/env python3
+"""Summarise a MaxText-style training log over its last steps, compare with a baseline, and gate.
+
+Step lines look like (any prefix before ``completed step`` is ignored)::
+
+    completed step: 41, seconds: 1.512, TFLOP/s/device: 402.7, Tokens/s/device: 5421.9, total_weights: 65536, loss: 3.117
+
+The summary covers a tail window (the last ``--window`` distinct steps; early
+steps include compilation and warm-up): mean TFLOP/s/device, mean seconds per
+step, mean tokens/s/device, mean and final loss, steps seen. When a step number
+appears twice (a restarted run), the later line wins and the repeat is reported.
+Lines whose loss is nan or inf are counted and listed, never dropped silently;
+loss means cover the finite values only, and a non-finite loss inside the
+window fails the gate.
+
+With ``--baseline FILE`` (a summary JSON written earlier by this script) the
+run is compared: throughput change and loss drift in percent. ``--gate`` turns
+the comparison into a verdict: a throughput drop larger than ``--max-drop-pct``
+or a non-finite loss in the window fails; a loss drift larger than
+``--loss-warn-pct`` only warns. A markdown table goes to ``$GITHUB_STEP_SUMMARY``
+when set (and to ``--markdown FILE``); the JSON summary goes to stdout and
+``--json-out FILE``.
+
+Exit codes:
+    0  summary written; gate passed (or no --gate)
+    1  gate failed (throughput drop beyond the limit, or non-finite loss in the window)
+    2  input problem: log missing or unreadable, no step lines, baseline missing/invalid,
+       --gate without --baseline, bad arguments
+
+Standard library only, so it runs on any CI runner:
+    python3 ci/perf/parse_perf_log.py LOG [--window 20] [--baseline B.json] [--gate]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SCHEMA = 1
+EXIT_OK, EXIT_GATE_FAILED, EXIT_INPUT = 0, 1, 2
+DEFAULT_WINDOW = 20
+DEFAULT_MAX_DROP_PCT = 5.0
+DEFAULT_LOSS_WARN_PCT = 2.0
+
+STEP_RE = re.compile(r"completed step:\s*(\d+)\s*,(.*)$")
+FIELD_RE = re.compile(r"\s*([A-Za-z][\w/ .-]*?)\s*:\s*([^,]+?)\s*(?:,|$)")
+# Keys as MaxText prints them -> our field names.
+FIELDS = {"seconds": "seconds", "tflop/s/device": "tflops", "tokens/s/device": "tokens", "loss": "loss"}
+
+
+class InputError(ValueError):
+    """The log or baseline cannot be used; exit code 2."""
+
+
+@dataclass
+class Step:
+    step: int
+    line_no: int
+    seconds: float | None = None
+    tflops: float | None = None
+    tokens: float | None = None
+    loss: float | None = None
+    loss_text: str | None = None
+
+
+@dataclass
+class ParsedLog:
+    steps: list[Step]
+    lines_parsed: int
+    repeated_steps: list[int] = field(default_factory=list)
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)  # accepts nan, inf, -inf
+    except ValueError:
+        return None
+
+
+def parse_line(line: str, line_no: int) -> Step | None:
+    m = STEP_RE.search(line)
+    if not m:
+        return None
+    step = Step(int(m.group(1)), line_no)
+    for key, value in FIELD_RE.findall(m.group(2)):
+        name = FIELDS.get(key.strip().lower())
+        if name:
+            setattr(step, name, _number(value))
+            if name == "loss":
+                step.loss_text = value.strip()
+    return step
+
+
+def parse_log(path: Path) -> ParsedLog:
+    """Every step line of the log; a later line for the same step replaces the earlier one."""
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        raise InputError(f"log {path} does not exist; pass the training job's log file") from None
+    except OSError as e:
+        raise InputError(f"cannot read log {path}: {e}") from None
+    by_step: dict[int, Step] = {}
+    repeated: list[int] = []
+    parsed = 0
+    for no, line in enumerate(text.splitlines(), 1):
+        step = parse_line(line, no)
+        if step is None:
+            continue
+        parsed += 1
+        if step.step in by_step:
+            repeated.append(step.step)
+        by_step[step.step] = step
+    if not by_step:
+        raise InputError(f"no step lines in {path} (expected lines containing 'completed step: N, seconds: S, "
+                         "TFLOP/s/device: T, ... loss: L'); did the training job start?")
+    return ParsedLog(sorted(by_step.values(), key=lambda s: s.step), parsed, sorted(set(repeated)))
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _finite(v: float | None) -> bool:
+    return v is not None and math.isfinite(v)
+
+
+def summarise(parsed: ParsedLog, window: int, log_name: str) -> dict:
+    if window < 1:
+        raise InputError(f"--window must be at least 1, got {window}")
+    tail = parsed.steps[-window:]
+    nonfinite = [s for s in parsed.steps if s.loss is not None and not math.isfinite(s.loss)]
+    tail_nonfinite = [s for s in tail if s.loss is not None and not math.isfinite(s.loss)]
+    last = parsed.steps[-1]
+    return {
+        "schema": SCHEMA,
+        "log": log_name,
+        "lines_parsed": parsed.lines_parsed,
+        "steps_seen": len(parsed.steps),
+        "first_step": parsed.steps[0].step,
+        "final_step": last.step,
+        "repeated_steps": parsed.repeated_steps,
+        "window": {"requested": window, "steps": len(tail), "first_step": tail[0].step, "last_step": tail[-1].step},
+        "mean_tflops_per_device": _mean([s.tflops for s in tail if _finite(s.tflops)]),
+        "mean_seconds": _mean([s.seconds for s in tail if _finite(s.seconds)]),
+        "mean_tokens_per_device": _mean([s.tokens for s in tail if _finite(s.tokens)]),
+        "mean_loss": _mean([s.loss for s in tail if _finite(s.loss)]),
+        "final_loss": last.loss if _finite(last.loss) else None,
+        "final_loss_text": last.loss_text,
+        "nonfinite_loss": {"count": len(nonfinite), "steps": [s.step for s in nonfinite],
+                           "in_window": len(tail_nonfinite)},
+    }
+
+
+def load_baseline(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"baseline {path} does not exist; write one with "
+                         f"`python3 ci/perf/parse_perf_log.py LOG --json-out {path}` from a good run") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise InputError(f"baseline {path} is not readable JSON: {e}") from None
+    if not isinstance(data, dict) or not _finite(data.get("mean_tflops_per_device")):
+        raise InputError(f"baseline {path} has no numeric mean_tflops_per_device; it must be a summary "
+                         "written by parse_perf_log.py --json-out")
+    return data
+
+
+def _pct(cur: float | None, base: float | None) -> float | None:
+    if not (_finite(cur) and _finite(base)) or base == 0:
+        return None
+    return (cur - base) / abs(base) * 100.0
+
+
+def compare(summary: dict, baseline: dict, max_drop_pct: float, loss_warn_pct: float) -> dict:
+    """Throughput change and loss drift against the baseline, with the failures and warnings they imply."""
+    tput = _pct(summary["mean_tflops_per_device"], baseline.get("mean_tflops_per_device"))
+    drift = _pct(summary["mean_loss"], baseline.get("mean_loss"))
+    failures, warnings = [], []
+    if tput is None:
+        failures.append("no finite TFLOP/s/device values in the window to compare")
+    elif -tput > max_drop_pct:
+        failures.append(f"throughput dropped {-tput:.2f}% (limit {max_drop_pct:g}%): "
+                        f"{summary['mean_tflops_per_device']:.3f} vs baseline {baseline['mean_tflops_per_device']:.3f} "
+                        "TFLOP/s/device")
+    if summary["nonfinite_loss"]["in_window"]:
+        failures.append(f"{summary['nonfinite_loss']['in_window']} step(s) in the window have a non-finite loss "
+                        f"(steps {summary['nonfinite_loss']['steps']})")
+    if drift is not None and abs(drift) > loss_warn_pct:
+        warnings.append(f"mean loss drifted {drift:+.2f}% from the baseline (warn above {loss_warn_pct:g}%): "
+                        f"{summary['mean_loss']:.4f} vs {baseline['mean_loss']:.4f}")
+    return {"throughput_change_pct": tput, "loss_drift_pct": drift, "max_drop_pct": max_drop_pct,
+            "loss_warn_pct": loss_warn_pct, "failures": failures, "warnings": warnings}
+
+
+def _fmt(v, digits: int = 3) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def markdown(summary: dict, baseline: dict | None, comparison: dict | None, gated: bool) -> str:
+    """A table for the job summary page; the verdict line says gated or report-only."""
+    base = baseline or {}
+    rows = [
+        ("mean TFLOP/s/device", summary["mean_tflops_per_device"], base.get("mean_tflops_per_device"),
+         comparison and comparison["throughput_change_pct"]),
+        ("mean seconds/step", summary["mean_seconds"], base.get("mean_seconds"),
+         comparison and _pct(summary["mean_seconds"], base.get("mean_seconds"))),
+        ("mean Tokens/s/device", summary["mean_tokens_per_device"], base.get("mean_tokens_per_device"),
+         comparison and _pct(summary["mean_tokens_per_device"], base.get("mean_tokens_per_device"))),
+        ("mean loss", summary["mean_loss"], base.get("mean_loss"), comparison and comparison["loss_drift_pct"]),
+        ("final loss", summary["final_loss"] if summary["final_loss"] is not None else summary["final_loss_text"],
+         base.get("final_loss"), None),
+    ]
+    w = summary["window"]
+    lines = [f"### Perf log: {summary['log']}", "",
+             f"Window: steps {w['first_step']}..{w['last_step']} ({w['steps']} of {summary['steps_seen']} seen); "
+             f"non-finite loss lines: {summary['nonfinite_loss']['count']}"
+             + (f" (steps {summary['nonfinite_loss']['steps']})" if summary["nonfinite_loss"]["count"] else ""),
+             "", "| metric | this run | baseline | change % |", "|---|---:|---:|---:|"]
+    for name, cur, b, change in rows:
+        lines.append(f"| {name} | {_fmt(cur)} | {_fmt(b)} | {_fmt(change, 2) if change is not None else '-'} |")
+    if comparison:
+        lines.append("")
+        for f in comparison["failures"]:
+            lines.append(f"- :x: {f}")
+        for wmsg in comparison["warnings"]:
+            lines.append(f"- :warning: {wmsg}")
+        verdict = ("FAILED" if comparison["failures"] else "passed") if gated else "report only (no --gate)"
+        lines.append(f"\n**Gate: {verdict}**")
+    return "\n".join(lines) + "\n"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def run(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="parse_perf_log.py", description=__doc__.splitlines()[0],
+                                epilog="exit codes: 0 ok, 1 gate failed, 2 input problem")
+    p.add_argument("log", type=Path, help="training log with 'completed step: N, ...' lines")
+    p.add_argument("--window", type=int, default=DEFAULT_WINDOW, help=f"tail steps summarised (default {DEFAULT_WINDOW})")
+    p.add_argument("--baseline", type=Path, help="summary JSON of a reference run to compare with")
+    p.add_argument("--gate", action="store_true", help="exit 1 when the comparison fails (needs --baseline)")
+    p.add_argument("--max-drop-pct", type=float, default=DEFAULT_MAX_DROP_PCT,
+                   help=f"largest allowed throughput drop in percent (default {DEFAULT_MAX_DROP_PCT:g})")
+    p.add_argument("--loss-warn-pct", type=float, default=DEFAULT_LOSS_WARN_PCT,
+                   help=f"mean-loss drift in percent that warns (default {DEFAULT_LOSS_WARN_PCT:g})")
+    p.add_argument("--json-out", type=Path, help="also write the JSON summary here")
+    p.add_argument("--markdown", type=Path, help="also write the markdown table here")
+    try:
+        args = p.parse_args(argv)
+    except SystemExit as e:  # argparse exits 2 on bad arguments, matching EXIT_INPUT
+        return int(e.code or 0)
+    try:
+        if args.gate and not args.baseline:
+            raise InputError("--gate needs --baseline FILE (a summary JSON from a reference run)")
+        summary = summarise(parse_log(args.log), args.window, args.log.name)
+        baseline = load_baseline(args.baseline) if args.baseline else None
+    except InputError as e:
+        print(f"parse_perf_log: error: {e}", file=sys.stderr)
+        return EXIT_INPUT
+    comparison = compare(summary, baseline, args.max_drop_pct, args.loss_warn_pct) if baseline else None
+    result = {**summary, "baseline": str(args.baseline) if args.baseline else None, "comparison": comparison,
+              "gated": args.gate}
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.json_out:
+        _write_atomic(args.json_out, text + "\n")
+    md = markdown(summary, baseline, comparison, args.gate)
+    if args.markdown:
+        _write_atomic(args.markdown, md)
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if step_summary:
+        with open(step_summary, "a") as f:
+            f.write(md)
+    nf = summary["nonfinite_loss"]
+    if nf["count"]:
+        print(f"parse_perf_log: {nf['count']} line(s) with non-finite loss at steps {nf['steps']}", file=sys.stderr)
+    for wmsg in (comparison or {}).get("warnings", []):
+        print(f"::warning::{wmsg}" if os.environ.get("GITHUB_ACTIONS") else f"parse_perf_log: warning: {wmsg}",
+              file=sys.stderr)
+    if comparison and comparison["failures"]:
+        for fmsg in comparison["failures"]:
+            print(f"parse_perf_log: {'FAIL' if args.gate else 'would fail'}: {fmsg}", file=sys.stderr)
+        if args.gate:
+            return EXIT_GATE_FAILED
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(run())

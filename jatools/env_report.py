@@ -1,0 +1,199 @@
+"""Environment report: what machine a job ran on, printed first in every CI job.
+
+CPU (lscpu), GPUs (rocminfo, nvidia-smi, or none), toolchains (g++, nvcc,
+hipcc, TheRock's `rocm-sdk version`, found the way the build finds them, through
+jatools.toolchain), Python and the jax/jaxlib/plugin versions, and the
+environment variables that steer the build. "Is the GPU visible in the
+container?" and "which compiler built this?" are answered at the top of the
+log. Nothing here fails the job: a tool that is absent or errors is reported as
+such.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+from jatools import atomic_write, config, toolchain
+
+LSCPU_KEYS = ("Architecture", "Model name", "CPU(s)", "Thread(s) per core", "Core(s) per socket", "Socket(s)",
+              "NUMA node(s)", "L3 cache", "Hypervisor vendor")
+ENV_KEYS = ("JA_BACKEND", "GPU_ARCHS", "JA_BUILD_DIR", "JA_TEST_TIER", "JA_SANITIZE", "JA_WHEEL_ARCH",
+            "JA_WHEEL_PLAT_NAME", "AITER_SYMBOL_VISIBLE", "ROCM_PATH", "CUDA_HOME", "HIP_VISIBLE_DEVICES",
+            "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "XLA_FLAGS", "CI", "GITHUB_RUN_ID", "RUNNER_NAME")
+PACKAGE_PREFIXES = ("jax", "numpy", "ml-dtypes", "ml_dtypes")
+TIMEOUT_S = 30
+
+Which = Callable[..., str | None]
+
+
+def _run(argv: list[str]) -> tuple[int, str]:
+    """(exit code, stdout+stderr); a missing or hanging tool becomes a code and a note, not an exception."""
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S)
+        return out.returncode, out.stdout + out.stderr
+    except FileNotFoundError:
+        return 127, f"{argv[0]}: not found"
+    except subprocess.TimeoutExpired:
+        return 124, f"{argv[0]}: no answer within {TIMEOUT_S} s"
+
+
+def cpu_info(which: Which = shutil.which, env: dict[str, str] | None = None) -> dict:
+    info: dict = {"logical_cpus": os.cpu_count(), "machine": platform.machine()}
+    lscpu = which("lscpu", path=(env or os.environ).get("PATH"))
+    if not lscpu:
+        info["lscpu"] = None
+        return info
+    rc, text = _run([lscpu])
+    fields = dict(re.findall(r"^([^:\n]+):\s*(.*?)\s*$", text, re.MULTILINE)) if rc == 0 else {}
+    info["lscpu"] = {k: fields[k] for k in LSCPU_KEYS if k in fields}
+    return info
+
+
+def parse_rocminfo(text: str) -> list[dict]:
+    """GPU agents in rocminfo output: one per agent whose Name is gfx*, with its marketing name."""
+    gpus = []
+    for block in re.split(r"\n\*+\s*\n\s*Agent \d+\s*\n\*+", text):
+        name = re.search(r"^\s*Name:\s*(gfx[0-9a-z]+)\s*$", block, re.MULTILINE)
+        if name:
+            market = re.search(r"^\s*Marketing Name:\s*(.*?)\s*$", block, re.MULTILINE)
+            gpus.append({"arch": name.group(1), "name": market.group(1) if market else None})
+    return gpus
+
+
+def parse_nvidia_smi(text: str) -> list[dict]:
+    """`nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader` rows."""
+    gpus = []
+    for line in text.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 4 and parts[0].isdigit():
+            gpus.append({"index": int(parts[0]), "name": parts[1], "driver": parts[2], "memory": parts[3]})
+    return gpus
+
+
+def gpu_info(which: Which = shutil.which, env: dict[str, str] | None = None) -> dict:
+    path = (env or os.environ).get("PATH")
+    out: dict = {"rocm": None, "cuda": None, "count": 0, "notes": []}
+    rocminfo = which("rocminfo", path=path)
+    if rocminfo:
+        rc, text = _run([rocminfo])
+        if rc == 0:
+            out["rocm"] = parse_rocminfo(text)
+        else:
+            out["notes"].append(f"rocminfo exited {rc}: {text.strip().splitlines()[-1] if text.strip() else ''}"
+                                " (is /dev/kfd passed to the container?)")
+    smi = which("nvidia-smi", path=path)
+    if smi:
+        rc, text = _run([smi, "--query-gpu=index,name,driver_version,memory.total", "--format=csv,noheader"])
+        if rc == 0:
+            out["cuda"] = parse_nvidia_smi(text)
+        else:
+            out["notes"].append(f"nvidia-smi exited {rc}: {text.strip()[:200]} (is --gpus passed to the container?)")
+    out["count"] = len(out["rocm"] or []) + len(out["cuda"] or [])
+    if not rocminfo and not smi:
+        out["notes"].append("no rocminfo and no nvidia-smi on PATH: no GPU")
+    return out
+
+
+def toolchain_info(env: dict[str, str] | None = None, which: Which = shutil.which) -> dict:
+    """Compilers found exactly as the build finds them (jatools.toolchain), with their versions."""
+    env = dict(os.environ if env is None else env)
+    info: dict = {"notes": []}
+    cxx = env.get("CXX", "g++")
+    try:
+        info["cxx"] = toolchain.cxx_version(cxx)
+    except toolchain.ToolchainError as e:
+        info["cxx"] = None
+        info["notes"].append(str(e))
+    try:
+        rocm_root, hipcc, notes = toolchain.find_rocm(env, config.defaults().get("rocm_legacy_root", "/opt/rocm"),
+                                                      which)
+        info["notes"] += notes
+    except toolchain.ToolchainError as e:
+        rocm_root, hipcc = None, which("hipcc", path=env.get("PATH"))
+        info["notes"].append(str(e))
+    info["rocm_root"] = rocm_root
+    info["hipcc"] = {"path": hipcc, "version": toolchain.hipcc_version(hipcc)} if hipcc else None
+    info["rocm_sdk_version"] = toolchain.rocm_sdk_version(env, which)
+    nvcc, notes = toolchain.find_nvcc(env, which)
+    info["notes"] += notes
+    info["nvcc"] = {"path": nvcc, "version": toolchain.nvcc_version(nvcc)} if nvcc else None
+    return info
+
+
+_PACKAGES_SNIPPET = (
+    "import importlib.metadata as m, json, sys\n"
+    "prefixes = tuple(sys.argv[1:])\n"
+    "found = {}\n"
+    "for d in m.distributions():\n"
+    "    name = (d.metadata['Name'] or '').lower()\n"
+    "    if name.startswith(prefixes):\n"
+    "        found[name] = d.version\n"
+    "print(json.dumps({'python': sys.version.split()[0], 'executable': sys.executable,"
+    " 'packages': dict(sorted(found.items()))}))\n"
+)
+
+
+def python_info(python: str | None = None) -> dict:
+    """Python and the jax family's versions (jax, jaxlib, jax-rocm*/jax-cuda* plugins) of that interpreter."""
+    argv = [python or sys.executable, "-c", _PACKAGES_SNIPPET, *PACKAGE_PREFIXES]
+    rc, text = _run(argv)
+    if rc != 0:
+        return {"executable": python, "error": text.strip()[-300:]}
+    return json.loads(text.strip().splitlines()[-1])
+
+
+def collect(env: dict[str, str] | None = None, which: Which = shutil.which, python: str | None = None) -> dict:
+    env = dict(os.environ if env is None else env)
+    return {
+        "schema": 1,
+        "host": {"hostname": platform.node(), "os": platform.platform(), "kernel": platform.release()},
+        "cpu": cpu_info(which, env),
+        "gpus": gpu_info(which, env),
+        "toolchains": toolchain_info(env, which),
+        "python": python_info(python),
+        "env": {k: env[k] for k in ENV_KEYS if k in env},
+    }
+
+
+def render(report: dict) -> str:
+    """Human-readable form, one screen."""
+    lines = ["== environment report =="]
+    h = report["host"]
+    lines.append(f"host      {h['hostname']}  {h['os']}")
+    cpu = report["cpu"]
+    ls = cpu.get("lscpu") or {}
+    lines.append(f"cpu       {ls.get('Model name', '?')}  {cpu['logical_cpus']} logical CPUs"
+                 + (f", {ls['Socket(s)']} socket(s)" if "Socket(s)" in ls else "")
+                 + ("" if cpu.get("lscpu") is not None else "  (lscpu not found)"))
+    g = report["gpus"]
+    gpus = [f"{x['arch']} {x['name'] or ''}".strip() for x in g["rocm"] or []]
+    gpus += [f"[{x['index']}] {x['name']} (driver {x['driver']}, {x['memory']})" for x in g["cuda"] or []]
+    lines.append(f"gpus      {g['count']}: " + ("; ".join(gpus) if gpus else "none"))
+    lines += [f"          note: {n}" for n in g["notes"]]
+    t = report["toolchains"]
+    lines.append(f"c++       {t['cxx'] or 'not found'}")
+    lines.append(f"hipcc     {t['hipcc']['version'] + '  ' + t['hipcc']['path'] if t['hipcc'] else 'not found'}")
+    lines.append(f"rocm      root {t['rocm_root'] or '-'}; rocm-sdk version {t['rocm_sdk_version'] or '-'}")
+    lines.append(f"nvcc      {t['nvcc']['version'] + '  ' + t['nvcc']['path'] if t['nvcc'] else 'not found'}")
+    lines += [f"          note: {n}" for n in t["notes"]]
+    p = report["python"]
+    if "error" in p:
+        lines.append(f"python    {p['executable']}: {p['error']}")
+    else:
+        lines.append(f"python    {p['python']}  {p['executable']}")
+        pkgs = p["packages"]
+        lines.append("packages  " + (", ".join(f"{k} {v}" for k, v in pkgs.items()) or "no jax installed"))
+    if report["env"]:
+        lines.append("env       " + " ".join(f"{k}={v}" for k, v in report["env"].items()))
+    return "\n".join(lines)
+
+
+def write_json(report: dict, path: Path) -> None:
+    atomic_write.write_text(path, json.dumps(report, indent=2) + "\n")
