@@ -65,3 +65,52 @@ def image_publish(c, variant="", push=False, dry_run=False):
 ns.add_task(env_report, name="env-report")
 ns.add_task(convergence_check, name="convergence-check")
 ns.add_collection(Collection("image", publish=image_publish))
+
+
+# --- clean-room validation -----------------------------------------------------------------
+# Logic: jatools/cleanroom.py (and cleanroom_*.py, container.py, wheelhouse.py); see docs/validation.md.
+@task(help={"variant": "lite or full (default: every wheel in dist/)", "wheel": "a wheel to validate (repeatable)",
+            "engine": "auto (a container when an engine answers), none, docker or podman",
+            "installer": "auto (uv when installed), uv, or pip (plain venv + pip)",
+            "wheelhouse": "offline wheelhouse (default: JA_WHEELHOUSE or build/wheelhouse)",
+            "no_fill": "fail instead of filling a cold wheelhouse from the package index",
+            "release": "folder holding jit-libs-<cache-id>/ for the lite wheel's fetch (default: this checkout's)",
+            "report": "JSON report (default: build/validate/report.json)", "keep": "keep each clean room"},
+      iterable=["wheel"])
+def validate_run(c, variant="", wheel=None, engine="auto", installer="auto", wheelhouse="", no_fill=False,
+                 release="", report="", keep=False):
+    """Install each wheel in a clean room (no index, no checkout) and run the smoke tests; summary + JSON report."""
+    from jatools import cleanroom
+
+    argv = ["--engine", engine, "--installer", installer]
+    for w in wheel or []:
+        argv += ["--wheel", w]
+    for flag, value in (("--variant", variant), ("--wheelhouse", wheelhouse), ("--release", release),
+                        ("--report", report)):
+        if value:
+            argv += [flag, value]
+    argv += ["--no-fill"] * no_fill + ["--keep"] * keep
+    code = cleanroom.main(argv)
+    if code:
+        raise Exit(code=code)
+
+
+@task(help={"gpu": "also the JAX plugin of this backend: cuda or rocm (repeatable)",
+            "path": "wheelhouse folder (default: JA_WHEELHOUSE or build/wheelhouse)"}, iterable=["gpu"])
+def validate_wheelhouse(c, gpu=None, path=""):
+    """Fill the offline wheelhouse once from the package index (jax/jaxlib at the floor, deps, fetch extra)."""
+    from jatools import cleanroom_env, config, wheelhouse
+
+    root = config.repo_root()
+    try:
+        python = cleanroom_env.find_python(str(config.defaults(root)["validation_python"]))
+        wanted = wheelhouse.requirements(root, tuple(gpu or ()))
+        wheelhouse.fill(wheelhouse.location(root, path or None), wanted, python)
+    except (wheelhouse.WheelhouseError, cleanroom_env.CleanRoomError) as e:
+        raise Exit(f"validate.wheelhouse: error: {e}", code=2)
+
+
+_validate = Collection("validate")
+_validate.add_task(validate_run, name="run", default=True)
+_validate.add_task(validate_wheelhouse, name="wheelhouse")
+ns.add_collection(_validate)

@@ -20,9 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from jatools import config
+from jatools import validation_image
 from jatools.cleanroom_env import host_gpu
-from jax_aiter.integrity import sha256_file
 
 ENGINES = ("docker", "podman")
 INFO_FORMAT = {"docker": "{{.ServerVersion}}", "podman": "{{.Version.Version}}"}
@@ -30,7 +29,6 @@ USER = "1500:1500"              # the image's `validator` user
 HOME = "/tmp/validator"
 SHM_SIZE = "16g"
 MOUNT = "/validate"             # wheel/, smoke/, release/ (read-only) and out/ (written by the smoke steps)
-DOCKERFILE = Path("docker/validation/Dockerfile.lite")
 
 Run = Callable[[Sequence[str]], subprocess.CompletedProcess]
 
@@ -84,21 +82,13 @@ def choose(mode: str, probes: Callable[[str], Probe] = probe) -> tuple[Probe | N
 
 
 def image_ref(variant: str, root: Path | None = None) -> tuple[str, list[str]]:
-    """(image reference, the `build` arguments that make it locally) for one Dockerfile variant.
-
-    Interim: the cidata branch's jatools/validation_image.py owns this logic
-    (`image_ref`, `build_command`); this function is replaced by calls to it when
-    that branch is merged. Tag: v + first 12 hex of the Dockerfile's sha256, -variant.
-    """
-    root = root or config.repo_root()
-    path = root / DOCKERFILE
-    if not path.is_file():
-        raise ContainerError(f"{path} is missing, so the validation image has no tag; restore it "
-                             f"(`git checkout -- {DOCKERFILE}`) or validate engine-free (--engine none)")
-    repo = os.environ.get("JA_VALIDATION_IMAGE") or config.defaults(root).get(
-        "validation_image", "ghcr.io/rocm/jax-aiter-validate")
-    ref = f"{repo}:v{sha256_file(path)[:12]}-{variant}"
-    return ref, ["build", "--build-arg", f"VARIANT={variant}", "--tag", ref, "--file", str(path), str(path.parent)]
+    """(image reference, the `build` arguments that make it locally) for one Dockerfile variant."""
+    try:
+        ref = validation_image.image_ref(variant, root)
+        build = validation_image.build_command(variant, root)
+    except validation_image.ImageError as e:
+        raise ContainerError(f"{e}; or validate engine-free (--engine none)") from None
+    return ref, build[1:]  # without the engine's name: docker or podman runs it
 
 
 def image_variant(backend: str) -> str:
@@ -132,7 +122,7 @@ def acquire_image(engine: str, ref: str, build_args: list[str], run: Run, log: C
         log(f"cleanroom: pulled {ref}")
         return "pulled"
     why = (pulled.stderr or "").strip().splitlines()[-1:] or [f"exit {pulled.returncode}"]
-    log(f"cleanroom: pull of {ref} failed ({why[0]}); building it locally from {DOCKERFILE}")
+    log(f"cleanroom: pull of {ref} failed ({why[0]}); building it locally from {validation_image.DOCKERFILE}")
     built = run([engine, *build_args])
     if built.returncode != 0:
         tail = "\n".join((built.stderr or "").strip().splitlines()[-10:])
