@@ -166,7 +166,7 @@ class ContainerRunner:
                               capture_output=True, text=True, timeout=timeout)
 
     def start(self, argv: Sequence[str]) -> subprocess.Popen:
-        return subprocess.Popen(container.exec_command(self.engine, self.name, argv, self.workdir, interactive=True),
+        return subprocess.Popen(container.exec_command(self.engine, self.name, argv, self.workdir),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     def host_path(self, path: str) -> Path:

@@ -155,13 +155,10 @@ def start_command(engine: str, ref: str, name: str, mounts: Mounts, gpu: list[st
             *gpu, *mounts.flags(), ref, "sleep", "infinity"]
 
 
-def exec_command(engine: str, name: str, argv: Sequence[str], workdir: str, env: dict[str, str] | None = None,
-                 interactive: bool = False) -> list[str]:
-    """One plan step inside the running container."""
-    cmd = [engine, "exec"]
-    if interactive:
-        cmd.append("--interactive")
-    cmd += ["--workdir", workdir]
+def exec_command(engine: str, name: str, argv: Sequence[str], workdir: str,
+                 env: dict[str, str] | None = None) -> list[str]:
+    """One plan step inside the running container (a background step ends with the container)."""
+    cmd = [engine, "exec", "--workdir", workdir]
     for k, v in sorted((env or {}).items()):
         cmd += ["--env", f"{k}={v}"]
     return [*cmd, name, *argv]

@@ -122,3 +122,13 @@ def test_report_json_and_summary(good_wheels, tmp_path, warm_wheelhouse):
 def test_no_wheel_is_an_error_naming_the_build_command(tmp_path):
     with pytest.raises(cleanroom.ValidationError, match="scripts/build_wheel.sh --variant full"):
         cleanroom.find_wheels(tmp_path, "full")
+
+
+def test_invoke_task_passes_its_flags_through(tmp_path):
+    from invoke import Exit, MockContext
+
+    import tasks
+
+    with pytest.raises(Exit) as e:
+        tasks.validate_run(MockContext(), wheel=[str(tmp_path / "missing.whl")], engine="none")
+    assert e.value.code == 2
