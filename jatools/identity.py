@@ -6,13 +6,11 @@ backend, FFI API version); the toolchain is recorded as advisory provenance.
 from __future__ import annotations
 
 import hashlib
-import json
 import subprocess
 from pathlib import Path
 
 from jatools import config, toolchain
-
-GATED_FIELDS = ("kernel_source_revision", "gpu_archs", "recipe_hash", "backend", "ffi_api_version")
+from jax_aiter.reuse_gate import GATED_FIELDS, cache_id  # noqa: F401  (re-exported: one definition)
 
 
 class IdentityError(RuntimeError):
@@ -71,7 +69,27 @@ def derive(settings: config.Settings, tc: toolchain.Toolchain) -> dict:
     return ident
 
 
-def cache_id(ident: dict) -> str:
-    """Short hash of the gated fields: names the immutable release `jit-libs-<cache-id>`."""
-    gated = {k: (sorted(ident[k]) if k == "gpu_archs" else ident[k]) for k in GATED_FIELDS}
-    return hashlib.sha256(json.dumps(gated, sort_keys=True).encode()).hexdigest()[:16]
+def checkout_identity(settings: config.Settings) -> tuple[dict, list[str]]:
+    """Identity of this checkout for a consumer (decide, fetch), plus notes on how it was found.
+
+    A consumer job may lack the GPU compiler (a test runner has the runtime
+    only). The gated fields do not need it: backend and archs come from
+    JA_BACKEND and GPU_ARCHS (or the defaults), so when the toolchain cannot be
+    detected the identity records no toolchain and says so; the advisory
+    toolchain comparison is then skipped, never guessed.
+    """
+    try:
+        tc = toolchain.detect(settings, check_archs=False)
+        return derive(settings, tc), list(tc.how)
+    except toolchain.ToolchainError as e:
+        if settings.backend == "auto":
+            raise
+        archs = settings.gpu_archs or settings.default_archs(settings.backend)
+        if settings.backend == "cuda":
+            archs = tuple(toolchain.normalise_cuda_arch(a) for a in archs)
+        bare = toolchain.Toolchain(settings.backend, cxx="", cxx_version="", archs=tuple(archs))
+        ident = derive(settings, bare)
+        ident["toolchain"] = None
+        note = (f"toolchain not detected ({e}); identity from JA_BACKEND={settings.backend} and "
+                f"GPU_ARCHS={';'.join(archs) or '(none)'}, toolchain not compared")
+        return ident, [note]

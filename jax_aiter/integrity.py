@@ -1,16 +1,19 @@
 """sha256 of large files: streamed with big buffers, several files in parallel.
 
-hashlib releases the GIL while it hashes a large buffer, so threads hash files
-(and large chunks) concurrently. Used at every hand-off: build, stage, wheel,
-install and fetch.
+hashlib (OpenSSL, SHA extensions where the CPU has them) releases the GIL while
+it hashes a buffer, so threads hash different files truly in parallel. sha256
+is sequential within one file, so the parallelism is across files: they are
+scheduled largest first, which keeps every core busy until the end (the JIT
+libraries are 1.3 GB, 1.0 GB and 167 MB). Used at every hand-off: build,
+stage, wheel, install and fetch.
 """
 from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterable
 
 CHUNK = 8 << 20  # 8 MiB reads keep syscall overhead negligible
 
@@ -30,14 +33,16 @@ def sha256_file(path: str | os.PathLike, chunk: int = CHUNK) -> str:
 
 def sha256_files(paths: Iterable[str | os.PathLike], workers: int | None = None) -> dict[str, str]:
     """{str(path): hex digest} for every path, hashed concurrently."""
-    paths = [str(p) for p in paths]
+    paths = list(dict.fromkeys(str(p) for p in paths))
     if not paths:
         return {}
     workers = workers or min(len(paths), os.cpu_count() or 1)
     if workers <= 1:
         return {p: sha256_file(p) for p in paths}
+    largest_first = sorted(paths, key=lambda p: os.stat(p).st_size, reverse=True)
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return dict(zip(paths, pool.map(sha256_file, paths)))
+        digests = dict(zip(largest_first, pool.map(sha256_file, largest_first)))
+    return {p: digests[p] for p in paths}
 
 
 def file_entry(path: Path, digest: str | None = None) -> dict:
@@ -49,16 +54,34 @@ class IntegrityError(RuntimeError):
     """Bytes differ from what a record says; the message names the file and both hashes."""
 
 
-def verify_entries(folder: Path, entries: Iterable[dict], workers: int | None = None) -> None:
-    """Check files in `folder` against {name, size, sha256} entries; raise on the first difference."""
-    entries = list(entries)
-    missing = [e["name"] for e in entries if not (folder / e["name"]).is_file()]
-    if missing:
-        raise IntegrityError(f"missing in {folder}: {', '.join(missing)}")
-    digests = sha256_files([folder / e["name"] for e in entries], workers)
+def diff_entries(folder: Path, entries: Iterable[dict], workers: int | None = None) -> list[str]:
+    """Every difference between `folder` and {name, size, sha256} entries, one line each.
+
+    Sizes are compared first (free); files of the right size are hashed in
+    parallel. Each line names the file and both values.
+    """
+    problems: list[str] = []
+    to_hash: list[dict] = []
     for e in entries:
-        got = digests[str(folder / e["name"])]
+        path = Path(folder) / e["name"]
+        if not path.is_file():
+            problems.append(f"{path}: missing (recorded size {e['size']}, sha256 {e['sha256']})")
+        elif path.stat().st_size != e["size"]:
+            problems.append(f"{path}: size {path.stat().st_size} does not match the recorded {e['size']} "
+                            f"(recorded sha256 {e['sha256']})")
+        else:
+            to_hash.append(e)
+    digests = sha256_files([Path(folder) / e["name"] for e in to_hash], workers)
+    for e in to_hash:
+        path = Path(folder) / e["name"]
+        got = digests[str(path)]
         if got != e["sha256"]:
-            raise IntegrityError(
-                f"{folder / e['name']}: sha256 {got} does not match the recorded {e['sha256']}"
-            )
+            problems.append(f"{path}: sha256 {got} does not match the recorded {e['sha256']}")
+    return problems
+
+
+def verify_entries(folder: Path, entries: Iterable[dict], workers: int | None = None) -> None:
+    """Check files in `folder` against {name, size, sha256} entries; raise naming every difference."""
+    problems = diff_entries(folder, entries, workers)
+    if problems:
+        raise IntegrityError("; ".join(problems))

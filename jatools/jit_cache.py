@@ -1,0 +1,206 @@
+"""The CI side of JIT-library reuse: decide (reuse or rebuild), fetch into build/aiter_build, verify.
+
+Reuse is hard-gated (jax_aiter.reuse_gate): the producer job asks `decide`
+whether a release for this checkout's identity exists; consumer jobs `fetch`
+it and fail at once on a miss, naming the reason; they never start a build.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from jatools import config, identity
+from jax_aiter import fetch, reuse_gate
+from jax_aiter import manifest as mf
+from jax_aiter.integrity import diff_entries
+
+RECORD_NAME = "build_record.json"
+Log = Callable[[str], None]
+
+
+class JitCacheError(RuntimeError):
+    """A decision, fetch or verification that failed; the message names the cause and the fix."""
+
+
+def default_base_url(settings: config.Settings, flag: str | None = None) -> str:
+    """--base-url, else JA_FETCH_BASE_URL, else pyproject's jit_libs_base_url."""
+    return fetch.resolve_base_url(flag, settings.raw.get("jit_libs_base_url"))
+
+
+def strict_toolchain(settings: config.Settings, flag: bool | None) -> bool:
+    return settings.toolchain_strict if flag is None else flag
+
+
+# --- decide -------------------------------------------------------------------------------
+
+@dataclass
+class Decision:
+    decision: str  # "reuse" | "rebuild"
+    cache_id: str
+    release_tag: str
+    source: str
+    reasons: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    wanted: dict = field(default_factory=dict)
+    found: dict | None = None
+
+    @property
+    def rebuild(self) -> bool:
+        return self.decision == "rebuild"
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "rebuild": self.rebuild}
+
+
+def decide(want: dict, found: dict | None, source: str, strict: bool = False) -> Decision:
+    """`reuse` only when every gated field matches (and, if strict, the toolchain); every reason is kept."""
+    cid = want["cache_id"]
+    d = Decision("rebuild", cid, reuse_gate.release_tag(cid), source, wanted=want, found=found)
+    if want.get("kernel_source_dirty"):
+        d.reasons.append(f"the kernel sources have uncommitted changes: revision {want['kernel_source_revision']} "
+                         "does not describe them, so no published build matches")
+    if found is None:
+        d.reasons.append(f"no build found at {source}")
+        return d
+    cmp = reuse_gate.compare(want, found, strict)
+    d.warnings += cmp.warnings
+    d.reasons += cmp.mismatches
+    if not d.reasons:
+        d.decision = "reuse"
+        d.reasons.append(f"{', '.join(cmp.matched)} match {source}")
+    return d
+
+
+def found_identity(settings: config.Settings, want: dict, base_url: str | None, against: Path | None,
+                   opts: fetch.FetchOptions, log: Log) -> tuple[dict | None, str]:
+    """The identity to compare with: a local manifest or build record (`against`), else the published release."""
+    if against is not None:
+        try:
+            data = json.loads(against.read_text())
+        except (OSError, ValueError) as e:
+            raise JitCacheError(f"cannot read {against}: {e}") from None
+        if data.get("kind") == mf.KIND:
+            return mf.validate(data, str(against))["identity"], str(against)
+        if "modules" in data:  # a build record
+            if data.get("identity") is None:
+                return None, f"{against} (its modules were built with different identities)"
+            missing = diff_entries(against.parent, data.get("files", [])) if against.name == RECORD_NAME else []
+            if missing:
+                return None, f"{against} (its files are not intact: {'; '.join(missing)})"
+            return data["identity"], str(against)
+        raise JitCacheError(f"{against} is neither a JIT-library manifest nor a build record")
+    base = default_base_url(settings, base_url)
+    try:
+        manifest, url = fetch.read_manifest(base, want["cache_id"], opts, log)
+    except fetch.ReleaseNotFound:
+        return None, f"{fetch.release_url(base, want['cache_id'])} (no such release)"
+    return manifest["identity"], url
+
+
+def write_decision(d: Decision, json_path: Path | None, github_output: str | None) -> None:
+    """The decision as JSON (atomically) and, when set, as `decision=`/`rebuild=` lines in $GITHUB_OUTPUT."""
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = json_path.with_name(json_path.name + f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(d.to_json(), indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, json_path)
+    if github_output:
+        with open(github_output, "a") as fh:
+            fh.write(f"decision={d.decision}\nrebuild={str(d.rebuild).lower()}\n"
+                     f"cache_id={d.cache_id}\nrelease_tag={d.release_tag}\n")
+
+
+def run_decide(settings: config.Settings, *, base_url: str | None = None, against: Path | None = None,
+               strict: bool | None = None, json_path: Path | None = None, log: Log = print) -> Decision:
+    want, notes = identity.checkout_identity(settings)
+    for n in notes:
+        log(f"decide: {n}")
+    opts = fetch.FetchOptions.from_env()
+    found, source = found_identity(settings, want, base_url, against, opts, log)
+    d = decide(want, found, source, strict_toolchain(settings, strict))
+    log(f"decide: {d.decision} ({d.release_tag})")
+    for r in d.reasons:
+        log(f"  reason: {r}")
+    for w in d.warnings:
+        log(f"  warning: {w}")
+    write_decision(d, json_path or settings.build_dir / "jit_libs_decision.json", os.environ.get("GITHUB_OUTPUT"))
+    return d
+
+
+# --- fetch into the build tree ---------------------------------------------------------------
+
+def record_from_manifest(manifest: dict, url: str) -> dict:
+    """A build record (schema 1, as build_jit.py writes) for fetched libraries, so every later step
+    (verify, wheel staging) reads one format whether the libraries were built or fetched."""
+    ident = manifest["identity"]
+    modules = {f.get("module") or f["name"][3:-3]: {"identity": ident, "instances": f.get("instances"),
+                                                    "file": {k: f[k] for k in ("name", "size", "sha256")}}
+               for f in manifest["files"]}
+    return {"schema": 1, "identity": ident, "modules": modules, "files": mf.raw_entries(manifest["files"]),
+            "last_build": {"fetched_from": url, "release_tag": manifest["release_tag"], "modules": sorted(modules)}}
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def run_fetch(settings: config.Settings, *, base_url: str | None = None, strict: bool | None = None,
+              force: bool = False, log: Log = print) -> fetch.FetchResult:
+    """Fetch this checkout's release into build/aiter_build; a miss raises, it never builds."""
+    want, notes = identity.checkout_identity(settings)
+    for n in notes:
+        log(f"fetch: {n}")
+    if want.get("kernel_source_dirty"):
+        raise JitCacheError(
+            f"the kernel sources ({settings.kernel_source_dir}) have uncommitted changes, so no published release "
+            "matches them; commit them, or build locally with `python3 jax_aiter/jit/build_jit.py`")
+    base = default_base_url(settings, base_url)
+    result = fetch.fetch_release(base, want, settings.jit_dir, strict_toolchain=strict_toolchain(settings, strict),
+                                 force=force, opts=fetch.FetchOptions.from_env(), log=log)
+    _write_json(settings.jit_dir / RECORD_NAME, record_from_manifest(result.manifest, result.url))
+    return result
+
+
+# --- verify -------------------------------------------------------------------------------------
+
+def verify(folder: Path, against: str | None = None, opts: fetch.FetchOptions | None = None) -> tuple[str, int]:
+    """Check `folder` against a manifest (path or URL) or, by default, its build record (else its manifest copy).
+
+    Returns (what it was checked against, number of files); raises naming every difference.
+    """
+    if against:
+        if "://" in against:
+            data, source = fetch.fetch_bytes(against, opts or fetch.FetchOptions.from_env()), against
+        else:
+            data, source = Path(against).read_bytes(), against
+        obj = json.loads(data)
+        entries = mf.raw_entries(mf.validate(obj, source)["files"]) if obj.get("kind") == mf.KIND else obj["files"]
+    elif (folder / RECORD_NAME).is_file():
+        source = str(folder / RECORD_NAME)
+        entries = json.loads((folder / RECORD_NAME).read_text())["files"]
+    elif (folder / mf.MANIFEST_NAME).is_file():
+        source = str(folder / mf.MANIFEST_NAME)
+        entries = mf.raw_entries(mf.parse((folder / mf.MANIFEST_NAME).read_bytes(), source)["files"])
+    else:
+        raise JitCacheError(f"{folder} has neither {RECORD_NAME} nor {mf.MANIFEST_NAME}: nothing to verify against; "
+                            "build (`python3 jax_aiter/jit/build_jit.py`) or fetch (`invoke jit.fetch`) first")
+    problems = diff_entries(folder, entries)
+    if problems:
+        raise JitCacheError(f"{len(problems)} of {len(entries)} file(s) differ from {source}:\n  "
+                            + "\n  ".join(problems))
+    return source, len(entries)
+
+
+def errors() -> tuple[type[BaseException], ...]:
+    """The failures the command-line front ends (CLI, invoke) turn into a message and a non-zero exit."""
+    from jatools import publish, toolchain
+    from jax_aiter.blob import BlobError
+    from jax_aiter.integrity import IntegrityError
+
+    return (JitCacheError, publish.PublishError, fetch.FetchError, mf.ManifestError, identity.IdentityError,
+            toolchain.ToolchainError, IntegrityError, BlobError, OSError, ValueError)

@@ -1,0 +1,442 @@
+"""Publish the JIT libraries of build/aiter_build as the immutable release `jit-libs-<cache-id>`.
+
+Order of work, so that nothing half-made is ever visible:
+1. check the build: one identity for all modules, a clean kernel tree, every
+   configured module built, bytes equal to the build record;
+2. compress each library with zstd (long-distance matching, all cores) into
+   parts of at most the per-asset limit, hashing each part and the whole blob
+   as it is written;
+3. prove each blob by decompressing it and re-hashing the output;
+4. write the manifest (in a staging folder that appears by one rename);
+5. upload the parts, then the manifest last; a release whose manifest exists
+   is complete and is never overwritten.
+
+The upload target is swappable: a folder, a file:// URL, an HTTP(S) server that
+takes PUT, or a GitHub release (`gh release upload`, run through a runner the
+caller may replace, e.g. invoke's context).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Protocol
+
+from jatools import config
+from jax_aiter import __version__, blob, fetch, reuse_gate
+from jax_aiter import manifest as mf
+from jax_aiter.integrity import IntegrityError, diff_entries, verify_entries
+from jax_aiter.progress import Progress
+
+RECORD_NAME = "build_record.json"
+Log = Callable[[str], None]
+Runner = Callable[[list[str]], tuple[int, str, str]]
+
+
+class PublishError(RuntimeError):
+    """Publishing refused or failed; the message says why and what to do. Nothing partial is visible."""
+
+
+@dataclass(frozen=True)
+class Compression:
+    level: int
+    window_log: int
+    threads: int = -1  # all cores
+    long_distance_matching: bool = True
+
+    @classmethod
+    def from_settings(cls, settings: config.Settings, level: int | None = None,
+                      window_log: int | None = None) -> Compression:
+        return cls(level if level is not None else int(settings.raw["jit_libs_zstd_level"]),
+                   window_log if window_log is not None else int(settings.raw["jit_libs_zstd_window_log"]))
+
+    def describe(self) -> dict:
+        return {"codec": "zstd", "level": self.level, "window_log": self.window_log,
+                "long_distance_matching": self.long_distance_matching}
+
+
+# --- the build to publish -------------------------------------------------------------
+
+def load_record(jit_dir: Path) -> dict:
+    path = jit_dir / RECORD_NAME
+    if not path.is_file():
+        raise PublishError(f"{path} does not exist: nothing was built here; run `python3 jax_aiter/jit/build_jit.py`")
+    try:
+        record = json.loads(path.read_text())
+    except ValueError as e:
+        raise PublishError(f"{path} is not valid JSON ({e}); rebuild with `python3 jax_aiter/jit/build_jit.py`")
+    if record.get("schema") != 1:
+        raise PublishError(f"{path} has build-record schema {record.get('schema')!r}; this tool reads schema 1")
+    return record
+
+
+def publishable_identity(record: dict, jit_dir: Path, settings: config.Settings) -> dict:
+    """The record's identity, after proving the build may be published as one release."""
+    ident = record.get("identity")
+    if ident is None:
+        per = {n: m["identity"].get("cache_id") for n, m in record["modules"].items()}
+        raise PublishError(
+            f"the modules in {jit_dir / RECORD_NAME} were built with different identities "
+            f"({', '.join(f'{n}: {c}' for n, c in sorted(per.items()))}); rebuild all of them with "
+            "`python3 jax_aiter/jit/build_jit.py`")
+    if ident.get("kernel_source_dirty"):
+        raise PublishError(
+            f"the libraries were built from kernel sources with uncommitted changes (revision "
+            f"{ident['kernel_source_revision']} plus edits), which no identity describes; commit the changes, "
+            "rebuild (`python3 jax_aiter/jit/build_jit.py`) and publish again")
+    configured = json.loads(settings.jit_config.read_text())["modules"]
+    missing = sorted(set(configured) - set(record["modules"]))
+    if missing:
+        raise PublishError(f"modules {', '.join(missing)} are configured but not built; run "
+                           f"`python3 jax_aiter/jit/build_jit.py --module {','.join(missing)}`")
+    try:
+        verify_entries(jit_dir, record["files"])
+    except IntegrityError as e:
+        raise PublishError(f"the libraries differ from their build record: {e}; rebuild "
+                           "(`python3 jax_aiter/jit/build_jit.py`) before publishing") from None
+    return ident
+
+
+# --- compression ----------------------------------------------------------------------
+
+class _PartWriter:
+    """A write sink that splits the compressed stream into parts of at most `limit` bytes.
+
+    Parts are named `<name>.partNNN`; a blob that fits in one part is renamed to
+    `<name>` when it is closed, so the common case has one plainly named asset.
+    """
+
+    def __init__(self, folder: Path, name: str, limit: int):
+        self.folder, self.name, self.limit = folder, name, limit
+        self.parts: list[dict] = []
+        self.whole = hashlib.sha256()
+        self._fh = None
+        self._hash = hashlib.sha256()
+        self._size = 0
+
+    def _roll(self) -> None:
+        self._close_part()
+        part = f"{self.name}.part{len(self.parts):03d}"
+        self._fh = open(self.folder / part, "wb")  # noqa: SIM115 (held across writes; closed by _close_part)
+        self._hash = hashlib.sha256()
+        self._size = 0
+        self.parts.append({"name": part})
+
+    def _close_part(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self.parts[-1].update(size=self._size, sha256=self._hash.hexdigest())
+            self._fh = None
+
+    def write(self, data) -> int:
+        view = memoryview(data)
+        total = len(view)
+        while len(view):
+            if self._fh is None or self._size >= self.limit:
+                self._roll()
+            chunk = view[:self.limit - self._size]
+            self._fh.write(chunk)
+            self._hash.update(chunk)
+            self.whole.update(chunk)
+            self._size += len(chunk)
+            view = view[len(chunk):]
+        return total
+
+    def close(self) -> dict:
+        """The compressed entry: {name, size, sha256, parts: [{name, size, sha256}, ...]}."""
+        if not self.parts:
+            self._roll()
+        self._close_part()
+        if len(self.parts) == 1:
+            os.replace(self.folder / self.parts[0]["name"], self.folder / self.name)
+            self.parts[0]["name"] = self.name
+        return {"name": self.name, "size": sum(p["size"] for p in self.parts), "sha256": self.whole.hexdigest(),
+                "parts": self.parts}
+
+
+class _CountingReader:
+    """A file reader that reports how much has been read (compression progress)."""
+
+    def __init__(self, fh, advance: Callable[[int], None]):
+        self._fh, self._advance = fh, advance
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._fh.read(n)
+        self._advance(len(data))
+        return data
+
+
+def compress(src: Path, out_dir: Path, comp: Compression, asset_limit: int,
+             advance: Callable[[int], None] = lambda n: None) -> dict:
+    """Compress `src` to `<name>.zst` in `out_dir`, split into `.partNNN` files when over `asset_limit`."""
+    zstd = blob.zstd_module()
+    size = src.stat().st_size
+    params = zstd.ZstdCompressionParameters.from_level(
+        comp.level, source_size=size, window_log=comp.window_log, enable_ldm=comp.long_distance_matching,
+        threads=comp.threads)
+    writer = _PartWriter(out_dir, src.name + ".zst", asset_limit)
+    with open(src, "rb") as fh:
+        zstd.ZstdCompressor(compression_params=params).copy_stream(_CountingReader(fh, advance), writer, size=size,
+                                                                   read_size=4 << 20, write_size=4 << 20)
+    return writer.close()
+
+
+def verify_blob(out_dir: Path, raw: dict, comp: Compression) -> None:
+    """Decompress the staged blob and prove it yields exactly the library (size and sha256)."""
+    c = raw["compressed"]
+    verify_entries(out_dir, c["parts"])
+    size, sha, comp_sha = blob.decode([out_dir / p["name"] for p in c["parts"]], comp.window_log, raw["size"],
+                                      label=c["name"])
+    if (size, sha, comp_sha) != (raw["size"], raw["sha256"], c["sha256"]):
+        raise PublishError(f"{c['name']} decompresses to {size} bytes with sha256 {sha} (blob sha256 {comp_sha}); "
+                           f"expected {raw['size']} bytes with sha256 {raw['sha256']} (blob {c['sha256']}); "
+                           "nothing was uploaded")
+
+
+def _complete_stage(folder: Path, ident: dict, raw: list[dict], comp: Compression, asset_limit: int) -> dict | None:
+    """The manifest of an earlier, complete staging of exactly these libraries (so a failed upload can be
+    retried without compressing again), or None."""
+    done = folder / mf.MANIFEST_NAME
+    if not done.is_file():
+        return None
+    try:
+        staged = mf.parse(done.read_bytes(), str(done))
+    except mf.ManifestError:
+        return None
+    if (staged["identity"] != ident or mf.raw_entries(staged["files"]) != raw
+            or staged["compression"] != comp.describe() or staged.get("asset_limit") != asset_limit):
+        return None
+    parts = [p for f in staged["files"] for p in f["compressed"]["parts"]]
+    return None if diff_entries(folder, parts) else staged
+
+
+def stage(record: dict, ident: dict, jit_dir: Path, stage_root: Path, comp: Compression, asset_limit: int,
+          log: Log) -> tuple[dict, Path]:
+    """Compressed, verified blobs and the manifest in `stage_root/<tag>/` (reused when already complete)."""
+    tag = reuse_gate.release_tag(ident["cache_id"])
+    folder = stage_root / tag
+    raw = {f["name"]: f for f in record["files"]}
+    staged = _complete_stage(folder, ident, [raw[n] for n in sorted(raw)], comp, asset_limit)
+    if staged is not None:
+        log(f"publish: reusing the staged, verified blobs in {folder}")
+        return staged, folder
+    stage_root.mkdir(parents=True, exist_ok=True)
+    tmp = stage_root / f".{tag}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    modules = {m["file"]["name"]: (name, m.get("instances")) for name, m in record["modules"].items()}
+    files = []
+    try:
+        with Progress(None, log) as progress:
+            for name in sorted(raw):
+                start = time.monotonic()
+                entry = dict(raw[name])
+                entry["module"], entry["instances"] = modules[name]
+                entry["compressed"] = compress(jit_dir / name, tmp, comp, asset_limit,
+                                               progress.task(f"compress {name}", entry["size"]))
+                took = time.monotonic() - start
+                verify_blob(tmp, entry, comp)
+                c = entry["compressed"]
+                log(f"publish: {name} {entry['size'] / 1e6:.1f} MB -> {c['size'] / 1e6:.1f} MB "
+                    f"({100 * c['size'] / max(entry['size'], 1):.1f}%, {len(c['parts'])} part(s)) in {took:.1f} s "
+                    f"({entry['size'] / 1e6 / max(took, 1e-9):.0f} MB/s); decompressed and verified")
+                files.append(entry)
+        manifest = {
+            "kind": mf.KIND, "schema": mf.SCHEMA, "release_tag": tag, "identity": ident,
+            "compression": comp.describe(), "asset_limit": asset_limit, "files": files,
+            "created_utc": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "producer": {"jax_aiter_version": __version__, "tool": "jatools.publish"},
+        }
+        mf.validate(manifest, "the new manifest")
+        (tmp / mf.MANIFEST_NAME).write_text(mf.dumps(manifest))
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest, folder
+
+
+# --- upload targets ---------------------------------------------------------------------
+
+class Target(Protocol):
+    description: str
+
+    def existing_manifest(self) -> bytes | None:
+        """The release's manifest if it is already published, else None."""
+
+    def upload(self, paths: list[Path]) -> None:
+        """Upload files as release assets (called for the parts, then for the manifest alone)."""
+
+
+class FolderTarget:
+    """A folder (or file:// URL): `<folder>/<tag>/<asset>`, each written to a temporary name and renamed."""
+
+    def __init__(self, root: Path, tag: str):
+        self.folder = root / tag
+        self.description = str(self.folder)
+
+    def existing_manifest(self) -> bytes | None:
+        path = self.folder / mf.MANIFEST_NAME
+        return path.read_bytes() if path.is_file() else None
+
+    def upload(self, paths: list[Path]) -> None:
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            for p in paths:
+                tmp = self.folder / f".{p.name}.tmp-{os.getpid()}"
+                shutil.copyfile(p, tmp)
+                os.replace(tmp, self.folder / p.name)
+        except OSError as e:
+            raise PublishError(f"cannot write to {e.filename or self.folder}: {e.strerror or e}; "
+                               "choose a writable target (--to)") from None
+
+
+class HttpTarget:
+    """An HTTP(S) server that stores what is PUT to `<base>/<tag>/<asset>` (an artifact store, a test server)."""
+
+    def __init__(self, base_url: str, tag: str, opts: fetch.FetchOptions):
+        self.url = f"{base_url.rstrip('/')}/{tag}"
+        self.opts = opts
+        self.description = self.url
+
+    def existing_manifest(self) -> bytes | None:
+        try:
+            return fetch.fetch_bytes(f"{self.url}/{mf.MANIFEST_NAME}", self.opts)
+        except fetch.ReleaseNotFound:
+            return None
+        except fetch.FetchError as e:
+            raise PublishError(f"cannot ask {self.url} whether the release exists: {e}") from None
+
+    def upload(self, paths: list[Path]) -> None:
+        for p in paths:
+            with open(p, "rb") as fh:
+                req = urllib.request.Request(f"{self.url}/{p.name}", data=fh, method="PUT", headers={
+                    "Content-Length": str(p.stat().st_size), "Content-Type": "application/octet-stream"})
+                try:
+                    with urllib.request.urlopen(req, timeout=self.opts.timeout_s) as resp:
+                        resp.read()
+                except (urllib.error.URLError, OSError) as e:
+                    raise PublishError(f"uploading {p.name} to {self.url} failed: {e}; the release has no "
+                                       "manifest yet, so consumers ignore it; run the publish again") from None
+
+
+def subprocess_runner(cmd: list[str]) -> tuple[int, str, str]:
+    try:
+        out = subprocess.run(cmd, check=False, capture_output=True, text=True)
+    except FileNotFoundError:
+        raise PublishError(f"{cmd[0]} not found; install the GitHub CLI (https://cli.github.com) and run "
+                           "`gh auth login`, or publish to a folder or URL with --to") from None
+    return out.returncode, out.stdout, out.stderr
+
+
+def invoke_runner(ctx) -> Runner:
+    """Run the gh commands through an invoke Context (so tasks can be tested with MockContext)."""
+    def run(cmd: list[str]) -> tuple[int, str, str]:
+        result = ctx.run(shlex.join(cmd), warn=True, hide=True)
+        return result.exited, result.stdout, result.stderr
+    return run
+
+
+class GhReleaseTarget:
+    """A GitHub release `<tag>` (of `repo`, or the checkout's), through the GitHub CLI."""
+
+    def __init__(self, tag: str, repo: str | None, runner: Runner = subprocess_runner, notes: str = ""):
+        self.tag, self.repo, self.run, self.notes = tag, repo, runner, notes
+        self.description = f"GitHub release {tag}" + (f" of {repo}" if repo else "")
+
+    def _gh(self, *args: str) -> list[str]:
+        return ["gh", "release", *args] + (["--repo", self.repo] if self.repo else [])
+
+    def existing_manifest(self) -> bytes | None:
+        rc, out, err = self.run(self._gh("download", self.tag, "--pattern", mf.MANIFEST_NAME, "--output", "-"))
+        if rc == 0:
+            return out.encode()
+        if "not found" in err.lower() or "no assets match" in err.lower():
+            return None
+        raise PublishError(f"`{shlex.join(self._gh('download', self.tag))}` failed (exit {rc}): {err.strip()}; "
+                           "check `gh auth status` and the repository")
+
+    def upload(self, paths: list[Path]) -> None:
+        rc, _, _ = self.run(self._gh("view", self.tag, "--json", "tagName"))
+        if rc != 0:
+            rc, _, err = self.run(self._gh("create", self.tag, "--title", f"JIT libraries {self.tag}",
+                                           "--notes", self.notes or self.tag))
+            if rc != 0:
+                raise PublishError(f"`gh release create {self.tag}` failed (exit {rc}): {err.strip()}")
+        cmd = self._gh("upload", self.tag, *map(str, paths), "--clobber")
+        rc, _, err = self.run(cmd)
+        if rc != 0:
+            raise PublishError(f"`{shlex.join(cmd)}` failed (exit {rc}): {err.strip()}; the release has no "
+                               "manifest yet, so consumers ignore it; run the publish again")
+
+
+def target_for(spec: str, tag: str, runner: Runner | None = None, notes: str = "",
+               opts: fetch.FetchOptions | None = None) -> Target:
+    """`gh` or `gh:OWNER/REPO`, an http(s):// URL, a file:// URL, or a folder."""
+    if spec == "gh" or spec.startswith("gh:"):
+        return GhReleaseTarget(tag, spec[3:] or None, runner or subprocess_runner, notes)
+    if spec.startswith(("http://", "https://")):
+        return HttpTarget(spec, tag, opts or fetch.FetchOptions.from_env())
+    url = fetch.as_url(spec)
+    return FolderTarget(Path(urllib.request.url2pathname(url[len("file://"):])), tag)
+
+
+# --- the whole step -----------------------------------------------------------------------
+
+def publish(settings: config.Settings, to: str, *, level: int | None = None, window_log: int | None = None,
+            asset_limit: int | None = None, stage_only: bool = False, runner: Runner | None = None,
+            log: Log = print) -> dict:
+    """Publish build/aiter_build; returns a summary (also written as JSON next to the staged release)."""
+    start = time.monotonic()
+    jit_dir = settings.jit_dir
+    record = load_record(jit_dir)
+    ident = publishable_identity(record, jit_dir, settings)
+    tag = reuse_gate.release_tag(ident["cache_id"])
+    comp = Compression.from_settings(settings, level, window_log)
+    limit = asset_limit or int(settings.raw["jit_libs_asset_limit"])
+    notes = "jax-aiter JIT libraries. Identity:\n\n```json\n" + json.dumps(ident, indent=2, sort_keys=True) + "\n```"
+    target = None if stage_only else target_for(to, tag, runner, notes)
+    if target is not None:
+        existing = target.existing_manifest()
+        if existing is not None:
+            have = mf.parse(existing, f"{target.description}/{mf.MANIFEST_NAME}")
+            ours = sorted(record["files"], key=lambda f: f["name"])
+            if mf.raw_entries(have["files"]) == mf.raw_entries(ours):
+                log(f"publish: {tag} is already published at {target.description} with these exact libraries")
+                return {"release_tag": tag, "target": target.description, "status": "already-published"}
+            raise PublishError(
+                f"{tag} is already published at {target.description} with other bytes; releases are immutable "
+                "(consumers may have fetched it). Its libraries have the same identity, so reuse them "
+                "(`invoke jit.fetch`) instead of publishing")
+    stage_root = settings.build_dir / "jit-libs-publish"
+    manifest, folder = stage(record, ident, jit_dir, stage_root, comp, limit, log)
+    assets = [folder / p["name"] for f in manifest["files"] for p in f["compressed"]["parts"]]
+    if target is not None:
+        log(f"publish: uploading {len(assets)} asset(s) to {target.description}")
+        target.upload(assets)
+        target.upload([folder / mf.MANIFEST_NAME])  # last: its presence marks the release complete
+    raw_total = sum(f["size"] for f in manifest["files"])
+    comp_total = sum(f["compressed"]["size"] for f in manifest["files"])
+    summary = {
+        "release_tag": tag, "status": "staged" if stage_only else "published",
+        "target": target.description if target else None, "staged": str(folder),
+        "files": len(manifest["files"]), "assets": len(assets), "raw_bytes": raw_total,
+        "compressed_bytes": comp_total, "seconds": round(time.monotonic() - start, 2),
+        "compression": comp.describe(),
+    }
+    (stage_root / f"{tag}-summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    log(f"publish: {tag} {summary['status']}" + (f" to {summary['target']}" if target else f" in {folder}")
+        + f": {len(manifest['files'])} libraries, {raw_total / 1e6:.1f} MB -> {comp_total / 1e6:.1f} MB in "
+        f"{len(assets)} asset(s), {summary['seconds']} s")
+    return summary

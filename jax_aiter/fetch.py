@@ -1,0 +1,498 @@
+"""Fetch a `jit-libs-<cache-id>` release: download, verify every byte, install atomically.
+
+One client serves CI (`invoke jit.fetch`, all libraries into build/aiter_build)
+and users of the lite wheel (`jax-aiter-fetch-mha`, the attention libraries into
+the per-install cache). The base URL may be https://, http://, file:// or a
+plain folder; the release lives at `<base>/jit-libs-<cache-id>/` and its
+manifest (jit-libs-manifest.json) says what to download.
+
+Guarantees, because the libraries cost hours to rebuild and a wrong one gives
+wrong answers:
+- the manifest must be of a known schema and of exactly the wanted identity;
+- every part, every compressed blob and every library is checked (size and
+  sha256) before anything is installed;
+- network stalls time out and are retried with exponential backoff, resuming
+  with an HTTP range request where the server allows it; a 404 is a cache miss
+  and is not retried;
+- work happens in a staging folder beside the destination, under a file lock:
+  a fresh destination appears by one rename, an existing one gets each library
+  replaced by rename and the manifest copy last, so a killed or failed fetch
+  leaves the previous good state; the next fetch clears its leftovers.
+
+Runs at runtime, so it must not import JAX.
+"""
+from __future__ import annotations
+
+import hashlib
+import http.client
+import io
+import os
+import shutil
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from jax_aiter import blob, reuse_gate
+from jax_aiter import manifest as mf
+from jax_aiter.integrity import diff_entries
+from jax_aiter.progress import Progress
+
+ENV_BASE_URL = "JA_FETCH_BASE_URL"
+ENV_TIMEOUT = "JA_FETCH_TIMEOUT_S"
+ENV_RETRIES = "JA_FETCH_RETRIES"
+ENV_BACKOFF = "JA_FETCH_BACKOFF_S"
+ENV_LOCK_TIMEOUT = "JA_FETCH_LOCK_TIMEOUT_S"
+
+MAX_MANIFEST_BYTES = 16 << 20
+CHUNK = 1 << 20
+LIB_MODE = 0o755
+
+Log = Callable[[str], None]
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+class FetchError(RuntimeError):
+    """A fetch that did not install anything; the message says what, why and what to do."""
+
+
+class ReleaseNotFound(FetchError):
+    """The release or one of its assets does not exist at the base URL (a cache miss)."""
+
+
+class _Transient(Exception):
+    """A failure worth retrying (timeout, dropped connection, truncated body, 5xx)."""
+
+
+@dataclass(frozen=True)
+class FetchOptions:
+    timeout_s: float = 60.0      # per socket operation: a stalled server fails after this long
+    retries: int = 4             # extra attempts after the first, with exponential backoff
+    backoff_s: float = 2.0       # first wait; doubles each retry, capped at 60 s
+    lock_timeout_s: float = 3600.0
+    progress: bool | None = None  # None: a live bar on a terminal, plain lines otherwise
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> FetchOptions:
+        """Defaults overridden by JA_FETCH_TIMEOUT_S, JA_FETCH_RETRIES, JA_FETCH_BACKOFF_S, JA_FETCH_LOCK_TIMEOUT_S."""
+        env = os.environ if env is None else env
+        opts = cls()
+
+        def num(name: str, kind, current):
+            text = env.get(name)
+            if text is None or not text.strip():
+                return current
+            try:
+                value = kind(text)
+            except ValueError:
+                raise FetchError(f"{name}={text!r} is not a number; unset it or give e.g. {name}={current}")
+            if value < 0:
+                raise FetchError(f"{name}={text!r} must not be negative")
+            return value
+
+        return replace(opts, timeout_s=num(ENV_TIMEOUT, float, opts.timeout_s),
+                       retries=num(ENV_RETRIES, int, opts.retries),
+                       backoff_s=num(ENV_BACKOFF, float, opts.backoff_s),
+                       lock_timeout_s=num(ENV_LOCK_TIMEOUT, float, opts.lock_timeout_s))
+
+
+# --- locations ----------------------------------------------------------------------
+
+def resolve_base_url(flag: str | None, default: str | None, env: dict[str, str] | None = None) -> str:
+    """--base-url, else JA_FETCH_BASE_URL, else the default (baked into the wheel or from pyproject)."""
+    env = os.environ if env is None else env
+    for value in (flag, env.get(ENV_BASE_URL), default):
+        if value and value.strip():
+            return value.strip()
+    raise FetchError(f"no base URL to fetch from: pass --base-url URL or set {ENV_BASE_URL} "
+                     "(https://, http://, file:// or a folder)")
+
+
+def as_url(location: str) -> str:
+    """A URL for a base location: URLs pass through, a folder becomes file://."""
+    scheme = urllib.parse.urlsplit(location).scheme.lower()
+    if scheme in ("http", "https", "file"):
+        return location.rstrip("/")
+    if scheme and len(scheme) > 1:
+        raise FetchError(f"unsupported base URL scheme {scheme!r} in {location!r}; use https://, http://, "
+                         "file:// or a folder")
+    return Path(location).expanduser().resolve().as_uri()
+
+
+def release_url(base: str, cache_id: str) -> str:
+    return f"{as_url(base)}/{reuse_gate.release_tag(cache_id)}"
+
+
+# --- transfer -------------------------------------------------------------------------
+
+class _HashingFile:
+    """A file being downloaded, hashed as it is written (so the bytes are read once)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.hash = hashlib.sha256()
+        self.size = 0
+        self._fh = None
+
+    def open(self, resume: bool) -> _HashingFile:
+        if not resume:
+            self.hash, self.size = hashlib.sha256(), 0
+        self._fh = open(self.path, "ab" if resume else "wb")  # noqa: SIM115 (held across writes; closed by close())
+        return self
+
+    def write(self, data) -> None:
+        try:
+            self._fh.write(data)
+        except OSError as e:
+            raise FetchError(f"cannot write {self.path}: {e.strerror or e}; free disk space or choose another "
+                             "destination (--dest)") from None
+        self.hash.update(data)
+        self.size += len(data)
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+def _attempt(url: str, begin: Callable[[bool], object], offset: int, timeout: float,
+             advance: Callable[[int], None]) -> None:
+    """One GET of `url` from byte `offset`; `begin(resumed)` returns the sink once the status is known."""
+    headers = {"User-Agent": "jax-aiter-fetch", "Accept-Encoding": "identity"}
+    if offset:
+        headers["Range"] = f"bytes={offset}-"
+    try:
+        resp = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout)
+    except urllib.error.HTTPError as e:
+        if e.code in (404, 410):
+            raise ReleaseNotFound(f"{url}: HTTP {e.code} (not found)") from None
+        if e.code in (408, 425, 429) or e.code >= 500:
+            raise _Transient(f"HTTP {e.code} {e.reason}") from None
+        raise FetchError(f"{url}: HTTP {e.code} {e.reason}; check the base URL and access rights") from None
+    except urllib.error.URLError as e:
+        if isinstance(e.reason, (FileNotFoundError, NotADirectoryError)):
+            raise ReleaseNotFound(f"{url}: not found") from None
+        if isinstance(e.reason, PermissionError):
+            raise FetchError(f"{url}: {e.reason}") from None
+        if isinstance(e.reason, TimeoutError):
+            raise _Transient(f"no response within {timeout:g} s") from None
+        raise _Transient(f"cannot connect ({e.reason})") from None
+    except TimeoutError:
+        raise _Transient(f"no response within {timeout:g} s") from None
+    except (ConnectionError, http.client.HTTPException) as e:
+        raise _Transient(f"connection failed ({e!r})") from None
+    with resp:
+        sink = begin(bool(offset) and getattr(resp, "status", None) == 206)
+        buf = bytearray(CHUNK)
+        view = memoryview(buf)
+        got = 0
+        while True:
+            try:
+                n = resp.readinto(buf)
+            except TimeoutError:
+                raise _Transient(f"stalled: no data for {timeout:g} s after {got} bytes") from None
+            except http.client.IncompleteRead:
+                raise _Transient(f"connection closed early after {got} bytes") from None
+            except (ConnectionError, http.client.HTTPException, OSError) as e:
+                raise _Transient(f"connection lost after {got} bytes ({e!r})") from None
+            if not n:
+                break
+            sink.write(view[:n])
+            got += n
+            advance(n)
+    declared = resp.headers.get("Content-Length")
+    if declared is not None and declared.isdigit() and got < int(declared):
+        raise _Transient(f"connection closed early after {got} of {declared} bytes")
+
+
+def _retrying(what: str, opts: FetchOptions, log: Log, once: Callable[[], None]) -> None:
+    attempts = opts.retries + 1
+    for attempt in range(1, attempts + 1):
+        try:
+            once()
+            return
+        except _Transient as e:
+            if attempt == attempts:
+                raise FetchError(
+                    f"{what}: {e}; gave up after {attempts} attempts. Check the network and the server, "
+                    f"or allow more with {ENV_TIMEOUT}=<seconds> / {ENV_RETRIES}=<n>") from None
+            wait = min(opts.backoff_s * 2 ** (attempt - 1), 60.0)
+            log(f"  {what}: {e}; retrying in {wait:g} s (attempt {attempt + 1} of {attempts})")
+            time.sleep(wait)
+
+
+def fetch_bytes(url: str, opts: FetchOptions, log: Log = _stderr, limit: int = MAX_MANIFEST_BYTES) -> bytes:
+    """A small file (the manifest) into memory, with the same timeouts and retries."""
+    out = io.BytesIO()
+
+    def begin(resumed: bool) -> io.BytesIO:
+        out.seek(0)
+        out.truncate()
+        return out
+
+    def once() -> None:
+        _attempt(url, begin, 0, opts.timeout_s, lambda n: None)
+        if out.tell() > limit:
+            raise FetchError(f"{url}: larger than {limit} bytes; this is not a manifest")
+    _retrying(url, opts, log, once)
+    return out.getvalue()
+
+
+def download(url: str, dest: Path, size: int, sha256: str, opts: FetchOptions,
+             advance: Callable[[int], None] = lambda n: None, log: Log = _stderr) -> None:
+    """Download `url` to `dest` and prove it has exactly `size` bytes with `sha256`.
+
+    A retry resumes where the last attempt stopped when the server honours the
+    range request (206), and starts over when it does not.
+    """
+    name = url.rsplit("/", 1)[-1]
+    target = _HashingFile(dest)
+
+    def once() -> None:
+        try:
+            _attempt(url, target.open, target.size, opts.timeout_s, advance)
+        finally:
+            target.close()
+        if target.size < size:
+            raise _Transient(f"truncated: {target.size} of {size} bytes")
+        if target.size > size:
+            raise FetchError(f"{name}: {target.size} bytes, but the manifest says {size}; the asset at {url} "
+                             "was replaced or the manifest is wrong. Nothing was installed; republish the "
+                             "release (`invoke jit.publish`)")
+
+    _retrying(url, opts, log, once)
+    got = target.hash.hexdigest()
+    if got != sha256:
+        raise FetchError(f"{name}: sha256 {got} does not match the manifest's {sha256}; the asset at {url} was "
+                         "altered or damaged. Nothing was installed; republish the release (`invoke jit.publish`) "
+                         "or fetch from another base URL")
+
+
+# --- release --------------------------------------------------------------------------
+
+@dataclass
+class FetchResult:
+    status: str                    # "fetched" or "present" (already installed and verified)
+    dest: Path
+    url: str                       # the release URL
+    manifest: dict
+    files: list[str]
+    downloaded_bytes: int = 0
+    seconds: float = 0.0
+    warnings: list[str] = field(default_factory=list)
+
+
+def read_manifest(base_url: str, cache_id: str, opts: FetchOptions, log: Log = _stderr) -> tuple[dict, str]:
+    """The release's manifest, parsed and schema-checked; ReleaseNotFound when there is none."""
+    url = f"{release_url(base_url, cache_id)}/{mf.MANIFEST_NAME}"
+    try:
+        data = fetch_bytes(url, opts, log)
+    except ReleaseNotFound:
+        raise ReleaseNotFound(
+            f"no release {reuse_gate.release_tag(cache_id)} at {as_url(base_url)} ({url} not found): no JIT "
+            "libraries were published for this identity. Build them (`python3 jax_aiter/jit/build_jit.py`) "
+            "and publish them (`invoke jit.publish`), or use a base URL that has them") from None
+    return mf.parse(data, url), url
+
+
+def check_identity(want: dict, manifest: dict, source: str, strict_toolchain: bool) -> list[str]:
+    """Refuse a manifest of another identity (naming every differing field); return the advisory warnings."""
+    cmp = reuse_gate.compare(want, manifest["identity"], strict_toolchain)
+    cid = want.get("cache_id") or reuse_gate.cache_id(want)
+    if manifest["release_tag"] != reuse_gate.release_tag(cid):
+        cmp.mismatches.insert(0, f"release tag: wanted {reuse_gate.release_tag(cid)}, found {manifest['release_tag']}")
+    if cmp.mismatches:
+        raise FetchError(f"{source} is for another build identity: {'; '.join(cmp.mismatches)}. These libraries "
+                         "would not match this checkout or install; nothing was installed")
+    return cmp.warnings
+
+
+def _lock(dest: Path, opts: FetchOptions, log: Log):
+    try:
+        from filelock import FileLock, Timeout
+    except ImportError:
+        raise FetchError("the filelock package is needed to fetch safely; install it with `pip install filelock` "
+                         "(or `pip install jax-aiter[fetch]`)") from None
+    lock = FileLock(str(dest.parent / f".{dest.name}.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        log(f"fetch: another fetch into {dest} is running; waiting for it (lock {lock.lock_file})")
+        try:
+            lock.acquire(timeout=opts.lock_timeout_s)
+        except Timeout:
+            raise FetchError(f"another fetch into {dest} held the lock {lock.lock_file} for more than "
+                             f"{opts.lock_timeout_s:g} s; wait for it or stop it, then run again") from None
+    return lock
+
+
+def _prepare_parent(dest: Path) -> None:
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        probe = dest.parent / f".{dest.name}.probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+        if dest.exists() and not os.access(dest, os.W_OK):
+            raise PermissionError(13, "Permission denied", str(dest))
+    except OSError as e:
+        raise FetchError(f"cannot write to {e.filename or dest.parent}: {e.strerror or e}; choose a writable "
+                         "destination (--dest, JAX_AITER_LIB_DIR or XDG_CACHE_HOME) or fix its permissions. "
+                         "Nothing was changed") from None
+
+
+def _clear_leftovers(dest: Path, log: Log) -> None:
+    """Staging folders of earlier fetches (killed or failed); safe to remove while holding the lock."""
+    for stale in sorted(dest.parent.glob(f".{dest.name}.fetch-*")):
+        log(f"fetch: removing leftovers of an interrupted fetch: {stale}")
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def installed(dest: Path, cache_id: str, names: list[str] | None) -> list[str] | None:
+    """The problems that stop `dest` counting as a verified install of this release ([] when none), or None
+    when it holds no manifest copy of this release."""
+    copy = dest / mf.MANIFEST_NAME
+    if not copy.is_file():
+        return None
+    try:
+        have = mf.parse(copy.read_bytes(), str(copy))
+    except mf.ManifestError as e:
+        return [str(e)]
+    if have["identity"]["cache_id"] != cache_id:
+        return None
+    try:
+        files = mf.select_files(have, names)
+    except mf.ManifestError as e:
+        return [str(e)]
+    return diff_entries(dest, mf.raw_entries(files))
+
+
+def _fetch_file(f: dict, release: str, staging: Path, window_log: int, opts: FetchOptions,
+                progress: Progress, log: Log, stop: threading.Event) -> int:
+    comp = f["compressed"]
+    parts = []
+    for part in comp["parts"]:
+        path = staging / part["name"]
+        show = progress.task(part["name"], part["size"])
+
+        def advance(n: int, show=show) -> None:
+            if stop.is_set():
+                raise _Stopped("stopped: another file of this fetch failed")
+            show(n)
+        try:
+            download(f"{release}/{part['name']}", path, part["size"], part["sha256"], opts, advance, log)
+        except ReleaseNotFound as e:
+            raise FetchError(f"{e}: the manifest lists {part['name']} but the release does not have it; the "
+                             "release is incomplete. Nothing was installed; republish it (`invoke jit.publish`)"
+                             ) from None
+        parts.append(path)
+    out = staging / f["name"]
+    try:
+        size, sha, comp_sha = blob.decode(parts, window_log, f["size"], out, label=comp["name"])
+    except blob.BlobError as e:
+        raise FetchError(f"{e}; nothing was installed; republish the release (`invoke jit.publish`)") from None
+    if comp_sha != comp["sha256"]:
+        raise FetchError(f"{comp['name']}: the parts join to sha256 {comp_sha}, not the manifest's {comp['sha256']}; "
+                         "nothing was installed; republish the release (`invoke jit.publish`)")
+    if size != f["size"] or sha != f["sha256"]:
+        raise FetchError(f"{f['name']}: unpacked to {size} bytes with sha256 {sha}, but the manifest says "
+                         f"{f['size']} bytes with sha256 {f['sha256']}; nothing was installed; republish the "
+                         "release (`invoke jit.publish`)")
+    for p in parts:
+        p.unlink()
+    out.chmod(LIB_MODE)
+    return comp["size"]
+
+
+def _fetch_all(files: list[dict], release: str, staging: Path, window_log: int, opts: FetchOptions,
+               log: Log) -> int:
+    """Fetch the files in parallel; the first failure stops the others (no point finishing them)."""
+    stop = threading.Event()
+
+    def one(f: dict) -> int:
+        try:
+            return _fetch_file(f, release, staging, window_log, opts, progress, log, stop)
+        except BaseException:
+            stop.set()
+            raise
+
+    with Progress(opts.progress, log) as progress, ThreadPoolExecutor(max_workers=min(len(files), 4)) as pool:
+        jobs = [pool.submit(one, f) for f in files]
+        errors = [j.exception() for j in jobs]
+    first = next((e for e in errors if e is not None and not isinstance(e, _Stopped)), None)
+    if first is not None:
+        raise first
+    return sum(j.result() for j in jobs)
+
+
+class _Stopped(FetchError):
+    """Another file of the same fetch failed; this one stopped early."""
+
+
+def _install(staging: Path, dest: Path, names: list[str]) -> None:
+    """Move verified files into place; the manifest copy last (it marks the install complete)."""
+    if not dest.exists():
+        os.replace(staging, dest)
+        return
+    for name in names:
+        os.replace(staging / name, dest / name)
+    os.replace(staging / mf.MANIFEST_NAME, dest / mf.MANIFEST_NAME)
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def fetch_release(base_url: str, want: dict, dest: Path, names: list[str] | None = None, *,
+                  strict_toolchain: bool = False, force: bool = False, opts: FetchOptions | None = None,
+                  log: Log = _stderr) -> FetchResult:
+    """Fetch the release of identity `want` (its libraries `names`, default all) into `dest`."""
+    opts = opts or FetchOptions.from_env()
+    start = time.monotonic()
+    cid = want.get("cache_id") or reuse_gate.cache_id(want)
+    release = release_url(base_url, cid)
+    dest = Path(dest)
+    _prepare_parent(dest)
+    manifest, url = read_manifest(base_url, cid, opts, log)
+    warnings = check_identity(want, manifest, url, strict_toolchain)
+    for w in warnings:
+        log(f"fetch: warning: {w}")
+    files = mf.select_files(manifest, names)
+    chosen = [f["name"] for f in files]
+    lock = _lock(dest, opts, log)
+    try:
+        _clear_leftovers(dest, log)
+        problems = installed(dest, cid, chosen)
+        if problems == [] and not force:
+            log(f"fetch: {', '.join(chosen)} already in {dest}, verified against {manifest['release_tag']}")
+            return FetchResult("present", dest, release, manifest, chosen, 0, time.monotonic() - start, warnings)
+        for p in problems or []:
+            log(f"fetch: replacing the install in {dest}: {p}")
+        need = sum(f["size"] + f["compressed"]["size"] for f in files)
+        free = shutil.disk_usage(dest.parent).free
+        if free < need:
+            raise FetchError(f"not enough disk space in {dest.parent}: {need / 1e9:.2f} GB needed, {free / 1e9:.2f} GB "
+                             "free; free some space or choose another destination (--dest)")
+        staging = dest.parent / f".{dest.name}.fetch-{os.getpid()}"
+        staging.mkdir()
+        total = sum(f["compressed"]["size"] for f in files)
+        log(f"fetch: {manifest['release_tag']} from {release}: {', '.join(chosen)} ({total / 1e6:.1f} MB compressed)")
+        window_log = manifest["compression"]["window_log"]
+        try:
+            downloaded = _fetch_all(files, release, staging, window_log, opts, log)
+            (staging / mf.MANIFEST_NAME).write_text(mf.dumps(manifest))
+            _install(staging, dest, chosen)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    finally:
+        lock.release()
+    seconds = time.monotonic() - start
+    log(f"fetch: installed {', '.join(chosen)} into {dest} ({downloaded / 1e6:.1f} MB in {seconds:.1f} s), "
+        "every file verified")
+    return FetchResult("fetched", dest, release, manifest, chosen, downloaded, seconds, warnings)
