@@ -142,3 +142,24 @@ def extracted_elves(wheel: Path, workers: int | None = None) -> Iterator[dict[st
         scanned = scan(wheel, extract_dir=Path(tmp), workers=workers)
         yield {name: elf.read_dynamic(s.extracted) for name, s in sorted(scanned.items())
                if s.is_elf and s.extracted is not None}
+
+
+def find_wheels(spec: str, dist_dir: Path) -> list[Path]:
+    """Wheels named by `spec`: paths or globs, comma-separated; empty means every wheel in `dist_dir`.
+
+    invoke takes one positional value, so `invoke floor 'dist/*.whl'` and
+    `invoke floor a.whl,b.whl` name several.
+    """
+    import glob
+
+    parts = [p.strip() for p in spec.split(",") if p.strip()] if spec else [str(dist_dir / "*.whl")]
+    found: list[Path] = []
+    for part in parts:
+        matches = sorted(glob.glob(part)) if any(c in part for c in "*?[") else [part]
+        found += [Path(m) for m in matches]
+    missing = [str(p) for p in found if not p.is_file()]
+    if missing or not found:
+        where = ", ".join(missing) if missing else (spec or str(dist_dir / "*.whl"))
+        raise WheelReadError(f"no wheel at {where}; build one with `nox -s wheel_lite` / `nox -s wheel_full` "
+                             f"(or `bash scripts/build_wheel.sh --variant lite|full`)")
+    return found
