@@ -17,7 +17,7 @@ from jatools import config
 from jax_aiter.integrity import IntegrityError, verify_entries
 
 RECORD_NAME = "build_record.json"
-FIX = "rebuild them with `python3 jax_aiter/jit/build_jit.py` or fetch published ones with `invoke jit.fetch`"
+FIX = "rebuild the JIT libraries with `python3 jax_aiter/jit/build_jit.py` or fetch published ones with `invoke jit.fetch`"
 
 
 class JitExpectationError(RuntimeError):

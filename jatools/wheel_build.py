@@ -327,7 +327,10 @@ def platform_tag(options: BuildOptions, libs: dict[str, Path]) -> tuple[str, str
 def read_back(wheel: Path, written: list[WrittenMember], jit_members: dict[str, str],
               expectations: jit_expectations.JitExpectations, jobs: int | None) -> None:
     """Decompress every member of the written file: RECORD digests, and JIT libraries against the record."""
-    scanned = wheel_members.scan(wheel, workers=jobs)
+    try:
+        scanned = wheel_members.scan(wheel, workers=jobs)
+    except wheel_members.WheelReadError as e:
+        raise IntegrityError(f"reading the new wheel back failed: {e}") from e
     for m in written:
         got = scanned[m.arcname]
         if got.sha256 != m.sha256_hex or got.size != m.size:
@@ -432,7 +435,8 @@ def main(argv: list[str] | None = None) -> int:
                                     wheel_arch=args.wheel_arch, level=args.compress_level, jobs=args.jobs)
     try:
         result = build(settings, options)
-    except (WheelBuildError, IntegrityError, wheel_floor.FloorError, ValueError) as e:
+    except (WheelBuildError, IntegrityError, jit_expectations.JitExpectationError, wheel_floor.FloorError,
+            OSError, ValueError) as e:
         print(f"wheel_build: error: {e}", file=sys.stderr)
         return 2
     print(result.summary(), flush=True)

@@ -107,8 +107,7 @@ class Layout:
     def without(self, names: list[str] | tuple[str, ...]) -> "Layout":
         """A copy with `names` removed from every variant (for checkouts that cannot build them yet)."""
         drop = set(names)
-        variants = {k: replace(v, libraries=tuple(n for n in v.libraries if n not in drop),
-                               fetched=tuple(n for n in v.fetched if n not in drop))
+        variants = {k: replace(v, libraries=tuple(n for n in v.libraries if n not in drop))
                     for k, v in self.variants.items()}
         return replace(self, variants=variants, dropped=tuple(sorted(set(self.dropped) | drop)))
 
