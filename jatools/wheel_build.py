@@ -15,8 +15,8 @@
 5. Pack with jatools.zip_writer (parallel deflate, fixed order, permissions and
    timestamps: SOURCE_DATE_EPOCH, else the HEAD commit's time), into a temporary
    file in the dist folder.
-6. Read the JIT libraries back out of that file and check them against the record
-   again, check every member against RECORD, then rename it into place.
+6. Read every member back out of that file: each must hash to its RECORD entry and
+   each JIT library to its record again; only then is it renamed into place.
 """
 from __future__ import annotations
 
@@ -331,13 +331,13 @@ def read_back(wheel: Path, written: list[WrittenMember], jit_members: dict[str, 
         scanned = wheel_members.scan(wheel, workers=jobs)
     except wheel_members.WheelReadError as e:
         raise IntegrityError(f"reading the new wheel back failed: {e}") from e
+    for member, name in jit_members.items():
+        expectations.check_digest(name, scanned[member].sha256, f"{wheel.name}:{member}")
     for m in written:
         got = scanned[m.arcname]
         if got.sha256 != m.sha256_hex or got.size != m.size:
             raise IntegrityError(f"{wheel.name}: {m.arcname} reads back as sha256 {got.sha256} ({got.size} bytes), "
                                  f"but {m.sha256_hex} ({m.size} bytes) was written")
-    for member, name in jit_members.items():
-        expectations.check_digest(name, scanned[member].sha256, f"{wheel.name}:{member}")
 
 
 def build(settings: config.Settings, options: BuildOptions, layout: Layout | None = None,
@@ -384,9 +384,10 @@ def build(settings: config.Settings, options: BuildOptions, layout: Layout | Non
     try:
         with open(tmp, "wb") as f, DeterministicZipWriter(f, date_time, level=level, workers=options.jobs) as zw:
             for arcname, path, mode in members:
-                m = zw.add_file(arcname, path, mode)
-                if arcname in jit_members:  # the bytes that went into the zip, hashed as they were read
-                    expectations.check_digest(jit_members[arcname], m.sha256_hex, f"staged {path}")
+                # JIT libraries were just hashed against their record; that digest goes into RECORD
+                # unhashed again, and the read-back below proves the zipped bytes have it.
+                known = expectations.entry(jit_members[arcname])["sha256"] if arcname in jit_members else None
+                zw.add_file(arcname, path, mode, sha256=bytes.fromhex(known) if known else None)
             zw.add_bytes(f"{dist_info}/METADATA", metadata)
             zw.add_bytes(f"{dist_info}/WHEEL", wheel_text(wheel_tag))
             zw.add_bytes(f"{dist_info}/entry_points.txt", entry_points_text(project))

@@ -98,11 +98,16 @@ class DeterministicZipWriter:
         return self._finish(arcname, mode, offset, zip64, len(data), len(compressed), zlib.crc32(data),
                             hashlib.sha256(data).digest())
 
-    def add_file(self, arcname: str, path: str | os.PathLike, mode: int = 0o644) -> WrittenMember:
-        """Stream `path` into the archive; its size must not change while it is read."""
+    def add_file(self, arcname: str, path: str | os.PathLike, mode: int = 0o644,
+                 sha256: bytes | None = None) -> WrittenMember:
+        """Stream `path` into the archive; its size must not change while it is read.
+
+        `sha256`: a digest the caller already verified for this file; it is used
+        instead of hashing again (the caller must then check what it reads back).
+        """
         size = os.stat(path).st_size
         offset, zip64 = self._begin(arcname, size)
-        crc, sha, read, written = 0, hashlib.sha256(), 0, 0
+        crc, sha, read, written = 0, (None if sha256 else hashlib.sha256()), 0, 0
         pending: deque[Future | bytes] = deque()
         window = 2 * self._workers + 1
         prev_tail: bytes | None = None
@@ -115,7 +120,8 @@ class DeterministicZipWriter:
                 final = read >= size
                 if data or final:
                     crc = zlib.crc32(data, crc)
-                    sha.update(data)
+                    if sha:
+                        sha.update(data)
                     job = (data, prev_tail, self._level, final)
                     pending.append(self._pool.submit(_deflate_chunk, *job) if self._pool else _deflate_chunk(*job))
                     prev_tail = data[-WINDOW:] if data else prev_tail
@@ -128,7 +134,7 @@ class DeterministicZipWriter:
                     break
             if f.read(1):
                 raise OSError(f"{path}: file grew while it was being zipped (expected {size} bytes)")
-        return self._finish(arcname, mode, offset, zip64, size, written, crc, sha.digest())
+        return self._finish(arcname, mode, offset, zip64, size, written, crc, sha.digest() if sha else sha256)
 
     # -- headers -----------------------------------------------------------------
     def _begin(self, arcname: str, size: int) -> tuple[int, bool]:

@@ -38,7 +38,7 @@ def test_jit_library_modified_after_record_fails_before_staging(build_copy, layo
     assert _no_wheels(tmp_path)
 
 
-def test_jit_library_changed_after_staging_is_caught_while_packing(build_copy, layout, tmp_path, monkeypatch):
+def test_jit_library_changed_after_staging_is_caught_by_the_read_back(build_copy, layout, tmp_path, monkeypatch):
     real_stage = wheel_build.stage
 
     def stage_then_tamper(*args, **kwargs):
@@ -48,7 +48,8 @@ def test_jit_library_changed_after_staging_is_caught_while_packing(build_copy, l
         return stage_dir, how
 
     monkeypatch.setattr(wheel_build, "stage", stage_then_tamper)
-    with pytest.raises(IntegrityError, match=r"staged .*librmsnorm_fwd.so: sha256 \w+ does not match"):
+    with pytest.raises(IntegrityError, match=r"whl.tmp-\d+:jax_aiter/_lib/librmsnorm_fwd.so: sha256 \w+ does not match "
+                                             r"\w+ recorded in .*build_record.json; the JIT library changed"):
         build(build_copy, _opts(tmp_path), layout=layout)
     assert _no_wheels(tmp_path), "the temporary wheel is removed, no wheel appears"
 
