@@ -77,3 +77,24 @@ def lint(session: nox.Session) -> None:
 def compile_only(session: nox.Session) -> None:
     """Compile every library for CUDA (nvcc, sm_90) and ROCm (hipcc, gfx90a) without a GPU."""
     session.run("python3", "-m", "jatools.compile_only", *session.posargs, external=True)
+
+
+# --- wheels (jatools/wheel_build.py; checks: jatools/wheel_floor.py, jatools/wheel_contents.py) ---
+WHEEL_DEPS = nox.project.load_toml("pyproject.toml")["project"]["optional-dependencies"]["wheel"]
+
+
+def _wheel(session: nox.Session, variant: str) -> None:
+    session.install(*WHEEL_DEPS)
+    session.run("python", "-m", "jatools.wheel_build", "--variant", variant, "--check", *session.posargs)
+
+
+@nox.session(python=PY, tags=["wheel"], default=False)
+def wheel_lite(session: nox.Session) -> None:
+    """Build the lite wheel (public version, MHA JIT libraries fetched later) into dist/, then check floor and contents."""
+    _wheel(session, "lite")
+
+
+@nox.session(python=PY, tags=["wheel"], default=False)
+def wheel_full(session: nox.Session) -> None:
+    """Build the full wheel (version +full, with the MHA JIT libraries) into dist/, then check floor and contents."""
+    _wheel(session, "full")

@@ -173,12 +173,12 @@ def find_ninja() -> str:
         raise BuildError("ninja not found; install it with `pip install ninja` (or apt-get install ninja-build)")
 
 
-def run_ninja(build_file: Path, jobs: int | None, verbose: bool, log) -> tuple[int, int]:
+def run_ninja(build_file: Path, jobs: int | None, verbose: bool, log, cwd: Path | None = None) -> tuple[int, int]:
     """Run ninja; show instances done/total (a live line on a terminal, plain lines in CI)."""
     cmd = [find_ninja(), "-f", str(build_file)] + (["-j", str(jobs)] if jobs else []) + (["-v"] if verbose else [])
     env = {**os.environ, "NINJA_STATUS": "[%f/%t] "}
     tty = sys.stdout.isatty() and not os.environ.get("CI")
-    proc = subprocess.Popen(cmd, cwd=build_file.parent.parent.parent, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(cmd, cwd=cwd or build_file.parent.parent.parent, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env)
     done = total = 0
     failed: list[str] = []
@@ -268,7 +268,8 @@ def build(module_names: list[str] | None, jobs: int | None, verbose: bool, log_p
     write_if_changed(build_file, ninja_text(modules, sources, tc, flags, settings, ccache))
     log = open(log_path, "a") if log_path else open(os.devnull, "w")
     try:
-        done, total = run_ninja(build_file, jobs, verbose, log)
+        # The ninja file's paths are relative to the repository root, wherever JA_BUILD_DIR puts it.
+        done, total = run_ninja(build_file, jobs, verbose, log, cwd=settings.root)
     finally:
         log.close()
     seconds = time.monotonic() - start
