@@ -1,22 +1,18 @@
 """Check a wheel against its own RECORD before it is installed.
 
 Installers (pip, uv) do not compare a wheel's files with the sha256 in its
-RECORD, so a file changed after the wheel was built would install silently.
-`wheel.wheelfile.WheelFile` does the comparison on read; this module reads
-every member through it (several members at once: zlib releases the GIL) and
-adds the one check it leaves out, files that RECORD lists but the archive lacks.
+RECORD, so a file changed after the wheel was built would install silently. The
+clean room refuses such a wheel before making an environment. The reading and
+the comparison are the wheel checks' own (jatools.wheel_members reads and hashes
+every member in parallel; jatools.wheel_contents compares them with RECORD);
+this module only runs that one part of the content policy and words the result.
 """
 from __future__ import annotations
 
-import csv
-import io
-import os
-from concurrent.futures import ThreadPoolExecutor
+import zipfile
 from pathlib import Path
 
-from wheel.wheelfile import WheelError, WheelFile
-
-CHUNK = 8 << 20
+from jatools import wheel_contents, wheel_members
 
 
 class RecordError(RuntimeError):
@@ -24,43 +20,22 @@ class RecordError(RuntimeError):
 
 
 def record_text(wheel: Path) -> str:
-    """The RECORD file of `wheel`, as text."""
-    with WheelFile(wheel) as wf:
-        return wf.read(wf.record_path).decode()
-
-
-def _read_all(wheel: Path, names: list[str]) -> list[str]:
-    problems = []
-    with WheelFile(wheel) as wf:
-        for name in names:
-            try:
-                with wf.open(name) as f:
-                    while f.read(CHUNK):
-                        pass
-            except WheelError as e:
-                problems.append(str(e))
-    return problems
+    """The RECORD file of `wheel`, as text (shipped to the clean room to check the installed bytes)."""
+    with zipfile.ZipFile(wheel) as zf:
+        return zf.read(f"{wheel_members.dist_info_dir(wheel)}/RECORD").decode()
 
 
 def verify(wheel: Path, workers: int | None = None) -> int:
     """Raise RecordError unless every member matches RECORD and RECORD lists only members; return the count."""
+    report = wheel_contents.ContentsReport(wheel.name)
     try:
-        with WheelFile(wheel) as wf:
-            members = [i.filename for i in wf.infolist() if not i.is_dir()]
-            record = wf.read(wf.record_path).decode()
-    except (WheelError, OSError, KeyError) as e:
-        raise RecordError(f"{wheel.name}: cannot read its RECORD: {e}; rebuild the wheel "
-                          "(`bash scripts/build_wheel.sh --variant lite|full`)") from None
-    listed = {row[0] for row in csv.reader(io.StringIO(record)) if row}
-    absent = sorted(listed - set(members))
-    problems = [f"RECORD lists {name}, which the wheel lacks" for name in absent]
-    workers = max(1, min(workers or os.cpu_count() or 1, len(members)))
-    groups = [members[i::workers] for i in range(workers)]
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        for found in pool.map(lambda g: _read_all(wheel, g), groups):
-            problems += found
-    if problems:
-        raise RecordError(f"{wheel.name} does not match its RECORD: {'; '.join(sorted(problems)[:6])}. "
-                          "A file was changed after the wheel was built; rebuild it "
-                          "(`bash scripts/build_wheel.sh --variant lite|full`) instead of editing it")
-    return len(members)
+        record = wheel_members.read_record(wheel)
+        scanned = wheel_members.scan(wheel, workers=workers)
+    except wheel_members.WheelReadError as e:
+        raise RecordError(f"{e}; rebuild the wheel (`bash scripts/build_wheel.sh --variant lite|full`)") from None
+    names = sorted(scanned)
+    wheel_contents._check_record(report, names, record, scanned, f"{wheel_members.dist_info_dir(wheel)}/RECORD")
+    if report.problems:
+        raise RecordError(f"{wheel.name} does not match its RECORD: {'; '.join(report.problems[:6])}. Rebuild the "
+                          "wheel (`bash scripts/build_wheel.sh --variant lite|full`) instead of editing it")
+    return len(names)

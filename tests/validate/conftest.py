@@ -2,22 +2,23 @@
 
 The wheelhouse is the checkout's own (build/wheelhouse, or JA_WHEELHOUSE), so a
 developer's warm one serves the tests too; when it is cold it is filled once
-from the package index. Validation runs engine-free here (no container engine).
+from the package index. The good wheels are the wheel tests' own (a real CPU
+build in build/tests-cpu, packed by jatools.wheel_build); the lite wheel's
+release is this build's JIT libraries staged by jatools.publish. Validation runs
+engine-free here (no container engine).
 """
 from __future__ import annotations
 
-import shutil
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
-from jatools import cleanroom, cleanroom_env, config, wheelhouse
-from tests.validate import wheel_factory
+from jatools import cleanroom, cleanroom_env, config, publish, wheelhouse
+from tests.wheel.conftest import layout, native_build, wheels  # noqa: F401  (fixtures: the real wheels)
 
 REPO = Path(__file__).resolve().parents[2]
-NEEDED = ["build/jax_aiter_build/libjax_aiter.so", "build/jax_aiter_build/rmsnorm_fwd_ja.so",
-          "build/jax_aiter_build/silu_and_mul_ja.so", "build/aiter_build/librmsnorm_fwd.so"]
 
 
 @pytest.fixture(scope="session")
@@ -40,24 +41,24 @@ def warm_wheelhouse(python312) -> Path:
 
 
 @pytest.fixture(scope="session")
-def built() -> None:
-    missing = [p for p in NEEDED if not (REPO / p).is_file()]
-    if missing:
-        pytest.fail(f"the native build is missing {', '.join(missing)}; run `JA_BACKEND=cpu make && "
-                    "JA_BACKEND=cpu python3 jax_aiter/jit/build_jit.py && JA_BACKEND=cpu make ja_mods`")
+def good_wheels(wheels) -> dict[str, Path]:
+    return {v: r.wheel for v, r in wheels.items()}
 
 
 @pytest.fixture(scope="session")
-def good_wheels(tmp_path_factory, built) -> dict[str, Path]:
-    out = tmp_path_factory.mktemp("good-wheels")
-    return {v: wheel_factory.build(out, v, wheel_factory.checkout_libs(v)) for v in ("lite", "full")}
+def release(native_build) -> Path:
+    """This build's JIT libraries staged as a release (what `invoke jit.publish --stage-only` makes)."""
+    summary = publish.publish(native_build, "unused", stage_only=True, log=lambda m: None)
+    return Path(summary["staged"]).parent
 
 
 @pytest.fixture
-def validate_wheels(warm_wheelhouse):
+def validate_wheels(warm_wheelhouse, request):
     """Validate wheels engine-free against the warm wheelhouse; returns the Report."""
 
     def run(*wheels: Path, **kw) -> cleanroom.Report:
+        kw.setdefault("release", request.getfixturevalue("release") if any(
+            cleanroom.wheel_variant(w) == "lite" for w in wheels) else None)
         opts = cleanroom.Options(root=REPO, wheels=list(wheels), engine="none", wheelhouse=warm_wheelhouse,
                                  fill=False, log=lambda m: None, **kw)
         report = cleanroom.validate(opts)
@@ -72,11 +73,6 @@ def failures(result) -> str:
     return "\n".join(f"{c.name}: {c.message}" for c in result.checks if not c.ok)
 
 
-def lib_copy(tmp: Path, names: list[str] | None = None) -> list[Path]:
-    """Copies of the checkout's full set of libraries (to plant defects in without touching the build)."""
-    tmp.mkdir(parents=True, exist_ok=True)
-    out = []
-    for lib in wheel_factory.checkout_libs("full"):
-        if names is None or lib.name in names:
-            out.append(Path(shutil.copy2(lib, tmp / lib.name)))
-    return out
+def member(wheel: Path, name: str) -> bytes:
+    with zipfile.ZipFile(wheel) as zf:
+        return zf.read(name)
