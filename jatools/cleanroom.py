@@ -204,8 +204,6 @@ def _step_failure(step: cplan.Step, cp: subprocess.CompletedProcess) -> str:
                 "wheelhouse, refill it with `invoke validate.wheelhouse`")
     if step.name == "venv":
         return f"could not create the environment (exit {cp.returncode}): {why}"
-    if step.name == "fetch":
-        return f"`{cplan.FETCH_SCRIPT}` failed against the local release (exit {cp.returncode}): {why}"
     return f"exit {cp.returncode}: {why}"
 
 
@@ -215,11 +213,10 @@ def _smoke_checks(step: cplan.Step, cp: subprocess.CompletedProcess, results: Pa
     except (OSError, ValueError):
         return [Check(step.name, "smoke", False, seconds,
                       f"the smoke script wrote no results (exit {cp.returncode}): {_tail(cp)}")]
-    checks = [Check(f"{r['check']}" + ("" if step.name == "smoke-core" else " (after fetch)"), "smoke",
-                    bool(r["ok"]), float(r["seconds"]), r["message"]) for r in rows]
+    checks = [Check(r["check"], "smoke", bool(r["ok"]), float(r["seconds"]), r["message"]) for r in rows]
     # Time outside the checks themselves (interpreter start, importing JAX) is the step's own.
     overhead = max(0.0, seconds - sum(c.seconds for c in checks))
-    checks.insert(0, Check(f"{step.name} start", "smoke", True, round(overhead, 3), "interpreter and imports"))
+    checks.insert(0, Check("smoke-start", "smoke", True, round(overhead, 3), "interpreter start, importing JAX"))
     if cp.returncode != 0 and all(c.ok for c in checks):
         checks.append(Check(step.name, "smoke", False, 0.0, f"exit {cp.returncode}: {_tail(cp)}"))
     return checks
@@ -311,7 +308,7 @@ def validate_wheel(wheel: Path, opts: Options, engine: container.Probe | None, w
         release = _timed(result, "release", "wheel", find_release)
         if release is None:
             return result
-    room = cenv.Room.create(opts.root)
+    room = cenv.Room.create(opts.root, reusable=not opts.keep)
     try:
         _stock_smoke(room.smoke, wheel, opts.root)
         if engine is None:
@@ -334,9 +331,12 @@ def _engine_free(result: WheelResult, room: cenv.Room, opts: Options, wheel: Pat
     gpu = cenv.host_gpu(result.backend)
     result.notes.append(f"GPU: {gpu} present, the smoke tests also run on the GPU" if gpu else
                         f"GPU: none of backend {result.backend} on this host; CPU only")
+    # pip compiles bytecode while it installs; with uv, the dependencies' bytecode is kept between rooms.
+    pycache = cenv.bytecode_cache(wh / ".pycache", room) if installer.kind == "uv" and room.lock else None
     layout = cplan.Layout(python=str(python), venv=str(room.venv), work=str(room.work), smoke=str(room.smoke),
                           out=str(room.tmp), wheel=str(wheel.resolve()), wheelhouse=str(wh),
-                          release=str(release) if release else None, checkout=str(opts.root))
+                          release=str(release) if release else None, checkout=str(opts.root),
+                          pycache=str(pycache) if pycache else None)
     plan = cplan.build(layout, installer, result.variant, pins)
     run_plan(plan, LocalRunner(room, cenv.clean_env(room, installer)), result, opts.log)
 

@@ -16,12 +16,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 GPU_PASSTHROUGH = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
                    "ROCR_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL")
-DEAD_PROXY = "http://127.0.0.1:9"  # the discard port: nothing listens, connections are refused
+DEAD_PROXY = "http://127.0.0.1:9"
+SLOTS = 16  # reusable rooms per user: concurrent validations each take a free one  # the discard port: nothing listens, connections are refused
 
 
 class CleanRoomError(RuntimeError):
@@ -118,9 +119,15 @@ def inside(path: Path, root: Path) -> bool:
 
 @dataclass(frozen=True)
 class Room:
-    """The folders of one clean room, all under one temporary folder outside the checkout."""
+    """The folders of one clean room, all under one temporary folder outside the checkout.
+
+    A reusable room sits at a fixed path (`<tmp>/ja-cleanroom-<uid>/slot<N>`, held
+    by a lock and emptied before use), so the bytecode of the dependencies can be
+    kept between rooms (see `bytecode_cache`); a kept room (--keep) gets a unique path.
+    """
 
     root: Path
+    lock: object | None = field(default=None, compare=False, repr=False)
 
     @property
     def venv(self) -> Path:
@@ -147,16 +154,56 @@ class Room:
         return self.root / "tmp"
 
     @classmethod
-    def create(cls, checkout: Path, base: Path | None = None) -> "Room":
-        """A new room under `base` (default: the system temp folder); refuses a place inside the checkout."""
+    def create(cls, checkout: Path, base: Path | None = None, reusable: bool = False) -> "Room":
+        """A new, empty room under `base` (default: the system temp folder); refuses a place inside the checkout."""
         base = Path(base or tempfile.gettempdir())
         if inside(base, checkout):
             raise CleanRoomError(f"the temporary folder {base} is inside the checkout {checkout}, so the room would "
                                  "not be clean; set TMPDIR to a folder outside it")
-        room = cls(Path(tempfile.mkdtemp(prefix="ja-cleanroom-", dir=base)))
+        room = cls._claim_slot(base) if reusable else None
+        room = room or cls(Path(tempfile.mkdtemp(prefix="ja-cleanroom-", dir=base)))
         for d in (room.home, room.cache, room.work, room.smoke, room.tmp):
             d.mkdir(parents=True)
         return room
+
+    @classmethod
+    def _claim_slot(cls, base: Path) -> "Room | None":
+        from filelock import FileLock, Timeout
+
+        parent = base / f"ja-cleanroom-{os.getuid()}"
+        parent.mkdir(exist_ok=True)
+        for i in range(SLOTS):
+            lock = FileLock(str(parent / f"slot{i}.lock"))
+            try:
+                lock.acquire(timeout=0)
+            except Timeout:
+                continue  # another validation holds this one
+            root = parent / f"slot{i}"
+            shutil.rmtree(root, ignore_errors=True)
+            root.mkdir()
+            return cls(root, lock)
+        return None
+
+
+def bytecode_cache(prefix: Path, room: Room) -> Path:
+    """The `-X pycache_prefix` folder for `room`, with everything but the dependencies' bytecode removed.
+
+    A fresh venv compiles every module JAX imports on first use (seconds). With a
+    fixed room path, the bytecode of the dependencies (files hard-linked from
+    uv's cache, checked by CPython against their size and mtime) is reused; the
+    wheel under test (jax_aiter) and everything outside site-packages are always
+    compiled afresh.
+    """
+    mirror = prefix / room.root.relative_to(room.root.anchor)
+    if mirror.is_dir():
+        for child in mirror.iterdir():
+            if child.name != "venv":
+                shutil.rmtree(child, ignore_errors=True)
+        for site in mirror.glob("venv/lib/python*/site-packages"):
+            for ours in site.glob("jax_aiter*"):
+                shutil.rmtree(ours, ignore_errors=True)
+    prefix.mkdir(parents=True, exist_ok=True)
+    return prefix
 
 
 def clean_env(room: Room, installer: Installer, source: dict[str, str] | None = None) -> dict[str, str]:
@@ -184,3 +231,5 @@ def clean_env(room: Room, installer: Installer, source: dict[str, str] | None = 
 
 def remove(room: Room) -> None:
     shutil.rmtree(room.root, ignore_errors=True)
+    if room.lock is not None:
+        room.lock.release()

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from jatools.cleanroom_env import Installer
 
 PORT = "{port}"  # filled in with the release server's port once it listens
-FETCH_SCRIPT = "jax-aiter-fetch-mha"
 SMOKE_SCRIPT = "cleanroom_smoke.py"
 RECORD_COPY = "wheel-RECORD"
 
@@ -31,6 +30,7 @@ class Layout:
     wheelhouse: str
     release: str | None  # folder served as the release (lite only)
     checkout: str     # the source tree that must stay unreachable
+    pycache: str | None = None  # -X pycache_prefix for the smoke step (dependencies' bytecode kept between rooms)
 
 
 @dataclass(frozen=True)
@@ -49,31 +49,28 @@ class Plan:
     steps: tuple[Step, ...] = field(default_factory=tuple)
 
 
-def _smoke(layout: Layout, phase: str, variant: str) -> Step:
-    out = f"{layout.out}/smoke-{phase}.json"
-    argv = (f"{layout.venv}/bin/python", "-I", f"{layout.smoke}/{SMOKE_SCRIPT}", "--phase", phase,
-            "--variant", variant, "--checkout", layout.checkout, "--record", f"{layout.smoke}/{RECORD_COPY}",
-            "--out", out)
-    return Step(f"smoke-{phase}", "smoke", argv, results=out)
-
-
 def build(layout: Layout, installer: Installer, variant: str, pins: list[str]) -> Plan:
-    """Every step for one wheel. `pins` (e.g. jax==0.11.0) keep the resolver at the versions under test."""
+    """Every step for one wheel. `pins` (e.g. jax==0.11.0) keep the resolver at the versions under test.
+
+    A lite wheel's smoke step fetches from the release server the step before starts.
+    """
     steps = [
         Step("venv", "environment", tuple(installer.create(layout.python, layout.venv))),
         Step("install", "install", tuple(installer.install(layout.venv, layout.wheelhouse,
                                                            [f"{layout.wheel}[fetch]", *pins]))),
-        _smoke(layout, "core", variant),
     ]
+    fetch: tuple[str, ...] = ()
     if variant == "lite":
         if layout.release is None:
             raise ValueError("a lite wheel needs a release folder to fetch the attention libraries from")
-        steps += [
-            Step("release-server", "smoke", (f"{layout.venv}/bin/python", "-I", "-u", "-m", "http.server", "0",
-                                             "--bind", "127.0.0.1", "--directory", layout.release),
-                 background=True),
-            Step("fetch", "smoke", (f"{layout.venv}/bin/{FETCH_SCRIPT}", "--base-url", f"http://127.0.0.1:{PORT}"),
-                 needs_port=True),
-            _smoke(layout, "attention", variant),
-        ]
+        steps.append(Step("release-server", "smoke", (f"{layout.venv}/bin/python", "-I", "-u", "-m", "http.server",
+                                                      "0", "--bind", "127.0.0.1", "--directory", layout.release),
+                          background=True))
+        fetch = ("--fetch-url", f"http://127.0.0.1:{PORT}")
+    out = f"{layout.out}/smoke.json"
+    prefix = ("-X", f"pycache_prefix={layout.pycache}") if layout.pycache else ()
+    steps.append(Step("smoke", "smoke", (f"{layout.venv}/bin/python", "-I", *prefix, f"{layout.smoke}/{SMOKE_SCRIPT}",
+                                         "--variant", variant, "--checkout", layout.checkout, "--record",
+                                         f"{layout.smoke}/{RECORD_COPY}", *fetch, "--out", out),
+                      results=out, needs_port=bool(fetch)))
     return Plan(variant, tuple(steps))

@@ -7,13 +7,13 @@ working directory outside the checkout. It imports only the standard library,
 NumPy, JAX and the *installed* jax_aiter, so it proves what a user of the wheel
 gets, not what the source tree provides.
 
-Phases:
-  core       isolation, installed bytes, identity, each library loading on its own,
-             the core ops on every device, and the attention API: it must work in a
-             full wheel and must fail naming `jax-aiter-fetch-mha` in a lite wheel;
-  attention  (lite, after `jax-aiter-fetch-mha`) attention forward and backward.
-Each phase ends by checking where every jax-aiter library in the process was
-mapped from (/proc/self/maps): only the install and the fetch cache are allowed.
+In order: isolation, installed bytes, identity, each library loading on its own,
+the core ops on every device; then attention. A full wheel runs it at once. A
+lite wheel must first refuse it naming `jax-aiter-fetch-mha`; the script then
+runs that command against the release the clean room serves on 127.0.0.1
+(--fetch-url) and runs attention in this same process, as a user who fetches
+after the first error would. Last, where every jax-aiter library in the process
+was mapped from (/proc/self/maps): only the install and the fetch cache are allowed.
 
 Results go to --out as JSON, a list of {check, ok, seconds, message}; the exit
 status is 0 when every check passed.
@@ -265,7 +265,7 @@ class Smoke:
             raise CheckFailed("; ".join(problems))
         note = f"{len(todo)} libraries"
         if deferred:
-            note += f" ({', '.join(sorted(deferred))} need fetched libraries; the attention phase covers them)"
+            note += f" ({', '.join(sorted(deferred))} need the fetched libraries; the attention check covers them)"
         return note
 
     def library_origins(self) -> str:
@@ -375,45 +375,55 @@ class Smoke:
             devs.append(gpus[0])
         return devs
 
-    # --- phases --------------------------------------------------------------------------
+    # --- the run -------------------------------------------------------------------------
 
-    def phase_core(self) -> None:
+    def fetch(self) -> str:
+        """`jax-aiter-fetch-mha --base-url URL`, the console script the wheel installed."""
+        script = Path(sys.executable).with_name(FETCH_COMMAND)
+        out = subprocess.run([str(script), "--base-url", self.args.fetch_url], capture_output=True, text=True)
+        text = " | ".join((out.stdout + out.stderr).strip().splitlines()[-4:])
+        if out.returncode != 0:
+            raise CheckFailed(f"`{FETCH_COMMAND} --base-url {self.args.fetch_url}` failed (exit {out.returncode}): "
+                              f"{text}")
+        return out.stdout.strip().splitlines()[-1] if out.stdout.strip() else text
+
+    def run_all(self) -> None:
         if not self.run("isolation", self.isolation):
             return  # everything after would test the checkout, not the wheel
         self.run("installed-bytes", self.installed_bytes)
         self.run("identity", self.identity)
         self.run("load-alone", self.load_alone)
         os.environ["JA_POISON_OUTPUTS"] = "1"  # unwritten outputs show as NaN
-        for dev in self.devices():
-            tag = "gpu" if dev.platform != "cpu" else "cpu"
-            self.run(f"core-ops[{tag}]", self.core_ops, dev)
-            if self.args.variant == "full":
-                self.run(f"attention[{tag}]", self.attention, dev)
+        devices = self.devices()
+        for dev in devices:
+            self.run(f"core-ops[{self.tag(dev)}]", self.core_ops, dev)
         if self.args.variant == "lite":
             self.run("attention-needs-fetch", self.attention_needs_fetch)
+            if not self.run("fetch", self.fetch):
+                self.run("library-origin", self.library_origins)
+                return
+        for dev in devices:
+            self.run(f"attention[{self.tag(dev)}]", self.attention, dev)
         self.run("library-origin", self.library_origins)
 
-    def phase_attention(self) -> None:
-        if not self.run("isolation", self.isolation):
-            return
-        os.environ["JA_POISON_OUTPUTS"] = "1"
-        for dev in self.devices():
-            tag = "gpu" if dev.platform != "cpu" else "cpu"
-            self.run(f"attention[{tag}]", self.attention, dev)
-        self.run("library-origin", self.library_origins)
+    @staticmethod
+    def tag(device) -> str:
+        return "gpu" if device.platform != "cpu" else "cpu"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--phase", choices=("core", "attention"), required=True)
     p.add_argument("--variant", choices=("lite", "full"), required=True)
+    p.add_argument("--fetch-url", help="lite: the release server's base URL for jax-aiter-fetch-mha")
     p.add_argument("--checkout", help="the source checkout, which must not be reachable")
     p.add_argument("--record", help="the wheel's RECORD, to compare the installed bytes with")
     p.add_argument("--out", required=True, help="where to write the results (JSON)")
     args = p.parse_args(argv)
+    if args.variant == "lite" and not args.fetch_url:
+        p.error("a lite wheel needs --fetch-url (the release server)")
     smoke = Smoke(args)
     try:
-        {"core": smoke.phase_core, "attention": smoke.phase_attention}[args.phase]()
+        smoke.run_all()
     finally:
         tmp = Path(args.out).with_suffix(".tmp")
         tmp.write_text(json.dumps(smoke.results, indent=1))

@@ -71,3 +71,26 @@ def test_installer_choice(tmp_path):
     else:
         assert inst.kind == "uv" and inst.env()["UV_CACHE_DIR"] == str(tmp_path)
         assert "--offline" in inst.install("/v", "/wh", ["x"]) and "--no-index" in inst.install("/v", "/wh", ["x"])
+
+
+def test_reusable_rooms_and_the_bytecode_they_keep(tmp_path):
+    """A fixed slot per concurrent validation; only the dependencies' bytecode survives into the next room."""
+    a = cenv.Room.create(REPO, tmp_path, reusable=True)
+    b = cenv.Room.create(REPO, tmp_path, reusable=True)
+    assert a.root != b.root and a.root.parent == b.root.parent, "a held slot is not handed out twice"
+    prefix = tmp_path / "pycache"
+    site = prefix / a.root.relative_to("/") / "venv/lib/python3.12/site-packages"
+    for rel in ("jax/__pycache__/core.cpython-312.pyc", "jax_aiter/__pycache__/_loader.cpython-312.pyc",
+                "jax_aiter/ops/__pycache__/rmsnorm.cpython-312.pyc"):
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_bytes(b"pyc")
+    (prefix / a.root.relative_to("/") / "smoke/__pycache__").mkdir(parents=True)
+    cenv.remove(a)
+    again = cenv.Room.create(REPO, tmp_path, reusable=True)
+    assert again.root == a.root and not any(again.venv.iterdir() if again.venv.exists() else [])
+    cenv.bytecode_cache(prefix, again)
+    assert (site / "jax/__pycache__/core.cpython-312.pyc").is_file()
+    assert not (site / "jax_aiter").exists(), "the wheel under test must always be compiled afresh"
+    assert not (prefix / a.root.relative_to("/") / "smoke").exists()
+    for r in (b, again):
+        cenv.remove(r)

@@ -135,11 +135,8 @@ def test_exact_container_command_lines(tmp_path):
         ex + "python3.12 -m venv /tmp/validator/venv",
         ex + f"{py} -m pip install --quiet --no-index --no-cache-dir --disable-pip-version-check --find-links "
              f"/opt/wheelhouse /validate/wheel/{wheel.name}[fetch] jax==0.11.0 jaxlib==0.11.0",
-        ex + f"{py} -I /validate/smoke/cleanroom_smoke.py --phase core --variant lite {smoke_args} "
-             "--out /validate/out/smoke-core.json",
         ex + f"{py} -I -u -m http.server 0 --bind 127.0.0.1 --directory /validate/release",
-        ex + "/tmp/validator/venv/bin/jax-aiter-fetch-mha --base-url http://127.0.0.1:{port}",
-        ex + f"{py} -I /validate/smoke/cleanroom_smoke.py --phase attention --variant lite {smoke_args} "
-             "--out /validate/out/smoke-attention.json",
+        ex + f"{py} -I /validate/smoke/cleanroom_smoke.py --variant lite {smoke_args} "
+             "--fetch-url http://127.0.0.1:{port} --out /validate/out/smoke.json",
     ]
     assert container.stop_command("docker", "ja-validate-1") == ["docker", "rm", "--force", "ja-validate-1"]
