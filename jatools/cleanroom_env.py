@@ -16,6 +16,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -122,8 +124,10 @@ class Room:
     """The folders of one clean room, all under one temporary folder outside the checkout.
 
     A reusable room sits at a fixed path (`<tmp>/ja-cleanroom-<uid>/slot<N>`, held
-    by a lock and emptied before use), so the bytecode of the dependencies can be
-    kept between rooms (see `bytecode_cache`); a kept room (--keep) gets a unique path.
+    by a lock), so the bytecode of the dependencies can be kept between rooms (see
+    `bytecode_cache`). It stays after use and is moved aside when the slot is next
+    claimed, then deleted in the background (a non-daemon thread, so it finishes
+    before the process exits). A kept room (--keep) gets a unique path.
     """
 
     root: Path
@@ -179,10 +183,17 @@ class Room:
             except Timeout:
                 continue  # another validation holds this one
             root = parent / f"slot{i}"
-            shutil.rmtree(root, ignore_errors=True)
+            if root.exists():  # the previous room of this slot: moved aside now, deleted while we work
+                os.rename(root, parent / f".trash-{uuid.uuid4().hex}")
+            threading.Thread(target=_empty_trash, args=(parent,), name="ja-cleanroom-trash").start()
             root.mkdir()
             return cls(root, lock)
         return None
+
+
+def _empty_trash(parent: Path) -> None:
+    for trash in parent.glob(".trash-*"):
+        shutil.rmtree(trash, ignore_errors=True)
 
 
 def bytecode_cache(prefix: Path, room: Room) -> Path:
@@ -230,6 +241,8 @@ def clean_env(room: Room, installer: Installer, source: dict[str, str] | None = 
 
 
 def remove(room: Room) -> None:
-    shutil.rmtree(room.root, ignore_errors=True)
+    """Release a reusable room (its files go when the slot is next claimed); delete any other."""
     if room.lock is not None:
         room.lock.release()
+    else:
+        shutil.rmtree(room.root, ignore_errors=True)

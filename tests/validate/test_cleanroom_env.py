@@ -47,7 +47,7 @@ def test_the_room_is_outside_the_checkout(tmp_path):
     with pytest.raises(cenv.CleanRoomError, match="inside the checkout"):
         cenv.Room.create(REPO, REPO / "build")
     cenv.remove(room)
-    assert not room.root.exists()
+    assert not room.root.exists(), "a one-off room is deleted"
 
 
 def test_find_python(tmp_path, python312):
@@ -86,8 +86,9 @@ def test_reusable_rooms_and_the_bytecode_they_keep(tmp_path):
         (site / rel).write_bytes(b"pyc")
     (prefix / a.root.relative_to("/") / "smoke/__pycache__").mkdir(parents=True)
     cenv.remove(a)
+    (a.venv / "stale").mkdir(parents=True)
     again = cenv.Room.create(REPO, tmp_path, reusable=True)
-    assert again.root == a.root and not any(again.venv.iterdir() if again.venv.exists() else [])
+    assert again.root == a.root and not again.venv.exists(), "a claimed slot starts empty"
     cenv.bytecode_cache(prefix, again)
     assert (site / "jax/__pycache__/core.cpython-312.pyc").is_file()
     assert not (site / "jax_aiter").exists(), "the wheel under test must always be compiled afresh"
