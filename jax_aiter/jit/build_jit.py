@@ -173,12 +173,13 @@ def find_ninja() -> str:
         raise BuildError("ninja not found; install it with `pip install ninja` (or apt-get install ninja-build)")
 
 
-def run_ninja(build_file: Path, jobs: int | None, verbose: bool, log, cwd: Path | None = None) -> tuple[int, int]:
-    """Run ninja; show instances done/total (a live line on a terminal, plain lines in CI)."""
+def run_ninja(build_file: Path, root: Path, jobs: int | None, verbose: bool, log) -> tuple[int, int]:
+    """Run ninja from the repository root (the build file's paths are relative to it); show
+    instances done/total (a live line on a terminal, plain lines in CI)."""
     cmd = [find_ninja(), "-f", str(build_file)] + (["-j", str(jobs)] if jobs else []) + (["-v"] if verbose else [])
     env = {**os.environ, "NINJA_STATUS": "[%f/%t] "}
     tty = sys.stdout.isatty() and not os.environ.get("CI")
-    proc = subprocess.Popen(cmd, cwd=cwd or build_file.parent.parent.parent, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env)
     done = total = 0
     failed: list[str] = []
@@ -268,8 +269,7 @@ def build(module_names: list[str] | None, jobs: int | None, verbose: bool, log_p
     write_if_changed(build_file, ninja_text(modules, sources, tc, flags, settings, ccache))
     log = open(log_path, "a") if log_path else open(os.devnull, "w")
     try:
-        # The ninja file's paths are relative to the repository root, wherever JA_BUILD_DIR puts it.
-        done, total = run_ninja(build_file, jobs, verbose, log, cwd=settings.root)
+        done, total = run_ninja(build_file, settings.root, jobs, verbose, log)
     finally:
         log.close()
     seconds = time.monotonic() - start

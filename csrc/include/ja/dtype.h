@@ -10,6 +10,7 @@
 #if defined(__CUDACC__) || defined(__HIPCC__)
 #define JA_HD __host__ __device__ inline
 #if defined(__HIPCC__)
+#include <hip/hip_runtime.h>  // __uint_as_float and friends (not implicit before ROCm 6)
 #include <hip/hip_fp16.h>
 #else
 #include <cuda_fp16.h>
@@ -38,8 +39,26 @@ inline const char* dtype_name(DType t) {
 struct alignas(2) bf16_t { uint16_t bits; };
 struct alignas(2) f16_t { uint16_t bits; };
 
-JA_HD float bits_to_f32(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
-JA_HD uint32_t f32_to_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+// Bit casts. The device pass uses the intrinsics: hipcc rejects std::memcpy
+// (a host function) inside __host__ __device__ code.
+JA_HD float bits_to_f32(uint32_t u) {
+#if defined(JA_DEVICE_PASS)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+JA_HD uint32_t f32_to_bits(float f) {
+#if defined(JA_DEVICE_PASS)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+#endif
+}
 
 JA_HD float to_f32(float v) { return v; }
 JA_HD float to_f32(bf16_t v) { return bits_to_f32(uint32_t(v.bits) << 16); }

@@ -7,7 +7,9 @@
 #if defined(__HIPCC__) || defined(JA_BACKEND_ROCM)
 #include <hip/hip_runtime.h>
 #include <hip/hip_fp16.h>
+#if __has_include(<hip/hip_bf16.h>)  // ROCm >= 5.7; older ROCm has only hip_bfloat16.h
 #include <hip/hip_bf16.h>
+#endif
 #define JA_GPU_HIP 1
 using ja_stream_t = hipStream_t;
 using ja_error_t = hipError_t;
@@ -83,5 +85,25 @@ JA_DEVICE float ja_warp_max(float v) {
 }
 
 JA_DEVICE float ja_exp2(float x) { return exp2f(x); }
+JA_DEVICE float ja_log2(float x) { return log2f(x); }
 JA_DEVICE float ja_rsqrt(float x) { return rsqrtf(x); }
+
+// Reductions over aligned groups of W consecutive lanes (W a power of two
+// <= 32, so the same code is right for 32- and 64-wide warps).
+template <int W>
+JA_DEVICE float ja_group_sum(float v) {
+#pragma unroll
+  for (int m = W / 2; m > 0; m >>= 1) v += ja_shfl_xor(v, m);
+  return v;
+}
+template <int W>
+JA_DEVICE float ja_group_max(float v) {
+#pragma unroll
+  for (int m = W / 2; m > 0; m >>= 1) v = fmaxf(v, ja_shfl_xor(v, m));
+  return v;
+}
+
+// float atomic add to global memory (dQ accumulation). One name, so a faster
+// hardware path on one platform (e.g. unsafeAtomicAdd on CDNA) can go here.
+JA_DEVICE void ja_atomic_add(float* addr, float v) { atomicAdd(addr, v); }
 #endif  // device compiler

@@ -1,0 +1,37 @@
+// Argument checks shared by the CPU and GPU mha_bwd handlers.
+#pragma once
+#include "../mha_args.h"
+
+namespace ja {
+
+// Inputs q, k, v, o, dout (q's dtype), lse (float32 [b, hq, sq]); results dq,
+// dk, dv and the float32 workspace dq_accum [b, sq, hq, d] and delta [b, hq, sq].
+inline ffi::Error mha_bwd_args(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
+                               const ffi::AnyBuffer& o, const ffi::AnyBuffer& dout, const ffi::AnyBuffer& lse,
+                               ffi::AnyBuffer& dq, ffi::AnyBuffer& dk, ffi::AnyBuffer& dv, ffi::AnyBuffer& dq_accum,
+                               ffi::AnyBuffer& delta, bool causal, float scale, JaMhaBwdArgs* a) {
+  MhaShape s{};
+  if (auto e = mha_shape("mha_bwd", q, k, v, scale, &s); e.failure()) return e;
+  const std::vector<int64_t> q_dims{s.batch, s.seq_q, s.heads_q, s.head_dim};
+  const std::vector<int64_t> kv_dims{s.batch, s.seq_k, s.heads_kv, s.head_dim};
+  const std::vector<int64_t> row_dims{s.batch, s.heads_q, s.seq_q};
+  const auto dt = q.element_type(), f32 = ffi::DataType::F32;
+  const struct {
+    const char* name;
+    const ffi::AnyBuffer& buf;
+    ffi::DataType dt;
+    const std::vector<int64_t>& dims;
+  } expected[] = {{"o", o, dt, q_dims},       {"dout", dout, dt, q_dims},   {"lse", lse, f32, row_dims},
+                  {"dq", dq, dt, q_dims},     {"dk", dk, dt, kv_dims},      {"dv", dv, dt, kv_dims},
+                  {"dq_accum", dq_accum, f32, q_dims}, {"delta", delta, f32, row_dims}};
+  for (const auto& x : expected)
+    if (auto e = mha_expect("mha_bwd", x.name, x.buf, x.dt, x.dims); e.failure()) return e;
+  *a = JaMhaBwdArgs{s.dtype, s.batch, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, s.head_dim, causal ? 1 : 0, scale,
+                    q.untyped_data(), k.untyped_data(), v.untyped_data(), o.untyped_data(), dout.untyped_data(),
+                    static_cast<const float*>(lse.untyped_data()), dq.untyped_data(), dk.untyped_data(),
+                    dv.untyped_data(), static_cast<float*>(dq_accum.untyped_data()),
+                    static_cast<float*>(delta.untyped_data())};
+  return ffi::Error::Success();
+}
+
+}  // namespace ja

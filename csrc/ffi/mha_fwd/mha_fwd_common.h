@@ -1,0 +1,23 @@
+// Argument checks shared by the CPU and GPU mha_fwd handlers.
+#pragma once
+#include "../mha_args.h"
+
+namespace ja {
+
+// q, k, v in; o [b, sq, hq, d] (q's dtype) and lse float32 [b, hq, sq] out.
+inline ffi::Error mha_fwd_args(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
+                               ffi::AnyBuffer& o, ffi::AnyBuffer& lse, bool causal, float scale, JaMhaFwdArgs* a) {
+  MhaShape s{};
+  if (auto e = mha_shape("mha_fwd", q, k, v, scale, &s); e.failure()) return e;
+  if (auto e = mha_expect("mha_fwd", "o", o, q.element_type(), {s.batch, s.seq_q, s.heads_q, s.head_dim});
+      e.failure())
+    return e;
+  if (auto e = mha_expect("mha_fwd", "lse", lse, ffi::DataType::F32, {s.batch, s.heads_q, s.seq_q}); e.failure())
+    return e;
+  *a = JaMhaFwdArgs{s.dtype, s.batch, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, s.head_dim, causal ? 1 : 0, scale,
+                    q.untyped_data(), k.untyped_data(), v.untyped_data(), o.untyped_data(),
+                    static_cast<float*>(lse.untyped_data())};
+  return ffi::Error::Success();
+}
+
+}  // namespace ja

@@ -1,0 +1,256 @@
+// Flash-attention backward on the GPU (CUDA and HIP from this one source).
+//
+// Three kernels on the caller's stream:
+//  1. mha_bwd_preprocess: delta = rowsum(dO * O) per query row, and zeroes the
+//     float32 dQ accumulator (both are workspace buffers owned by the caller).
+//  2. mha_bwd_dkdv: one block per (tile of BC keys, kv head, batch). It keeps
+//     its dK and dV tile in registers and walks every query tile of every
+//     query head of its GQA group, recomputing P = exp2(S * scale * log2 e -
+//     lse * log2 e) from the forward's lse (no seq x seq matrix is stored):
+//       dV += P^T dO, dP = dO V^T, dS = P * (dP - delta), dK += dS^T Q,
+//       dQ += dS K * scale  (float32 atomics into dq_accum).
+//     A block owns its keys for all heads of the group, so dK/dV need no atomics.
+//  3. mha_bwd_convert_dq: dq = dq_accum rounded to the input dtype.
+#pragma once
+#include <algorithm>
+#include <initializer_list>
+
+#include "ja/kernels/mha.h"
+#include "mha/mha_gpu_common.cuh"
+
+namespace ja {
+namespace mha_gpu {
+
+template <typename T, int D>
+constexpr int bwd_smem_bytes(int bc, int br) {
+  return (2 * bc + 2 * br) * tile_ld<T, D>() * int(sizeof(T)) + 2 * bc * (br + 1) * int(sizeof(float)) +
+         2 * br * int(sizeof(float));
+}
+
+// Largest (BC, BR) of (64,64), (64,32), (32,32), (32,16), (16,16) that fits.
+template <typename T, int D>
+struct BwdTiles {
+  static constexpr bool fits(int bc, int br) { return bwd_smem_bytes<T, D>(bc, br) <= kSmemBudget; }
+  static constexpr int BC = fits(64, 32) ? 64 : fits(32, 16) ? 32 : 16;
+  static constexpr int BR = fits(BC, BC) ? BC : fits(BC, BC / 2) && BC / 2 >= kTx ? BC / 2 : kTx;
+  static_assert(fits(BC, BR), "MHA backward tiles exceed shared memory");
+  static_assert(D % kTx == 0 && BC % kTy == 0 && BR % kTx == 0 && BR % kTy == 0,
+                "tile sizes must match the thread layout");
+};
+
+// One 16-lane group per query row: delta[b, h, i] = sum_c dO * O; dq_accum row = 0.
+template <typename T, int D>
+JA_GLOBAL void __launch_bounds__(kThreads) mha_bwd_preprocess(JaMhaBwdArgs a) {
+  const int64_t rows = a.batch * a.seq_q * a.heads_q;  // row index = (b * sq + i) * hq + h
+  const int tx = threadIdx.x % kTx;
+  // The loop bound is uniform across the block, so every lane reaches the shuffles.
+  for (int64_t base = int64_t(blockIdx.x) * kTy; base < rows; base += int64_t(gridDim.x) * kTy) {
+    const int64_t row = base + threadIdx.x / kTx;
+    const bool valid = row < rows;
+    float sum = 0.0f;
+    if (valid) {
+      const T* o = static_cast<const T*>(a.o) + row * D;
+      const T* g = static_cast<const T*>(a.dout) + row * D;
+      float* acc = a.dq_accum + row * D;
+      for (int c = tx; c < D; c += kTx) {
+        sum += to_f32(o[c]) * to_f32(g[c]);
+        acc[c] = 0.0f;
+      }
+    }
+    sum = ja_group_sum<kTx>(sum);
+    if (valid && tx == 0) {
+      const int64_t h = row % a.heads_q, bi = row / a.heads_q;  // bi = b * sq + i
+      const int64_t b = bi / a.seq_q, i = bi % a.seq_q;
+      a.delta[(b * a.heads_q + h) * a.seq_q + i] = sum;
+    }
+  }
+}
+
+template <typename T, int D, int BC, int BR, bool CAUSAL>
+JA_GLOBAL void __launch_bounds__(kThreads) mha_bwd_dkdv(JaMhaBwdArgs a) {
+  constexpr int LD = tile_ld<T, D>();
+  constexpr int LDT = BR + 1;   // row stride of the transposed score tiles
+  constexpr int RJ = BC / kTy;  // key rows per thread
+  constexpr int CI = BR / kTx;  // query columns per thread (score tiles)
+  constexpr int RI = BR / kTy;  // query rows per thread (dQ)
+  constexpr int DN = D / kTx;   // head-dim columns per thread
+  __shared__ T k_s[BC * LD];
+  __shared__ T v_s[BC * LD];
+  __shared__ T q_s[BR * LD];
+  __shared__ T do_s[BR * LD];
+  __shared__ float pt_s[BC * LDT];   // P^T
+  __shared__ float dst_s[BC * LDT];  // dS^T
+  __shared__ float lse_s[BR];        // lse * log2(e)
+  __shared__ float delta_s[BR];
+
+  const int tx = threadIdx.x % kTx, ty = threadIdx.x / kTx;
+  const int64_t kv0 = int64_t(blockIdx.x) * BC, hk = blockIdx.y, b = blockIdx.z;
+  const int64_t sq = a.seq_q, sk = a.seq_k, hq = a.heads_q, hkv = a.heads_kv;
+  const int64_t group = hq / hkv;
+  const int nk = int(sk - kv0 < BC ? sk - kv0 : BC);
+  const int64_t q_stride = hq * D, kv_stride = hkv * D;
+  const float s2 = a.scale * kLog2e;
+
+  load_tile<T, BC, D>(k_s, static_cast<const T*>(a.k) + ((b * sk + kv0) * hkv + hk) * D, kv_stride, nk);
+  load_tile<T, BC, D>(v_s, static_cast<const T*>(a.v) + ((b * sk + kv0) * hkv + hk) * D, kv_stride, nk);
+
+  float dk[RJ][DN], dv[RJ][DN];
+#pragma unroll
+  for (int j = 0; j < RJ; ++j)
+#pragma unroll
+    for (int d = 0; d < DN; ++d) dk[j][d] = dv[j][d] = 0.0f;
+
+  const int64_t q_begin = CAUSAL ? first_query_for_key(kv0, sq, sk) / BR * BR : 0;
+  for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+    const float* lse = a.lse + (b * hq + h) * sq;
+    const float* delta = a.delta + (b * hq + h) * sq;
+    for (int64_t q0 = q_begin; q0 < sq; q0 += BR) {
+      const int rows = int(sq - q0 < BR ? sq - q0 : BR);
+      __syncthreads();  // the previous tile's readers of q_s, do_s, pt_s, dst_s are done
+      const int64_t qoff = ((b * sq + q0) * hq + h) * D;
+      load_tile<T, BR, D>(q_s, static_cast<const T*>(a.q) + qoff, q_stride, rows);
+      load_tile<T, BR, D>(do_s, static_cast<const T*>(a.dout) + qoff, q_stride, rows);
+      for (int i = threadIdx.x; i < BR; i += kThreads) {
+        lse_s[i] = i < rows ? lse[q0 + i] * kLog2e : INFINITY;
+        delta_s[i] = i < rows ? delta[q0 + i] : 0.0f;
+      }
+      __syncthreads();
+
+      // S^T = K Q^T and dP^T = V dO^T for this thread's (key, query) block.
+      float st[RJ][CI], dpt[RJ][CI];
+#pragma unroll
+      for (int j = 0; j < RJ; ++j)
+#pragma unroll
+        for (int i = 0; i < CI; ++i) st[j][i] = dpt[j][i] = 0.0f;
+      for (int c = 0; c < D; ++c) {
+        float kv[RJ], vv[RJ], qv[CI], gv[CI];
+#pragma unroll
+        for (int j = 0; j < RJ; ++j) {
+          kv[j] = to_f32(k_s[(ty + j * kTy) * LD + c]);
+          vv[j] = to_f32(v_s[(ty + j * kTy) * LD + c]);
+        }
+#pragma unroll
+        for (int i = 0; i < CI; ++i) {
+          qv[i] = to_f32(q_s[(tx + i * kTx) * LD + c]);
+          gv[i] = to_f32(do_s[(tx + i * kTx) * LD + c]);
+        }
+#pragma unroll
+        for (int j = 0; j < RJ; ++j)
+#pragma unroll
+          for (int i = 0; i < CI; ++i) {
+            st[j][i] += kv[j] * qv[i];
+            dpt[j][i] += vv[j] * gv[i];
+          }
+      }
+#pragma unroll
+      for (int j = 0; j < RJ; ++j) {
+        const int kr = ty + j * kTy;
+#pragma unroll
+        for (int i = 0; i < CI; ++i) {
+          const int qr = tx + i * kTx;
+          const bool ok = kr < nk && qr < rows && key_visible(CAUSAL, q0 + qr, kv0 + kr, sq, sk);
+          const float p = ok ? ja_exp2(st[j][i] * s2 - lse_s[qr]) : 0.0f;  // lse = +inf gives 0 too
+          pt_s[kr * LDT + qr] = p;
+          dst_s[kr * LDT + qr] = p * (dpt[j][i] - delta_s[qr]);
+        }
+      }
+      __syncthreads();
+
+      // dV += P^T dO and dK += dS^T Q (this thread's key rows).
+      for (int i = 0; i < BR; ++i) {
+        float pv[RJ], sv[RJ], gv[DN], qv[DN];
+#pragma unroll
+        for (int j = 0; j < RJ; ++j) {
+          pv[j] = pt_s[(ty + j * kTy) * LDT + i];
+          sv[j] = dst_s[(ty + j * kTy) * LDT + i];
+        }
+#pragma unroll
+        for (int d = 0; d < DN; ++d) {
+          gv[d] = to_f32(do_s[i * LD + tx + d * kTx]);
+          qv[d] = to_f32(q_s[i * LD + tx + d * kTx]);
+        }
+#pragma unroll
+        for (int j = 0; j < RJ; ++j)
+#pragma unroll
+          for (int d = 0; d < DN; ++d) {
+            dv[j][d] += pv[j] * gv[d];
+            dk[j][d] += sv[j] * qv[d];
+          }
+      }
+
+      // dQ += dS K * scale, one query row at a time to bound registers.
+#pragma unroll
+      for (int i = 0; i < RI; ++i) {
+        const int qr = ty + i * kTy;
+        float acc[DN];
+#pragma unroll
+        for (int d = 0; d < DN; ++d) acc[d] = 0.0f;
+        for (int j = 0; j < BC; ++j) {
+          const float sv = dst_s[j * LDT + qr];
+#pragma unroll
+          for (int d = 0; d < DN; ++d) acc[d] += sv * to_f32(k_s[j * LD + tx + d * kTx]);
+        }
+        if (qr < rows) {
+          float* dq = a.dq_accum + qoff + qr * q_stride;
+#pragma unroll
+          for (int d = 0; d < DN; ++d) ja_atomic_add(dq + tx + d * kTx, acc[d] * a.scale);
+        }
+      }
+    }
+  }
+
+  T* dk_out = static_cast<T*>(a.dk) + ((b * sk + kv0) * hkv + hk) * D;
+  T* dv_out = static_cast<T*>(a.dv) + ((b * sk + kv0) * hkv + hk) * D;
+#pragma unroll
+  for (int j = 0; j < RJ; ++j) {
+    const int kr = ty + j * kTy;
+    if (kr >= nk) continue;
+#pragma unroll
+    for (int d = 0; d < DN; ++d) {
+      dk_out[kr * kv_stride + tx + d * kTx] = from_f32<T>(dk[j][d] * a.scale);
+      dv_out[kr * kv_stride + tx + d * kTx] = from_f32<T>(dv[j][d]);
+    }
+  }
+}
+
+template <typename T>
+JA_GLOBAL void __launch_bounds__(kThreads) mha_bwd_convert_dq(const float* acc, T* dq, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
+    dq[i] = from_f32<T>(acc[i]);
+}
+
+}  // namespace mha_gpu
+
+template <typename T, int D, bool CAUSAL>
+const char* mha_bwd_gpu(const JaMhaBwdArgs& a, void* stream) {
+  using Tiles = mha_gpu::BwdTiles<T, D>;
+  using mha_gpu::kThreads;
+  const ja_stream_t s = static_cast<ja_stream_t>(stream);
+  const int64_t q_rows = a.batch * a.seq_q * a.heads_q;
+  if (q_rows == 0 && a.batch * a.seq_k * a.heads_kv == 0) return nullptr;
+  for (const void* p : {a.q, a.k, a.v, a.dout})
+    if (!mha_gpu::aligned16(p)) return ja_error("mha_bwd: q, k, v and dout must be 16-byte aligned on the GPU");
+  const int64_t kv_tiles = (a.seq_k + Tiles::BC - 1) / Tiles::BC;
+  if (const char* e = mha_gpu::check_grid("mha_bwd", kv_tiles, a.heads_kv, a.batch)) return e;
+  const int64_t max_blocks = int64_t(1) << 20;  // grid-stride loops cover the rest
+
+  if (q_rows > 0) {
+    const int64_t blocks = std::min<int64_t>((q_rows + mha_gpu::kTy - 1) / mha_gpu::kTy, max_blocks);
+    mha_gpu::mha_bwd_preprocess<T, D><<<unsigned(blocks), kThreads, 0, s>>>(a);
+    if (const char* e = mha_gpu::launch_status("mha_bwd (preprocess)")) return e;
+  }
+  if (kv_tiles > 0) {
+    const dim3 grid(unsigned(kv_tiles), unsigned(a.heads_kv), unsigned(a.batch));
+    mha_gpu::mha_bwd_dkdv<T, D, Tiles::BC, Tiles::BR, CAUSAL><<<grid, kThreads, 0, s>>>(a);
+    if (const char* e = mha_gpu::launch_status("mha_bwd (dK/dV/dQ)")) return e;
+  }
+  if (q_rows > 0) {
+    const int64_t n = q_rows * a.head_dim;
+    const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, max_blocks);
+    mha_gpu::mha_bwd_convert_dq<T><<<unsigned(blocks), kThreads, 0, s>>>(a.dq_accum, static_cast<T*>(a.dq), n);
+    if (const char* e = mha_gpu::launch_status("mha_bwd (convert dQ)")) return e;
+  }
+  return nullptr;
+}
+
+}  // namespace ja

@@ -1,0 +1,52 @@
+// Instance lookup shared by mha_fwd_dispatch.cpp and mha_bwd_dispatch.cpp.
+//
+// The JIT build generates one instance per (dtype, head_dim, causal) and an
+// instance table (<module>_<backend>_instances.inc, JA_INSTANCE(symbol, dtype,
+// head_dim, causal) rows); the entry points look the request up in it.
+#pragma once
+#include <algorithm>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "ja/api.h"
+#include "ja/dtype.h"
+
+namespace ja {
+
+template <typename Fn>
+struct MhaInstance {
+  DType dtype;
+  int head_dim;
+  bool causal;
+  Fn fn;
+};
+
+// The head dims compiled for dtype, as "64, 128".
+template <typename Fn, size_t N>
+std::string mha_head_dims(const MhaInstance<Fn> (&table)[N], DType dtype) {
+  std::vector<int> dims;
+  for (const auto& e : table)
+    if (e.dtype == dtype) dims.push_back(e.head_dim);
+  std::sort(dims.begin(), dims.end());
+  dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
+  std::string out;
+  for (int d : dims) out += (out.empty() ? "" : ", ") + std::to_string(d);
+  return out.empty() ? "none" : out;
+}
+
+// Calls the instance matching args (dtype, head_dim, causal) with (&args, extra...).
+template <typename Fn, size_t N, typename Args, typename... Extra>
+const char* mha_dispatch(const char* op, const char* backend, const MhaInstance<Fn> (&table)[N], const Args& a,
+                         Extra... extra) {
+  for (const auto& e : table)
+    if (int(e.dtype) == a.dtype && e.head_dim == a.head_dim && e.causal == (a.causal != 0))
+      return e.fn(&a, extra...);
+  const DType dt = DType(a.dtype);
+  const bool known = a.dtype >= 0 && a.dtype <= int(DType::kF16);
+  return ja_error("%s: no %s instance for dtype %s, head_dim %lld, causal %d in this build; supported head dims: %s",
+                  op, backend, known ? dtype_name(dt) : "unknown", (long long)a.head_dim, a.causal,
+                  mha_head_dims(table, dt).c_str());
+}
+
+}  // namespace ja

@@ -1,0 +1,87 @@
+// Building blocks of the GPU flash-attention kernels (CUDA and HIP from one source).
+//
+// Thread layout shared by all MHA kernels: 128 threads = 8 row groups (ty) x
+// 16 lanes (tx). A thread owns tile rows ty, ty + 8, ... and columns tx,
+// tx + 16, ...; the 16 lanes of a row group are consecutive lanes of one warp
+// (on 32- and 64-wide warps alike), so row reductions are 16-lane shuffles.
+//
+// Tiles live in shared memory in the input dtype, rows padded by one 32-bit
+// word so the 16 lanes reading 16 different rows at the same column hit 16
+// different banks. The inner products are plain loops over shared memory
+// (SIMT, float32 FMA); they are the place where tensor-core MMA goes later.
+#pragma once
+#include <cstdint>
+
+#include "ja/api.h"
+#include "ja/dtype.h"
+#include "ja/gpu.h"
+
+namespace ja {
+namespace mha_gpu {
+
+constexpr int kThreads = 128;
+constexpr int kTx = 16;               // lanes per row group
+constexpr int kTy = kThreads / kTx;   // row groups
+constexpr int kSmemBudget = 48 * 1024;  // static shared memory without opt-in (CUDA); LDS is 64 KiB on CDNA
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Row stride (elements) of a [rows][D] tile of T in shared memory.
+template <typename T, int D>
+constexpr int tile_ld() { return D + int(4 / sizeof(T)); }
+
+template <typename T, int N>
+struct alignas(16) Pack {
+  T v[N];
+};
+
+// Copies rows [0, rows_valid) of a global [ROWS][D] tile (rows `stride`
+// elements apart) to shared memory with 16-byte loads; pads with zeros.
+template <typename T, int ROWS, int D>
+JA_DEVICE void load_tile(T* smem, const T* g, int64_t stride, int rows_valid) {
+  constexpr int kVec = 16 / int(sizeof(T));
+  constexpr int kPerRow = D / kVec;
+  constexpr int kLd = tile_ld<T, D>();
+  static_assert(D % kVec == 0, "head_dim must be a multiple of 16 bytes");
+  for (int idx = threadIdx.x; idx < ROWS * kPerRow; idx += kThreads) {
+    const int r = idx / kPerRow, c = (idx % kPerRow) * kVec;
+    Pack<T, kVec> p;
+    if (r < rows_valid) {
+      p = *reinterpret_cast<const Pack<T, kVec>*>(g + r * stride + c);
+    } else {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) p.v[e] = from_f32<T>(0.0f);
+    }
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) smem[r * kLd + c + e] = p.v[e];
+  }
+}
+
+// First query row that can see key `key` (bottom-right causal alignment).
+JA_HOST_DEVICE int64_t first_query_for_key(int64_t key, int64_t seq_q, int64_t seq_k) {
+  const int64_t q = key - (seq_k - seq_q);
+  return q > 0 ? q : 0;
+}
+
+JA_DEVICE bool key_visible(bool causal, int64_t query, int64_t key, int64_t seq_q, int64_t seq_k) {
+  return !causal || key <= query + seq_k - seq_q;
+}
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+inline const char* launch_status(const char* what) {
+  const ja_error_t err = ja_get_last_error();
+  if (err != ja_success) return ja_error("%s: kernel launch failed: %s", what, ja_get_error_string(err));
+  return nullptr;
+}
+
+// Grid y/z are limited to 65535 on both platforms.
+inline const char* check_grid(const char* op, int64_t x, int64_t y, int64_t z) {
+  if (x > 0x7fffffffLL || y > 65535 || z > 65535)
+    return ja_error("%s: grid (%lld, %lld, %lld) exceeds the GPU limits (2^31-1, 65535, 65535); "
+                    "split the batch or heads", op, (long long)x, (long long)y, (long long)z);
+  return nullptr;
+}
+
+}  // namespace mha_gpu
+}  // namespace ja

@@ -1,0 +1,123 @@
+"""Flash attention through the mha_fwd / mha_bwd FFI kernels, with a custom VJP.
+
+The forward kernel returns the output and the row log-sum-exp (lse, float32
+[batch, heads_q, seq_q]); lse stays inside the VJP residuals, where the
+backward kernel uses it to recompute the softmax instead of storing it.
+The backward kernel also takes two float32 workspace buffers (the dQ
+accumulator and rowsum(dO * O)); they are extra FFI results that XLA
+allocates and this module drops.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from functools import lru_cache, partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_aiter import _loader
+from jax_aiter.ops import _batching, _checks, _ffi
+
+OP = "flash_attn_func"
+# Head dims with compiled instances: the head_dim axis of the mha_fwd/mha_bwd
+# modules in jax_aiter/jit/optCompilerConfig.json (a test keeps them equal).
+SUPPORTED_HEAD_DIMS = (64, 128)
+
+
+def _check(q, k, v, causal, softmax_scale) -> float:
+    """Validate the inputs; return the softmax scale as a Python float."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _checks.check_dtype(OP, name, x)
+    _checks.check_same_dtype(OP, "q", q, "k", k)
+    _checks.check_same_dtype(OP, "q", q, "v", v)
+    for name, x, seq, heads in (("q", q, "seq_q", "heads_q"), ("k", k, "seq_k", "heads_kv"),
+                                ("v", v, "seq_k", "heads_kv")):
+        if x.ndim != 4:
+            raise ValueError(f"{OP}: {name} must have rank 4 [batch, {seq}, {heads}, head_dim], "
+                             f"got shape {tuple(x.shape)}")
+    if k.shape != v.shape:
+        raise ValueError(f"{OP}: k and v must have the same shape [batch, seq_k, heads_kv, head_dim], "
+                         f"got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    batch, _, heads_q, head_dim = q.shape
+    if k.shape[0] != batch:
+        raise ValueError(f"{OP}: batch size mismatch: q has {batch}, k and v have {k.shape[0]}")
+    if k.shape[3] != head_dim:
+        raise ValueError(f"{OP}: head_dim mismatch: q has {head_dim}, k and v have {k.shape[3]}")
+    heads_kv = k.shape[2]
+    if heads_kv == 0 or heads_q % heads_kv != 0:
+        raise ValueError(f"{OP}: heads_q ({heads_q}) must be a multiple of heads_kv ({heads_kv}) "
+                         "for grouped-query attention")
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"{OP}: head_dim {head_dim} is not supported; supported head dims are "
+                         f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))} (pad q, k and v to one of them)")
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"{OP}: causal must be a Python bool, got {type(causal).__name__}")
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(softmax_scale, (bool, np.bool_)) or not isinstance(softmax_scale, numbers.Real):
+        raise TypeError(f"{OP}: softmax_scale must be a Python float or None (1/sqrt(head_dim)), "
+                        f"got {type(softmax_scale).__name__}; it is a compile-time constant, not an array")
+    scale = float(softmax_scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"{OP}: softmax_scale must be finite, got {scale}")
+    return scale
+
+
+@lru_cache(maxsize=None)
+def _prims(causal: bool, scale: float):
+    """The forward and backward FFI calls for one (causal, scale), batched by folding into batch."""
+    attrs = {"causal": np.bool_(causal), "scale": _ffi.f32(scale)}
+
+    def fwd(q, k, v):
+        _loader.ensure_registered("mha_fwd")
+        batch, seq_q, heads_q, _ = q.shape
+        outs = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((batch, heads_q, seq_q), jnp.float32))
+        return _ffi.ffi_call("ja_mha_fwd", outs, q, k, v, **attrs)
+
+    def bwd(q, k, v, o, do, lse):
+        _loader.ensure_registered("mha_bwd")
+        outs = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
+                jax.ShapeDtypeStruct(v.shape, v.dtype),
+                jax.ShapeDtypeStruct(q.shape, jnp.float32),      # workspace: dQ accumulator
+                jax.ShapeDtypeStruct(lse.shape, jnp.float32))    # workspace: rowsum(dO * O)
+        dq, dk, dv, _, _ = _ffi.ffi_call("ja_mha_bwd", outs, q, k, v, o, do, lse, **attrs)
+        return dq, dk, dv
+
+    return _batching.fold_into_batch(fwd), _batching.fold_into_batch(bwd)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _flash(q, k, v, causal, scale):
+    return _prims(causal, scale)[0](q, k, v)[0]
+
+
+def _flash_fwd(q, k, v, causal, scale):
+    o, lse = _prims(causal, scale)[0](q, k, v)
+    return o, (q, k, v, o, lse)
+
+
+def _flash_bwd(causal, scale, res, do):
+    q, k, v, o, lse = res
+    return _prims(causal, scale)[1](q, k, v, o, do.astype(o.dtype), lse)
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def flash_attn_func(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool = False,
+                    softmax_scale: float | None = None) -> jax.Array:
+    """softmax(q k^T * softmax_scale) v without materialising the seq_q x seq_k matrix.
+
+    q is [batch, seq_q, heads_q, head_dim]; k and v are [batch, seq_k, heads_kv,
+    head_dim] with heads_q a multiple of heads_kv (grouped-query attention: query
+    head h uses kv head h // (heads_q // heads_kv)). float16, bfloat16 or
+    float32; head_dim 64 or 128; softmax_scale defaults to 1/sqrt(head_dim).
+    causal=True masks key j for query i unless j <= i + seq_k - seq_q (aligned to
+    the bottom-right corner, as FlashAttention does); a query row that sees no
+    key outputs 0. Accumulation is float32. Differentiable (custom VJP calling
+    the mha_bwd kernel); works under jit and vmap.
+    """
+    scale = _check(q, k, v, causal, softmax_scale)
+    return _flash(q, k, v, bool(causal), scale)

@@ -1,0 +1,302 @@
+"""flash_attn_func (mha_fwd / mha_bwd kernels) against a float64 NumPy reference.
+
+Reference: softmax(Q K^T * scale) V and its three gradients, written out in
+float64 NumPy (dV = P^T dO, dS = P * (dP - rowsum(P * dP)), dQ = scale dS K,
+dK = scale dS^T Q, GQA heads summed), from the same rounded inputs the kernel
+sees. The causal mask is bottom-right aligned; a query row with no visible key
+has output 0 and zero gradients.
+
+Error measure: normwise, ||got - ref|| / max(||ref||, 0.1 * sqrt(n)). Inputs
+are unit normal, so the 0.1 floor only matters for tensors whose exact value
+is (near) zero, such as dQ and dK with a single key. Bounds per dtype are in
+RTOL: a few times the error of rounding the result once to the dtype (float32
+accumulation everywhere); measured errors are about 5e-7 (float32), 2e-3
+(bfloat16) and 2.5e-4 (float16). The float32 bound is looser (1e-4) because
+with one key dQ and dK are exactly zero and the kernel returns float32
+cancellation noise of dP - delta summed over up to 129 query rows and 4 heads
+(up to 5.3e-5 of the floor measured).
+"""
+from __future__ import annotations
+
+import json
+from functools import partial
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_aiter
+from jax_aiter.ops import attention
+
+RTOL = {"float32": 1e-4, "bfloat16": 1e-2, "float16": 2e-3}
+DTYPES = ["float32", "bfloat16", "float16"]
+DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("gpu", id="gpu", marks=pytest.mark.gpu)]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# --- reference ------------------------------------------------------------------------
+
+def reference(q, k, v, do, causal: bool, scale: float):
+    """float64 forward output and (dq, dk, dv) for q [b, sq, hq, d], k/v [b, sk, hkv, d]."""
+    q, k, v, do = (np.asarray(x, np.float64) for x in (q, k, v, do))
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    g = hq // hkv
+    ke, ve = np.repeat(k, g, axis=2), np.repeat(v, g, axis=2)
+    s = np.einsum("bqhd,bkhd->bhqk", q, ke) * scale
+    mask = np.ones((sq, sk), bool)
+    if causal:
+        mask = np.arange(sk)[None, :] <= np.arange(sq)[:, None] + sk - sq
+    s = np.where(mask, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    p = np.exp(s - m)
+    den = p.sum(-1, keepdims=True)
+    p = np.where(den > 0, p / np.where(den > 0, den, 1.0), 0.0)
+    o = np.einsum("bhqk,bkhd->bqhd", p, ve)
+    dov = np.einsum("bqhd->bhqd", do)
+    dv = np.einsum("bhqk,bhqd->bkhd", p, dov)
+    dp = np.einsum("bhqd,bkhd->bhqk", dov, ve)
+    ds = p * (dp - (p * dp).sum(-1, keepdims=True))
+    dq = np.einsum("bhqk,bkhd->bqhd", ds, ke) * scale
+    dk = np.einsum("bhqk,bqhd->bkhd", ds, q) * scale
+    dk = dk.reshape(b, sk, hkv, g, d).sum(3)
+    dv = dv.reshape(b, sk, hkv, g, d).sum(3)
+    return o, (dq, dk, dv)
+
+
+def rel_err(got, ref) -> float:
+    got = np.asarray(jnp.asarray(got, jnp.float32), np.float64)
+    assert np.all(np.isfinite(got)), "result has NaN or inf"
+    floor = 0.1 * np.sqrt(ref.size)
+    return float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), floor, 1e-30))
+
+
+def make_inputs(seed, dtype, batch, sq, sk, hq, hkv, d, device="cpu"):
+    """Unit-normal q, k, v, dout in dtype on device, plus their exact float64 values."""
+    rng = np.random.default_rng(seed)
+    shapes = [(batch, sq, hq, d), (batch, sk, hkv, d), (batch, sk, hkv, d), (batch, sq, hq, d)]
+    dev = jax.devices(device)[0]
+    arrs = [jax.device_put(jnp.asarray(rng.standard_normal(s, np.float32), dtype), dev) for s in shapes]
+    exact = [np.asarray(a.astype(jnp.float32), np.float64) for a in arrs]
+    return arrs, exact
+
+
+@partial(jax.jit, static_argnames=("causal", "scale"))
+def forward_and_grads(q, k, v, do, causal, scale=None):
+    out, vjp = jax.vjp(lambda q, k, v: jax_aiter.flash_attn_func(q, k, v, causal=causal, softmax_scale=scale),
+                       q, k, v)
+    return out, vjp(do)
+
+
+def check_case(device, dtype, d, causal, hq, hkv, sq, sk, batch=2, scale=None, seed=0):
+    (q, k, v, do), (qe, ke, ve, doe) = make_inputs(seed, dtype, batch, sq, sk, hq, hkv, d, device)
+    out, grads = forward_and_grads(q, k, v, do, causal=causal, scale=scale)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    assert [g.dtype for g in grads] == [q.dtype] * 3
+    ref_o, ref_grads = reference(qe, ke, ve, doe, causal, scale if scale is not None else d ** -0.5)
+    errs = {name: rel_err(got, ref) for name, got, ref in
+            zip(("o", "dq", "dk", "dv"), (out, *grads), (ref_o, *ref_grads))}
+    bad = {n: e for n, e in errs.items() if not e <= RTOL[dtype]}
+    assert not bad, f"relative error above {RTOL[dtype]} ({dtype}): {bad}"
+
+
+# --- numerics -------------------------------------------------------------------------
+
+GQA = [pytest.param((4, 4), id="mha"), pytest.param((4, 1), id="gqa4")]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("heads", GQA)
+@pytest.mark.parametrize("seqs", [(17, 129), (129, 17)], ids=lambda s: f"sq{s[0]}-sk{s[1]}")
+def test_matches_reference(device, dtype, d, causal, heads, seqs):
+    check_case(device, dtype, d, causal, *heads, *seqs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("heads", GQA)
+@pytest.mark.parametrize("seqs", [(1, 1), (17, 17), (129, 129), (1, 17), (17, 1)], ids=lambda s: f"sq{s[0]}-sk{s[1]}")
+def test_sequence_lengths(device, causal, heads, seqs):
+    check_case(device, "bfloat16", 64, causal, *heads, *seqs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("heads", GQA + [pytest.param((8, 2), id="gqa4-2")])
+@pytest.mark.parametrize("seqs", [(1, 1), (1, 129), (129, 1), (17, 17), (64, 64), (65, 63), (129, 129),
+                                  (200, 333), (333, 200)], ids=lambda s: f"sq{s[0]}-sk{s[1]}")
+def test_sweep(device, dtype, d, causal, heads, seqs):
+    check_case(device, dtype, d, causal, *heads, *seqs, batch=1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_custom_scale(device):
+    check_case(device, "float32", 64, True, 4, 2, 33, 47, scale=0.3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rows_without_keys_are_zero(device):
+    """Causal with seq_q > seq_k: the first seq_q - seq_k rows see no key."""
+    (q, k, v, do), _ = make_inputs(1, "float32", 1, 20, 5, 2, 2, 64, device)
+    out, (dq, dk, dv) = forward_and_grads(q, k, v, do, causal=True)
+    assert np.all(np.asarray(out[:, :15]) == 0.0)
+    assert np.all(np.asarray(dq[:, :15]) == 0.0)
+    assert np.all(np.abs(np.asarray(out[:, 15:])) > 0)
+    assert all(np.all(np.isfinite(np.asarray(x))) for x in (out, dq, dk, dv))
+
+
+# --- transformations ------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_eager_matches_jit(device):
+    (q, k, v, _), _ = make_inputs(2, "bfloat16", 2, 17, 17, 4, 2, 64, device)
+    eager = jax_aiter.flash_attn_func(q, k, v, causal=True)
+    jitted = jax.jit(lambda q, k, v: jax_aiter.flash_attn_func(q, k, v, causal=True))(q, k, v)
+    np.testing.assert_array_equal(np.asarray(eager, np.float32), np.asarray(jitted, np.float32))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_vmap_folds_into_batch(device):
+    """vmap over an extra leading axis equals a loop over it (k, v shared or mapped)."""
+    (q, k, v, _), _ = make_inputs(3, "float32", 6, 17, 17, 4, 2, 64, device)
+    q3 = q.reshape(3, 2, *q.shape[1:])
+    k3, v3 = k.reshape(3, 2, *k.shape[1:]), v.reshape(3, 2, *v.shape[1:])
+    f = lambda q, k, v: jax_aiter.flash_attn_func(q, k, v, causal=True)  # noqa: E731
+    mapped = jax.jit(jax.vmap(f))(q3, k3, v3)
+    looped = jnp.stack([f(q3[i], k3[i], v3[i]) for i in range(3)])
+    np.testing.assert_allclose(np.asarray(mapped), np.asarray(looped), rtol=1e-6, atol=1e-6)
+    shared = jax.vmap(f, in_axes=(0, None, None))(q3, k3[0], v3[0])
+    np.testing.assert_allclose(np.asarray(shared[1]), np.asarray(f(q3[1], k3[0], v3[0])), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_grad_of_vmap_and_vmap_of_grad(device):
+    (q, k, v, do), (qe, ke, ve, doe) = make_inputs(4, "float32", 4, 17, 9, 4, 1, 64, device)
+    w = do.reshape(2, 2, *do.shape[1:])
+    resh = lambda x: x.reshape(2, 2, *x.shape[1:])  # noqa: E731
+
+    def loss(q, k, v):
+        return jnp.sum(jax.vmap(lambda q, k, v: jax_aiter.flash_attn_func(q, k, v, causal=True))(q, k, v) * w)
+
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(resh(q), resh(k), resh(v))
+    _, ref = reference(qe, ke, ve, doe, True, 64 ** -0.5)
+    for got, r in zip(grads, ref):
+        assert rel_err(got.reshape(r.shape), r) <= RTOL["float32"]
+
+    def per_example(q, k, v, w):
+        return jax.grad(lambda q: jnp.sum(jax_aiter.flash_attn_func(q, k, v, causal=True) * w))(q)
+
+    dq = jax.jit(jax.vmap(per_example))(resh(q), resh(k), resh(v), w)
+    assert rel_err(dq.reshape(ref[0].shape), ref[0]) <= RTOL["float32"]
+
+
+# --- poisoned outputs -----------------------------------------------------------------
+
+def assert_poisoned(fn, args, calls: int) -> None:
+    """The traced FFI calls really take NaN-filled buffers aliased to their results."""
+    text = jax.jit(fn).lower(*args).as_text()
+    assert text.count("output_operand_aliases") == calls, "outputs are not poisoned (stale trace cache?)"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_every_output_element_is_written(device, monkeypatch):
+    """JA_POISON_OUTPUTS=1 pre-fills every result (o, lse, dq, dk, dv, workspaces) with NaN."""
+    monkeypatch.setenv("JA_POISON_OUTPUTS", "1")
+    (q, k, v, do), (qe, ke, ve, doe) = make_inputs(5, "bfloat16", 2, 33, 20, 4, 2, 128, device)
+
+    def run(q, k, v, do):  # a fresh function, so the trace sees the variable
+        out, vjp = jax.vjp(lambda q, k, v: jax_aiter.flash_attn_func(q, k, v, causal=True), q, k, v)
+        return out, vjp(do)
+
+    assert_poisoned(run, (q, k, v, do), calls=2)
+    out, grads = jax.jit(run)(q, k, v, do)
+    ref_o, ref_grads = reference(qe, ke, ve, doe, True, 128 ** -0.5)
+    for got, ref in zip((out, *grads), (ref_o, *ref_grads)):
+        assert rel_err(got, ref) <= RTOL["bfloat16"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_forward_lse_and_workspace_written_under_poison(device, monkeypatch):
+    """The raw FFI results, lse and workspaces included, hold no NaN when poisoned."""
+    monkeypatch.setenv("JA_POISON_OUTPUTS", "1")
+    (q, k, v, do), _ = make_inputs(6, "float16", 1, 40, 17, 2, 1, 64, device)
+    fwd, bwd = attention._prims(True, 0.125)
+    assert_poisoned(fwd, (q, k, v), calls=1)
+    o, lse = jax.jit(fwd)(q, k, v)
+    lse = np.asarray(lse)
+    assert lse.shape == (1, 2, 40) and not np.isnan(lse).any()
+    assert np.all(lse[:, :, :23] == np.inf) and np.all(np.isfinite(lse[:, :, 23:]))
+    for x in jax.jit(bwd)(q, k, v, o, do, jnp.asarray(lse)):
+        assert not np.isnan(np.asarray(x, np.float32)).any()
+
+
+# --- errors ---------------------------------------------------------------------------
+
+def _arr(shape, dtype=jnp.float32):
+    return jnp.zeros(shape, dtype)
+
+
+B = (2, 8, 4, 64)
+F32, BF16 = "float32", "bfloat16"
+# (id, ((shape, dtype) of q, k, v), kwargs, exception, message regex)
+BAD_INPUTS = [
+    ("int dtype", ((B, "int32"), (B, F32), (B, F32)), {}, TypeError,
+     r"q has dtype int32; supported dtypes are float32, bfloat16, float16"),
+    ("float64", ((B, "float64"),) * 3, {}, TypeError, r"q has dtype float64"),
+    ("mixed dtypes", ((B, F32), (B, BF16), (B, F32)), {}, TypeError, r"k has dtype bfloat16 but q has float32"),
+    ("rank 3", ((B[1:], F32), (B, F32), (B, F32)), {}, ValueError,
+     r"q must have rank 4 \[batch, seq_q, heads_q, head_dim\], got shape \(8, 4, 64\)"),
+    ("k v differ", ((B, F32), (B, F32), ((2, 9, 4, 64), F32)), {}, ValueError, r"k and v must have the same shape"),
+    ("batch", ((B, F32), ((3, 8, 4, 64), F32), ((3, 8, 4, 64), F32)), {}, ValueError,
+     r"batch size mismatch: q has 2, k and v have 3"),
+    ("head_dim mismatch", ((B, F32), ((2, 8, 4, 128), F32), ((2, 8, 4, 128), F32)), {}, ValueError,
+     r"head_dim mismatch: q has 64, k and v have 128"),
+    ("heads", ((B, F32), ((2, 8, 3, 64), F32), ((2, 8, 3, 64), F32)), {}, ValueError,
+     r"heads_q \(4\) must be a multiple of heads_kv \(3\)"),
+    ("head_dim 96", (((2, 8, 4, 96), F32),) * 3, {}, ValueError,
+     r"head_dim 96 is not supported; supported head dims are 64, 128"),
+    ("causal int", ((B, F32),) * 3, {"causal": 1}, TypeError, r"causal must be a Python bool"),
+    ("scale array", ((B, F32),) * 3, {"softmax_scale": np.zeros(())}, TypeError,
+     r"softmax_scale must be a Python float"),
+    ("scale nan", ((B, F32),) * 3, {"softmax_scale": float("nan")}, ValueError, r"softmax_scale must be finite"),
+]
+
+
+@pytest.mark.parametrize("specs,kwargs,exc,msg", [b[1:] for b in BAD_INPUTS], ids=[b[0] for b in BAD_INPUTS])
+def test_bad_inputs_name_the_problem(specs, kwargs, exc, msg):
+    # NumPy arrays: float64 would be downcast by jnp without x64 mode; validation reads only .dtype/.shape.
+    args = [np.zeros(shape, jnp.dtype(dt)) for shape, dt in specs]
+    with pytest.raises(exc, match=msg):
+        jax_aiter.flash_attn_func(*args, **kwargs)
+
+
+def test_kernel_checks_guard_the_c_abi():
+    """A hand-written ffi_call that skips the Python checks still gets a clear error."""
+    from jax_aiter import _loader
+    from jax_aiter.ops import _ffi
+
+    _loader.ensure_registered("mha_fwd")
+
+    def call(q, k, v):
+        out = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((q.shape[0], q.shape[2], q.shape[1]), jnp.float32))
+        return _ffi.ffi_call("ja_mha_fwd", out, q, k, v, causal=np.bool_(False), scale=np.float32(0.1))
+
+    with pytest.raises(Exception, match=r"mha_fwd: no CPU instance for dtype float32, head_dim 32.*supported head dims: 64, 128"):
+        jax.block_until_ready(call(_arr((1, 4, 2, 32)), _arr((1, 4, 2, 32)), _arr((1, 4, 2, 32))))
+    with pytest.raises(Exception, match=r"mha_fwd: heads_q \(2\) must be a multiple of heads_kv \(3\)"):
+        jax.block_until_ready(call(_arr((1, 4, 2, 64)), _arr((1, 4, 3, 64)), _arr((1, 4, 3, 64))))
+
+
+def test_supported_head_dims_match_the_jit_config():
+    cfg = json.loads((ROOT / "jax_aiter/jit/optCompilerConfig.json").read_text())
+    for module in ("mha_fwd", "mha_bwd"):
+        assert tuple(cfg["modules"][module]["axes"]["head_dim"]) == attention.SUPPORTED_HEAD_DIMS
