@@ -140,3 +140,31 @@ def test_exact_container_command_lines(tmp_path):
              "--fetch-url http://127.0.0.1:{port} --out /validate/out/smoke.json",
     ]
     assert container.stop_command("docker", "ja-validate-1") == ["docker", "rm", "--force", "ja-validate-1"]
+
+
+def test_container_route_runs_the_plan_through_the_engine(good_wheels, monkeypatch):
+    """The whole container route for a full wheel, the engine replaced by the recorder: the exact sequence."""
+    from jatools import cleanroom
+
+    rec = Recorder()
+    monkeypatch.setattr(cleanroom.container, "choose",
+                        lambda mode: (container.Probe("docker", "/usr/bin/docker", True, "27.3.1"), "container path"))
+    monkeypatch.setattr(cleanroom.subprocess, "run", lambda cmd, **kw: rec(cmd))
+    wheel = good_wheels["full"]
+    report = cleanroom.validate(cleanroom.Options(root=REPO, wheels=[wheel], engine="docker", log=lambda m: None))
+    (res,) = report.results
+    ref = container.image_ref("cpu", REPO)[0]
+    assert res.route == f"container, docker {ref}"
+    verbs = [c[1] if c[1] != "exec" else "exec " + " ".join(c[c.index("/tmp/validator") + 2:][:3]) for c in rec.calls]
+    assert verbs == ["image", "run",
+                     "exec python3.12 -m venv",
+                     "exec /tmp/validator/venv/bin/python -m pip",
+                     "exec /tmp/validator/venv/bin/python -I /validate/smoke/cleanroom_smoke.py",
+                     "rm"], verbs
+    run = rec.calls[1]
+    assert run[run.index("--network") + 1] == "none" and run[run.index("--user") + 1] == "1500:1500"
+    assert f"{wheel}:/validate/wheel/{wheel.name}:ro" in run and run[-3:] == [ref, "sleep", "infinity"]
+    name = run[run.index("--name") + 1]
+    assert rec.calls[-1] == ["docker", "rm", "--force", name]
+    # The recorder ran nothing, so the smoke step has no results: that is a failure, not a pass.
+    assert not res.ok and "the smoke script wrote no results" in res.checks[-1].message
