@@ -35,8 +35,10 @@ from packaging.utils import parse_wheel_filename
 
 from jatools import cleanroom_env as cenv
 from jatools import cleanroom_plan as cplan
-from jatools import config, container, wheel_record, wheelhouse
+from jatools import config, container, publish, wheel_record, wheelhouse
 from jatools.cleanroom_report import Check, Report, WheelResult
+from jax_aiter import manifest as mf
+from jax_aiter import reuse_gate
 from jax_aiter.integrity import sha256_file
 
 Log = Callable[[str], None]
@@ -101,33 +103,37 @@ def select_wheels(given: list[Path] | None, dist: Path, variant: str | None) -> 
 
 def wheel_identity(wheel: Path) -> dict:
     """The build identity baked into the wheel ({} when it has none; the smoke test reports that)."""
-    with zipfile.ZipFile(wheel) as zf:
-        try:
+    try:
+        with zipfile.ZipFile(wheel) as zf:
             return json.loads(zf.read(IDENTITY_MEMBER))
-        except (KeyError, ValueError):
-            return {}
+    except (KeyError, ValueError, OSError, zipfile.BadZipFile):
+        return {}
 
 
 # --- the release a lite wheel fetches from ---------------------------------------------
 
 def release_folder(root: Path, cache_id: str, given: Path | None, log: Log) -> Path:
-    """A folder holding jit-libs-<cache_id>/ with its manifest: --release, else this checkout's staged publish."""
-    tag = f"jit-libs-{cache_id}"
-    manifest = "jit-libs-manifest.json"
+    """A folder holding jit-libs-<cache_id>/ with its manifest: --release, else this checkout's staged publish.
+
+    Staging (`invoke jit.publish --stage-only`: compress, verify, manifest) happens
+    only when this checkout has not staged that release yet.
+    """
+    tag = reuse_gate.release_tag(cache_id)
     if given is not None:
-        if not (given / tag / manifest).is_file():
-            raise ValidationError(f"{given} holds no {tag}/{manifest}; pass the folder that `invoke jit.publish "
+        if not (given / tag / mf.MANIFEST_NAME).is_file():
+            raise ValidationError(f"{given} holds no {tag}/{mf.MANIFEST_NAME}; pass the folder that `invoke jit.publish "
                                   f"--to DIR` wrote, for the lite wheel's cache id {cache_id}")
         return given
     settings = config.load(root=root)
-    staged = settings.build_dir / "jit-libs-publish"
-    if not (staged / tag / manifest).is_file():
-        from jatools import publish  # the JIT-library publisher (manifest branch)
-
+    staged = settings.build_dir / "jit-libs-publish"  # where jatools.publish stages a release
+    if not (staged / tag / mf.MANIFEST_NAME).is_file():
         log(f"cleanroom: staging this checkout's JIT libraries as {tag} (the lite wheel fetches them)")
-        publish.publish(settings, str(staged), stage_only=True, log=log)
-    if not (staged / tag / manifest).is_file():
-        have = sorted(p.name for p in staged.glob("jit-libs-*") if p.is_dir())
+        try:
+            publish.publish(settings, "stage-only", stage_only=True, log=log)
+        except publish.PublishError as e:
+            raise ValidationError(f"cannot stage this checkout's JIT libraries for the lite wheel's fetch: {e}") from None
+    if not (staged / tag / mf.MANIFEST_NAME).is_file():
+        have = sorted(p.name for p in staged.glob(f"{reuse_gate.TAG_PREFIX}*") if p.is_dir())
         raise ValidationError(
             f"the lite wheel needs the JIT libraries of cache id {cache_id}, but this checkout's build/aiter_build "
             f"publishes {', '.join(have) or 'nothing'}; build the wheel from this checkout's libraries, or pass "
@@ -331,12 +337,13 @@ def _engine_free(result: WheelResult, room: cenv.Room, opts: Options, wheel: Pat
     gpu = cenv.host_gpu(result.backend)
     result.notes.append(f"GPU: {gpu} present, the smoke tests also run on the GPU" if gpu else
                         f"GPU: none of backend {result.backend} on this host; CPU only")
+    gpu_backend = result.backend if gpu else None
     # pip compiles bytecode while it installs; with uv, the dependencies' bytecode is kept between rooms.
     pycache = cenv.bytecode_cache(wh / ".pycache", room) if installer.kind == "uv" and room.lock else None
     layout = cplan.Layout(python=str(python), venv=str(room.venv), work=str(room.work), smoke=str(room.smoke),
                           out=str(room.tmp), wheel=str(wheel.resolve()), wheelhouse=str(wh),
                           release=str(release) if release else None, checkout=str(opts.root),
-                          pycache=str(pycache) if pycache else None)
+                          pycache=str(pycache) if pycache else None, gpu=gpu_backend)
     plan = cplan.build(layout, installer, result.variant, pins)
     run_plan(plan, LocalRunner(room, cenv.clean_env(room, installer)), result, opts.log)
 
@@ -364,7 +371,7 @@ def _in_container(result: WheelResult, room: cenv.Room, opts: Options, engine: s
     layout = cplan.Layout(python="python3.12", venv=f"{home}/venv", work=home, smoke=f"{container.MOUNT}/smoke",
                           out=f"{container.MOUNT}/out", wheel=f"{container.MOUNT}/wheel/{wheel.name}",
                           wheelhouse="/opt/wheelhouse", release=f"{container.MOUNT}/release" if release else None,
-                          checkout=str(opts.root))
+                          checkout=str(opts.root), gpu=backend if flags else None)
     plan = cplan.build(layout, cenv.Installer("pip"), result.variant, pins)
     start = container.start_command(engine, ref, name, mounts, flags)
     if _timed(result, "container", "environment", lambda: _checked(run(start), start)) is None:
@@ -389,19 +396,15 @@ def validate(opts: Options) -> Report:
     opts.log(f"cleanroom: {why}")
     wh = opts.wheelhouse or wheelhouse.location(opts.root)
     report = Report(why, str(wh))
-    python = Path("python3.12")
-    pins: list[str] = []
+    # A wheel built for a GPU backend this host has gets that backend's JAX plugin, so the smoke tests
+    # also run on the GPU (the image's wheelhouse holds it; the local one is filled with it).
+    backends = sorted({wheel_identity(w).get("backend", "cpu") for w in opts.wheels} & {"cuda", "rocm"})
+    wanted = wheelhouse.requirements(opts.root, tuple(b for b in backends if cenv.host_gpu(b)))
+    pins = [r for r in wanted if "==" in r]
+    python = Path("python3.12")  # the image's
     if engine is None:
-        version = str(config.defaults(opts.root).get("validation_python", "3.12"))
-        python = cenv.find_python(version)
-        backends = sorted({wheel_identity(w).get("backend", "cpu") for w in opts.wheels} & {"cuda", "rocm"})
-        backends = [b for b in backends if cenv.host_gpu(b)]
-        wanted = wheelhouse.requirements(opts.root, tuple(backends))
+        python = cenv.find_python(str(config.defaults(opts.root).get("validation_python", "3.12")))
         wheelhouse.ensure(wh, wanted, python, allow_fill=opts.fill, log=opts.log)
-        pins = [r for r in wanted if "==" in r]
-    else:
-        wanted = wheelhouse.requirements(opts.root)
-        pins = [r for r in wanted if "==" in r]
     for wheel in opts.wheels:
         report.results.append(validate_wheel(wheel, opts, engine, wh, python, pins))
     report.seconds = time.perf_counter() - start

@@ -31,6 +31,7 @@ class Layout:
     release: str | None  # folder served as the release (lite only)
     checkout: str     # the source tree that must stay unreachable
     pycache: str | None = None  # -X pycache_prefix for the smoke step (dependencies' bytecode kept between rooms)
+    gpu: str | None = None      # cuda | rocm: the host has such a GPU and the wheel is built for it
 
 
 @dataclass(frozen=True)
@@ -59,18 +60,19 @@ def build(layout: Layout, installer: Installer, variant: str, pins: list[str]) -
         Step("install", "install", tuple(installer.install(layout.venv, layout.wheelhouse,
                                                            [f"{layout.wheel}[fetch]", *pins]))),
     ]
-    fetch: tuple[str, ...] = ()
+    extra: tuple[str, ...] = ()
     if variant == "lite":
         if layout.release is None:
             raise ValueError("a lite wheel needs a release folder to fetch the attention libraries from")
         steps.append(Step("release-server", "smoke", (f"{layout.venv}/bin/python", "-I", "-u", "-m", "http.server",
                                                       "0", "--bind", "127.0.0.1", "--directory", layout.release),
                           background=True))
-        fetch = ("--fetch-url", f"http://127.0.0.1:{PORT}")
+        extra = ("--fetch-url", f"http://127.0.0.1:{PORT}")
     out = f"{layout.out}/smoke.json"
     prefix = ("-X", f"pycache_prefix={layout.pycache}") if layout.pycache else ()
+    extra += ("--expect-gpu", layout.gpu) if layout.gpu else ()
     steps.append(Step("smoke", "smoke", (f"{layout.venv}/bin/python", "-I", *prefix, f"{layout.smoke}/{SMOKE_SCRIPT}",
                                          "--variant", variant, "--checkout", layout.checkout, "--record",
-                                         f"{layout.smoke}/{RECORD_COPY}", *fetch, "--out", out),
-                      results=out, needs_port=bool(fetch)))
+                                         f"{layout.smoke}/{RECORD_COPY}", *extra, "--out", out),
+                      results=out, needs_port=variant == "lite"))
     return Plan(variant, tuple(steps))

@@ -369,6 +369,7 @@ class Smoke:
         return ", ".join(found) or "found nowhere the loader looks"
 
     def devices(self) -> list:
+        """The CPU, plus the first GPU when JAX sees one (required with --expect-gpu)."""
         import jax
 
         devs = [jax.devices("cpu")[0]]
@@ -379,6 +380,16 @@ class Smoke:
         if gpus:
             devs.append(gpus[0])
         return devs
+
+    def gpu_visible(self) -> str:
+        import jax
+
+        gpus = [d for d in jax.devices() if d.platform != "cpu"]
+        if not gpus:
+            raise CheckFailed(f"this host has a {self.args.expect_gpu} GPU, but JAX sees only {jax.devices()}; the "
+                              f"JAX {self.args.expect_gpu} plugin is missing or failed to start (refill the wheelhouse "
+                              f"with `invoke validate.wheelhouse --gpu {self.args.expect_gpu}`)")
+        return f"{gpus[0].device_kind} ({gpus[0].platform}); the op checks run on it too"
 
     # --- the run -------------------------------------------------------------------------
 
@@ -399,6 +410,8 @@ class Smoke:
         self.run("identity", self.identity)
         self.run("load-alone", self.load_alone)
         os.environ["JA_POISON_OUTPUTS"] = "1"  # unwritten outputs show as NaN
+        if self.args.expect_gpu:
+            self.run("gpu-visible", self.gpu_visible)
         devices = self.devices()
         for dev in devices:
             self.run(f"core-ops[{self.tag(dev)}]", self.core_ops, dev)
@@ -420,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--variant", choices=("lite", "full"), required=True)
     p.add_argument("--fetch-url", help="lite: the release server's base URL for jax-aiter-fetch-mha")
+    p.add_argument("--expect-gpu", choices=("cuda", "rocm"), help="the host has a GPU of this backend: JAX must see it")
     p.add_argument("--checkout", help="the source checkout, which must not be reachable")
     p.add_argument("--record", help="the wheel's RECORD, to compare the installed bytes with")
     p.add_argument("--out", required=True, help="where to write the results (JSON)")

@@ -168,3 +168,10 @@ def test_container_route_runs_the_plan_through_the_engine(good_wheels, monkeypat
     assert rec.calls[-1] == ["docker", "rm", "--force", name]
     # The recorder ran nothing, so the smoke step has no results: that is a failure, not a pass.
     assert not res.ok and "the smoke script wrote no results" in res.checks[-1].message
+
+
+def test_a_gpu_host_makes_the_smoke_step_require_the_gpu():
+    layout = cleanroom_plan.Layout(python="p", venv="/v", work="/w", smoke="/s", out="/o", wheel="/x.whl",
+                                   wheelhouse="/wh", release=None, checkout="/src", gpu="rocm")
+    smoke = cleanroom_plan.build(layout, cleanroom_env.Installer("pip"), "full", []).steps[-1]
+    assert smoke.argv[smoke.argv.index("--expect-gpu") + 1] == "rocm" and not smoke.needs_port
