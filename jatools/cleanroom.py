@@ -27,9 +27,9 @@ import threading
 import time
 import uuid
 import zipfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 from packaging.utils import parse_wheel_filename
 
@@ -150,7 +150,7 @@ class LocalRunner:
         self.room, self.env = room, env
 
     def run(self, argv: Sequence[str], timeout: float = STEP_TIMEOUT_S) -> subprocess.CompletedProcess:
-        return subprocess.run(list(argv), cwd=self.room.work, env=self.env, capture_output=True, text=True,
+        return subprocess.run(list(argv), cwd=self.room.work, env=self.env, check=False, capture_output=True, text=True,
                               timeout=timeout)
 
     def start(self, argv: Sequence[str]) -> subprocess.Popen:
@@ -169,7 +169,7 @@ class ContainerRunner:
 
     def run(self, argv: Sequence[str], timeout: float = STEP_TIMEOUT_S) -> subprocess.CompletedProcess:
         return subprocess.run(container.exec_command(self.engine, self.name, argv, self.workdir),
-                              capture_output=True, text=True, timeout=timeout)
+                              check=False, capture_output=True, text=True, timeout=timeout)
 
     def start(self, argv: Sequence[str]) -> subprocess.Popen:
         return subprocess.Popen(container.exec_command(self.engine, self.name, argv, self.workdir),
@@ -351,7 +351,7 @@ def _engine_free(result: WheelResult, room: cenv.Room, opts: Options, wheel: Pat
 def _in_container(result: WheelResult, room: cenv.Room, opts: Options, engine: str, wheel: Path, backend: str,
                   pins: list[str], release: Path | None) -> None:
     variant = container.image_variant(backend)
-    run = lambda c: subprocess.run(list(c), capture_output=True, text=True)  # noqa: E731
+    run = lambda c: subprocess.run(list(c), check=False, capture_output=True, text=True)
 
     def image() -> tuple[str, str]:
         ref, build_args = container.image_ref(variant, opts.root)

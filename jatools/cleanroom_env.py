@@ -36,13 +36,13 @@ def find_python(version: str, env: dict[str, str] | None = None) -> Path:
     env = os.environ if env is None else env
     if env.get("JA_VALIDATE_PYTHON"):
         return Path(env["JA_VALIDATE_PYTHON"])
-    if "%d.%d" % sys.version_info[:2] == version:
+    if f"{sys.version_info[0]}.{sys.version_info[1]}" == version:
         return Path(getattr(sys, "_base_executable", sys.executable)).resolve()
     candidates = [shutil.which(f"python{version}")]
     pyenv_root = Path(env.get("PYENV_ROOT") or Path.home() / ".pyenv")
     candidates += sorted(str(p) for p in pyenv_root.glob(f"versions/{version}*/bin/python{version}"))
     for cand in filter(None, candidates):
-        out = subprocess.run([cand, "-c", "import sys; print(sys.executable)"], capture_output=True, text=True)
+        out = subprocess.run([cand, "-c", "import sys; print(sys.executable)"], check=False, capture_output=True, text=True)
         if out.returncode == 0 and out.stdout.strip():
             return Path(out.stdout.strip())
     raise CleanRoomError(f"no Python {version} found for the clean room (JAX needs it); install it "
@@ -158,7 +158,7 @@ class Room:
         return self.root / "tmp"
 
     @classmethod
-    def create(cls, checkout: Path, base: Path | None = None, reusable: bool = False) -> "Room":
+    def create(cls, checkout: Path, base: Path | None = None, reusable: bool = False) -> Room:
         """A new, empty room under `base` (default: the system temp folder); refuses a place inside the checkout."""
         base = Path(base or tempfile.gettempdir())
         if inside(base, checkout):
@@ -171,7 +171,7 @@ class Room:
         return room
 
     @classmethod
-    def _claim_slot(cls, base: Path) -> "Room | None":
+    def _claim_slot(cls, base: Path) -> Room | None:
         from filelock import FileLock, Timeout
 
         parent = base / f"ja-cleanroom-{os.getuid()}"

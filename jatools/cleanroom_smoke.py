@@ -85,7 +85,7 @@ class Smoke:
             ok, message = True, note or ""
         except CheckFailed as e:
             ok, message = False, str(e)
-        except Exception as e:  # an unexpected error is a failure that names itself
+        except Exception as e:  # noqa: BLE001  (an unexpected error is a failure that names itself)
             ok, message = False, self.explain(e)
         self.results.append({"check": name, "ok": ok, "seconds": round(time.perf_counter() - start, 3),
                              "message": message})
@@ -249,13 +249,14 @@ class Smoke:
         todo = [p for p in libs if p.name not in deferred]
 
         def one(p: Path) -> list[str]:
-            out = subprocess.run([sys.executable, "-I", "-c", LOAD_ALONE, str(p)], capture_output=True, text=True)
+            out = subprocess.run([sys.executable, "-I", "-c", LOAD_ALONE, str(p)], check=False, capture_output=True,
+                                 text=True)
             if out.returncode != 0:
                 return [f"{p.name}: the load probe crashed ({out.stderr.strip()[-300:]})"]
             res = json.loads(out.stdout)
             if res["error"]:
-                return [f"{p.name} does not load on its own: {res['error']} (its RUNPATH must reach the libraries "
-                        "it needs through $ORIGIN)"]
+                return [f"{p.name} does not load on its own: {res['error']} "
+                        "(its RUNPATH must reach the libraries it needs through $ORIGIN)"]
             return self.check_origins(res["maps"], f" when {p.name} was loaded on its own (check its RUNPATH)")
 
         with ThreadPoolExecutor(max_workers=min(4, len(todo))) as pool:
@@ -268,8 +269,9 @@ class Smoke:
         return note
 
     def library_origins(self) -> str:
-        mapped = sorted({line.split(None, 5)[5].strip() for line in open("/proc/self/maps")
-                         if len(line.split(None, 5)) == 6 and line.split(None, 5)[5].startswith("/")})
+        with open("/proc/self/maps") as f:
+            fields = [line.split(None, 5) for line in f]
+        mapped = sorted({x[5].strip() for x in fields if len(x) == 6 and x[5].startswith("/")})
         ours = self.our_library_names()
         used = [m for m in mapped if Path(m).name in ours]
         if not used:
@@ -329,7 +331,7 @@ class Smoke:
                 # grouped-query (4 query heads on 2 kv heads), seq_q != seq_k, head_dim 64
                 shapes = [(1, 40, 4, 64), (1, 72, 2, 64), (1, 72, 2, 64), (1, 40, 4, 64)]
                 q, k, v, do = (jnp.asarray(rng.standard_normal(s, np.float32)) for s in shapes)
-                out, vjp = jax.vjp(lambda q, k, v: ja.flash_attn_func(q, k, v, causal=causal), q, k, v)
+                out, vjp = jax.vjp(lambda q, k, v, c=causal: ja.flash_attn_func(q, k, v, causal=c), q, k, v)
                 want_o, want_grads = ref.attention_ref(*(np.asarray(a, np.float64) for a in (q, k, v, do)),
                                                        causal, 64 ** -0.5)
                 for name, got, want in zip(("out", "dq", "dk", "dv"), (out, *vjp(do)), (want_o, *want_grads)):
@@ -349,10 +351,10 @@ class Smoke:
 
             q = jnp.zeros((1, 8, 1, 64), jnp.float32)
             jax.block_until_ready(ja.flash_attn_func(q, q, q))
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001  (whatever it raises, its message must name the fix)
             msg = f"{type(e).__name__}: {e}"
             if FETCH_COMMAND not in msg:
-                raise CheckFailed(f"the attention API failed without naming `{FETCH_COMMAND}`: {msg}")
+                raise CheckFailed(f"the attention API failed without naming `{FETCH_COMMAND}`: {msg}") from None
             return f"fails as it should: {msg[:160]}"
         raise CheckFailed("the attention API ran before any fetch: this lite wheel already finds the MHA "
                           f"libraries ({self.mha_origin()}), so `{FETCH_COMMAND}` is not what provides them")
@@ -396,7 +398,7 @@ class Smoke:
     def fetch(self) -> str:
         """`jax-aiter-fetch-mha --base-url URL`, the console script the wheel installed."""
         script = Path(sys.executable).with_name(FETCH_COMMAND)
-        out = subprocess.run([str(script), "--base-url", self.args.fetch_url], capture_output=True, text=True)
+        out = subprocess.run([str(script), "--base-url", self.args.fetch_url], check=False, capture_output=True, text=True)
         text = " | ".join((out.stdout + out.stderr).strip().splitlines()[-4:])
         if out.returncode != 0:
             raise CheckFailed(f"`{FETCH_COMMAND} --base-url {self.args.fetch_url}` failed (exit {out.returncode}): "

@@ -16,9 +16,9 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 from jatools import validation_image
 from jatools.cleanroom_env import host_gpu
@@ -38,7 +38,7 @@ class ContainerError(RuntimeError):
 
 
 def _run(cmd: Sequence[str], timeout: float | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(list(cmd), check=False, capture_output=True, text=True, timeout=timeout)
 
 
 @dataclass(frozen=True)

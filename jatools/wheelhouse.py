@@ -24,11 +24,11 @@ import os
 import subprocess
 import tempfile
 import time
-import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
+import tomllib
 from packaging.requirements import Requirement
 
 from jatools import config
@@ -133,7 +133,7 @@ def status(path: Path, wanted: list[str], python_tag: str) -> Status:
 def python_tag(python: str | Path) -> str:
     """'3.12' for the interpreter the clean room uses (the wheels must match it)."""
     out = subprocess.run([str(python), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                         capture_output=True, text=True)
+                         check=False, capture_output=True, text=True)
     if out.returncode != 0:
         raise WheelhouseError(f"cannot run {python}: {out.stderr.strip()}")
     return out.stdout.strip()
@@ -156,7 +156,7 @@ def fill(path: Path, wanted: list[str], python: str | Path, log: Log = print,
         cmd = [str(python), "-m", "pip", "download", "--disable-pip-version-check", "--only-binary=:all:",
                "--find-links", str(path), "--dest", tmp, *wanted]
         log(f"wheelhouse: resolving into {path}: {' '.join(wanted)}")
-        out = (run or (lambda c: subprocess.run(c, capture_output=True, text=True)))(cmd)
+        out = (run or (lambda c: subprocess.run(c, check=False, capture_output=True, text=True)))(cmd)
         if out.returncode != 0:
             tail = "\n".join((out.stderr or out.stdout or "").strip().splitlines()[-15:])
             raise WheelhouseError(f"`{' '.join(cmd)}` failed (exit {out.returncode}); the package index must be "

@@ -41,12 +41,12 @@ def warm_wheelhouse(python312) -> Path:
 
 
 @pytest.fixture(scope="session")
-def good_wheels(wheels) -> dict[str, Path]:
+def good_wheels(wheels) -> dict[str, Path]:  # noqa: F811  (the wheel tests' fixture)
     return {v: r.wheel for v, r in wheels.items()}
 
 
 @pytest.fixture(scope="session")
-def release(native_build) -> Path:
+def release(native_build) -> Path:  # noqa: F811  (the wheel tests' fixture)
     """This build's JIT libraries staged as a release (what `invoke jit.publish --stage-only` makes)."""
     summary = publish.publish(native_build, "unused", stage_only=True, log=lambda m: None)
     return Path(summary["staged"]).parent
@@ -56,7 +56,7 @@ def release(native_build) -> Path:
 def validate_wheels(warm_wheelhouse, request):
     """Validate wheels engine-free against the warm wheelhouse; returns the Report."""
 
-    def run(*wheels: Path, **kw) -> cleanroom.Report:
+    def run(*wheels: Path, **kw) -> cleanroom.Report:  # noqa: F811
         kw.setdefault("release", request.getfixturevalue("release") if any(
             cleanroom.wheel_variant(w) == "lite" for w in wheels) else None)
         opts = cleanroom.Options(root=REPO, wheels=list(wheels), engine="none", wheelhouse=warm_wheelhouse,

@@ -20,8 +20,8 @@ LEAKY = {"PYTHONPATH": str(REPO), "JA_ROOT_DIR": str(REPO), "JAX_AITER_LIB_DIR":
 def test_nothing_of_the_developer_environment_leaks(tmp_path):
     room = cenv.Room.create(REPO, tmp_path)
     env = cenv.clean_env(room, cenv.Installer("pip"), {**LEAKY, "CUDA_VISIBLE_DEVICES": "1", "HOME": "/root"})
-    for name in LEAKY:
-        assert env.get(name) != LEAKY[name], f"{name} leaked into the clean room"
+    for name, value in LEAKY.items():
+        assert env.get(name) != value, f"{name} leaked into the clean room"
     assert env["HOME"] == str(room.home) and env["XDG_CACHE_HOME"] == str(room.cache)
     assert env["CUDA_VISIBLE_DEVICES"] == "1", "GPU selection must pass through"
     assert env["PIP_CONFIG_FILE"] == os.devnull and env["PIP_NO_INDEX"] == "1"
@@ -36,7 +36,7 @@ def test_an_index_cannot_be_reached_from_the_room(tmp_path):
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-d", str(room.tmp), "--index-url",
            "https://pypi.org/simple", "--retries", "1", "--timeout", "5", "six"]
     for e, says in ((env, "from versions: none"), ({k: v for k, v in env.items() if k != "PIP_NO_INDEX"}, "Proxy")):
-        out = subprocess.run(cmd, env=e, cwd=room.work, capture_output=True, text=True, timeout=120)
+        out = subprocess.run(cmd, env=e, cwd=room.work, check=False, capture_output=True, text=True, timeout=120)
         assert out.returncode != 0 and says in out.stdout + out.stderr, out.stdout + out.stderr
     assert not list(room.tmp.iterdir()), "nothing may be downloaded"
 
@@ -52,7 +52,7 @@ def test_the_room_is_outside_the_checkout(tmp_path):
 
 def test_find_python(tmp_path, python312):
     assert cenv.find_python("3.12", env={"JA_VALIDATE_PYTHON": "/opt/py"}) == Path("/opt/py")
-    out = subprocess.run([str(python312), "-c", "import sys; print(sys.version_info[:2])"], capture_output=True,
+    out = subprocess.run([str(python312), "-c", "import sys; print(sys.version_info[:2])"], check=False, capture_output=True,
                          text=True)
     assert out.stdout.strip() == "(3, 12)"
     with pytest.raises(cenv.CleanRoomError, match="JA_VALIDATE_PYTHON"):
