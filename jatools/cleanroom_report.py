@@ -101,3 +101,22 @@ class Report:
         lines.append(f"{verdict}: {sum(r.ok for r in self.results)} of {len(self.results)} wheel(s) validated "
                      f"in {self.seconds:.1f} s")
         return "\n".join(lines)
+
+
+def covers(path: Path, wheels: list[Path]) -> bool:
+    """Whether the report at `path` shows every one of `wheels` (same name and sha256) validated and passing.
+
+    For callers that skip an up-to-date validation (the release job): a wheel
+    rebuilt or edited since has another sha256 and is validated again.
+    """
+    from jax_aiter.integrity import sha256_files
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return False
+    if data.get("kind") != "jax-aiter-validation" or data.get("schema") != SCHEMA:
+        return False
+    passed = {(w["wheel"], w["sha256"]) for w in data.get("wheels", []) if w.get("ok")}
+    digests = sha256_files(wheels)
+    return bool(wheels) and all((w.name, digests[str(w)]) in passed for w in wheels)

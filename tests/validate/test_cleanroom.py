@@ -136,6 +136,20 @@ def test_report_json_and_summary(good_wheels, tmp_path, warm_wheelhouse):
     assert w["checks"][0]["name"] == "wheel-record" and name in w["checks"][0]["message"]
 
 
+def test_a_report_covers_exactly_the_wheels_it_validated(good_wheels, validate_wheels, tmp_path):
+    from jatools.cleanroom_report import covers
+
+    report = validate_wheels(good_wheels["full"])
+    path = tmp_path / "report.json"
+    report.write(path)
+    assert covers(path, [good_wheels["full"]])
+    assert not covers(path, [good_wheels["full"], good_wheels["lite"]]), "the lite wheel was not validated"
+    (tmp_path / "x").mkdir()
+    changed = rewrite_wheel(good_wheels["full"], tmp_path / "x" / good_wheels["full"].name, drop=("jax_aiter/info.py",))
+    assert not covers(path, [changed]), "a wheel with other bytes is not covered"
+    assert not covers(tmp_path / "missing.json", [good_wheels["full"]])
+
+
 def test_no_wheel_is_an_error_naming_the_build_command(tmp_path):
     with pytest.raises(cleanroom.ValidationError, match="scripts/build_wheel.sh --variant full"):
         cleanroom.find_wheels(tmp_path, "full")
