@@ -119,3 +119,24 @@ def convergence(session: nox.Session) -> None:
     """Train a small LM with jax_aiter's kernels and with plain JAX; fail unless both reach the same loss (args after --)."""
     session.install(*TEST_DEPS)
     session.run("python", "ci/convergence/train_tiny.py", "--compare", *session.posargs)
+
+
+# --- wheels (jatools/wheel_build.py; checks: jatools/wheel_floor.py, jatools/wheel_contents.py) ---
+WHEEL_DEPS = nox.project.load_toml("pyproject.toml")["project"]["optional-dependencies"]["wheel"]
+
+
+def _wheel(session: nox.Session, variant: str) -> None:
+    session.install(*WHEEL_DEPS)
+    session.run("python", "-m", "jatools.wheel_build", "--variant", variant, "--check", *session.posargs)
+
+
+@nox.session(python=PY, tags=["wheel"], default=False)
+def wheel_lite(session: nox.Session) -> None:
+    """Build the lite wheel (public version, MHA JIT libraries fetched later) into dist/, then check floor and contents."""
+    _wheel(session, "lite")
+
+
+@nox.session(python=PY, tags=["wheel"], default=False)
+def wheel_full(session: nox.Session) -> None:
+    """Build the full wheel (version +full, with the MHA JIT libraries) into dist/, then check floor and contents."""
+    _wheel(session, "full")

@@ -67,6 +67,54 @@ ns.add_task(convergence_check, name="convergence-check")
 ns.add_collection(Collection("image", publish=image_publish))
 
 
+# --- clean-room validation -----------------------------------------------------------------
+# Logic: jatools/cleanroom.py (and cleanroom_*.py, container.py, wheelhouse.py); see docs/validation.md.
+@task(help={"variant": "lite or full (default: every wheel in dist/)", "wheel": "a wheel to validate (repeatable)",
+            "engine": "auto (a container when an engine answers), none, docker or podman",
+            "installer": "auto (uv when installed), uv, or pip (plain venv + pip)",
+            "wheelhouse": "offline wheelhouse (default: JA_WHEELHOUSE or build/wheelhouse)",
+            "no_fill": "fail instead of filling a cold wheelhouse from the package index",
+            "release": "folder holding jit-libs-<cache-id>/ for the lite wheel's fetch (default: this checkout's)",
+            "report": "JSON report (default: build/validate/report.json)", "keep": "keep each clean room"},
+      iterable=["wheel"])
+def validate_run(c, variant="", wheel=None, engine="auto", installer="auto", wheelhouse="", no_fill=False,
+                 release="", report="", keep=False):
+    """Install each wheel in a clean room (no index, no checkout) and run the smoke tests; summary + JSON report."""
+    from jatools import cleanroom
+
+    argv = ["--engine", engine, "--installer", installer]
+    for w in wheel or []:
+        argv += ["--wheel", w]
+    for flag, value in (("--variant", variant), ("--wheelhouse", wheelhouse), ("--release", release),
+                        ("--report", report)):
+        if value:
+            argv += [flag, value]
+    argv += ["--no-fill"] * no_fill + ["--keep"] * keep
+    code = cleanroom.main(argv)
+    if code:
+        raise Exit(code=code)
+
+
+@task(help={"gpu": "also the JAX plugin of this backend: cuda or rocm (repeatable)",
+            "path": "wheelhouse folder (default: JA_WHEELHOUSE or build/wheelhouse)"}, iterable=["gpu"])
+def validate_wheelhouse(c, gpu=None, path=""):
+    """Fill the offline wheelhouse once from the package index (jax/jaxlib at the floor, deps, fetch extra)."""
+    from jatools import cleanroom_env, config, wheelhouse
+
+    root = config.repo_root()
+    try:
+        python = cleanroom_env.find_python(str(config.defaults(root)["validation_python"]))
+        wanted = wheelhouse.requirements(root, tuple(gpu or ()))
+        wheelhouse.fill(wheelhouse.location(root, path or None), wanted, python)
+    except (wheelhouse.WheelhouseError, cleanroom_env.CleanRoomError) as e:
+        raise Exit(f"validate.wheelhouse: error: {e}", code=2)
+
+
+_validate = Collection("validate")
+_validate.add_task(validate_run, name="run", default=True)
+_validate.add_task(validate_wheelhouse, name="wheelhouse")
+ns.add_collection(_validate)
+
 # --- JIT-library transport: jit.fetch / jit.publish / jit.verify / jit.decide, and `invoke verify` ---------
 # (logic in jatools/jit_cache.py and jatools/publish.py; docs/jit-libs.md)
 from pathlib import Path as _Path
@@ -128,3 +176,69 @@ jit.add_task(jit_verify, "verify")
 jit.add_task(jit_decide, "decide")
 ns.add_collection(jit)
 ns.add_task(jit_verify, "verify")
+
+
+# --- wheels: build, symbol floor, content policy (logic in jatools/wheel_*.py) ---------------
+_WHEEL_ARG = {"wheel": "wheel path, glob or comma-separated list (default: every wheel in dist/)"}
+
+
+def _wheel_paths(wheel: str | None) -> list[Path]:
+    from jatools import config, wheel_members
+
+    try:
+        return wheel_members.find_wheels(wheel or "", config.repo_root() / "dist")
+    except wheel_members.WheelReadError as e:
+        raise Exit(f"error: {e}", code=2) from None
+
+
+@task(help=_WHEEL_ARG, positional=["wheel"])
+def floor(c, wheel=None):
+    """auditwheel symbol floor: fail when a wheel's platform tag claims an older glibc than its symbols allow."""
+    from jatools import wheel_floor
+
+    failures = []
+    for path in _wheel_paths(wheel):
+        try:
+            report = wheel_floor.check_wheel(path)
+        except wheel_floor.FloorError as e:
+            failures.append(str(e))
+            continue
+        (print(f"floor: ok {report.message}") if report.ok else failures.append(report.message))
+    if failures:
+        raise Exit("floor: FAIL " + "\nfloor: FAIL ".join(failures), code=1)
+
+
+@task(help=_WHEEL_ARG, positional=["wheel"])
+def contents(c, wheel=None):
+    """Wheel content policy: variant files, allowed external libraries, RUNPATHs, RECORD and metadata."""
+    from jatools import wheel_contents
+
+    reports = wheel_contents.check_wheels(_wheel_paths(wheel))
+    for r in reports:
+        if r.ok:
+            print(f"contents: ok {r.message()}")
+    failed = [r.message() for r in reports if not r.ok]
+    if failed:
+        raise Exit("contents: FAIL " + "\ncontents: FAIL ".join(failed), code=1)
+
+
+@task(help={"variant": "lite or full", "dist": "output folder (default: dist/)",
+            "plat_name": "platform tag (default: JA_WHEEL_PLAT_NAME, else the measured floor)",
+            "check": "run the floor and contents checks on the new wheel"})
+def wheel_build(c, variant, dist="", plat_name="", check=False):
+    """Build the lite or full wheel from the build tree (never runs build_jit.py)."""
+    from jatools import wheel_build as wb
+
+    argv = ["--variant", variant] + (["--dist", dist] if dist else []) + (["--plat-name", plat_name] if plat_name else [])
+    code = wb.main(argv + (["--check"] if check else []))
+    if code:
+        raise Exit(f"wheel.build: the {variant} wheel failed (exit {code}); see the messages above", code=code)
+
+
+_wheel_ns = Collection("wheel")
+_wheel_ns.add_task(floor)
+_wheel_ns.add_task(contents)
+_wheel_ns.add_task(wheel_build, name="build")
+ns.add_collection(_wheel_ns)
+ns.add_task(floor)
+ns.add_task(contents)

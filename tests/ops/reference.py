@@ -49,3 +49,45 @@ def assert_close(got, ref, dtype, scale: float = 1.0, what: str = "") -> None:
 def random(shape, dtype, seed: int, scale: float = 1.0):
     rng = np.random.default_rng(seed)
     return jnp.asarray(rng.standard_normal(shape) * scale, dtype=dtype)
+
+
+# Flash attention: float64 forward and gradients, the normwise error measure and its
+# bounds per dtype (tests/ops/test_attention.py explains all three; the clean-room
+# smoke test ships this file and uses them too).
+ATTENTION_RTOL = {"float32": 1e-4, "bfloat16": 1e-2, "float16": 2e-3}
+
+
+def attention_ref(q, k, v, do, causal: bool, scale: float):
+    """float64 forward output and (dq, dk, dv) for q [b, sq, hq, d], k/v [b, sk, hkv, d]."""
+    q, k, v, do = (np.asarray(x, np.float64) for x in (q, k, v, do))
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    g = hq // hkv
+    ke, ve = np.repeat(k, g, axis=2), np.repeat(v, g, axis=2)
+    s = np.einsum("bqhd,bkhd->bhqk", q, ke) * scale
+    mask = np.ones((sq, sk), bool)
+    if causal:
+        mask = np.arange(sk)[None, :] <= np.arange(sq)[:, None] + sk - sq
+    s = np.where(mask, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    p = np.exp(s - m)
+    den = p.sum(-1, keepdims=True)
+    p = np.where(den > 0, p / np.where(den > 0, den, 1.0), 0.0)
+    o = np.einsum("bhqk,bkhd->bqhd", p, ve)
+    dov = np.einsum("bqhd->bhqd", do)
+    dv = np.einsum("bhqk,bhqd->bkhd", p, dov)
+    dp = np.einsum("bhqd,bkhd->bhqk", dov, ve)
+    ds = p * (dp - (p * dp).sum(-1, keepdims=True))
+    dq = np.einsum("bhqk,bkhd->bqhd", ds, ke) * scale
+    dk = np.einsum("bhqk,bqhd->bkhd", ds, q) * scale
+    dk = dk.reshape(b, sk, hkv, g, d).sum(3)
+    dv = dv.reshape(b, sk, hkv, g, d).sum(3)
+    return o, (dq, dk, dv)
+
+
+def rel_err(got, ref) -> float:
+    got = np.asarray(jnp.asarray(got, jnp.float32), np.float64)
+    assert np.all(np.isfinite(got)), "result has NaN or inf"
+    floor = 0.1 * np.sqrt(ref.size)
+    return float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), floor, 1e-30))

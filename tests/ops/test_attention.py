@@ -29,49 +29,12 @@ import pytest
 
 import jax_aiter
 from jax_aiter.ops import attention
+from tests.ops.reference import ATTENTION_RTOL, attention_ref, rel_err
 
-RTOL = {"float32": 1e-4, "bfloat16": 1e-2, "float16": 2e-3}
+RTOL = ATTENTION_RTOL
 DTYPES = ["float32", "bfloat16", "float16"]
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("gpu", id="gpu", marks=pytest.mark.gpu)]
 ROOT = Path(__file__).resolve().parents[2]
-
-
-# --- reference ------------------------------------------------------------------------
-
-def reference(q, k, v, do, causal: bool, scale: float):
-    """float64 forward output and (dq, dk, dv) for q [b, sq, hq, d], k/v [b, sk, hkv, d]."""
-    q, k, v, do = (np.asarray(x, np.float64) for x in (q, k, v, do))
-    b, sq, hq, d = q.shape
-    sk, hkv = k.shape[1], k.shape[2]
-    g = hq // hkv
-    ke, ve = np.repeat(k, g, axis=2), np.repeat(v, g, axis=2)
-    s = np.einsum("bqhd,bkhd->bhqk", q, ke) * scale
-    mask = np.ones((sq, sk), bool)
-    if causal:
-        mask = np.arange(sk)[None, :] <= np.arange(sq)[:, None] + sk - sq
-    s = np.where(mask, s, -np.inf)
-    m = s.max(-1, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0.0)
-    p = np.exp(s - m)
-    den = p.sum(-1, keepdims=True)
-    p = np.where(den > 0, p / np.where(den > 0, den, 1.0), 0.0)
-    o = np.einsum("bhqk,bkhd->bqhd", p, ve)
-    dov = np.einsum("bqhd->bhqd", do)
-    dv = np.einsum("bhqk,bhqd->bkhd", p, dov)
-    dp = np.einsum("bhqd,bkhd->bhqk", dov, ve)
-    ds = p * (dp - (p * dp).sum(-1, keepdims=True))
-    dq = np.einsum("bhqk,bkhd->bqhd", ds, ke) * scale
-    dk = np.einsum("bhqk,bqhd->bkhd", ds, q) * scale
-    dk = dk.reshape(b, sk, hkv, g, d).sum(3)
-    dv = dv.reshape(b, sk, hkv, g, d).sum(3)
-    return o, (dq, dk, dv)
-
-
-def rel_err(got, ref) -> float:
-    got = np.asarray(jnp.asarray(got, jnp.float32), np.float64)
-    assert np.all(np.isfinite(got)), "result has NaN or inf"
-    floor = 0.1 * np.sqrt(ref.size)
-    return float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), floor, 1e-30))
 
 
 def make_inputs(seed, dtype, batch, sq, sk, hq, hkv, d, device="cpu"):
@@ -96,7 +59,7 @@ def check_case(device, dtype, d, causal, hq, hkv, sq, sk, batch=2, scale=None, s
     out, grads = forward_and_grads(q, k, v, do, causal=causal, scale=scale)
     assert out.dtype == q.dtype and out.shape == q.shape
     assert [g.dtype for g in grads] == [q.dtype] * 3
-    ref_o, ref_grads = reference(qe, ke, ve, doe, causal, scale if scale is not None else d ** -0.5)
+    ref_o, ref_grads = attention_ref(qe, ke, ve, doe, causal, scale if scale is not None else d ** -0.5)
     errs = {name: rel_err(got, ref) for name, got, ref in
             zip(("o", "dq", "dk", "dv"), (out, *grads), (ref_o, *ref_grads))}
     bad = {n: e for n, e in errs.items() if not e <= RTOL[dtype]}
@@ -188,7 +151,7 @@ def test_grad_of_vmap_and_vmap_of_grad(device):
         return jnp.sum(jax.vmap(lambda q, k, v: jax_aiter.flash_attn_func(q, k, v, causal=True))(q, k, v) * w)
 
     grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(resh(q), resh(k), resh(v))
-    _, ref = reference(qe, ke, ve, doe, True, 64 ** -0.5)
+    _, ref = attention_ref(qe, ke, ve, doe, True, 64 ** -0.5)
     for got, r in zip(grads, ref):
         assert rel_err(got.reshape(r.shape), r) <= RTOL["float32"]
 
@@ -219,7 +182,7 @@ def test_every_output_element_is_written(device, monkeypatch):
 
     assert_poisoned(run, (q, k, v, do), calls=2)
     out, grads = jax.jit(run)(q, k, v, do)
-    ref_o, ref_grads = reference(qe, ke, ve, doe, True, 128 ** -0.5)
+    ref_o, ref_grads = attention_ref(qe, ke, ve, doe, True, 128 ** -0.5)
     for got, ref in zip((out, *grads), (ref_o, *ref_grads)):
         assert rel_err(got, ref) <= RTOL["bfloat16"]
 

@@ -1,0 +1,452 @@
+"""Build the lite or full wheel from the build tree: verify, stage, pack, read back, rename.
+
+    python -m jatools.wheel_build --variant lite|full [--dist DIR] [--plat-name TAG] [--check]
+
+1. Find every library the variant holds (jatools/wheel_layout.toml). A missing one
+   fails at once with the command that makes it; this never runs build_jit.py.
+2. Verify the JIT libraries' sha256 against their record (jatools/jit_expectations.py).
+3. Stage build/wheel_stage/<variant>/ atomically: the Python package, the libraries
+   in jax_aiter/_lib/ (hard links when possible), the build identity, and a
+   pyproject.toml that makes the staged tree a setuptools project, so
+   `pip wheel build/wheel_stage/<variant> --no-deps --no-build-isolation` (the
+   reference's route) builds the same wheel for comparison.
+4. Tag: JA_WHEEL_PLAT_NAME when given, else the floor auditwheel's policy assigns
+   to the libraries' versioned symbols.
+5. Pack with jatools.zip_writer (parallel deflate, fixed order, permissions and
+   timestamps: SOURCE_DATE_EPOCH, else the HEAD commit's time), into a temporary
+   file in the dist folder.
+6. Read every member back out of that file: each must hash to its RECORD entry and
+   each JIT library to its record again; only then is it renamed into place.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import tomllib
+from packaging.metadata import Metadata, RawMetadata
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from jatools import config, elf, jit_expectations, wheel_floor, wheel_members
+from jatools.wheel_layout import Layout, Variant, python_files, python_packages
+from jatools.zip_writer import DeterministicZipWriter, WrittenMember
+from jax_aiter.integrity import IntegrityError
+
+GENERATOR = "jax-aiter jatools.wheel_build"
+MIN_EPOCH = 315532800  # 1980-01-01, the first time a zip can hold
+IDENTITY_SCHEMA = 1
+LIB_MODE, FILE_MODE = 0o755, 0o644
+
+
+class WheelBuildError(RuntimeError):
+    """The wheel cannot be built; the message says what is wrong and which command fixes it."""
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    variant: str
+    dist_dir: Path
+    plat_name: str | None = None  # JA_WHEEL_PLAT_NAME
+    wheel_arch: str | None = None  # JA_WHEEL_ARCH: the GPU arch the wheel is for, recorded in its identity
+    level: int | None = None  # deflate level; None: pyproject's wheel_compress_level
+    jobs: int | None = None
+    source_date_epoch: int | None = None  # None: SOURCE_DATE_EPOCH, else the HEAD commit's time
+
+    @classmethod
+    def from_env(cls, variant: str, dist_dir: Path, env: dict[str, str] | None = None, **flags) -> "BuildOptions":
+        """Environment (JA_WHEEL_PLAT_NAME, JA_WHEEL_ARCH, SOURCE_DATE_EPOCH) under explicit flags."""
+        env = os.environ if env is None else env
+        sde = env.get("SOURCE_DATE_EPOCH")
+        values = {
+            "plat_name": env.get("JA_WHEEL_PLAT_NAME") or None,
+            "wheel_arch": env.get("JA_WHEEL_ARCH") or None,
+            "source_date_epoch": int(sde) if sde else None,
+        }
+        values.update({k: v for k, v in flags.items() if v is not None})
+        return cls(variant=variant, dist_dir=dist_dir, **values)
+
+
+@dataclass
+class BuildResult:
+    wheel: Path
+    variant: str
+    version: str
+    platform_tag: str
+    tag_source: str
+    bytes_in: int
+    bytes_out: int
+    members: int
+    seconds: dict[str, float] = field(default_factory=dict)
+    identity: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        secs = ", ".join(f"{k} {v:.2f} s" for k, v in self.seconds.items())
+        ratio = self.bytes_out / self.bytes_in if self.bytes_in else 0
+        return (f"wheel_build: {self.wheel}\n  variant {self.variant}, version {self.version}, tag "
+                f"py3-none-{self.platform_tag} ({self.tag_source})\n  {self.members} members, "
+                f"{self.bytes_in / 1e6:.1f} MB -> {self.bytes_out / 1e6:.1f} MB (ratio {ratio:.3f}); {secs}"
+                + "".join(f"\n  note: {n}" for n in self.notes))
+
+
+# --- inputs ---------------------------------------------------------------------------
+
+def _project(root: Path) -> dict:
+    with open(root / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)
+
+
+def library_sources(settings: config.Settings, layout: Layout, variant: Variant) -> dict[str, Path]:
+    """{library name: path in the build tree}; WheelBuildError lists every missing one and its command."""
+    found, missing = {}, []
+    for name in variant.libraries:
+        spec = layout.libraries[name]
+        path = settings.build_dir / spec.dir / name
+        if path.is_file():
+            found[name] = path
+        else:
+            missing.append(f"{path} (produce it with: {spec.fix_command()})")
+    if missing:
+        raise WheelBuildError(
+            f"the {variant.name} wheel needs libraries that are not built: " + "; ".join(missing)
+            + ". The wheel build never runs build_jit.py itself.")
+    return found
+
+
+def default_epoch(root: Path, env: dict[str, str] | None = None) -> int:
+    """SOURCE_DATE_EPOCH, else the HEAD commit's time, else 1980: never the clock, so rebuilds match."""
+    env = os.environ if env is None else env
+    if env.get("SOURCE_DATE_EPOCH"):
+        return max(MIN_EPOCH, int(env["SOURCE_DATE_EPOCH"]))
+    out = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%ct"], capture_output=True, text=True)
+    return max(MIN_EPOCH, int(out.stdout.strip())) if out.returncode == 0 and out.stdout.strip() else MIN_EPOCH
+
+
+def build_identity(expectations: jit_expectations.JitExpectations, version: str, variant: Variant,
+                   wheel_arch: str | None) -> dict:
+    """The identity baked into the wheel: the JIT libraries' identity plus what this wheel is."""
+    ident = dict(expectations.identity)
+    archs = list(ident.get("gpu_archs") or [])
+    if wheel_arch:
+        wanted = config.split_archs(wheel_arch)
+        absent = [a for a in wanted if a not in archs]
+        if absent:
+            raise WheelBuildError(
+                f"JA_WHEEL_ARCH={wheel_arch} but the JIT libraries were built for "
+                f"{', '.join(archs) or 'no GPU arch'} (backend {ident.get('backend')}, {expectations.source}); "
+                f"rebuild them with GPU_ARCHS={wheel_arch} python3 jax_aiter/jit/build_jit.py, or unset JA_WHEEL_ARCH")
+    ident.update({
+        "schema": IDENTITY_SCHEMA,
+        "version": version,
+        "variant": variant.name,
+        "wheel_arch": ";".join(config.split_archs(wheel_arch)) if wheel_arch else (";".join(archs) or None),
+    })
+    return ident
+
+
+# --- staging ----------------------------------------------------------------------------
+
+def _link_or_copy(src: Path, dst: Path) -> str:
+    try:
+        os.link(src, dst)
+        return "link"
+    except OSError:
+        shutil.copyfile(src, dst)
+        return "copy"
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{json.dumps(k)} = {_toml_value(x)}" for k, x in v.items()) + " }"
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return json.dumps(v)
+
+
+def anchor_pyproject(project: dict, version: str, packages: list[str], lib_dir: str, identity_file: str) -> str:
+    """pyproject.toml for the staged tree: the repo's [project] at this version, libraries as package data."""
+    proj = {k: v for k, v in project.items() if k not in ("version", "readme", "dynamic")}
+    proj["version"] = version
+    tables = {k: proj.pop(k) for k in list(proj) if isinstance(proj[k], dict) and k not in ("license",)}
+    pkg_root = lib_dir.split("/")[0]
+    data_globs = [f"{lib_dir[len(pkg_root) + 1:]}/*.so", identity_file[len(pkg_root) + 1:]]
+    lines = ["# Generated by jatools.wheel_build: this staged tree as a setuptools project, so that",
+             "# `pip wheel <this folder> --no-deps --no-build-isolation` builds the equivalent wheel.",
+             "[build-system]", 'requires = ["setuptools>=69", "wheel"]', 'build-backend = "setuptools.build_meta"',
+             "", "[project]"]
+    lines += [f"{k} = {_toml_value(v)}" for k, v in proj.items()]
+    for name, table in tables.items():
+        lines += ["", f"[project.{name}]"] + [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in table.items()]
+    lines += ["", "[tool.setuptools]", f"packages = {_toml_value(packages)}", "include-package-data = false",
+              "", "[tool.setuptools.package-data]", f"{pkg_root} = {_toml_value(data_globs)}", ""]
+    return "\n".join(lines)
+
+
+def stage(settings: config.Settings, layout: Layout, variant: Variant, version: str, libs: dict[str, Path],
+          identity: dict, plat_tag: str | None = None) -> tuple[Path, dict[str, str]]:
+    """Write build/wheel_stage/<variant>/ atomically; return it and {member: how it was staged}."""
+    stage_root = settings.build_dir / "wheel_stage"
+    final = stage_root / variant.name
+    tmp = stage_root / f".{variant.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    how: dict[str, str] = {}
+    try:
+        for rel in python_files(settings.root):
+            dst = tmp / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(settings.root / rel, dst)
+            how[rel] = "copy"
+        lib_dir = tmp / layout.lib_dir
+        lib_dir.mkdir(parents=True, exist_ok=True)
+        for name, src in sorted(libs.items()):
+            how[layout.lib_member(name)] = _link_or_copy(src, lib_dir / name)
+        (tmp / layout.identity_file).write_text(json.dumps(identity, indent=2, sort_keys=True) + "\n")
+        how[layout.identity_file] = "generated"
+        project = _project(settings.root)
+        (tmp / "pyproject.toml").write_text(anchor_pyproject(
+            project["project"], version, python_packages(settings.root), layout.lib_dir, layout.identity_file))
+        if plat_tag:
+            (tmp / "setup.cfg").write_text(f"[bdist_wheel]\npython_tag = py3\nplat_name = {plat_tag}\n")
+        old = stage_root / f".{variant.name}.old-{os.getpid()}"
+        if final.exists():
+            os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final, how
+
+
+def staged_members(stage_dir: Path, layout: Layout) -> list[tuple[str, Path, int]]:
+    """(member, file, mode) of the package part of the wheel, in the order they are written."""
+    pkg_roots = sorted({m.split("/")[0] for m in (layout.lib_dir, layout.identity_file)})
+    out = []
+    for top in pkg_roots:
+        for p in sorted((stage_dir / top).rglob("*")):
+            if p.is_file():
+                rel = p.relative_to(stage_dir).as_posix()
+                out.append((rel, p, LIB_MODE if rel.startswith(layout.lib_dir + "/") else FILE_MODE))
+    return sorted(out)
+
+
+# --- dist-info ----------------------------------------------------------------------------
+
+def metadata_text(project: dict, version: str, root: Path) -> tuple[bytes, list[str]]:
+    """METADATA from pyproject's [project] (validated by packaging), and notes on anything left out."""
+    notes = []
+    reqs = list(project.get("dependencies", []))
+    extras = project.get("optional-dependencies", {})
+    for extra, deps in extras.items():
+        for dep in deps:
+            r = Requirement(dep)
+            marker = f'({r.marker}) and extra == "{extra}"' if r.marker else f'extra == "{extra}"'
+            r.marker = None
+            reqs.append(f"{r}; {marker}")
+    raw: RawMetadata = {
+        "metadata_version": "2.1",
+        "name": project["name"],
+        "version": version,
+        "summary": project.get("description", ""),
+        "requires_python": project.get("requires-python", ""),
+        "requires_dist": reqs,
+        "provides_extra": list(extras),
+    }
+    lic = project.get("license")
+    if isinstance(lic, dict) and lic.get("text"):
+        raw["license"] = lic["text"]
+    readme = project.get("readme")
+    if isinstance(readme, str):
+        path = root / readme
+        if path.is_file():
+            raw["description"] = path.read_text(encoding="utf-8")
+            raw["description_content_type"] = "text/markdown" if readme.endswith(".md") else "text/plain"
+        else:
+            notes.append(f"pyproject names readme {readme!r}, which does not exist; METADATA has no description")
+    try:
+        meta = Metadata.from_raw(raw, validate=True)
+    except Exception as e:  # ExceptionGroup of InvalidMetadata
+        errors = getattr(e, "exceptions", [e])
+        raise WheelBuildError("pyproject.toml [project] gives invalid metadata: "
+                              + "; ".join(str(x) for x in errors)) from e
+    return meta.as_rfc822().as_bytes(), notes
+
+
+def entry_points_text(project: dict) -> bytes:
+    groups = {"console_scripts": project.get("scripts", {}), "gui_scripts": project.get("gui-scripts", {})}
+    groups.update(project.get("entry-points", {}))
+    out = io.StringIO()
+    for group, entries in groups.items():
+        if entries:
+            out.write(f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in entries.items()) + "\n")
+    return out.getvalue().encode()
+
+
+def wheel_text(tag: str) -> bytes:
+    # Not purelib: the libraries are platform-specific, so installers put them in platlib.
+    return f"Wheel-Version: 1.0\nGenerator: {GENERATOR}\nRoot-Is-Purelib: false\nTag: {tag}\n".encode()
+
+
+def record_text(members: list[WrittenMember], record_path: str) -> bytes:
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    for m in members:
+        w.writerow([m.arcname, wheel_members.record_hash(m.sha256), m.size])
+    w.writerow([record_path, "", ""])
+    return out.getvalue().encode()
+
+
+# --- the build -------------------------------------------------------------------------------
+
+def platform_tag(options: BuildOptions, libs: dict[str, Path]) -> tuple[str, str]:
+    """(tag, where it came from): JA_WHEEL_PLAT_NAME, else the measured symbol floor."""
+    infos = {name: elf.read_dynamic(p) for name, p in libs.items()}
+    arch = wheel_floor.elf_arch(list(infos.values()))
+    if options.plat_name:
+        tag = wheel_floor.normalise_plat_name(options.plat_name)
+        if wheel_floor.arch_of_tag(tag) != arch:
+            raise WheelBuildError(f"JA_WHEEL_PLAT_NAME={options.plat_name} is for {wheel_floor.arch_of_tag(tag)}, "
+                                  f"but the libraries are {arch}")
+        return tag, "JA_WHEEL_PLAT_NAME"
+    return wheel_floor.measure(infos, arch).tag, "measured symbol floor (auditwheel policy)"
+
+
+def read_back(wheel: Path, written: list[WrittenMember], jit_members: dict[str, str],
+              expectations: jit_expectations.JitExpectations, jobs: int | None) -> None:
+    """Decompress every member of the written file: RECORD digests, and JIT libraries against the record."""
+    try:
+        scanned = wheel_members.scan(wheel, workers=jobs)
+    except wheel_members.WheelReadError as e:
+        raise IntegrityError(f"reading the new wheel back failed: {e}") from e
+    for member, name in jit_members.items():
+        expectations.check_digest(name, scanned[member].sha256, f"{wheel.name}:{member}")
+    for m in written:
+        got = scanned[m.arcname]
+        if got.sha256 != m.sha256_hex or got.size != m.size:
+            raise IntegrityError(f"{wheel.name}: {m.arcname} reads back as sha256 {got.sha256} ({got.size} bytes), "
+                                 f"but {m.sha256_hex} ({m.size} bytes) was written")
+
+
+def build(settings: config.Settings, options: BuildOptions, layout: Layout | None = None,
+          expectations: jit_expectations.JitExpectations | None = None) -> BuildResult:
+    t0 = time.monotonic()
+    layout = layout or Layout.load()
+    variant = layout.variant(options.variant)
+    project = _project(settings.root)["project"]
+    version = variant.version(project["version"])
+    level = options.level or int(settings.raw.get("wheel_compress_level", 6))
+    notes = [f"layout without {', '.join(layout.dropped)}"] if layout.dropped else []
+
+    libs = library_sources(settings, layout, variant)
+    jit_names = [n for n in variant.libraries if layout.libraries[n].kind == "jit"]
+    try:
+        expectations = expectations or jit_expectations.load(settings)
+        expectations.verify_folder(settings.jit_dir, jit_names)
+    except jit_expectations.JitExpectationError as e:
+        raise WheelBuildError(str(e)) from e
+    identity = build_identity(expectations, version, variant, options.wheel_arch)
+    if identity.get("kernel_source_dirty"):
+        notes.append("the JIT libraries were built from uncommitted kernel sources (kernel_source_dirty)")
+    t_verify = time.monotonic()
+
+    tag, tag_source = platform_tag(options, libs)
+    stage_dir, how = stage(settings, layout, variant, version, libs, identity, tag)
+    copies = sorted(m for m, h in how.items() if h == "copy" and m.startswith(layout.lib_dir))
+    if copies:
+        notes.append(f"copied (no hard link possible): {', '.join(copies)}")
+    t_stage = time.monotonic()
+
+    dist_name = canonicalize_name(project["name"]).replace("-", "_")
+    wheel_tag = f"py3-none-{tag}"
+    wheel = options.dist_dir / f"{dist_name}-{version}-{wheel_tag}.whl"
+    dist_info = f"{dist_name}-{version}.dist-info"
+    options.dist_dir.mkdir(parents=True, exist_ok=True)
+    tmp = wheel.with_name(f".{wheel.name}.tmp-{os.getpid()}")
+    epoch = options.source_date_epoch if options.source_date_epoch is not None else default_epoch(settings.root)
+    date_time = time.gmtime(max(MIN_EPOCH, epoch))[:6]
+    metadata, meta_notes = metadata_text(project, version, settings.root)
+    notes += meta_notes
+    jit_members = {layout.lib_member(n): n for n in jit_names}
+    members = staged_members(stage_dir, layout)
+    try:
+        with open(tmp, "wb") as f, DeterministicZipWriter(f, date_time, level=level, workers=options.jobs) as zw:
+            for arcname, path, mode in members:
+                # JIT libraries were just hashed against their record; that digest goes into RECORD
+                # unhashed again, and the read-back below proves the zipped bytes have it.
+                known = expectations.entry(jit_members[arcname])["sha256"] if arcname in jit_members else None
+                zw.add_file(arcname, path, mode, sha256=bytes.fromhex(known) if known else None)
+            zw.add_bytes(f"{dist_info}/METADATA", metadata)
+            zw.add_bytes(f"{dist_info}/WHEEL", wheel_text(wheel_tag))
+            zw.add_bytes(f"{dist_info}/entry_points.txt", entry_points_text(project))
+            written = zw.members
+            zw.add_bytes(f"{dist_info}/RECORD", record_text(written, f"{dist_info}/RECORD"))
+        t_pack = time.monotonic()
+        read_back(tmp, written, jit_members, expectations, options.jobs)
+        os.replace(tmp, wheel)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    t_end = time.monotonic()
+    result = BuildResult(
+        wheel=wheel, variant=variant.name, version=version, platform_tag=tag, tag_source=tag_source,
+        bytes_in=sum(m.size for m in written), bytes_out=wheel.stat().st_size, members=len(written) + 1,
+        seconds={"verify": t_verify - t0, "stage": t_stage - t_verify, "pack": t_pack - t_stage,
+                 "read_back": t_end - t_pack, "total": t_end - t0},
+        identity=identity, notes=notes,
+    )
+    _write_report(settings, result)
+    return result
+
+
+def _write_report(settings: config.Settings, result: BuildResult) -> Path:
+    path = settings.build_dir / "reports" / f"wheel_{result.variant}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(result).items()}
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m jatools.wheel_build", description=__doc__.splitlines()[0])
+    p.add_argument("--variant", required=True, choices=sorted(Layout.load().variants))
+    p.add_argument("--dist", type=Path, default=None, help="output folder (default: <repo>/dist)")
+    p.add_argument("--plat-name", help="platform tag (default: JA_WHEEL_PLAT_NAME, else the measured floor)")
+    p.add_argument("--wheel-arch", help="GPU arch the wheel is for (default: JA_WHEEL_ARCH)")
+    p.add_argument("--compress-level", type=int, help="deflate level 1-9 (default: pyproject wheel_compress_level)")
+    p.add_argument("-j", "--jobs", type=int, help="compression threads (default: all cores)")
+    p.add_argument("--check", action="store_true", help="then run the floor and contents checks on the wheel")
+    args = p.parse_args(argv)
+    settings = config.load()
+    options = BuildOptions.from_env(args.variant, args.dist or settings.root / "dist", plat_name=args.plat_name,
+                                    wheel_arch=args.wheel_arch, level=args.compress_level, jobs=args.jobs)
+    try:
+        result = build(settings, options)
+    except (WheelBuildError, IntegrityError, jit_expectations.JitExpectationError, wheel_floor.FloorError,
+            OSError, ValueError) as e:
+        print(f"wheel_build: error: {e}", file=sys.stderr)
+        return 2
+    print(result.summary(), flush=True)
+    if args.check:
+        from jatools import wheel_contents
+
+        return max(wheel_floor.main([str(result.wheel)]), wheel_contents.main([str(result.wheel)]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

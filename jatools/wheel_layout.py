@@ -1,0 +1,136 @@
+"""The wheel layout and content policy (jatools/wheel_layout.toml), read once and shared.
+
+The builder decides what to stage from it, and `invoke contents` decides what a
+built wheel must and may hold from it, so the two cannot drift apart.
+"""
+from __future__ import annotations
+
+import fnmatch
+import tomllib
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from packaging.version import Version
+
+from jatools import config
+
+LAYOUT_FILE = Path(__file__).with_name("wheel_layout.toml")
+
+
+class LayoutError(RuntimeError):
+    """The layout data is inconsistent, or a variant name is unknown."""
+
+
+@dataclass(frozen=True)
+class LibrarySpec:
+    name: str
+    dir: str  # build folder under the build dir: jax_aiter_build | aiter_build
+    kind: str  # umbrella | shim | jit
+    module: str | None = None  # JIT module in optCompilerConfig.json
+    op: str | None = None  # shim's op (csrc/ffi/<op>)
+
+    def fix_command(self) -> str:
+        """The command that produces this library, for error messages."""
+        if self.kind == "jit":
+            return (f"python3 jax_aiter/jit/build_jit.py --module {self.module} (or fetch published ones: "
+                    f"invoke jit.fetch)")
+        if self.kind == "shim":
+            return "make ja_mods (or nox -s ja_mods)"
+        return "make (or nox -s umbrella)"
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    local_version: str
+    libraries: tuple[str, ...]
+    fetched: tuple[str, ...]
+
+    def version(self, public: str) -> str:
+        """The distribution version: the public one, plus the local label when the variant has one."""
+        v = Version(public)
+        if v.local:
+            raise LayoutError(f"the project version {public!r} already has a local label")
+        return str(Version(f"{public}+{self.local_version}")) if self.local_version else str(v)
+
+
+@dataclass(frozen=True)
+class Layout:
+    lib_dir: str
+    identity_file: str
+    libraries: dict[str, LibrarySpec]
+    variants: dict[str, Variant]
+    required_files: tuple[str, ...]
+    dist_info_files: tuple[str, ...]
+    external: dict[str, tuple[str, ...]]
+    runpath_forbidden: tuple[str, ...]
+    dropped: tuple[str, ...] = ()  # libraries removed with without(); reported, never silent
+
+    @classmethod
+    def load(cls, path: Path = LAYOUT_FILE) -> "Layout":
+        data = tomllib.loads(path.read_text())
+        libs = {name: LibrarySpec(name=name, **spec) for name, spec in data["libraries"].items()}
+        variants = {
+            name: Variant(name, v.get("local_version", ""), tuple(v["libraries"]), tuple(v.get("fetched", ())))
+            for name, v in data["variants"].items()
+        }
+        for v in variants.values():
+            unknown = [n for n in (*v.libraries, *v.fetched) if n not in libs]
+            if unknown:
+                raise LayoutError(f"{path}: variant {v.name} names unknown libraries {', '.join(unknown)}")
+        return cls(
+            lib_dir=data["lib_dir"],
+            identity_file=data["identity_file"],
+            libraries=libs,
+            variants=variants,
+            required_files=tuple(data["files"]["required"]),
+            dist_info_files=tuple(data["files"]["dist_info"]),
+            external={k: tuple(v) for k, v in data["external"].items()},
+            runpath_forbidden=tuple(data["runpath"]["forbidden_substrings"]),
+        )
+
+    def variant(self, name: str) -> Variant:
+        try:
+            return self.variants[name]
+        except KeyError:
+            raise LayoutError(f"unknown wheel variant {name!r}; known: {', '.join(self.variants)}") from None
+
+    def variant_for_version(self, version: str) -> Variant:
+        """The variant a wheel version belongs to (by its local label)."""
+        local = Version(version).local or ""
+        for v in self.variants.values():
+            if v.local_version == local:
+                return v
+        raise LayoutError(f"version {version} has local label {local!r}, which no wheel variant uses "
+                          f"({', '.join(f'{v.name}: {v.local_version!r}' for v in self.variants.values())})")
+
+    def without(self, names: list[str] | tuple[str, ...]) -> "Layout":
+        """A copy with `names` removed from every variant (for checkouts that cannot build them yet)."""
+        drop = set(names)
+        variants = {k: replace(v, libraries=tuple(n for n in v.libraries if n not in drop))
+                    for k, v in self.variants.items()}
+        return replace(self, variants=variants, dropped=tuple(sorted(set(self.dropped) | drop)))
+
+    def lib_member(self, name: str) -> str:
+        return f"{self.lib_dir}/{name}"
+
+    def external_allowed(self, soname: str, backend: str) -> bool:
+        patterns = self.external.get("common", ()) + self.external.get(backend, ())
+        return any(fnmatch.fnmatchcase(soname, p) for p in patterns)
+
+
+def python_packages(root: Path | None = None) -> list[str]:
+    """The packages pyproject's [tool.setuptools] lists: the same set `pip wheel .` ships."""
+    root = root or config.repo_root()
+    with open(root / "pyproject.toml", "rb") as f:
+        return list(tomllib.load(f)["tool"]["setuptools"]["packages"])
+
+
+def python_files(root: Path | None = None) -> list[str]:
+    """Every *.py file of those packages, as wheel member paths, sorted."""
+    root = root or config.repo_root()
+    out = []
+    for pkg in python_packages(root):
+        pkg_dir = root / pkg.replace(".", "/")
+        out += [p.relative_to(root).as_posix() for p in pkg_dir.glob("*.py") if p.is_file()]
+    return sorted(out)

@@ -1,0 +1,192 @@
+"""The offline wheelhouse the clean room installs from: filled once from the package index, then reused.
+
+Validation must prove a wheel installs with no package index reachable, and it
+must be quick enough to run on every release candidate, so every dependency
+wheel is downloaded once (`invoke validate.wheelhouse`) into a folder
+(default build/wheelhouse) and later installs use `--no-index --find-links`.
+
+What goes in is derived from pyproject.toml, never listed twice: the project's
+dependencies plus its `fetch` extra (the lite wheel's `jax-aiter-fetch-mha`
+needs it), with the packages named in `[tool.jax-aiter] validation_floor`
+(jax, jaxlib) pinned to the lowest version the wheel declares, because that is
+the oldest release we claim to support and the one the FFI shims are built
+against. GPU hosts add the JAX plugin for their backend
+(`validation_plugins_<backend>`, pinned to the same floor).
+
+A stamp (wheelhouse.json: requirements, Python, files with size and sha256) is
+written last; a wheelhouse is warm when its stamp covers what is wanted and
+every listed file is present with its size.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import tomllib
+from packaging.requirements import Requirement
+
+from jatools import config
+from jax_aiter.integrity import file_entry, sha256_files
+
+STAMP = "wheelhouse.json"
+SCHEMA = 1
+Log = Callable[[str], None]
+
+
+class WheelhouseError(RuntimeError):
+    """The wheelhouse cannot serve an offline install; the message names the fix."""
+
+
+def location(root: Path | None = None, flag: str | Path | None = None, env: dict[str, str] | None = None) -> Path:
+    """--wheelhouse, else JA_WHEELHOUSE, else pyproject's `wheelhouse` (relative to the checkout)."""
+    env = os.environ if env is None else env
+    root = root or config.repo_root()
+    value = flag or env.get("JA_WHEELHOUSE") or config.defaults(root)["wheelhouse"]
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else root / path
+
+
+def _project(root: Path) -> dict:
+    with open(root / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["project"]
+
+
+def _floor(req: Requirement) -> str | None:
+    for spec in req.specifier:
+        if spec.operator in (">=", "==", "~="):
+            return spec.version
+    return None
+
+
+def requirements(root: Path | None = None, backends: tuple[str, ...] = ()) -> list[str]:
+    """What the wheelhouse must hold, as pip requirement strings (sorted, no duplicates)."""
+    root = root or config.repo_root()
+    project = _project(root)
+    raw = config.defaults(root)
+    floor_pinned = {name.lower() for name in raw.get("validation_floor", [])}
+    reqs = [Requirement(r) for r in project.get("dependencies", [])]
+    reqs += [Requirement(r) for r in project.get("optional-dependencies", {}).get("fetch", [])]
+    out: dict[str, str] = {}
+    floors: dict[str, str] = {}
+    for req in reqs:
+        name = req.name.lower()
+        if name in floor_pinned:
+            low = _floor(req)
+            if low is None:
+                raise WheelhouseError(f"pyproject.toml: dependency {req} has no lower bound, so the clean room "
+                                      "cannot install its floor; give it one (e.g. >=X.Y)")
+            floors[name] = low
+            out[name] = f"{req.name}=={low}"
+        else:
+            out[name] = str(req)
+    for backend in backends:
+        key = f"validation_plugins_{backend}"
+        if key not in raw:
+            raise WheelhouseError(f"no JAX plugin is configured for backend {backend!r} "
+                                  f"([tool.jax-aiter] {key} in pyproject.toml)")
+        pin = floors.get("jax")
+        for plugin in raw[key]:
+            out[plugin.lower()] = f"{plugin}=={pin}" if pin else plugin
+    return sorted(out.values(), key=str.lower)
+
+
+@dataclass(frozen=True)
+class Status:
+    path: Path
+    warm: bool
+    reason: str          # why it is not warm ("" when warm)
+    stamp: dict | None
+
+
+def _read_stamp(path: Path) -> dict | None:
+    try:
+        stamp = json.loads((path / STAMP).read_text())
+    except (OSError, ValueError):
+        return None
+    return stamp if isinstance(stamp, dict) and stamp.get("schema") == SCHEMA else None
+
+
+def status(path: Path, wanted: list[str], python_tag: str) -> Status:
+    """Warm when the stamp covers `wanted` for this Python and every stamped file is present at its size."""
+    stamp = _read_stamp(path)
+    if stamp is None:
+        return Status(path, False, f"{path} has no {STAMP} (never filled, or a fill was interrupted)", None)
+    missing = sorted(set(wanted) - set(stamp.get("requirements", [])))
+    if missing:
+        return Status(path, False, f"{path} was filled for other requirements; it lacks {', '.join(missing)}",
+                      stamp)
+    if stamp.get("python") != python_tag:
+        return Status(path, False, f"{path} holds wheels for Python {stamp.get('python')}, not {python_tag}", stamp)
+    for f in stamp.get("files", []):
+        p = path / f["name"]
+        if not p.is_file() or p.stat().st_size != f["size"]:
+            return Status(path, False, f"{p} is missing or has another size than when it was downloaded", stamp)
+    return Status(path, True, "", stamp)
+
+
+def python_tag(python: str | Path) -> str:
+    """'3.12' for the interpreter the clean room uses (the wheels must match it)."""
+    out = subprocess.run([str(python), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                         check=False, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise WheelhouseError(f"cannot run {python}: {out.stderr.strip()}")
+    return out.stdout.strip()
+
+
+def fill(path: Path, wanted: list[str], python: str | Path, log: Log = print,
+         run: Callable[[list[str]], subprocess.CompletedProcess] | None = None) -> Status:
+    """Download `wanted` and their dependencies as binary wheels; afterwards `path` holds exactly that set.
+
+    pip resolves into a temporary folder beside `path` (wheels already in `path`
+    are offered through --find-links, so they are copied, not downloaded again);
+    then new wheels are moved in, wheels the resolution no longer needs are
+    removed, and the stamp is written last. An interrupted fill leaves no stamp.
+    """
+    tag = python_tag(python)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / STAMP).unlink(missing_ok=True)  # a fill in progress is never warm
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=".fill-", dir=path.parent) as tmp:
+        cmd = [str(python), "-m", "pip", "download", "--disable-pip-version-check", "--only-binary=:all:",
+               "--find-links", str(path), "--dest", tmp, *wanted]
+        log(f"wheelhouse: resolving into {path}: {' '.join(wanted)}")
+        out = (run or (lambda c: subprocess.run(c, check=False, capture_output=True, text=True)))(cmd)
+        if out.returncode != 0:
+            tail = "\n".join((out.stderr or out.stdout or "").strip().splitlines()[-15:])
+            raise WheelhouseError(f"`{' '.join(cmd)}` failed (exit {out.returncode}); the package index must be "
+                                  f"reachable to fill the wheelhouse once:\n{tail}")
+        names = sorted(p.name for p in Path(tmp).glob("*.whl"))
+        for name in names:
+            os.replace(Path(tmp) / name, path / name)
+    for stale in path.glob("*.whl"):
+        if stale.name not in names:
+            log(f"wheelhouse: removing {stale.name} (no longer part of the resolution)")
+            stale.unlink()
+    digests = sha256_files([path / n for n in names])
+    files = [file_entry(path / n, digests[str(path / n)]) for n in names]
+    stamp = {"schema": SCHEMA, "requirements": wanted, "python": tag, "files": files,
+             "filled_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    tmp_stamp = path / f".{STAMP}.tmp"
+    tmp_stamp.write_text(json.dumps(stamp, indent=1) + "\n")
+    os.replace(tmp_stamp, path / STAMP)
+    size = sum(f["size"] for f in files)
+    log(f"wheelhouse: {len(files)} wheels, {size / 1e6:.0f} MB in {path} ({time.monotonic() - start:.1f} s)")
+    return Status(path, True, "", stamp)
+
+
+def ensure(path: Path, wanted: list[str], python: str | Path, allow_fill: bool, log: Log = print) -> Status:
+    """A warm wheelhouse: as it is, or filled now when allowed (said in the log), else an error naming the fix."""
+    st = status(path, wanted, python_tag(python))
+    if st.warm:
+        return st
+    if not allow_fill:
+        raise WheelhouseError(f"the wheelhouse is not ready: {st.reason}; fill it once with "
+                              "`invoke validate.wheelhouse` (needs the package index)")
+    log(f"wheelhouse: filling it now because {st.reason}")
+    return fill(path, wanted, python, log)

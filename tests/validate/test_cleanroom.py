@@ -1,0 +1,165 @@
+"""Clean-room validation end to end: real wheels, real venvs, a real offline install, real smoke runs.
+
+A good wheel passes; each planted defect fails validation with a message that
+names its cause.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from jatools import cleanroom, elf
+from tests.validate import plants
+from tests.validate.conftest import REPO, failures, member
+from tests.wheel.wheel_plant import patch_dynamic_string, rewrite_wheel
+
+LIB = "jax_aiter/_lib"
+
+
+def test_good_full_wheel_passes_every_check(good_wheels, validate_wheels, tmp_path):
+    res = validate_wheels(good_wheels["full"]).results[0]
+    assert res.ok, failures(res)
+    names = {c.name for c in res.checks}
+    for must in ("wheel-record", "venv", "install", "isolation", "installed-bytes", "identity", "load-alone",
+                 "core-ops[cpu]", "attention[cpu]", "library-origin"):
+        assert must in names, f"{must} did not run: {sorted(names)}"
+    assert "fetch" not in names, "a full wheel must not need a fetch"
+
+
+def test_good_lite_wheel_fetches_then_runs_attention(good_wheels, validate_wheels):
+    res = validate_wheels(good_wheels["lite"]).results[0]
+    assert res.ok, failures(res)
+    names = [c.name for c in res.checks]
+    order = ["release-server", "core-ops[cpu]", "attention-needs-fetch", "fetch", "attention[cpu]", "library-origin"]
+    assert [n for n in names if n in order] == order, names
+
+
+def test_missing_library_is_named(good_wheels, validate_wheels, tmp_path):
+    wheel = rewrite_wheel(good_wheels["full"], tmp_path / good_wheels["full"].name,
+                          drop=(f"{LIB}/librmsnorm_fwd.so",))
+    res = validate_wheels(wheel).results[0]
+    text = failures(res)
+    assert "load-alone: rmsnorm_fwd_ja.so does not load on its own: librmsnorm_fwd.so" in text, text
+    assert "core-ops[cpu]" in text and "librmsnorm_fwd.so not found" in text, text
+
+
+@pytest.mark.parametrize("how", ["into-build-tree", "nowhere"])
+def test_broken_runpath_is_named(good_wheels, native_build, validate_wheels, tmp_path, how):
+    src = good_wheels["full"]
+    shim = tmp_path / "rmsnorm_fwd_ja.so"
+    shim.write_bytes(member(src, f"{LIB}/rmsnorm_fwd_ja.so"))
+    old = ":".join(elf.read_dynamic(shim).runpath)  # $ORIGIN:$ORIGIN/../aiter_build
+    if how == "into-build-tree":  # works on the build machine only: the classic absolute build-tree RUNPATH
+        links = plants.short_links([native_build.build_dir / "jax_aiter_build", native_build.build_dir / "aiter_build"],
+                                   tmp_path.name[-4:])
+        patch_dynamic_string(shim, "DT_RUNPATH", old, ":".join(map(str, links)))
+    else:
+        patch_dynamic_string(shim, "DT_RUNPATH", old, "$ORIGIN/../nolib")
+    wheel = rewrite_wheel(src, tmp_path / src.name, put={f"{LIB}/rmsnorm_fwd_ja.so": shim.read_bytes()})
+    res = validate_wheels(wheel).results[0]
+    text = failures(res)
+    assert not res.ok
+    if how == "into-build-tree":
+        assert f"(the checkout {REPO})" in text and "when rmsnorm_fwd_ja.so was loaded on its own" in text, text
+    else:
+        assert "rmsnorm_fwd_ja.so does not load on its own" in text and "RUNPATH" in text, text
+
+
+def test_tampered_file_fails_the_record_check(good_wheels, validate_wheels, tmp_path):
+    name = "jax_aiter/ops/rmsnorm.py"
+    src = good_wheels["full"]
+    wheel = rewrite_wheel(src, tmp_path / src.name, put={name: member(src, name) + b"\n# edited\n"},
+                          fix_record=False)
+    res = validate_wheels(wheel).results[0]
+    assert [c.name for c in res.checks] == ["wheel-record"], "nothing may be installed from a tampered wheel"
+    assert not res.ok
+    assert name in res.checks[0].message and "RECORD" in res.checks[0].message, res.checks[0].message
+
+
+def test_libraries_built_against_a_newer_ffi_api_are_named(good_wheels, native_build, validate_wheels, tmp_path):
+    shim = plants.newer_ffi_shim(tmp_path / "scratch", native_build.build_dir)
+    src = good_wheels["full"]
+    wheel = rewrite_wheel(src, tmp_path / src.name, put={f"{LIB}/rmsnorm_fwd_ja.so": shim.read_bytes()})
+    text = failures(validate_wheels(wheel).results[0])
+    assert "core-ops[cpu]" in text and "FfiVersionError" in text and "built against XLA FFI API 0.4" in text, text
+    assert "supports API 0.3" in text, text
+
+
+def test_wheel_that_only_works_from_the_checkout_fails(good_wheels, validate_wheels, tmp_path):
+    """An editable-style wheel: a .pth that puts the checkout on sys.path instead of the package."""
+    src = good_wheels["full"]
+    with zipfile.ZipFile(src) as zf:
+        package = tuple(n for n in zf.namelist() if n.startswith("jax_aiter/") and n.endswith(".py"))
+    wheel = rewrite_wheel(src, tmp_path / src.name, drop=package, put={"jax_aiter_dev.pth": f"{REPO}\n".encode()})
+    res = validate_wheels(wheel, keep=True).results[0]
+    try:
+        text = failures(res)
+        assert "isolation" in text, text
+        assert "jax_aiter resolves to" in text and "inside the checkout" in text, text
+        assert "added by jax_aiter_dev.pth" in text, text
+        # Proof that the plant is the real thing: from the checkout the same install "works".
+        dev = plants.run_from_checkout(Path(res.kept) / "venv", REPO, "import jax_aiter; print(jax_aiter.__file__)")
+        assert dev.returncode == 0 and str(REPO) in dev.stdout, dev.stderr
+    finally:
+        shutil.rmtree(res.kept, ignore_errors=True)
+
+
+def test_wheel_missing_a_module_names_it(good_wheels, validate_wheels, tmp_path):
+    src = good_wheels["full"]
+    wheel = rewrite_wheel(src, tmp_path / src.name, drop=("jax_aiter/ops/activation.py",))
+    text = failures(validate_wheels(wheel).results[0])
+    assert "jax_aiter.ops.activation" in text and "the checkout has it" in text, text
+
+
+def test_report_json_and_summary(good_wheels, tmp_path, warm_wheelhouse):
+    """The CLI: one screen of summary, the same as JSON; the tampered wheel's exit status is 1."""
+    name = "jax_aiter/_loader.py"
+    src = good_wheels["full"]
+    bad = rewrite_wheel(src, tmp_path / src.name, put={name: b"# nothing\n"}, fix_record=False)
+    report = tmp_path / "report.json"
+    out = subprocess.run(["bash", str(REPO / "scripts/validate_wheel.sh"), str(bad), "--engine", "none",
+                          "--no-fill", "--wheelhouse", str(warm_wheelhouse), "--report", str(report)],
+                         check=False, capture_output=True, text=True, env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 1, out.stderr
+    assert "FAIL  wheel-record" in out.stdout and "FAIL: 0 of 1 wheel(s)" in out.stdout, out.stdout
+    data = json.loads(report.read_text())
+    assert data["ok"] is False and data["kind"] == "jax-aiter-validation"
+    (w,) = data["wheels"]
+    assert w["wheel"] == bad.name and len(w["sha256"]) == 64 and w["variant"] == "full"
+    assert set(w["phases"]) >= {"wheel", "environment", "install", "smoke", "total"}
+    assert w["checks"][0]["name"] == "wheel-record" and name in w["checks"][0]["message"]
+
+
+def test_a_report_covers_exactly_the_wheels_it_validated(good_wheels, validate_wheels, tmp_path):
+    from jatools.cleanroom_report import covers
+
+    report = validate_wheels(good_wheels["full"])
+    path = tmp_path / "report.json"
+    report.write(path)
+    assert covers(path, [good_wheels["full"]])
+    assert not covers(path, [good_wheels["full"], good_wheels["lite"]]), "the lite wheel was not validated"
+    (tmp_path / "x").mkdir()
+    changed = rewrite_wheel(good_wheels["full"], tmp_path / "x" / good_wheels["full"].name, drop=("jax_aiter/info.py",))
+    assert not covers(path, [changed]), "a wheel with other bytes is not covered"
+    assert not covers(tmp_path / "missing.json", [good_wheels["full"]])
+
+
+def test_no_wheel_is_an_error_naming_the_build_command(tmp_path):
+    with pytest.raises(cleanroom.ValidationError, match="scripts/build_wheel.sh --variant full"):
+        cleanroom.find_wheels(tmp_path, "full")
+
+
+def test_invoke_task_passes_its_flags_through(tmp_path):
+    from invoke import Exit, MockContext
+
+    import tasks
+
+    with pytest.raises(Exit) as e:
+        tasks.validate_run(MockContext(), wheel=[str(tmp_path / "missing.whl")], engine="none")
+    assert e.value.code == 2

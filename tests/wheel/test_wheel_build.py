@@ -1,0 +1,170 @@
+"""Both variants built from a real CPU build: names, versions, tags, contents, identity, reproducibility, install."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from packaging.utils import parse_wheel_filename
+from wheel.wheelfile import WheelFile
+
+from conftest import EPOCH, ROOT, cpu_env
+from jatools import config, wheel_contents, wheel_floor
+from jatools.wheel_build import BuildOptions, WheelBuildError, build
+
+PROJECT_VERSION = config.project_version(ROOT)
+
+
+def names(wheel: Path) -> list[str]:
+    with zipfile.ZipFile(wheel) as zf:
+        return zf.namelist()
+
+
+def test_names_versions_and_tags(wheels):
+    floor = wheel_floor.auditwheel_show(wheels["lite"].wheel)["sym_tag"]
+    for variant, version in (("lite", PROJECT_VERSION), ("full", f"{PROJECT_VERSION}+full")):
+        w = wheels[variant].wheel
+        assert w.name == f"jax_aiter-{version}-py3-none-{floor}.whl"
+        name, ver, build_tag, tags = parse_wheel_filename(w.name)
+        assert (str(name), str(ver), build_tag) == ("jax-aiter", version, ())
+        with zipfile.ZipFile(w) as zf:
+            wheel_file = zf.read(f"jax_aiter-{version}.dist-info/WHEEL").decode()
+            metadata = zf.read(f"jax_aiter-{version}.dist-info/METADATA").decode()
+        assert f"Tag: py3-none-{floor}\n" in wheel_file
+        assert "Root-Is-Purelib: false" in wheel_file
+        assert f"version: {version}\n" in metadata.lower()
+        assert wheels[variant].tag_source.startswith("measured")
+
+
+def test_variant_contents(wheels, layout):
+    lite, full = names(wheels["lite"].wheel), names(wheels["full"].wheel)
+    for variant, members in (("lite", lite), ("full", full)):
+        libs = sorted(n.rsplit("/", 1)[1] for n in members if n.startswith("jax_aiter/_lib/"))
+        assert libs == sorted(layout.variant(variant).libraries)
+        for required in ("jax_aiter/__init__.py", "jax_aiter/__main__.py", "jax_aiter/info.py",
+                         "jax_aiter/_loader.py", "jax_aiter/_build_identity.json"):
+            assert required in members
+        assert members[-1].endswith(".dist-info/RECORD"), "RECORD is written last"
+        package = [n for n in members if not n.startswith("jax_aiter-")]
+        assert package == sorted(package), "members in a fixed (sorted) order"
+    assert not any("libmha_" in n for n in lite), "lite never holds the MHA JIT libraries"
+    assert set(layout.variant("full").libraries) - set(layout.variant("lite").libraries) <= {
+        "libmha_fwd.so", "libmha_bwd.so"}
+
+
+def test_record_is_valid_for_an_independent_reader(wheels):
+    for result in wheels.values():
+        with WheelFile(result.wheel) as wf:  # the `wheel` library checks each member against RECORD as it reads
+            for info in wf.infolist():
+                wf.read(info.filename)
+            assert wf.testzip() is None
+        with zipfile.ZipFile(result.wheel) as zf:
+            for info in zf.infolist():
+                mode = info.external_attr >> 16
+                assert mode == (0o100755 if info.filename.endswith(".so") else 0o100644), info.filename
+                assert info.date_time[:3] == (2023, 11, 14), "SOURCE_DATE_EPOCH sets every timestamp"
+
+
+def test_identity_is_baked_in(wheels, native_build):
+    record = json.loads((native_build.jit_dir / "build_record.json").read_text())
+    for variant, result in wheels.items():
+        with zipfile.ZipFile(result.wheel) as zf:
+            ident = json.loads(zf.read("jax_aiter/_build_identity.json"))
+        for key in ("kernel_source_revision", "recipe_hash", "cache_id", "gpu_archs", "backend", "toolchain",
+                    "ffi_api_version"):
+            assert ident[key] == record["identity"][key], key
+        assert ident["version"] == result.version and ident["variant"] == variant
+        assert ident["backend"] == "cpu"
+
+
+def test_checks_pass_on_good_wheels(wheels, layout):
+    for result in wheels.values():
+        report = wheel_floor.check_wheel(result.wheel)
+        assert report.ok, report.message
+        contents = wheel_contents.check_wheel(result.wheel, layout)
+        assert contents.ok, contents.message()
+
+
+def test_rebuild_is_byte_identical(wheels, native_build, layout, tmp_path):
+    for variant, first in wheels.items():
+        again = build(native_build, BuildOptions(variant=variant, dist_dir=tmp_path / "again", jobs=1,
+                                                 source_date_epoch=EPOCH), layout=layout)
+        assert again.wheel.name == first.wheel.name
+        assert again.wheel.read_bytes() == first.wheel.read_bytes(), f"{variant} differs on rebuild"
+
+
+def test_default_timestamp_is_the_commit_time_not_the_clock(native_build, layout, tmp_path, monkeypatch):
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    a = build(native_build, BuildOptions(variant="lite", dist_dir=tmp_path / "a"), layout=layout).wheel
+    b = build(native_build, BuildOptions(variant="lite", dist_dir=tmp_path / "b"), layout=layout).wheel
+    assert a.read_bytes() == b.read_bytes()
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1800000000")
+    c = build(native_build, BuildOptions.from_env("lite", tmp_path / "c"), layout=layout).wheel
+    with zipfile.ZipFile(c) as zf:
+        assert zf.infolist()[0].date_time[:3] == (2027, 1, 15)
+
+
+def test_plat_name_is_honoured_and_validated(native_build, layout, tmp_path):
+    r = build(native_build, BuildOptions(variant="lite", dist_dir=tmp_path, plat_name="manylinux-2.39-x86_64",
+                                         source_date_epoch=EPOCH), layout=layout)
+    assert r.wheel.name.endswith("-py3-none-manylinux_2_39_x86_64.whl") and r.tag_source == "JA_WHEEL_PLAT_NAME"
+    report = wheel_floor.check_wheel(r.wheel)
+    assert report.ok and "stricter than needed" in report.message
+    with pytest.raises(wheel_floor.FloorError, match="not a Linux platform tag"):
+        build(native_build, BuildOptions(variant="lite", dist_dir=tmp_path, plat_name="macosx_14_0_arm64"),
+              layout=layout)
+    with pytest.raises(WheelBuildError, match="for aarch64, but the libraries are x86_64"):
+        build(native_build, BuildOptions(variant="lite", dist_dir=tmp_path, plat_name="manylinux_2_34_aarch64"),
+              layout=layout)
+
+
+def test_wheel_arch_must_match_the_jit_archs(native_build, layout, tmp_path):
+    with pytest.raises(WheelBuildError, match=r"JA_WHEEL_ARCH=gfx950 but the JIT libraries were built for no GPU "
+                                              r"arch \(backend cpu"):
+        build(native_build, BuildOptions(variant="lite", dist_dir=tmp_path, wheel_arch="gfx950"), layout=layout)
+    assert not list(tmp_path.glob("*.whl"))
+
+
+def test_installed_wheel_runs_info_and_an_op(wheels, tmp_path):
+    """pip installs it; `python -m jax_aiter info` prints the identity and the packaged libraries, without JAX."""
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site),
+                    str(wheels["lite"].wheel)], check=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JA_") and k != "JAX_AITER_LIB_DIR"}
+    env.update(PYTHONPATH=str(site), XDG_CACHE_HOME=str(tmp_path / "cache"))
+    out = subprocess.run([sys.executable, "-m", "jax_aiter", "info", "--json"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, check=True)
+    info = json.loads(out.stdout)
+    assert info["variant"] == "lite" and info["version"] == PROJECT_VERSION
+    assert info["identity"]["cache_id"] == wheels["lite"].identity["cache_id"]
+    where = {lib["library"]: lib["path"] for lib in info["libraries"]}
+    assert where["libjax_aiter.so"] == str(site / "jax_aiter/_lib/libjax_aiter.so")
+    assert where["rmsnorm_fwd_ja.so"] == str(site / "jax_aiter/_lib/rmsnorm_fwd_ja.so")
+    text = subprocess.run([sys.executable, "-c", "import sys; from jax_aiter import __main__ as m; m.main(['info']);"
+                           "assert 'jax' not in sys.modules, 'info imported jax'"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert text.returncode == 0, text.stderr
+    assert "jax-aiter" in text.stdout and "(lite)" in text.stdout and "NOT FOUND" in text.stdout  # MHA: fetch
+    op = subprocess.run([sys.executable, "-c", "import jax.numpy as jnp, jax_aiter;"
+                         "y = jax_aiter.silu_and_mul(jnp.ones((2, 8), jnp.float32)); print(float(y.sum()))"],
+                        cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert op.returncode == 0, op.stderr[-2000:]
+
+
+def test_anchor_route_builds_the_same_files(wheels, native_build, tmp_path):
+    """`pip wheel <stage> --no-deps --no-build-isolation` (the reference's route) packs the same files."""
+    pytest.importorskip("setuptools", reason="setuptools is needed for the pip-wheel comparison route "
+                                             "(pip install setuptools; it is in the test extra)")
+    stage = native_build.build_dir / "wheel_stage" / "full"
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", str(stage), "--no-deps", "--no-build-isolation",
+                          "-q", "-w", str(tmp_path)], capture_output=True, text=True, env=cpu_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    anchor = next(tmp_path.glob("*.whl"))
+    assert anchor.name == wheels["full"].wheel.name
+    ours = {n for n in names(wheels["full"].wheel) if ".dist-info/" not in n}
+    theirs = {n for n in names(anchor) if ".dist-info/" not in n}
+    assert ours == theirs

@@ -1,0 +1,187 @@
+"""Planted defects: each is caught by the check that owns it, with a message naming the cause and the fix."""
+from __future__ import annotations
+
+import zipfile
+
+import pytest
+from invoke import Context, Exit
+
+import tasks
+from conftest import EPOCH
+from jatools import jit_expectations, wheel_build, wheel_contents, wheel_floor, zip_writer
+from jatools.wheel_build import BuildOptions, WheelBuildError, build
+from jax_aiter.integrity import IntegrityError
+from wheel_plant import patch_dynamic_string, rewrite_wheel
+
+SHIM_RUNPATH = "$ORIGIN:$ORIGIN/../aiter_build"
+
+
+def _opts(tmp_path, variant="lite", **kw):
+    return BuildOptions(variant=variant, dist_dir=tmp_path / "dist", source_date_epoch=EPOCH, **kw)
+
+
+def _no_wheels(tmp_path):
+    return not list((tmp_path / "dist").glob("*.whl*")) and not list((tmp_path / "dist").glob(".*.whl*"))
+
+
+# --- JIT library changed after its record was written -------------------------------------------------
+
+def test_jit_library_modified_after_record_fails_before_staging(build_copy, layout, tmp_path):
+    lib = build_copy.jit_dir / "librmsnorm_fwd.so"
+    lib.write_bytes(lib.read_bytes() + b"\0")
+    with pytest.raises(IntegrityError) as e:
+        build(build_copy, _opts(tmp_path), layout=layout)
+    msg = str(e.value)
+    assert "librmsnorm_fwd.so" in msg and "does not match" in msg and "build_record.json" in msg
+    assert "python3 jax_aiter/jit/build_jit.py" in msg and "invoke jit.fetch" in msg
+    assert not (build_copy.build_dir / "wheel_stage").exists(), "nothing is staged from unverified bytes"
+    assert _no_wheels(tmp_path)
+
+
+def test_jit_library_changed_after_staging_is_caught_by_the_read_back(build_copy, layout, tmp_path, monkeypatch):
+    real_stage = wheel_build.stage
+
+    def stage_then_tamper(*args, **kwargs):
+        stage_dir, how = real_stage(*args, **kwargs)
+        staged = stage_dir / layout.lib_dir / "librmsnorm_fwd.so"
+        staged.write_bytes(staged.read_bytes()[:-1] + b"\x01")
+        return stage_dir, how
+
+    monkeypatch.setattr(wheel_build, "stage", stage_then_tamper)
+    with pytest.raises(IntegrityError, match=r"whl.tmp-\d+:jax_aiter/_lib/librmsnorm_fwd.so: sha256 \w+ does not match "
+                                             r"\w+ recorded in .*build_record.json; the JIT library changed"):
+        build(build_copy, _opts(tmp_path), layout=layout)
+    assert _no_wheels(tmp_path), "the temporary wheel is removed, no wheel appears"
+
+
+def test_bytes_that_differ_in_the_written_wheel_are_caught_by_the_read_back(build_copy, layout, tmp_path,
+                                                                            monkeypatch):
+    """The zip is written wrong (here: deflate fed altered bytes) -> reading the wheel back fails the build."""
+    jit = (build_copy.jit_dir / "librmsnorm_fwd.so").read_bytes()
+    real = zip_writer._deflate_chunk
+
+    def corrupting(data, zdict, level, final):
+        if data == jit:
+            data = data[:100] + bytes([data[100] ^ 0xFF]) + data[101:]
+        return real(data, zdict, level, final)
+
+    monkeypatch.setattr(zip_writer, "_deflate_chunk", corrupting)
+    with pytest.raises(IntegrityError, match=r"reading the new wheel back failed: .*librmsnorm_fwd.so.*Bad CRC"):
+        build(build_copy, _opts(tmp_path), layout=layout)
+    assert _no_wheels(tmp_path)
+
+
+def test_read_back_compares_jit_members_with_the_record(wheels, native_build, tmp_path):
+    """A wheel whose JIT member is self-consistent (RECORD fixed) but not the recorded build fails read-back."""
+    src = wheels["lite"].wheel
+    member = "jax_aiter/_lib/librmsnorm_fwd.so"
+    with zipfile.ZipFile(src) as zf:
+        data = zf.read(member)
+    bad = rewrite_wheel(src, tmp_path / src.name, put={member: data + b"\0"})
+    expectations = jit_expectations.load(native_build)
+    with pytest.raises(IntegrityError, match=r"librmsnorm_fwd.so: sha256 \w+ does not match \w+ recorded in"):
+        wheel_build.read_back(bad, [], {member: "librmsnorm_fwd.so"}, expectations, None)
+
+
+def test_missing_build_record_names_the_producing_command(build_copy, layout, tmp_path):
+    (build_copy.jit_dir / "build_record.json").unlink()
+    with pytest.raises(WheelBuildError, match=r"build_record.json is missing.*build_jit.py.*invoke jit.fetch"):
+        build(build_copy, _opts(tmp_path), layout=layout)
+
+
+# --- a file missing from a variant ------------------------------------------------------------------------
+
+def test_missing_jit_library_fails_at_once_without_running_build_jit(build_copy, layout, tmp_path):
+    (build_copy.jit_dir / "librmsnorm_fwd.so").unlink()
+    with pytest.raises(WheelBuildError) as e:
+        build(build_copy, _opts(tmp_path, "full"), layout=layout)
+    msg = str(e.value)
+    assert "librmsnorm_fwd.so" in msg
+    assert "python3 jax_aiter/jit/build_jit.py --module rmsnorm_fwd" in msg and "invoke jit.fetch" in msg
+    assert "never runs build_jit.py" in msg
+
+
+def test_real_layout_needs_the_mha_libraries_for_full(build_copy, tmp_path):
+    """With the production layout, a tree without libmha_*.so cannot make a full wheel (says which command)."""
+    for name in ("libmha_fwd.so", "libmha_bwd.so"):
+        (build_copy.jit_dir / name).unlink(missing_ok=True)
+    with pytest.raises(WheelBuildError, match=r"libmha_fwd.so \(produce it with: python3 jax_aiter/jit/"
+                                              r"build_jit.py --module mha_fwd"):
+        build(build_copy, _opts(tmp_path, "full"))
+
+
+def test_missing_shim_names_make_ja_mods(build_copy, layout, tmp_path):
+    (build_copy.umbrella_dir / "silu_and_mul_ja.so").unlink()
+    with pytest.raises(WheelBuildError, match=r"silu_and_mul_ja.so \(produce it with: make ja_mods"):
+        build(build_copy, _opts(tmp_path), layout=layout)
+
+
+def test_contents_catches_a_file_missing_from_the_variant(wheels, layout, tmp_path):
+    src = wheels["lite"].wheel
+    bad = rewrite_wheel(src, tmp_path / src.name, drop=("jax_aiter/_lib/silu_and_mul_ja.so",))
+    report = wheel_contents.check_wheel(bad, layout)
+    assert not report.ok
+    assert "jax_aiter/_lib/silu_and_mul_ja.so is missing from the lite wheel" in report.message()
+
+
+def test_contents_catches_mha_libraries_in_lite(wheels, layout, tmp_path):
+    src = wheels["lite"].wheel
+    with zipfile.ZipFile(src) as zf:
+        elf_bytes = zf.read("jax_aiter/_lib/librmsnorm_fwd.so")
+    bad = rewrite_wheel(src, tmp_path / src.name, put={"jax_aiter/_lib/libmha_fwd.so": elf_bytes})
+    report = wheel_contents.check_wheel(bad, layout)
+    assert "jax_aiter/_lib/libmha_fwd.so must not be in the lite wheel (users fetch it with jax-aiter-fetch-mha)" \
+        in report.message()
+
+
+def test_contents_catches_stray_files_and_tampering(wheels, layout, tmp_path):
+    src = wheels["full"].wheel
+    (tmp_path / "a").mkdir()
+    stray = rewrite_wheel(src, tmp_path / "a" / src.name,
+                          put={"jax_aiter/_lib/build_record.json": b"{}", "notes.txt": b"x"})
+    msg = wheel_contents.check_wheel(stray, layout).message()
+    assert "jax_aiter/_lib/build_record.json is not expected in a wheel" in msg
+    assert "notes.txt is not expected in a wheel" in msg
+    (tmp_path / "b").mkdir()
+    tampered = rewrite_wheel(src, tmp_path / "b" / src.name, put={"jax_aiter/info.py": b"print('hi')\n"},
+                             fix_record=False)
+    msg = wheel_contents.check_wheel(tampered, layout).message()
+    assert "jax_aiter/info.py: RECORD says sha256=" in msg and "altered after it was built" in msg
+
+
+# --- RUNPATH and external libraries ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("entry, expected", [
+    ("/work/build/aiter_build", "is not relative to $ORIGIN (a build-machine path)"),
+    ("$ORIGIN/../_rocm_sdk_devel/lib", "names _rocm_sdk_devel"),
+    ("$ORIGIN/../../../../lib", "points outside the wheel"),
+])
+def test_contents_catches_bad_runpath(build_copy, layout, tmp_path, entry, expected):
+    patch_dynamic_string(build_copy.umbrella_dir / "silu_and_mul_ja.so", "DT_RUNPATH", SHIM_RUNPATH, entry)
+    wheel = build(build_copy, _opts(tmp_path), layout=layout).wheel
+    report = wheel_contents.check_wheel(wheel, layout)
+    assert not report.ok
+    assert f"jax_aiter/_lib/silu_and_mul_ja.so: RUNPATH entry {entry!r} {expected}" in report.message()
+
+
+def test_contents_catches_an_external_library_outside_the_allowlist(build_copy, layout, tmp_path):
+    patch_dynamic_string(build_copy.umbrella_dir / "silu_and_mul_ja.so", "DT_NEEDED", "libm.so.6", "libz.so.1")
+    wheel = build(build_copy, _opts(tmp_path), layout=layout).wheel
+    msg = wheel_contents.check_wheel(wheel, layout).message()
+    assert "jax_aiter/_lib/silu_and_mul_ja.so needs libz.so.1, which is neither in the wheel nor allowed from " \
+           "outside for the cpu backend" in msg
+
+
+# --- platform tag older than the symbols allow ----------------------------------------------------------------
+
+def test_floor_catches_manylinux_2_28_with_glibcxx_3_4_29(native_build, layout, tmp_path):
+    wheel = build(native_build, _opts(tmp_path, plat_name="manylinux_2_28_x86_64"), layout=layout).wheel
+    report = wheel_floor.check_wheel(wheel)
+    assert not report.ok
+    msg = report.message
+    assert "tagged manylinux_2_28_x86_64, but the versioned symbols need manylinux_2_34_x86_64" in msg
+    assert "GLIBCXX_3.4.29 (needs manylinux_2_34_x86_64) from rmsnorm_fwd_ja.so, silu_and_mul_ja.so" in msg
+    assert "JA_WHEEL_PLAT_NAME" in msg
+    with pytest.raises(Exit) as e:
+        tasks.floor(Context(), wheel=str(wheel))
+    assert e.value.code == 1 and "GLIBCXX_3.4.29" in str(e.value.message)

@@ -1,0 +1,58 @@
+"""Plant defects in copies of real artefacts: rewrite a wheel's members, patch an ELF dynamic string in place."""
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import zipfile
+from pathlib import Path
+
+from elftools.elf.dynamic import DynamicSection
+from elftools.elf.elffile import ELFFile
+
+
+def rewrite_wheel(src: Path, dst: Path, drop: tuple[str, ...] = (), put: dict[str, bytes] | None = None,
+                  fix_record: bool = True) -> Path:
+    """Copy wheel `src` to `dst` without `drop`, with `put` members replaced or added; RECORD rewritten to match
+    unless fix_record is False (then the old RECORD is kept, as a tamperer would leave it)."""
+    put = dict(put or {})
+    with zipfile.ZipFile(src) as zin:
+        names = [n for n in zin.namelist() if n not in drop]
+        record_name = next(n for n in names if n.endswith(".dist-info/RECORD"))
+        data = {n: zin.read(n) for n in names}
+    data.update(put)
+    order = [n for n in names if n != record_name] + [n for n in put if n not in names] + [record_name]
+    if fix_record:
+        out = io.StringIO()
+        w = csv.writer(out, lineterminator="\n")
+        for n in order[:-1]:
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data[n]).digest()).rstrip(b"=").decode()
+            w.writerow([n, f"sha256={digest}", len(data[n])])
+        w.writerow([record_name, "", ""])
+        data[record_name] = out.getvalue().encode()
+    with zipfile.ZipFile(dst, "w", zipfile.ZIP_DEFLATED) as zout:
+        for n in order:
+            info = zipfile.ZipInfo(n, (2023, 11, 14, 22, 13, 20))
+            info.external_attr = (0o100755 if n.endswith(".so") else 0o100644) << 16
+            zout.writestr(info, data[n], zipfile.ZIP_DEFLATED)
+    return dst
+
+
+def patch_dynamic_string(path: Path, tag: str, old: str, new: str) -> None:
+    """Overwrite the .dynstr string that dynamic entry `tag` (DT_RUNPATH, DT_NEEDED...) points at and that
+    equals `old` with `new` (NUL-padded; must not be longer), as chrpath does, in place."""
+    if len(new) > len(old):
+        raise ValueError(f"{new!r} is longer than {old!r}")
+    with open(path, "rb") as f:
+        elf = ELFFile(f)
+        dynamic = next(s for s in elf.iter_sections() if isinstance(s, DynamicSection))
+        strtab = elf.get_section_by_name(".dynstr")
+        offsets = [strtab["sh_offset"] + t.entry.d_val for t in dynamic.iter_tags()
+                   if t.entry.d_tag == tag and strtab.get_string(t.entry.d_val) == old]
+    if not offsets:
+        raise ValueError(f"{path}: no {tag} entry {old!r}")
+    blob = bytearray(path.read_bytes())
+    for off in offsets:
+        blob[off:off + len(old)] = new.encode().ljust(len(old), b"\0")
+    path.write_bytes(bytes(blob))
