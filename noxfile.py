@@ -140,3 +140,12 @@ def wheel_lite(session: nox.Session) -> None:
 def wheel_full(session: nox.Session) -> None:
     """Build the full wheel (version +full, with the MHA JIT libraries) into dist/, then check floor and contents."""
     _wheel(session, "full")
+
+
+# --- the main job (jatools/release.py; upload: invoke release.upload) -------------------------
+@nox.session(python=PY, tags=["release"], default=False)
+def release(session: nox.Session) -> None:
+    """Build, wheels, verify/floor/contents and clean-room validation of both wheels, then a summary and
+    dist/release-report.json (-- --fetch-jit URL fetches the JIT libraries; -- --dry-run prints the plan)."""
+    session.install(*TEST_DEPS, "ninja")
+    session.run("python", "-m", "jatools.release", *session.posargs)

@@ -242,3 +242,19 @@ _wheel_ns.add_task(wheel_build, name="build")
 ns.add_collection(_wheel_ns)
 ns.add_task(floor)
 ns.add_task(contents)
+
+
+# --- release upload (jatools/release.py): only a green report for this commit, wheels unchanged ----------
+@task(help={"tag": "release tag to upload to", "to": "gh (GitHub release, both wheels) or pypi (lite wheel, twine)",
+            "dry_run": "check the report and print the upload commands only"})
+def release_upload(c, tag, to="gh", dry_run=False):
+    """Upload the wheels of a green `nox -s release` run for the current commit (refuses stale or modified)."""
+    from jatools import release
+
+    try:
+        release.upload(tag, to=to, dry_run=dry_run)
+    except release.ReleaseError as e:
+        raise Exit(f"release.upload: refused: {e}", code=1)
+
+
+ns.add_collection(Collection("release", upload=release_upload))

@@ -197,3 +197,21 @@ def render(report: dict) -> str:
 
 def write_json(report: dict, path: Path) -> None:
     atomic_write.write_text(path, json.dumps(report, indent=2) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m jatools.env_report [--json-out F]`: the report as text, optionally also as JSON."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m jatools.env_report", description=__doc__.splitlines()[0])
+    p.add_argument("--json-out", type=Path, help="also write the report as JSON here")
+    args = p.parse_args(argv)
+    report = collect()
+    print(render(report), flush=True)
+    if args.json_out:
+        write_json(report, args.json_out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,343 @@
+"""The main job: turn a checkout into two validated wheels and a release report.
+
+    python -m jatools.release [--fetch-jit URL] [--dry-run]      (nox -s release)
+
+Stages, in order: environment report; umbrella; JIT libraries (built, or
+fetched with --fetch-jit, failing on a miss); FFI shims; the lite and full
+wheels; verify, floor and contents; clean-room validation of both wheels. A
+stage whose inputs are unchanged since the last green run is skipped and the
+summary says so (make's own -q for the native targets, input fingerprints for
+the wheels, the validation report's wheel hashes for validation). The first
+failing stage stops the run with its cause and the command that re-runs just
+that stage. Ends with a one-screen summary and dist/release-report.json, which
+`invoke release.upload` requires.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from jatools import config
+from jax_aiter.integrity import sha256_file, sha256_files
+
+REPORT = "dist/release-report.json"
+SCHEMA = 1
+WHEEL_INPUTS = ("jax_aiter", "jatools/wheel_build.py", "jatools/wheel_layout.py", "jatools/wheel_layout.toml",
+                "jatools/wheel_members.py", "jatools/zip_writer.py", "pyproject.toml")
+
+
+class ReleaseError(RuntimeError):
+    pass
+
+
+@dataclass
+class StageResult:
+    name: str
+    result: str  # ok | up-to-date | failed | not run
+    seconds: float = 0.0
+    command: str = ""
+    rerun: str = ""
+    artifacts: list[dict] = field(default_factory=list)
+    fingerprint: str | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    argv: Callable[["Context"], list[str]]
+    rerun: Callable[["Context"], str]
+    up_to_date: Callable[["Context"], str | None] | None = None  # a reason when nothing needs doing
+    fingerprint: Callable[["Context"], str] | None = None
+    artifacts: Callable[["Context"], list[Path]] = lambda ctx: []
+
+
+@dataclass
+class Context:
+    root: Path
+    python: str
+    fetch_jit: str | None
+    previous: dict
+    wheels: dict[str, Path] = field(default_factory=dict)
+
+    def prev_stage(self, name: str) -> dict | None:
+        for s in self.previous.get("stages", []):
+            if s["name"] == name:
+                return s
+        return None
+
+
+def _git(root: Path, *args: str) -> str:
+    out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+def commit_state(root: Path) -> tuple[str, bool]:
+    """(HEAD commit, whether tracked files differ from it)."""
+    return _git(root, "rev-parse", "HEAD"), bool(_git(root, "status", "--porcelain", "--untracked-files=no"))
+
+
+def _make_q(target: str) -> Callable[[Context], str | None]:
+    def check(ctx: Context) -> str | None:
+        ok = subprocess.run(["make", "-q", target], cwd=ctx.root, capture_output=True).returncode == 0
+        return f"`make -q {target}`: nothing to do" if ok else None
+    return check
+
+
+def _files_under(root: Path, names: tuple[str, ...]) -> list[Path]:
+    out: list[Path] = []
+    for n in names:
+        p = root / n
+        out += sorted(q for q in p.rglob("*") if q.is_file() and "__pycache__" not in q.parts) if p.is_dir() else [p]
+    return out
+
+
+def _wheel_fingerprint(variant: str) -> Callable[[Context], str]:
+    def fp(ctx: Context) -> str:
+        settings = config.load()
+        libs = sorted(settings.umbrella_dir.glob("*.so")) + sorted(settings.jit_dir.glob("lib*.so"))
+        h = hashlib.sha256(variant.encode())
+        for p in libs + _files_under(ctx.root, WHEEL_INPUTS):
+            h.update(str(p.relative_to(ctx.root)).encode() + b"\0" + sha256_file(p).encode())
+        for key in ("JA_WHEEL_PLAT_NAME", "JA_WHEEL_ARCH", "SOURCE_DATE_EPOCH"):
+            h.update(f"{key}={os.environ.get(key, '')}".encode())
+        h.update(commit_state(ctx.root)[0].encode())
+        return h.hexdigest()
+    return fp
+
+
+def _wheel_up_to_date(variant: str) -> Callable[[Context], str | None]:
+    def check(ctx: Context) -> str | None:
+        prev = ctx.prev_stage(f"wheel_{variant}")
+        if not prev or prev["result"] not in ("ok", "up-to-date") or not prev.get("artifacts"):
+            return None
+        art = prev["artifacts"][0]
+        path = ctx.root / art["path"]
+        if prev.get("fingerprint") != _wheel_fingerprint(variant)(ctx) or not path.is_file():
+            return None
+        if sha256_file(path) != art["sha256"]:
+            return None
+        ctx.wheels[variant] = path
+        return "inputs unchanged since the last green run; the wheel still matches its hash"
+    return check
+
+
+def _wheel_artifact(variant: str) -> Callable[[Context], list[Path]]:
+    def art(ctx: Context) -> list[Path]:
+        if variant not in ctx.wheels:
+            report = config.load().build_dir / "reports" / f"wheel_{variant}.json"
+            ctx.wheels[variant] = Path(json.loads(report.read_text())["wheel"])
+        return [ctx.wheels[variant]]
+    return art
+
+
+def _wheels(ctx: Context) -> list[str]:
+    return [str(ctx.wheels[v]) for v in ("lite", "full")]
+
+
+def _validated(ctx: Context) -> str | None:
+    from jatools import cleanroom_report
+
+    path = ctx.root / str(config.defaults(ctx.root).get("validation_report", "build/validate/report.json"))
+    wheels = [ctx.wheels[v] for v in ("lite", "full")]
+    return "both wheels (same sha256) already passed validation" if cleanroom_report.covers(path, wheels) else None
+
+
+def stages(fetch_jit: str | None) -> list[Stage]:
+    py = lambda ctx: ctx.python  # noqa: E731
+    jit = Stage("jit", lambda ctx: [py(ctx), "jax_aiter/jit/build_jit.py"],
+                lambda ctx: "python3 jax_aiter/jit/build_jit.py  (or nox -s jit)",
+                artifacts=lambda ctx: sorted(config.load().jit_dir.glob("lib*.so")))
+    if fetch_jit:
+        jit = Stage("jit", lambda ctx: [py(ctx), "ci/jit_libs_manifest.py", "fetch", "--base-url", fetch_jit],
+                    lambda ctx: f"invoke jit.fetch --base-url {fetch_jit}",
+                    artifacts=jit.artifacts)
+    return [
+        Stage("env-report", lambda ctx: [py(ctx), "-m", "jatools.env_report", "--json-out", "dist/env-report.json"],
+              lambda ctx: "invoke env-report", artifacts=lambda ctx: [ctx.root / "dist/env-report.json"]),
+        Stage("umbrella", lambda ctx: ["make", "umbrella"], lambda ctx: "make  (or nox -s umbrella)",
+              up_to_date=_make_q("umbrella"),
+              artifacts=lambda ctx: [config.load().umbrella_dir / "libjax_aiter.so"]),
+        jit,
+        Stage("ja_mods", lambda ctx: ["make", "ja_mods"], lambda ctx: "make ja_mods  (or nox -s ja_mods)",
+              up_to_date=_make_q("ja_mods"), artifacts=lambda ctx: sorted(config.load().umbrella_dir.glob("*_ja.so"))),
+        *[Stage(f"wheel_{v}", lambda ctx, v=v: [py(ctx), "-m", "jatools.wheel_build", "--variant", v],
+                lambda ctx, v=v: f"nox -s wheel_{v}  (or bash scripts/build_wheel.sh --variant {v})",
+                up_to_date=_wheel_up_to_date(v), fingerprint=_wheel_fingerprint(v), artifacts=_wheel_artifact(v))
+          for v in ("lite", "full")],
+        Stage("verify", lambda ctx: [py(ctx), "ci/jit_libs_manifest.py", "verify"], lambda ctx: "invoke verify"),
+        Stage("floor", lambda ctx: [py(ctx), "-m", "jatools.wheel_floor", *_wheels(ctx)],
+              lambda ctx: "invoke floor " + " ".join(_wheels(ctx))),
+        Stage("contents", lambda ctx: [py(ctx), "-m", "jatools.wheel_contents", *_wheels(ctx)],
+              lambda ctx: "invoke contents " + " ".join(_wheels(ctx))),
+        Stage("validate", lambda ctx: [py(ctx), "-m", "jatools.cleanroom",
+                                       *[a for w in _wheels(ctx) for a in ("--wheel", w)]],
+              lambda ctx: "invoke validate  (or bash scripts/validate_wheel.sh WHEEL)", up_to_date=_validated),
+    ]
+
+
+def _run_stage(stage: Stage, ctx: Context, log_dir: Path) -> tuple[int, str, float]:
+    """Run the stage's command, streaming its output, keeping the tail for the failure message."""
+    argv = stage.argv(ctx)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    tail: collections.deque[str] = collections.deque(maxlen=25)
+    start = time.monotonic()
+    with open(log_dir / f"{stage.name}.log", "w") as log:
+        proc = subprocess.Popen(argv, cwd=ctx.root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in proc.stdout:  # type: ignore[union-attr]
+            sys.stdout.write(f"  {line}")
+            log.write(line)
+            tail.append(line)
+        rc = proc.wait()
+    return rc, "".join(tail), time.monotonic() - start
+
+
+def _artifacts(paths: list[Path], root: Path) -> list[dict]:
+    paths = [p for p in paths if p.is_file()]
+    digests = sha256_files(paths)
+    return [{"path": os.path.relpath(p, root), "sha256": digests[str(p)], "size": p.stat().st_size} for p in paths]
+
+
+def run(fetch_jit: str | None = None, dry_run: bool = False, root: Path | None = None) -> int:
+    root = root or config.repo_root()
+    report_path = root / REPORT
+    previous = json.loads(report_path.read_text()) if report_path.is_file() else {}
+    ctx = Context(root, sys.executable, fetch_jit, previous)
+    plan = stages(fetch_jit)
+    if dry_run:
+        print("release plan (dry run; nothing is run):")
+        for i, st in enumerate(plan, 1):
+            try:
+                cmd = " ".join(st.argv(ctx))
+            except (OSError, KeyError, ValueError):
+                cmd = "(command depends on the wheels built by the earlier stages)"
+            print(f"  {i:2}. {st.name:<11} {cmd}")
+        return 0
+    commit, dirty = commit_state(root)
+    results: list[StageResult] = []
+    failed: StageResult | None = None
+    started = time.time()
+    for st in plan:
+        if failed:
+            results.append(StageResult(st.name, "not run"))
+            continue
+        print(f"release: [{st.name}]", flush=True)
+        res = StageResult(st.name, "ok")
+        t0 = time.monotonic()
+        reason = st.up_to_date(ctx) if st.up_to_date else None
+        if reason:
+            res.result, res.note = "up-to-date", reason
+            print(f"  skipped: {reason}")
+        else:
+            res.command = " ".join(st.argv(ctx))
+            rc, tail, _ = _run_stage(st, ctx, root / "build/release")
+            if rc != 0:
+                res.result = "failed"
+                res.rerun = st.rerun(ctx)
+                res.note = f"exit {rc}"
+                failed = res
+                res.seconds = time.monotonic() - t0
+                results.append(res)
+                print(f"\nrelease: stage '{st.name}' failed (exit {rc}). Its last lines:\n{tail.rstrip()}\n"
+                      f"Full log: build/release/{st.name}.log\nRe-run just this stage: {res.rerun}", flush=True)
+                continue
+        res.rerun = st.rerun(ctx)
+        res.fingerprint = st.fingerprint(ctx) if st.fingerprint else None
+        res.artifacts = _artifacts(st.artifacts(ctx), root)
+        res.seconds = time.monotonic() - t0
+        results.append(res)
+    report = {
+        "schema": SCHEMA, "kind": "jax-aiter-release", "commit": commit, "dirty": dirty,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "seconds": round(time.time() - started, 2), "ok": failed is None,
+        "stages": [asdict(r) for r in results],
+        "wheels": [a for r in results if r.name.startswith("wheel_") for a in r.artifacts],
+    }
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = report_path.with_name(report_path.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    os.replace(tmp, report_path)
+    print(summary(report))
+    return 0 if failed is None else 1
+
+
+def summary(report: dict) -> str:
+    lines = ["", f"release summary ({report['commit'][:12]}{' +dirty' if report['dirty'] else ''})",
+             f"  {'stage':<12}{'result':<12}{'time':>9}  artifact"]
+    for s in report["stages"]:
+        art = s["artifacts"][0]["path"] if len(s["artifacts"]) == 1 else (
+            f"{len(s['artifacts'])} files" if s["artifacts"] else "")
+        lines.append(f"  {s['name']:<12}{s['result']:<12}{s['seconds']:>8.1f}s  {art}")
+    verdict = "GREEN: both wheels built, checked and validated" if report["ok"] else "FAILED"
+    lines += [f"  {verdict} in {report['seconds']:.1f} s; report: {REPORT}"]
+    return "\n".join(lines)
+
+
+# --- upload ---------------------------------------------------------------------------------------
+
+def check_uploadable(root: Path) -> dict:
+    """The report, if it shows every stage green for this commit and the wheels unchanged; else ReleaseError."""
+    path = root / REPORT
+    if not path.is_file():
+        raise ReleaseError(f"no {REPORT}; run `nox -s release` first")
+    report = json.loads(path.read_text())
+    if report.get("kind") != "jax-aiter-release" or report.get("schema") != SCHEMA:
+        raise ReleaseError(f"{REPORT} is not a release report of schema {SCHEMA}; run `nox -s release` again")
+    bad = [s["name"] for s in report["stages"] if s["result"] not in ("ok", "up-to-date")]
+    if not report.get("ok") or bad:
+        raise ReleaseError(f"the release report is not green (stages {', '.join(bad)}); fix them and run "
+                           "`nox -s release`")
+    commit, dirty = commit_state(root)
+    if report["commit"] != commit:
+        raise ReleaseError(f"the release report is for commit {report['commit'][:12]}, but HEAD is {commit[:12]}; "
+                           "run `nox -s release` for this commit")
+    if report.get("dirty") or dirty:
+        raise ReleaseError("the release was built from (or the checkout now has) uncommitted changes; commit them "
+                           "and run `nox -s release`")
+    for w in report["wheels"]:
+        p = root / w["path"]
+        if not p.is_file():
+            raise ReleaseError(f"{w['path']} is missing; run `nox -s release`")
+        got = sha256_file(p)
+        if got != w["sha256"]:
+            raise ReleaseError(f"{w['path']} changed since the release run: sha256 {got} != reported {w['sha256']}")
+    return report
+
+
+def upload_commands(report: dict, tag: str, to: str) -> list[list[str]]:
+    wheels = [w["path"] for w in report["wheels"]]
+    if to == "pypi":
+        return [["twine", "upload", *[w for w in wheels if "+full" not in w]]]
+    return [["gh", "release", "upload", tag, *wheels]]
+
+
+def upload(tag: str, to: str = "gh", dry_run: bool = False, root: Path | None = None) -> list[list[str]]:
+    root = root or config.repo_root()
+    report = check_uploadable(root)
+    cmds = upload_commands(report, tag, to)
+    for cmd in cmds:
+        print(("dry run: " if dry_run else "$ ") + " ".join(cmd), flush=True)
+        if not dry_run:
+            subprocess.run(cmd, cwd=root, check=True)
+    return cmds
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m jatools.release", description=__doc__.splitlines()[0])
+    p.add_argument("--fetch-jit", metavar="URL", help="fetch the JIT libraries from this base URL (a miss fails)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan without running it")
+    args = p.parse_args(argv)
+    return run(fetch_jit=args.fetch_jit, dry_run=args.dry_run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
