@@ -300,3 +300,16 @@ def test_supported_head_dims_match_the_jit_config():
     cfg = json.loads((ROOT / "jax_aiter/jit/optCompilerConfig.json").read_text())
     for module in ("mha_fwd", "mha_bwd"):
         assert tuple(cfg["modules"][module]["axes"]["head_dim"]) == attention.SUPPORTED_HEAD_DIMS
+
+
+def test_baseline_isa_build_matches_reference():
+    """The portable (non-AVX2) CPU build, forced with JA_CPU_ISA=baseline, passes the same checks."""
+    import os
+    import subprocess
+    import sys
+
+    selection = "test_matches_reference and cpu and sq17-sk129 and 64 and (float32 or bfloat16)"
+    proc = subprocess.run([sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-k", selection],
+                          env={**os.environ, "JA_CPU_ISA": "baseline"}, capture_output=True, text=True,
+                          cwd=ROOT, timeout=600)
+    assert proc.returncode == 0 and " passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
