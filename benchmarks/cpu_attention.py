@@ -2,10 +2,11 @@
 """CPU timing of jax_aiter.flash_attn_func against jax.nn.dot_product_attention.
 
 Both sides get the same inputs and are jitted; each is warmed up, then timed
-`--repeats` times (wall clock, results blocked on), and the median is
-reported, for the forward and for forward + backward (the VJP of a weighted
-sum, so all three gradients are computed). Prints a table and writes the raw
-numbers to build/bench/cpu_attention.json (atomically).
+`--repeats` times in alternating rounds (wall clock with results blocked on,
+and the process's CPU time), and the medians are reported, for the forward
+and for forward + backward (the VJP with a random cotangent, so all three
+gradients are computed). Prints a table and writes the raw numbers to
+build/bench/cpu_attention.json (atomically).
 
     python benchmarks/cpu_attention.py [--batch 2 --seq 1024 --heads 8 --head-dim 128]
         [--dtypes float32,bfloat16] [--causal] [--repeats 5] [--out FILE]
@@ -34,15 +35,19 @@ import numpy as np  # noqa: E402
 import jax_aiter  # noqa: E402
 
 
-def timed(fn, args, warmup: int, repeats: int) -> list[float]:
-    for _ in range(warmup):
-        jax.block_until_ready(fn(*args))
-    times = []
+def timed(fns: dict, args, warmup: int, repeats: int) -> dict[str, list[tuple[float, float]]]:
+    """(wall, process CPU) seconds per call for each fn; the fns take turns in every
+    round, so load from other processes on a shared machine hits them alike."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            jax.block_until_ready(fn(*args))
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in fns}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return times
+        for name, fn in fns.items():
+            c0, t0 = time.process_time(), time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            samples[name].append((time.perf_counter() - t0, time.process_time() - c0))
+    return samples
 
 
 def implementations(causal: bool) -> dict:
@@ -62,34 +67,36 @@ def fwd_bwd(attn):
 def measure(args) -> list[dict]:
     rng = np.random.default_rng(0)
     shape = (args.batch, args.seq, args.heads, args.head_dim)
+    impls = implementations(args.causal)
     rows = []
     for dtype in args.dtypes:
         q, k, v, w = (jnp.asarray(rng.standard_normal(shape, np.float32), dtype) for _ in range(4))
-        outputs = {}
-        for name, attn in implementations(args.causal).items():
-            for phase, fn, fargs in (("forward", jax.jit(attn), (q, k, v)),
-                                     ("forward+backward", jax.jit(fwd_bwd(attn)), (q, k, v, w))):
-                times = timed(fn, fargs, args.warmup, args.repeats)
-                if phase == "forward":
-                    outputs[name] = np.asarray(fn(*fargs), np.float32)
-                rows.append({"dtype": dtype, "impl": name, "phase": phase, "median_s": statistics.median(times),
-                             "min_s": min(times), "times_s": times})
-                print(f"  {dtype:<9} {phase:<17} {name:<29} {statistics.median(times) * 1e3:10.1f} ms", flush=True)
-        ours, ref = outputs.values()
+        outs = {name: np.asarray(attn(q, k, v), np.float32) for name, attn in impls.items()}
+        ours, ref = outs.values()
         diff = float(np.max(np.abs(ours - ref)) / max(np.max(np.abs(ref)), 1e-30))
-        for r in rows:
-            if r["dtype"] == dtype:
-                r["max_rel_diff_vs_xla"] = diff
+        for phase, make, fargs in (("forward", lambda f: f, (q, k, v)), ("forward+backward", fwd_bwd, (q, k, v, w))):
+            fns = {name: jax.jit(make(attn)) for name, attn in impls.items()}
+            for name, samples in timed(fns, fargs, args.warmup, args.repeats).items():
+                wall, cpu = [s[0] for s in samples], [s[1] for s in samples]
+                rows.append({"dtype": dtype, "impl": name, "phase": phase, "median_s": statistics.median(wall),
+                             "min_s": min(wall), "median_cpu_s": statistics.median(cpu), "times_s": wall,
+                             "cpu_times_s": cpu, "max_rel_diff_vs_xla": diff})
+                print(f"  {dtype:<9} {phase:<17} {name:<29} {statistics.median(wall) * 1e3:10.1f} ms wall "
+                      f"{statistics.median(cpu) * 1e3:10.1f} ms CPU", flush=True)
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    lines = [f"{'dtype':<9} {'phase':<17} {'jax_aiter (ms)':>14} {'XLA (ms)':>10} {'XLA / ours':>10}"]
-    keyed = {(r["dtype"], r["phase"], r["impl"]): r["median_s"] for r in rows}
+    head = (f"{'dtype':<9} {'phase':<17} {'jax_aiter ms':>12} {'XLA ms':>9} {'XLA/ours':>8}   "
+            f"{'CPU-s ours':>10} {'CPU-s XLA':>9}")
+    lines = [head, "-" * len(head)]
+    keyed = {(r["dtype"], r["phase"], r["impl"]): r for r in rows}
     for dtype, phase in dict.fromkeys((r["dtype"], r["phase"]) for r in rows):
         ours = keyed[(dtype, phase, "jax_aiter.flash_attn_func")]
         xla = keyed[(dtype, phase, "jax.nn.dot_product_attention")]
-        lines.append(f"{dtype:<9} {phase:<17} {ours * 1e3:14.1f} {xla * 1e3:10.1f} {xla / ours:10.2f}")
+        lines.append(f"{dtype:<9} {phase:<17} {ours['median_s'] * 1e3:12.1f} {xla['median_s'] * 1e3:9.1f} "
+                     f"{xla['median_s'] / ours['median_s']:8.2f}   {ours['median_cpu_s']:10.3f} "
+                     f"{xla['median_cpu_s']:9.3f}")
     return "\n".join(lines)
 
 

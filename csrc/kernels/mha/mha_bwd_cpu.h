@@ -122,12 +122,6 @@ struct MhaBwdCpu {
     auto w = std::make_unique<Scratch>();
     for (int64_t t = t0; t < t1; ++t) head<V>(a, t / a.heads_kv, t % a.heads_kv, *w);
   }
-#if defined(JA_CPU_HAS_AVX2_PATH)
-  JA_CPU_TARGET_AVX2 static void tasks_avx2(const JaMhaBwdArgs& a, int64_t t0, int64_t t1) {
-    tasks<mha_cpu::f32x8>(a, t0, t1);
-  }
-#endif
-  static void tasks_base(const JaMhaBwdArgs& a, int64_t t0, int64_t t1) { tasks<mha_cpu::f32x4>(a, t0, t1); }
 
   static const char* run(const JaMhaBwdArgs& a) {
     mha_cpu::run_tasks<MhaBwdCpu>(a, a.batch * a.heads_kv);

@@ -220,15 +220,27 @@ inline bool use_avx2_fma() {
 #endif
 }
 
-// Runs Kernel's tasks [0, n) in parallel chunks, each through the AVX2+FMA
-// build of Kernel::tasks when the CPU has it, else the baseline build.
+// Kernel::tasks<V>(args, t0, t1) compiled for AVX2+FMA (8-lane vectors) and
+// for the baseline ISA (4-lane vectors); run_tasks picks one per process.
+#if defined(JA_CPU_HAS_AVX2_PATH)
+template <typename Kernel, typename Args>
+JA_CPU_TARGET_AVX2 void tasks_avx2(const Args& a, int64_t t0, int64_t t1) {
+  Kernel::template tasks<f32x8>(a, t0, t1);
+}
+#endif
+template <typename Kernel, typename Args>
+void tasks_baseline(const Args& a, int64_t t0, int64_t t1) {
+  Kernel::template tasks<f32x4>(a, t0, t1);
+}
+
+// Runs Kernel's tasks [0, n) in parallel chunks.
 template <typename Kernel, typename Args>
 void run_tasks(const Args& a, int64_t n) {
   parallel_for(n, 1, [&](int64_t t0, int64_t t1) {
 #if defined(JA_CPU_HAS_AVX2_PATH)
-    if (use_avx2_fma()) return Kernel::tasks_avx2(a, t0, t1);
+    if (use_avx2_fma()) return tasks_avx2<Kernel>(a, t0, t1);
 #endif
-    Kernel::tasks_base(a, t0, t1);
+    tasks_baseline<Kernel>(a, t0, t1);
   });
 }
 

@@ -97,12 +97,6 @@ struct MhaFwdCpu {
       tile<V>(a, bh / a.heads_q, bh % a.heads_q, qt * Br, *w);
     }
   }
-#if defined(JA_CPU_HAS_AVX2_PATH)
-  JA_CPU_TARGET_AVX2 static void tasks_avx2(const JaMhaFwdArgs& a, int64_t t0, int64_t t1) {
-    tasks<mha_cpu::f32x8>(a, t0, t1);
-  }
-#endif
-  static void tasks_base(const JaMhaFwdArgs& a, int64_t t0, int64_t t1) { tasks<mha_cpu::f32x4>(a, t0, t1); }
 
   static const char* run(const JaMhaFwdArgs& a) {
     mha_cpu::run_tasks<MhaFwdCpu>(a, a.batch * a.heads_q * ((a.seq_q + Br - 1) / Br));
