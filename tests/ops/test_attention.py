@@ -161,6 +161,17 @@ def test_grad_of_vmap_and_vmap_of_grad(device):
     dq = jax.jit(jax.vmap(per_example))(resh(q), resh(k), resh(v), w)
     assert rel_err(dq.reshape(ref[0].shape), ref[0]) <= RTOL["float32"]
 
+    # k and v shared by the mapped examples: their gradients sum over the examples.
+    def shared_loss(q, k, v):
+        f = lambda q: jax_aiter.flash_attn_func(q, k, v, causal=True)  # noqa: E731
+        return jnp.sum(jax.vmap(f)(q) * w)
+
+    _, dk, dv = jax.jit(jax.grad(shared_loss, argnums=(0, 1, 2)))(resh(q), k[:2], v[:2])
+    per = [jax.grad(lambda k, v: jnp.sum(jax_aiter.flash_attn_func(resh(q)[j], k, v, causal=True) * w[j]),
+                    argnums=(0, 1))(k[:2], v[:2]) for j in range(2)]
+    np.testing.assert_allclose(np.asarray(dk), np.asarray(per[0][0] + per[1][0]), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(dv), np.asarray(per[0][1] + per[1][1]), rtol=1e-5, atol=1e-6)
+
 
 # --- poisoned outputs -----------------------------------------------------------------
 
@@ -242,24 +253,43 @@ def test_bad_inputs_name_the_problem(specs, kwargs, exc, msg):
         jax_aiter.flash_attn_func(*args, **kwargs)
 
 
-def test_kernel_checks_guard_the_c_abi():
+@pytest.mark.parametrize("device", DEVICES)
+def test_kernel_checks_guard_the_c_abi(device):
     """A hand-written ffi_call that skips the Python checks still gets a clear error."""
     from jax_aiter import _loader
     from jax_aiter.ops import _ffi
 
     _loader.ensure_registered("mha_fwd")
+    dev = jax.devices(device)[0]
 
-    def call(q, k, v):
-        out = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((q.shape[0], q.shape[2], q.shape[1]), jnp.float32))
-        return _ffi.ffi_call("ja_mha_fwd", out, q, k, v, causal=np.bool_(False), scale=np.float32(0.1))
+    def call(q_shape, kv_shape):
+        q, k = jax.device_put(_arr(q_shape), dev), jax.device_put(_arr(kv_shape), dev)
+        out = (jax.ShapeDtypeStruct(q.shape, q.dtype),
+               jax.ShapeDtypeStruct((q.shape[0], q.shape[2], q.shape[1]), jnp.float32))
+        return jax.block_until_ready(
+            _ffi.ffi_call("ja_mha_fwd", out, q, k, k, causal=np.bool_(False), scale=np.float32(0.1)))
 
-    with pytest.raises(Exception, match=r"mha_fwd: no CPU instance for dtype float32, head_dim 32.*supported head dims: 64, 128"):
-        jax.block_until_ready(call(_arr((1, 4, 2, 32)), _arr((1, 4, 2, 32)), _arr((1, 4, 2, 32))))
+    with pytest.raises(Exception, match=r"mha_fwd: no (CPU|GPU) instance for dtype float32, head_dim 32.*"
+                                        r"supported head dims: 64, 128"):
+        call((1, 4, 2, 32), (1, 4, 2, 32))
     with pytest.raises(Exception, match=r"mha_fwd: heads_q \(2\) must be a multiple of heads_kv \(3\)"):
-        jax.block_until_ready(call(_arr((1, 4, 2, 64)), _arr((1, 4, 3, 64)), _arr((1, 4, 3, 64))))
+        call((1, 4, 2, 64), (1, 4, 3, 64))
 
 
 def test_supported_head_dims_match_the_jit_config():
     cfg = json.loads((ROOT / "jax_aiter/jit/optCompilerConfig.json").read_text())
     for module in ("mha_fwd", "mha_bwd"):
         assert tuple(cfg["modules"][module]["axes"]["head_dim"]) == attention.SUPPORTED_HEAD_DIMS
+
+
+def test_baseline_isa_build_matches_reference():
+    """The portable (non-AVX2) CPU build, forced with JA_CPU_ISA=baseline, passes the same checks."""
+    import os
+    import subprocess
+    import sys
+
+    selection = "test_matches_reference and cpu and sq17-sk129 and 64 and (float32 or bfloat16)"
+    proc = subprocess.run([sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-k", selection],
+                          env={**os.environ, "JA_CPU_ISA": "baseline"}, capture_output=True, text=True,
+                          cwd=ROOT, timeout=600)
+    assert proc.returncode == 0 and " passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]

@@ -34,4 +34,18 @@ inline ffi::Error mha_bwd_args(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
   return ffi::Error::Success();
 }
 
+// The whole handler body for either platform: checks, then launch(&args).
+template <typename Launch>
+ffi::Error mha_bwd_call(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
+                        const ffi::AnyBuffer& o, const ffi::AnyBuffer& dout, const ffi::AnyBuffer& lse,
+                        const ffi::RemainingArgs& poison, ffi::AnyBuffer& dq, ffi::AnyBuffer& dk, ffi::AnyBuffer& dv,
+                        ffi::AnyBuffer& dq_accum, ffi::AnyBuffer& delta, bool causal, float scale,
+                        Launch&& launch) {
+  if (auto e = check_poison(poison, 5); e.failure()) return e;
+  JaMhaBwdArgs a{};
+  if (auto e = mha_bwd_args(q, k, v, o, dout, lse, dq, dk, dv, dq_accum, delta, causal, scale, &a); e.failure())
+    return e;
+  return from_kernel(launch(&a));
+}
+
 }  // namespace ja

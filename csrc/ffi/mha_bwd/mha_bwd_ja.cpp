@@ -10,12 +10,8 @@ static ffi::Error mha_bwd_cpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer
                               ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                               ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dq_accum,
                               ffi::Result<ffi::AnyBuffer> delta, bool causal, float scale) {
-  if (auto e = ja::check_poison(poison, 5); e.failure()) return e;
-  JaMhaBwdArgs a{};
-  if (auto e = ja::mha_bwd_args(q, k, v, o, dout, lse, *dq, *dk, *dv, *dq_accum, *delta, causal, scale, &a);
-      e.failure())
-    return e;
-  return ja::from_kernel(ja_mha_bwd_cpu(&a));
+  return ja::mha_bwd_call(q, k, v, o, dout, lse, poison, *dq, *dk, *dv, *dq_accum, *delta, causal, scale,
+                          [](const JaMhaBwdArgs* a) { return ja_mha_bwd_cpu(a); });
 }
 
 JA_FFI_HANDLER(JaMhaBwdCpu);

@@ -9,12 +9,8 @@ static ffi::Error mha_bwd_gpu(ja_stream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
                               ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                               ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dq_accum,
                               ffi::Result<ffi::AnyBuffer> delta, bool causal, float scale) {
-  if (auto e = ja::check_poison(poison, 5); e.failure()) return e;
-  JaMhaBwdArgs a{};
-  if (auto e = ja::mha_bwd_args(q, k, v, o, dout, lse, *dq, *dk, *dv, *dq_accum, *delta, causal, scale, &a);
-      e.failure())
-    return e;
-  return ja::from_kernel(ja_mha_bwd_gpu(&a, stream));
+  return ja::mha_bwd_call(q, k, v, o, dout, lse, poison, *dq, *dk, *dv, *dq_accum, *delta, causal, scale,
+                          [stream](const JaMhaBwdArgs* a) { return ja_mha_bwd_gpu(a, stream); });
 }
 
 JA_FFI_HANDLER(JaMhaBwdGpu);

@@ -20,4 +20,15 @@ inline ffi::Error mha_fwd_args(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
   return ffi::Error::Success();
 }
 
+// The whole handler body for either platform: checks, then launch(&args).
+template <typename Launch>
+ffi::Error mha_fwd_call(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
+                        const ffi::RemainingArgs& poison, ffi::AnyBuffer& o, ffi::AnyBuffer& lse, bool causal,
+                        float scale, Launch&& launch) {
+  if (auto e = check_poison(poison, 2); e.failure()) return e;
+  JaMhaFwdArgs a{};
+  if (auto e = mha_fwd_args(q, k, v, o, lse, causal, scale, &a); e.failure()) return e;
+  return from_kernel(launch(&a));
+}
+
 }  // namespace ja

@@ -8,10 +8,8 @@ JA_DEFINE_FFI_API_VERSION()
 static ffi::Error mha_fwd_cpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::RemainingArgs poison,
                               ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse, bool causal,
                               float scale) {
-  if (auto e = ja::check_poison(poison, 2); e.failure()) return e;
-  JaMhaFwdArgs a{};
-  if (auto e = ja::mha_fwd_args(q, k, v, *o, *lse, causal, scale, &a); e.failure()) return e;
-  return ja::from_kernel(ja_mha_fwd_cpu(&a));
+  return ja::mha_fwd_call(q, k, v, poison, *o, *lse, causal, scale,
+                          [](const JaMhaFwdArgs* a) { return ja_mha_fwd_cpu(a); });
 }
 
 JA_FFI_HANDLER(JaMhaFwdCpu);

@@ -7,10 +7,8 @@ namespace ffi = xla::ffi;
 static ffi::Error mha_fwd_gpu(ja_stream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                               ffi::RemainingArgs poison, ffi::Result<ffi::AnyBuffer> o,
                               ffi::Result<ffi::AnyBuffer> lse, bool causal, float scale) {
-  if (auto e = ja::check_poison(poison, 2); e.failure()) return e;
-  JaMhaFwdArgs a{};
-  if (auto e = ja::mha_fwd_args(q, k, v, *o, *lse, causal, scale, &a); e.failure()) return e;
-  return ja::from_kernel(ja_mha_fwd_gpu(&a, stream));
+  return ja::mha_fwd_call(q, k, v, poison, *o, *lse, causal, scale,
+                          [stream](const JaMhaFwdArgs* a) { return ja_mha_fwd_gpu(a, stream); });
 }
 
 JA_FFI_HANDLER(JaMhaFwdGpu);

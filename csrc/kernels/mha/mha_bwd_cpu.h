@@ -32,8 +32,10 @@ struct MhaBwdCpu {
     float lse2[Br], delta[Br];
   };
 
+  template <typename V>
   JA_CPU_INLINE static void head(const JaMhaBwdArgs& a, int64_t b, int64_t hk, Scratch& w) {
     using namespace mha_cpu;
+    constexpr int W = Lanes<V>::n;
     const int64_t sq = a.seq_q, sk = a.seq_k, hq = a.heads_q, hkv = a.heads_kv;
     const int64_t group = hq / hkv;
     const int64_t q_stride = hq * D, kv_stride = hkv * D;
@@ -73,24 +75,25 @@ struct MhaBwdCpu {
             w.lse2[r] = r < rows ? lse[q0 + r] * kLog2e : kInf;
             w.delta[r] = r < rows ? delta[q0 + r] : 0.0f;
           }
-          gemm<Br, Bc, D, false>(w.p, Bc, w.q, D, w.kt, Bc);
-          gemm<Br, Bc, D, false>(w.ds, Bc, w.dout, D, w.vt, Bc);
+          gemm<Br, Bc, D, false, V>(w.p, Bc, w.q, D, w.kt, Bc);
+          gemm<Br, Bc, D, false, V>(w.ds, Bc, w.dout, D, w.vt, Bc);
           for (int r = 0; r < Br; ++r) {
             const int vis = r < rows ? visible_keys<CAUSAL>(q0 + r, kv0, nk, sq, sk) : 0;
             float* p = w.p + r * Bc;
             float* ds = w.ds + r * Bc;
-            const float l2 = w.lse2[r], dl = w.delta[r];
-            for (int j = 0; j < Bc; ++j) {
-              const float pj = j < vis ? exp2_approx(p[j] * s2 - l2) : 0.0f;  // lse = +inf gives 0
-              p[j] = pj;
-              ds[j] = pj * (ds[j] - dl);
+            const V s2_v = splat<V>(s2), l2_v = splat<V>(w.lse2[r]), delta_v = splat<V>(w.delta[r]);
+            for (int j = 0; j < Bc; j += W) {
+              const V pj = exp2_v<V>(vload<V>(p + j) * s2_v - l2_v);  // lse = +inf gives 0
+              vstore(p + j, pj);
+              vstore(ds + j, pj * (vload<V>(ds + j) - delta_v));
             }
+            for (int j = vis; j < Bc; ++j) p[j] = ds[j] = 0.0f;  // masked keys and padding
           }
           transpose<Br, Bc>(w.pt, w.p);
           transpose<Br, Bc>(w.dst, w.ds);
-          gemm<Bc, D, Br, true>(w.dv, D, w.pt, Br, w.dout, D);
-          gemm<Bc, D, Br, true>(w.dk, D, w.dst, Br, w.q, D);
-          gemm<Br, D, Bc, false>(w.dq, D, w.ds, Bc, w.k, D);
+          gemm<Bc, D, Br, true, V>(w.dv, D, w.pt, Br, w.dout, D);
+          gemm<Bc, D, Br, true, V>(w.dk, D, w.dst, Br, w.q, D);
+          gemm<Br, D, Bc, false, V>(w.dq, D, w.ds, Bc, w.k, D);
           for (int r = 0; r < rows; ++r) {
             float* acc = a.dq_accum + ((b * sq + q0 + r) * hq + h) * D;
             const float* src = w.dq + r * D;
@@ -114,14 +117,11 @@ struct MhaBwdCpu {
     }
   }
 
+  template <typename V>
   JA_CPU_INLINE static void tasks(const JaMhaBwdArgs& a, int64_t t0, int64_t t1) {
     auto w = std::make_unique<Scratch>();
-    for (int64_t t = t0; t < t1; ++t) head(a, t / a.heads_kv, t % a.heads_kv, *w);
+    for (int64_t t = t0; t < t1; ++t) head<V>(a, t / a.heads_kv, t % a.heads_kv, *w);
   }
-#if defined(JA_CPU_HAS_AVX2_PATH)
-  JA_CPU_TARGET_AVX2 static void tasks_avx2(const JaMhaBwdArgs& a, int64_t t0, int64_t t1) { tasks(a, t0, t1); }
-#endif
-  static void tasks_base(const JaMhaBwdArgs& a, int64_t t0, int64_t t1) { tasks(a, t0, t1); }
 
   static const char* run(const JaMhaBwdArgs& a) {
     mha_cpu::run_tasks<MhaBwdCpu>(a, a.batch * a.heads_kv);

@@ -28,8 +28,10 @@ struct MhaFwdCpu {
     float l[Br];       // running sum
   };
 
+  template <typename V>
   JA_CPU_INLINE static void tile(const JaMhaFwdArgs& a, int64_t b, int64_t h, int64_t q0, Scratch& w) {
     using namespace mha_cpu;
+    constexpr int W = Lanes<V>::n;
     const int64_t sq = a.seq_q, sk = a.seq_k, hq = a.heads_q, hkv = a.heads_kv;
     const int64_t hk = h / (hq / hkv);
     const int rows = int(std::min<int64_t>(Br, sq - q0));
@@ -49,7 +51,7 @@ struct MhaFwdCpu {
       const int nk = int(std::min<int64_t>(Bc, sk - kv0));
       load_rows_transposed<Bc, D>(w.kt, k + kv0 * kv_stride, kv_stride, nk);
       load_rows<Bc, D>(w.v, v + kv0 * kv_stride, kv_stride, nk, 1.0f);
-      gemm<Br, Bc, D, false>(w.s, Bc, w.q, D, w.kt, Bc);
+      gemm<Br, Bc, D, false, V>(w.s, Bc, w.q, D, w.kt, Bc);
       for (int r = 0; r < Br; ++r) {
         float* p = w.s + r * Bc;
         const int vis = r < rows ? visible_keys<CAUSAL>(q0 + r, kv0, nk, sq, sk) : 0;
@@ -57,15 +59,23 @@ struct MhaFwdCpu {
           std::fill(p, p + Bc, 0.0f);
           continue;
         }
-        const float m_new = std::max(w.m[r], row_max(p, vis));
-        const float alpha = exp2_approx(w.m[r] - m_new);  // 0 while m was -inf
-        for (int j = 0; j < Bc; ++j) p[j] = j < vis ? exp2_approx(p[j] - m_new) : 0.0f;
-        w.l[r] = w.l[r] * alpha + row_sum(p, vis);
+        for (int j = vis; j < Bc; ++j) p[j] = -kInf;  // masked keys and padding: exp2 gives 0
+        const float m_new = std::max(w.m[r], row_max<Bc, V>(p));
+        const float alpha = exp2_scalar<V>(w.m[r] - m_new);  // 0 while m was -inf
+        const V m_v = splat<V>(m_new);
+        V sum = {};
+        for (int j = 0; j < Bc; j += W) {
+          const V e = exp2_v<V>(vload<V>(p + j) - m_v);
+          vstore(p + j, e);
+          sum += e;
+        }
+        w.l[r] = w.l[r] * alpha + hsum(sum);
         w.m[r] = m_new;
+        const V alpha_v = splat<V>(alpha);
         float* o = w.o + r * D;
-        for (int c = 0; c < D; ++c) o[c] *= alpha;
+        for (int c = 0; c < D; c += W) vstore(o + c, vload<V>(o + c) * alpha_v);
       }
-      gemm<Br, D, Bc, true>(w.o, D, w.s, Bc, w.v, D);
+      gemm<Br, D, Bc, true, V>(w.o, D, w.s, Bc, w.v, D);
     }
 
     T* o = static_cast<T*>(a.o) + ((b * sq + q0) * hq + h) * D;
@@ -78,18 +88,15 @@ struct MhaFwdCpu {
     }
   }
 
+  template <typename V>
   JA_CPU_INLINE static void tasks(const JaMhaFwdArgs& a, int64_t t0, int64_t t1) {
     const int64_t q_tiles = (a.seq_q + Br - 1) / Br;
     auto w = std::make_unique<Scratch>();
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t qt = t % q_tiles, bh = t / q_tiles;
-      tile(a, bh / a.heads_q, bh % a.heads_q, qt * Br, *w);
+      tile<V>(a, bh / a.heads_q, bh % a.heads_q, qt * Br, *w);
     }
   }
-#if defined(JA_CPU_HAS_AVX2_PATH)
-  JA_CPU_TARGET_AVX2 static void tasks_avx2(const JaMhaFwdArgs& a, int64_t t0, int64_t t1) { tasks(a, t0, t1); }
-#endif
-  static void tasks_base(const JaMhaFwdArgs& a, int64_t t0, int64_t t1) { tasks(a, t0, t1); }
 
   static const char* run(const JaMhaFwdArgs& a) {
     mha_cpu::run_tasks<MhaFwdCpu>(a, a.batch * a.heads_q * ((a.seq_q + Br - 1) / Br));
