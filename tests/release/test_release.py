@@ -1,0 +1,137 @@
+"""`nox -s release`'s pipeline (jatools.release) end to end in a scratch copy, on the build this suite built.
+
+The copy starts from this checkout's build tree, so the native stages are up to
+date and the run shows the skips; planted defects then stop the pipeline at
+the right stage with the right re-run command; upload refuses a stale report
+and a modified wheel.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD = REPO / os.environ.get("JA_BUILD_DIR", "build")
+
+
+def _git(root: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(root), "-c", "user.email=t@t", "-c", "user.name=t", *args], check=True,
+                   capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory) -> Path:
+    if not (BUILD / "aiter_build/build_record.json").is_file() or not list((BUILD / "jax_aiter_build").glob("*_ja.so")):
+        pytest.fail("the release test starts from this checkout's build; run `nox -s tests` (it builds first)")
+    root = tmp_path_factory.mktemp("release") / "repo"
+    files = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z"], capture_output=True, check=True).stdout
+    for rel in filter(None, files.decode().split("\0")):
+        src = REPO / rel
+        if src.is_file():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, root / rel)
+    shutil.copytree(BUILD / "obj", root / "build/obj", symlinks=True)
+    for sub in ("jax_aiter_build", "aiter_build"):
+        shutil.copytree(BUILD / sub, root / "build" / sub, symlinks=True)
+    shutil.copy2(BUILD / "config.mk", root / "build/config.mk")
+    _git(root, "init", "-q")
+    _git(root, "add", "-A")
+    _git(root, "commit", "-qm", "release candidate")
+    return root
+
+
+def built_with() -> dict[str, str]:
+    """The backend and archs this checkout's build used, so the copy's build stays up to date."""
+    ident = json.loads((BUILD / "aiter_build/build_record.json").read_text())["modules"]["rmsnorm_fwd"]["identity"]
+    return {"JA_BACKEND": ident["backend"], **({"GPU_ARCHS": ";".join(ident["gpu_archs"])} if ident["gpu_archs"] else {})}
+
+
+def release(root: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items() if k not in ("JA_BUILD_DIR", "JA_ROOT_DIR", "GPU_ARCHS")}
+    full.update(JA_ROOT_DIR=str(root), JA_WHEELHOUSE=str(REPO / "build/wheelhouse"), **built_with(), **env)
+    return subprocess.run([sys.executable, "-m", "jatools.release", *args], cwd=root, env=full,
+                          capture_output=True, text=True, timeout=1800)
+
+
+def report(root: Path) -> dict:
+    return json.loads((root / "dist/release-report.json").read_text())
+
+
+def test_dry_run_prints_the_plan_and_runs_nothing(scratch):
+    out = release(scratch, "--dry-run")
+    assert out.returncode == 0, out.stderr
+    for stage in ("env-report", "umbrella", "jit", "ja_mods", "wheel_lite", "wheel_full", "verify", "floor",
+                  "contents", "validate"):
+        assert stage in out.stdout
+    assert not (scratch / "dist/release-report.json").exists()
+
+
+def test_green_run_then_warm_run_skips_what_is_up_to_date(scratch):
+    out = release(scratch)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr
+    first = report(scratch)
+    assert first["ok"] and not first["dirty"]
+    stages = {s["name"]: s for s in first["stages"]}
+    assert stages["umbrella"]["result"] == "up-to-date" and stages["ja_mods"]["result"] == "up-to-date"
+    wheels = sorted(Path(w["path"]).name for w in first["wheels"])
+    assert len(wheels) == 2 and wheels[0].startswith("jax_aiter-0.1.0+full-") and "GREEN" in out.stdout
+    again = release(scratch)
+    assert again.returncode == 0, again.stdout[-3000:]
+    second = {s["name"]: s["result"] for s in report(scratch)["stages"]}
+    assert second["wheel_lite"] == second["wheel_full"] == second["validate"] == "up-to-date", second
+
+
+def test_upload_dry_run_accepts_green_and_refuses_modified_or_stale(scratch):
+    env = {**os.environ, "JA_ROOT_DIR": str(scratch)}
+    code = "from jatools import release; import sys; release.upload('v0.1.0', dry_run=True)"
+
+    def upload():
+        return subprocess.run([sys.executable, "-c", code], cwd=scratch, env=env, capture_output=True, text=True)
+
+    ok = upload()
+    assert ok.returncode == 0 and "dry run: gh release upload v0.1.0" in ok.stdout, ok.stderr
+    wheel = scratch / report(scratch)["wheels"][0]["path"]
+    good = wheel.read_bytes()
+    wheel.write_bytes(good + b"\0")
+    bad = upload()
+    assert bad.returncode != 0 and "changed since the release run" in bad.stderr
+    wheel.write_bytes(good)
+    (scratch / "NOTES.txt").write_text("later work\n")
+    _git(scratch, "add", "NOTES.txt")
+    _git(scratch, "commit", "-qm", "later")
+    stale = upload()
+    assert stale.returncode != 0 and "run `nox -s release` for this commit" in stale.stderr
+
+
+@pytest.mark.parametrize("stage, plant, rerun", [
+    ("umbrella", lambda r: _append(r / "csrc/common/errors.cpp", "this does not compile;\n"), "make"),
+    ("jit", lambda r: _append(r / "csrc/kernels/rmsnorm/rmsnorm_fwd_cpu.inst.in", "nor does this;\n"),
+     "python3 jax_aiter/jit/build_jit.py"),
+    ("floor", None, "invoke floor"),
+])
+def test_planted_failure_stops_at_its_stage(scratch, stage, plant, rerun):
+    saved = {p: p.read_bytes() for p in (scratch / "csrc/common/errors.cpp",
+                                         scratch / "csrc/kernels/rmsnorm/rmsnorm_fwd_cpu.inst.in")}
+    try:
+        if plant:
+            plant(scratch)
+        env = {"JA_WHEEL_PLAT_NAME": "manylinux_2_17_x86_64"} if stage == "floor" else {}
+        out = release(scratch, **env)
+        assert out.returncode == 1, out.stdout[-3000:]
+        assert f"stage '{stage}' failed" in out.stdout and f"Re-run just this stage: {rerun}" in out.stdout
+        results = {s["name"]: s["result"] for s in report(scratch)["stages"]}
+        assert results[stage] == "failed" and results["validate"] == "not run"
+        assert not report(scratch)["ok"]
+    finally:
+        for p, data in saved.items():
+            p.write_bytes(data)
+
+
+def _append(path: Path, text: str) -> None:
+    path.write_text(path.read_text() + text)
