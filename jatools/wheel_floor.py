@@ -176,8 +176,8 @@ def check_wheel(wheel: Path) -> FloorReport:
                 f"libraries with an older toolchain")
     if problems:
         return FloorReport(wheel.name, claimed, sym_tag, False, f"{wheel.name}: " + " | ".join(problems), floor.needs)
-    note = "" if claimed == (sym_tag,) else f" (stricter than needed: {sym_tag} would do)" if all(
-        glibc_of_tag(t) and floor_glibc and glibc_of_tag(t) > floor_glibc for t in claimed) else ""
+    stricter = floor_glibc is not None and all((glibc_of_tag(t) or (0, 0)) > floor_glibc for t in claimed)
+    note = f" (stricter than needed: {sym_tag} would do)" if stricter else ""
     return FloorReport(wheel.name, claimed, sym_tag, True,
                        f"{wheel.name}: tag {', '.join(claimed)} is not older than the symbol floor {sym_tag}{note}",
                        floor.needs)

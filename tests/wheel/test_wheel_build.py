@@ -1,8 +1,10 @@
 """Both variants built from a real CPU build: names, versions, tags, contents, identity, reproducibility, install."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -17,6 +19,15 @@ from jatools import config, wheel_contents, wheel_floor
 from jatools.wheel_build import BuildOptions, WheelBuildError, build
 
 PROJECT_VERSION = config.project_version(ROOT)
+
+
+def pip_install() -> list[str]:
+    """pip of this interpreter, else uv's pip (nox's uv-made venvs have no pip)."""
+    if importlib.util.find_spec("pip"):
+        return [sys.executable, "-m", "pip", "install", "-q"]
+    if shutil.which("uv"):
+        return ["uv", "pip", "install", "-q", "--python", sys.executable]
+    pytest.skip("neither pip nor uv is available to install the wheel (pip install pip, or install uv)")
 
 
 def names(wheel: Path) -> list[str]:
@@ -132,8 +143,8 @@ def test_wheel_arch_must_match_the_jit_archs(native_build, layout, tmp_path):
 def test_installed_wheel_runs_info_and_an_op(wheels, tmp_path):
     """pip installs it; `python -m jax_aiter info` prints the identity and the packaged libraries, without JAX."""
     site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site),
-                    str(wheels["lite"].wheel)], check=True)
+    subprocess.run(pip_install() + ["--no-deps", "--no-index", "--target", str(site), str(wheels["lite"].wheel)],
+                   check=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("JA_") and k != "JAX_AITER_LIB_DIR"}
     env.update(PYTHONPATH=str(site), XDG_CACHE_HOME=str(tmp_path / "cache"))
     out = subprocess.run([sys.executable, "-m", "jax_aiter", "info", "--json"], cwd=tmp_path, env=env,
@@ -159,6 +170,7 @@ def test_anchor_route_builds_the_same_files(wheels, native_build, tmp_path):
     """`pip wheel <stage> --no-deps --no-build-isolation` (the reference's route) packs the same files."""
     pytest.importorskip("setuptools", reason="setuptools is needed for the pip-wheel comparison route "
                                              "(pip install setuptools; it is in the test extra)")
+    pytest.importorskip("pip", reason="the comparison route is `pip wheel`, and this interpreter has no pip")
     stage = native_build.build_dir / "wheel_stage" / "full"
     out = subprocess.run([sys.executable, "-m", "pip", "wheel", str(stage), "--no-deps", "--no-build-isolation",
                           "-q", "-w", str(tmp_path)], capture_output=True, text=True, env=cpu_env())
