@@ -31,6 +31,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import tomllib
 from packaging.metadata import Metadata, RawMetadata
@@ -340,20 +341,28 @@ def read_back(wheel: Path, written: list[WrittenMember], jit_members: dict[str, 
                                  f"but {m.sha256_hex} ({m.size} bytes) was written")
 
 
+PROGRESS_MIN_BYTES = 64 << 20  # members at least this big get a line of their own while packing
+
+
 def build(settings: config.Settings, options: BuildOptions, layout: Layout | None = None,
-          expectations: jit_expectations.JitExpectations | None = None) -> BuildResult:
+          expectations: jit_expectations.JitExpectations | None = None,
+          log: Callable[[str], None] = print) -> BuildResult:
+    """Build one wheel; `log` receives plain progress lines (they read the same on a terminal and in CI)."""
     t0 = time.monotonic()
     layout = layout or Layout.load()
     variant = layout.variant(options.variant)
     project = _project(settings.root)["project"]
     version = variant.version(project["version"])
-    level = options.level or int(settings.raw.get("wheel_compress_level", 6))
+    level = options.level or int(settings.raw["wheel_compress_level"])
     notes = [f"layout without {', '.join(layout.dropped)}"] if layout.dropped else []
 
     libs = library_sources(settings, layout, variant)
     jit_names = [n for n in variant.libraries if layout.libraries[n].kind == "jit"]
+    jit_bytes = sum(libs[n].stat().st_size for n in jit_names)
     try:
         expectations = expectations or jit_expectations.load(settings)
+        log(f"wheel_build: {variant.name} {version}: verifying {len(jit_names)} JIT libraries "
+            f"({jit_bytes / 1e6:.1f} MB) against {expectations.source}")
         expectations.verify_folder(settings.jit_dir, jit_names)
     except jit_expectations.JitExpectationError as e:
         raise WheelBuildError(str(e)) from e
@@ -368,6 +377,8 @@ def build(settings: config.Settings, options: BuildOptions, layout: Layout | Non
     if copies:
         notes.append(f"copied (no hard link possible): {', '.join(copies)}")
     t_stage = time.monotonic()
+    log(f"wheel_build: staged {stage_dir} ({', '.join(f'{v} {k}' for k, v in _count(how).items())}); "
+        f"tag py3-none-{tag} ({tag_source})")
 
     dist_name = canonicalize_name(project["name"]).replace("-", "_")
     wheel_tag = f"py3-none-{tag}"
@@ -381,19 +392,27 @@ def build(settings: config.Settings, options: BuildOptions, layout: Layout | Non
     notes += meta_notes
     jit_members = {layout.lib_member(n): n for n in jit_names}
     members = staged_members(stage_dir, layout)
+    total = sum(p.stat().st_size for _, p, _ in members)
+    log(f"wheel_build: packing {len(members)} files ({total / 1e6:.1f} MB) at deflate level {level} on "
+        f"{options.jobs or os.cpu_count()} threads")
     try:
         with open(tmp, "wb") as f, DeterministicZipWriter(f, date_time, level=level, workers=options.jobs) as zw:
             for arcname, path, mode in members:
                 # JIT libraries were just hashed against their record; that digest goes into RECORD
                 # unhashed again, and the read-back below proves the zipped bytes have it.
                 known = expectations.entry(jit_members[arcname])["sha256"] if arcname in jit_members else None
-                zw.add_file(arcname, path, mode, sha256=bytes.fromhex(known) if known else None)
+                started = time.monotonic()
+                m = zw.add_file(arcname, path, mode, sha256=bytes.fromhex(known) if known else None)
+                if m.size >= PROGRESS_MIN_BYTES:
+                    log(f"  {arcname}: {m.size / 1e6:.1f} MB -> {m.compressed_size / 1e6:.1f} MB in "
+                        f"{time.monotonic() - started:.1f} s")
             zw.add_bytes(f"{dist_info}/METADATA", metadata)
             zw.add_bytes(f"{dist_info}/WHEEL", wheel_text(wheel_tag))
             zw.add_bytes(f"{dist_info}/entry_points.txt", entry_points_text(project))
             written = zw.members
             zw.add_bytes(f"{dist_info}/RECORD", record_text(written, f"{dist_info}/RECORD"))
         t_pack = time.monotonic()
+        log(f"wheel_build: reading {tmp.name} back ({len(written) + 1} members)")
         read_back(tmp, written, jit_members, expectations, options.jobs)
         os.replace(tmp, wheel)
     except BaseException:
@@ -409,6 +428,13 @@ def build(settings: config.Settings, options: BuildOptions, layout: Layout | Non
     )
     _write_report(settings, result)
     return result
+
+
+def _count(how: dict[str, str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for v in how.values():
+        out[v] = out.get(v, 0) + 1
+    return dict(sorted(out.items()))
 
 
 def _write_report(settings: config.Settings, result: BuildResult) -> Path:
