@@ -455,13 +455,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--wheel-arch", help="GPU arch the wheel is for (default: JA_WHEEL_ARCH)")
     p.add_argument("--compress-level", type=int, help="deflate level 1-9 (default: pyproject wheel_compress_level)")
     p.add_argument("-j", "--jobs", type=int, help="compression threads (default: all cores)")
+    p.add_argument("--jit-record", type=Path, help="record or manifest with the JIT libraries' identity and "
+                   "{name, size, sha256} files (default: build/aiter_build/build_record.json)")
     p.add_argument("--check", action="store_true", help="then run the floor and contents checks on the wheel")
     args = p.parse_args(argv)
     settings = config.load()
     options = BuildOptions.from_env(args.variant, args.dist or settings.root / "dist", plat_name=args.plat_name,
                                     wheel_arch=args.wheel_arch, level=args.compress_level, jobs=args.jobs)
     try:
-        result = build(settings, options)
+        expectations = jit_expectations.load(settings, args.jit_record) if args.jit_record else None
+        result = build(settings, options, expectations=expectations)
     except (WheelBuildError, IntegrityError, jit_expectations.JitExpectationError, wheel_floor.FloorError,
             OSError, ValueError) as e:
         print(f"wheel_build: error: {e}", file=sys.stderr)

@@ -185,3 +185,18 @@ def test_floor_catches_manylinux_2_28_with_glibcxx_3_4_29(native_build, layout, 
     with pytest.raises(Exit) as e:
         tasks.floor(Context(), wheel=str(wheel))
     assert e.value.code == 1 and "GLIBCXX_3.4.29" in str(e.value.message)
+
+
+def test_command_line_reports_errors_with_exit_code_2(tmp_path):
+    """`python -m jatools.wheel_build` on an empty build tree: one line naming what is missing, exit 2."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT, cpu_env
+
+    out = subprocess.run([sys.executable, "-m", "jatools.wheel_build", "--variant", "lite", "--dist",
+                          str(tmp_path / "dist")], cwd=ROOT, env=cpu_env(tmp_path / "empty-build"),
+                         capture_output=True, text=True)
+    assert out.returncode == 2
+    assert out.stderr.startswith("wheel_build: error: the lite wheel needs libraries that are not built")
+    assert "libjax_aiter.so (produce it with: make" in out.stderr and "Traceback" not in out.stderr
