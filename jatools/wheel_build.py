@@ -12,9 +12,9 @@
    reference's route) builds the same wheel for comparison.
 4. Tag: JA_WHEEL_PLAT_NAME when given, else the floor auditwheel's policy assigns
    to the libraries' versioned symbols.
-5. Pack with jatools.zip_writer (parallel deflate, fixed order, permissions and
-   timestamps: SOURCE_DATE_EPOCH, else the HEAD commit's time), into a temporary
-   file in the dist folder.
+5. Pack with jatools.zip_writer (libdeflate or zlib on all cores; fixed order,
+   permissions and timestamps: SOURCE_DATE_EPOCH, else the HEAD commit's time),
+   into a temporary file in the dist folder.
 6. Read every member back out of that file: each must hash to its RECORD entry and
    each JIT library to its record again; only then is it renamed into place.
 """
@@ -60,6 +60,7 @@ class BuildOptions:
     plat_name: str | None = None  # JA_WHEEL_PLAT_NAME
     wheel_arch: str | None = None  # JA_WHEEL_ARCH: the GPU arch the wheel is for, recorded in its identity
     level: int | None = None  # deflate level; None: pyproject's wheel_compress_level
+    engine: str | None = None  # libdeflate | zlib; None: pyproject's wheel_deflate
     jobs: int | None = None
     source_date_epoch: int | None = None  # None: SOURCE_DATE_EPOCH, else the HEAD commit's time
 
@@ -87,6 +88,7 @@ class BuildResult:
     bytes_in: int
     bytes_out: int
     members: int
+    compression: str = ""
     seconds: dict[str, float] = field(default_factory=dict)
     identity: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -96,7 +98,8 @@ class BuildResult:
         ratio = self.bytes_out / self.bytes_in if self.bytes_in else 0
         return (f"wheel_build: {self.wheel}\n  variant {self.variant}, version {self.version}, tag "
                 f"py3-none-{self.platform_tag} ({self.tag_source})\n  {self.members} members, "
-                f"{self.bytes_in / 1e6:.1f} MB -> {self.bytes_out / 1e6:.1f} MB (ratio {ratio:.3f}); {secs}"
+                f"{self.bytes_in / 1e6:.1f} MB -> {self.bytes_out / 1e6:.1f} MB (ratio {ratio:.3f}, "
+                f"{self.compression}); {secs}"
                 + "".join(f"\n  note: {n}" for n in self.notes))
 
 
@@ -354,6 +357,7 @@ def build(settings: config.Settings, options: BuildOptions, layout: Layout | Non
     project = _project(settings.root)["project"]
     version = variant.version(project["version"])
     level = options.level or int(settings.raw["wheel_compress_level"])
+    engine = options.engine or settings.raw["wheel_deflate"]
     notes = [f"layout without {', '.join(layout.dropped)}"] if layout.dropped else []
 
     libs = library_sources(settings, layout, variant)
@@ -393,19 +397,22 @@ def build(settings: config.Settings, options: BuildOptions, layout: Layout | Non
     jit_members = {layout.lib_member(n): n for n in jit_names}
     members = staged_members(stage_dir, layout)
     total = sum(p.stat().st_size for _, p, _ in members)
-    log(f"wheel_build: packing {len(members)} files ({total / 1e6:.1f} MB) at deflate level {level} on "
+    log(f"wheel_build: packing {len(members)} files ({total / 1e6:.1f} MB) with {engine} level {level} on "
         f"{options.jobs or os.cpu_count()} threads")
+
+    def progress(m: WrittenMember) -> None:
+        if m.size >= PROGRESS_MIN_BYTES:
+            log(f"  {m.arcname}: {m.size / 1e6:.1f} MB -> {m.compressed_size / 1e6:.1f} MB "
+                f"({time.monotonic() - t_stage:.1f} s into packing)")
+
     try:
-        with open(tmp, "wb") as f, DeterministicZipWriter(f, date_time, level=level, workers=options.jobs) as zw:
-            for arcname, path, mode in members:
-                # JIT libraries were just hashed against their record; that digest goes into RECORD
-                # unhashed again, and the read-back below proves the zipped bytes have it.
-                known = expectations.entry(jit_members[arcname])["sha256"] if arcname in jit_members else None
-                started = time.monotonic()
-                m = zw.add_file(arcname, path, mode, sha256=bytes.fromhex(known) if known else None)
-                if m.size >= PROGRESS_MIN_BYTES:
-                    log(f"  {arcname}: {m.size / 1e6:.1f} MB -> {m.compressed_size / 1e6:.1f} MB in "
-                        f"{time.monotonic() - started:.1f} s")
+        with open(tmp, "wb") as f, DeterministicZipWriter(f, date_time, level=level, workers=options.jobs,
+                                                          engine=engine) as zw:
+            # JIT libraries were just hashed against their record; that digest goes into RECORD
+            # unhashed again, and the read-back below proves the zipped bytes have it.
+            known = {a: bytes.fromhex(expectations.entry(n)["sha256"]) for a, n in jit_members.items()}
+            zw.add_files(((arcname, path, mode, known.get(arcname)) for arcname, path, mode in members),
+                         on_written=progress)
             zw.add_bytes(f"{dist_info}/METADATA", metadata)
             zw.add_bytes(f"{dist_info}/WHEEL", wheel_text(wheel_tag))
             zw.add_bytes(f"{dist_info}/entry_points.txt", entry_points_text(project))
@@ -422,12 +429,24 @@ def build(settings: config.Settings, options: BuildOptions, layout: Layout | Non
     result = BuildResult(
         wheel=wheel, variant=variant.name, version=version, platform_tag=tag, tag_source=tag_source,
         bytes_in=sum(m.size for m in written), bytes_out=wheel.stat().st_size, members=len(written) + 1,
+        compression=f"{engine} {_engine_version(engine)} level {level}",
         seconds={"verify": t_verify - t0, "stage": t_stage - t_verify, "pack": t_pack - t_stage,
                  "read_back": t_end - t_pack, "total": t_end - t0},
         identity=identity, notes=notes,
     )
     _write_report(settings, result)
     return result
+
+
+def _engine_version(engine: str) -> str:
+    """The version that decides the compressed bytes (recorded: rebuilds match only with the same one)."""
+    if engine == "zlib":
+        import zlib
+
+        return zlib.ZLIB_RUNTIME_VERSION
+    from importlib import metadata
+
+    return f"(deflate {metadata.version('deflate')})"
 
 
 def _count(how: dict[str, str]) -> dict[str, int]:
@@ -453,7 +472,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dist", type=Path, default=None, help="output folder (default: <repo>/dist)")
     p.add_argument("--plat-name", help="platform tag (default: JA_WHEEL_PLAT_NAME, else the measured floor)")
     p.add_argument("--wheel-arch", help="GPU arch the wheel is for (default: JA_WHEEL_ARCH)")
-    p.add_argument("--compress-level", type=int, help="deflate level 1-9 (default: pyproject wheel_compress_level)")
+    p.add_argument("--compress-level", type=int, help="deflate level (default: pyproject wheel_compress_level)")
+    p.add_argument("--deflate", choices=["libdeflate", "zlib"], help="deflate engine (default: pyproject "
+                   "wheel_deflate)")
     p.add_argument("-j", "--jobs", type=int, help="compression threads (default: all cores)")
     p.add_argument("--jit-record", type=Path, help="record or manifest with the JIT libraries' identity and "
                    "{name, size, sha256} files (default: build/aiter_build/build_record.json)")
@@ -461,7 +482,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     settings = config.load()
     options = BuildOptions.from_env(args.variant, args.dist or settings.root / "dist", plat_name=args.plat_name,
-                                    wheel_arch=args.wheel_arch, level=args.compress_level, jobs=args.jobs)
+                                    wheel_arch=args.wheel_arch, level=args.compress_level, jobs=args.jobs,
+                                    engine=args.deflate)
     try:
         expectations = jit_expectations.load(settings, args.jit_record) if args.jit_record else None
         result = build(settings, options, expectations=expectations)

@@ -56,17 +56,24 @@ def test_jit_library_changed_after_staging_is_caught_by_the_read_back(build_copy
 
 def test_bytes_that_differ_in_the_written_wheel_are_caught_by_the_read_back(build_copy, layout, tmp_path,
                                                                             monkeypatch):
-    """The zip is written wrong (here: deflate fed altered bytes) -> reading the wheel back fails the build."""
-    jit = (build_copy.jit_dir / "librmsnorm_fwd.so").read_bytes()
-    real = zip_writer._deflate_chunk
+    """The zip on disk differs from what was compressed (one flipped byte) -> reading it back fails the build."""
+    member = "jax_aiter/_lib/librmsnorm_fwd.so"
+    real_finish = zip_writer.DeterministicZipWriter._finish
 
-    def corrupting(data, zdict, level, final):
-        if data == jit:
-            data = data[:100] + bytes([data[100] ^ 0xFF]) + data[101:]
-        return real(data, zdict, level, final)
+    def flip_a_byte(self, arcname, mode, offset, zip64, usize, csize, crc, sha256):
+        if arcname == member:
+            end, at = self._fp.tell(), offset + 30 + len(arcname) + csize // 2
+            self._fp.flush()
+            with open(self._fp.name, "rb") as f:
+                f.seek(at)
+                byte = f.read(1)[0]
+            self._fp.seek(at)
+            self._fp.write(bytes([byte ^ 0xFF]))
+            self._fp.seek(end)
+        return real_finish(self, arcname, mode, offset, zip64, usize, csize, crc, sha256)
 
-    monkeypatch.setattr(zip_writer, "_deflate_chunk", corrupting)
-    with pytest.raises(IntegrityError, match=r"reading the new wheel back failed: .*librmsnorm_fwd.so.*Bad CRC"):
+    monkeypatch.setattr(zip_writer.DeterministicZipWriter, "_finish", flip_a_byte)
+    with pytest.raises(IntegrityError, match=r"reading the new wheel back failed: .*librmsnorm_fwd.so"):
         build(build_copy, _opts(tmp_path), layout=layout)
     assert _no_wheels(tmp_path)
 
