@@ -5,16 +5,14 @@ its errors into `Exit` with a message and a code. `invoke --list` shows them.
 """
 from __future__ import annotations
 
-from invoke import Collection
+from pathlib import Path
+
+from invoke import Collection, Exit, task
 
 ns = Collection()
 
 
 # --- wheels: build, symbol floor, content policy (logic in jatools/wheel_*.py) ---------------
-from pathlib import Path  # noqa: E402
-
-from invoke import Exit, task  # noqa: E402
-
 _WHEEL_ARG = {"wheel": "wheel path, glob or comma-separated list (default: every wheel in dist/)"}
 
 

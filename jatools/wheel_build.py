@@ -29,9 +29,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import tomllib
 from packaging.metadata import Metadata, RawMetadata
@@ -65,7 +65,7 @@ class BuildOptions:
     source_date_epoch: int | None = None  # None: SOURCE_DATE_EPOCH, else the HEAD commit's time
 
     @classmethod
-    def from_env(cls, variant: str, dist_dir: Path, env: dict[str, str] | None = None, **flags) -> "BuildOptions":
+    def from_env(cls, variant: str, dist_dir: Path, env: dict[str, str] | None = None, **flags) -> BuildOptions:
         """Environment (JA_WHEEL_PLAT_NAME, JA_WHEEL_ARCH, SOURCE_DATE_EPOCH) under explicit flags."""
         env = os.environ if env is None else env
         sde = env.get("SOURCE_DATE_EPOCH")
@@ -132,7 +132,8 @@ def default_epoch(root: Path, env: dict[str, str] | None = None) -> int:
     env = os.environ if env is None else env
     if env.get("SOURCE_DATE_EPOCH"):
         return max(MIN_EPOCH, int(env["SOURCE_DATE_EPOCH"]))
-    out = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%ct"], capture_output=True, text=True)
+    out = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%ct"], capture_output=True, text=True,
+                         check=False)
     return max(MIN_EPOCH, int(out.stdout.strip())) if out.returncode == 0 and out.stdout.strip() else MIN_EPOCH
 
 
@@ -282,7 +283,7 @@ def metadata_text(project: dict, version: str, root: Path) -> tuple[bytes, list[
             notes.append(f"pyproject names readme {readme!r}, which does not exist; METADATA has no description")
     try:
         meta = Metadata.from_raw(raw, validate=True)
-    except Exception as e:  # ExceptionGroup of InvalidMetadata
+    except Exception as e:  # packaging raises an ExceptionGroup of InvalidMetadata
         errors = getattr(e, "exceptions", [e])
         raise WheelBuildError("pyproject.toml [project] gives invalid metadata: "
                               + "; ".join(str(x) for x in errors)) from e

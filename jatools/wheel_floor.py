@@ -125,7 +125,7 @@ def measure(libs: dict[str, elf.ElfDynamic], arch: str | None = None) -> Floor:
 def auditwheel_show(wheel: Path) -> dict:
     """`auditwheel show --json WHEEL`, parsed; FloorError with auditwheel's words when it fails."""
     cmd = [sys.executable, "-m", "auditwheel", "show", "--json", str(wheel)]
-    out = subprocess.run(cmd, capture_output=True, text=True)
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     try:
         data = json.loads(out.stdout[out.stdout.index("{"):]) if "{" in out.stdout else {}
     except json.JSONDecodeError:
@@ -148,7 +148,9 @@ class FloorReport:
 
 def check_wheel(wheel: Path) -> FloorReport:
     """Compare the wheel's platform tag(s) with auditwheel's sym_tag; attribute any excess to libraries."""
-    from jatools.wheel_members import extracted_elves  # local: only this path unpacks the wheel
+    from jatools.wheel_members import (
+        extracted_elves,  # local: only this path unpacks the wheel
+    )
 
     _, _, _, tags = parse_wheel_filename(wheel.name)
     claimed = tuple(sorted({t.platform for t in tags}))

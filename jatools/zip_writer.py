@@ -30,10 +30,10 @@ import struct
 import zipfile
 import zlib
 from collections import deque
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
-from typing import BinaryIO, Callable, Iterable
+from typing import BinaryIO
 
 CHUNK = 4 << 20  # bytes per parallel deflate job; fixed, so output does not depend on thread count
 WINDOW = 32 << 10  # deflate's window: the preset dictionary of each chunk
@@ -274,7 +274,7 @@ class DeterministicZipWriter:
         self._fp.write(struct.pack(zipfile.structEndArchive, zipfile.stringEndArchive, 0, 0, count, count,
                                    size, start, 0))
 
-    def __enter__(self) -> "DeterministicZipWriter":
+    def __enter__(self):  # the writer itself
         return self
 
     def __exit__(self, *exc) -> None:
