@@ -5,15 +5,14 @@ its errors into `Exit` with a message and a code. `invoke --list` shows them.
 """
 from __future__ import annotations
 
-from invoke import Collection
+from pathlib import Path
+
+from invoke import Collection, Exit, task
 
 ns = Collection()
 
 # --- CI: environment report, convergence gate, validation image -------------------------------
 # Logic: jatools/env_report.py, jatools/convergence.py, jatools/validation_image.py (see docs/ci.md).
-from pathlib import Path  # noqa: E402
-
-from invoke import Exit, task  # noqa: E402
 
 
 @task(help={"json": "print JSON instead of text", "json_out": "also write the JSON report to this file",

@@ -12,9 +12,9 @@
    reference's route) builds the same wheel for comparison.
 4. Tag: JA_WHEEL_PLAT_NAME when given, else the floor auditwheel's policy assigns
    to the libraries' versioned symbols.
-5. Pack with jatools.zip_writer (parallel deflate, fixed order, permissions and
-   timestamps: SOURCE_DATE_EPOCH, else the HEAD commit's time), into a temporary
-   file in the dist folder.
+5. Pack with jatools.zip_writer (libdeflate or zlib on all cores; fixed order,
+   permissions and timestamps: SOURCE_DATE_EPOCH, else the HEAD commit's time),
+   into a temporary file in the dist folder.
 6. Read every member back out of that file: each must hash to its RECORD entry and
    each JIT library to its record again; only then is it renamed into place.
 """
@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -59,11 +60,12 @@ class BuildOptions:
     plat_name: str | None = None  # JA_WHEEL_PLAT_NAME
     wheel_arch: str | None = None  # JA_WHEEL_ARCH: the GPU arch the wheel is for, recorded in its identity
     level: int | None = None  # deflate level; None: pyproject's wheel_compress_level
+    engine: str | None = None  # libdeflate | zlib; None: pyproject's wheel_deflate
     jobs: int | None = None
     source_date_epoch: int | None = None  # None: SOURCE_DATE_EPOCH, else the HEAD commit's time
 
     @classmethod
-    def from_env(cls, variant: str, dist_dir: Path, env: dict[str, str] | None = None, **flags) -> "BuildOptions":
+    def from_env(cls, variant: str, dist_dir: Path, env: dict[str, str] | None = None, **flags) -> BuildOptions:
         """Environment (JA_WHEEL_PLAT_NAME, JA_WHEEL_ARCH, SOURCE_DATE_EPOCH) under explicit flags."""
         env = os.environ if env is None else env
         sde = env.get("SOURCE_DATE_EPOCH")
@@ -86,6 +88,7 @@ class BuildResult:
     bytes_in: int
     bytes_out: int
     members: int
+    compression: str = ""
     seconds: dict[str, float] = field(default_factory=dict)
     identity: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -95,7 +98,8 @@ class BuildResult:
         ratio = self.bytes_out / self.bytes_in if self.bytes_in else 0
         return (f"wheel_build: {self.wheel}\n  variant {self.variant}, version {self.version}, tag "
                 f"py3-none-{self.platform_tag} ({self.tag_source})\n  {self.members} members, "
-                f"{self.bytes_in / 1e6:.1f} MB -> {self.bytes_out / 1e6:.1f} MB (ratio {ratio:.3f}); {secs}"
+                f"{self.bytes_in / 1e6:.1f} MB -> {self.bytes_out / 1e6:.1f} MB (ratio {ratio:.3f}, "
+                f"{self.compression}); {secs}"
                 + "".join(f"\n  note: {n}" for n in self.notes))
 
 
@@ -128,7 +132,8 @@ def default_epoch(root: Path, env: dict[str, str] | None = None) -> int:
     env = os.environ if env is None else env
     if env.get("SOURCE_DATE_EPOCH"):
         return max(MIN_EPOCH, int(env["SOURCE_DATE_EPOCH"]))
-    out = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%ct"], capture_output=True, text=True)
+    out = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%ct"], capture_output=True, text=True,
+                         check=False)
     return max(MIN_EPOCH, int(out.stdout.strip())) if out.returncode == 0 and out.stdout.strip() else MIN_EPOCH
 
 
@@ -278,7 +283,7 @@ def metadata_text(project: dict, version: str, root: Path) -> tuple[bytes, list[
             notes.append(f"pyproject names readme {readme!r}, which does not exist; METADATA has no description")
     try:
         meta = Metadata.from_raw(raw, validate=True)
-    except Exception as e:  # ExceptionGroup of InvalidMetadata
+    except Exception as e:  # packaging raises an ExceptionGroup of InvalidMetadata
         errors = getattr(e, "exceptions", [e])
         raise WheelBuildError("pyproject.toml [project] gives invalid metadata: "
                               + "; ".join(str(x) for x in errors)) from e
@@ -340,20 +345,29 @@ def read_back(wheel: Path, written: list[WrittenMember], jit_members: dict[str, 
                                  f"but {m.sha256_hex} ({m.size} bytes) was written")
 
 
+PROGRESS_MIN_BYTES = 64 << 20  # members at least this big get a line of their own while packing
+
+
 def build(settings: config.Settings, options: BuildOptions, layout: Layout | None = None,
-          expectations: jit_expectations.JitExpectations | None = None) -> BuildResult:
+          expectations: jit_expectations.JitExpectations | None = None,
+          log: Callable[[str], None] = print) -> BuildResult:
+    """Build one wheel; `log` receives plain progress lines (they read the same on a terminal and in CI)."""
     t0 = time.monotonic()
     layout = layout or Layout.load()
     variant = layout.variant(options.variant)
     project = _project(settings.root)["project"]
     version = variant.version(project["version"])
-    level = options.level or int(settings.raw.get("wheel_compress_level", 6))
+    level = options.level or int(settings.raw["wheel_compress_level"])
+    engine = options.engine or settings.raw["wheel_deflate"]
     notes = [f"layout without {', '.join(layout.dropped)}"] if layout.dropped else []
 
     libs = library_sources(settings, layout, variant)
     jit_names = [n for n in variant.libraries if layout.libraries[n].kind == "jit"]
+    jit_bytes = sum(libs[n].stat().st_size for n in jit_names)
     try:
         expectations = expectations or jit_expectations.load(settings)
+        log(f"wheel_build: {variant.name} {version}: verifying {len(jit_names)} JIT libraries "
+            f"({jit_bytes / 1e6:.1f} MB) against {expectations.source}")
         expectations.verify_folder(settings.jit_dir, jit_names)
     except jit_expectations.JitExpectationError as e:
         raise WheelBuildError(str(e)) from e
@@ -368,6 +382,8 @@ def build(settings: config.Settings, options: BuildOptions, layout: Layout | Non
     if copies:
         notes.append(f"copied (no hard link possible): {', '.join(copies)}")
     t_stage = time.monotonic()
+    log(f"wheel_build: staged {stage_dir} ({', '.join(f'{v} {k}' for k, v in _count(how).items())}); "
+        f"tag py3-none-{tag} ({tag_source})")
 
     dist_name = canonicalize_name(project["name"]).replace("-", "_")
     wheel_tag = f"py3-none-{tag}"
@@ -381,19 +397,30 @@ def build(settings: config.Settings, options: BuildOptions, layout: Layout | Non
     notes += meta_notes
     jit_members = {layout.lib_member(n): n for n in jit_names}
     members = staged_members(stage_dir, layout)
+    total = sum(p.stat().st_size for _, p, _ in members)
+    log(f"wheel_build: packing {len(members)} files ({total / 1e6:.1f} MB) with {engine} level {level} on "
+        f"{options.jobs or os.cpu_count()} threads")
+
+    def progress(m: WrittenMember) -> None:
+        if m.size >= PROGRESS_MIN_BYTES:
+            log(f"  {m.arcname}: {m.size / 1e6:.1f} MB -> {m.compressed_size / 1e6:.1f} MB "
+                f"({time.monotonic() - t_stage:.1f} s into packing)")
+
     try:
-        with open(tmp, "wb") as f, DeterministicZipWriter(f, date_time, level=level, workers=options.jobs) as zw:
-            for arcname, path, mode in members:
-                # JIT libraries were just hashed against their record; that digest goes into RECORD
-                # unhashed again, and the read-back below proves the zipped bytes have it.
-                known = expectations.entry(jit_members[arcname])["sha256"] if arcname in jit_members else None
-                zw.add_file(arcname, path, mode, sha256=bytes.fromhex(known) if known else None)
+        with open(tmp, "wb") as f, DeterministicZipWriter(f, date_time, level=level, workers=options.jobs,
+                                                          engine=engine) as zw:
+            # JIT libraries were just hashed against their record; that digest goes into RECORD
+            # unhashed again, and the read-back below proves the zipped bytes have it.
+            known = {a: bytes.fromhex(expectations.entry(n)["sha256"]) for a, n in jit_members.items()}
+            zw.add_files(((arcname, path, mode, known.get(arcname)) for arcname, path, mode in members),
+                         on_written=progress)
             zw.add_bytes(f"{dist_info}/METADATA", metadata)
             zw.add_bytes(f"{dist_info}/WHEEL", wheel_text(wheel_tag))
             zw.add_bytes(f"{dist_info}/entry_points.txt", entry_points_text(project))
             written = zw.members
             zw.add_bytes(f"{dist_info}/RECORD", record_text(written, f"{dist_info}/RECORD"))
         t_pack = time.monotonic()
+        log(f"wheel_build: reading {tmp.name} back ({len(written) + 1} members)")
         read_back(tmp, written, jit_members, expectations, options.jobs)
         os.replace(tmp, wheel)
     except BaseException:
@@ -403,12 +430,31 @@ def build(settings: config.Settings, options: BuildOptions, layout: Layout | Non
     result = BuildResult(
         wheel=wheel, variant=variant.name, version=version, platform_tag=tag, tag_source=tag_source,
         bytes_in=sum(m.size for m in written), bytes_out=wheel.stat().st_size, members=len(written) + 1,
+        compression=f"{engine} {_engine_version(engine)} level {level}",
         seconds={"verify": t_verify - t0, "stage": t_stage - t_verify, "pack": t_pack - t_stage,
                  "read_back": t_end - t_pack, "total": t_end - t0},
         identity=identity, notes=notes,
     )
     _write_report(settings, result)
     return result
+
+
+def _engine_version(engine: str) -> str:
+    """The version that decides the compressed bytes (recorded: rebuilds match only with the same one)."""
+    if engine == "zlib":
+        import zlib
+
+        return zlib.ZLIB_RUNTIME_VERSION
+    from importlib import metadata
+
+    return f"(deflate {metadata.version('deflate')})"
+
+
+def _count(how: dict[str, str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for v in how.values():
+        out[v] = out.get(v, 0) + 1
+    return dict(sorted(out.items()))
 
 
 def _write_report(settings: config.Settings, result: BuildResult) -> Path:
@@ -427,15 +473,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dist", type=Path, default=None, help="output folder (default: <repo>/dist)")
     p.add_argument("--plat-name", help="platform tag (default: JA_WHEEL_PLAT_NAME, else the measured floor)")
     p.add_argument("--wheel-arch", help="GPU arch the wheel is for (default: JA_WHEEL_ARCH)")
-    p.add_argument("--compress-level", type=int, help="deflate level 1-9 (default: pyproject wheel_compress_level)")
+    p.add_argument("--compress-level", type=int, help="deflate level (default: pyproject wheel_compress_level)")
+    p.add_argument("--deflate", choices=["libdeflate", "zlib"], help="deflate engine (default: pyproject "
+                   "wheel_deflate)")
     p.add_argument("-j", "--jobs", type=int, help="compression threads (default: all cores)")
+    p.add_argument("--jit-record", type=Path, help="record or manifest with the JIT libraries' identity and "
+                   "{name, size, sha256} files (default: build/aiter_build/build_record.json)")
     p.add_argument("--check", action="store_true", help="then run the floor and contents checks on the wheel")
     args = p.parse_args(argv)
     settings = config.load()
     options = BuildOptions.from_env(args.variant, args.dist or settings.root / "dist", plat_name=args.plat_name,
-                                    wheel_arch=args.wheel_arch, level=args.compress_level, jobs=args.jobs)
+                                    wheel_arch=args.wheel_arch, level=args.compress_level, jobs=args.jobs,
+                                    engine=args.deflate)
     try:
-        result = build(settings, options)
+        expectations = jit_expectations.load(settings, args.jit_record) if args.jit_record else None
+        result = build(settings, options, expectations=expectations)
     except (WheelBuildError, IntegrityError, jit_expectations.JitExpectationError, wheel_floor.FloorError,
             OSError, ValueError) as e:
         print(f"wheel_build: error: {e}", file=sys.stderr)

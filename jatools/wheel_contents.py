@@ -19,7 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from packaging.metadata import Metadata
-from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.utils import (
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_wheel_filename,
+)
+from packaging.version import InvalidVersion
 
 from jatools import elf, wheel_members
 from jatools.wheel_layout import Layout, LayoutError, Variant, python_packages
@@ -77,7 +82,7 @@ def _check_dist_info(report: ContentsReport, zf: zipfile.ZipFile, dist_info: str
             meta = Metadata.from_email(zf.read(f"{dist_info}/METADATA"), validate=True)
             if canonicalize_name(meta.name) != canonicalize_name(name) or str(meta.version) != version:
                 report.problems.append(f"METADATA names {meta.name} {meta.version}, the file name {name} {version}")
-        except Exception as e:  # ExceptionGroup of InvalidMetadata
+        except Exception as e:  # noqa: BLE001 - packaging raises an ExceptionGroup of InvalidMetadata
             errors = getattr(e, "exceptions", [e])
             report.problems.append("METADATA is invalid: " + "; ".join(str(x) for x in errors))
     if "WHEEL" in present:
@@ -185,7 +190,7 @@ def check_wheel(wheel: Path, layout: Layout | None = None, workers: int | None =
     report = ContentsReport(wheel.name)
     try:
         name, version, _, tags = parse_wheel_filename(wheel.name)
-    except Exception as e:
+    except (InvalidWheelFilename, InvalidVersion) as e:
         report.problems.append(f"not a valid wheel file name ({e})")
         return report
     tag_strs = {str(t) for t in tags}

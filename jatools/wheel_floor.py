@@ -125,7 +125,7 @@ def measure(libs: dict[str, elf.ElfDynamic], arch: str | None = None) -> Floor:
 def auditwheel_show(wheel: Path) -> dict:
     """`auditwheel show --json WHEEL`, parsed; FloorError with auditwheel's words when it fails."""
     cmd = [sys.executable, "-m", "auditwheel", "show", "--json", str(wheel)]
-    out = subprocess.run(cmd, capture_output=True, text=True)
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     try:
         data = json.loads(out.stdout[out.stdout.index("{"):]) if "{" in out.stdout else {}
     except json.JSONDecodeError:
@@ -148,7 +148,9 @@ class FloorReport:
 
 def check_wheel(wheel: Path) -> FloorReport:
     """Compare the wheel's platform tag(s) with auditwheel's sym_tag; attribute any excess to libraries."""
-    from jatools.wheel_members import extracted_elves  # local: only this path unpacks the wheel
+    from jatools.wheel_members import (
+        extracted_elves,  # local: only this path unpacks the wheel
+    )
 
     _, _, _, tags = parse_wheel_filename(wheel.name)
     claimed = tuple(sorted({t.platform for t in tags}))
@@ -176,8 +178,8 @@ def check_wheel(wheel: Path) -> FloorReport:
                 f"libraries with an older toolchain")
     if problems:
         return FloorReport(wheel.name, claimed, sym_tag, False, f"{wheel.name}: " + " | ".join(problems), floor.needs)
-    note = "" if claimed == (sym_tag,) else f" (stricter than needed: {sym_tag} would do)" if all(
-        glibc_of_tag(t) and floor_glibc and glibc_of_tag(t) > floor_glibc for t in claimed) else ""
+    stricter = floor_glibc is not None and all((glibc_of_tag(t) or (0, 0)) > floor_glibc for t in claimed)
+    note = f" (stricter than needed: {sym_tag} would do)" if stricter else ""
     return FloorReport(wheel.name, claimed, sym_tag, True,
                        f"{wheel.name}: tag {', '.join(claimed)} is not older than the symbol floor {sym_tag}{note}",
                        floor.needs)

@@ -6,10 +6,10 @@ built wheel must and may hold from it, so the two cannot drift apart.
 from __future__ import annotations
 
 import fnmatch
-import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import tomllib
 from packaging.version import Version
 
 from jatools import config
@@ -67,7 +67,7 @@ class Layout:
     dropped: tuple[str, ...] = ()  # libraries removed with without(); reported, never silent
 
     @classmethod
-    def load(cls, path: Path = LAYOUT_FILE) -> "Layout":
+    def load(cls, path: Path = LAYOUT_FILE) -> Layout:
         data = tomllib.loads(path.read_text())
         libs = {name: LibrarySpec(name=name, **spec) for name, spec in data["libraries"].items()}
         variants = {
@@ -104,7 +104,7 @@ class Layout:
         raise LayoutError(f"version {version} has local label {local!r}, which no wheel variant uses "
                           f"({', '.join(f'{v.name}: {v.local_version!r}' for v in self.variants.values())})")
 
-    def without(self, names: list[str] | tuple[str, ...]) -> "Layout":
+    def without(self, names: list[str] | tuple[str, ...]) -> Layout:
         """A copy with `names` removed from every variant (for checkouts that cannot build them yet)."""
         drop = set(names)
         variants = {k: replace(v, libraries=tuple(n for n in v.libraries if n not in drop))

@@ -15,10 +15,10 @@ import io
 import os
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from packaging.utils import parse_wheel_filename
 
@@ -84,26 +84,22 @@ def _open_zip(wheel: Path) -> zipfile.ZipFile:
 def _scan_one(wheel: Path, name: str, extract_dir: Path | None) -> MemberScan:
     h = hashlib.sha256()
     size = 0
-    out = None
     target = None
-    with _open_zip(wheel) as zf, zf.open(name) as src:
+    with _open_zip(wheel) as zf, zf.open(name) as src, contextlib.ExitStack() as stack:
         head = src.read(READ_CHUNK)
         is_elf = head[:4] == elf.ELF_MAGIC
+        out = None
         if is_elf and extract_dir is not None:
             target = extract_dir / name
             target.parent.mkdir(parents=True, exist_ok=True)
-            out = open(target, "wb")
-        try:
-            chunk = head
-            while chunk:
-                h.update(chunk)
-                size += len(chunk)
-                if out:
-                    out.write(chunk)
-                chunk = src.read(READ_CHUNK)
-        finally:
+            out = stack.enter_context(open(target, "wb"))
+        chunk = head
+        while chunk:
+            h.update(chunk)
+            size += len(chunk)
             if out:
-                out.close()
+                out.write(chunk)
+            chunk = src.read(READ_CHUNK)
     return MemberScan(name, size, h.hexdigest(), is_elf, target)
 
 

@@ -1,32 +1,38 @@
 """A deterministic zip writer that deflates large members on several threads.
 
-Why not ``zipfile``: it compresses one member at a time on one core, and a full
-wheel holds ~2.5 GB of libraries in three files, so the wheel build would take
-as long as single-threaded deflate of the largest files (measured: zlib level 6
-runs at ~25 MB/s per core on GPU-library-like data). Here each member is cut
-into fixed-size chunks that are deflated in parallel the way pigz does it: every
-chunk is primed with the previous 32 KiB as a preset dictionary and ends with a
-sync flush (the last with a finish), so the concatenation is one ordinary deflate
-stream that any unzip reads. zlib releases the GIL while it compresses.
+Why not ``zipfile``: it compresses one member at a time on one core with zlib,
+and a full wheel holds ~2.5 GB of libraries in a few files, so the wheel build
+would take as long as single-threaded zlib deflate of all of them. Two engines:
 
-The output depends only on the inputs: chunking does not depend on the number
-of threads, timestamps and permissions are given by the caller, members are
-written in the order they are added, and no extra fields are written except
-ZIP64 ones when sizes require them. CRC-32 and sha256 are computed in the same
-pass that reads each file, so every byte is read once.
+- ``libdeflate`` (the `deflate` package; the default): each member is compressed
+  whole, from a read-only memory map, and several members at once on threads
+  (libdeflate releases the GIL). Measured on GPU code objects, its level 5 gives
+  a slightly smaller stream than zlib's level 6 for a fraction of the CPU time.
+  Memory held: the compressed form of the members in flight.
+- ``zlib`` (standard library, streaming): each member is cut into fixed-size
+  chunks deflated in parallel the way pigz does it: every chunk is primed with
+  the previous 32 KiB as a preset dictionary and ends with a sync flush (the last
+  with a finish), so the concatenation is one ordinary deflate stream.
+
+Either way the output depends only on the inputs and the engine's version
+(libdeflate's output is deterministic for a given version, on every CPU): the
+work split does not depend on the number of threads, timestamps and permissions
+are given by the caller, members are written in the order they are added, and no
+extra fields are written except ZIP64 ones when sizes require them.
 """
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import stat
 import struct
 import zipfile
 import zlib
 from collections import deque
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import BinaryIO
 
 CHUNK = 4 << 20  # bytes per parallel deflate job; fixed, so output does not depend on thread count
@@ -34,6 +40,7 @@ WINDOW = 32 << 10  # deflate's window: the preset dictionary of each chunk
 ZIP64_LIMIT = zipfile.ZIP64_LIMIT  # beyond it sizes and offsets move to ZIP64 extra fields
 _U32 = 0xFFFFFFFF
 _UNIX = 3
+LEVELS = {"libdeflate": range(1, 13), "zlib": range(1, 10)}
 
 
 @dataclass(frozen=True)
@@ -69,13 +76,40 @@ def _deflate_chunk(data: bytes, zdict: bytes | None, level: int, final: bool) ->
     return c.compress(data) + c.flush(zlib.Z_FINISH if final else zlib.Z_SYNC_FLUSH)
 
 
+def _libdeflate():
+    try:
+        import deflate  # the `deflate` package: Python bindings for libdeflate
+    except ImportError as e:
+        raise ValueError("the libdeflate engine needs the `deflate` package: pip install 'deflate>=0.7' (it is in "
+                         "the project's `wheel` extra), or choose wheel_deflate = \"zlib\" in pyproject.toml") from e
+    return deflate
+
+
+def _compress_whole(path: str | os.PathLike, level: int, sha256: bytes | None) -> tuple[int, int, bytes, bytes]:
+    """(size, crc32, sha256, raw deflate stream) of a whole file, with libdeflate, from a memory map."""
+    deflate = _libdeflate()
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return 0, 0, sha256 or hashlib.sha256(b"").digest(), deflate.deflate_compress(b"", level)
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            crc = deflate.crc32(mm)
+            digest = sha256 or hashlib.sha256(mm).digest()
+            return size, crc, digest, deflate.deflate_compress(mm, level)
+
+
 class DeterministicZipWriter:
     """Write members to `fileobj` (seekable); call `close()` to write the central directory."""
 
     def __init__(self, fileobj: BinaryIO, date_time: tuple[int, int, int, int, int, int], level: int = 6,
-                 workers: int | None = None, chunk: int = CHUNK):
-        if not 1 <= level <= 9:
-            raise ValueError(f"deflate level must be 1..9, got {level}")
+                 workers: int | None = None, chunk: int = CHUNK, engine: str = "zlib"):
+        if engine not in LEVELS:
+            raise ValueError(f"unknown deflate engine {engine!r}; use one of {', '.join(LEVELS)}")
+        if level not in LEVELS[engine]:
+            raise ValueError(f"{engine} deflate level must be {LEVELS[engine][0]}..{LEVELS[engine][-1]}, got {level}")
+        if engine == "libdeflate":
+            _libdeflate()
+        self._engine = engine
         self._fp = fileobj
         self._time, self._date = dos_date_time(date_time)
         self._level = level
@@ -93,10 +127,44 @@ class DeterministicZipWriter:
     # -- members -----------------------------------------------------------------
     def add_bytes(self, arcname: str, data: bytes, mode: int = 0o644) -> WrittenMember:
         offset, zip64 = self._begin(arcname, len(data))
-        compressed = _deflate_chunk(data, None, self._level, final=True)
+        if self._engine == "libdeflate":
+            compressed = _libdeflate().deflate_compress(data, self._level)
+        else:
+            compressed = _deflate_chunk(data, None, self._level, final=True)
         self._fp.write(compressed)
         return self._finish(arcname, mode, offset, zip64, len(data), len(compressed), zlib.crc32(data),
                             hashlib.sha256(data).digest())
+
+    def add_files(self, items: Iterable[tuple[str, str | os.PathLike, int, bytes | None]],
+                  on_written: Callable[[WrittenMember], None] | None = None) -> list[WrittenMember]:
+        """Add (arcname, path, mode, known sha256 or None) in order; large members are compressed in parallel."""
+        out = []
+        if self._engine == "zlib":
+            for arcname, path, mode, sha256 in items:
+                out.append(self.add_file(arcname, path, mode, sha256))
+                if on_written:
+                    on_written(out[-1])
+            return out
+        pending: deque[tuple[str, int, Future | tuple]] = deque()
+
+        def write_oldest() -> None:
+            arcname, mode, job = pending.popleft()
+            size, crc, digest, data = job.result() if isinstance(job, Future) else job
+            offset, zip64 = self._begin(arcname, size)
+            self._fp.write(data)
+            out.append(self._finish(arcname, mode, offset, zip64, size, len(data), crc, digest))
+            if on_written:
+                on_written(out[-1])
+
+        for arcname, path, mode, sha256 in items:
+            job = (self._pool.submit(_compress_whole, path, self._level, sha256) if self._pool
+                   else _compress_whole(path, self._level, sha256))
+            pending.append((arcname, mode, job))
+            while len(pending) > self._workers:
+                write_oldest()
+        while pending:
+            write_oldest()
+        return out
 
     def add_file(self, arcname: str, path: str | os.PathLike, mode: int = 0o644,
                  sha256: bytes | None = None) -> WrittenMember:
@@ -105,6 +173,8 @@ class DeterministicZipWriter:
         `sha256`: a digest the caller already verified for this file; it is used
         instead of hashing again (the caller must then check what it reads back).
         """
+        if self._engine == "libdeflate":
+            return self.add_files([(arcname, path, mode, sha256)])[0]
         size = os.stat(path).st_size
         offset, zip64 = self._begin(arcname, size)
         crc, sha, read, written = 0, (None if sha256 else hashlib.sha256()), 0, 0
@@ -204,7 +274,7 @@ class DeterministicZipWriter:
         self._fp.write(struct.pack(zipfile.structEndArchive, zipfile.stringEndArchive, 0, 0, count, count,
                                    size, start, 0))
 
-    def __enter__(self) -> "DeterministicZipWriter":
+    def __enter__(self):  # the writer itself
         return self
 
     def __exit__(self, *exc) -> None:

@@ -35,7 +35,7 @@ if [ ! -f "$stamp" ]; then
   "$py" -m venv "$venv"
   "$venv/bin/python" -m pip install -q --upgrade pip
   "$venv/bin/python" -m pip install -q "nox>=2024.4.15" "invoke>=2.2" "uv>=0.4" "rich>=13" \
-    "pyelftools>=0.31" "zstandard>=0.22" "filelock>=3.12" "packaging>=24" "auditwheel>=6.1" "wheel>=0.43"
+    "pyelftools>=0.31" "zstandard>=0.22" "filelock>=3.12" "packaging>=24" "auditwheel>=6.1" "wheel>=0.43" "deflate>=0.7"
   touch "$stamp"
 fi
 export PATH="$venv/bin:$PATH"

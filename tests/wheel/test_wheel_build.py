@@ -1,22 +1,33 @@
 """Both variants built from a real CPU build: names, versions, tags, contents, identity, reproducibility, install."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import EPOCH, ROOT, cpu_env
 from packaging.utils import parse_wheel_filename
 from wheel.wheelfile import WheelFile
 
-from conftest import EPOCH, ROOT, cpu_env
 from jatools import config, wheel_contents, wheel_floor
 from jatools.wheel_build import BuildOptions, WheelBuildError, build
 
 PROJECT_VERSION = config.project_version(ROOT)
+
+
+def pip_install() -> list[str]:
+    """pip of this interpreter, else uv's pip (nox's uv-made venvs have no pip)."""
+    if importlib.util.find_spec("pip"):
+        return [sys.executable, "-m", "pip", "install", "-q"]
+    if shutil.which("uv"):
+        return ["uv", "pip", "install", "-q", "--python", sys.executable]
+    pytest.skip("neither pip nor uv is available to install the wheel (pip install pip, or install uv)")
 
 
 def names(wheel: Path) -> list[str]:
@@ -29,7 +40,7 @@ def test_names_versions_and_tags(wheels):
     for variant, version in (("lite", PROJECT_VERSION), ("full", f"{PROJECT_VERSION}+full")):
         w = wheels[variant].wheel
         assert w.name == f"jax_aiter-{version}-py3-none-{floor}.whl"
-        name, ver, build_tag, tags = parse_wheel_filename(w.name)
+        name, ver, build_tag, _ = parse_wheel_filename(w.name)
         assert (str(name), str(ver), build_tag) == ("jax-aiter", version, ())
         with zipfile.ZipFile(w) as zf:
             wheel_file = zf.read(f"jax_aiter-{version}.dist-info/WHEEL").decode()
@@ -132,8 +143,8 @@ def test_wheel_arch_must_match_the_jit_archs(native_build, layout, tmp_path):
 def test_installed_wheel_runs_info_and_an_op(wheels, tmp_path):
     """pip installs it; `python -m jax_aiter info` prints the identity and the packaged libraries, without JAX."""
     site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site),
-                    str(wheels["lite"].wheel)], check=True)
+    subprocess.run(pip_install() + ["--no-deps", "--no-index", "--target", str(site), str(wheels["lite"].wheel)],
+                   check=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("JA_") and k != "JAX_AITER_LIB_DIR"}
     env.update(PYTHONPATH=str(site), XDG_CACHE_HOME=str(tmp_path / "cache"))
     out = subprocess.run([sys.executable, "-m", "jax_aiter", "info", "--json"], cwd=tmp_path, env=env,
@@ -144,24 +155,33 @@ def test_installed_wheel_runs_info_and_an_op(wheels, tmp_path):
     where = {lib["library"]: lib["path"] for lib in info["libraries"]}
     assert where["libjax_aiter.so"] == str(site / "jax_aiter/_lib/libjax_aiter.so")
     assert where["rmsnorm_fwd_ja.so"] == str(site / "jax_aiter/_lib/rmsnorm_fwd_ja.so")
-    text = subprocess.run([sys.executable, "-c", "import sys; from jax_aiter import __main__ as m; m.main(['info']);"
-                           "assert 'jax' not in sys.modules, 'info imported jax'"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True)
+    no_jax = ("import sys; from jax_aiter import __main__ as m; m.main(['info']); "
+              "assert 'jax' not in sys.modules, 'info imported jax'")
+    text = subprocess.run([sys.executable, "-c", no_jax],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, check=False)
     assert text.returncode == 0, text.stderr
     assert "jax-aiter" in text.stdout and "(lite)" in text.stdout and "NOT FOUND" in text.stdout  # MHA: fetch
-    op = subprocess.run([sys.executable, "-c", "import jax.numpy as jnp, jax_aiter;"
-                         "y = jax_aiter.silu_and_mul(jnp.ones((2, 8), jnp.float32)); print(float(y.sum()))"],
-                        cwd=tmp_path, env=env, capture_output=True, text=True)
+    run_op = ("import jax.numpy as jnp, jax_aiter; "
+              "y = jax_aiter.silu_and_mul(jnp.ones((2, 8), jnp.float32)); print(float(y.sum()))")
+    op = subprocess.run([sys.executable, "-c", run_op],
+                        cwd=tmp_path, env=env, capture_output=True, text=True, check=False)
     assert op.returncode == 0, op.stderr[-2000:]
 
 
 def test_anchor_route_builds_the_same_files(wheels, native_build, tmp_path):
-    """`pip wheel <stage> --no-deps --no-build-isolation` (the reference's route) packs the same files."""
+    """The staged tree is a setuptools project: the reference's route (`pip wheel <stage> --no-deps
+    --no-build-isolation`, or the same PEP 517 hook called directly where the venv has no pip) packs the same files."""
     pytest.importorskip("setuptools", reason="setuptools is needed for the pip-wheel comparison route "
                                              "(pip install setuptools; it is in the test extra)")
     stage = native_build.build_dir / "wheel_stage" / "full"
-    out = subprocess.run([sys.executable, "-m", "pip", "wheel", str(stage), "--no-deps", "--no-build-isolation",
-                          "-q", "-w", str(tmp_path)], capture_output=True, text=True, env=cpu_env())
+    if importlib.util.find_spec("pip"):
+        cmd = [sys.executable, "-m", "pip", "wheel", str(stage), "--no-deps", "--no-build-isolation", "-q",
+               "-w", str(tmp_path)]
+    else:
+        hook = (f"import os; os.chdir({str(stage)!r}); from setuptools import build_meta; "
+                f"build_meta.build_wheel({str(tmp_path)!r})")
+        cmd = [sys.executable, "-c", hook]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=cpu_env(), check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     anchor = next(tmp_path.glob("*.whl"))
     assert anchor.name == wheels["full"].wheel.name

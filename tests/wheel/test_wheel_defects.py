@@ -4,14 +4,20 @@ from __future__ import annotations
 import zipfile
 
 import pytest
+from conftest import EPOCH
 from invoke import Context, Exit
+from wheel_plant import patch_dynamic_string, rewrite_wheel
 
 import tasks
-from conftest import EPOCH
-from jatools import jit_expectations, wheel_build, wheel_contents, wheel_floor, zip_writer
+from jatools import (
+    jit_expectations,
+    wheel_build,
+    wheel_contents,
+    wheel_floor,
+    zip_writer,
+)
 from jatools.wheel_build import BuildOptions, WheelBuildError, build
 from jax_aiter.integrity import IntegrityError
-from wheel_plant import patch_dynamic_string, rewrite_wheel
 
 SHIM_RUNPATH = "$ORIGIN:$ORIGIN/../aiter_build"
 
@@ -56,17 +62,24 @@ def test_jit_library_changed_after_staging_is_caught_by_the_read_back(build_copy
 
 def test_bytes_that_differ_in_the_written_wheel_are_caught_by_the_read_back(build_copy, layout, tmp_path,
                                                                             monkeypatch):
-    """The zip is written wrong (here: deflate fed altered bytes) -> reading the wheel back fails the build."""
-    jit = (build_copy.jit_dir / "librmsnorm_fwd.so").read_bytes()
-    real = zip_writer._deflate_chunk
+    """The zip on disk differs from what was compressed (one flipped byte) -> reading it back fails the build."""
+    member = "jax_aiter/_lib/librmsnorm_fwd.so"
+    real_finish = zip_writer.DeterministicZipWriter._finish
 
-    def corrupting(data, zdict, level, final):
-        if data == jit:
-            data = data[:100] + bytes([data[100] ^ 0xFF]) + data[101:]
-        return real(data, zdict, level, final)
+    def flip_a_byte(self, arcname, mode, offset, zip64, usize, csize, crc, sha256):
+        if arcname == member:
+            end, at = self._fp.tell(), offset + 30 + len(arcname) + csize // 2
+            self._fp.flush()
+            with open(self._fp.name, "rb") as f:
+                f.seek(at)
+                byte = f.read(1)[0]
+            self._fp.seek(at)
+            self._fp.write(bytes([byte ^ 0xFF]))
+            self._fp.seek(end)
+        return real_finish(self, arcname, mode, offset, zip64, usize, csize, crc, sha256)
 
-    monkeypatch.setattr(zip_writer, "_deflate_chunk", corrupting)
-    with pytest.raises(IntegrityError, match=r"reading the new wheel back failed: .*librmsnorm_fwd.so.*Bad CRC"):
+    monkeypatch.setattr(zip_writer.DeterministicZipWriter, "_finish", flip_a_byte)
+    with pytest.raises(IntegrityError, match=r"reading the new wheel back failed: .*librmsnorm_fwd.so"):
         build(build_copy, _opts(tmp_path), layout=layout)
     assert _no_wheels(tmp_path)
 
@@ -185,3 +198,18 @@ def test_floor_catches_manylinux_2_28_with_glibcxx_3_4_29(native_build, layout, 
     with pytest.raises(Exit) as e:
         tasks.floor(Context(), wheel=str(wheel))
     assert e.value.code == 1 and "GLIBCXX_3.4.29" in str(e.value.message)
+
+
+def test_command_line_reports_errors_with_exit_code_2(tmp_path):
+    """`python -m jatools.wheel_build` on an empty build tree: one line naming what is missing, exit 2."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT, cpu_env
+
+    out = subprocess.run([sys.executable, "-m", "jatools.wheel_build", "--variant", "lite", "--dist",
+                          str(tmp_path / "dist")], cwd=ROOT, env=cpu_env(tmp_path / "empty-build"),
+                         capture_output=True, text=True, check=False)
+    assert out.returncode == 2
+    assert out.stderr.startswith("wheel_build: error: the lite wheel needs libraries that are not built")
+    assert "libjax_aiter.so (produce it with: make" in out.stderr and "Traceback" not in out.stderr
