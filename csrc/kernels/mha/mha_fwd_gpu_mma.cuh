@@ -1,0 +1,232 @@
+// Flash-attention forward on the matrix units (FlashAttention-2 structure).
+//
+// One block of kWarps warps per (tile of 16 * kWarps query rows, query head,
+// batch); warp w owns query rows [16w, 16w + 16) of the tile. The Q tile is
+// staged once through shared memory into A fragments that stay in registers;
+// K and V tiles of BC rows stream through shared memory with cp.async (V of
+// this tile is copied while S = Q K^T is computed, K of the next tile while
+// O += P V is). The online softmax runs on the S accumulator fragments in
+// registers; each quad of lanes shares a row, so row reductions are two
+// shuffles. P is rounded to the input dtype before the P V product, as
+// FlashAttention does; every sum accumulates in float32.
+//
+// Conventions are the SIMT kernel's (mha_fwd_gpu.cuh): bottom-right causal
+// alignment, key tiles above the diagonal skipped, rows with no visible key
+// give output 0 and lse = +inf.
+#pragma once
+#include "ja/mma.h"
+#include "mha/mha_gpu_common.cuh"
+
+#if JA_HAS_WARP_MMA
+namespace ja {
+namespace mha_gpu {
+
+template <typename T, int D>
+struct FwdMmaTiles {
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int BR = 16 * kWarps;
+  static constexpr int BC = 64;
+  static constexpr int LD = D + 8;  // 16-byte pad: ldmatrix rows of 8 consecutive tile rows hit distinct banks
+  // The Q tile is staged through the K/V buffers before the first K tile arrives.
+  static constexpr int kSmemElems = (2 * BC > BR ? 2 * BC : BR) * LD;
+  static_assert(kSmemElems * int(sizeof(T)) <= kSmemBudget, "MHA forward (MMA) tiles exceed shared memory");
+  static_assert(D % 16 == 0 && BC % 16 == 0, "tiles must be multiples of the 16x16 MMA shape");
+};
+
+// Copies rows [0, rows_valid) of a [ROWS][D] global tile to shared memory (row
+// stride LD) with 16-byte cp.async; rows past rows_valid are zero-filled and not read.
+template <typename T, int ROWS, int D, int LD, int NTHREADS>
+JA_DEVICE void cp_async_tile(T* smem, const T* g, int64_t stride, int rows_valid) {
+  constexpr int kVec = 16 / int(sizeof(T));
+  constexpr int kPerRow = D / kVec;
+  static_assert(D % kVec == 0 && (ROWS * kPerRow) % NTHREADS == 0, "tile copy must split evenly over the threads");
+#pragma unroll
+  for (int it = 0; it < ROWS * kPerRow / NTHREADS; ++it) {
+    const int idx = int(threadIdx.x) + it * NTHREADS;
+    const int r = idx / kPerRow, c = (idx % kPerRow) * kVec;
+    const bool ok = r < rows_valid;
+    mma::cp_async_16(smem + r * LD + c, ok ? g + r * stride + c : g, ok);
+  }
+}
+
+template <typename T, int D, bool CAUSAL>
+JA_GLOBAL void __launch_bounds__(FwdMmaTiles<T, D>::kThreads) mha_fwd_mma_kernel(JaMhaFwdArgs a) {
+  using Tl = FwdMmaTiles<T, D>;
+  constexpr int BR = Tl::BR, BC = Tl::BC, LD = Tl::LD, NT = Tl::kThreads;
+  constexpr int KD = D / 16;   // k-steps over head_dim (S = Q K^T)
+  constexpr int NS = BC / 8;   // 16x8 score fragments per warp and key tile
+  constexpr int KC = BC / 16;  // k-steps over keys (O += P V)
+  constexpr int NO = D / 8;    // 16x8 output fragments per warp
+  __shared__ alignas(16) T smem[Tl::kSmemElems];
+  T* k_s = smem;
+  T* v_s = smem + BC * LD;
+
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = lane / 4, t = lane % 4;
+  // Causal: the longest rows (last query tiles) start first.
+  const int64_t q_tile = CAUSAL ? int64_t(gridDim.x) - 1 - blockIdx.x : int64_t(blockIdx.x);
+  const int64_t q0 = q_tile * BR, h = blockIdx.y, b = blockIdx.z;
+  const int64_t sq = a.seq_q, sk = a.seq_k, hq = a.heads_q, hkv = a.heads_kv;
+  const int64_t hk = h / (hq / hkv);
+  const int rows = int(sq - q0 < BR ? sq - q0 : BR);
+  const int64_t q_stride = hq * D, kv_stride = hkv * D;
+  const float s2 = a.scale * kLog2e;
+  const T* k = static_cast<const T*>(a.k) + (b * sk * hkv + hk) * D;
+  const T* v = static_cast<const T*>(a.v) + (b * sk * hkv + hk) * D;
+
+  // Q tile -> shared -> A fragments (registers) for the whole kernel.
+  uint32_t qa[KD][4];
+  cp_async_tile<T, BR, D, LD, NT>(smem, static_cast<const T*>(a.q) + ((b * sq + q0) * hq + h) * D, q_stride, rows);
+  mma::cp_async_commit();
+  mma::cp_async_wait<0>();
+  __syncthreads();
+#pragma unroll
+  for (int kd = 0; kd < KD; ++kd)
+    mma::ldmatrix_x4(qa[kd], smem + (warp * 16 + (lane & 15)) * LD + kd * 16 + (lane >> 4) * 8);
+  __syncthreads();  // every warp holds its Q fragments before K overwrites the staging area
+
+  // This lane's two rows in the tile: r0 = 16 warp + g and r0 + 8.
+  const int64_t row0 = q0 + warp * 16 + g;
+  float o[NO][4];
+#pragma unroll
+  for (int n = 0; n < NO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.0f, 0.0f};  // this lane's partial row sums; the quad is summed at the end
+
+  int64_t kv_end = sk;
+  if (CAUSAL) {
+    kv_end = q0 + rows + sk - sq;
+    kv_end = kv_end < 0 ? 0 : (kv_end > sk ? sk : kv_end);
+  }
+  if (kv_end > 0) {
+    cp_async_tile<T, BC, D, LD, NT>(k_s, k, kv_stride, int(sk < BC ? sk : BC));
+    mma::cp_async_commit();
+  }
+  for (int64_t kv0 = 0; kv0 < kv_end; kv0 += BC) {
+    const int nk = int(sk - kv0 < BC ? sk - kv0 : BC);
+    mma::cp_async_wait<0>();
+    __syncthreads();  // K tile is in k_s; every warp is done reading v_s (previous P V)
+    cp_async_tile<T, BC, D, LD, NT>(v_s, v + kv0 * kv_stride, kv_stride, nk);
+    mma::cp_async_commit();
+
+    // S = Q K^T for this warp's 16 rows x BC keys.
+    float s[NS][4];
+#pragma unroll
+    for (int n = 0; n < NS; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+    for (int kd = 0; kd < KD; ++kd) {
+#pragma unroll
+      for (int n2 = 0; n2 < NS / 2; ++n2) {  // 16 keys per ldmatrix_x4: two B fragments
+        uint32_t kb[4];
+        mma::ldmatrix_x4(kb, k_s + (n2 * 16 + (lane & 7) + ((lane >> 4) << 3)) * LD + kd * 16 +
+                                 ((lane >> 3) & 1) * 8);
+        mma::mma_16816<T>(s[2 * n2], qa[kd], kb);
+        mma::mma_16816<T>(s[2 * n2 + 1], qa[kd], kb + 2);
+      }
+    }
+
+    // Scale into the log2 domain; mask keys past seq_k and (causal) above the diagonal.
+    const bool need_mask = kv0 + BC > sk || (CAUSAL && kv0 + BC - 1 > q0 + sk - sq);
+#pragma unroll
+    for (int n = 0; n < NS; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[n][e] * s2;
+        if (need_mask) {
+          const int64_t key = kv0 + n * 8 + 2 * t + (e & 1);
+          const int64_t row = row0 + (e >> 1) * 8;
+          if (key >= sk || (CAUSAL && key > row + sk - sq)) x = -INFINITY;
+        }
+        s[n][e] = x;
+      }
+
+    // Online softmax: rows g (e = 0, 1) and g + 8 (e = 2, 3).
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < NS; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * i], s[n][2 * i + 1]));
+      mx = fmaxf(mx, ja_shfl_xor(mx, 1));
+      mx = fmaxf(mx, ja_shfl_xor(mx, 2));
+      const float m_new = fmaxf(m[i], mx);
+      const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // no key seen yet: keep everything at 0
+      const float alpha = ja_exp2(m[i] - m_use);
+      float rs = 0.0f;
+#pragma unroll
+      for (int n = 0; n < NS; ++n) {
+        s[n][2 * i] = ja_exp2(s[n][2 * i] - m_use);
+        s[n][2 * i + 1] = ja_exp2(s[n][2 * i + 1] - m_use);
+        rs += s[n][2 * i] + s[n][2 * i + 1];
+      }
+      l[i] = l[i] * alpha + rs;
+      m[i] = m_new;
+#pragma unroll
+      for (int n = 0; n < NO; ++n) {
+        o[n][2 * i] *= alpha;
+        o[n][2 * i + 1] *= alpha;
+      }
+    }
+
+    mma::cp_async_wait<0>();
+    __syncthreads();  // V tile is in v_s; every warp is done reading k_s
+    if (kv0 + BC < kv_end) {
+      const int64_t nxt = kv0 + BC;
+      cp_async_tile<T, BC, D, LD, NT>(k_s, k + nxt * kv_stride, kv_stride, int(sk - nxt < BC ? sk - nxt : BC));
+      mma::cp_async_commit();
+    }
+
+    // O += P V: P (rounded to T) is the A operand straight from the S fragments.
+#pragma unroll
+    for (int kc = 0; kc < KC; ++kc) {
+      uint32_t pa[4];
+      pa[0] = mma::pack2<T>(s[2 * kc][0], s[2 * kc][1]);
+      pa[1] = mma::pack2<T>(s[2 * kc][2], s[2 * kc][3]);
+      pa[2] = mma::pack2<T>(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+      pa[3] = mma::pack2<T>(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+#pragma unroll
+      for (int n2 = 0; n2 < NO / 2; ++n2) {  // 16 head-dim columns per ldmatrix_x4_trans
+        uint32_t vb[4];
+        mma::ldmatrix_x4_trans(vb, v_s + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n2 * 16 +
+                                       (lane >> 4) * 8);
+        mma::mma_16816<T>(o[2 * n2], pa, vb);
+        mma::mma_16816<T>(o[2 * n2 + 1], pa, vb + 2);
+      }
+    }
+  }
+
+  // Epilogue: full row sums over the quad, normalise, store rows < seq_q.
+  T* out = static_cast<T*>(a.o) + (b * sq * hq + h) * D;
+  float* lse = a.lse + (b * hq + h) * sq;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float li = l[i];
+    li += ja_shfl_xor(li, 1);
+    li += ja_shfl_xor(li, 2);
+    const int64_t row = row0 + i * 8;
+    if (row >= sq) continue;
+    const bool empty = li == 0.0f;  // no visible key: output 0, lse = +inf
+    const float inv = empty ? 0.0f : 1.0f / li;
+    T* orow = out + row * q_stride;
+#pragma unroll
+    for (int n = 0; n < NO; ++n) {
+      const uint32_t pk = mma::pack2<T>(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
+      *reinterpret_cast<uint32_t*>(orow + n * 8 + 2 * t) = pk;
+    }
+    if (t == 0) lse[row] = empty ? INFINITY : (m[i] + ja_log2(li)) * kLn2;
+  }
+}
+
+template <typename T, int D, bool CAUSAL>
+const char* mha_fwd_mma_launch(const JaMhaFwdArgs& a, ja_stream_t stream) {
+  using Tl = FwdMmaTiles<T, D>;
+  const int64_t q_tiles = (a.seq_q + Tl::BR - 1) / Tl::BR;
+  if (const char* e = check_grid("mha_fwd", q_tiles, a.heads_q, a.batch)) return e;
+  const dim3 grid(unsigned(q_tiles), unsigned(a.heads_q), unsigned(a.batch));
+  mha_fwd_mma_kernel<T, D, CAUSAL><<<grid, Tl::kThreads, 0, stream>>>(a);
+  return launch_status("mha_fwd");
+}
+
+}  // namespace mha_gpu
+}  // namespace ja
+#endif  // JA_HAS_WARP_MMA
