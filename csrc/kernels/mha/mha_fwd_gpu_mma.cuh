@@ -21,9 +21,14 @@
 namespace ja {
 namespace mha_gpu {
 
+// Warps per block (query rows per block = 16 * warps); a build-time tuning knob.
+#ifndef JA_MHA_FWD_MMA_WARPS
+#define JA_MHA_FWD_MMA_WARPS 4
+#endif
+
 template <typename T, int D>
 struct FwdMmaTiles {
-  static constexpr int kWarps = 4;
+  static constexpr int kWarps = JA_MHA_FWD_MMA_WARPS;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int BR = 16 * kWarps;
   static constexpr int BC = 64;
