@@ -24,6 +24,8 @@ using ja_event_t = hipEvent_t;
 #define ja_event_synchronize hipEventSynchronize
 #define ja_event_elapsed_time hipEventElapsedTime
 #define ja_memcpy_d2d_async(dst, src, n, s) hipMemcpyAsync(dst, src, n, hipMemcpyDeviceToDevice, s)
+#define ja_func_set_max_dynamic_smem(fn, bytes) \
+  hipFuncSetAttribute(reinterpret_cast<const void*>(fn), hipFuncAttributeMaxDynamicSharedMemorySize, bytes)
 #define JA_WARP_SIZE_MAX 64
 #define JA_PLATFORM_NAME "ROCM"
 #elif defined(__CUDACC__) || defined(JA_BACKEND_CUDA)
@@ -44,6 +46,8 @@ using ja_event_t = cudaEvent_t;
 #define ja_event_synchronize cudaEventSynchronize
 #define ja_event_elapsed_time cudaEventElapsedTime
 #define ja_memcpy_d2d_async(dst, src, n, s) cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, s)
+#define ja_func_set_max_dynamic_smem(fn, bytes) \
+  cudaFuncSetAttribute(reinterpret_cast<const void*>(fn), cudaFuncAttributeMaxDynamicSharedMemorySize, bytes)
 #define JA_WARP_SIZE_MAX 32
 #define JA_PLATFORM_NAME "CUDA"
 #else
@@ -85,6 +89,17 @@ JA_DEVICE float ja_warp_max(float v) {
 }
 
 JA_DEVICE float ja_exp2(float x) { return exp2f(x); }
+// exp2 on the special-function unit alone (CUDA: ex2.approx.ftz, about 2 ulp,
+// results below 2^-126 flushed to 0); for softmax numerators, where that is harmless.
+JA_DEVICE float ja_exp2_approx(float x) {
+#if defined(JA_GPU_CUDA) && defined(__CUDA_ARCH__)
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return exp2f(x);
+#endif
+}
 JA_DEVICE float ja_log2(float x) { return log2f(x); }
 JA_DEVICE float ja_rsqrt(float x) { return rsqrtf(x); }
 

@@ -8,6 +8,7 @@
 // of size seq x seq touches global memory.
 #pragma once
 #include "ja/kernels/mha.h"
+#include "mha/mha_fwd_gpu_mma.cuh"
 #include "mha/mha_gpu_common.cuh"
 
 namespace ja {
@@ -156,12 +157,20 @@ const char* mha_fwd_gpu(const JaMhaFwdArgs& a, void* stream) {
   if (a.batch == 0 || a.seq_q == 0 || a.heads_q == 0) return nullptr;
   if (!mha_gpu::aligned16(a.q) || !mha_gpu::aligned16(a.k) || !mha_gpu::aligned16(a.v))
     return ja_error("mha_fwd: q, k and v must be 16-byte aligned on the GPU");
-  const int64_t q_tiles = (a.seq_q + Tiles::BR - 1) / Tiles::BR;
-  if (const char* e = mha_gpu::check_grid("mha_fwd", q_tiles, a.heads_q, a.batch)) return e;
-  const dim3 grid(unsigned(q_tiles), unsigned(a.heads_q), unsigned(a.batch));
-  mha_gpu::mha_fwd_kernel<T, D, Tiles::BR, Tiles::BC, CAUSAL>
-      <<<grid, mha_gpu::kThreads, 0, static_cast<ja_stream_t>(stream)>>>(a);
-  return mha_gpu::launch_status("mha_fwd");
+#if JA_HAS_WARP_MMA
+  // 16-bit inputs on the matrix units; float32 keeps the SIMT kernel (exact float32 products).
+  if constexpr (mha_gpu::use_mma<T>())
+    return mha_gpu::mha_fwd_mma_launch<T, D, CAUSAL>(a, static_cast<ja_stream_t>(stream));
+  else
+#endif
+  {
+    const int64_t q_tiles = (a.seq_q + Tiles::BR - 1) / Tiles::BR;
+    if (const char* e = mha_gpu::check_grid("mha_fwd", q_tiles, a.heads_q, a.batch)) return e;
+    const dim3 grid(unsigned(q_tiles), unsigned(a.heads_q), unsigned(a.batch));
+    mha_gpu::mha_fwd_kernel<T, D, Tiles::BR, Tiles::BC, CAUSAL>
+        <<<grid, mha_gpu::kThreads, 0, static_cast<ja_stream_t>(stream)>>>(a);
+    return mha_gpu::launch_status("mha_fwd");
+  }
 }
 
 }  // namespace ja

@@ -15,6 +15,7 @@
 #include "ja/api.h"
 #include "ja/dtype.h"
 #include "ja/gpu.h"
+#include "ja/mma.h"
 
 namespace ja {
 namespace mha_gpu {
@@ -65,6 +66,16 @@ JA_HOST_DEVICE int64_t first_query_for_key(int64_t key, int64_t seq_q, int64_t s
 
 JA_DEVICE bool key_visible(bool causal, int64_t query, int64_t key, int64_t seq_q, int64_t seq_k) {
   return !causal || key <= query + seq_k - seq_q;
+}
+
+// Whether instances for T run on the matrix units (ja/mma.h) or the SIMT kernels.
+template <typename T>
+constexpr bool use_mma() {
+#if JA_HAS_WARP_MMA
+  return mma::is_mma_type<T>::value;
+#else
+  return false;
+#endif
 }
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }

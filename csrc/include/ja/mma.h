@@ -1,0 +1,139 @@
+// Warp-level matrix-multiply-accumulate behind the portability header.
+//
+// Kernels that use the matrix units test JA_HAS_WARP_MMA and otherwise keep a
+// SIMT path, so the same kernel source compiles with nvcc and hipcc. The
+// primitives follow the m16n8k16 register layout of NVIDIA's mma.sync
+// (16-bit A/B operands, float32 accumulators), with ldmatrix for moving 8x8
+// 16-bit tiles from shared memory into fragments and cp.async for
+// asynchronous global -> shared copies with zero fill.
+//
+// Fragment layout for one warp (lane = 4 * g + t, g in [0, 8), t in [0, 4)):
+//   A (16x16, row-major) a[0..3]: (g, 2t..2t+1), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..)
+//   B (16x8, k-major)    b[0..1]: (k 2t..2t+1, n g), (k 2t+8.., n g)
+//   C (16x8, float)      c[0..3]: (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)
+//
+// HIP/CDNA: the MFMA builtins have a different register layout (64-wide
+// wavefronts), so JA_HAS_WARP_MMA stays 0 there and kernels take their SIMT
+// path; an MFMA implementation of the same kernel structure goes here later.
+#pragma once
+#include <cstdint>
+
+#include "ja/dtype.h"
+#include "ja/gpu.h"
+
+#if defined(JA_GPU_CUDA)
+#define JA_HAS_WARP_MMA 1  // host and device pass agree: dispatch is decided on the host
+#else
+#define JA_HAS_WARP_MMA 0
+#endif
+
+#if JA_HAS_WARP_MMA && (defined(__CUDACC__))
+namespace ja {
+namespace mma {
+
+// Whether the device pass has the sm_80 instructions (mma.sync bf16, cp.async,
+// ldmatrix). Older targets compile the kernels to a trap; the instance code
+// never launches them there because the build targets sm_80 or newer.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define JA_MMA_SM80 1
+#else
+#define JA_MMA_SM80 0
+#endif
+
+template <typename T> struct is_mma_type { static constexpr bool value = false; };
+template <> struct is_mma_type<bf16_t> { static constexpr bool value = true; };
+template <> struct is_mma_type<f16_t> { static constexpr bool value = true; };
+
+JA_DEVICE uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+// D = A * B + C, m16n8k16, float32 accumulate.
+template <typename T>
+JA_DEVICE void mma_16816(float c[4], const uint32_t a[4], const uint32_t b[2]);
+
+template <>
+JA_DEVICE void mma_16816<bf16_t>(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+#if JA_MMA_SM80
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+  __trap();
+#endif
+}
+
+template <>
+JA_DEVICE void mma_16816<f16_t>(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+#if JA_MMA_SM80
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+  __trap();
+#endif
+}
+
+// Four 8x8 16-bit matrices; lane l gives the row address of matrix l / 8.
+JA_DEVICE void ldmatrix_x4(uint32_t r[4], const void* p) {
+#if JA_MMA_SM80
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+#else
+  __trap();
+#endif
+}
+
+// The same, each matrix transposed.
+JA_DEVICE void ldmatrix_x4_trans(uint32_t r[4], const void* p) {
+#if JA_MMA_SM80
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+#else
+  __trap();
+#endif
+}
+
+// 16-byte global -> shared copy; when !valid the destination is zero-filled
+// and nothing is read (src must still be a mapped address).
+JA_DEVICE void cp_async_16(void* dst, const void* src, bool valid) {
+#if JA_MMA_SM80
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
+#else
+  __trap();
+#endif
+}
+JA_DEVICE void cp_async_commit() {
+#if JA_MMA_SM80
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+// Waits until at most N committed groups of this thread are still in flight.
+template <int N>
+JA_DEVICE void cp_async_wait() {
+#if JA_MMA_SM80
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+// Two floats -> one register of two 16-bit values (low half = x).
+template <typename T> JA_DEVICE uint32_t pack2(float x, float y);
+template <>
+JA_DEVICE uint32_t pack2<bf16_t>(float x, float y) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+template <>
+JA_DEVICE uint32_t pack2<f16_t>(float x, float y) {
+  const __half2 v = __floats2half2_rn(x, y);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+}  // namespace mma
+}  // namespace ja
+#endif
