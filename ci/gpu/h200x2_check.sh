@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# One call on a host with two CUDA GPUs: build for CUDA, then (each step time-boxed)
+# the pr tier's GPU tests with 2 pinned workers vs 1 (slot speed-up), the multigpu
+# tier across both GPUs, compute-sanitizer on a reduced set, and the GPU benchmark.
+#   bash ci/gpu/h200x2_check.sh OUT
+set -uo pipefail
+out="${1:-build/gpu-check}"; mkdir -p "$out"
+export JA_BACKEND=cuda GPU_ARCHS="${GPU_ARCHS:-sm_90}" PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+py="${PYTHON:-python3}"
+nvidia-smi -L
+t0=$(date +%s)
+{ make -j"$(nproc)" && "$py" jax_aiter/jit/build_jit.py -j "$(nproc)" && make -j"$(nproc)" ja_mods; } >"$out/build.log" 2>&1 \
+  || { tail -n 40 "$out/build.log"; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"
+step() { local name=$1 limit=$2; shift 2; echo "=== $name"; local s=$(date +%s)
+  timeout "$limit" "$@"; echo "--- $name: exit $?, $(( $(date +%s) - s )) s"; }
+step slot-speedup 200 "$py" ci/measure_slot_speedup.py --workers 2 --out "$out/slot_speedup.json"
+step multigpu 90 env JA_TEST_TIER=multigpu PYTHON="$py" bash ci/test.sh
+step sanitize 110 bash ci/gpu/sanitize.sh "$out/san"
+step bench 200 "$py" benchmarks/gpu/bench_gpu.py --reps 15 --out "$out/bench.json"
