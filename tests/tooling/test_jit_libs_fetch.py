@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from jit_libs_support import (  # noqa: F401  (pytest fixtures)
+from tests.tooling.jit_libs_support import (  # noqa: F401  (pytest fixtures)
     REPO,
     checkout_fixture,
     checkout_identity,
@@ -301,7 +301,7 @@ def test_ci_fetch_installs_into_the_build_tree_with_a_build_record(release, serv
                                                                   fast_fetch_env):
     ident, manifest = release
     monkeypatch.setenv("JA_FETCH_BASE_URL", server.url)
-    from jit_libs_support import settings_for
+    from tests.tooling.jit_libs_support import settings_for
     settings = settings_for(checkout)
     jit_cache.run_fetch(settings, log=lambda m: None)
     record = json.loads((settings.jit_dir / "build_record.json").read_text())
@@ -320,7 +320,7 @@ def test_ci_wrapper_script_fetches_and_fails_on_a_miss(release, server, checkout
     import subprocess
     import sys
 
-    from jit_libs_support import FAST_FETCH_ENV
+    from tests.tooling.jit_libs_support import FAST_FETCH_ENV
     env = {**os.environ, **FAST_FETCH_ENV, "JA_ROOT_DIR": str(checkout), "JA_BACKEND": "cpu",
            "PYTHON": sys.executable}
     miss = subprocess.run(["bash", str(REPO / "ci/fetch_jit_libs.sh"), "--base-url", server.url + "/nothing-here"],

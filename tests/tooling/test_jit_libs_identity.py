@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
-from jit_libs_support import (  # noqa: F401  (pytest fixtures)
+from tests.tooling.jit_libs_support import (  # noqa: F401  (pytest fixtures)
     REPO,
     checkout_fixture,
     checkout_identity,

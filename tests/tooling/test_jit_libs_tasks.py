@@ -10,7 +10,7 @@ import re
 
 import pytest
 from invoke import Exit, MockContext, Result
-from jit_libs_support import (  # noqa: F401  (pytest fixtures)
+from tests.tooling.jit_libs_support import (  # noqa: F401  (pytest fixtures)
     MODULES,
     REPO,
     checkout_fixture,
