@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Two-GPU host, tests only: build for CUDA; the pr tier's GPU tests (tests/ops) with 2 pinned
+# workers vs 1; the full GPU op set (slow sweeps included) on 2 workers; the multigpu tier
+# across both GPUs. Collection is limited to tests/ops and tests/multigpu, which need only
+# JAX and pytest (a bare GPU image lacks the tooling tests' packages).
+#   bash ci/gpu/h200x2_tests.sh OUT
+set -uo pipefail
+out="${1:-build/gpu-check}"; mkdir -p "$out"
+export JA_BACKEND=cuda GPU_ARCHS="${GPU_ARCHS:-sm_90}" PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+py="${PYTHON:-python3}"
+{ make -j"$(nproc)" && "$py" jax_aiter/jit/build_jit.py -j "$(nproc)" && make -j"$(nproc)" ja_mods; } >"$out/build.log" 2>&1 \
+  || { tail -n 40 "$out/build.log"; exit 1; }
+step() { local name=$1 limit=$2; shift 2; echo "=== $name"; local s=$(date +%s)
+  timeout "$limit" "$@"; echo "--- $name: exit $?, $(( $(date +%s) - s )) s"; }
+step slot-speedup 150 "$py" ci/measure_slot_speedup.py --workers 2 --out "$out/slot_speedup.json" tests/ops
+step gpu-full 150 env JA_TESTS_PER_GPU=1 "$py" -m pytest tests/ops -m gpu -n 2 -q -p no:cacheprovider
+step multigpu 90 env JA_TEST_TIER=multigpu PYTHON="$py" bash ci/test.sh tests/multigpu
