@@ -138,7 +138,8 @@ def test_unknown_tier_lists_the_valid_ones(tmp_path):
 
 
 def test_ci_test_sh_takes_the_tier_from_the_environment(tmp_path):
-    env = {**os.environ, "JA_TEST_TIER": "multigpu", "PYTHON": sys.executable, "JA_GPU_COUNT": "0"}
+    env = {**{k: v for k, v in os.environ.items() if k != "JA_BACKEND"},  # a CPU host: the tier picks cpu
+           "JA_TEST_TIER": "multigpu", "PYTHON": sys.executable, "JA_GPU_COUNT": "0"}
     r = subprocess.run(["bash", str(ROOT / "ci" / "test.sh"), "--dry-run"], env=env, capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stderr
     assert "--xla_force_host_platform_device_count=4" in r.stdout and "-m 'multigpu and not gpu" in r.stdout
