@@ -140,3 +140,12 @@ def wheel_lite(session: nox.Session) -> None:
 def wheel_full(session: nox.Session) -> None:
     """Build the full wheel (version +full, with the MHA JIT libraries) into dist/, then check floor and contents."""
     _wheel(session, "full")
+
+
+# --- benchmarks (jatools/bench; docs/benchmarks.md) --------------------------------------------
+@nox.session(python=PY, tags=["bench"], default=False)
+def bench(session: nox.Session) -> None:
+    """Tooling benchmarks against the reference's tools: table + build/bench/results.json (-- --only NAME, --scale F; -- gpu: GPU kernels)."""
+    gpu = session.posargs[:1] == ["gpu"]
+    session.install("-e", ".[bench,test]" if gpu else ".[bench]")
+    session.run("python", "-m", "jatools.bench", *session.posargs)
