@@ -21,8 +21,8 @@ import urllib.request
 from pathlib import Path
 
 from jatools import publish
-from jatools.bench import records, tools
-from jatools.bench.b_publish import bench_identity
+from jatools.bench import tools
+from jatools.bench.b_publish import corpus_build
 from jatools.bench.harness import Context, Result
 from jatools.bench.timing import alternate
 from jax_aiter import fetch
@@ -57,13 +57,7 @@ def http_server(folder: Path):
 
 def stage_release(ctx: Context, serve: Path) -> tuple[dict, dict]:
     """(manifest, identity) of a release of the corpus, staged into `serve/<tag>/` (reused when complete)."""
-    c = ctx.corpus()
-    work = ctx.work("fetch")
-    jit_dir = work / "aiter_build"
-    records.link_tree(c, jit_dir)
-    ident = bench_identity(ctx)
-    record = records.write_record(jit_dir, c, ident)
-    settings = ctx.settings(JA_BACKEND="cpu")
+    _, jit_dir, ident, record, settings = corpus_build(ctx, "fetch", ctx.scale)
     comp = publish.Compression(level=STAGE_LEVEL, window_log=int(settings.raw["jit_libs_zstd_window_log"]))
     manifest, _ = publish.stage(record, ident, jit_dir, serve, comp, int(settings.raw["jit_libs_asset_limit"]),
                                 ctx.log)

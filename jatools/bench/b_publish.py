@@ -7,9 +7,11 @@ Goal: at most 10% of the anchor's time, with at most 1.15x its compressed size.
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
-from jatools import identity, publish
+from jatools import config, identity, publish
 from jatools.bench import records, tools
+from jatools.bench.corpus import Corpus
 from jatools.bench.harness import Context, Result
 from jatools.bench.timing import alternate
 
@@ -21,16 +23,20 @@ def bench_identity(ctx: Context) -> dict:
     return identity.checkout_identity(ctx.settings(JA_BACKEND="cpu"))[0]
 
 
+def corpus_build(ctx: Context, name: str, scale: float) -> tuple[Corpus, Path, dict, dict, config.Settings]:
+    """(corpus, jit_dir, identity, build record, settings): the corpus of `scale` as a build folder of `name`'s work."""
+    c = ctx.corpus(scale)
+    jit_dir = ctx.work(name) / "aiter_build"
+    records.link_tree(c, jit_dir)
+    ident = bench_identity(ctx)
+    return c, jit_dir, ident, records.write_record(jit_dir, c, ident), ctx.settings(JA_BACKEND="cpu")
+
+
 def run(ctx: Context) -> Result:
     tools.require("zstd")
     scale = ctx.scale * ctx.publish_fraction
-    c = ctx.corpus(scale)
+    c, jit_dir, ident, record, settings = corpus_build(ctx, "publish", scale)
     work = ctx.work("publish")
-    jit_dir = work / "aiter_build"
-    records.link_tree(c, jit_dir)
-    ident = bench_identity(ctx)
-    record = records.write_record(jit_dir, c, ident)
-    settings = ctx.settings(JA_BACKEND="cpu")
     comp = publish.Compression.from_settings(settings)
     limit = int(settings.raw["jit_libs_asset_limit"])
     stage_root, anchor_out = work / "stage", work / "anchor"
