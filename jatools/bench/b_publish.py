@@ -37,7 +37,7 @@ def run(ctx: Context) -> Result:
     scale = ctx.scale * ctx.publish_fraction
     c, jit_dir, ident, record, settings = corpus_build(ctx, "publish", scale)
     work = ctx.work("publish")
-    comp = publish.Compression.from_settings(settings)
+    comp = publish.Compression.from_settings(settings, level=ctx.publish_level)
     limit = int(settings.raw["jit_libs_asset_limit"])
     stage_root, anchor_out = work / "stage", work / "anchor"
     summary: dict = {}

@@ -69,6 +69,7 @@ class Context:
     work_root: Path
     corpus_root: Path
     publish_fraction: float = 0.1
+    publish_level: int | None = None  # None: the project's jit_libs_zstd_level
     log: Callable[[str], None] = print
 
     def corpus(self, scale: float | None = None) -> corpus.Corpus:
@@ -158,6 +159,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--scale", type=float, default=1.0, help="corpus scale (1: production sizes)")
     p.add_argument("--publish-fraction", type=float, default=0.1,
                    help="publish runs on a corpus of scale x this (the zstd -19 anchor is slow; the issue says 1/10)")
+    p.add_argument("--publish-level", type=int, default=None,
+                   help="zstd level for ours in publish (default: pyproject jit_libs_zstd_level), to weigh another")
     p.add_argument("--runs", type=int, default=3, help="timed runs of each side (the figure is their median)")
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
     p.add_argument("--out", type=Path, default=None, help="results JSON (default build/bench/results.json)")
@@ -178,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_dir = root / BENCH_DIR
     ctx = Context(root=root, scale=args.scale, runs=max(1, args.runs), warmup=max(0, args.warmup),
                   work_root=bench_dir / "work", corpus_root=bench_dir / "corpus", publish_fraction=args.publish_fraction,
-                  log=lambda m: print(m, flush=True))
+                  publish_level=args.publish_level,                   log=lambda m: print(m, flush=True))
     facts = machine_facts()
     start = time.monotonic()
     results = []
