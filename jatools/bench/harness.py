@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_dir = root / BENCH_DIR
     ctx = Context(root=root, scale=args.scale, runs=max(1, args.runs), warmup=max(0, args.warmup),
                   work_root=bench_dir / "work", corpus_root=bench_dir / "corpus", publish_fraction=args.publish_fraction,
-                  publish_level=args.publish_level,                   log=lambda m: print(m, flush=True))
+                  publish_level=args.publish_level, log=lambda m: print(m, flush=True))
     facts = machine_facts()
     start = time.monotonic()
     results = []
