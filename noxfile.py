@@ -149,3 +149,12 @@ def release(session: nox.Session) -> None:
     dist/release-report.json (-- --fetch-jit URL fetches the JIT libraries; -- --dry-run prints the plan)."""
     session.install(*TEST_DEPS, "ninja")
     session.run("python", "-m", "jatools.release", *session.posargs)
+
+
+# --- benchmarks (jatools/bench; docs/benchmarks.md) --------------------------------------------
+@nox.session(python=PY, tags=["bench"], default=False)
+def bench(session: nox.Session) -> None:
+    """Tooling benchmarks against the reference's tools: table + build/bench/results.json (-- --only NAME, --scale F; -- gpu: GPU kernels)."""
+    gpu = session.posargs[:1] == ["gpu"]
+    session.install("-e", ".[bench,test]" if gpu else ".[bench]")
+    session.run("python", "-m", "jatools.bench", *session.posargs)

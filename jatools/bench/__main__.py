@@ -1,0 +1,5 @@
+import sys
+
+from jatools.bench.harness import main
+
+sys.exit(main())

@@ -1,0 +1,200 @@
+"""`nox -s bench`: run the tooling benchmarks, print the table, write build/bench/results.json.
+
+    python -m jatools.bench [--only NAME[,NAME]] [--scale F] [--runs N] [--warmup N] [--out PATH]
+    python -m jatools.bench gpu [bench_gpu.py args]   # the GPU kernel benchmark (a GPU host)
+
+Each benchmark module (jatools/bench/b_*.py) times our code path and the
+reference's command on the same data, alternating, and returns a Result that
+says whether the goal was met and, if not, by how much.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from jatools import atomic_write, config
+from jatools.bench import corpus, tools
+
+# name -> module (jatools.bench.<module>), in the issue's order
+BENCH_DIR = Path("build") / "bench"  # under the repository root unless absolute
+BENCHMARKS = {"verify": "b_verify", "publish": "b_publish", "fetch": "b_fetch", "wheel_full": "b_wheel",
+              "noop": "b_noop", "incremental": "b_incremental", "validate": "b_validate"}
+
+
+@dataclass
+class Result:
+    name: str
+    ours_s: float | None
+    anchor_s: float | None
+    goal: str
+    met: bool | None  # None: not run
+    bytes: int = 0
+    ours: str = ""  # what was timed as ours
+    anchor: str = ""  # the anchor command
+    shortfall: str = ""  # how far from the goal, and what bounds it
+    runs: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)
+    error: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        """anchor / ours: how many times faster ours is."""
+        if self.ours_s and self.anchor_s:
+            return self.anchor_s / self.ours_s
+        return None
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["ratio"] = None if self.ratio is None else round(self.ratio, 3)
+        for k in ("ours_s", "anchor_s"):
+            d[k] = None if d[k] is None else round(d[k], 4)
+        return d
+
+
+@dataclass
+class Context:
+    root: Path
+    scale: float
+    runs: int
+    warmup: int
+    work_root: Path
+    corpus_root: Path
+    publish_fraction: float = 0.1
+    publish_level: int | None = None  # None: the project's jit_libs_zstd_level
+    log: Callable[[str], None] = print
+
+    def corpus(self, scale: float | None = None) -> corpus.Corpus:
+        return corpus.ensure(self.corpus_root, self.scale if scale is None else scale, self.log)
+
+    def work(self, name: str) -> Path:
+        path = self.work_root / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def settings(self, **env: str) -> config.Settings:
+        return config.load(root=self.root, env={**os.environ, **env})
+
+
+def not_run(name: str, goal: str, why: str) -> Result:
+    return Result(name, None, None, goal, None, error=why)
+
+
+def machine_facts() -> dict:
+    import hashlib
+
+    return {
+        "cores": os.cpu_count(), "python": sys.version.split()[0], "implementation": platform.python_implementation(),
+        "platform": platform.platform(), "machine": platform.machine(), "openssl": __import__("ssl").OPENSSL_VERSION,
+        "hashlib_sha256": "openssl" if "openssl_sha256" in dir(hashlib) else "builtin",
+        "load_average": list(os.getloadavg()), "tools": tools.versions(), "python_packages": _package_versions(),
+    }
+
+
+def _package_versions() -> dict[str, str | None]:
+    from importlib import metadata
+
+    out = {}
+    for pkg in ("zstandard", "numpy", "nox", "invoke", "pip", "setuptools", "wheel", "uv", "auditwheel"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def _fmt_s(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f} s"
+
+
+def table(results: list[Result]) -> str:
+    """The one-screen summary: benchmark, ours, anchor, ratio, goal, met?; then each miss and why."""
+    rows = [("benchmark", "ours", "anchor", "ratio", "goal", "met?")]
+    for r in results:
+        met = "not run" if r.met is None else ("yes" if r.met else "NO")
+        rows.append((r.name, _fmt_s(r.ours_s), _fmt_s(r.anchor_s), "-" if r.ratio is None else f"{r.ratio:.2f}x",
+                     r.goal, met))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    for r in results:
+        if r.error:
+            lines.append(f"{r.name}: not run: {r.error}")
+        elif r.shortfall:
+            lines.append(f"{r.name}: {r.shortfall}")
+        for k, v in r.extra.get("notes", {}).items():
+            lines.append(f"{r.name}: {k}: {v}")
+    return "\n".join(lines)
+
+
+def run_one(name: str, ctx: Context) -> Result:
+    module = importlib.import_module(f"jatools.bench.{BENCHMARKS[name]}")
+    try:
+        return module.run(ctx)
+    except tools.AnchorMissing as e:
+        return not_run(name, module.GOAL, str(e))
+    except Exception as e:  # noqa: BLE001 (a failing benchmark is reported and the others still run)
+        import traceback
+
+        ctx.log(traceback.format_exc())
+        return not_run(name, module.GOAL, f"{type(e).__name__}: {e}")
+
+
+def run_gpu(args: list[str], root: Path) -> int:
+    """Pass-through to the GPU kernel benchmark (benchmarks/gpu/bench_gpu.py)."""
+    return subprocess.call([sys.executable, str(root / "benchmarks/gpu/bench_gpu.py"), *args], cwd=root)
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m jatools.bench", description=__doc__.splitlines()[0])
+    p.add_argument("--only", action="append", default=[], help=f"benchmark(s) to run: {', '.join(BENCHMARKS)}")
+    p.add_argument("--scale", type=float, default=1.0, help="corpus scale (1: production sizes)")
+    p.add_argument("--publish-fraction", type=float, default=0.1,
+                   help="publish runs on a corpus of scale x this (the zstd -19 anchor is slow; the issue says 1/10)")
+    p.add_argument("--publish-level", type=int, default=None,
+                   help="zstd level for ours in publish (default: pyproject jit_libs_zstd_level), to weigh another")
+    p.add_argument("--runs", type=int, default=3, help="timed runs of each side (the figure is their median)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
+    p.add_argument("--out", type=Path, default=None, help="results JSON (default build/bench/results.json)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    root = config.repo_root()
+    if argv[:1] == ["gpu"]:
+        return run_gpu(argv[1:], root)
+    args = parse(argv)
+    names = [n for spec in args.only for n in spec.split(",") if n] or list(BENCHMARKS)
+    unknown = sorted(set(names) - set(BENCHMARKS))
+    if unknown:
+        print(f"bench: unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}", file=sys.stderr)
+        return 2
+    bench_dir = root / BENCH_DIR
+    ctx = Context(root=root, scale=args.scale, runs=max(1, args.runs), warmup=max(0, args.warmup),
+                  work_root=bench_dir / "work", corpus_root=bench_dir / "corpus", publish_fraction=args.publish_fraction,
+                  publish_level=args.publish_level, log=lambda m: print(m, flush=True))
+    facts = machine_facts()
+    start = time.monotonic()
+    results = []
+    for name in names:
+        ctx.log(f"bench: {name} (scale {args.scale:g})")
+        results.append(run_one(name, ctx))
+    facts["load_average_end"] = list(os.getloadavg())
+    report = {"command": "python -m jatools.bench " + " ".join(argv), "scale": args.scale, "runs": ctx.runs,
+              "warmup": ctx.warmup, "seconds": round(time.monotonic() - start, 1), "machine": facts,
+              "benchmarks": [r.to_json() for r in results]}
+    out = args.out or bench_dir / "results.json"
+    atomic_write.write_text(out, json.dumps(report, indent=2) + "\n")
+    print(table(results))
+    print(f"bench: load average {facts['load_average'][0]:.2f} at the start, {facts['load_average_end'][0]:.2f} at "
+          f"the end ({facts['cores']} cores); results in {out}")
+    return 1 if any(r.met is None for r in results) else 0  # a benchmark that could not run; a miss is not a failure
