@@ -437,14 +437,15 @@ class _Stopped(FetchError):
     """Another file of the same fetch failed; this one stopped early."""
 
 
-def _install(staging: Path, dest: Path, names: list[str]) -> None:
-    """Move verified files into place; the manifest copy last (it marks the install complete)."""
+def _install(staging: Path, dest: Path, names: list[str], last: str = mf.MANIFEST_NAME) -> None:
+    """Move verified files into place; `last` (the manifest copy, or a build record) last: it marks the
+    install complete. Also used by jatools/jit_merge.py."""
     if not dest.exists():
         os.replace(staging, dest)
         return
     for name in names:
         os.replace(staging / name, dest / name)
-    os.replace(staging / mf.MANIFEST_NAME, dest / mf.MANIFEST_NAME)
+    os.replace(staging / last, dest / last)
     shutil.rmtree(staging, ignore_errors=True)
 
 

@@ -1,0 +1,145 @@
+"""jit.merge-manifests: per-module shards joined into one build/aiter_build, or nothing changed.
+
+Shards are generated files standing in for libraries (no compiler), laid out as
+the JIT-producer workflow downloads them: build/jit-shards/jit-shard-<job>/.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from invoke import Context, Exit
+from tests.tooling.jit_libs_support import MODULES, REPO, make_checkout, other_identity, snapshot, write_build
+
+from jatools import jit_cache, jit_merge
+from jax_aiter import reuse_gate
+
+IDENT = other_identity({"kernel_source_revision": "a" * 40, "kernel_source_dirty": False, "gpu_archs": ["gfx950"],
+                        "recipe_hash": "b" * 64, "backend": "rocm", "ffi_api_version": "0.3",
+                        "toolchain": {"backend": "rocm", "cxx_version": "clang 19", "gpu_compiler": "hipcc",
+                                      "gpu_compiler_version": "6.4.1", "platform_version": "6.4.1"}})
+
+
+def make_shards(root: Path, idents: dict[str, dict] | None = None, modules: list[str] | None = None) -> Path:
+    """One shard folder per module (as the workflow names them), each with its own build record."""
+    shards = root / "jit-shards"
+    for module in modules or list(MODULES):
+        lib = MODULES[module]
+        write_build(shards / f"jit-shard-jit_libs_rocm_{module}", (idents or {}).get(module, IDENT), {lib: 3000 + len(lib)})
+    return shards
+
+
+@pytest.fixture
+def paths(tmp_path: Path) -> tuple[Path, Path]:
+    config = tmp_path / "optCompilerConfig.json"
+    config.write_text(json.dumps({"schema": 1, "modules": {m: {"library": lib} for m, lib in MODULES.items()}}))
+    return config, tmp_path / "build" / "aiter_build"
+
+
+def test_good_merge_installs_every_library_and_one_record_that_verifies(tmp_path, paths):
+    config, dest = paths
+    record = jit_merge.merge(make_shards(tmp_path), dest, config, log=lambda m: None)
+    assert record["identity"] == IDENT and sorted(record["modules"]) == sorted(MODULES)
+    assert sorted(p.name for p in dest.iterdir()) == sorted([*MODULES.values(), "build_record.json"])
+    source, n = jit_cache.verify(dest)
+    assert (source, n) == (str(dest / "build_record.json"), len(MODULES))
+    assert not list(dest.parent.glob(".aiter_build.merge-*")), "staging folder left behind"
+    # a second merge over an existing build tree replaces it in place
+    jit_merge.merge(make_shards(tmp_path), dest, config, log=lambda m: None)
+    assert jit_cache.verify(dest)[1] == len(MODULES)
+
+
+def test_tampered_library_names_shard_file_and_both_hashes(tmp_path, paths):
+    config, dest = paths
+    shards = make_shards(tmp_path)
+    lib = shards / "jit-shard-jit_libs_rocm_mha_fwd" / "libmha_fwd.so"
+    recorded = json.loads((lib.parent / "build_record.json").read_text())["modules"]["mha_fwd"]["file"]["sha256"]
+    data = bytearray(lib.read_bytes())
+    data[100] ^= 0xFF
+    lib.write_bytes(bytes(data))
+    with pytest.raises(jit_cache.JitCacheError) as e:
+        jit_merge.merge(shards, dest, config)
+    msg = str(e.value)
+    assert "shard jit-shard-jit_libs_rocm_mha_fwd" in msg and "libmha_fwd.so" in msg
+    assert recorded in msg and hashlib.sha256(bytes(data)).hexdigest() in msg  # both hashes
+    assert not dest.exists()
+
+
+def test_gated_field_mismatch_names_shard_field_and_both_values(tmp_path, paths):
+    config, dest = paths
+    odd = other_identity(IDENT, recipe_hash="c" * 64)
+    with pytest.raises(jit_cache.JitCacheError) as e:
+        jit_merge.merge(make_shards(tmp_path, {"mha_bwd": odd}), dest, config)
+    msg = str(e.value)
+    assert "jit-shard-jit_libs_rocm_mha_bwd" in msg and "recipe_hash" in msg
+    assert "b" * 64 in msg and "c" * 64 in msg
+    assert not dest.exists()
+
+
+def test_toolchain_difference_warns_and_passes_but_strict_fails(tmp_path, paths):
+    config, dest = paths
+    odd = {**IDENT, "toolchain": {**IDENT["toolchain"], "gpu_compiler_version": "6.4.3"}}
+    shards = make_shards(tmp_path, {"rmsnorm_fwd": odd})
+    with pytest.raises(jit_cache.JitCacheError, match=r"toolchain gpu_compiler_version: wanted 6\.4\.\d, found 6\.4\.\d"):
+        jit_merge.merge(shards, dest, config, strict=True)
+    assert not dest.exists()
+    warnings: list[str] = []
+    record = jit_merge.merge(shards, dest, config, strict=False, log=warnings.append)
+    assert any("warning" in w and "gpu_compiler_version" in w and "rmsnorm_fwd" in w for w in warnings), warnings
+    assert record["identity"] is None  # the modules' identities are not all the same
+    assert reuse_gate.cache_id(odd) == IDENT["cache_id"]  # gated fields agree
+    assert jit_cache.verify(dest)[1] == len(MODULES)
+
+
+def test_missing_module_is_named(tmp_path, paths):
+    config, dest = paths
+    with pytest.raises(jit_cache.JitCacheError, match=r"module mha_bwd is in no shard \(expected libmha_bwd\.so\)"):
+        jit_merge.merge(make_shards(tmp_path, modules=["rmsnorm_fwd", "mha_fwd"]), dest, config)
+
+
+def test_duplicate_module_names_both_shards(tmp_path, paths):
+    config, dest = paths
+    shards = make_shards(tmp_path)
+    write_build(shards / "jit-shard-extra", IDENT, {"libmha_fwd.so": 5000})
+    with pytest.raises(jit_cache.JitCacheError,
+                       match=r"module mha_fwd is in 2 shards: jit-shard-extra, jit-shard-jit_libs_rocm_mha_fwd"):
+        jit_merge.merge(shards, dest, config)
+
+
+def test_failed_merge_leaves_the_previous_build_tree(tmp_path, paths):
+    config, dest = paths
+    write_build(dest, IDENT, seed=7)
+    (dest / "build.ninja").write_text("# other build outputs\n")
+    before = snapshot(dest)
+    shards = make_shards(tmp_path)
+    (shards / "jit-shard-jit_libs_rocm_mha_bwd" / "libmha_bwd.so").write_bytes(b"truncated")
+    with pytest.raises(jit_cache.JitCacheError, match="size 9 does not match"):
+        jit_merge.merge(shards, dest, config)
+    assert snapshot(dest) == before
+    assert not list(dest.parent.glob(".aiter_build.merge-*"))
+    assert jit_cache.verify(dest)[1] == len(MODULES)
+
+
+def test_invoke_task_merges_then_verify_passes_and_errors_exit_1(tmp_path, monkeypatch, capsys):
+    checkout = make_checkout(tmp_path / "checkout")
+    monkeypatch.setenv("JA_ROOT_DIR", str(checkout))
+    monkeypatch.setenv("JA_BACKEND", "cpu")
+    monkeypatch.delenv("JA_BUILD_DIR", raising=False)
+    monkeypatch.delenv("JA_TOOLCHAIN_STRICT", raising=False)
+    spec = importlib.util.spec_from_file_location("ja_tasks_merge_under_test", REPO / "tasks.py")
+    tasks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tasks)
+    assert "jit.merge-manifests" in tasks.ns.task_names
+    shards = make_shards(tmp_path)
+    tasks.jit_merge_manifests(Context(), from_=str(shards))
+    tasks.jit_verify(Context())
+    assert f"verify: {len(MODULES)} file(s) in {checkout / 'build/aiter_build'}" in capsys.readouterr().out
+    odd = {**IDENT, "toolchain": {**IDENT["toolchain"], "cxx_version": "clang 20"}}
+    monkeypatch.setenv("JA_TOOLCHAIN_STRICT", "1")
+    with pytest.raises(Exit) as e:
+        tasks.jit_merge_manifests(Context(), from_=str(make_shards(tmp_path / "again", {"mha_fwd": odd})))
+    assert e.value.code == 1 and "jit.merge-manifests: error:" in str(e.value.message)
+    assert "toolchain cxx_version" in str(e.value.message)
