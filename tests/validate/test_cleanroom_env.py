@@ -33,7 +33,9 @@ def test_an_index_cannot_be_reached_from_the_room(tmp_path):
     """pip in the room finds no index; told to use one anyway (PIP_NO_INDEX gone), the dead proxy stops it."""
     room = cenv.Room.create(REPO, tmp_path)
     env = cenv.clean_env(room, cenv.Installer("pip"))
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-d", str(room.tmp), "--index-url",
+    # The base interpreter's pip: a uv-made test venv (nox's default backend) has none of its own.
+    python = cenv.find_python(f"{sys.version_info[0]}.{sys.version_info[1]}")
+    cmd = [str(python), "-m", "pip", "download", "--no-deps", "-d", str(room.tmp), "--index-url",
            "https://pypi.org/simple", "--retries", "1", "--timeout", "5", "six"]
     for e, says in ((env, "from versions: none"), ({k: v for k, v in env.items() if k != "PIP_NO_INDEX"}, "Proxy")):
         out = subprocess.run(cmd, env=e, cwd=room.work, check=False, capture_output=True, text=True, timeout=120)
