@@ -95,7 +95,9 @@ def plan(tier: str, platform: str, gpus: gpu_slots.Gpus, pytest_args: list[str],
                                 f"{gpu_slots.PER_GPU_ENV}={gpu_slots.tests_per_gpu(env)}); the extra workers would "
                                 f"wait for a slot until timeout. Use --workers {slots} or raise {gpu_slots.PER_GPU_ENV}")
             if n:
-                argv += ["-n", str(n)]
+                # worksteal: a worker that runs out takes queued tests from the others, so one
+                # worker left with the long tail does not set the wall time.
+                argv += ["-n", str(n), "--dist", "worksteal"]
             elif platform != "cpu":
                 over["JA_GPU_SLOT"] = "1"  # no xdist: pin this one process
         runs.append(PytestRun(kind, config, expr, (*argv, *pytest_args), over,

@@ -11,4 +11,5 @@ _ROOT = str(Path(__file__).resolve().parent.parent)
 if _ROOT not in sys.path:
     sys.path.append(_ROOT)
 
-pytest_plugins = ["jatools.pytest_gpu_slot", "jatools.pytest_guards", "jatools.pytest_flaky_report"]
+pytest_plugins = ["jatools.pytest_gpu_slot", "jatools.pytest_guards", "jatools.pytest_flaky_report",
+                  "jatools.pytest_compile_cache"]

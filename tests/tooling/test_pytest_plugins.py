@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PLUGINS = ["jatools.pytest_gpu_slot", "jatools.pytest_guards", "jatools.pytest_flaky_report"]
+PLUGINS = ["jatools.pytest_gpu_slot", "jatools.pytest_guards", "jatools.pytest_flaky_report",
+           "jatools.pytest_compile_cache"]
 MARKERS = ["gpu", "multigpu", "slow", "cuda_only", "rocm_only"]
 PINNING = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "XLA_FLAGS",
-           "JA_GPU_SLOT", "JA_GPU_SLOT_HELD", "JA_FLAKY_JSON", "PYTEST_XDIST_WORKER", "PYTEST_ADDOPTS")
+           "JA_GPU_SLOT", "JA_GPU_SLOT_HELD", "JA_FLAKY_JSON", "PYTEST_XDIST_WORKER", "PYTEST_ADDOPTS",
+           "JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "JA_SHARED_COMPILE_CACHE")
 
 needs_xdist = pytest.mark.skipif(importlib.util.find_spec("xdist") is None, reason="pytest-xdist is not installed")
 needs_rerun = pytest.mark.skipif(importlib.util.find_spec("pytest_rerunfailures") is None,
@@ -94,6 +96,51 @@ def test_slot_switch_off_leaves_workers_unpinned(suite):
     r = suite(WHO_AM_I, "-n", "2", gpus=2, OUT=str(out), JA_GPU_SLOT="0")
     assert r.returncode == 0, r.stdout + r.stderr
     assert {rec["CUDA_VISIBLE_DEVICES"] for rec in _records(out)} == {None}
+
+
+COMPILES = """
+    import json, os, pathlib, pytest
+
+    @pytest.mark.parametrize("i", range(4))
+    def test_compile(i):
+        import jax, jax.numpy as jnp
+        jax.jit(lambda x: jnp.sin(x) * 3 + i)(jnp.ones(5)).block_until_ready()
+        cache = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+        entries = sorted(p.name for p in pathlib.Path(cache).iterdir()) if cache else []
+        rec = {"worker": os.environ.get("PYTEST_XDIST_WORKER"), "cache": cache, "entries": entries}
+        open(os.path.join(os.environ["OUT"], f"{i}.json"), "w").write(json.dumps(rec))
+"""
+
+
+@needs_xdist
+def test_xdist_workers_share_one_compile_cache_removed_after_the_run(suite):
+    pytest.importorskip("jax", reason="the compile-cache test compiles with JAX")
+    out = suite.tmp / "out"
+    out.mkdir()
+    r = suite(COMPILES, "-n", "2", OUT=str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    recs = _records(out)
+    caches = {rec["cache"] for rec in recs}
+    assert {rec["worker"] for rec in recs} == {"gw0", "gw1"} and len(caches) == 1 and None not in caches
+    assert all(rec["entries"] for rec in recs)        # every compilation lands in the shared folder
+    assert not Path(caches.pop()).exists()             # and the run removes it at the end
+
+
+@needs_xdist
+def test_compile_cache_only_for_several_workers_and_never_over_a_users_folder(suite):
+    pytest.importorskip("jax", reason="the compile-cache test compiles with JAX")
+    out = suite.tmp / "out"
+    out.mkdir()
+    r = suite(COMPILES, "-n", "1", OUT=str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert {rec["cache"] for rec in _records(out)} == {None}
+    mine = suite.tmp / "my-cache"
+    mine.mkdir()
+    r = suite(COMPILES, "-n", "2", OUT=str(out), JAX_COMPILATION_CACHE_DIR=str(mine))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert {rec["cache"] for rec in _records(out)} == {str(mine)} and mine.is_dir()
+    r = suite(COMPILES, "-n", "2", OUT=str(out), JA_SHARED_COMPILE_CACHE="0")
+    assert {rec["cache"] for rec in _records(out)} == {None}
 
 
 def test_single_process_pins_itself_on_request(suite):

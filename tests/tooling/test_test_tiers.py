@@ -30,9 +30,9 @@ def test_pr_on_the_cpu_is_one_in_process_run_with_the_tables_expression():
 
 def test_pr_on_a_gpu_host_runs_one_xdist_worker_per_slot():
     (run,) = _plan("pr", "cuda", TWO_CUDA)
-    assert run.argv[-2:] == ("-n", "2") and run.config == "single_gpu"
+    assert run.argv[-4:] == ("-n", "2", "--dist", "worksteal") and run.config == "single_gpu"
     (run,) = _plan("pr", "cuda", TWO_CUDA, env={"JA_TESTS_PER_GPU": "2"})
-    assert run.argv[-2:] == ("-n", "4")
+    assert run.argv[-4:-2] == ("-n", "4")
     (run,) = _plan("pr", "cuda", TWO_CUDA, workers=0)
     assert "-n" not in run.argv and run.env["JA_GPU_SLOT"] == "1"  # one process, pinned itself
 
