@@ -74,10 +74,11 @@ ns.add_collection(Collection("image", publish=image_publish))
             "wheelhouse": "offline wheelhouse (default: JA_WHEELHOUSE or build/wheelhouse)",
             "no_fill": "fail instead of filling a cold wheelhouse from the package index",
             "release": "folder holding jit-libs-<cache-id>/ for the lite wheel's fetch (default: this checkout's)",
-            "report": "JSON report (default: build/validate/report.json)", "keep": "keep each clean room"},
+            "report": "JSON report (default: build/validate/report.json)", "keep": "keep each clean room",
+            "deps_from": "use the packages installed for this Python (an offline GPU host's JAX) as the dependencies"},
       iterable=["wheel"])
 def validate_run(c, variant="", wheel=None, engine="auto", installer="auto", wheelhouse="", no_fill=False,
-                 release="", report="", keep=False):
+                 release="", report="", keep=False, deps_from=""):
     """Install each wheel in a clean room (no index, no checkout) and run the smoke tests; summary + JSON report."""
     from jatools import cleanroom
 
@@ -85,7 +86,7 @@ def validate_run(c, variant="", wheel=None, engine="auto", installer="auto", whe
     for w in wheel or []:
         argv += ["--wheel", w]
     for flag, value in (("--variant", variant), ("--wheelhouse", wheelhouse), ("--release", release),
-                        ("--report", report)):
+                        ("--report", report), ("--deps-from", deps_from)):
         if value:
             argv += [flag, value]
     argv += ["--no-fill"] * no_fill + ["--keep"] * keep

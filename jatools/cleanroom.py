@@ -63,6 +63,7 @@ class Options:
     fill: bool = True                 # fill a cold wheelhouse (needs the package index) instead of failing
     release: Path | None = None       # folder holding jit-libs-<cache-id>/ (default: stage this checkout's)
     keep: bool = False                # keep each room for inspection
+    deps_from: Path | None = None     # an interpreter whose installed packages are the dependencies (engine-free)
     report: Path | None = None
     log: Log = field(default=lambda m: print(m, file=sys.stderr, flush=True))
 
@@ -330,10 +331,45 @@ def validate_wheel(wheel: Path, opts: Options, engine: container.Probe | None, w
     return result
 
 
+def host_dependencies(python: Path) -> tuple[tuple[str, ...], str]:
+    """The site-packages folders of `python` and a line naming the JAX it holds; an error when it has none.
+
+    For `--deps-from`: an offline GPU host whose JAX and GPU plugin are installed (a wheelhouse
+    cannot be filled there), so the clean room uses them instead of the wheelhouse's floor pins.
+    """
+    code = ("import json, site, importlib.metadata as m\n"
+            "def v(n):\n try: return m.version(n)\n except m.PackageNotFoundError: return None\n"
+            "names = ['jax', 'jaxlib'] + sorted({d.metadata['Name'] for d in m.distributions() "
+            "if (d.metadata['Name'] or '').lower().startswith(('jax-cuda', 'jax-rocm'))})\n"
+            "print(json.dumps({'paths': site.getsitepackages(), 'versions': {n: v(n) for n in names}}))")
+    try:
+        cp = subprocess.run([str(python), "-I", "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    except OSError as e:
+        raise ValidationError(f"--deps-from {python}: cannot run it ({e}); pass a Python interpreter") from None
+    if cp.returncode != 0:
+        raise ValidationError(f"--deps-from {python}: it failed to describe its packages (exit {cp.returncode}): "
+                              f"{cp.stderr.strip()[-400:]}")
+    info = json.loads(cp.stdout)
+    versions = info["versions"]
+    if not versions.get("jax") or not versions.get("jaxlib"):
+        raise ValidationError(f"--deps-from {python}: it has no jax/jaxlib installed (found {versions}); pass the "
+                              "interpreter that has JAX and its GPU plugin, or leave --deps-from out")
+    have = ", ".join(f"{n} {v}" for n, v in versions.items() if v)
+    return tuple(info["paths"]), have
+
+
 def _engine_free(result: WheelResult, room: cenv.Room, opts: Options, wheel: Path, wh: Path, python: Path,
                  pins: list[str], release: Path | None) -> None:
-    installer = cenv.choose_installer(opts.installer, wh / ".uv-cache")
-    result.route = f"engine-free, {installer.describe()}"
+    host_deps: tuple[str, ...] = ()
+    if opts.deps_from is not None:
+        # pip, not uv: it resolves against everything on the venv's sys.path, the host's folders included.
+        installer = cenv.choose_installer("pip", None)
+        host_deps, have = host_dependencies(opts.deps_from)
+        result.notes.append(f"dependencies: the packages installed for {opts.deps_from} ({have}); the wheelhouse's "
+                            "floor pins did not run here")
+    else:
+        installer = cenv.choose_installer(opts.installer, wh / ".uv-cache")
+    result.route = f"engine-free, {installer.describe()}" + (f", dependencies of {opts.deps_from}" if host_deps else "")
     gpu = cenv.host_gpu(result.backend)
     result.notes.append(f"GPU: {gpu} present, the smoke tests also run on the GPU" if gpu else
                         f"GPU: none of backend {result.backend} on this host; CPU only")
@@ -343,8 +379,8 @@ def _engine_free(result: WheelResult, room: cenv.Room, opts: Options, wheel: Pat
     layout = cplan.Layout(python=str(python), venv=str(room.venv), work=str(room.work), smoke=str(room.smoke),
                           out=str(room.tmp), wheel=str(wheel.resolve()), wheelhouse=str(wh),
                           release=str(release) if release else None, checkout=str(opts.root),
-                          pycache=str(pycache) if pycache else None, gpu=gpu_backend)
-    plan = cplan.build(layout, installer, result.variant, pins)
+                          pycache=str(pycache) if pycache else None, gpu=gpu_backend, host_deps=host_deps)
+    plan = cplan.build(layout, installer, result.variant, [] if host_deps else pins)
     run_plan(plan, LocalRunner(room, cenv.clean_env(room, installer)), result, opts.log)
 
 
@@ -392,7 +428,10 @@ def _checked(cp: subprocess.CompletedProcess, cmd: list[str]) -> tuple[str, bool
 
 def validate(opts: Options) -> Report:
     start = time.perf_counter()
-    engine, why = container.choose(opts.engine)
+    engine, why = container.choose("none" if opts.deps_from is not None and opts.engine == "auto" else opts.engine)
+    if engine is not None and opts.deps_from is not None:
+        raise ValidationError("--deps-from uses this host's installed packages, which a container cannot see; "
+                              "use it with --engine none (or auto)")
     opts.log(f"cleanroom: {why}")
     wh = opts.wheelhouse or wheelhouse.location(opts.root)
     report = Report(why, str(wh))
@@ -402,7 +441,10 @@ def validate(opts: Options) -> Report:
     wanted = wheelhouse.requirements(opts.root, tuple(b for b in backends if cenv.host_gpu(b)))
     pins = [r for r in wanted if "==" in r]
     python = Path("python3.12")  # the image's
-    if engine is None:
+    if opts.deps_from is not None:
+        python = opts.deps_from  # its packages are the dependencies; the wheelhouse only adds what it lacks
+        host_dependencies(python)  # refuse an interpreter without JAX before any room is made
+    elif engine is None:
         python = cenv.find_python(str(config.defaults(opts.root).get("validation_python", "3.12")))
         wheelhouse.ensure(wh, wanted, python, allow_fill=opts.fill, log=opts.log)
     for wheel in opts.wheels:
@@ -423,12 +465,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--release", type=Path, help="folder holding jit-libs-<cache-id>/ for the lite wheel's fetch")
     p.add_argument("--report", type=Path, help="JSON report (default: build/validate/report.json)")
     p.add_argument("--keep", action="store_true", help="keep each clean room for inspection")
+    p.add_argument("--deps-from", type=Path, metavar="PYTHON",
+                   help="use the packages installed for PYTHON as the dependencies (an offline GPU host's JAX and "
+                        "plugin) instead of the wheelhouse's floor pins; engine-free only")
     args = p.parse_args(argv)
     root = config.repo_root()
     try:
         wheels = select_wheels(args.wheel, args.dist or root / "dist", args.variant)
         opts = Options(root=root, wheels=wheels, engine=args.engine, installer=args.installer,
-                       wheelhouse=args.wheelhouse, fill=not args.no_fill, release=args.release, keep=args.keep)
+                       wheelhouse=args.wheelhouse, fill=not args.no_fill, release=args.release, keep=args.keep,
+                       deps_from=args.deps_from)
         report = validate(opts)
     except (ValidationError, cenv.CleanRoomError, container.ContainerError, wheelhouse.WheelhouseError) as e:
         print(f"validate: error: {e}", file=sys.stderr)

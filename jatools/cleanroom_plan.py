@@ -14,6 +14,11 @@ from jatools.cleanroom_env import Installer
 
 PORT = "{port}"  # filled in with the release server's port once it listens
 SMOKE_SCRIPT = "cleanroom_smoke.py"
+HOST_DEPS_PTH = "ja-host-deps.pth"
+# Appends the given folders to the venv's sys.path (after its own site-packages, so the wheel's
+# jax_aiter still comes first) through a .pth file in its site-packages.
+_HOST_DEPS_CODE = ("import sys, sysconfig, pathlib; pathlib.Path(sysconfig.get_paths()['purelib'], "
+                   f"{HOST_DEPS_PTH!r}).write_text(''.join(p + chr(10) for p in sys.argv[1:]))")
 RECORD_COPY = "wheel-RECORD"
 
 
@@ -32,6 +37,7 @@ class Layout:
     checkout: str     # the source tree that must stay unreachable
     pycache: str | None = None  # -X pycache_prefix for the smoke step (dependencies' bytecode kept between rooms)
     gpu: str | None = None      # cuda | rocm: the host has such a GPU and the wheel is built for it
+    host_deps: tuple[str, ...] = ()  # site-packages folders whose installed packages serve as the dependencies
 
 
 @dataclass(frozen=True)
@@ -53,13 +59,17 @@ class Plan:
 def build(layout: Layout, installer: Installer, variant: str, pins: list[str]) -> Plan:
     """Every step for one wheel. `pins` (e.g. jax==0.11.0) keep the resolver at the versions under test.
 
+    With `layout.host_deps` the venv sees those folders' installed packages (an offline GPU host's JAX
+    and its plugin), and the installer adds only the wheel and what they lack.
+
     A lite wheel's smoke step fetches from the release server the step before starts.
     """
-    steps = [
-        Step("venv", "environment", tuple(installer.create(layout.python, layout.venv))),
-        Step("install", "install", tuple(installer.install(layout.venv, layout.wheelhouse,
-                                                           [f"{layout.wheel}[fetch]", *pins]))),
-    ]
+    steps = [Step("venv", "environment", tuple(installer.create(layout.python, layout.venv)))]
+    if layout.host_deps:
+        steps.append(Step("host-deps", "environment", (f"{layout.venv}/bin/python", "-I", "-c", _HOST_DEPS_CODE,
+                                                       *layout.host_deps)))
+    steps.append(Step("install", "install", tuple(installer.install(layout.venv, layout.wheelhouse,
+                                                                    [f"{layout.wheel}[fetch]", *pins]))))
     extra: tuple[str, ...] = ()
     if variant == "lite":
         if layout.release is None:

@@ -40,6 +40,27 @@ def test_good_lite_wheel_fetches_then_runs_attention(good_wheels, validate_wheel
     assert [n for n in names if n in order] == order, names
 
 
+def test_dependencies_from_a_hosts_interpreter(good_wheels, validate_wheels):
+    """--deps-from (an offline GPU host's JAX): the room sees that interpreter's packages and installs only the
+    wheel (and what the host lacks); the checkout stays unreachable."""
+    res = validate_wheels(good_wheels["full"], deps_from=Path(sys.executable), keep=True).results[0]
+    try:
+        assert res.ok, failures(res)
+        assert res.route.endswith(f"dependencies of {sys.executable}") and any("jax 0." in n for n in res.notes)
+        site = next(Path(res.kept).glob("venv/lib/python*/site-packages"))
+        assert (site / "ja-host-deps.pth").is_file() and (site / "jax_aiter").is_dir()
+        assert not (site / "jax").exists() and not (site / "jaxlib").exists(), "JAX was installed, not taken"
+    finally:
+        shutil.rmtree(res.kept, ignore_errors=True)
+
+
+def test_dependencies_from_an_interpreter_without_jax_are_refused(good_wheels, validate_wheels, tmp_path):
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    with pytest.raises(cleanroom.ValidationError, match="has no jax/jaxlib installed"):
+        validate_wheels(good_wheels["full"], deps_from=bare / "bin" / "python")
+
+
 def test_missing_library_is_named(good_wheels, validate_wheels, tmp_path):
     wheel = rewrite_wheel(good_wheels["full"], tmp_path / good_wheels["full"].name,
                           drop=(f"{LIB}/librmsnorm_fwd.so",))
