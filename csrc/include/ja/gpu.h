@@ -3,6 +3,7 @@
 // Kernel code uses only the ja_* names below, never cuda*/hip* directly, so a
 // tuning that only one compiler accepts stays behind this header.
 #pragma once
+#include <cstdint>
 
 #if defined(__HIPCC__) || defined(JA_BACKEND_ROCM)
 #include <hip/hip_runtime.h>
@@ -89,6 +90,17 @@ JA_DEVICE float ja_warp_max(float v) {
 }
 
 JA_DEVICE float ja_exp2(float x) { return exp2f(x); }
+// Makes the compiler treat a register as rewritten here, so values derived
+// from it before this point are recomputed after it instead of being kept
+// live across it (trades a few instructions for registers). No-op on HIP.
+JA_DEVICE void ja_reg_barrier(uint32_t& r) {
+#if defined(JA_GPU_CUDA) && defined(__CUDA_ARCH__)
+  asm volatile("" : "+r"(r));
+#else
+  (void)r;
+#endif
+}
+
 // exp2 on the special-function unit alone (CUDA: ex2.approx.ftz, about 2 ulp,
 // results below 2^-126 flushed to 0); for softmax numerators, where that is harmless.
 JA_DEVICE float ja_exp2_approx(float x) {

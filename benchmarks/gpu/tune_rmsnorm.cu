@@ -1,0 +1,173 @@
+// RMSNorm launch-shape sweep on one GPU: the shipped kernel template
+// (csrc/kernels/rmsnorm/rmsnorm_gpu.cuh) under several block shapes, timed with
+// CUDA events against a device-to-device copy measured in the same run.
+//
+//   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -arch=sm_90 -Icsrc/include -Icsrc/kernels \
+//        -DJA_HAS_GPU=1 -DJA_BACKEND_CUDA=1 benchmarks/gpu/tune_rmsnorm.cu -o build/tune_rmsnorm \
+//        -Lbuild/jax_aiter_build -ljax_aiter -Xlinker -rpath=$PWD/build/jax_aiter_build
+//   build/tune_rmsnorm [reps]
+//
+// Inputs are random bf16, rotated among sets larger than L2; each variant's
+// output is compared with the default launch's (max |diff| in bf16 ulps of
+// the value) so a shape that computes something else cannot win. Prints one
+// line per (case, variant): median microseconds and fraction of copy bandwidth.
+// Used to choose the launch table in rmsnorm_fwd_gpu; not part of the build.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "rmsnorm/rmsnorm_gpu.cuh"
+
+#define CK(x)                                                                                   \
+  do {                                                                                          \
+    cudaError_t e_ = (x);                                                                       \
+    if (e_ != cudaSuccess) {                                                                    \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                             \
+    }                                                                                           \
+  } while (0)
+
+using T = ja::bf16_t;
+constexpr int kSets = 4;
+
+__global__ void fill(T* p, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
+    p[i] = ja::from_f32<T>((float(h & 0xffff) / 65535.0f - 0.5f) * 4.0f);
+  }
+}
+
+struct Case {
+  int64_t rows, hidden;
+  bool residual;
+};
+
+template <int THREADS, int REGS, int RPB, int MINB>
+void launch(const JaRmsNormArgs& a, cudaStream_t s) {
+  if (a.residual)
+    ja::rmsnorm_launch<T, true, THREADS, REGS, RPB, MINB>(a, s);
+  else
+    ja::rmsnorm_launch<T, false, THREADS, REGS, RPB, MINB>(a, s);
+}
+
+int main(int argc, char** argv) {
+  const int reps = argc > 1 ? std::atoi(argv[1]) : 50;
+  cudaStream_t s;
+  CK(cudaStreamCreate(&s));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  auto time_us = [&](const std::function<void(int)>& f) {
+    for (int i = 0; i < 5; ++i) f(i % kSets);
+    std::vector<float> t;
+    for (int r = 0; r < reps; ++r) {
+      CK(cudaEventRecord(e0, s));
+      f(r % kSets);
+      CK(cudaEventRecord(e1, s));
+      CK(cudaEventSynchronize(e1));
+      float ms;
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      t.push_back(ms * 1000.0f);
+    }
+    CK(cudaGetLastError());
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  };
+
+  const std::vector<Case> cases = {{8192, 4096, false}, {8192, 4096, true}, {32768, 8192, false}, {32768, 8192, true}};
+  for (const Case& c : cases) {
+    const int64_t n = c.rows * c.hidden;
+    std::vector<T*> x(kSets), r(kSets), o(kSets), ro(kSets);
+    T *w, *ref;
+    for (int i = 0; i < kSets; ++i) {
+      CK(cudaMalloc(&x[i], n * sizeof(T)));
+      CK(cudaMalloc(&r[i], n * sizeof(T)));
+      CK(cudaMalloc(&o[i], n * sizeof(T)));
+      CK(cudaMalloc(&ro[i], n * sizeof(T)));
+      fill<<<1024, 256, 0, s>>>(x[i], n, 17u + i);
+      fill<<<1024, 256, 0, s>>>(r[i], n, 91u + i);
+    }
+    CK(cudaMalloc(&w, c.hidden * sizeof(T)));
+    CK(cudaMalloc(&ref, n * sizeof(T)));
+    fill<<<64, 256, 0, s>>>(w, c.hidden, 5u);
+    auto args = [&](int i) {
+      JaRmsNormArgs a{};
+      a.rows = c.rows, a.hidden = c.hidden, a.x = x[i], a.weight = w, a.out = o[i], a.eps = 1e-6f;
+      a.residual = c.residual ? r[i] : nullptr;
+      a.residual_out = c.residual ? ro[i] : nullptr;
+      return a;
+    };
+    // Copy ceiling: the same bytes this case reads and writes, as one memcpy.
+    const double bytes = double(n) * sizeof(T) * (c.residual ? 4 : 2);
+    const float copy_us = time_us([&](int i) {
+      CK(cudaMemcpyAsync(o[i], x[i], n * sizeof(T), cudaMemcpyDeviceToDevice, s));
+      if (c.residual) CK(cudaMemcpyAsync(ro[i], r[i], n * sizeof(T), cudaMemcpyDeviceToDevice, s));
+    });
+    std::printf("case rows=%lld hidden=%lld residual=%d: copy %.1f us (%.0f GB/s)\n", (long long)c.rows,
+                (long long)c.hidden, int(c.residual), copy_us, bytes / copy_us * 1e-3);
+    {
+      JaRmsNormArgs a = args(0);
+      CK(cudaGetLastError());
+      if (const char* err = ja::rmsnorm_fwd_gpu<T>(a, s)) { std::fprintf(stderr, "%s\n", err); return 1; }
+      CK(cudaMemcpyAsync(ref, o[0], n * sizeof(T), cudaMemcpyDeviceToDevice, s));
+      CK(cudaStreamSynchronize(s));
+    }
+    std::vector<T> h_ref(n), h_out(n);
+    CK(cudaMemcpy(h_ref.data(), ref, n * sizeof(T), cudaMemcpyDeviceToHost));
+    auto check = [&]() {
+      CK(cudaMemcpy(h_out.data(), o[0], n * sizeof(T), cudaMemcpyDeviceToHost));
+      double worst = 0;
+      for (int64_t i = 0; i < n; i += 7) {
+        const double a = ja::to_f32(h_out[i]), b = ja::to_f32(h_ref[i]);
+        if (!(std::fabs(a - b) <= 1e30)) return 1e30;
+        worst = std::max(worst, std::fabs(a - b) / std::max(std::fabs(b) * 0x1p-8, 1e-30));
+      }
+      return worst;
+    };
+    struct Variant {
+      std::string name;
+      std::function<void(const JaRmsNormArgs&, cudaStream_t)> f;
+    };
+    const int nvec = int(c.hidden / 8);
+    std::vector<Variant> vs = {{"default", [](const JaRmsNormArgs& a, cudaStream_t st) { ja::rmsnorm_fwd_gpu<T>(a, st); }}};
+    auto add = [&](int threads, int regs, int rpb, int minb, auto fn) {
+      if (threads * regs >= nvec && threads * (regs - 1) < nvec)
+        vs.push_back({"t" + std::to_string(threads) + "r" + std::to_string(regs) + "p" + std::to_string(rpb) + "b" +
+                      std::to_string(minb), fn});
+    };
+#define JA_TUNE(t, r, b) add(t, r, 1, b, launch<t, r, 1, b>); add(t, r, 2, b, launch<t, r, 2, b>); \
+                         add(t, r, 4, b, launch<t, r, 4, b>); add(t, r, 8, b, launch<t, r, 8, b>)
+    JA_TUNE(128, 4, 1);
+    JA_TUNE(128, 4, 4);
+    JA_TUNE(256, 2, 1);
+    JA_TUNE(256, 2, 4);
+    JA_TUNE(512, 1, 1);
+    JA_TUNE(512, 1, 4);
+    JA_TUNE(256, 4, 1);
+    JA_TUNE(256, 4, 2);
+    JA_TUNE(512, 2, 1);
+    JA_TUNE(512, 2, 2);
+    JA_TUNE(1024, 1, 1);
+    JA_TUNE(1024, 1, 2);
+    for (const Variant& v : vs) {
+      CK(cudaMemsetAsync(o[0], 0xff, n * sizeof(T), s));
+      v.f(args(0), s);
+      CK(cudaStreamSynchronize(s));
+      CK(cudaGetLastError());
+      const double err = check();
+      const float us = time_us([&](int i) { v.f(args(i), s); });
+      std::printf("  %-10s %8.1f us  %.3f of copy  max diff %.2f ulp\n", v.name.c_str(), us, copy_us / us, err);
+    }
+    for (int i = 0; i < kSets; ++i) {
+      CK(cudaFree(x[i])); CK(cudaFree(r[i])); CK(cudaFree(o[i])); CK(cudaFree(ro[i]));
+    }
+    CK(cudaFree(w));
+    CK(cudaFree(ref));
+  }
+  return 0;
+}
