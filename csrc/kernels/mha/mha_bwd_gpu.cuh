@@ -10,6 +10,8 @@
 //       dV += P^T dO, dP = dO V^T, dS = P * (dP - delta), dK += dS^T Q,
 //       dQ += dS K * scale  (float32 atomics into dq_accum).
 //     A block owns its keys for all heads of the group, so dK/dV need no atomics.
+//     For bfloat16/float16 on CUDA (use_mma<T>()) this kernel is replaced by
+//     the same structure on the matrix units, mha_bwd_gpu_mma.cuh.
 //  3. mha_bwd_convert_dq: dq = dq_accum rounded to the input dtype.
 #pragma once
 #include <algorithm>
