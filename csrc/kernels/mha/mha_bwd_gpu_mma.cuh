@@ -42,9 +42,12 @@ namespace mha_gpu {
 //               accumulators)
 //   FAST_EXP2   1: P with ja_exp2_approx (ex2.approx.ftz, see ja/gpu.h) (1)
 //   MIN_BLOCKS  minimum resident blocks per multiprocessor asked of the register allocator (1)
-//   KD_UNROLL   unroll factor of the head-dim loop of S^T / dP^T (2): full unrolling lets
-//               the scheduler hoist every ldmatrix of the loop and spills at d128
-//               (255 registers, 24-28 bytes); 2 keeps d64 and d128 spill-free
+//   KD_UNROLL   unroll factor of the head-dim loop of S^T / dP^T (2); full unrolling
+//               (8) lets the scheduler hoist more ldmatrix and sits closer to the
+//               255-register limit (nvcc 13, sm_90: no spills either way, 240-251 registers)
+// Untuned on hardware so far; candidates worth measuring: WARPS=8 (128 keys per
+// block: half the dQ atomics and Q/dO reads, 1 block/SM), KD_UNROLL=8.
+// BR=64 at d128 spills (64 bytes).
 #ifndef JA_MHA_BWD_MMA_WARPS
 #define JA_MHA_BWD_MMA_WARPS 4
 #endif
@@ -123,10 +126,8 @@ JA_GLOBAL void __launch_bounds__(BwdMmaTiles<T, D>::kThreads, JA_MHA_BWD_MMA_MIN
 
   const T* q_g = static_cast<const T*>(a.q);
   const T* do_g = static_cast<const T*>(a.dout);
-  // Copies Q, dO (rows past seq_q zero-filled), lse and delta of iteration `it` into buffer `buf`.
-  auto load_q_tile = [&](int64_t it, int buf) {
-    const int64_t h = hk * group + it / q_tiles;
-    const int64_t q0 = q_begin + (it % q_tiles) * BR;
+  // Copies Q, dO (rows past seq_q zero-filled), lse and delta of tile (h, q0) into buffer `buf`.
+  auto load_q_tile = [&](int64_t h, int64_t q0, int buf) {
     const int rows = int(sq - q0 < BR ? sq - q0 : BR);
     const int64_t off = ((b * sq + q0) * hq + h) * D;
     cp_async_tile<T, BR, D, LD, NT>(q_s + buf * BR * LD, q_g + off, q_stride, rows);
@@ -143,7 +144,7 @@ JA_GLOBAL void __launch_bounds__(BwdMmaTiles<T, D>::kThreads, JA_MHA_BWD_MMA_MIN
 
   cp_async_tile<T, BC, D, LD, NT>(k_s, static_cast<const T*>(a.k) + ((b * sk + kv0) * hkv + hk) * D, kv_stride, nk);
   cp_async_tile<T, BC, D, LD, NT>(v_s, static_cast<const T*>(a.v) + ((b * sk + kv0) * hkv + hk) * D, kv_stride, nk);
-  if (n_iter > 0) load_q_tile(0, 0);
+  if (n_iter > 0) load_q_tile(hk * group, q_begin, 0);
   mma::cp_async_commit();
 
   // dK, dV accumulators: C fragments, rows (keys) wrow + g + 8 (e >> 1), columns n * 8 + 2t + (e & 1).
@@ -153,14 +154,15 @@ JA_GLOBAL void __launch_bounds__(BwdMmaTiles<T, D>::kThreads, JA_MHA_BWD_MMA_MIN
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.0f;
 
+  int64_t h = hk * group, q0 = q_begin;  // iteration `it` works on query head h, rows [q0, q0 + BR)
   for (int64_t it = 0; it < n_iter; ++it) {
     const int buf = int(it & 1);
-    const int64_t h = hk * group + it / q_tiles;
-    const int64_t q0 = q_begin + (it % q_tiles) * BR;
+    int64_t h_next = h, q0_next = q0 + BR;  // the tile of iteration it + 1
+    if (q0_next >= sq) q0_next = q_begin, ++h_next;
     mma::cp_async_wait<0>();
     __syncthreads();  // tile `it` (and K, V) landed; every warp is done with iteration it - 1 (buf ^ 1, ds_s)
     if (it + 1 < n_iter) {
-      load_q_tile(it + 1, buf ^ 1);
+      load_q_tile(h_next, q0_next, buf ^ 1);
       mma::cp_async_commit();
     }
     const T* qt = q_s + buf * BR * LD;
@@ -303,6 +305,7 @@ JA_GLOBAL void __launch_bounds__(BwdMmaTiles<T, D>::kThreads, JA_MHA_BWD_MMA_MIN
         }
       }
     }
+    h = h_next, q0 = q0_next;
   }
   mma::cp_async_wait<0>();  // no query tile (n_iter == 0): the K/V copies must land before the block exits
 
