@@ -133,4 +133,14 @@ JA_DEVICE float ja_group_max(float v) {
 // float atomic add to global memory (dQ accumulation). One name, so a faster
 // hardware path on one platform (e.g. unsafeAtomicAdd on CDNA) can go here.
 JA_DEVICE void ja_atomic_add(float* addr, float v) { atomicAdd(addr, v); }
+// Two adjacent floats, addr 8-byte aligned: one vector atomic where the
+// hardware has it (CUDA sm_90: red.global.add.v2.f32), two scalar ones otherwise.
+JA_DEVICE void ja_atomic_add2(float* addr, float x, float y) {
+#if defined(JA_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(addr), "f"(x), "f"(y) : "memory");
+#else
+  atomicAdd(addr, x);
+  atomicAdd(addr + 1, y);
+#endif
+}
 #endif  // device compiler

@@ -108,6 +108,16 @@ JA_DEVICE void cp_async_16(void* dst, const void* src, bool valid) {
   __trap();
 #endif
 }
+// 4-byte global -> shared copy (e.g. per-row float vectors that are not 16-byte
+// aligned); when !valid the destination is zero-filled and nothing is read.
+JA_DEVICE void cp_async_4(void* dst, const void* src, bool valid) {
+#if JA_MMA_SM80
+  const int n = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
+#else
+  __trap();
+#endif
+}
 JA_DEVICE void cp_async_commit() {
 #if JA_MMA_SM80
   asm volatile("cp.async.commit_group;\n" ::);

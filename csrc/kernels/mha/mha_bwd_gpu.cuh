@@ -10,12 +10,15 @@
 //       dV += P^T dO, dP = dO V^T, dS = P * (dP - delta), dK += dS^T Q,
 //       dQ += dS K * scale  (float32 atomics into dq_accum).
 //     A block owns its keys for all heads of the group, so dK/dV need no atomics.
+//     For bfloat16/float16 on CUDA (use_mma<T>()) this kernel is replaced by
+//     the same structure on the matrix units, mha_bwd_gpu_mma.cuh.
 //  3. mha_bwd_convert_dq: dq = dq_accum rounded to the input dtype.
 #pragma once
 #include <algorithm>
 #include <initializer_list>
 
 #include "ja/kernels/mha.h"
+#include "mha/mha_bwd_gpu_mma.cuh"
 #include "mha/mha_gpu_common.cuh"
 
 namespace ja {
@@ -230,7 +233,12 @@ const char* mha_bwd_gpu(const JaMhaBwdArgs& a, void* stream) {
   if (q_rows == 0 && a.batch * a.seq_k * a.heads_kv == 0) return nullptr;
   for (const void* p : {a.q, a.k, a.v, a.dout})
     if (!mha_gpu::aligned16(p)) return ja_error("mha_bwd: q, k, v and dout must be 16-byte aligned on the GPU");
-  const int64_t kv_tiles = (a.seq_k + Tiles::BC - 1) / Tiles::BC;
+#if JA_HAS_WARP_MMA
+  constexpr int kBC = mha_gpu::use_mma<T>() ? mha_gpu::BwdMmaTiles<T, D>::BC : Tiles::BC;
+#else
+  constexpr int kBC = Tiles::BC;
+#endif
+  const int64_t kv_tiles = (a.seq_k + kBC - 1) / kBC;
   if (const char* e = mha_gpu::check_grid("mha_bwd", kv_tiles, a.heads_kv, a.batch)) return e;
   const int64_t max_blocks = int64_t(1) << 20;  // grid-stride loops cover the rest
 
@@ -239,10 +247,18 @@ const char* mha_bwd_gpu(const JaMhaBwdArgs& a, void* stream) {
     mha_gpu::mha_bwd_preprocess<T, D><<<unsigned(blocks), kThreads, 0, s>>>(a);
     if (const char* e = mha_gpu::launch_status("mha_bwd (preprocess)")) return e;
   }
-  if (kv_tiles > 0) {
-    const dim3 grid(unsigned(kv_tiles), unsigned(a.heads_kv), unsigned(a.batch));
-    mha_gpu::mha_bwd_dkdv<T, D, Tiles::BC, Tiles::BR, CAUSAL><<<grid, kThreads, 0, s>>>(a);
-    if (const char* e = mha_gpu::launch_status("mha_bwd (dK/dV/dQ)")) return e;
+#if JA_HAS_WARP_MMA
+  // 16-bit inputs on the matrix units; float32 keeps the SIMT kernel (exact float32 products).
+  if constexpr (mha_gpu::use_mma<T>()) {
+    if (const char* e = mha_gpu::mha_bwd_mma_launch<T, D, CAUSAL>(a, s)) return e;
+  } else
+#endif
+  {
+    if (kv_tiles > 0) {
+      const dim3 grid(unsigned(kv_tiles), unsigned(a.heads_kv), unsigned(a.batch));
+      mha_gpu::mha_bwd_dkdv<T, D, Tiles::BC, Tiles::BR, CAUSAL><<<grid, kThreads, 0, s>>>(a);
+      if (const char* e = mha_gpu::launch_status("mha_bwd (dK/dV/dQ)")) return e;
+    }
   }
   if (q_rows > 0) {
     const int64_t n = q_rows * a.head_dim;
