@@ -333,15 +333,8 @@ const char* mha_bwd_mma_launch(const JaMhaBwdArgs& a, ja_stream_t stream) {
   if (kv_tiles == 0) return nullptr;
   if (const char* e = check_grid("mha_bwd", kv_tiles, a.heads_kv, a.batch)) return e;
   const dim3 grid(unsigned(kv_tiles), unsigned(a.heads_kv), unsigned(a.batch));
-  auto kernel = mha_bwd_mma_kernel<T, D, CAUSAL>;
-  if (Tl::kSmemBytes > kSmemBudget) {  // above 48 KiB needs the opt-in (per device, so on every launch)
-    const ja_error_t opt_in = ja_func_set_max_dynamic_smem(kernel, Tl::kSmemBytes);
-    if (opt_in != ja_success)
-      return ja_error("mha_bwd: could not enable %d bytes of shared memory: %s", Tl::kSmemBytes,
-                      ja_get_error_string(opt_in));
-  }
-  kernel<<<grid, Tl::kThreads, Tl::kSmemBytes, stream>>>(a);
-  return launch_status("mha_bwd (dK/dV/dQ, MMA)");
+  return launch_with_smem(mha_bwd_mma_kernel<T, D, CAUSAL>, grid, Tl::kThreads, Tl::kSmemBytes, stream, a,
+                          "mha_bwd (dK/dV/dQ, MMA)");
 }
 
 }  // namespace mha_gpu

@@ -302,15 +302,8 @@ const char* mha_fwd_mma_launch(const JaMhaFwdArgs& a, ja_stream_t stream) {
   const int64_t q_tiles = (a.seq_q + Tl::BR - 1) / Tl::BR;
   if (const char* e = check_grid("mha_fwd", q_tiles, a.heads_q, a.batch)) return e;
   const dim3 grid(unsigned(q_tiles), unsigned(a.heads_q), unsigned(a.batch));
-  auto kernel = mha_fwd_mma_kernel<T, D, CAUSAL>;
-  if (Tl::kSmemBytes > kSmemBudget) {  // above 48 KiB needs the opt-in (per device, so on every launch)
-    const ja_error_t opt_in = ja_func_set_max_dynamic_smem(kernel, Tl::kSmemBytes);
-    if (opt_in != ja_success)
-      return ja_error("mha_fwd: could not enable %d bytes of shared memory: %s", Tl::kSmemBytes,
-                      ja_get_error_string(opt_in));
-  }
-  kernel<<<grid, Tl::kThreads, Tl::kSmemBytes, stream>>>(a);
-  return launch_status("mha_fwd");
+  return launch_with_smem(mha_fwd_mma_kernel<T, D, CAUSAL>, grid, Tl::kThreads, Tl::kSmemBytes, stream, a,
+                          "mha_fwd");
 }
 
 }  // namespace mha_gpu

@@ -86,6 +86,20 @@ inline const char* launch_status(const char* what) {
   return nullptr;
 }
 
+// Launches `kernel` with `smem` bytes of dynamic shared memory; above the 48 KiB
+// default that needs an opt-in, which is per device and so made on every launch.
+template <typename Args>
+const char* launch_with_smem(void (*kernel)(Args), dim3 grid, int threads, int smem, ja_stream_t stream,
+                             const Args& a, const char* what) {
+  if (smem > kSmemBudget) {
+    const ja_error_t opt_in = ja_func_set_max_dynamic_smem(kernel, smem);
+    if (opt_in != ja_success)
+      return ja_error("%s: could not enable %d bytes of shared memory: %s", what, smem, ja_get_error_string(opt_in));
+  }
+  kernel<<<grid, threads, smem, stream>>>(a);
+  return launch_status(what);
+}
+
 // Grid y/z are limited to 65535 on both platforms.
 inline const char* check_grid(const char* op, int64_t x, int64_t y, int64_t z) {
   if (x > 0x7fffffffLL || y > 65535 || z > 65535)
