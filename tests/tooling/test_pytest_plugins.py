@@ -112,14 +112,21 @@ COMPILES = """
 """
 
 
+def _compiled(suite, *args: str, **env: str) -> list[dict]:
+    """Run COMPILES with these pytest args and environment; each test's record."""
+    pytest.importorskip("jax", reason="the compile-cache tests compile with JAX")
+    out = suite.tmp / "out"
+    out.mkdir(exist_ok=True)
+    for old in out.glob("*.json"):
+        old.unlink()
+    r = suite(COMPILES, *args, OUT=str(out), **env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return _records(out)
+
+
 @needs_xdist
 def test_xdist_workers_share_one_compile_cache_removed_after_the_run(suite):
-    pytest.importorskip("jax", reason="the compile-cache test compiles with JAX")
-    out = suite.tmp / "out"
-    out.mkdir()
-    r = suite(COMPILES, "-n", "2", OUT=str(out))
-    assert r.returncode == 0, r.stdout + r.stderr
-    recs = _records(out)
+    recs = _compiled(suite, "-n", "2")
     caches = {rec["cache"] for rec in recs}
     assert {rec["worker"] for rec in recs} == {"gw0", "gw1"} and len(caches) == 1 and None not in caches
     assert all(rec["entries"] for rec in recs)        # every compilation lands in the shared folder
@@ -128,19 +135,12 @@ def test_xdist_workers_share_one_compile_cache_removed_after_the_run(suite):
 
 @needs_xdist
 def test_compile_cache_only_for_several_workers_and_never_over_a_users_folder(suite):
-    pytest.importorskip("jax", reason="the compile-cache test compiles with JAX")
-    out = suite.tmp / "out"
-    out.mkdir()
-    r = suite(COMPILES, "-n", "1", OUT=str(out))
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert {rec["cache"] for rec in _records(out)} == {None}
+    assert {rec["cache"] for rec in _compiled(suite, "-n", "1")} == {None}
     mine = suite.tmp / "my-cache"
     mine.mkdir()
-    r = suite(COMPILES, "-n", "2", OUT=str(out), JAX_COMPILATION_CACHE_DIR=str(mine))
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert {rec["cache"] for rec in _records(out)} == {str(mine)} and mine.is_dir()
-    r = suite(COMPILES, "-n", "2", OUT=str(out), JA_SHARED_COMPILE_CACHE="0")
-    assert {rec["cache"] for rec in _records(out)} == {None}
+    assert {rec["cache"] for rec in _compiled(suite, "-n", "2", JAX_COMPILATION_CACHE_DIR=str(mine))} == {str(mine)}
+    assert mine.is_dir()
+    assert {rec["cache"] for rec in _compiled(suite, "-n", "2", JA_SHARED_COMPILE_CACHE="0")} == {None}
 
 
 def test_single_process_pins_itself_on_request(suite):
