@@ -26,6 +26,7 @@ Runs at runtime, so it must not import JAX.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import io
@@ -175,7 +176,7 @@ class _LibraryFile:
     def __init__(self, path: Path):
         self.path = path
         try:
-            self._fh = open(path, "wb")  # noqa: SIM115 (closed by __exit__)
+            self._fh = open(path, "wb")  # noqa: SIM115 (closed by close())
         except OSError as e:
             raise self._error(e) from None
 
@@ -197,10 +198,7 @@ class _LibraryFile:
         except OSError as e:
             raise self._error(e) from None
 
-    def __enter__(self) -> _LibraryFile:
-        return self
-
-    def __exit__(self, *exc) -> None:
+    def close(self) -> None:
         self._fh.close()
 
 
@@ -415,7 +413,7 @@ def _fetch_file(f: dict, release: str, staging: Path, window_log: int, opts: Fet
     """Download the blob's parts straight through the decoder into the library file (one pass, no
     compressed copy on disk), verify parts, blob and library, and sync the library to the disk."""
     comp = f["compressed"]
-    with _LibraryFile(staging / f["name"]) as lib:
+    with contextlib.closing(_LibraryFile(staging / f["name"])) as lib:
         decoder = blob.Decoder(window_log, f["size"], lib, label=comp["name"])
         whole = hashlib.sha256() if len(comp["parts"]) > 1 else None  # one part: the blob's hash is the part's
         for part in comp["parts"]:

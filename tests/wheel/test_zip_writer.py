@@ -109,7 +109,7 @@ def test_read_back_hashes_every_member_and_names_a_damaged_one(tmp_path, monkeyp
         monkeypatch.setattr(wheel_members, "_libdeflate", lambda: None)
     elif wheel_members._libdeflate() is None:
         pytest.skip("the `deflate` package (libdeflate) is not installed; pip install deflate")
-    path, data = _payload(tmp_path)
+    path, _ = _payload(tmp_path)
     out = tmp_path / "a.zip"
     members = _write(out, path, workers=2)
     scanned = wheel_members.scan(out)
