@@ -1,9 +1,13 @@
 """Read a built wheel back: every member's sha256 (streamed, members in parallel), RECORD, ELF members.
 
 The build reads its wheel back to prove the JIT libraries survived compression;
-`invoke contents` and `invoke floor` read wheels they did not build. zlib and
-hashlib release the GIL, so threads with a ZipFile handle each decompress and
-hash several members at once; nothing is held in memory whole.
+`invoke contents` and `invoke floor` read wheels they did not build. The
+decompressors and hashlib release the GIL, so threads decompress and hash
+several members at once. A deflated member is inflated whole by libdeflate (the
+`deflate` package, which the wheel build uses anyway), from a memory map of the
+wheel, about twice as fast as zlib; its CRC-32 is checked against the central
+directory as zipfile would. That holds one member's bytes in memory; without the
+package, members are streamed through zipfile (zlib) instead.
 """
 from __future__ import annotations
 
@@ -12,9 +16,12 @@ import contextlib
 import csv
 import hashlib
 import io
+import mmap
 import os
+import struct
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -81,6 +88,41 @@ def _open_zip(wheel: Path) -> zipfile.ZipFile:
         raise WheelReadError(f"{wheel}: not a readable zip/wheel ({e})") from e
 
 
+def _libdeflate():
+    try:
+        import deflate
+    except ImportError:
+        return None
+    return deflate
+
+
+def _scan_whole(wheel: Path, info: zipfile.ZipInfo, extract_dir: Path | None, deflate) -> MemberScan:
+    """One deflated member inflated whole by libdeflate, from a memory map of the wheel."""
+    with open(wheel, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        fields = struct.unpack(zipfile.structFileHeader,
+                               mm[info.header_offset:info.header_offset + zipfile.sizeFileHeader])
+        if fields[zipfile._FH_SIGNATURE] != zipfile.stringFileHeader:
+            raise zipfile.BadZipFile(f"bad local header magic for {info.filename}")
+        start = (info.header_offset + zipfile.sizeFileHeader + fields[zipfile._FH_FILENAME_LENGTH]
+                 + fields[zipfile._FH_EXTRA_FIELD_LENGTH])
+        if start + info.compress_size > len(mm):
+            raise EOFError(f"{info.filename} runs past the end of the file")
+        try:
+            with memoryview(mm) as view, view[start:start + info.compress_size] as compressed:
+                data = deflate.deflate_decompress(compressed, info.file_size)
+        except deflate.DeflateError as e:
+            raise zipfile.BadZipFile(f"invalid deflate data in {info.filename} ({e})") from e
+    if deflate.crc32(data) != info.CRC:
+        raise zipfile.BadZipFile(f"bad CRC-32 for file {info.filename!r}")
+    is_elf = data[:4] == elf.ELF_MAGIC
+    target = None
+    if is_elf and extract_dir is not None:
+        target = extract_dir / info.filename
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    return MemberScan(info.filename, len(data), hashlib.sha256(data).hexdigest(), is_elf, target)
+
+
 def _scan_one(wheel: Path, name: str, extract_dir: Path | None) -> MemberScan:
     h = hashlib.sha256()
     size = 0
@@ -121,10 +163,16 @@ def scan(wheel: Path, names: list[str] | None = None, extract_dir: Path | None =
     order = sorted(names, key=lambda n: -sizes[n])
     workers = max(1, min(len(order) or 1, workers or os.cpu_count() or 1))
 
+    deflate = _libdeflate()
+    by_name = {i.filename: i for i in infos}
+
     def one(name: str) -> MemberScan:
+        info = by_name[name]
         try:
+            if deflate is not None and info.compress_type == zipfile.ZIP_DEFLATED:
+                return _scan_whole(wheel, info, extract_dir, deflate)
             return _scan_one(wheel, name, extract_dir)
-        except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
+        except (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError) as e:
             raise WheelReadError(f"{wheel.name}: member {name} cannot be read back ({e})") from e
 
     with ThreadPoolExecutor(max_workers=workers) as pool:

@@ -1,54 +1,21 @@
 """Decoding a published blob: zstd-compressed, possibly split into parts, hashed as it is written.
 
 The publisher uses this to prove each blob decompresses to the exact library
-before anything is uploaded; the fetch client uses it to unpack downloads. One
-pass reads the parts in order, decompresses, hashes and (optionally) writes,
+before anything is uploaded; the fetch client streams downloads through it. One
+pass takes the parts in order, decompresses, hashes and (optionally) writes,
 and stops as soon as the output outgrows the size the manifest promises.
 """
 from __future__ import annotations
 
 import hashlib
-import io
-import os
 from pathlib import Path
+from typing import BinaryIO
 
 CHUNK = 1 << 20  # output chunks stay in the CPU cache between decompressing and hashing
 
 
 class BlobError(RuntimeError):
     """A blob that does not decode to what its manifest says; the message names it."""
-
-
-class PartsReader(io.RawIOBase):
-    """A readable stream over several files, one after another (the parts of a split blob)."""
-
-    def __init__(self, paths: list[Path]):
-        super().__init__()
-        self._paths = list(paths)
-        self._fh = None
-        self.sha256 = hashlib.sha256()  # of every byte read: the compressed blob's hash, for free
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buf) -> int:
-        while True:
-            if self._fh is None:
-                if not self._paths:
-                    return 0
-                self._fh = open(self._paths.pop(0), "rb", buffering=0)  # noqa: SIM115 (closed when drained)
-            n = self._fh.readinto(buf)
-            if n:
-                self.sha256.update(memoryview(buf)[:n])
-                return n
-            self._fh.close()
-            self._fh = None
-
-    def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
-        super().close()
 
 
 def zstd_module():
@@ -61,36 +28,69 @@ def zstd_module():
     return zstandard
 
 
-def decode(parts: list[Path], window_log: int, expected_size: int, out: Path | None = None,
-           label: str = "blob") -> tuple[int, str, str]:
-    """Decompress the concatenated `parts`, writing to `out` if given.
+class Decoder:
+    """A sink for one blob's compressed bytes, written in order (the parts one after another).
+
+    Each write is decompressed, and the output hashed, capped at the size the
+    manifest promises and written to `out` if given, in one pass: the fetch client
+    streams a download through it, so the compressed bytes never touch the disk.
+    (The compressed bytes are hashed by the caller, which already hashes each part.) A blob that fails to decode is recorded in
+    `error` rather than raised, and later writes are only hashed: the caller
+    checks the part hashes first, so a damaged download is reported as damaged
+    download (its sha256), not as whatever the decompressor made of it.
+    """
+
+    def __init__(self, window_log: int, expected_size: int, out: BinaryIO | None = None, label: str = "blob"):
+        zstd = zstd_module()
+        self._zstd_error = zstd.ZstdError
+        self.label, self.expected_size = label, expected_size
+        self.size = 0
+        self.sha256 = hashlib.sha256()  # of the output
+        self.error: BlobError | None = None
+        self._out = out
+        dctx = zstd.ZstdDecompressor(max_window_size=1 << window_log)
+        self._writer = dctx.stream_writer(self, write_size=CHUNK, closefd=False)
+
+    def feed(self, data) -> None:
+        """The next compressed bytes."""
+        if self.error is not None:
+            return
+        try:
+            self._writer.write(data)
+        except self._zstd_error as e:
+            self.error = BlobError(f"{self.label} does not decompress ({e}); the compressed bytes are damaged")
+        except BlobError as e:
+            self.error = e
+
+    def write(self, chunk) -> int:
+        """Decompressed output, from the zstd stream writer."""
+        self.size += len(chunk)
+        if self.size > self.expected_size:
+            raise BlobError(f"{self.label} decompresses to more than the {self.expected_size} bytes its manifest says")
+        self.sha256.update(chunk)
+        if self._out is not None:
+            self._out.write(chunk)
+        return len(chunk)
+
+    def result(self) -> tuple[int, str]:
+        """(output size, output sha256); raises the decoding error, if any."""
+        if self.error is not None:
+            raise self.error
+        return self.size, self.sha256.hexdigest()
+
+
+def decode(parts: list[Path], window_log: int, expected_size: int, label: str = "blob") -> tuple[int, str, str]:
+    """Decompress the concatenated `parts` (files) without keeping the output.
 
     Returns (output size, output sha256, sha256 of the compressed input).
     """
-    zstd = zstd_module()
-    dctx = zstd.ZstdDecompressor(max_window_size=1 << window_log)
-    h = hashlib.sha256()
-    size = 0
-    dst = open(out, "wb") if out is not None else None  # noqa: SIM115 (closed in the finally below)
-    src = PartsReader(parts)
-    try:
-        with src, dctx.stream_reader(src, read_size=CHUNK, read_across_frames=True, closefd=False) as reader:
-            while True:
-                chunk = reader.read(CHUNK)
-                if not chunk:
-                    break
-                size += len(chunk)
-                if size > expected_size:
-                    raise BlobError(f"{label} decompresses to more than the {expected_size} bytes its manifest says")
-                h.update(chunk)
-                if dst is not None:
-                    dst.write(chunk)
-        if dst is not None:
-            dst.flush()
-            os.fsync(dst.fileno())
-    except zstd.ZstdError as e:
-        raise BlobError(f"{label} does not decompress ({e}); the compressed bytes are damaged") from e
-    finally:
-        if dst is not None:
-            dst.close()
-    return size, h.hexdigest(), src.sha256.hexdigest()
+    decoder = Decoder(window_log, expected_size, label=label)
+    compressed = hashlib.sha256()
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    for path in parts:
+        with open(path, "rb", buffering=0) as fh:
+            while n := fh.readinto(buf):
+                compressed.update(view[:n])
+                decoder.feed(view[:n])
+    return (*decoder.result(), compressed.hexdigest())

@@ -10,7 +10,10 @@ Guarantees, because the libraries cost hours to rebuild and a wrong one gives
 wrong answers:
 - the manifest must be of a known schema and of exactly the wanted identity;
 - every part, every compressed blob and every library is checked (size and
-  sha256) before anything is installed;
+  sha256) before anything is installed; downloads stream through the
+  decompressor and both hashes into the library file, so the compressed bytes
+  are never stored, and each library is synced to the disk before the rename
+  that makes it visible (the runtime loader trusts any library it finds);
 - network stalls time out and are retried with exponential backoff, resuming
   with an HTTP range request where the server allows it; a 404 is a cache miss
   and is not retried;
@@ -23,6 +26,7 @@ Runs at runtime, so it must not import JAX.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import io
@@ -134,34 +138,68 @@ def release_url(base: str, cache_id: str) -> str:
 
 # --- transfer -------------------------------------------------------------------------
 
-class _HashingFile:
-    """A file being downloaded, hashed as it is written (so the bytes are read once)."""
+class _PartSink:
+    """One part of a blob as it arrives: hashed and counted (the whole blob's hash too, when the blob
+    has several parts), then handed on to the blob's decoder.
 
-    def __init__(self, path: Path):
-        self.path = path
+    A retry resumes after the bytes already taken. A server that ignores the range
+    request sends the part from its start again; the bytes already taken are
+    skipped, so the decoder never sees a byte twice (any difference in the skipped
+    bytes shows up in the blob's and the library's hashes).
+    """
+
+    def __init__(self, decoder: blob.Decoder, whole=None):
+        self.decoder, self.whole = decoder, whole
         self.hash = hashlib.sha256()
         self.size = 0
-        self._fh = None
+        self._skip = 0
 
-    def open(self, resume: bool) -> _HashingFile:
-        if not resume:
-            self.hash, self.size = hashlib.sha256(), 0
-        self._fh = open(self.path, "ab" if resume else "wb")  # noqa: SIM115 (held across writes; closed by close())
+    def begin(self, resumed: bool) -> _PartSink:
+        self._skip = 0 if resumed else self.size
         return self
 
     def write(self, data) -> None:
+        if self._skip:
+            n = min(self._skip, len(data))
+            data, self._skip = data[n:], self._skip - n
+        if len(data):
+            self.hash.update(data)
+            if self.whole is not None:
+                self.whole.update(data)
+            self.size += len(data)
+            self.decoder.feed(data)
+
+
+class _LibraryFile:
+    """The library being unpacked into the staging folder; a failed write says what to do."""
+
+    def __init__(self, path: Path):
+        self.path = path
         try:
-            self._fh.write(data)
+            self._fh = open(path, "wb")  # noqa: SIM115 (closed by close())
         except OSError as e:
-            raise FetchError(f"cannot write {self.path}: {e.strerror or e}; free disk space or choose another "
-                             "destination (--dest)") from None
-        self.hash.update(data)
-        self.size += len(data)
+            raise self._error(e) from None
+
+    def _error(self, e: OSError) -> FetchError:
+        return FetchError(f"cannot write {self.path}: {e.strerror or e}; free disk space or choose another "
+                          "destination (--dest)")
+
+    def write(self, data) -> int:
+        try:
+            return self._fh.write(data)
+        except OSError as e:
+            raise self._error(e) from None
+
+    def sync(self) -> None:
+        """On the disk before the rename that makes it visible: the loader trusts any file it finds."""
+        try:
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+        except OSError as e:
+            raise self._error(e) from None
 
     def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+        self._fh.close()
 
 
 def _attempt(url: str, begin: Callable[[bool], object], offset: int, timeout: float,
@@ -247,30 +285,25 @@ def fetch_bytes(url: str, opts: FetchOptions, log: Log = _stderr, limit: int = M
     return out.getvalue()
 
 
-def download(url: str, dest: Path, size: int, sha256: str, opts: FetchOptions,
+def download(url: str, sink: _PartSink, size: int, sha256: str, opts: FetchOptions,
              advance: Callable[[int], None] = lambda n: None, log: Log = _stderr) -> None:
-    """Download `url` to `dest` and prove it has exactly `size` bytes with `sha256`.
+    """Stream `url` into `sink` and prove it sent exactly `size` bytes with `sha256`.
 
-    A retry resumes where the last attempt stopped when the server honours the
-    range request (206), and starts over when it does not.
+    A retry resumes where the last attempt stopped (with a range request; see _PartSink).
     """
     name = url.rsplit("/", 1)[-1]
-    target = _HashingFile(dest)
 
     def once() -> None:
-        try:
-            _attempt(url, target.open, target.size, opts.timeout_s, advance)
-        finally:
-            target.close()
-        if target.size < size:
-            raise _Transient(f"truncated: {target.size} of {size} bytes")
-        if target.size > size:
-            raise FetchError(f"{name}: {target.size} bytes, but the manifest says {size}; the asset at {url} "
+        _attempt(url, sink.begin, sink.size, opts.timeout_s, advance)
+        if sink.size < size:
+            raise _Transient(f"truncated: {sink.size} of {size} bytes")
+        if sink.size > size:
+            raise FetchError(f"{name}: {sink.size} bytes, but the manifest says {size}; the asset at {url} "
                              "was replaced or the manifest is wrong. Nothing was installed; republish the "
                              "release (`invoke jit.publish`)")
 
     _retrying(url, opts, log, once)
-    got = target.hash.hexdigest()
+    got = sink.hash.hexdigest()
     if got != sha256:
         raise FetchError(f"{name}: sha256 {got} does not match the manifest's {sha256}; the asset at {url} was "
                          "altered or damaged. Nothing was installed; republish the release (`invoke jit.publish`) "
@@ -377,38 +410,40 @@ def installed(dest: Path, cache_id: str, names: list[str] | None) -> list[str] |
 
 def _fetch_file(f: dict, release: str, staging: Path, window_log: int, opts: FetchOptions,
                 progress: Progress, log: Log, stop: threading.Event) -> int:
+    """Download the blob's parts straight through the decoder into the library file (one pass, no
+    compressed copy on disk), verify parts, blob and library, and sync the library to the disk."""
     comp = f["compressed"]
-    parts = []
-    for part in comp["parts"]:
-        path = staging / part["name"]
-        show = progress.task(part["name"], part["size"])
+    with contextlib.closing(_LibraryFile(staging / f["name"])) as lib:
+        decoder = blob.Decoder(window_log, f["size"], lib, label=comp["name"])
+        whole = hashlib.sha256() if len(comp["parts"]) > 1 else None  # one part: the blob's hash is the part's
+        for part in comp["parts"]:
+            show = progress.task(part["name"], part["size"])
 
-        def advance(n: int, show=show) -> None:
-            if stop.is_set():
-                raise _Stopped("stopped: another file of this fetch failed")
-            show(n)
+            def advance(n: int, show=show) -> None:
+                if stop.is_set():
+                    raise _Stopped("stopped: another file of this fetch failed")
+                show(n)
+            sink = _PartSink(decoder, whole)
+            try:
+                download(f"{release}/{part['name']}", sink, part["size"], part["sha256"], opts, advance, log)
+            except ReleaseNotFound as e:
+                raise FetchError(f"{e}: the manifest lists {part['name']} but the release does not have it; the "
+                                 "release is incomplete. Nothing was installed; republish it (`invoke jit.publish`)"
+                                 ) from None
+        comp_sha = (whole or sink.hash).hexdigest()
+        if comp_sha != comp["sha256"]:
+            raise FetchError(f"{comp['name']}: the parts join to sha256 {comp_sha}, not the manifest's "
+                             f"{comp['sha256']}; nothing was installed; republish the release (`invoke jit.publish`)")
         try:
-            download(f"{release}/{part['name']}", path, part["size"], part["sha256"], opts, advance, log)
-        except ReleaseNotFound as e:
-            raise FetchError(f"{e}: the manifest lists {part['name']} but the release does not have it; the "
-                             "release is incomplete. Nothing was installed; republish it (`invoke jit.publish`)"
-                             ) from None
-        parts.append(path)
-    out = staging / f["name"]
-    try:
-        size, sha, comp_sha = blob.decode(parts, window_log, f["size"], out, label=comp["name"])
-    except blob.BlobError as e:
-        raise FetchError(f"{e}; nothing was installed; republish the release (`invoke jit.publish`)") from None
-    if comp_sha != comp["sha256"]:
-        raise FetchError(f"{comp['name']}: the parts join to sha256 {comp_sha}, not the manifest's {comp['sha256']}; "
-                         "nothing was installed; republish the release (`invoke jit.publish`)")
-    if size != f["size"] or sha != f["sha256"]:
-        raise FetchError(f"{f['name']}: unpacked to {size} bytes with sha256 {sha}, but the manifest says "
-                         f"{f['size']} bytes with sha256 {f['sha256']}; nothing was installed; republish the "
-                         "release (`invoke jit.publish`)")
-    for p in parts:
-        p.unlink()
-    out.chmod(LIB_MODE)
+            size, sha = decoder.result()
+        except blob.BlobError as e:
+            raise FetchError(f"{e}; nothing was installed; republish the release (`invoke jit.publish`)") from None
+        if size != f["size"] or sha != f["sha256"]:
+            raise FetchError(f"{f['name']}: unpacked to {size} bytes with sha256 {sha}, but the manifest says "
+                             f"{f['size']} bytes with sha256 {f['sha256']}; nothing was installed; republish the "
+                             "release (`invoke jit.publish`)")
+        lib.sync()
+    lib.path.chmod(LIB_MODE)
     return comp["size"]
 
 
@@ -474,7 +509,7 @@ def fetch_release(base_url: str, want: dict, dest: Path, names: list[str] | None
             return FetchResult("present", dest, release, manifest, chosen, 0, time.monotonic() - start, warnings)
         for p in problems or []:
             log(f"fetch: replacing the install in {dest}: {p}")
-        need = sum(f["size"] + f["compressed"]["size"] for f in files)
+        need = sum(f["size"] for f in files)  # downloads are unpacked as they arrive
         free = shutil.disk_usage(dest.parent).free
         if free < need:
             raise FetchError(f"not enough disk space in {dest.parent}: {need / 1e9:.2f} GB needed, {free / 1e9:.2f} GB "

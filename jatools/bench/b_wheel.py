@@ -65,9 +65,10 @@ def inflated_build(ctx: Context, build: Path) -> None:
 
 
 def run(ctx: Context) -> Result:
-    if importlib.util.find_spec("setuptools") is None:
-        raise tools.AnchorMissing("setuptools is not installed, so `pip wheel` cannot build (install it with "
-                                  "`pip install setuptools`; it is in the wheel extra)")
+    for module in ("pip", "setuptools"):
+        if importlib.util.find_spec(module) is None:
+            raise tools.AnchorMissing(f"{module} is not installed, so `pip wheel` cannot run (install it with "
+                                      f"`python -m ensurepip` / `pip install {module}`; it is in the bench extra)")
     work = ctx.work("wheel_full")
     build = work / "build"
     inflated_build(ctx, build)

@@ -33,7 +33,8 @@ class FaultServer:
     faults[name] is one of: "404", "stall" (half the body, then silence),
     "truncate" (full Content-Length, half the body, then close), "tamper" (one
     byte flipped), "slow" (small chunks with pauses); a "_once" suffix applies it
-    to the first request only. Range requests get 206; PUT stores files.
+    to the first request only. Range requests get 206 (unless ignore_range: then 200 and the
+    whole body, as some servers do); PUT stores files.
     """
 
     def __init__(self, root: Path):
@@ -43,6 +44,7 @@ class FaultServer:
         self.sent: dict[str, int] = {}
         self.release = threading.Event()
         self.slow_chunk, self.slow_pause = 16 << 10, 0.02
+        self.ignore_range = False
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -73,6 +75,7 @@ class FaultServer:
                 if mode == "tamper":
                     body = body[:-1] + bytes([body[-1] ^ 0xFF])
                 start = int(rng[len("bytes="):].split("-")[0]) if rng and rng.startswith("bytes=") else 0
+                start = 0 if server.ignore_range else start
                 if start:
                     self.send_response(206)
                     self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")

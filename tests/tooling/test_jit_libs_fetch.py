@@ -110,6 +110,17 @@ def test_a_stall_or_truncation_once_is_retried_and_resumed(release, server, tmp_
     assert len(server.gets("libmha_bwd.so.zst")) == 2
 
 
+def test_a_retry_from_a_server_that_ignores_ranges_skips_what_was_taken(release, server, tmp_path, fast_fetch_env):
+    ident, manifest = release
+    server.faults["libmha_fwd.so.zst"] = "truncate_once"
+    server.ignore_range = True  # the retry gets the whole part again (200), not the rest (206)
+    dest = tmp_path / "out"
+    assert _fetch(server, ident, dest).status == "fetched"
+    assert diff_entries(dest, mf.raw_entries(manifest["files"])) == []
+    fwd = server.gets("libmha_fwd.so.zst")
+    assert len(fwd) == 2 and fwd[1][2].startswith("bytes=")
+
+
 def test_no_release_is_a_miss_that_names_the_fix(checkout, server, tmp_path, fast_fetch_env):
     ident = checkout_identity(checkout)
     dest = tmp_path / "out"

@@ -99,3 +99,25 @@ def test_duplicate_names_and_bad_levels_are_refused(tmp_path):
             DeterministicZipWriter(f, WHEN, engine="brotli")
         with pytest.raises(ValueError, match="zip timestamps start in 1980"):
             DeterministicZipWriter(f, (1970, 1, 1, 0, 0, 0))
+
+
+@pytest.mark.parametrize("inflate", ["libdeflate", "zlib"])
+def test_read_back_hashes_every_member_and_names_a_damaged_one(tmp_path, monkeypatch, inflate):
+    from jatools import wheel_members
+
+    if inflate == "zlib":
+        monkeypatch.setattr(wheel_members, "_libdeflate", lambda: None)
+    elif wheel_members._libdeflate() is None:
+        pytest.skip("the `deflate` package (libdeflate) is not installed; pip install deflate")
+    path, _ = _payload(tmp_path)
+    out = tmp_path / "a.zip"
+    members = _write(out, path, workers=2)
+    scanned = wheel_members.scan(out)
+    assert {m.arcname: (m.size, m.sha256_hex) for m in members} == {
+        n: (s.size, s.sha256) for n, s in scanned.items()}
+    lib = members[0]
+    raw = bytearray(out.read_bytes())
+    raw[lib.offset + 30 + len(lib.arcname) + lib.compressed_size // 2] ^= 0x55  # inside the deflate stream
+    out.write_bytes(raw)
+    with pytest.raises(wheel_members.WheelReadError, match="member pkg/lib.so cannot be read back"):
+        wheel_members.scan(out)
