@@ -14,7 +14,7 @@ from jatools.cleanroom_env import Installer
 
 PORT = "{port}"  # filled in with the release server's port once it listens
 SMOKE_SCRIPT = "cleanroom_smoke.py"
-HOST_DEPS_PTH = "ja-host-deps.pth"
+HOST_DEPS_PTH = "ja-host-deps.pth"  # cleanroom_smoke.py names it too (it imports no jatools)
 # Appends the given folders to the venv's sys.path (after its own site-packages, so the wheel's
 # jax_aiter still comes first) through a .pth file in its site-packages.
 _HOST_DEPS_CODE = ("import sys, sysconfig, pathlib; pathlib.Path(sysconfig.get_paths()['purelib'], "

@@ -36,6 +36,8 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+HOST_DEPS_PTH = "ja-host-deps.pth"  # jatools.cleanroom_plan writes it for --deps-from (this script imports no jatools)
+
 DIST = "jax-aiter"
 FETCH_COMMAND = "jax-aiter-fetch-mha"
 
@@ -180,6 +182,9 @@ class Smoke:
     def pth_source(self, entry: str) -> str:
         for pth in sorted(self.purelib.glob("*.pth")):
             if entry in pth.read_text(errors="replace"):
+                if pth.name == HOST_DEPS_PTH:
+                    return (f" (added by {pth.name}: the --deps-from interpreter's site-packages are inside the "
+                            "checkout; use an interpreter installed outside it)")
                 return f" (added by {pth.name}, which the wheel installed)"
         return ""
 

@@ -9,6 +9,8 @@ engine-free here (no container engine).
 """
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -38,6 +40,19 @@ def warm_wheelhouse(python312) -> Path:
     print(f"\nclean-room tests: wheelhouse {path}; installer "
           f"{'uv ' + str(uv) if uv else 'venv + pip (uv not installed: slower)'}", file=sys.stderr)
     return path
+
+
+@pytest.fixture(scope="session")
+def host_python(warm_wheelhouse, python312, tmp_path_factory) -> Path:
+    """A stand-in for an offline GPU host's interpreter: a venv outside the checkout with the wheelhouse's
+    dependencies (JAX and the fetch extra) installed, for `--deps-from`."""
+    venv = tmp_path_factory.mktemp("host") / "venv"
+    installer = cleanroom_env.choose_installer("auto", warm_wheelhouse / ".uv-cache")
+    env = {**os.environ, **installer.env()}
+    for argv in (installer.create(str(python312), str(venv)),
+                 installer.install(str(venv), str(warm_wheelhouse), wheelhouse.requirements(REPO))):
+        subprocess.run(argv, check=True, env=env, capture_output=True, text=True)
+    return venv / "bin" / "python"
 
 
 @pytest.fixture(scope="session")

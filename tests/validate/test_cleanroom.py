@@ -40,18 +40,34 @@ def test_good_lite_wheel_fetches_then_runs_attention(good_wheels, validate_wheel
     assert [n for n in names if n in order] == order, names
 
 
-def test_dependencies_from_a_hosts_interpreter(good_wheels, validate_wheels):
+def test_dependencies_from_a_hosts_interpreter(good_wheels, validate_wheels, host_python):
     """--deps-from (an offline GPU host's JAX): the room sees that interpreter's packages and installs only the
     wheel (and what the host lacks); the checkout stays unreachable."""
-    res = validate_wheels(good_wheels["full"], deps_from=Path(sys.executable), keep=True).results[0]
+    res = validate_wheels(good_wheels["full"], deps_from=host_python, keep=True).results[0]
     try:
         assert res.ok, failures(res)
-        assert res.route.endswith(f"dependencies of {sys.executable}") and any("jax 0." in n for n in res.notes)
+        assert res.route.endswith(f"dependencies of {host_python}") and any("jax 0." in n for n in res.notes)
         site = next(Path(res.kept).glob("venv/lib/python*/site-packages"))
         assert (site / "ja-host-deps.pth").is_file() and (site / "jax_aiter").is_dir()
         assert not (site / "jax").exists() and not (site / "jaxlib").exists(), "JAX was installed, not taken"
     finally:
         shutil.rmtree(res.kept, ignore_errors=True)
+
+
+def test_host_dependencies_inside_the_checkout_fail_isolation(good_wheels, validate_wheels, tmp_path):
+    """A --deps-from interpreter whose site-packages lie in the checkout would put the checkout on sys.path."""
+    inside = REPO / "build" / "tests-host-in-checkout"
+    shutil.rmtree(inside, ignore_errors=True)
+    try:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(inside)], check=True)
+        site = next(inside.glob("lib/python*/site-packages"))
+        import jax  # the test's own JAX: the stand-in host reaches it through a .pth
+
+        (site / "host-jax.pth").write_text(str(Path(jax.__file__).parents[1]) + "\n")
+        res = validate_wheels(good_wheels["full"], deps_from=inside / "bin" / "python").results[0]
+        assert not res.ok and "the --deps-from interpreter's site-packages are inside the checkout" in failures(res)
+    finally:
+        shutil.rmtree(inside, ignore_errors=True)
 
 
 def test_dependencies_from_an_interpreter_without_jax_are_refused(good_wheels, validate_wheels, tmp_path):
