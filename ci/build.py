@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from jatools import config  # noqa: E402
+from jatools import config, github_output  # noqa: E402
 
 RETRY = ("python3", "-m", "jatools.retry", "--attempts", "3", "--delay", "15", "--")
 ENV_REPORT = ("invoke", "env-report", "--json-out", "build/ci/env-report.json")
@@ -383,9 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.matrix:
             text = json.dumps(matrix(args.matrix))
             print(text)
-            if os.environ.get("GITHUB_OUTPUT"):
-                with open(os.environ["GITHUB_OUTPUT"], "a") as f:
-                    f.write(f"matrix={text}\n")
+            github_output.append({"matrix": text})
         else:
             return run_build(get_build(args.build), args.dry_run)
     except BuildError as e:

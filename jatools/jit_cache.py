@@ -7,12 +7,11 @@ it and fail at once on a miss, naming the reason; they never start a build.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from jatools import config, identity
+from jatools import atomic_write, config, github_output, identity
 from jax_aiter import fetch, reuse_gate
 from jax_aiter import manifest as mf
 from jax_aiter.integrity import diff_entries
@@ -100,17 +99,11 @@ def found_identity(settings: config.Settings, want: dict, base_url: str | None, 
     return manifest["identity"], url
 
 
-def write_decision(d: Decision, json_path: Path | None, github_output: str | None) -> None:
+def write_decision(d: Decision, json_path: Path) -> None:
     """The decision as JSON (atomically) and, when set, as `decision=`/`rebuild=` lines in $GITHUB_OUTPUT."""
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = json_path.with_name(json_path.name + f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(d.to_json(), indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, json_path)
-    if github_output:
-        with open(github_output, "a") as fh:
-            fh.write(f"decision={d.decision}\nrebuild={str(d.rebuild).lower()}\n"
-                     f"cache_id={d.cache_id}\nrelease_tag={d.release_tag}\n")
+    _write_json(json_path, d.to_json())
+    github_output.append({"decision": d.decision, "rebuild": str(d.rebuild).lower(), "cache_id": d.cache_id,
+                          "release_tag": d.release_tag})
 
 
 def run_decide(settings: config.Settings, *, base_url: str | None = None, against: Path | None = None,
@@ -126,7 +119,7 @@ def run_decide(settings: config.Settings, *, base_url: str | None = None, agains
         log(f"  reason: {r}")
     for w in d.warnings:
         log(f"  warning: {w}")
-    write_decision(d, json_path or settings.build_dir / "jit_libs_decision.json", os.environ.get("GITHUB_OUTPUT"))
+    write_decision(d, json_path or settings.build_dir / "jit_libs_decision.json")
     return d
 
 
@@ -144,9 +137,7 @@ def record_from_manifest(manifest: dict, url: str) -> dict:
 
 
 def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    atomic_write.write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def run_fetch(settings: config.Settings, *, base_url: str | None = None, strict: bool | None = None,

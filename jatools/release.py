@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from jatools import config
+from jatools import atomic_write, config
 from jax_aiter.integrity import sha256_file, sha256_files
 
 REPORT = "dist/release-report.json"
@@ -262,10 +262,7 @@ def run(fetch_jit: str | None = None, dry_run: bool = False, root: Path | None =
         "stages": [asdict(r) for r in results],
         "wheels": [a for r in results if r.name.startswith("wheel_") for a in r.artifacts],
     }
-    report_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = report_path.with_name(report_path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    os.replace(tmp, report_path)
+    atomic_write.write_text(report_path, json.dumps(report, indent=2) + "\n")
     print(summary(report))
     return 0 if failed is None else 1
 

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from jatools import gpu_slots, test_tiers
+from jatools import atomic_write, gpu_slots, test_tiers
 from jatools.pytest_gpu_slot import RECORD_ENV
 
 GOAL = 1.8
@@ -97,10 +97,7 @@ def main(argv: list[str] | None = None) -> int:
               "workers": a.workers, "repeats": a.repeats, "seconds_1_worker": t_1, f"seconds_{a.workers}_workers": t_n,
               "speedup": round(speedup, 3), "goal": GOAL, "met_goal": speedup >= GOAL and not failures,
               "failures": failures, "runs": rounds}
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = a.out.with_name(a.out.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    os.replace(tmp, a.out)
+    atomic_write.write_text(a.out, json.dumps(result, indent=1) + "\n")
     print(f"\n== slot speed-up, tier {a.tier} on {platform} ({gpus.how}) ==")
     for x in rounds:
         pins = ", ".join(f"{w['worker']}->GPU {w['gpu']} ({len(w.get('jax_devices') or [])} dev)" for w in x["workers_seen"])

@@ -24,7 +24,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from jatools import gpu_slots, tag_filters
+from jatools import atomic_write, gpu_slots, tag_filters
 
 TIER_ENV = "JA_TEST_TIER"
 PLATFORM_ENV = "JA_TEST_PLATFORM"
@@ -145,11 +145,8 @@ def summarize(tier: str, platform: str, why: str, results: list[dict], results_d
               f"flaky={flaky.get('flaky', '?')}  -m {r['expression'] or '<all>'!r}")
         rc = rc or r["rc"]
     out = results_dir / f"tier-{tier}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps({"tier": tier, "platform": platform, "platform_how": why, "notes": notes,
-                               "rc": rc, "runs": results}, indent=1) + "\n")
-    os.replace(tmp, out)
+    atomic_write.write_text(out, json.dumps({"tier": tier, "platform": platform, "platform_how": why, "notes": notes,
+                                             "rc": rc, "runs": results}, indent=1) + "\n")
     print(f"results: {out}")
     return rc
 

@@ -38,7 +38,14 @@ from packaging.metadata import Metadata, RawMetadata
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from jatools import config, elf, jit_expectations, wheel_floor, wheel_members
+from jatools import (
+    atomic_write,
+    config,
+    elf,
+    jit_expectations,
+    wheel_floor,
+    wheel_members,
+)
 from jatools.wheel_layout import Layout, Variant, python_files, python_packages
 from jatools.zip_writer import DeterministicZipWriter, WrittenMember
 from jax_aiter.integrity import IntegrityError
@@ -459,11 +466,8 @@ def _count(how: dict[str, str]) -> dict[str, int]:
 
 def _write_report(settings: config.Settings, result: BuildResult) -> Path:
     path = settings.build_dir / "reports" / f"wheel_{result.variant}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(result).items()}
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    atomic_write.write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
     return path
 
 

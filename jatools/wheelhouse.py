@@ -31,7 +31,7 @@ from pathlib import Path
 import tomllib
 from packaging.requirements import Requirement
 
-from jatools import config
+from jatools import atomic_write, config
 from jax_aiter.integrity import file_entry, sha256_files
 
 STAMP = "wheelhouse.json"
@@ -172,9 +172,7 @@ def fill(path: Path, wanted: list[str], python: str | Path, log: Log = print,
     files = [file_entry(path / n, digests[str(path / n)]) for n in names]
     stamp = {"schema": SCHEMA, "requirements": wanted, "python": tag, "files": files,
              "filled_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    tmp_stamp = path / f".{STAMP}.tmp"
-    tmp_stamp.write_text(json.dumps(stamp, indent=1) + "\n")
-    os.replace(tmp_stamp, path / STAMP)
+    atomic_write.write_text(path / STAMP, json.dumps(stamp, indent=1) + "\n")
     size = sum(f["size"] for f in files)
     log(f"wheelhouse: {len(files)} wheels, {size / 1e6:.0f} MB in {path} ({time.monotonic() - start:.1f} s)")
     return Status(path, True, "", stamp)
