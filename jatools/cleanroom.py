@@ -296,7 +296,7 @@ def _stock_smoke(dest: Path, wheel: Path, root: Path) -> None:
 
 
 def validate_wheel(wheel: Path, opts: Options, engine: container.Probe | None, wh: Path, python: Path,
-                   pins: list[str]) -> WheelResult:
+                   pins: list[str], host: HostDeps | None = None) -> WheelResult:
     variant = wheel_variant(wheel)
     ident = wheel_identity(wheel)
     backend = ident.get("backend", "cpu")
@@ -319,7 +319,7 @@ def validate_wheel(wheel: Path, opts: Options, engine: container.Probe | None, w
     try:
         _stock_smoke(room.smoke, wheel, opts.root)
         if engine is None:
-            _engine_free(result, room, opts, wheel, wh, python, pins, release)
+            _engine_free(result, room, opts, wheel, wh, python, pins, release, host)
         else:
             _in_container(result, room, opts, engine.engine, wheel, backend, pins, release)
     finally:
@@ -331,8 +331,17 @@ def validate_wheel(wheel: Path, opts: Options, engine: container.Probe | None, w
     return result
 
 
-def host_dependencies(python: Path) -> tuple[tuple[str, ...], str]:
-    """The site-packages folders of `python` and a line naming the JAX it holds; an error when it has none.
+@dataclass(frozen=True)
+class HostDeps:
+    """An interpreter whose installed packages are the clean room's dependencies (`--deps-from`)."""
+
+    python: Path
+    paths: tuple[str, ...]  # its site-packages folders
+    have: str               # the JAX, jaxlib and GPU plugin versions it holds, for the report
+
+
+def host_dependencies(python: Path) -> HostDeps:
+    """What `python` holds; an error when it has no JAX.
 
     For `--deps-from`: an offline GPU host whose JAX and GPU plugin are installed (a wheelhouse
     cannot be filled there), so the clean room uses them instead of the wheelhouse's floor pins.
@@ -355,21 +364,19 @@ def host_dependencies(python: Path) -> tuple[tuple[str, ...], str]:
         raise ValidationError(f"--deps-from {python}: it has no jax/jaxlib installed (found {versions}); pass the "
                               "interpreter that has JAX and its GPU plugin, or leave --deps-from out")
     have = ", ".join(f"{n} {v}" for n, v in versions.items() if v)
-    return tuple(info["paths"]), have
+    return HostDeps(python, tuple(info["paths"]), have)
 
 
 def _engine_free(result: WheelResult, room: cenv.Room, opts: Options, wheel: Path, wh: Path, python: Path,
-                 pins: list[str], release: Path | None) -> None:
-    host_deps: tuple[str, ...] = ()
-    if opts.deps_from is not None:
+                 pins: list[str], release: Path | None, host: HostDeps | None) -> None:
+    if host is not None:
         # pip, not uv: it resolves against everything on the venv's sys.path, the host's folders included.
         installer = cenv.choose_installer("pip", None)
-        host_deps, have = host_dependencies(opts.deps_from)
-        result.notes.append(f"dependencies: the packages installed for {opts.deps_from} ({have}); the wheelhouse's "
-                            "floor pins did not run here")
+        result.notes.append(f"dependencies: the packages installed for {host.python} ({host.have}); the "
+                            "wheelhouse's floor pins did not run here")
     else:
         installer = cenv.choose_installer(opts.installer, wh / ".uv-cache")
-    result.route = f"engine-free, {installer.describe()}" + (f", dependencies of {opts.deps_from}" if host_deps else "")
+    result.route = f"engine-free, {installer.describe()}" + (f", dependencies of {host.python}" if host else "")
     gpu = cenv.host_gpu(result.backend)
     result.notes.append(f"GPU: {gpu} present, the smoke tests also run on the GPU" if gpu else
                         f"GPU: none of backend {result.backend} on this host; CPU only")
@@ -379,8 +386,9 @@ def _engine_free(result: WheelResult, room: cenv.Room, opts: Options, wheel: Pat
     layout = cplan.Layout(python=str(python), venv=str(room.venv), work=str(room.work), smoke=str(room.smoke),
                           out=str(room.tmp), wheel=str(wheel.resolve()), wheelhouse=str(wh),
                           release=str(release) if release else None, checkout=str(opts.root),
-                          pycache=str(pycache) if pycache else None, gpu=gpu_backend, host_deps=host_deps)
-    plan = cplan.build(layout, installer, result.variant, [] if host_deps else pins)
+                          pycache=str(pycache) if pycache else None, gpu=gpu_backend,
+                          host_deps=host.paths if host else ())
+    plan = cplan.build(layout, installer, result.variant, pins)
     run_plan(plan, LocalRunner(room, cenv.clean_env(room, installer)), result, opts.log)
 
 
@@ -441,14 +449,17 @@ def validate(opts: Options) -> Report:
     wanted = wheelhouse.requirements(opts.root, tuple(b for b in backends if cenv.host_gpu(b)))
     pins = [r for r in wanted if "==" in r]
     python = Path("python3.12")  # the image's
+    host = None
     if opts.deps_from is not None:
-        python = opts.deps_from  # its packages are the dependencies; the wheelhouse only adds what it lacks
-        host_dependencies(python)  # refuse an interpreter without JAX before any room is made
+        # Its packages are the dependencies (the floor pins do not apply); the wheelhouse only adds what it
+        # lacks. An interpreter without JAX is refused here, before any room is made.
+        host = host_dependencies(opts.deps_from)
+        python, pins = opts.deps_from, []
     elif engine is None:
         python = cenv.find_python(str(config.defaults(opts.root).get("validation_python", "3.12")))
         wheelhouse.ensure(wh, wanted, python, allow_fill=opts.fill, log=opts.log)
     for wheel in opts.wheels:
-        report.results.append(validate_wheel(wheel, opts, engine, wh, python, pins))
+        report.results.append(validate_wheel(wheel, opts, engine, wh, python, pins, host))
     report.seconds = time.perf_counter() - start
     return report
 
