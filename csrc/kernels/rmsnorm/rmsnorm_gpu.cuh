@@ -91,14 +91,17 @@ JA_GLOBAL void __launch_bounds__(THREADS, MIN_BLOCKS) rmsnorm_fwd_kernel(JaRmsNo
       const int64_t i = int64_t(threadIdx.x) + int64_t(r) * THREADS;
       if (i < nvec) wv[r] = reinterpret_cast<const V*>(w)[i];
     }
+    // x (+ residual) in float32, element k of vector r: computed for the sum of squares and again,
+    // after reg_barrier, for the output, so the row stays in registers in its input dtype only.
+    auto value = [&](int r, int k) {
+      return RES ? to_f32(xv[r].v[k]) + to_f32(rv[r].v[k]) : to_f32(xv[r].v[k]);
+    };
     for (int64_t row = first; row < last; ++row) {
       V xn[REGS], rn[REGS];
       const bool more = row + 1 < last;  // uniform across the block
       if (more) load_row<V, THREADS, REGS, RES>(xn, rn, row_ptr(a.x, row + 1), row_ptr(a.residual, row + 1), nvec);
       V* res_out = RES ? reinterpret_cast<V*>(static_cast<T*>(a.residual_out) + row * h) : nullptr;
       V* out = reinterpret_cast<V*>(static_cast<T*>(a.out) + row * h);
-      // The float sums are recomputed for the output rather than kept, so the
-      // row stays in registers in its input dtype only.
       float acc = 0.f;
 #pragma unroll
       for (int r = 0; r < REGS; ++r) {
@@ -107,7 +110,7 @@ JA_GLOBAL void __launch_bounds__(THREADS, MIN_BLOCKS) rmsnorm_fwd_kernel(JaRmsNo
           V ov;
 #pragma unroll
           for (int k = 0; k < VEC; ++k) {
-            const float f = RES ? to_f32(xv[r].v[k]) + to_f32(rv[r].v[k]) : to_f32(xv[r].v[k]);
+            const float f = value(r, k);
             acc += f * f;
             ov.v[k] = from_f32<T>(f);
           }
@@ -127,8 +130,7 @@ JA_GLOBAL void __launch_bounds__(THREADS, MIN_BLOCKS) rmsnorm_fwd_kernel(JaRmsNo
           V ov;
 #pragma unroll
           for (int k = 0; k < VEC; ++k) {
-            const float f = RES ? to_f32(xv[r].v[k]) + to_f32(rv[r].v[k]) : to_f32(xv[r].v[k]);
-            ov.v[k] = from_f32<T>(f * inv_rms * to_f32(wv[r].v[k]));
+            ov.v[k] = from_f32<T>(value(r, k) * inv_rms * to_f32(wv[r].v[k]));
           }
           out[i] = ov;
         }
