@@ -43,12 +43,7 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_fwd_kernel(JaMhaFwdArgs a) {
   __shared__ float p_s[BR * LDP];
 
   const int tx = threadIdx.x % kTx, ty = threadIdx.x / kTx;
-  const int64_t q0 = int64_t(blockIdx.x) * BR, h = blockIdx.y, b = blockIdx.z;
-  const int64_t sq = a.seq_q, sk = a.seq_k, hq = a.heads_q, hkv = a.heads_kv;
-  const int64_t hk = h / (hq / hkv);
-  const int rows = int(sq - q0 < BR ? sq - q0 : BR);
-  const int64_t q_stride = hq * D, kv_stride = hkv * D;
-  const float s2 = a.scale * kLog2e;
+  const auto [q0, h, b, sq, sk, hq, hkv, hk, q_stride, kv_stride, rows, s2] = fwd_block<D>(a, blockIdx.x, BR);
   const T* k = static_cast<const T*>(a.k) + (b * sk * hkv + hk) * D;
   const T* v = static_cast<const T*>(a.v) + (b * sk * hkv + hk) * D;
 

@@ -105,12 +105,7 @@ JA_GLOBAL void __launch_bounds__(FwdMmaTiles<T, D>::kThreads, JA_MHA_FWD_MMA_MIN
   const int g = lane / 4, t = lane % 4;
   // Causal: the longest rows (last query tiles) start first.
   const int64_t q_tile = CAUSAL ? int64_t(gridDim.x) - 1 - blockIdx.x : int64_t(blockIdx.x);
-  const int64_t q0 = q_tile * BR, h = blockIdx.y, b = blockIdx.z;
-  const int64_t sq = a.seq_q, sk = a.seq_k, hq = a.heads_q, hkv = a.heads_kv;
-  const int64_t hk = h / (hq / hkv);
-  const int rows = int(sq - q0 < BR ? sq - q0 : BR);
-  const int64_t q_stride = hq * D, kv_stride = hkv * D;
-  const float s2 = a.scale * kLog2e;
+  const auto [q0, h, b, sq, sk, hq, hkv, hk, q_stride, kv_stride, rows, s2] = fwd_block<D>(a, q_tile, BR);
   const T* k = static_cast<const T*>(a.k) + (b * sk * hkv + hk) * D;
   const T* v = static_cast<const T*>(a.v) + (b * sk * hkv + hk) * D;
   const int wrow = warp * 16 * MI;  // this warp's first row in the tile

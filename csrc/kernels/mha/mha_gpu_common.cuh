@@ -15,6 +15,7 @@
 #include "ja/api.h"
 #include "ja/dtype.h"
 #include "ja/gpu.h"
+#include "ja/kernels/mha.h"
 #include "ja/mma.h"
 
 namespace ja {
@@ -66,6 +67,22 @@ JA_HOST_DEVICE int64_t first_query_for_key(int64_t key, int64_t seq_q, int64_t s
 
 JA_DEVICE bool key_visible(bool causal, int64_t query, int64_t key, int64_t seq_q, int64_t seq_k) {
   return !causal || key <= query + seq_k - seq_q;
+}
+
+// What a forward block works on (both forward kernels): rows [q0, q0 + rows) of query
+// head h, which reads kv head hk, in batch b; the sizes, the row strides of q and k/v,
+// and the softmax scale in the log2 domain.
+struct FwdBlock {
+  int64_t q0, h, b, sq, sk, hq, hkv, hk, q_stride, kv_stride;
+  int rows;
+  float s2;
+};
+
+template <int D>
+JA_DEVICE FwdBlock fwd_block(const JaMhaFwdArgs& a, int64_t q_tile, int br) {
+  const int64_t q0 = q_tile * br, sq = a.seq_q, hq = a.heads_q, hkv = a.heads_kv, h = blockIdx.y;
+  return {q0, h, int64_t(blockIdx.z), sq, a.seq_k, hq, hkv, h / (hq / hkv), hq * D, hkv * D,
+          int(sq - q0 < br ? sq - q0 : br), a.scale * kLog2e};
 }
 
 // Whether instances for T run on the matrix units (ja/mma.h) or the SIMT kernels.
