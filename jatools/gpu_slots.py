@@ -33,6 +33,9 @@ PER_GPU_ENV = "JA_TESTS_PER_GPU"        # slots per GPU (default 1)
 LOCK_DIR_ENV = "JA_GPU_LOCK_DIR"        # where the slot locks live (one per host)
 TIMEOUT_ENV = "JA_GPU_SLOT_TIMEOUT"     # seconds to wait for a free slot (default 900)
 HELD_ENV = "JA_GPU_SLOT_HELD"           # set in a pinned process: "<gpu id>:<slot>"
+PREALLOCATE_ENV = "XLA_PYTHON_CLIENT_PREALLOCATE"  # set to false in a pinned process unless given
+MEM_FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"  # set when several slots share a GPU
+BLAS_THREADS_ENV = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS")  # 1 in a pinned process unless given
 POOL_ENV = {"cuda": "CUDA_VISIBLE_DEVICES", "rocm": "ROCR_VISIBLE_DEVICES"}
 DEFAULT_TIMEOUT_S = 900.0
 TOOL_TIMEOUT_S = 60.0
@@ -229,9 +232,16 @@ def pinned_env(slot: Slot, per_gpu: int = 1, env: dict[str, str] | None = None) 
         out.pop("CUDA_VISIBLE_DEVICES", None)   # HIP would apply it on top
     else:
         out["CUDA_VISIBLE_DEVICES"] = slot.gpu
-    if per_gpu > 1 and "XLA_PYTHON_CLIENT_MEM_FRACTION" not in out:
-        # JAX preallocates 75% of a GPU per process; several processes per GPU must share it.
-        out["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{0.9 / per_gpu:.2f}"
+    # JAX preallocates 75% of a GPU when its backend starts, a slow step each pinned process would
+    # repeat for tests that use megabytes: allocate as needed instead. NumPy's OpenBLAS starts a
+    # thread per core in every process and its idle threads spin, so parallel workers slow each
+    # other's XLA compilations: one BLAS thread each (test references are small). Each only unless
+    # the caller set it; the memory fraction still caps each process when several share a GPU.
+    out.setdefault(PREALLOCATE_ENV, "false")
+    for key in BLAS_THREADS_ENV:
+        out.setdefault(key, "1")
+    if per_gpu > 1 and MEM_FRACTION_ENV not in out:
+        out[MEM_FRACTION_ENV] = f"{0.9 / per_gpu:.2f}"
     out[HELD_ENV] = f"{slot.gpu}:{slot.slot}"
     return out
 

@@ -11,6 +11,9 @@ exclusive); JA_GPU_SLOT=1 pins a run without xdist too; a process already
 pinned by ci/parallel_gpu_execute.py (JA_GPU_SLOT_HELD set) is left alone.
 JA_GPU_SLOT_RECORD_DIR: each pinned process writes <worker>.json there (its
 slot and the devices JAX saw), which the slot speed-up measurement checks.
+
+A pinned worker also gets gpu_slots.pinned_env's process settings: no GPU
+memory preallocation and one BLAS thread (each unless already set).
 """
 from __future__ import annotations
 
@@ -71,9 +74,14 @@ def pytest_configure(config: pytest.Config) -> None:
             os.environ[key] = pinned[key]
         else:
             os.environ.pop(key, None)
-    for key in ("XLA_PYTHON_CLIENT_MEM_FRACTION", gpu_slots.HELD_ENV):
+    for key in (gpu_slots.PREALLOCATE_ENV, gpu_slots.MEM_FRACTION_ENV, *gpu_slots.BLAS_THREADS_ENV, gpu_slots.HELD_ENV):
         if key in pinned:
             os.environ[key] = pinned[key]
+    if "numpy" in sys.modules:
+        config.issue_config_time_warning(pytest.PytestConfigWarning(
+            f"jatools.pytest_gpu_slot ({worker}): NumPy was imported before this worker took its GPU slot, so "
+            f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')} does not reach its BLAS; import "
+            "NumPy inside tests or fixtures, not in conftest.py or plugins"), stacklevel=2)
 
 
 def _record(worker: str) -> None:

@@ -20,7 +20,7 @@ from jatools import gpu_slots
 ROOT = Path(__file__).resolve().parents[2]
 RUNNER = ROOT / "ci" / "parallel_gpu_execute.py"
 SHOW = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", gpu_slots.HELD_ENV,
-        "XLA_PYTHON_CLIENT_MEM_FRACTION")
+        "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_PREALLOCATE", *gpu_slots.BLAS_THREADS_ENV)
 
 ROCMINFO_NO_GPU = "echo 'ROCk module is NOT loaded, possibly no GPU devices'; exit 1"
 SMI_NO_GPU = "echo 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.'; exit 9"
@@ -125,6 +125,18 @@ def test_pinned_command_exit_code_is_the_runners(host, tmp_path):
     r = _run(host(cuda=1), _recorder(tmp_path / "seen.json", code=3))
     assert r.returncode == 3
     assert json.loads((tmp_path / "seen.json").read_text())["CUDA_VISIBLE_DEVICES"] == "0"
+
+
+def test_pinned_command_allocates_as_needed_and_runs_one_blas_thread_unless_told(host, tmp_path):
+    assert _run(host(cuda=1), _recorder(tmp_path / "seen.json")).returncode == 0
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    assert seen["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false" and seen["XLA_PYTHON_CLIENT_MEM_FRACTION"] is None
+    assert [seen[k] for k in gpu_slots.BLAS_THREADS_ENV] == ["1", "1", "1"]
+    mine = {"XLA_PYTHON_CLIENT_PREALLOCATE": "true", "OPENBLAS_NUM_THREADS": "8"}
+    assert _run({**host(cuda=1), **mine}, _recorder(tmp_path / "mine.json")).returncode == 0
+    seen = json.loads((tmp_path / "mine.json").read_text())
+    assert (seen["XLA_PYTHON_CLIENT_PREALLOCATE"], seen["OPENBLAS_NUM_THREADS"], seen["MKL_NUM_THREADS"]) == (
+        "true", "8", "1")
 
 
 def test_slot_order_spreads_over_gpus_before_sharing_one(host, tmp_path):
