@@ -30,6 +30,7 @@ TIER_ENV = "JA_TEST_TIER"
 PLATFORM_ENV = "JA_TEST_PLATFORM"
 WORKERS_ENV = "JA_TEST_WORKERS"
 RERUNS_ENV = "JA_TEST_RERUNS"
+AUTOLOAD_ENV = "JA_PYTEST_AUTOLOAD"  # 1: let pytest load every installed plugin (default: only ours + named)
 RESULTS_DIR = Path("build") / "test-results"
 CPU_MULTI_DEVICES = 4
 DEFAULT_RERUNS = {"cpu": 0, "cuda": 2, "rocm": 2}  # XLA's single-GPU CI: 3 attempts
@@ -82,8 +83,14 @@ def plan(tier: str, platform: str, gpus: gpu_slots.Gpus, pytest_args: list[str],
         expr = flt.expression()
         argv = [python, "-m", "pytest", *(["-m", expr] if expr else [])]
         over: dict[str, str] = {"JA_FLAKY_JSON": str(results_dir / f"flaky-{tier}-{kind}.json")}
+        # Only the plugins a tier uses are loaded (-p below; ours come from tests/conftest.py). An
+        # image's other plugins (hypothesis, cov, jaxtyping, ...) cost each process about a second
+        # at start and end, and some import JAX before the worker has taken its GPU slot.
+        autoload = env.get(AUTOLOAD_ENV) == "1" or "PYTEST_DISABLE_PLUGIN_AUTOLOAD" in env
+        if not autoload:
+            over["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
         if reruns and have_rerun_plugin:
-            argv += ["--reruns", str(reruns)]
+            argv += [*([] if autoload else ["-p", "pytest_rerunfailures"]), "--reruns", str(reruns)]
         if kind == "multi":
             over["JA_GPU_SLOT"] = "0"
             if platform == "cpu":
@@ -97,7 +104,7 @@ def plan(tier: str, platform: str, gpus: gpu_slots.Gpus, pytest_args: list[str],
             if n:
                 # worksteal: a worker that runs out takes queued tests from the others, so one
                 # worker left with the long tail does not set the wall time.
-                argv += ["-n", str(n), "--dist", "worksteal"]
+                argv += [*([] if autoload else ["-p", "xdist.plugin"]), "-n", str(n), "--dist", "worksteal"]
             elif platform != "cpu":
                 over["JA_GPU_SLOT"] = "1"  # no xdist: pin this one process
         runs.append(PytestRun(kind, config, expr, (*argv, *pytest_args), over,

@@ -63,6 +63,19 @@ def test_retries_only_when_the_plugin_is_there():
     assert "--reruns" not in run.argv
 
 
+def test_only_the_plugins_a_run_uses_are_loaded_unless_autoload_is_asked_for():
+    (run,) = _plan("pr", "cuda", TWO_CUDA, reruns=2)
+    assert run.env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] == "1"
+    assert ("-p", "xdist.plugin") in zip(run.argv, run.argv[1:])
+    assert ("-p", "pytest_rerunfailures") in zip(run.argv, run.argv[1:])
+    (cpu,) = _plan("pr", "cpu", CPU)
+    assert cpu.env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] == "1" and "-p" not in cpu.argv  # no xdist, no retries
+    for env in ({"JA_PYTEST_AUTOLOAD": "1"}, {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": ""}):
+        (run,) = _plan("pr", "cuda", TWO_CUDA, reruns=2, env=env)
+        assert "PYTEST_DISABLE_PLUGIN_AUTOLOAD" not in run.env and "-p" not in run.argv
+        assert "--reruns" in run.argv and "-n" in run.argv
+
+
 def test_platform_choice_precedence():
     assert test_tiers.choose_platform("rocm", {"JA_TEST_PLATFORM": "cuda"}, CPU)[0] == "rocm"
     assert test_tiers.choose_platform(None, {"JA_TEST_PLATFORM": "cuda", "JA_BACKEND": "cpu"}, CPU)[0] == "cuda"
@@ -92,7 +105,7 @@ TREE = """
 """
 
 
-def _tier(tmp_path, *args, tests=TREE):
+def _tier(tmp_path, *args, tests=TREE, extra_env=None):
     tree = tmp_path / "tree"
     tree.mkdir(exist_ok=True)
     (tree / "pytest.ini").write_text("[pytest]\naddopts = -ra -p no:cacheprovider --strict-markers\nmarkers =\n"
@@ -102,6 +115,7 @@ def _tier(tmp_path, *args, tests=TREE):
     (tree / "test_tree.py").write_text(textwrap.dedent(tests))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JA_", "XLA_FLAGS", "PYTEST_"))}
     env.update(JA_GPU_COUNT="0", PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env.update(extra_env or {})
     r = subprocess.run([sys.executable, "-m", "jatools.test_tiers", "--results-dir", str(tmp_path / "res"),
                         *args, str(tree)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
     return r, tmp_path / "res"
@@ -130,6 +144,30 @@ def test_a_failing_test_fails_the_tier_and_every_run_still_runs(tmp_path):
     assert r.returncode == 1
     result = json.loads((res / "tier-nightly.json").read_text())
     assert [x["rc"] for x in result["runs"]] == [1, 0] and "FAILED (exit 1)" in r.stdout
+
+
+def test_a_gpu_host_run_loads_xdist_and_retries_itself(tmp_path):
+    """The pr tier as a 2-GPU host runs it (stand-in GPU count): xdist workers and retries, no autoload."""
+    pytest.importorskip("xdist", reason="pytest-xdist is not installed")
+    pytest.importorskip("pytest_rerunfailures", reason="pytest-rerunfailures is not installed")
+    flaky = TREE + """
+    def test_flaky_once(tmp_path_factory):
+        import os, pathlib
+        mark = pathlib.Path(os.environ["FLAKY_MARK"])
+        if not mark.exists():
+            mark.write_text("failed once")
+            assert 0, "first attempt fails"
+"""
+    # The stand-in host has no GPU JAX can see, so the last -m (it wins) selects the CPU tests.
+    r, res = _tier(tmp_path, "--tier", "pr", "--platform", "cuda", "-m", "not gpu and not slow and not multigpu",
+                   tests=flaky,
+                   extra_env={"JA_GPU_COUNT": "2", "JA_GPU_LOCK_DIR": str(tmp_path / "locks"),
+                              "FLAKY_MARK": str(tmp_path / "flaky.mark")})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1" in r.stdout and "-p xdist.plugin -n 2" in r.stdout
+    assert "created: 2/2 workers" in r.stdout
+    flaky_json = json.loads((res / "tier-pr.json").read_text())["runs"][0]["flaky"]
+    assert [t["nodeid"].split("::")[-1] for t in flaky_json["tests"]] == ["test_flaky_once"]
 
 
 def test_unknown_tier_lists_the_valid_ones(tmp_path):
