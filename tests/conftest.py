@@ -11,5 +11,4 @@ _ROOT = str(Path(__file__).resolve().parent.parent)
 if _ROOT not in sys.path:
     sys.path.append(_ROOT)
 
-pytest_plugins = ["jatools.pytest_gpu_slot", "jatools.pytest_guards", "jatools.pytest_flaky_report",
-                  "jatools.pytest_compile_cache"]
+pytest_plugins = ["jatools.pytest_gpu_slot", "jatools.pytest_guards", "jatools.pytest_flaky_report"]

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PLUGINS = ["jatools.pytest_gpu_slot", "jatools.pytest_guards", "jatools.pytest_flaky_report",
-           "jatools.pytest_compile_cache"]
+PLUGINS = ["jatools.pytest_gpu_slot", "jatools.pytest_guards", "jatools.pytest_flaky_report"]
 MARKERS = ["gpu", "multigpu", "slow", "cuda_only", "rocm_only"]
 PINNING = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "XLA_FLAGS",
            "JA_GPU_SLOT", "JA_GPU_SLOT_HELD", "JA_FLAKY_JSON", "PYTEST_XDIST_WORKER", "PYTEST_ADDOPTS",
-           "JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "JA_SHARED_COMPILE_CACHE")
+           "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION", "OPENBLAS_NUM_THREADS",
+           "MKL_NUM_THREADS", "OMP_NUM_THREADS")
 
 needs_xdist = pytest.mark.skipif(importlib.util.find_spec("xdist") is None, reason="pytest-xdist is not installed")
 needs_rerun = pytest.mark.skipif(importlib.util.find_spec("pytest_rerunfailures") is None,
@@ -61,7 +61,8 @@ WHO_AM_I = """
     @pytest.mark.parametrize("i", range(4))
     def test_where(i):
         time.sleep(0.1)
-        rec = {k: os.environ.get(k) for k in ("PYTEST_XDIST_WORKER", "CUDA_VISIBLE_DEVICES", "JA_GPU_SLOT_HELD")}
+        rec = {k: os.environ.get(k) for k in ("PYTEST_XDIST_WORKER", "CUDA_VISIBLE_DEVICES", "JA_GPU_SLOT_HELD",
+                                          "XLA_PYTHON_CLIENT_PREALLOCATE", "OPENBLAS_NUM_THREADS")}
         rec["jax_imported"] = "jax" in sys.modules
         open(os.path.join(os.environ["OUT"], f"{i}.json"), "w").write(json.dumps(rec))
 """
@@ -82,6 +83,8 @@ def test_xdist_workers_each_take_a_different_gpu(suite):
     for rec in recs:
         by_worker.setdefault(rec["PYTEST_XDIST_WORKER"], set()).add(rec["CUDA_VISIBLE_DEVICES"])
         assert not rec["jax_imported"]
+        assert rec["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"  # no 75%-of-the-GPU reservation per worker
+        assert rec["OPENBLAS_NUM_THREADS"] == "1"               # no spinning BLAS pool per worker
     assert len(recs) == 4 and set(by_worker) == {"gw0", "gw1"}
     assert all(len(g) == 1 for g in by_worker.values())           # a worker stays on one GPU
     assert set.union(*by_worker.values()) == {"0", "1"}            # the two workers on different GPUs
@@ -96,51 +99,26 @@ def test_slot_switch_off_leaves_workers_unpinned(suite):
     r = suite(WHO_AM_I, "-n", "2", gpus=2, OUT=str(out), JA_GPU_SLOT="0")
     assert r.returncode == 0, r.stdout + r.stderr
     assert {rec["CUDA_VISIBLE_DEVICES"] for rec in _records(out)} == {None}
+    assert {rec["XLA_PYTHON_CLIENT_PREALLOCATE"] for rec in _records(out)} == {None}
 
 
-COMPILES = """
-    import json, os, pathlib, pytest
-
-    @pytest.mark.parametrize("i", range(4))
-    def test_compile(i):
-        import jax, jax.numpy as jnp
-        jax.jit(lambda x: jnp.sin(x) * 3 + i)(jnp.ones(5)).block_until_ready()
-        cache = os.environ.get("JAX_COMPILATION_CACHE_DIR")
-        entries = sorted(p.name for p in pathlib.Path(cache).iterdir()) if cache else []
-        rec = {"worker": os.environ.get("PYTEST_XDIST_WORKER"), "cache": cache, "entries": entries}
-        open(os.path.join(os.environ["OUT"], f"{i}.json"), "w").write(json.dumps(rec))
-"""
-
-
-def _compiled(suite, *args: str, **env: str) -> list[dict]:
-    """Run COMPILES with these pytest args and environment; each test's record."""
-    pytest.importorskip("jax", reason="the compile-cache tests compile with JAX")
+@needs_xdist
+def test_a_preallocation_choice_of_the_caller_is_kept(suite):
     out = suite.tmp / "out"
-    out.mkdir(exist_ok=True)
-    for old in out.glob("*.json"):
-        old.unlink()
-    r = suite(COMPILES, *args, OUT=str(out), **env)
+    out.mkdir()
+    r = suite(WHO_AM_I, "-n", "2", gpus=2, OUT=str(out), XLA_PYTHON_CLIENT_PREALLOCATE="true")
     assert r.returncode == 0, r.stdout + r.stderr
-    return _records(out)
+    assert {rec["XLA_PYTHON_CLIENT_PREALLOCATE"] for rec in _records(out)} == {"true"}
 
 
 @needs_xdist
-def test_xdist_workers_share_one_compile_cache_removed_after_the_run(suite):
-    recs = _compiled(suite, "-n", "2")
-    caches = {rec["cache"] for rec in recs}
-    assert {rec["worker"] for rec in recs} == {"gw0", "gw1"} and len(caches) == 1 and None not in caches
-    assert all(rec["entries"] for rec in recs)        # every compilation lands in the shared folder
-    assert not Path(caches.pop()).exists()             # and the run removes it at the end
-
-
-@needs_xdist
-def test_compile_cache_only_for_several_workers_and_never_over_a_users_folder(suite):
-    assert {rec["cache"] for rec in _compiled(suite, "-n", "1")} == {None}
-    mine = suite.tmp / "my-cache"
-    mine.mkdir()
-    assert {rec["cache"] for rec in _compiled(suite, "-n", "2", JAX_COMPILATION_CACHE_DIR=str(mine))} == {str(mine)}
-    assert mine.is_dir()
-    assert {rec["cache"] for rec in _compiled(suite, "-n", "2", JA_SHARED_COMPILE_CACHE="0")} == {None}
+def test_numpy_imported_before_the_slot_is_a_warning(suite):
+    (suite.tree / "conftest.py").write_text(f"import numpy\npytest_plugins = {PLUGINS!r}\n")
+    out = suite.tmp / "out"
+    out.mkdir()
+    r = suite(WHO_AM_I, "-n", "2", gpus=2, OUT=str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "NumPy was imported before this worker took its GPU slot" in r.stdout + r.stderr
 
 
 def test_single_process_pins_itself_on_request(suite):
