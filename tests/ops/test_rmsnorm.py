@@ -48,8 +48,10 @@ def _ref_jnp(x, w, eps=EPS):
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
 def test_rms_norm_grad_matches_reference(dtype, device):
     x, w, g = random((6, 96), dtype, 3), random((96,), dtype, 4), random((6, 96), jnp.float32, 5)
-    ours = jax.grad(lambda x, w: jnp.sum(ja.rms_norm(x, w).astype(jnp.float32) * g), argnums=(0, 1))(x, w)
-    ref = jax.grad(lambda x, w: jnp.sum(_ref_jnp(x, w) * g), argnums=(0, 1))(
+    # Under jit: one program per side instead of one eager program per primitive of the
+    # backward pass (eager grads are covered by test_vmap_of_grad).
+    ours = jax.jit(jax.grad(lambda x, w: jnp.sum(ja.rms_norm(x, w).astype(jnp.float32) * g), argnums=(0, 1)))(x, w)
+    ref = jax.jit(jax.grad(lambda x, w: jnp.sum(_ref_jnp(x, w) * g), argnums=(0, 1)))(
         x.astype(jnp.float32), w.astype(jnp.float32))
     for got, want, name in zip(ours, ref, ("dx", "dweight")):
         assert got.dtype == jnp.dtype(dtype)
@@ -69,8 +71,8 @@ def test_rms_norm_with_add_grad_matches_reference(dtype, device):
         s = x + r
         return jnp.sum(_ref_jnp(s, w) * g1) + jnp.sum(s * g2)
 
-    got = jax.grad(ours, argnums=(0, 1, 2))(x, r, w)
-    want = jax.grad(ref, argnums=(0, 1, 2))(*(a.astype(jnp.float32) for a in (x, r, w)))
+    got = jax.jit(jax.grad(ours, argnums=(0, 1, 2)))(x, r, w)
+    want = jax.jit(jax.grad(ref, argnums=(0, 1, 2)))(*(a.astype(jnp.float32) for a in (x, r, w)))
     for a, b, name in zip(got, want, ("dx", "dresidual", "dweight")):
         assert_close(a, f64(b), dtype, scale=float(np.abs(f64(b)).max()), what=name)
 
@@ -93,9 +95,10 @@ def test_vmap_over_rows_and_over_weights(device):
 def test_vmap_of_grad(device):
     x, w = random((3, 4, 16), jnp.float32, 14), random((16,), jnp.float32, 15)
     f = jax.grad(lambda x, w: jnp.sum(ja.rms_norm(x, w) ** 2), argnums=(0, 1))
-    dx, dw = jax.vmap(f, in_axes=(0, None))(x, w)
+    dx, dw = jax.vmap(f, in_axes=(0, None))(x, w)  # eager: the batching rules op by op
+    per_example = jax.jit(f)                          # the reference: one program, not one per op
     for i in range(3):
-        dxi, dwi = f(x[i], w)
+        dxi, dwi = per_example(x[i], w)
         np.testing.assert_allclose(f64(dx[i]), f64(dxi), rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(f64(dw[i]), f64(dwi), rtol=1e-6, atol=1e-6)
 
