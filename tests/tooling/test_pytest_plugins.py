@@ -16,6 +16,7 @@ PLUGINS = ["jatools.pytest_gpu_slot", "jatools.pytest_guards", "jatools.pytest_f
 MARKERS = ["gpu", "multigpu", "slow", "cuda_only", "rocm_only"]
 PINNING = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "XLA_FLAGS",
            "JA_GPU_SLOT", "JA_GPU_SLOT_HELD", "JA_FLAKY_JSON", "PYTEST_XDIST_WORKER", "PYTEST_ADDOPTS",
+           "PYTEST_DISABLE_PLUGIN_AUTOLOAD",  # a tier run sets it; these suites load xdist as users do
            "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION", "OPENBLAS_NUM_THREADS",
            "MKL_NUM_THREADS", "OMP_NUM_THREADS")
 
