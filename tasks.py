@@ -119,7 +119,6 @@ ns.add_collection(_validate)
 # (logic in jatools/jit_cache.py and jatools/publish.py; docs/jit-libs.md)
 from pathlib import Path as _Path
 
-
 from jatools import config as _config
 from jatools import jit_cache as _jit_cache
 from jatools import publish as _publish

@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from jatools import config, github_output  # noqa: E402
+from jatools import config, github_output
 
 RETRY = ("python3", "-m", "jatools.retry", "--attempts", "3", "--delay", "15", "--")
 ENV_REPORT = ("invoke", "env-report", "--json-out", "build/ci/env-report.json")

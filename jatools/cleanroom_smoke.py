@@ -260,8 +260,8 @@ class Smoke:
                 return [f"{p.name}: the load probe crashed ({out.stderr.strip()[-300:]})"]
             res = json.loads(out.stdout)
             if res["error"]:
-                return [f"{p.name} does not load on its own: {res['error']} "
-                        "(its RUNPATH must reach the libraries it needs through $ORIGIN)"]
+                return [(f"{p.name} does not load on its own: {res['error']} "
+                         "(its RUNPATH must reach the libraries it needs through $ORIGIN)")]
             return self.check_origins(res["maps"], f" when {p.name} was loaded on its own (check its RUNPATH)")
 
         with ThreadPoolExecutor(max_workers=min(4, len(todo))) as pool:

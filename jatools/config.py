@@ -6,10 +6,11 @@ flags explicitly; this module resolves the other two layers in one place.
 from __future__ import annotations
 
 import os
-import tomllib
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
+
+import tomllib
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,7 +24,7 @@ def repo_root() -> Path:
     return Path(env).resolve() if env else REPO_ROOT
 
 
-@lru_cache(maxsize=None)
+@cache
 def _pyproject_defaults(root: str) -> dict:
     with open(Path(root) / "pyproject.toml", "rb") as f:
         return dict(tomllib.load(f)["tool"]["jax-aiter"])

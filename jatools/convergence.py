@@ -17,9 +17,10 @@ import fnmatch
 import json
 import re
 import subprocess
-import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+import tomllib
 
 from jatools import atomic_write
 
@@ -110,7 +111,7 @@ def load_table(root: Path) -> Table:
 
 
 def _git(root: Path, *args: str) -> str:
-    out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+    out = subprocess.run(["git", "-C", str(root), *args], check=False, capture_output=True, text=True)
     if out.returncode != 0:
         raise ConvergenceError(f"`git {' '.join(args)}` failed in {root}: {out.stderr.strip()}")
     return out.stdout

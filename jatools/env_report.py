@@ -36,7 +36,7 @@ Which = Callable[..., str | None]
 def _run(argv: list[str]) -> tuple[int, str]:
     """(exit code, stdout+stderr); a missing or hanging tool becomes a code and a note, not an exception."""
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S)
+        out = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=TIMEOUT_S)
         return out.returncode, out.stdout + out.stderr
     except FileNotFoundError:
         return 127, f"{argv[0]}: not found"

@@ -19,7 +19,7 @@ class IdentityError(RuntimeError):
 
 
 def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+    return subprocess.run(["git", "-C", str(root), *args], check=False, capture_output=True, text=True)
 
 
 def kernel_source_revision(root: Path, kernel_dir: Path) -> tuple[str, bool]:

@@ -22,9 +22,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from jatools import atomic_write, config
 from jax_aiter.integrity import sha256_file, sha256_files
@@ -54,11 +54,11 @@ class StageResult:
 @dataclass(frozen=True)
 class Stage:
     name: str
-    argv: Callable[["Context"], list[str]]
-    rerun: Callable[["Context"], str]
-    up_to_date: Callable[["Context"], str | None] | None = None  # a reason when nothing needs doing
-    fingerprint: Callable[["Context"], str] | None = None
-    artifacts: Callable[["Context"], list[Path]] = lambda ctx: []
+    argv: Callable[[Context], list[str]]
+    rerun: Callable[[Context], str]
+    up_to_date: Callable[[Context], str | None] | None = None  # a reason when nothing needs doing
+    fingerprint: Callable[[Context], str] | None = None
+    artifacts: Callable[[Context], list[Path]] = lambda ctx: []
 
 
 @dataclass
@@ -77,7 +77,7 @@ class Context:
 
 
 def _git(root: Path, *args: str) -> str:
-    out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+    out = subprocess.run(["git", "-C", str(root), *args], check=False, capture_output=True, text=True)
     return out.stdout.strip() if out.returncode == 0 else ""
 
 
@@ -88,7 +88,7 @@ def commit_state(root: Path) -> tuple[str, bool]:
 
 def _make_q(target: str) -> Callable[[Context], str | None]:
     def check(ctx: Context) -> str | None:
-        ok = subprocess.run(["make", "-q", target], cwd=ctx.root, capture_output=True).returncode == 0
+        ok = subprocess.run(["make", "-q", target], check=False, cwd=ctx.root, capture_output=True).returncode == 0
         return f"`make -q {target}`: nothing to do" if ok else None
     return check
 
@@ -153,7 +153,7 @@ def _validated(ctx: Context) -> str | None:
 
 
 def stages(fetch_jit: str | None) -> list[Stage]:
-    py = lambda ctx: ctx.python  # noqa: E731
+    py = lambda ctx: ctx.python
     jit = Stage("jit", lambda ctx: [py(ctx), "jax_aiter/jit/build_jit.py"],
                 lambda ctx: "python3 jax_aiter/jit/build_jit.py  (or nox -s jit)",
                 artifacts=lambda ctx: sorted(config.load().jit_dir.glob("lib*.so")))

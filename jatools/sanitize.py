@@ -54,7 +54,7 @@ def build_env(base: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def _runtime_library(cxx: str, name: str) -> Path:
-    out = subprocess.run([cxx, f"-print-file-name={name}"], capture_output=True, text=True)
+    out = subprocess.run([cxx, f"-print-file-name={name}"], check=False, capture_output=True, text=True)
     path = Path(out.stdout.strip())
     if out.returncode != 0 or not path.is_absolute() or not path.exists():
         raise SanitizeError(f"{cxx} does not know its {name} ({out.stdout.strip() or out.stderr.strip()}); "

@@ -50,7 +50,7 @@ class Toolchain:
 
 
 def _run(cmd: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout)
 
 
 def _first_line(text: str) -> str:
@@ -159,7 +159,7 @@ def check_rocm_archs(hipcc: str, archs: list[str], env: dict[str, str]) -> None:
             src.write_text("__global__ void ja_probe() {}\n")
             out = subprocess.run(
                 [hipcc, "-x", "hip", f"--offload-arch={a}", "--cuda-device-only", "-c", str(src), "-o", str(Path(tmp, "p.o"))],
-                capture_output=True, text=True, timeout=300, env={**os.environ, **env, "HIP_PLATFORM": "amd"},
+                check=False, capture_output=True, text=True, timeout=300, env={**os.environ, **env, "HIP_PLATFORM": "amd"},
             )
             if out.returncode != 0:
                 reason = _first_line(out.stderr) or f"exit {out.returncode}"

@@ -16,7 +16,7 @@ _LAZY = {
     "flash_attn_func": "jax_aiter.ops.attention",
 }
 
-__all__ = sorted(_LAZY)
+__all__ = sorted(_LAZY)  # noqa: PLE0605 (built from _LAZY, the one list of the public names)
 
 
 def __getattr__(name: str):

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "ci" / "perf")]  # the checkout's jax_aiter, and the perf-log parser
 
-import parse_perf_log  # noqa: E402
+import parse_perf_log
 
 VOCAB, DIM, HIDDEN, LAYERS, BATCH, SEQ = 64, 128, 256, 2, 16, 32
 EPS = 1e-6
@@ -56,7 +56,7 @@ def ops(impl: str):
 
 def init(key, dtype):
     keys = jax.random.split(key, 2 + 2 * LAYERS)
-    scale = lambda fan_in: 1.0 / math.sqrt(fan_in)  # noqa: E731
+    scale = lambda fan_in: 1.0 / math.sqrt(fan_in)
     params = {"embed": jax.random.normal(keys[0], (VOCAB, DIM)) * 0.02, "norm": jnp.ones((DIM,)), "layers": []}
     for i in range(LAYERS):
         params["layers"].append({
@@ -92,7 +92,7 @@ def adam(lr=3e-3, b1=0.9, b2=0.99, eps=1e-8):
         t = t + 1
         m = jax.tree_util.tree_map(lambda m, g: b1 * m + (1 - b1) * g.astype(jnp.float32), m, grads)
         v = jax.tree_util.tree_map(lambda v, g: b2 * v + (1 - b2) * jnp.square(g.astype(jnp.float32)), v, grads)
-        step = lambda p, m, v: (p.astype(jnp.float32) - lr * (m / (1 - b1 ** t)) /  # noqa: E731
+        step = lambda p, m, v: (p.astype(jnp.float32) - lr * (m / (1 - b1 ** t)) /
                                 (jnp.sqrt(v / (1 - b2 ** t)) + eps)).astype(p.dtype)
         return jax.tree_util.tree_map(step, params, m, v), (m, v, t)
 

@@ -29,8 +29,8 @@ ROOT = Path(os.environ.get("JA_ROOT_DIR") or Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from jatools import config, identity, toolchain  # noqa: E402
-from jax_aiter.integrity import file_entry, sha256_files  # noqa: E402
+from jatools import config, identity, toolchain
+from jax_aiter.integrity import file_entry, sha256_files
 
 RECORD_NAME = "build_record.json"
 RECORD_SCHEMA = 1
@@ -109,7 +109,7 @@ def _q(args: list[str]) -> str:
 def ninja_text(modules: dict[str, dict], sources: dict[str, dict[str, list[Path]]], tc: toolchain.Toolchain,
                flags: dict[str, list[str]], settings: config.Settings, ccache: str | None) -> str:
     root = settings.root
-    rel = lambda p: os.path.relpath(p, root)  # noqa: E731
+    rel = lambda p: os.path.relpath(p, root)
     jit_dir, umb_dir = rel(settings.jit_dir), rel(settings.umbrella_dir)
     launcher = f"{ccache} " if ccache else ""
     lines = [
@@ -138,8 +138,9 @@ def ninja_text(modules: dict[str, dict], sources: dict[str, dict[str, list[Path]
     lines += [
         f"link = {_q(flags['link'])}",
         "rule link",
-        f"  command = $link -o $out.tmp $in {lp}--no-as-needed -L{umb_dir} -ljax_aiter {lp}-soname=$soname {lp}--enable-new-dtags "
-        f"'{lp}-rpath=$$ORIGIN:$$ORIGIN/../jax_aiter_build' {_q(flags['libs'])} && mv -f $out.tmp $out",
+        (f"  command = $link -o $out.tmp $in {lp}--no-as-needed -L{umb_dir} -ljax_aiter {lp}-soname=$soname "
+         f"{lp}--enable-new-dtags '{lp}-rpath=$$ORIGIN:$$ORIGIN/../jax_aiter_build' {_q(flags['libs'])} "
+         "&& mv -f $out.tmp $out"),
         "  description = LINK $out",
     ]
     for name, module in modules.items():
@@ -266,11 +267,8 @@ def build(module_names: list[str] | None, jobs: int | None, verbose: bool, log_p
         print(f"  compiler cache: {ccache}")
     build_file = settings.jit_dir / "build.ninja"
     write_if_changed(build_file, ninja_text(modules, sources, tc, flags, settings, ccache))
-    log = open(log_path, "a") if log_path else open(os.devnull, "w")
-    try:
-        done, total = run_ninja(build_file, jobs, verbose, log, settings.root)
-    finally:
-        log.close()
+    with open(log_path or os.devnull, "a") as log:
+        done, _ = run_ninja(build_file, jobs, verbose, log, settings.root)
     seconds = time.monotonic() - start
     record = write_record(settings, tc, ident, modules, counts, seconds)
     summary = {"modules": names, "instances": sum(counts.values()), "steps_run": done, "seconds": round(seconds, 2),

@@ -6,7 +6,7 @@ the per-row inputs folds into the rows for free. A batched *shared* parameter
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

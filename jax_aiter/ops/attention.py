@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from functools import lru_cache, partial
+from functools import cache, partial
 
 import jax
 import jax.numpy as jnp
@@ -65,7 +65,7 @@ def _check(q, k, v, causal, softmax_scale) -> float:
     return scale
 
 
-@lru_cache(maxsize=None)
+@cache
 def _prims(causal: bool, scale: float):
     """The forward and backward FFI calls for one (causal, scale), batched by folding into batch."""
     attrs = {"causal": np.bool_(causal), "scale": _ffi.f32(scale)}

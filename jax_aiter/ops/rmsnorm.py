@@ -1,7 +1,7 @@
 """RMSNorm through the rmsnorm_fwd FFI kernel; the backward is plain JAX."""
 from __future__ import annotations
 
-from functools import lru_cache, partial
+from functools import cache, partial
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +25,7 @@ def _check(op: str, x, weight, eps, residual=None) -> float:
     return _checks.check_eps(op, eps)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _prims(eps: float):
     def plain(x, weight):
         _loader.ensure_registered("rmsnorm_fwd")

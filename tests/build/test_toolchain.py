@@ -56,7 +56,7 @@ def tools(tmp_path):
 
 
 def test_cpu_when_no_gpu_toolchain(tools):
-    bin_dir, settings, env = tools
+    _, settings, env = tools
     tc = toolchain.detect(settings(), env=env())
     assert tc.backend == "cpu" and tc.archs == ()
     assert "resolved to cpu" in " ".join(tc.how)
@@ -85,7 +85,7 @@ def test_therock_root_from_rocm_sdk_and_hipcc_from_path(tools, tmp_path):
 
 
 def test_rocm_path_wins_and_archs_split_on_both_separators(tools, tmp_path):
-    bin_dir, settings, env = tools
+    _, settings, env = tools
     rocm = tmp_path / "rocm"
     _tool(rocm / "bin", "hipcc", HIPCC)
     tc = toolchain.detect(settings(archs="gfx90a; gfx942,gfx90a"), env=env(ROCM_PATH=str(rocm)))

@@ -9,9 +9,9 @@ import numpy as np
 # unit in the last place of the output dtype (bf16: 2^-8, f16: 2^-11) plus
 # float32 accumulation noise; inputs are exactly representable in the dtype.
 TOL = {
-    jnp.dtype(jnp.float32): dict(rtol=2e-5, atol=2e-5),
-    jnp.dtype(jnp.bfloat16): dict(rtol=1.6e-2, atol=1.6e-2),
-    jnp.dtype(jnp.float16): dict(rtol=2e-3, atol=2e-3),
+    jnp.dtype(jnp.float32): {"rtol": 2e-5, "atol": 2e-5},
+    jnp.dtype(jnp.bfloat16): {"rtol": 1.6e-2, "atol": 1.6e-2},
+    jnp.dtype(jnp.float16): {"rtol": 2e-3, "atol": 2e-3},
 }
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
 

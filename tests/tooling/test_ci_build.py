@@ -50,7 +50,7 @@ def invoke_tasks() -> set[str]:
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     full = {k: v for k, v in os.environ.items() if k not in ("GITHUB_OUTPUT", "GITHUB_ACTIONS")}
     full.update(PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}", **(env or {}))
-    return subprocess.run([sys.executable, str(ROOT / "ci" / "build.py"), *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, str(ROOT / "ci" / "build.py"), *args], check=False, capture_output=True, text=True,
                           env=full, cwd=ROOT)
 
 

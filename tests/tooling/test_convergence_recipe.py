@@ -14,7 +14,7 @@ pytest.importorskip("jax", reason="the convergence recipe trains with JAX (pip i
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "ci" / "convergence"))
 
-import train_tiny  # noqa: E402
+import train_tiny
 
 
 def test_verdict_accepts_matching_curves() -> None:
@@ -41,7 +41,7 @@ def test_short_comparison_on_the_cpu(tmp_path: Path) -> None:
     except _loader.LibraryNotFoundError as e:
         pytest.skip(f"CPU libraries not built ({e}); `nox -s tests` builds them first")
     r = subprocess.run([sys.executable, str(ROOT / "ci/convergence/train_tiny.py"), "--compare", "--steps", "30",
-                        "--window", "5", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600,
+                        "--window", "5", "--out", str(tmp_path)], check=False, capture_output=True, text=True, timeout=600,
                        env={**__import__("os").environ, "JAX_PLATFORMS": "cpu"})
     assert r.returncode == 0, r.stderr[-3000:]
     verdict = json.loads((tmp_path / "verdict.json").read_text())

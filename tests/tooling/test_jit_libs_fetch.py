@@ -11,6 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
+
+from jatools import jit_cache
+from jax_aiter import _loader, fetch, reuse_gate
+from jax_aiter import manifest as mf
+from jax_aiter.integrity import diff_entries
 from tests.tooling.jit_libs_support import (  # noqa: F401  (pytest fixtures)
     REPO,
     checkout_fixture,
@@ -24,11 +29,6 @@ from tests.tooling.jit_libs_support import (  # noqa: F401  (pytest fixtures)
     snapshot,
     wheel_identity,
 )
-
-from jatools import jit_cache
-from jax_aiter import _loader, fetch, reuse_gate
-from jax_aiter import manifest as mf
-from jax_aiter.integrity import diff_entries
 
 MHA = list(_loader.MHA_JIT_LIBS)
 

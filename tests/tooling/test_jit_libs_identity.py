@@ -5,6 +5,9 @@ import json
 from pathlib import Path
 
 import pytest
+
+from jatools import config, identity, jit_cache, toolchain
+from jax_aiter import reuse_gate
 from tests.tooling.jit_libs_support import (  # noqa: F401  (pytest fixtures)
     REPO,
     checkout_fixture,
@@ -17,9 +20,6 @@ from tests.tooling.jit_libs_support import (  # noqa: F401  (pytest fixtures)
     settings_for,
     write_build,
 )
-
-from jatools import config, identity, jit_cache, toolchain
-from jax_aiter import reuse_gate
 
 LISTED = ["jax_aiter/jit/build_jit.py", "jax_aiter/jit/optCompilerConfig.json", "scripts/aiter_jit_fix.patch",
           "csrc/include/ja/gpu.h"]

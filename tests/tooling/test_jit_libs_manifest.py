@@ -5,6 +5,11 @@ import json
 from pathlib import Path
 
 import pytest
+
+from jatools import publish
+from jax_aiter import blob, reuse_gate
+from jax_aiter import manifest as mf
+from jax_aiter.integrity import sha256_file, sha256_files
 from tests.tooling.jit_libs_support import (  # noqa: F401  (pytest fixtures)
     MODULES,
     checkout_fixture,
@@ -15,11 +20,6 @@ from tests.tooling.jit_libs_support import (  # noqa: F401  (pytest fixtures)
     settings_for,
     write_build,
 )
-
-from jatools import publish
-from jax_aiter import blob, reuse_gate
-from jax_aiter import manifest as mf
-from jax_aiter.integrity import sha256_file, sha256_files
 
 
 def _publish(root: Path, to: str, **kw) -> dict:

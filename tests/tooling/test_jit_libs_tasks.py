@@ -10,6 +10,9 @@ import re
 
 import pytest
 from invoke import Exit, MockContext, Result
+
+from jax_aiter import manifest as mf
+from jax_aiter import reuse_gate
 from tests.tooling.jit_libs_support import (  # noqa: F401  (pytest fixtures)
     MODULES,
     REPO,
@@ -19,9 +22,6 @@ from tests.tooling.jit_libs_support import (  # noqa: F401  (pytest fixtures)
     server_fixture,
     write_build,
 )
-
-from jax_aiter import manifest as mf
-from jax_aiter import reuse_gate
 
 
 @pytest.fixture

@@ -12,10 +12,17 @@ from pathlib import Path
 
 import pytest
 from invoke import Context, Exit
-from tests.tooling.jit_libs_support import MODULES, REPO, make_checkout, other_identity, snapshot, write_build
 
 from jatools import jit_cache, jit_merge
 from jax_aiter import reuse_gate
+from tests.tooling.jit_libs_support import (
+    MODULES,
+    REPO,
+    make_checkout,
+    other_identity,
+    snapshot,
+    write_build,
+)
 
 IDENT = other_identity({"kernel_source_revision": "a" * 40, "kernel_source_dirty": False, "gpu_archs": ["gfx950"],
                         "recipe_hash": "b" * 64, "backend": "rocm", "ffi_api_version": "0.3",
