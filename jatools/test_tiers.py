@@ -86,9 +86,13 @@ def plan(tier: str, platform: str, gpus: gpu_slots.Gpus, pytest_args: list[str],
         # Only the plugins a tier uses are loaded (-p below; ours come from tests/conftest.py). An
         # image's other plugins (hypothesis, cov, jaxtyping, ...) cost each process about a second
         # at start and end, and some import JAX before the worker has taken its GPU slot.
-        autoload = env.get(AUTOLOAD_ENV) == "1" or "PYTEST_DISABLE_PLUGIN_AUTOLOAD" in env
-        if not autoload:
-            over["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+        # A PYTEST_DISABLE_PLUGIN_AUTOLOAD the caller set is kept (pytest reads any non-empty value as on).
+        if "PYTEST_DISABLE_PLUGIN_AUTOLOAD" in env:
+            autoload = not env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"]
+        else:
+            autoload = env.get(AUTOLOAD_ENV) == "1"
+            if not autoload:
+                over["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
         if reruns and have_rerun_plugin:
             argv += [*([] if autoload else ["-p", "pytest_rerunfailures"]), "--reruns", str(reruns)]
         if kind == "multi":

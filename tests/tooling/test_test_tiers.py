@@ -74,6 +74,12 @@ def test_only_the_plugins_a_run_uses_are_loaded_unless_autoload_is_asked_for():
         (run,) = _plan("pr", "cuda", TWO_CUDA, reruns=2, env=env)
         assert "PYTEST_DISABLE_PLUGIN_AUTOLOAD" not in run.env and "-p" not in run.argv
         assert "--reruns" in run.argv and "-n" in run.argv
+    # Autoload switched off by the caller: kept, and the plugins the run needs are still named.
+    (run,) = _plan("pr", "cuda", TWO_CUDA, reruns=2, env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "true",
+                                                           "JA_PYTEST_AUTOLOAD": "1"})
+    assert "PYTEST_DISABLE_PLUGIN_AUTOLOAD" not in run.env
+    assert ("-p", "xdist.plugin") in zip(run.argv, run.argv[1:])
+    assert ("-p", "pytest_rerunfailures") in zip(run.argv, run.argv[1:])
 
 
 def test_platform_choice_precedence():
