@@ -5,9 +5,11 @@
 Both runs use the same pytest command the pr tier uses (jatools.test_tiers.plan),
 with retries off. Each worker records its slot and the devices JAX showed it
 (jatools.pytest_gpu_slot), and the run fails unless every worker of the
-N-worker run saw exactly one GPU and no two workers shared one. The N-worker
-run goes first in each round, so any warm-cache effect favours the 1-worker
-run (the reported speed-up is not flattered). Writes a JSON with every run.
+N-worker run saw exactly one GPU and no two workers shared one. Untimed
+warm-up rounds go first (--warmup, default 1: the first run after a build
+starts on cold caches and was measured slower); then the N-worker run goes first in each round,
+so any warm-cache effect left favours the 1-worker run (the reported speed-up
+is not flattered). Writes a JSON with every run, warm-ups marked.
 """
 from __future__ import annotations
 
@@ -66,10 +68,13 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("--workers", type=int, default=2, help="workers of the parallel run, one GPU each (2)")
     p.add_argument("--repeats", type=int, default=1, help="rounds of (N workers, 1 worker); medians are compared")
+    p.add_argument("--warmup", type=int, default=1, help="untimed rounds first, not in the medians (1)")
     p.add_argument("--tier", default="pr", help="tier whose single-device run is timed (pr)")
     p.add_argument("--platform", default=None, help="cuda | rocm (default: detected)")
     p.add_argument("--out", type=Path, default=Path("build/test-results/slot_speedup.json"))
     a, pytest_args = p.parse_known_args(argv)
+    if a.repeats < 1 or a.warmup < 0 or a.workers < 2:
+        p.error("--repeats must be >= 1, --warmup >= 0 and --workers >= 2")
     root = Path(__file__).resolve().parent.parent
     gpus = gpu_slots.detect()
     platform, why = test_tiers.choose_platform(a.platform, dict(os.environ), gpus)
@@ -78,30 +83,33 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     rounds = []
-    for r in range(a.repeats):
+    for r in range(a.warmup + a.repeats):
+        warmup = r < a.warmup
+        label = f"warm-up {r + 1}" if warmup else f"round {r - a.warmup + 1}"
         for n in (a.workers, 1):
             (run,) = [x for x in test_tiers.plan(a.tier, platform, gpus, pytest_args, workers=n, reruns=0,
                                                  results_dir=root / test_tiers.RESULTS_DIR) if x.kind == "single"]
-            print(f"slot_speedup: round {r + 1}, {n} worker(s): {run.command_line()}", flush=True)
+            print(f"slot_speedup: {label}, {n} worker(s): {run.command_line()}", flush=True)
             with tempfile.TemporaryDirectory(prefix="ja-slots-") as tmp:
                 res = timed_run(run, root, Path(tmp))
-            res.update(workers=n, round=r + 1, command=run.command_line(), pinning_problems=check_pinning(
-                res["workers_seen"], n))
+            res.update(workers=n, round=r - a.warmup + 1, warmup=warmup, label=label, command=run.command_line(),
+                       pinning_problems=check_pinning(res["workers_seen"], n))
             rounds.append(res)
-    t_n = statistics.median(x["seconds"] for x in rounds if x["workers"] == a.workers)
-    t_1 = statistics.median(x["seconds"] for x in rounds if x["workers"] == 1)
-    failures = [f"{x['workers']} worker(s), round {x['round']}: exit {x['rc']}" for x in rounds if x["rc"] != 0]
-    failures += [f"{x['workers']} worker(s), round {x['round']}: {pr}" for x in rounds for pr in x["pinning_problems"]]
+    timed = [x for x in rounds if not x["warmup"]]
+    t_n = statistics.median(x["seconds"] for x in timed if x["workers"] == a.workers)
+    t_1 = statistics.median(x["seconds"] for x in timed if x["workers"] == 1)
+    failures = [f"{x['workers']} worker(s), {x['label']}: exit {x['rc']}" for x in rounds if x["rc"] != 0]
+    failures += [f"{x['workers']} worker(s), {x['label']}: {pr}" for x in rounds for pr in x["pinning_problems"]]
     speedup = t_1 / t_n if t_n else 0.0
     result = {"tier": a.tier, "platform": platform, "platform_how": why, "gpus": list(gpus.ids), "gpus_how": gpus.how,
-              "workers": a.workers, "repeats": a.repeats, "seconds_1_worker": t_1, f"seconds_{a.workers}_workers": t_n,
+              "workers": a.workers, "repeats": a.repeats, "warmup": a.warmup, "seconds_1_worker": t_1, f"seconds_{a.workers}_workers": t_n,
               "speedup": round(speedup, 3), "goal": GOAL, "met_goal": speedup >= GOAL and not failures,
               "failures": failures, "runs": rounds}
     atomic_write.write_text(a.out, json.dumps(result, indent=1) + "\n")
     print(f"\n== slot speed-up, tier {a.tier} on {platform} ({gpus.how}) ==")
     for x in rounds:
         pins = ", ".join(f"{w['worker']}->GPU {w['gpu']} ({len(w.get('jax_devices') or [])} dev)" for w in x["workers_seen"])
-        print(f"{x['workers']} worker(s) round {x['round']}: {x['seconds']:.1f} s, exit {x['rc']}, {x['counts']}; {pins}")
+        print(f"{x['workers']} worker(s) {x['label']}: {x['seconds']:.1f} s, exit {x['rc']}, {x['counts']}; {pins}")
     print(f"1 worker {t_1:.1f} s, {a.workers} workers {t_n:.1f} s: speed-up {speedup:.2f}x (goal {GOAL}x)")
     for f in failures:
         print(f"FAILED: {f}")

@@ -203,3 +203,37 @@ def test_slot_speedup_pinning_check_names_each_problem():
     wide = [{**good[0], "jax_devices": ["cuda:0", "cuda:1"]}, good[1]]
     assert any("saw 2 devices" in p for p in check_pinning(wide, 2))
     assert any("1 worker records for 2 workers" in p for p in check_pinning(good[:1], 2))
+
+
+def test_slot_speedup_runs_warm_ups_first_and_leaves_them_out_of_the_medians(tmp_path):
+    """The whole measurement on a stand-in 2-GPU host: real pytest runs, real slots, a tiny tree."""
+    pytest.importorskip("xdist", reason="pytest-xdist is not installed")
+    pytest.importorskip("jax", reason="the workers record the devices JAX showed them")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider --strict-markers\nmarkers =\n"
+                                     + "".join(f"    {m}: x\n" for m in tag_filters.MARKERS))
+    (tree / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text().replace(
+        "Path(__file__).resolve().parent.parent", repr(str(ROOT))))
+    (tree / "test_tree.py").write_text("import pytest\n\n\n@pytest.mark.parametrize('i', range(4))\n"
+                                       "def test_sees_jax(i):\n    import jax\n    assert jax.devices()\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JA_", "XLA_", "PYTEST_", "CUDA_"))}
+    env.update(JA_GPU_COUNT="2", JA_GPU_LOCK_DIR=str(tmp_path / "locks"),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    out = tmp_path / "speedup.json"
+    r = subprocess.run([sys.executable, str(ROOT / "ci" / "measure_slot_speedup.py"), "--platform", "cuda",
+                        "--repeats", "2", "--out", str(out), "-m", "not slow", str(tree)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads(out.read_text())
+    assert [(x["label"], x["workers"]) for x in res["runs"]] == [
+        ("warm-up 1", 2), ("warm-up 1", 1), ("round 1", 2), ("round 1", 1), ("round 2", 2), ("round 2", 1)]
+    timed_n = sorted(x["seconds"] for x in res["runs"][2:] if x["workers"] == 2)
+    assert res["seconds_2_workers"] == pytest.approx(sum(timed_n) / 2)  # the median of the two timed runs
+    assert res["warmup"] == 1 and res["failures"] == []
+    assert all(x["counts"] == {"passed": 4} for x in res["runs"])
+    gpus = {w["worker"]: w["gpu"] for w in res["runs"][2]["workers_seen"]}
+    assert sorted(gpus.values()) == ["0", "1"]  # each worker of the 2-worker run held its own GPU slot
+    bad = subprocess.run([sys.executable, str(ROOT / "ci" / "measure_slot_speedup.py"), "--repeats", "0"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert bad.returncode == 2 and "--repeats must be >= 1" in bad.stderr
