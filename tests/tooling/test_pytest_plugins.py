@@ -73,13 +73,18 @@ def _records(folder: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
 
 
-@needs_xdist
-def test_xdist_workers_each_take_a_different_gpu(suite):
+def _where(suite, *args: str, gpus: int = 2, **env: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """Run WHO_AM_I on `gpus` stand-in GPUs with these pytest args and environment: the run, and each test's record."""
     out = suite.tmp / "out"
     out.mkdir()
-    r = suite(WHO_AM_I, "-n", "2", gpus=2, OUT=str(out), JA_GPU_SLOT_RECORD_DIR=str(suite.tmp / "slots"))
+    r = suite(WHO_AM_I, *args, gpus=gpus, OUT=str(out), **env)
     assert r.returncode == 0, r.stdout + r.stderr
-    recs = _records(out)
+    return r, _records(out)
+
+
+@needs_xdist
+def test_xdist_workers_each_take_a_different_gpu(suite):
+    _, recs = _where(suite, "-n", "2", JA_GPU_SLOT_RECORD_DIR=str(suite.tmp / "slots"))
     by_worker = {}
     for rec in recs:
         by_worker.setdefault(rec["PYTEST_XDIST_WORKER"], set()).add(rec["CUDA_VISIBLE_DEVICES"])
@@ -95,39 +100,27 @@ def test_xdist_workers_each_take_a_different_gpu(suite):
 
 @needs_xdist
 def test_slot_switch_off_leaves_workers_unpinned(suite):
-    out = suite.tmp / "out"
-    out.mkdir()
-    r = suite(WHO_AM_I, "-n", "2", gpus=2, OUT=str(out), JA_GPU_SLOT="0")
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert {rec["CUDA_VISIBLE_DEVICES"] for rec in _records(out)} == {None}
-    assert {rec["XLA_PYTHON_CLIENT_PREALLOCATE"] for rec in _records(out)} == {None}
+    _, recs = _where(suite, "-n", "2", JA_GPU_SLOT="0")
+    assert {rec["CUDA_VISIBLE_DEVICES"] for rec in recs} == {None}
+    assert {rec["XLA_PYTHON_CLIENT_PREALLOCATE"] for rec in recs} == {None}
 
 
 @needs_xdist
 def test_a_preallocation_choice_of_the_caller_is_kept(suite):
-    out = suite.tmp / "out"
-    out.mkdir()
-    r = suite(WHO_AM_I, "-n", "2", gpus=2, OUT=str(out), XLA_PYTHON_CLIENT_PREALLOCATE="true")
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert {rec["XLA_PYTHON_CLIENT_PREALLOCATE"] for rec in _records(out)} == {"true"}
+    _, recs = _where(suite, "-n", "2", XLA_PYTHON_CLIENT_PREALLOCATE="true")
+    assert {rec["XLA_PYTHON_CLIENT_PREALLOCATE"] for rec in recs} == {"true"}
 
 
 @needs_xdist
 def test_numpy_imported_before_the_slot_is_a_warning(suite):
     (suite.tree / "conftest.py").write_text(f"import numpy\npytest_plugins = {PLUGINS!r}\n")
-    out = suite.tmp / "out"
-    out.mkdir()
-    r = suite(WHO_AM_I, "-n", "2", gpus=2, OUT=str(out))
-    assert r.returncode == 0, r.stdout + r.stderr
+    r, _ = _where(suite, "-n", "2")
     assert "NumPy was imported before this worker took its GPU slot" in r.stdout + r.stderr
 
 
 def test_single_process_pins_itself_on_request(suite):
-    out = suite.tmp / "out"
-    out.mkdir()
-    r = suite(WHO_AM_I, gpus=3, OUT=str(out), JA_GPU_SLOT="1")
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert {rec["JA_GPU_SLOT_HELD"] for rec in _records(out)} == {"0:0"}
+    _, recs = _where(suite, gpus=3, JA_GPU_SLOT="1")
+    assert {rec["JA_GPU_SLOT_HELD"] for rec in recs} == {"0:0"}
 
 
 GUARDED = """
