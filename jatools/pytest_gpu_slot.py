@@ -68,15 +68,12 @@ def pytest_configure(config: pytest.Config) -> None:
                                   note=f"pid {os.getpid()}: pytest worker {worker}")
     except gpu_slots.SlotTimeout as e:
         raise pytest.UsageError(f"jatools.pytest_gpu_slot ({worker}): {e}") from e
+    # pinned_env is this environment with the slot's settings applied (and what they
+    # replace removed): make it this process's own, before anything imports JAX or NumPy.
     pinned = gpu_slots.pinned_env(_held, per_gpu)
-    for key in ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"):
-        if key in pinned:
-            os.environ[key] = pinned[key]
-        else:
-            os.environ.pop(key, None)
-    for key in (gpu_slots.PREALLOCATE_ENV, gpu_slots.MEM_FRACTION_ENV, *gpu_slots.BLAS_THREADS_ENV, gpu_slots.HELD_ENV):
-        if key in pinned:
-            os.environ[key] = pinned[key]
+    for key in set(os.environ) - set(pinned):
+        del os.environ[key]
+    os.environ.update(pinned)
     if "numpy" in sys.modules:
         config.issue_config_time_warning(pytest.PytestConfigWarning(
             f"jatools.pytest_gpu_slot ({worker}): NumPy was imported before this worker took its GPU slot, so "
