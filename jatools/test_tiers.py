@@ -32,6 +32,7 @@ WORKERS_ENV = "JA_TEST_WORKERS"
 RERUNS_ENV = "JA_TEST_RERUNS"
 AUTOLOAD_ENV = "JA_PYTEST_AUTOLOAD"  # 1: let pytest load every installed plugin (default: only ours + named)
 RESULTS_DIR = Path("build") / "test-results"
+LONGEST_FIRST_PLUGIN = "jatools.pytest_longest_first"
 CPU_MULTI_DEVICES = 4
 DEFAULT_RERUNS = {"cpu": 0, "cuda": 2, "rocm": 2}  # XLA's single-GPU CI: 3 attempts
 
@@ -106,9 +107,11 @@ def plan(tier: str, platform: str, gpus: gpu_slots.Gpus, pytest_args: list[str],
                                 f"{gpu_slots.PER_GPU_ENV}={gpu_slots.tests_per_gpu(env)}); the extra workers would "
                                 f"wait for a slot until timeout. Use --workers {slots} or raise {gpu_slots.PER_GPU_ENV}")
             if n:
-                # worksteal: a worker that runs out takes queued tests from the others, so one
-                # worker left with the long tail does not set the wall time.
-                argv += [*([] if autoload else ["-p", "xdist.plugin"]), "-n", str(n), "--dist", "worksteal"]
+                # worksteal: a worker that runs out takes queued tests from the others; longest first
+                # (by earlier runs' durations): no long test starts last while the other workers idle.
+                # The plugin is named here too, so the flag is known whatever paths the run is given.
+                argv += [*([] if autoload else ["-p", "xdist.plugin"]), "-n", str(n), "--dist", "worksteal",
+                         "-p", LONGEST_FIRST_PLUGIN, "--longest-first"]
             elif platform != "cpu":
                 over["JA_GPU_SLOT"] = "1"  # no xdist: pin this one process
         runs.append(PytestRun(kind, config, expr, (*argv, *pytest_args), over,

@@ -1,4 +1,5 @@
-"""Test-suite wiring: device guards, GPU-slot pinning for xdist workers, flaky-retry report.
+"""Test-suite wiring: device guards, GPU-slot pinning for xdist workers, flaky-retry report,
+longest-first ordering.
 
 The logic lives in jatools (repo-only tooling); see docs/testing.md. Nothing
 here imports JAX: an xdist worker must take its GPU slot before JAX starts.
@@ -11,4 +12,5 @@ _ROOT = str(Path(__file__).resolve().parent.parent)
 if _ROOT not in sys.path:
     sys.path.append(_ROOT)
 
-pytest_plugins = ["jatools.pytest_gpu_slot", "jatools.pytest_guards", "jatools.pytest_flaky_report"]
+pytest_plugins = ["jatools.pytest_gpu_slot", "jatools.pytest_guards", "jatools.pytest_flaky_report",
+                  "jatools.pytest_longest_first"]

@@ -1,4 +1,5 @@
-"""The pytest plugins in real pytest processes: xdist GPU slots, device guards, flaky-retry report."""
+"""The pytest plugins in real pytest processes: xdist GPU slots, device guards, flaky-retry report,
+longest-first ordering."""
 from __future__ import annotations
 
 import importlib.util
@@ -12,7 +13,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PLUGINS = ["jatools.pytest_gpu_slot", "jatools.pytest_guards", "jatools.pytest_flaky_report"]
+PLUGINS = ["jatools.pytest_gpu_slot", "jatools.pytest_guards", "jatools.pytest_flaky_report",
+           "jatools.pytest_longest_first"]
 MARKERS = ["gpu", "multigpu", "slow", "cuda_only", "rocm_only"]
 PINNING = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "XLA_FLAGS",
            "JA_GPU_SLOT", "JA_GPU_SLOT_HELD", "JA_FLAKY_JSON", "PYTEST_XDIST_WORKER", "PYTEST_ADDOPTS",
@@ -241,3 +243,79 @@ def test_worker_refuses_only_a_jax_that_already_chose_its_devices(suite, early, 
     r = suite("def test_ok():\n    pass\n", "-n", "1", gpus=1)
     assert (r.returncode != 0) == refused, r.stdout + r.stderr
     assert ("started its backends before this worker took its GPU slot" in r.stdout + r.stderr) == refused
+
+
+def test_longest_first_order_puts_unknown_tests_at_the_mean_and_keeps_ties_in_collection_order():
+    from jatools.pytest_longest_first import longest_first
+
+    ids = ["a", "b", "c", "d", "new"]
+    assert longest_first(ids, {}) == [0, 1, 2, 3, 4]  # nothing recorded: collection order
+    # mean of the recorded ones is 0.35: "new" goes between c (0.5) and the 0.2s, which keep their order
+    assert longest_first(ids, {"a": 0.2, "b": 0.2, "c": 0.5, "d": 0.5}) == [2, 3, 4, 0, 1]
+
+
+TIMED = """
+    import json, os, time, pytest
+
+    SLEEP = {0: 0.05, 1: 0.0, 2: 0.6, 3: 0.0, 4: 0.3, 5: 0.0}
+
+    @pytest.mark.parametrize("i", range(6))
+    def test_t(i):
+        rec = {"i": i, "start": time.monotonic(), "worker": os.environ.get("PYTEST_XDIST_WORKER")}
+        time.sleep(SLEEP[i])
+        open(os.path.join(os.environ["OUT"], f"{i}.json"), "w").write(json.dumps(rec))
+"""
+
+
+def _started(suite, *args: str) -> tuple[subprocess.CompletedProcess, list[int]]:
+    """Run TIMED with the pytest cache on: the run, and its tests in the order they started."""
+    out = suite.tmp / "out"
+    out.mkdir(exist_ok=True)
+    for old in out.glob("*.json"):
+        old.unlink()
+    r = suite(TIMED, "-v", *args, OUT=str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r, [rec["i"] for rec in sorted(_records(out), key=lambda rec: rec["start"])]
+
+
+@pytest.fixture
+def cached_suite(suite):
+    """suite with pytest's cache on, kept in .cache_<xdist worker> (the controller's is .cache_)."""
+    # pytest expands environment variables in cache_dir; only workers have PYTEST_XDIST_WORKER, so a
+    # worker that read the cache itself would find none there and fall back to collection order.
+    ini = (suite.tree / "pytest.ini").read_text().replace("-p no:cacheprovider ", "")
+    (suite.tree / "pytest.ini").write_text(ini + "cache_dir = .cache_${PYTEST_XDIST_WORKER}\n")
+    return suite
+
+
+def _recorded(suite) -> dict:
+    path = suite.tree / ".cache_${PYTEST_XDIST_WORKER}" / "v" / "jax_aiter" / "durations"
+    return json.loads(path.read_text())
+
+
+def test_longest_first_records_durations_and_runs_the_longest_first_next_time(cached_suite):
+    r, order = _started(cached_suite, "--longest-first")
+    assert order == [0, 1, 2, 3, 4, 5] and "--longest-first: no durations recorded yet" in r.stdout
+    seconds = _recorded(cached_suite)
+    assert set(seconds) == {f"test_it.py::test_t[{i}]" for i in range(6)}
+    assert seconds["test_it.py::test_t[2]"] >= 0.6 and seconds["test_it.py::test_t[1]"] < 0.3
+    r, order = _started(cached_suite, "--longest-first")
+    assert order[:3] == [2, 4, 0] and "--longest-first: 6 recorded durations" in r.stdout
+    _, order = _started(cached_suite)  # without the flag: collection order, nothing read
+    assert order == [0, 1, 2, 3, 4, 5]
+
+
+@needs_xdist
+def test_longest_first_workers_take_the_controllers_durations(cached_suite):
+    _started(cached_suite, "--longest-first", "-p", "no:xdist")  # records, as the controller would
+    r, order = _started(cached_suite, "--longest-first", "-n", "1")
+    assert order[:3] == [2, 4, 0], r.stdout  # the worker's own cache folder is empty: this came from the controller
+    assert not list(cached_suite.tree.glob(".cache_gw*/v/jax_aiter"))  # and workers never write durations
+
+
+def test_longest_first_steps_aside_for_failed_first_and_without_a_cache(cached_suite):
+    _started(cached_suite, "--longest-first")
+    r, order = _started(cached_suite, "--longest-first", "--ff")
+    assert order == [0, 1, 2, 3, 4, 5] and "--longest-first: not applied, --ff/--nf order this run" in r.stdout
+    r, order = _started(cached_suite, "--longest-first", "-p", "no:cacheprovider")
+    assert order == [0, 1, 2, 3, 4, 5] and "the pytest cache is off" in r.stdout
