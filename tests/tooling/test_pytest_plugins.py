@@ -20,7 +20,7 @@ PINNING = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"
            "JA_GPU_SLOT", "JA_GPU_SLOT_HELD", "JA_FLAKY_JSON", "PYTEST_XDIST_WORKER", "PYTEST_ADDOPTS",
            "PYTEST_DISABLE_PLUGIN_AUTOLOAD",  # a tier run sets it; these suites load xdist as users do
            "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION", "OPENBLAS_NUM_THREADS",
-           "MKL_NUM_THREADS", "OMP_NUM_THREADS")
+           "MKL_NUM_THREADS", "OMP_NUM_THREADS", "JA_WORKER_FAST_EXIT")
 
 needs_xdist = pytest.mark.skipif(importlib.util.find_spec("xdist") is None, reason="pytest-xdist is not installed")
 needs_rerun = pytest.mark.skipif(importlib.util.find_spec("pytest_rerunfailures") is None,
@@ -319,3 +319,63 @@ def test_longest_first_steps_aside_for_failed_first_and_without_a_cache(cached_s
     assert order == [0, 1, 2, 3, 4, 5] and "--longest-first: not applied, --ff/--nf order this run" in r.stdout
     r, order = _started(cached_suite, "--longest-first", "-p", "no:cacheprovider")
     assert order == [0, 1, 2, 3, 4, 5] and "the pytest cache is off" in r.stdout
+
+
+AT_EXIT = """
+    import atexit, os, pathlib
+
+    OUT = pathlib.Path(os.environ["OUT"])
+    WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+
+    def after_jax_clean_up():  # registered before JAX is imported, so it runs after JAX's own exit handler
+        bridge = __import__("jax._src.xla_bridge", fromlist=["_backends"])
+        (OUT / f"backends-{WORKER}").write_text("alive" if bridge._backends else "cleared")
+
+
+    atexit.register(after_jax_clean_up)
+    import jax  # noqa: E402
+
+
+    class Finalized:
+        # A module global: deleted only when the interpreter finalizes (with what it needs bound
+        # here, as module globals may already be gone by then).
+        def __del__(self, _open=open, _path=str(OUT / f"finalized-{WORKER}")):
+            with _open(_path, "w") as f:
+                f.write("yes")
+
+
+    KEEP = Finalized()
+
+
+    def test_uses_jax():
+        assert jax.devices()
+        atexit.register(lambda: (OUT / f"atexit-{WORKER}").write_text("ran"))
+"""
+
+
+@needs_xdist
+@pytest.mark.parametrize("fast", ["1", "0"])
+def test_a_pinned_worker_skips_only_jaxs_teardown_at_exit(suite, fast):
+    """Fast exit (the default): every other exit handler runs; JAX's backend clean-up and interpreter
+    finalization do not. JA_WORKER_FAST_EXIT=0: the full teardown."""
+    pytest.importorskip("jax", reason="the exit handler it skips is JAX's")
+    out = suite.tmp / "out"
+    out.mkdir()
+    r = suite(AT_EXIT, "-n", "1", gpus=1, OUT=str(out), **({} if fast == "1" else {"JA_WORKER_FAST_EXIT": "0"}))
+    assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout + r.stderr
+    assert "node down" not in r.stdout + r.stderr and "crashed" not in r.stdout + r.stderr
+    seen = {p.name: p.read_text() for p in out.iterdir()}
+    assert seen["atexit-gw0"] == "ran"  # the handlers a test registered still run
+    assert seen["backends-gw0"] == ("alive" if fast == "1" else "cleared")
+    assert ("finalized-gw0" in seen) == (fast == "0")
+
+
+@needs_xdist
+def test_an_unpinned_worker_exits_as_usual(suite):
+    pytest.importorskip("jax", reason="the exit handler in question is JAX's")
+    out = suite.tmp / "out"
+    out.mkdir()
+    r = suite(AT_EXIT, "-n", "1", gpus=1, OUT=str(out), JA_GPU_SLOT="0")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (out / "backends-gw0").read_text() == "cleared" and (out / "finalized-gw0").exists()
