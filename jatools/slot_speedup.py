@@ -7,7 +7,8 @@ with retries off. Each worker records its slot and the devices JAX showed it
 (jatools.pytest_gpu_slot), and the run fails unless every worker of the
 N-worker run saw exactly one GPU and no two workers shared one. Untimed
 warm-up rounds go first (--warmup, default 1: the first run after a build
-starts on cold caches and was measured slower); then the N-worker run goes first in each round,
+starts on cold caches and was measured slower; it also records the durations
+the runs' --longest-first orders by); then the N-worker run goes first in each round,
 so any warm-cache effect left favours the 1-worker run (the reported speed-up
 is not flattered). Writes a JSON with every run, warm-ups marked.
 """
