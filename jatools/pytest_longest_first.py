@@ -13,6 +13,13 @@ pytest process. A test with no recorded duration counts as the mean of the
 recorded ones. With nothing recorded yet, the collection order stands and the
 header says so.
 
+Under --dist worksteal, xdist first hands each of its N workers one contiguous
+slice of the collection (sizes len // N, ...), and an idle worker later steals
+the end of a busy one's queue. So the order is N slices, one per worker, each
+filled longest first with the next test going to the slice with the least
+time so far (LPT again): every worker starts with about the same work, its own
+long tests first, and what is left to steal at the end is short.
+
 Every worker must collect the same order, or xdist aborts the run. So the
 controller reads the cache once and hands the durations to each worker
 (xdist's workerinput), instead of each worker reading a file another run may
@@ -25,15 +32,39 @@ import pytest
 
 OPTION = "--longest-first"
 CACHE_KEY = "jax_aiter/durations"
+SLICES_KEY = "jax_aiter/longest_first_slices"
 
 
-def longest_first(nodeids: list[str], seconds: dict[str, float]) -> list[int]:
-    """Indices of nodeids, longest recorded duration first (ties and unknowns keep collection order)."""
+def slice_sizes(n: int, parts: int) -> list[int]:
+    """How xdist's worksteal scheduler first splits n tests over `parts` workers: n // parts, ..., in order."""
+    sizes = []
+    for i in range(parts):
+        sizes.append(n // (parts - i))
+        n -= sizes[-1]
+    return sizes
+
+
+def longest_first(nodeids: list[str], seconds: dict[str, float], parts: int = 1) -> list[int]:
+    """Indices of nodeids, longest recorded duration first (ties and unknowns keep collection order).
+
+    parts > 1: `parts` consecutive slices (slice_sizes), each longest first, with about equal time.
+    """
     known = [seconds[n] for n in nodeids if n in seconds]
     if not known:
         return list(range(len(nodeids)))
     guess = sum(known) / len(known)
-    return sorted(range(len(nodeids)), key=lambda i: (-seconds.get(nodeids[i], guess), i))
+    est = [seconds.get(n, guess) for n in nodeids]
+    order = sorted(range(len(nodeids)), key=lambda i: (-est[i], i))
+    if parts <= 1:
+        return order
+    room = slice_sizes(len(nodeids), parts)
+    slices: list[list[int]] = [[] for _ in range(parts)]
+    load = [0.0] * parts
+    for i in order:
+        k = min((k for k in range(parts) if len(slices[k]) < room[k]), key=lambda k: (load[k], k))
+        slices[k].append(i)
+        load[k] += est[i]
+    return [i for part in slices for i in part]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -66,6 +97,9 @@ class _Recorder:
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node) -> None:  # xdist controller, once per worker
         node.workerinput[CACHE_KEY] = self.before
+        # A worker's own config says dist "no"; only the controller knows the scheduler.
+        worksteal = self.config.getoption("dist", "no") == "worksteal"
+        node.workerinput[SLICES_KEY] = node.workerinput.get("workercount", 1) if worksteal else 1
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.outcome != "rerun":  # a retried attempt is not the test's usual duration
@@ -105,7 +139,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None:
         seconds = workerinput.get(CACHE_KEY, {})
+        parts = workerinput.get(SLICES_KEY, 1)
     else:
-        seconds = config.pluginmanager.get_plugin(RECORDER).before
-    order = longest_first([it.nodeid for it in items], seconds)
+        seconds, parts = config.pluginmanager.get_plugin(RECORDER).before, 1
+    order = longest_first([it.nodeid for it in items], seconds, parts)
     items[:] = [items[i] for i in order]

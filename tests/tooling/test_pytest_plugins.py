@@ -254,6 +254,17 @@ def test_longest_first_order_puts_unknown_tests_at_the_mean_and_keeps_ties_in_co
     assert longest_first(ids, {"a": 0.2, "b": 0.2, "c": 0.5, "d": 0.5}) == [2, 3, 4, 0, 1]
 
 
+
+def test_longest_first_for_worksteal_gives_each_worker_a_slice_of_equal_time_longest_first():
+    from jatools.pytest_longest_first import longest_first, slice_sizes
+
+    assert slice_sizes(149, 2) == [74, 75] and slice_sizes(10, 3) == [3, 3, 4]  # xdist worksteal's first split
+    ids = list("abcdefg")
+    order = longest_first(ids, {"a": 1, "b": 5, "c": 3, "d": 3, "e": 1, "f": 2, "g": 4}, parts=2)
+    first, second = [ids[i] for i in order[:3]], [ids[i] for i in order[3:]]
+    assert first == ["b", "d", "a"] and second == ["g", "c", "f", "e"]  # 9 s and 10 s, each longest first
+
+
 TIMED = """
     import json, os, time, pytest
 
@@ -311,6 +322,18 @@ def test_longest_first_workers_take_the_controllers_durations(cached_suite):
     r, order = _started(cached_suite, "--longest-first", "-n", "1")
     assert order[:3] == [2, 4, 0], r.stdout  # the worker's own cache folder is empty: this came from the controller
     assert not list(cached_suite.tree.glob(".cache_gw*/v/jax_aiter"))  # and workers never write durations
+
+
+@needs_xdist
+def test_longest_first_under_worksteal_starts_each_worker_on_a_long_test(cached_suite):
+    _started(cached_suite, "--longest-first", "-p", "no:xdist")  # records
+    out = cached_suite.tmp / "out"
+    _started(cached_suite, "--longest-first", "-n", "2", "--dist", "worksteal")
+    recs = _records(out)
+    firsts = {}
+    for rec in sorted(recs, key=lambda rec: rec["start"]):
+        firsts.setdefault(rec["worker"], rec["i"])
+    assert sorted(firsts.values()) == [2, 4], sorted((r["start"], r["worker"], r["i"]) for r in recs)  # the two long tests, one per worker, each first
 
 
 def test_longest_first_steps_aside_for_failed_first_and_without_a_cache(cached_suite):
