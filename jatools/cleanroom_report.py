@@ -13,6 +13,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from jatools import atomic_write
+
 SCHEMA = 1
 PHASES = ("wheel", "environment", "install", "smoke")
 
@@ -77,10 +79,7 @@ class Report:
         }
 
     def write(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=2) + "\n")
-        os.replace(tmp, path)
+        atomic_write.write_text(path, json.dumps(self.to_json(), indent=2) + "\n")
 
     def summary(self, width: int = 100) -> str:
         """The closing screen: one line per check, phase times per wheel, the verdict."""

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from jatools import atomic_write
+
 JSON_ENV = "JA_FLAKY_JSON"
 DEFAULT_JSON = Path("build") / "test-results" / "flaky.json"
 
@@ -81,11 +83,7 @@ class FlakyReport:
         return p if p.is_absolute() else Path(self.config.rootpath) / p
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        path = self.path()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.result(), indent=1) + "\n")
-        os.replace(tmp, path)
+        atomic_write.write_text(self.path(), json.dumps(self.result(), indent=1) + "\n")
 
 
 def pytest_configure(config: pytest.Config) -> None:

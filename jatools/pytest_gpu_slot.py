@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from jatools import gpu_slots
+from jatools import atomic_write, gpu_slots
 
 SWITCH_ENV = "JA_GPU_SLOT"
 RECORD_ENV = "JA_GPU_SLOT_RECORD_DIR"
@@ -103,11 +103,7 @@ def _record(worker: str) -> None:
     if "jax" in sys.modules:  # only report what the tests already initialised
         jax = sys.modules["jax"]
         rec["jax_devices"] = [str(d) for d in jax.devices()]
-    path = Path(folder) / f"{worker}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(rec, indent=1))
-    os.replace(tmp, path)
+    atomic_write.write_text(Path(folder) / f"{worker}.json", json.dumps(rec, indent=1))
 
 
 def _exit_without_backend_teardown() -> None:

@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from jatools import config
+from jatools import atomic_write, config
 
 
 class ToolchainError(RuntimeError):
@@ -301,13 +301,6 @@ def ffi_api_version(include_dir: Path) -> tuple[int, int]:
     return int(major.group(1)), int(minor.group(1))
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--emit-make", metavar="FILE", help="write the Makefile configuration")
@@ -321,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.emit_make:
-        _atomic_write(Path(args.emit_make), make_config(tc, settings, args.key))
+        atomic_write.write_text(Path(args.emit_make), make_config(tc, settings, args.key))
         print(f"jax-aiter: backend {tc.backend}" + (f", archs {';'.join(tc.archs)}" if tc.archs else "")
               + f" ({'; '.join(tc.how) or 'no GPU toolchain found'})", file=sys.stderr)
     if args.json or not args.emit_make:
