@@ -54,7 +54,7 @@ def test_dependencies_from_a_hosts_interpreter(good_wheels, validate_wheels, hos
         shutil.rmtree(res.kept, ignore_errors=True)
 
 
-def test_host_dependencies_inside_the_checkout_fail_isolation(good_wheels, validate_wheels, tmp_path):
+def test_host_dependencies_inside_the_checkout_fail_isolation(good_wheels, validate_wheels):
     """A --deps-from interpreter whose site-packages lie in the checkout would put the checkout on sys.path."""
     inside = REPO / "build" / "tests-host-in-checkout"
     shutil.rmtree(inside, ignore_errors=True)
