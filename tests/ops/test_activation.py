@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import jax_aiter as ja
-from tests.ops.reference import DTYPES, assert_close, f64, random, silu_and_mul_ref
+from tests.ops.reference import DTYPES, assert_close, f32, f64, random, silu_and_mul_ref
 
 SHAPES = [(1, 2), (3, 14), (4, 128), (2, 3, 200), (7, 2 * 1001), (9, 2 * 8192)]
 
@@ -36,7 +36,7 @@ def test_grad_matches_reference(dtype, device):
         return jnp.sum(jax.nn.silu(a) * b * g)
 
     got = jax.jit(jax.grad(lambda x: jnp.sum(ja.silu_and_mul(x).astype(jnp.float32) * g)))(x)
-    want = jax.jit(jax.grad(ref))(x.astype(jnp.float32))
+    want = jax.jit(jax.grad(ref))(f32(x))
     assert got.dtype == jnp.dtype(dtype)
     assert_close(got, f64(want), dtype, scale=float(np.abs(f64(want)).max()), what="dx")
 

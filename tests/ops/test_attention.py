@@ -42,9 +42,8 @@ def make_inputs(seed, dtype, batch, sq, sk, hq, hkv, d, device="cpu"):
     rng = np.random.default_rng(seed)
     shapes = [(batch, sq, hq, d), (batch, sk, hkv, d), (batch, sk, hkv, d), (batch, sq, hq, d)]
     dev = jax.devices(device)[0]
-    arrs = [jax.device_put(jnp.asarray(rng.standard_normal(s, np.float32), dtype), dev) for s in shapes]
-    exact = [np.asarray(a.astype(jnp.float32), np.float64) for a in arrs]
-    return arrs, exact
+    host = [rng.standard_normal(s, np.float32).astype(jnp.dtype(dtype)) for s in shapes]  # rounded on the host
+    return [jax.device_put(h, dev) for h in host], [h.astype(np.float64) for h in host]
 
 
 @partial(jax.jit, static_argnames=("causal", "scale"))

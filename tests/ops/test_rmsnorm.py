@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import jax_aiter as ja
-from tests.ops.reference import DTYPES, assert_close, f64, random, rms_norm_ref
+from tests.ops.reference import DTYPES, assert_close, f32, f64, random, rms_norm_ref
 
 # Hidden sizes off the 16-byte vector width (7, 100, 1000) and large rows (16384).
 SHAPES = [(1, 1), (3, 7), (4, 64), (2, 3, 100), (5, 1000), (17, 4096), (2, 16384)]
@@ -51,8 +51,7 @@ def test_rms_norm_grad_matches_reference(dtype, device):
     # Under jit: one program per side instead of one eager program per primitive of the
     # backward pass (eager grads are covered by test_vmap_of_grad).
     ours = jax.jit(jax.grad(lambda x, w: jnp.sum(ja.rms_norm(x, w).astype(jnp.float32) * g), argnums=(0, 1)))(x, w)
-    ref = jax.jit(jax.grad(lambda x, w: jnp.sum(_ref_jnp(x, w) * g), argnums=(0, 1)))(
-        x.astype(jnp.float32), w.astype(jnp.float32))
+    ref = jax.jit(jax.grad(lambda x, w: jnp.sum(_ref_jnp(x, w) * g), argnums=(0, 1)))(f32(x), f32(w))
     for got, want, name in zip(ours, ref, ("dx", "dweight")):
         assert got.dtype == jnp.dtype(dtype)
         assert_close(got, f64(want), dtype, scale=float(np.abs(f64(want)).max()), what=name)
@@ -72,7 +71,7 @@ def test_rms_norm_with_add_grad_matches_reference(dtype, device):
         return jnp.sum(_ref_jnp(s, w) * g1) + jnp.sum(s * g2)
 
     got = jax.jit(jax.grad(ours, argnums=(0, 1, 2)))(x, r, w)
-    want = jax.jit(jax.grad(ref, argnums=(0, 1, 2)))(*(a.astype(jnp.float32) for a in (x, r, w)))
+    want = jax.jit(jax.grad(ref, argnums=(0, 1, 2)))(f32(x), f32(r), f32(w))
     for a, b, name in zip(got, want, ("dx", "dresidual", "dweight")):
         assert_close(a, f64(b), dtype, scale=float(np.abs(f64(b)).max()), what=name)
 
