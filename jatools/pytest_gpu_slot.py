@@ -15,15 +15,19 @@ slot and the devices JAX saw), which the slot speed-up measurement checks.
 A pinned worker also gets gpu_slots.pinned_env's process settings: no GPU
 memory preallocation and one BLAS thread (each unless already set).
 
-A pinned xdist worker ends without tearing its GPU backend down. When it
-exits (after it has reported everything and the controller has told it to
-stop), it runs every exit handler except JAX's backend clean-up, then ends
-at once (os._exit). Destroying hundreds of loaded executables and the CUDA
-context, and finalizing the interpreter, took about a second, and the
-controller waits for it; the driver releases the same resources when the
-process ends. JA_WORKER_FAST_EXIT=0 keeps the full teardown (to look for
-leaks or errors at exit). A worker's exit status is not read: xdist takes
-the results from the worker's messages.
+A pinned xdist worker ends without tearing its GPU backend down, as soon as
+it has reported everything: at the end of its pytest_unconfigure (the last
+hook; xdist has sent the controller "workerfinished" before it), it runs
+every exit handler except JAX's backend clean-up, then ends at once
+(os._exit). It does not wait for the controller to tell it to stop, and it
+skips destroying hundreds of loaded executables and the CUDA context, pytest's
+last clean-ups, execnet's shut-down and interpreter finalization: about a
+second, later half a second, that the controller used to wait for. The
+driver releases the same resources when the process ends.
+JA_WORKER_FAST_EXIT=0 keeps the full teardown (to look for leaks or errors
+at exit). A worker's exit status is not read: xdist takes the results from
+the worker's messages, and one that ends after "workerfinished" is not a
+crash to it.
 """
 from __future__ import annotations
 
@@ -107,8 +111,7 @@ def _record(worker: str) -> None:
 
 
 def _exit_without_backend_teardown() -> None:
-    """Registered last, so the first exit handler to run: the others run (JAX's clean-up excepted), then exit."""
-    atexit.unregister(_exit_without_backend_teardown)
+    """Run the exit handlers (JAX's clean-up excepted), flush, and end the process now."""
     api = sys.modules.get("jax._src.api")
     if api is not None and callable(getattr(api, "clean_up", None)):
         atexit.unregister(api.clean_up)
@@ -121,6 +124,7 @@ def _exit_without_backend_teardown() -> None:
     os._exit(0)
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config: pytest.Config) -> None:
     global _held
     if _held is not None:
@@ -129,4 +133,4 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         _held.release()
         _held = None
         if worker and os.environ.get(FAST_EXIT_ENV, "1") != "0" and hasattr(atexit, "_run_exitfuncs"):
-            atexit.register(_exit_without_backend_teardown)
+            _exit_without_backend_teardown()

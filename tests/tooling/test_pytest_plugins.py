@@ -394,6 +394,46 @@ def test_a_pinned_worker_skips_only_jaxs_teardown_at_exit(suite, fast):
     assert ("finalized-gw0" in seen) == (fast == "0")
 
 
+# In the controller, before xdist's own session end tears the workers down: is the worker's
+# process already gone (exited, a zombie not yet reaped), or still waiting to be told to stop?
+WATCH_THE_WORKER = """
+import os, pathlib, time, pytest
+pytest_plugins = {plugins!r}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    out = pathlib.Path(os.environ["OUT"])
+    stat = pathlib.Path("/proc", (out / "pid-gw0").read_text(), "stat")
+    deadline, state = time.monotonic() + 8, "running"
+    while time.monotonic() < deadline:
+        if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+            state = "gone"
+            break
+        time.sleep(0.02)
+    (out / "worker-at-teardown").write_text(state)
+"""
+
+
+@needs_xdist
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc (Linux)")
+@pytest.mark.parametrize("fast", ["1", "0"])
+def test_a_pinned_worker_is_gone_before_the_controller_tears_the_workers_down(suite, fast):
+    """Fast exit happens once the worker has reported everything: the controller does not wait for it."""
+    pytest.importorskip("jax", reason="the exit handler it skips is JAX's")
+    out = suite.tmp / "out"
+    out.mkdir()
+    (suite.tree / "conftest.py").write_text(WATCH_THE_WORKER.format(plugins=PLUGINS))
+    tests = AT_EXIT + "\n    def test_pid():\n        (OUT / f'pid-{WORKER}').write_text(str(os.getpid()))\n"
+    r = suite(tests, "-n", "1", gpus=1, OUT=str(out), **({} if fast == "1" else {"JA_WORKER_FAST_EXIT": "0"}))
+    assert r.returncode == 0 and "2 passed" in r.stdout, r.stdout + r.stderr
+    assert "node down" not in r.stdout + r.stderr and "crashed" not in r.stdout + r.stderr
+    assert (out / "worker-at-teardown").read_text() == ("gone" if fast == "1" else "running")
+    assert (out / "atexit-gw0").read_text() == "ran"
+
+
 @needs_xdist
 def test_an_unpinned_worker_exits_as_usual(suite):
     pytest.importorskip("jax", reason="the exit handler in question is JAX's")
