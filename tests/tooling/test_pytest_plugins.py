@@ -254,7 +254,6 @@ def test_longest_first_order_puts_unknown_tests_at_the_mean_and_keeps_ties_in_co
     assert longest_first(ids, {"a": 0.2, "b": 0.2, "c": 0.5, "d": 0.5}) == [2, 3, 4, 0, 1]
 
 
-
 def test_longest_first_for_worksteal_gives_each_worker_a_slice_of_equal_time_longest_first():
     from jatools.pytest_longest_first import longest_first, slice_sizes
 
@@ -377,23 +376,6 @@ AT_EXIT = """
 """
 
 
-@needs_xdist
-@pytest.mark.parametrize("fast", ["1", "0"])
-def test_a_pinned_worker_skips_only_jaxs_teardown_at_exit(suite, fast):
-    """Fast exit (the default): every other exit handler runs; JAX's backend clean-up and interpreter
-    finalization do not. JA_WORKER_FAST_EXIT=0: the full teardown."""
-    pytest.importorskip("jax", reason="the exit handler it skips is JAX's")
-    out = suite.tmp / "out"
-    out.mkdir()
-    r = suite(AT_EXIT, "-n", "1", gpus=1, OUT=str(out), **({} if fast == "1" else {"JA_WORKER_FAST_EXIT": "0"}))
-    assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout + r.stderr
-    assert "node down" not in r.stdout + r.stderr and "crashed" not in r.stdout + r.stderr
-    seen = {p.name: p.read_text() for p in out.iterdir()}
-    assert seen["atexit-gw0"] == "ran"  # the handlers a test registered still run
-    assert seen["backends-gw0"] == ("alive" if fast == "1" else "cleared")
-    assert ("finalized-gw0" in seen) == (fast == "0")
-
-
 # In the controller, before xdist's own session end tears the workers down: is the worker's
 # process already gone (exited, a zombie not yet reaped), or still waiting to be told to stop?
 WATCH_THE_WORKER = """
@@ -420,8 +402,10 @@ def pytest_sessionfinish(session):
 @needs_xdist
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc (Linux)")
 @pytest.mark.parametrize("fast", ["1", "0"])
-def test_a_pinned_worker_is_gone_before_the_controller_tears_the_workers_down(suite, fast):
-    """Fast exit happens once the worker has reported everything: the controller does not wait for it."""
+def test_a_pinned_worker_exits_once_reported_skipping_only_jaxs_teardown(suite, fast):
+    """Fast exit (the default): once the worker has reported everything it ends, without waiting for the
+    controller; every other exit handler runs, JAX's backend clean-up and interpreter finalization do not.
+    JA_WORKER_FAST_EXIT=0: the full teardown, after the controller's stop."""
     pytest.importorskip("jax", reason="the exit handler it skips is JAX's")
     out = suite.tmp / "out"
     out.mkdir()
@@ -430,8 +414,11 @@ def test_a_pinned_worker_is_gone_before_the_controller_tears_the_workers_down(su
     r = suite(tests, "-n", "1", gpus=1, OUT=str(out), **({} if fast == "1" else {"JA_WORKER_FAST_EXIT": "0"}))
     assert r.returncode == 0 and "2 passed" in r.stdout, r.stdout + r.stderr
     assert "node down" not in r.stdout + r.stderr and "crashed" not in r.stdout + r.stderr
-    assert (out / "worker-at-teardown").read_text() == ("gone" if fast == "1" else "running")
-    assert (out / "atexit-gw0").read_text() == "ran"
+    seen = {p.name: p.read_text() for p in out.iterdir()}
+    assert seen["worker-at-teardown"] == ("gone" if fast == "1" else "running")
+    assert seen["atexit-gw0"] == "ran"  # the handlers a test registered still run
+    assert seen["backends-gw0"] == ("alive" if fast == "1" else "cleared")
+    assert ("finalized-gw0" in seen) == (fast == "0")
 
 
 @needs_xdist
