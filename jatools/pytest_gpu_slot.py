@@ -13,7 +13,9 @@ JA_GPU_SLOT_RECORD_DIR: each pinned process writes <worker>.json there (its
 slot and the devices JAX saw), which the slot speed-up measurement checks.
 
 A pinned worker also gets gpu_slots.pinned_env's process settings: no GPU
-memory preallocation and one BLAS thread (each unless already set).
+memory preallocation and one BLAS thread (each unless already set). On CUDA it
+then starts the driver and its GPU's primary context in a background thread
+(jatools.cuda_warmup; JA_GPU_WARMUP=0 turns that off), overlapping JAX's import.
 
 A pinned xdist worker ends without tearing its GPU backend down, as soon as
 it has reported everything: at the end of its pytest_unconfigure (the last
@@ -39,7 +41,7 @@ from pathlib import Path
 
 import pytest
 
-from jatools import atomic_write, gpu_slots
+from jatools import atomic_write, cuda_warmup, gpu_slots
 
 SWITCH_ENV = "JA_GPU_SLOT"
 RECORD_ENV = "JA_GPU_SLOT_RECORD_DIR"
@@ -90,6 +92,7 @@ def pytest_configure(config: pytest.Config) -> None:
     for key in set(os.environ) - set(pinned):
         del os.environ[key]
     os.environ.update(pinned)
+    cuda_warmup.start(_held.platform, pinned)
     if "numpy" in sys.modules:
         config.issue_config_time_warning(pytest.PytestConfigWarning(
             f"jatools.pytest_gpu_slot ({worker}): NumPy was imported before this worker took its GPU slot, so "
@@ -103,7 +106,8 @@ def _record(worker: str) -> None:
         return
     rec = {"worker": worker, "pid": os.getpid(), "platform": _held.platform, "gpu": _held.gpu,
            "slot": _held.slot, "env": {k: os.environ.get(k) for k in
-                                       ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")}}
+                                       ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")},
+           "warmup": cuda_warmup.result()}
     if "jax" in sys.modules:  # only report what the tests already initialised
         jax = sys.modules["jax"]
         rec["jax_devices"] = [str(d) for d in jax.devices()]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -429,3 +430,109 @@ def test_an_unpinned_worker_exits_as_usual(suite):
     r = suite(AT_EXIT, "-n", "1", gpus=1, OUT=str(out), JA_GPU_SLOT="0")
     assert r.returncode == 0, r.stdout + r.stderr
     assert (out / "backends-gw0").read_text() == "cleared" and (out / "finalized-gw0").exists()
+
+
+# A stand-in for the NVIDIA driver (there is no GPU here): the three calls the warm-up makes, each
+# logged with the calling thread, and a cuInit that takes as long as FAKE_CUDA_INIT_SECONDS says.
+FAKE_DRIVER = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+static void note(const char *what, int arg) {
+  FILE *f = fopen(getenv("FAKE_CUDA_LOG"), "a");
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  fprintf(f, "%s %d %ld %d %.6f\n", what, arg, (long)syscall(SYS_gettid), (int)getpid(), ts.tv_sec + ts.tv_nsec / 1e9);
+  fclose(f);
+}
+int cuInit(unsigned flags) {
+  note("cuInit", (int)flags);
+  const char *s = getenv("FAKE_CUDA_INIT_SECONDS");
+  if (s) usleep((useconds_t)(atof(s) * 1e6));
+  return 0;
+}
+int cuDeviceGet(int *dev, int ordinal) { note("cuDeviceGet", ordinal); *dev = 100 + ordinal; return 0; }
+int cuDevicePrimaryCtxRetain(void **ctx, int dev) { note("cuDevicePrimaryCtxRetain", dev); *ctx = (void *)1; return 0; }
+"""
+
+WAITS_FOR_THE_DRIVER = """
+    import os, time
+
+    def test_started():
+        open(os.environ["OUT"] + "/test-started", "w").write(repr(time.time()))
+        deadline = time.monotonic() + 20  # then let the warm-up finish, so that its calls can be checked
+        log = os.environ["FAKE_CUDA_LOG"]
+        while not (os.path.exists(log) and "Retain" in open(log).read()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+"""
+
+
+@pytest.fixture
+def fake_driver(tmp_path):
+    cc = next((c for c in ("cc", "gcc", "clang") if shutil.which(c)), None)
+    if cc is None:
+        pytest.skip("no C compiler (cc, gcc or clang) to build the stand-in driver")
+    lib = tmp_path / "driver"
+    lib.mkdir()
+    (lib / "fake_cuda.c").write_text(FAKE_DRIVER)
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib / "libcuda.so.1"), str(lib / "fake_cuda.c")], check=True)
+    return lib
+
+
+def _driver_calls(log: Path) -> list[tuple]:
+    if not log.exists():
+        return []
+    return [(w, int(a), int(tid), int(pid), float(t)) for w, a, tid, pid, t in
+            (line.split() for line in log.read_text().splitlines())]
+
+
+@needs_xdist
+def test_a_pinned_cuda_worker_starts_the_driver_in_the_background(suite, fake_driver):
+    """cuInit and the primary context of the worker's one GPU (ordinal 0), from a thread that the
+    worker does not wait for: the test runs while the (slow, stand-in) cuInit is still busy."""
+    out, log = suite.tmp / "out", suite.tmp / "driver.log"
+    out.mkdir()
+    r = suite(WAITS_FOR_THE_DRIVER, "-n", "1", gpus=2, OUT=str(out), LD_LIBRARY_PATH=str(fake_driver), FAKE_CUDA_LOG=str(log),
+              FAKE_CUDA_INIT_SECONDS="3")
+    assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout + r.stderr
+    calls = _driver_calls(log)
+    assert [(w, a) for w, a, *_ in calls] == [("cuInit", 0), ("cuDeviceGet", 0), ("cuDevicePrimaryCtxRetain", 100)]
+    assert all(tid != pid for _, _, tid, pid, _ in calls)  # not the worker's main thread
+    assert float((out / "test-started").read_text()) < calls[0][4] + 3  # did not wait for cuInit
+
+
+@needs_xdist
+def test_the_warmup_result_is_in_the_slot_record(suite, fake_driver):
+    log, slots = suite.tmp / "driver.log", suite.tmp / "slots"
+    r = suite("def test_it():\n    pass\n", "-n", "1", gpus=1, LD_LIBRARY_PATH=str(fake_driver),
+              FAKE_CUDA_LOG=str(log), JA_GPU_SLOT_RECORD_DIR=str(slots))
+    assert r.returncode == 0, r.stdout + r.stderr
+    (rec,) = _records(slots)
+    assert {k: rec["warmup"][k] for k in ("cuInit", "context")} == {"cuInit": 0, "context": 0}
+
+
+@needs_xdist
+@pytest.mark.parametrize("env, expected", [
+    ({"TF_CUDA_PLATFORM_GPU_DEVICE_SCHEDULE": "spin"}, ["cuInit"]),  # XLA sets its own context flags
+    ({"JA_GPU_WARMUP": "0"}, []),
+    ({"JA_GPU_SLOT": "0"}, []),                                       # unpinned: which GPU would it be?
+    ({"JA_GPU_COUNT": "1", "JA_GPU_PLATFORM": "rocm"}, []),           # CUDA only
+], ids=["xla-context-flags", "switched-off", "unpinned", "rocm"])
+def test_the_warmup_steps_aside(suite, fake_driver, env, expected):
+    log = suite.tmp / "driver.log"
+    r = suite("def test_it():\n    pass\n", "-n", "1", gpus=1, LD_LIBRARY_PATH=str(fake_driver),
+              FAKE_CUDA_LOG=str(log), JA_WORKER_FAST_EXIT="0", **env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [w for w, *_ in _driver_calls(log)] == expected
+
+
+@needs_xdist
+def test_a_missing_driver_is_left_for_jax_to_report(suite):
+    slots = suite.tmp / "slots"
+    r = suite("def test_it():\n    pass\n", "-n", "1", gpus=1, LD_LIBRARY_PATH=str(suite.tmp),
+              JA_GPU_SLOT_RECORD_DIR=str(slots))
+    assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout + r.stderr
+    (rec,) = _records(slots)
+    assert "libcuda.so.1" in rec["warmup"]["error"]
