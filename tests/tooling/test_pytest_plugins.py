@@ -469,13 +469,13 @@ WAITS_FOR_THE_DRIVER = """
 """
 
 
-@pytest.fixture
-def fake_driver(tmp_path):
+@pytest.fixture(scope="module")
+def fake_driver(tmp_path_factory):
+    """The stand-in driver, built once for the tests that load it."""
     cc = next((c for c in ("cc", "gcc", "clang") if shutil.which(c)), None)
     if cc is None:
         pytest.skip("no C compiler (cc, gcc or clang) to build the stand-in driver")
-    lib = tmp_path / "driver"
-    lib.mkdir()
+    lib = tmp_path_factory.mktemp("driver")
     (lib / "fake_cuda.c").write_text(FAKE_DRIVER)
     subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib / "libcuda.so.1"), str(lib / "fake_cuda.c")], check=True)
     return lib
