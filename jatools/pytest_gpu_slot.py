@@ -10,7 +10,8 @@ Switches: JA_GPU_SLOT=0 never pins (the multigpu tier runs unpinned and
 exclusive); JA_GPU_SLOT=1 pins a run without xdist too; a process already
 pinned by ci/parallel_gpu_execute.py (JA_GPU_SLOT_HELD set) is left alone.
 JA_GPU_SLOT_RECORD_DIR: each pinned process writes <worker>.json there (its
-slot and the devices JAX saw), which the slot speed-up measurement checks.
+slot, the devices JAX saw, and when its first test started and its last one
+ended), which the slot speed-up measurement checks and splits its times by.
 
 A pinned worker also gets gpu_slots.pinned_env's process settings: no GPU
 memory preallocation and one BLAS thread (each unless already set). On CUDA it
@@ -37,6 +38,7 @@ import atexit
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -48,6 +50,7 @@ RECORD_ENV = "JA_GPU_SLOT_RECORD_DIR"
 FAST_EXIT_ENV = "JA_WORKER_FAST_EXIT"
 
 _held: gpu_slots.Slot | None = None
+_tests = {"count": 0, "first_start": None, "last_end": None}  # wall clock (time.time), for the record
 
 
 def _wants_slot(env: dict[str, str]) -> bool:
@@ -107,7 +110,7 @@ def _record(worker: str) -> None:
     rec = {"worker": worker, "pid": os.getpid(), "platform": _held.platform, "gpu": _held.gpu,
            "slot": _held.slot, "env": {k: os.environ.get(k) for k in
                                        ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")},
-           "warmup": cuda_warmup.result()}
+           "warmup": cuda_warmup.result(), "tests": dict(_tests)}
     if "jax" in sys.modules:  # only report what the tests already initialised
         jax = sys.modules["jax"]
         rec["jax_devices"] = [str(d) for d in jax.devices()]
@@ -126,6 +129,16 @@ def _exit_without_backend_teardown() -> None:
         except (OSError, ValueError):
             pass
     os._exit(0)
+
+
+def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:
+    if _tests["first_start"] is None:
+        _tests["first_start"] = time.time()
+
+
+def pytest_runtest_logfinish(nodeid: str, location: tuple) -> None:
+    _tests["count"] += 1
+    _tests["last_end"] = time.time()
 
 
 @pytest.hookimpl(trylast=True)

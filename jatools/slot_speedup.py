@@ -11,6 +11,14 @@ starts on cold caches and was measured slower; it also records the durations
 the runs' --longest-first orders by); then the N-worker run goes first in each round,
 so any warm-cache effect left favours the 1-worker run (the reported speed-up
 is not flattered). Writes a JSON with every run, warm-ups marked.
+
+Each run's wall time is also split by the workers' records into start (launch
+to the first test), tests (first test started to last test ended, over all
+workers) and end (last test ended to exit). Start and end are paid once per
+run whatever the number of workers (process start, JAX import, collection,
+backend start; reports and exit), so they bound the wall-time speed-up: the
+summary gives the test phase's own speed-up and the most a perfect N-way split
+of the 1-worker test phase could give with the 1-worker start and end.
 """
 from __future__ import annotations
 
@@ -53,15 +61,41 @@ def check_pinning(records: list[dict], workers: int) -> list[str]:
     return problems
 
 
+def phases(records: list[dict], launched: float, ended: float) -> dict | None:
+    """Split a run's wall time (time.time() at launch and exit) by its workers' first and last test.
+
+    None when no worker recorded a test.
+    """
+    ran = [r["tests"] for r in records if (r.get("tests") or {}).get("count")]
+    if not ran:
+        return None
+    first, last = min(t["first_start"] for t in ran), max(t["last_end"] for t in ran)
+    return {"start": round(first - launched, 2), "tests": round(last - first, 2), "end": round(ended - last, 2)}
+
+
 def timed_run(run: test_tiers.PytestRun, root: Path, records: Path) -> dict:
     env = {**os.environ, **run.env, RECORD_ENV: str(records)}
-    start = time.monotonic()
+    launched, start = time.time(), time.monotonic()
     proc = subprocess.run(list(run.argv), cwd=root, env=env, capture_output=True, text=True, check=False)
-    seconds = time.monotonic() - start
+    seconds, ended = time.monotonic() - start, time.time()
     sys.stdout.write("\n".join(proc.stdout.splitlines()[-4:]) + "\n")
     recs = [json.loads(p.read_text()) for p in sorted(records.glob("*.json"))]
     return {"rc": proc.returncode, "seconds": round(seconds, 2), "counts": _counts(proc.stdout), "workers_seen": recs,
-            "output_tail": proc.stdout[-4000:] + proc.stderr[-2000:]}
+            "phases": phases(recs, launched, ended), "output_tail": proc.stdout[-4000:] + proc.stderr[-2000:]}
+
+
+def phase_summary(timed: list[dict], workers: int) -> dict | None:
+    """Median start / tests / end of the 1- and N-worker runs, the test phase's speed-up, and the bound
+    start and end put on the wall-time speed-up. None unless every timed run has its phases."""
+    if not timed or any(x["phases"] is None for x in timed):
+        return None
+    med = {n: {k: round(statistics.median(x["phases"][k] for x in timed if x["workers"] == n), 2)
+               for k in ("start", "tests", "end")} for n in (1, workers)}
+    one, par = med[1], med[workers]
+    fixed = one["start"] + one["end"]
+    return {"median_1_worker": one, f"median_{workers}_workers": par,
+            "test_phase_speedup": round(one["tests"] / par["tests"], 3) if par["tests"] else None,
+            "wall_speedup_bound": round((fixed + one["tests"]) / (fixed + one["tests"] / workers), 3)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,16 +136,26 @@ def main(argv: list[str] | None = None) -> int:
     failures = [f"{x['workers']} worker(s), {x['label']}: exit {x['rc']}" for x in rounds if x["rc"] != 0]
     failures += [f"{x['workers']} worker(s), {x['label']}: {pr}" for x in rounds for pr in x["pinning_problems"]]
     speedup = t_1 / t_n if t_n else 0.0
+    split = phase_summary(timed, a.workers)
     result = {"tier": a.tier, "platform": platform, "platform_how": why, "gpus": list(gpus.ids), "gpus_how": gpus.how,
               "workers": a.workers, "repeats": a.repeats, "warmup": a.warmup, "seconds_1_worker": t_1, f"seconds_{a.workers}_workers": t_n,
               "speedup": round(speedup, 3), "goal": GOAL, "met_goal": speedup >= GOAL and not failures,
-              "failures": failures, "runs": rounds}
+              "phases": split, "failures": failures, "runs": rounds}
     atomic_write.write_text(a.out, json.dumps(result, indent=1) + "\n")
     print(f"\n== slot speed-up, tier {a.tier} on {platform} ({gpus.how}) ==")
     for x in rounds:
         pins = ", ".join(f"{w['worker']}->GPU {w['gpu']} ({len(w.get('jax_devices') or [])} dev)" for w in x["workers_seen"])
-        print(f"{x['workers']} worker(s) {x['label']}: {x['seconds']:.1f} s, exit {x['rc']}, {x['counts']}; {pins}")
+        ph = x["phases"]
+        split_s = f" (start {ph['start']:.1f} + tests {ph['tests']:.1f} + end {ph['end']:.1f})" if ph else ""
+        print(f"{x['workers']} worker(s) {x['label']}: {x['seconds']:.1f} s{split_s}, exit {x['rc']}, {x['counts']}; {pins}")
     print(f"1 worker {t_1:.1f} s, {a.workers} workers {t_n:.1f} s: speed-up {speedup:.2f}x (goal {GOAL}x)")
+    if split:
+        one, par = split["median_1_worker"], split[f"median_{a.workers}_workers"]
+        print(f"test phase (first test started to last ended), medians: 1 worker {one['tests']:.1f} s, "
+              f"{a.workers} workers {par['tests']:.1f} s: {split['test_phase_speedup'] or 0:.2f}x")
+        print(f"start + end, paid once per run: {one['start'] + one['end']:.1f} s with 1 worker, "
+              f"{par['start'] + par['end']:.1f} s with {a.workers}; with the 1-worker start and end, a perfect "
+              f"{a.workers}-way split of its test phase gives at most {split['wall_speedup_bound']:.2f}x")
     for f in failures:
         print(f"FAILED: {f}")
     print(f"results: {a.out}")

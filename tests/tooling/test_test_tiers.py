@@ -207,6 +207,23 @@ def test_slot_speedup_pinning_check_names_each_problem():
     assert any("1 worker records for 2 workers" in p for p in check_pinning(good[:1], 2))
 
 
+def test_slot_speedup_splits_each_run_into_start_tests_and_end():
+    from jatools.slot_speedup import phase_summary, phases
+
+    recs = [{"worker": "gw0", "tests": {"count": 3, "first_start": 110.5, "last_end": 118.0}},
+            {"worker": "gw1", "tests": {"count": 2, "first_start": 110.7, "last_end": 118.4}},
+            {"worker": "gw2", "tests": {"count": 0, "first_start": None, "last_end": None}}]
+    assert phases(recs, 108.0, 118.9) == {"start": 2.5, "tests": 7.9, "end": 0.5}
+    assert phases(recs[2:], 108.0, 118.9) is None and phases([{"worker": "gw0"}], 1.0, 2.0) is None
+    one = {"workers": 1, "phases": {"start": 2.0, "tests": 16.0, "end": 0.5}}
+    two = {"workers": 2, "phases": {"start": 2.1, "tests": 8.4, "end": 0.5}}
+    s = phase_summary([one, two], 2)
+    assert s["median_1_worker"] == one["phases"] and s["median_2_workers"] == two["phases"]
+    assert s["test_phase_speedup"] == pytest.approx(16.0 / 8.4, abs=1e-3)
+    assert s["wall_speedup_bound"] == pytest.approx(18.5 / 10.5, abs=1e-3)  # start + end stay, tests halve
+    assert phase_summary([one, {**two, "phases": None}], 2) is None
+
+
 def test_slot_speedup_runs_warm_ups_first_and_leaves_them_out_of_the_medians(tmp_path):
     """The whole measurement on a stand-in 2-GPU host: real pytest runs, real slots, a tiny tree."""
     pytest.importorskip("xdist", reason="pytest-xdist is not installed")
@@ -236,6 +253,13 @@ def test_slot_speedup_runs_warm_ups_first_and_leaves_them_out_of_the_medians(tmp
     assert all(x["counts"] == {"passed": 4} for x in res["runs"])
     gpus = {w["worker"]: w["gpu"] for w in res["runs"][2]["workers_seen"]}
     assert sorted(gpus.values()) == ["0", "1"]  # each worker of the 2-worker run held its own GPU slot
+    for x in res["runs"]:  # every test is in some worker's record; start + tests + end is the run's wall time
+        assert sum(w["tests"]["count"] for w in x["workers_seen"]) == 4
+        ph = x["phases"]
+        assert ph["start"] > 0 and ph["tests"] >= 0 and ph["end"] >= 0
+        assert ph["start"] + ph["tests"] + ph["end"] == pytest.approx(x["seconds"], abs=0.1)
+    assert set(res["phases"]) == {"median_1_worker", "median_2_workers", "test_phase_speedup", "wall_speedup_bound"}
+    assert "test phase (first test started to last ended)" in r.stdout
     bad = subprocess.run([sys.executable, str(ROOT / "ci" / "measure_slot_speedup.py"), "--repeats", "0"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False)
     assert bad.returncode == 2 and "--repeats must be >= 1" in bad.stderr
