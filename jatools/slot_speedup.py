@@ -152,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     if split:
         one, par = split["median_1_worker"], split[f"median_{a.workers}_workers"]
         print(f"test phase (first test started to last ended), medians: 1 worker {one['tests']:.1f} s, "
-              f"{a.workers} workers {par['tests']:.1f} s: {split['test_phase_speedup'] or 0:.2f}x")
+              f"{a.workers} workers {par['tests']:.1f} s: " + (f"{split['test_phase_speedup']:.2f}x" if split["test_phase_speedup"]
+                                                               else "not measurable (test phase under 0.01 s)"))
         print(f"start + end, paid once per run: {one['start'] + one['end']:.1f} s with 1 worker, "
               f"{par['start'] + par['end']:.1f} s with {a.workers}; with the 1-worker start and end, a perfect "
               f"{a.workers}-way split of its test phase gives at most {split['wall_speedup_bound']:.2f}x")
