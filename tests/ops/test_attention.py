@@ -29,7 +29,7 @@ import pytest
 
 import jax_aiter
 from jax_aiter.ops import attention
-from tests.ops.reference import ATTENTION_RTOL, attention_ref, rel_err
+from tests.ops.reference import ATTENTION_RTOL, attention_ref, f64, rel_err
 
 RTOL = ATTENTION_RTOL
 DTYPES = ["float32", "bfloat16", "float16"]
@@ -43,7 +43,7 @@ def make_inputs(seed, dtype, batch, sq, sk, hq, hkv, d, device="cpu"):
     shapes = [(batch, sq, hq, d), (batch, sk, hkv, d), (batch, sk, hkv, d), (batch, sq, hq, d)]
     dev = jax.devices(device)[0]
     host = [rng.standard_normal(s, np.float32).astype(jnp.dtype(dtype)) for s in shapes]  # rounded on the host
-    return [jax.device_put(h, dev) for h in host], [h.astype(np.float64) for h in host]
+    return [jax.device_put(h, dev) for h in host], [f64(h) for h in host]
 
 
 @partial(jax.jit, static_argnames=("causal", "scale"))
