@@ -10,7 +10,8 @@ warm-up rounds go first (--warmup, default 1: the first run after a build
 starts on cold caches and was measured slower; it also records the durations
 the runs' --longest-first orders by); then the N-worker run goes first in each round,
 so any warm-cache effect left favours the 1-worker run (the reported speed-up
-is not flattered). Writes a JSON with every run, warm-ups marked.
+is not flattered). Writes a JSON with every run, warm-ups marked, and each
+round's own speed-up next to the one the medians give.
 
 Each run's wall time is also split by the workers' records into start (launch
 to the first test), tests (first test started to last test ended, over all
@@ -92,10 +93,20 @@ def phase_summary(timed: list[dict], workers: int) -> dict | None:
     med = {n: {k: round(statistics.median(x["phases"][k] for x in timed if x["workers"] == n), 2)
                for k in ("start", "tests", "end")} for n in (1, workers)}
     one, par = med[1], med[workers]
-    fixed = one["start"] + one["end"]
+    fixed = {n: round(med[n]["start"] + med[n]["end"], 2) for n in (1, workers)}
     return {"median_1_worker": one, f"median_{workers}_workers": par,
+            "start_end_1_worker": fixed[1], f"start_end_{workers}_workers": fixed[workers],
             "test_phase_speedup": round(one["tests"] / par["tests"], 3) if par["tests"] else None,
-            "wall_speedup_bound": round((fixed + one["tests"]) / (fixed + one["tests"] / workers), 3)}
+            "wall_speedup_bound": round((fixed[1] + one["tests"]) / (fixed[1] + one["tests"] / workers), 3)}
+
+
+def round_speedups(timed: list[dict], workers: int) -> list[float]:
+    """Each timed round's own speed-up (its 1-worker run over its N-worker run), in round order: the
+    spread shows how much of a difference between medians the host's run-to-run noise could make."""
+    by_round = {}
+    for x in timed:
+        by_round.setdefault(x["round"], {})[x["workers"]] = x["seconds"]
+    return [round(r[1] / r[workers], 3) for _, r in sorted(by_round.items()) if r.get(workers)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,9 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     failures += [f"{x['workers']} worker(s), {x['label']}: {pr}" for x in rounds for pr in x["pinning_problems"]]
     speedup = t_1 / t_n if t_n else 0.0
     split = phase_summary(timed, a.workers)
+    per_round = round_speedups(timed, a.workers)
     result = {"tier": a.tier, "platform": platform, "platform_how": why, "gpus": list(gpus.ids), "gpus_how": gpus.how,
               "workers": a.workers, "repeats": a.repeats, "warmup": a.warmup, "seconds_1_worker": t_1, f"seconds_{a.workers}_workers": t_n,
-              "speedup": round(speedup, 3), "goal": GOAL, "met_goal": speedup >= GOAL and not failures,
+              "speedup": round(speedup, 3), "round_speedups": per_round, "goal": GOAL, "met_goal": speedup >= GOAL and not failures,
               "phases": split, "failures": failures, "runs": rounds}
     atomic_write.write_text(a.out, json.dumps(result, indent=1) + "\n")
     print(f"\n== slot speed-up, tier {a.tier} on {platform} ({gpus.how}) ==")
@@ -149,13 +161,15 @@ def main(argv: list[str] | None = None) -> int:
         split_s = f" (start {ph['start']:.1f} + tests {ph['tests']:.1f} + end {ph['end']:.1f})" if ph else ""
         print(f"{x['workers']} worker(s) {x['label']}: {x['seconds']:.1f} s{split_s}, exit {x['rc']}, {x['counts']}; {pins}")
     print(f"1 worker {t_1:.1f} s, {a.workers} workers {t_n:.1f} s: speed-up {speedup:.2f}x (goal {GOAL}x)")
+    print(f"each round's own speed-up: {', '.join(f'{r:.2f}x' for r in per_round)} "
+          f"(from {min(per_round):.2f}x to {max(per_round):.2f}x)")
     if split:
         one, par = split["median_1_worker"], split[f"median_{a.workers}_workers"]
         print(f"test phase (first test started to last ended), medians: 1 worker {one['tests']:.1f} s, "
               f"{a.workers} workers {par['tests']:.1f} s: " + (f"{split['test_phase_speedup']:.2f}x" if split["test_phase_speedup"]
                                                                else "not measurable (test phase under 0.01 s)"))
-        print(f"start + end, paid once per run: {one['start'] + one['end']:.1f} s with 1 worker, "
-              f"{par['start'] + par['end']:.1f} s with {a.workers}; with the 1-worker start and end, a perfect "
+        print(f"start + end, paid once per run: {split['start_end_1_worker']:.1f} s with 1 worker, "
+              f"{split[f'start_end_{a.workers}_workers']:.1f} s with {a.workers}; with the 1-worker start and end, a perfect "
               f"{a.workers}-way split of its test phase gives at most {split['wall_speedup_bound']:.2f}x")
     for f in failures:
         print(f"FAILED: {f}")

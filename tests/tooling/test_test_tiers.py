@@ -221,7 +221,16 @@ def test_slot_speedup_splits_each_run_into_start_tests_and_end():
     assert s["median_1_worker"] == one["phases"] and s["median_2_workers"] == two["phases"]
     assert s["test_phase_speedup"] == pytest.approx(16.0 / 8.4, abs=1e-3)
     assert s["wall_speedup_bound"] == pytest.approx(18.5 / 10.5, abs=1e-3)  # start + end stay, tests halve
+    assert (s["start_end_1_worker"], s["start_end_2_workers"]) == (2.5, 2.6)
     assert phase_summary([one, {**two, "phases": None}], 2) is None
+
+
+def test_slot_speedup_gives_each_rounds_own_speedup_in_round_order():
+    from jatools.slot_speedup import round_speedups
+
+    timed = [{"round": 2, "workers": 2, "seconds": 10.0}, {"round": 2, "workers": 1, "seconds": 15.0},
+             {"round": 1, "workers": 2, "seconds": 9.0}, {"round": 1, "workers": 1, "seconds": 18.0}]
+    assert round_speedups(timed, 2) == [2.0, 1.5]
 
 
 def test_slot_speedup_runs_warm_ups_first_and_leaves_them_out_of_the_medians(tmp_path):
@@ -258,8 +267,10 @@ def test_slot_speedup_runs_warm_ups_first_and_leaves_them_out_of_the_medians(tmp
         ph = x["phases"]
         assert ph["start"] > 0 and ph["tests"] >= 0 and ph["end"] >= 0
         assert ph["start"] + ph["tests"] + ph["end"] == pytest.approx(x["seconds"], abs=0.1)
-    assert set(res["phases"]) == {"median_1_worker", "median_2_workers", "test_phase_speedup", "wall_speedup_bound"}
-    assert "test phase (first test started to last ended)" in r.stdout
+    assert set(res["phases"]) == {"median_1_worker", "median_2_workers", "start_end_1_worker", "start_end_2_workers",
+                                  "test_phase_speedup", "wall_speedup_bound"}
+    assert len(res["round_speedups"]) == 2 and all(x > 0 for x in res["round_speedups"])
+    assert "test phase (first test started to last ended)" in r.stdout and "each round's own speed-up" in r.stdout
     bad = subprocess.run([sys.executable, str(ROOT / "ci" / "measure_slot_speedup.py"), "--repeats", "0"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False)
     assert bad.returncode == 2 and "--repeats must be >= 1" in bad.stderr
