@@ -70,11 +70,11 @@ def lint(session: nox.Session) -> None:
 @nox.session(venv_backend="none", tags=["build"], default=False)
 def compile_only(session: nox.Session) -> None:
     """Compile every library for CUDA (nvcc, sm_90) and ROCm (hipcc, gfx90a) without a GPU."""
-    session.run("python3", "-m", "jatools.compile_only", *session.posargs, external=True)
+    session.run("python3", "-m", "jatools.native.compile_only", *session.posargs, external=True)
 
 
 # --- test tiers (docs/testing.md): the tiers and their marker expressions live in
-# jatools/tag_filters.py, the runner in jatools/test_tiers.py ---------------------
+# jatools/testing/tag_filters.py, the runner in jatools/testing/test_tiers.py ---------------------
 
 
 def _build_and_run_tier(session: nox.Session, *tier: str) -> None:
@@ -82,7 +82,7 @@ def _build_and_run_tier(session: nox.Session, *tier: str) -> None:
     session.run("make", "umbrella", external=True)
     session.run("python", "jax_aiter/jit/build_jit.py")
     session.run("make", "ja_mods", external=True)
-    session.run("python", "-m", "jatools.test_tiers", *tier, *session.posargs)
+    session.run("python", "-m", "jatools.testing.test_tiers", *tier, *session.posargs)
 
 
 @nox.session(python=PY, tags=["tiers"], default=False)
@@ -103,12 +103,12 @@ def tests_multigpu(session: nox.Session) -> None:
     _build_and_run_tier(session, "--tier", "multigpu")
 
 
-# --- CI: sanitizers (logic in jatools/sanitize.py; see docs/ci.md) -------------------------------
+# --- CI: sanitizers (logic in jatools/native/sanitize.py; see docs/ci.md) -------------------------------
 @nox.session(python=PY, tags=["test"], default=False)
 def sanitize(session: nox.Session) -> None:
     """CPU libraries built with ASan+UBSan into build/sanitize, then the CPU op tests run against them (pytest args after --)."""
     session.install(*TEST_DEPS, "ninja")
-    session.run("python", "-m", "jatools.sanitize", "--", *session.posargs)
+    session.run("python", "-m", "jatools.native.sanitize", "--", *session.posargs)
 
 
 # --- CI: convergence recipe (logic in ci/convergence/train_tiny.py; see docs/ci.md) ---------------
@@ -119,13 +119,13 @@ def convergence(session: nox.Session) -> None:
     session.run("python", "ci/convergence/train_tiny.py", "--compare", *session.posargs)
 
 
-# --- wheels (jatools/wheel_build.py; checks: jatools/wheel_floor.py, jatools/wheel_contents.py) ---
+# --- wheels (jatools/wheel/wheel_build.py; checks: jatools/wheel/wheel_floor.py, jatools/wheel/wheel_contents.py) ---
 WHEEL_DEPS = nox.project.load_toml("pyproject.toml")["project"]["optional-dependencies"]["wheel"]
 
 
 def _wheel(session: nox.Session, variant: str) -> None:
     session.install(*WHEEL_DEPS)
-    session.run("python", "-m", "jatools.wheel_build", "--variant", variant, "--check", *session.posargs)
+    session.run("python", "-m", "jatools.wheel.wheel_build", "--variant", variant, "--check", *session.posargs)
 
 
 @nox.session(python=PY, tags=["wheel"], default=False)

@@ -12,7 +12,7 @@ from invoke import Collection, Exit, task
 ns = Collection()
 
 # --- CI: environment report, convergence gate, validation image -------------------------------
-# Logic: jatools/env_report.py, jatools/convergence.py, jatools/validation_image.py (see docs/ci.md).
+# Logic: jatools/ci/env_report.py, jatools/ci/convergence.py, jatools/validate/validation_image.py (see docs/ci.md).
 
 
 @task(help={"json": "print JSON instead of text", "json_out": "also write the JSON report to this file",
@@ -21,8 +21,7 @@ def env_report(c, json=False, json_out="", python=""):
     """Print the machine's CPU, GPUs, toolchains, Python and jax/jaxlib/plugin versions (first step of every CI job)."""
     import json as _json
 
-    from jatools import env_report as report_mod
-
+    from jatools.ci import env_report as report_mod
     report = report_mod.collect(python=python or None)
     print(_json.dumps(report, indent=2) if json else report_mod.render(report), flush=True)
     if json_out:
@@ -33,8 +32,8 @@ def env_report(c, json=False, json_out="", python=""):
             "head": "revision under test (default HEAD)", "json_out": "also write the verdict as JSON here"})
 def convergence_check(c, base, head="HEAD", json_out=""):
     """Fail when a numerics change (ci/convergence_paths.toml) has no `Convergence:` decision trailer."""
-    from jatools import config, convergence
-
+    from jatools import config
+    from jatools.ci import convergence
     try:
         verdict = convergence.check(config.repo_root(), base, head)
     except convergence.ConvergenceError as e:
@@ -52,8 +51,7 @@ def convergence_check(c, base, head="HEAD", json_out=""):
             "dry_run": "print the docker commands only"})
 def image_publish(c, variant="", push=False, dry_run=False):
     """Build (and push) the clean-room validation image tagged with its recipe hash."""
-    from jatools import validation_image
-
+    from jatools.validate import validation_image
     try:
         for v in [variant] if variant else validation_image.variants():
             validation_image.publish(v, push=push, dry_run=dry_run)
@@ -67,7 +65,7 @@ ns.add_collection(Collection("image", publish=image_publish))
 
 
 # --- clean-room validation -----------------------------------------------------------------
-# Logic: jatools/cleanroom.py (and cleanroom_*.py, container.py, wheelhouse.py); see docs/validation.md.
+# Logic: jatools/validate/cleanroom.py (and cleanroom_*.py, container.py, wheelhouse.py); see docs/validation.md.
 @task(help={"variant": "lite or full (default: every wheel in dist/)", "wheel": "a wheel to validate (repeatable)",
             "engine": "auto (a container when an engine answers), none, docker or podman",
             "installer": "auto (uv when installed), uv, or pip (plain venv + pip)",
@@ -80,8 +78,7 @@ ns.add_collection(Collection("image", publish=image_publish))
 def validate_run(c, variant="", wheel=None, engine="auto", installer="auto", wheelhouse="", no_fill=False,
                  release="", report="", keep=False, deps_from=""):
     """Install each wheel in a clean room (no index, no checkout) and run the smoke tests; summary + JSON report."""
-    from jatools import cleanroom
-
+    from jatools.validate import cleanroom
     argv = ["--engine", engine, "--installer", installer]
     for w in wheel or []:
         argv += ["--wheel", w]
@@ -99,8 +96,8 @@ def validate_run(c, variant="", wheel=None, engine="auto", installer="auto", whe
             "path": "wheelhouse folder (default: JA_WHEELHOUSE or build/wheelhouse)"}, iterable=["gpu"])
 def validate_wheelhouse(c, gpu=None, path=""):
     """Fill the offline wheelhouse once from the package index (jax/jaxlib at the floor, deps, fetch extra)."""
-    from jatools import cleanroom_env, config, wheelhouse
-
+    from jatools import config
+    from jatools.validate import cleanroom_env, wheelhouse
     root = config.repo_root()
     try:
         python = cleanroom_env.find_python(str(config.defaults(root)["validation_python"]))
@@ -116,12 +113,12 @@ _validate.add_task(validate_wheelhouse, name="wheelhouse")
 ns.add_collection(_validate)
 
 # --- JIT-library transport: jit.fetch / jit.publish / jit.verify / jit.decide, and `invoke verify` ---------
-# (logic in jatools/jit_cache.py and jatools/publish.py; docs/jit-libs.md)
+# (logic in jatools/jitlibs/jit_cache.py and jatools/jitlibs/publish.py; docs/jit-libs.md)
 from pathlib import Path as _Path
 
 from jatools import config as _config
-from jatools import jit_cache as _jit_cache
-from jatools import publish as _publish
+from jatools.jitlibs import jit_cache as _jit_cache
+from jatools.jitlibs import publish as _publish
 
 
 def _jit_run(name: str, fn, *args, **kwargs):
@@ -177,13 +174,13 @@ ns.add_collection(jit)
 ns.add_task(jit_verify, "verify")
 
 
-# --- wheels: build, symbol floor, content policy (logic in jatools/wheel_*.py) ---------------
+# --- wheels: build, symbol floor, content policy (logic in jatools/wheel/) ---------------
 _WHEEL_ARG = {"wheel": "wheel path, glob or comma-separated list (default: every wheel in dist/)"}
 
 
 def _wheel_paths(wheel: str | None) -> list[Path]:
-    from jatools import config, wheel_members
-
+    from jatools import config
+    from jatools.wheel import wheel_members
     try:
         return wheel_members.find_wheels(wheel or "", config.repo_root() / "dist")
     except wheel_members.WheelReadError as e:
@@ -193,8 +190,7 @@ def _wheel_paths(wheel: str | None) -> list[Path]:
 @task(help=_WHEEL_ARG, positional=["wheel"])
 def floor(c, wheel=None):
     """auditwheel symbol floor: fail when a wheel's platform tag claims an older glibc than its symbols allow."""
-    from jatools import wheel_floor
-
+    from jatools.wheel import wheel_floor
     failures = []
     for path in _wheel_paths(wheel):
         try:
@@ -210,8 +206,7 @@ def floor(c, wheel=None):
 @task(help=_WHEEL_ARG, positional=["wheel"])
 def contents(c, wheel=None):
     """Wheel content policy: variant files, allowed external libraries, RUNPATHs, RECORD and metadata."""
-    from jatools import wheel_contents
-
+    from jatools.wheel import wheel_contents
     reports = wheel_contents.check_wheels(_wheel_paths(wheel))
     for r in reports:
         if r.ok:
@@ -226,8 +221,7 @@ def contents(c, wheel=None):
             "check": "run the floor and contents checks on the new wheel"})
 def wheel_build(c, variant, dist="", plat_name="", check=False):
     """Build the lite or full wheel from the build tree (never runs build_jit.py)."""
-    from jatools import wheel_build as wb
-
+    from jatools.wheel import wheel_build as wb
     argv = ["--variant", variant] + (["--dist", dist] if dist else []) + (["--plat-name", plat_name] if plat_name else [])
     code = wb.main(argv + (["--check"] if check else []))
     if code:
@@ -249,7 +243,6 @@ ns.add_task(contents)
 def release_upload(c, tag, to="gh", dry_run=False):
     """Upload the wheels of a green `nox -s release` run for the current commit (refuses stale or modified)."""
     from jatools import release
-
     try:
         release.upload(tag, to=to, dry_run=dry_run)
     except release.ReleaseError as e:
@@ -259,13 +252,12 @@ def release_upload(c, tag, to="gh", dry_run=False):
 ns.add_collection(Collection("release", upload=release_upload))
 
 
-# --- JIT producer: join the per-module shards (jatools/jit_merge.py; docs/jit-libs.md) --------------
+# --- JIT producer: join the per-module shards (jatools/jitlibs/jit_merge.py; docs/jit-libs.md) --------------
 @task(name="merge-manifests", help={"from": "folder holding the downloaded shard artifacts (each: lib*.so + "
                                     "build_record.json)", "strict": "a toolchain difference between shards fails too"})
 def jit_merge_manifests(c, from_="build/jit-shards", strict=False):
     """Join per-module JIT shards into build/aiter_build: re-hash, one identity, every module once, record last."""
-    from jatools import jit_merge
-
+    from jatools.jitlibs import jit_merge
     settings = _config.load()
     folder = _Path(from_)
     _jit_run("merge-manifests", jit_merge.merge, folder if folder.is_absolute() else _Path.cwd() / folder,

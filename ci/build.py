@@ -10,7 +10,7 @@ workflows stay free of logic: a job checks out the code and calls
 
 * every build starts with ``invoke env-report`` (what machine, GPUs, compilers);
 * a nox session's dependencies are installed first in a separate
-  ``--install-only`` pass wrapped in a bounded retry (``jatools.retry``), then
+  ``--install-only`` pass wrapped in a bounded retry (``jatools.ci.retry``), then
   the session runs with ``-R`` (reuse the environment, no install), as XLA
   retries its dependency-fetching ``--nobuild`` pass before the real build;
   invoke tasks that fetch or upload are wrapped in the same retry;
@@ -49,9 +49,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from jatools import config, github_output
+from jatools import config
+from jatools.ci import github_output
 
-RETRY = ("python3", "-m", "jatools.retry", "--attempts", "3", "--delay", "15", "--")
+RETRY = ("python3", "-m", "jatools.ci.retry", "--attempts", "3", "--delay", "15", "--")
 ENV_REPORT = ("invoke", "env-report", "--json-out", "build/ci/env-report.json")
 PLACEHOLDER = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)\}")
 
@@ -342,7 +343,6 @@ def run_build(build: Build, dry_run: bool = False, env: dict[str, str] | None = 
 
 def _write_summary(build: Build, times: list[dict]) -> None:
     from jatools import atomic_write
-
     atomic_write.write_text(ROOT / "build" / "ci" / f"{build.name}.json",
                             json.dumps({"build": build.name, "commands": times}, indent=2) + "\n")
 

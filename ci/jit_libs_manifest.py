@@ -9,7 +9,7 @@
     python3 ci/jit_libs_manifest.py show MANIFEST             # validate and summarise a manifest
     python3 ci/jit_libs_manifest.py hash FILE...              # sha256sum-style, parallel
 
-A thin front end: the logic is in jatools/jit_cache.py, jatools/publish.py and
+A thin front end: the logic is in jatools/jitlibs/jit_cache.py, jatools/jitlibs/publish.py and
 jax_aiter/{manifest,fetch,reuse_gate}.py; `invoke jit.*` calls the same functions.
 Exit status: 0 done (for `decide`, either decision), 1 failed (the message says why), 2 bad usage.
 """
@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]  # the tooling's own checkout (JA_ROO
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from jatools import config, identity, jit_cache, publish
+from jatools import config
+from jatools.jitlibs import identity, jit_cache, publish
 from jax_aiter import fetch
 from jax_aiter import manifest as mf
 from jax_aiter.integrity import sha256_files

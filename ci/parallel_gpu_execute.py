@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from jatools import gpu_slots
+from jatools.testing import gpu_slots
 
 EXIT_NO_SLOT = 75  # EX_TEMPFAIL
 

@@ -1,5 +1,16 @@
 """Build, packaging and CI tooling for jax-aiter (not shipped in the wheel).
 
-Each module holds one responsibility; noxfile.py, tasks.py and the ci/ scripts
-wire them to the command line.
+Grouped by the stage of the data flow each folder owns (docs/architecture.md):
+
+    native/    sources -> libraries: toolchain, compile-only and sanitizer builds
+    jitlibs/   the JIT libraries' identity, reuse decision, fetch, verify, publish, merge
+    wheel/     libraries -> wheels: layout, deterministic writer, RECORD/contents/ELF/floor checks
+    validate/  wheels -> clean room: install with no checkout visible, smoke tests
+    testing/   tiers, tag filters, GPU slots, the pytest plugins
+    ci/        environment report, convergence check, GitHub outputs, retries
+    bench/     tooling benchmarks against the reference's tools
+    release.py the main job; config.py the settings; atomic_write.py the one way to write
+
+A stage imports only from the stages before it (and config/atomic_write);
+noxfile.py, tasks.py and the ci/ scripts wire them to the command line.
 """

@@ -31,8 +31,8 @@ from jax_aiter.integrity import sha256_file, sha256_files
 
 REPORT = "dist/release-report.json"
 SCHEMA = 1
-WHEEL_INPUTS = ("jax_aiter", "jatools/wheel_build.py", "jatools/wheel_layout.py", "jatools/wheel_layout.toml",
-                "jatools/wheel_members.py", "jatools/zip_writer.py", "pyproject.toml")
+WHEEL_INPUTS = ("jax_aiter", "jatools/wheel/wheel_build.py", "jatools/wheel/wheel_layout.py", "jatools/wheel/wheel_layout.toml",
+                "jatools/wheel/wheel_members.py", "jatools/wheel/zip_writer.py", "pyproject.toml")
 
 
 class ReleaseError(RuntimeError):
@@ -145,8 +145,7 @@ def _wheels(ctx: Context) -> list[str]:
 
 
 def _validated(ctx: Context) -> str | None:
-    from jatools import cleanroom_report
-
+    from jatools.validate import cleanroom_report
     path = ctx.root / str(config.defaults(ctx.root).get("validation_report", "build/validate/report.json"))
     wheels = [ctx.wheels[v] for v in ("lite", "full")]
     return "both wheels (same sha256) already passed validation" if cleanroom_report.covers(path, wheels) else None
@@ -162,7 +161,7 @@ def stages(fetch_jit: str | None) -> list[Stage]:
                     lambda ctx: f"invoke jit.fetch --base-url {fetch_jit}",
                     artifacts=jit.artifacts)
     return [
-        Stage("env-report", lambda ctx: [py(ctx), "-m", "jatools.env_report", "--json-out", "dist/env-report.json"],
+        Stage("env-report", lambda ctx: [py(ctx), "-m", "jatools.ci.env_report", "--json-out", "dist/env-report.json"],
               lambda ctx: "invoke env-report", artifacts=lambda ctx: [ctx.root / "dist/env-report.json"]),
         Stage("umbrella", lambda ctx: ["make", "umbrella"], lambda ctx: "make  (or nox -s umbrella)",
               up_to_date=_make_q("umbrella"),
@@ -170,16 +169,16 @@ def stages(fetch_jit: str | None) -> list[Stage]:
         jit,
         Stage("ja_mods", lambda ctx: ["make", "ja_mods"], lambda ctx: "make ja_mods  (or nox -s ja_mods)",
               up_to_date=_make_q("ja_mods"), artifacts=lambda ctx: sorted(config.load().umbrella_dir.glob("*_ja.so"))),
-        *[Stage(f"wheel_{v}", lambda ctx, v=v: [py(ctx), "-m", "jatools.wheel_build", "--variant", v],
+        *[Stage(f"wheel_{v}", lambda ctx, v=v: [py(ctx), "-m", "jatools.wheel.wheel_build", "--variant", v],
                 lambda ctx, v=v: f"nox -s wheel_{v}  (or bash scripts/build_wheel.sh --variant {v})",
                 up_to_date=_wheel_up_to_date(v), fingerprint=_wheel_fingerprint(v), artifacts=_wheel_artifact(v))
           for v in ("lite", "full")],
         Stage("verify", lambda ctx: [py(ctx), "ci/jit_libs_manifest.py", "verify"], lambda ctx: "invoke verify"),
-        Stage("floor", lambda ctx: [py(ctx), "-m", "jatools.wheel_floor", *_wheels(ctx)],
+        Stage("floor", lambda ctx: [py(ctx), "-m", "jatools.wheel.wheel_floor", *_wheels(ctx)],
               lambda ctx: "invoke floor " + " ".join(_wheels(ctx))),
-        Stage("contents", lambda ctx: [py(ctx), "-m", "jatools.wheel_contents", *_wheels(ctx)],
+        Stage("contents", lambda ctx: [py(ctx), "-m", "jatools.wheel.wheel_contents", *_wheels(ctx)],
               lambda ctx: "invoke contents " + " ".join(_wheels(ctx))),
-        Stage("validate", lambda ctx: [py(ctx), "-m", "jatools.cleanroom",
+        Stage("validate", lambda ctx: [py(ctx), "-m", "jatools.validate.cleanroom",
                                        *[a for w in _wheels(ctx) for a in ("--wheel", w)]],
               lambda ctx: "invoke validate  (or bash scripts/validate_wheel.sh WHEEL)", up_to_date=_validated),
     ]

@@ -3,7 +3,7 @@
 #   bash scripts/validate_wheel.sh dist/jax_aiter-0.1.0-py3-none-manylinux_2_39_x86_64.whl
 #   bash scripts/validate_wheel.sh --variant full --engine none
 # A container from the validation image when an engine answers, else a fresh venv
-# outside the checkout; see docs/validation.md. The logic is jatools/cleanroom.py;
+# outside the checkout; see docs/validation.md. The logic is jatools/validate/cleanroom.py;
 # this wrapper only finds the checkout and turns bare paths into --wheel flags.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -16,4 +16,4 @@ while [ $# -gt 0 ]; do
   shift
 done
 cd "$root"
-exec "${PYTHON:-python3}" -m jatools.cleanroom "${args[@]}"
+exec "${PYTHON:-python3}" -m jatools.validate.cleanroom "${args[@]}"

@@ -12,5 +12,5 @@ _ROOT = str(Path(__file__).resolve().parent.parent)
 if _ROOT not in sys.path:
     sys.path.append(_ROOT)
 
-pytest_plugins = ["jatools.pytest_gpu_slot", "jatools.pytest_guards", "jatools.pytest_flaky_report",
-                  "jatools.pytest_longest_first"]
+pytest_plugins = ["jatools.testing.pytest_gpu_slot", "jatools.testing.pytest_guards", "jatools.testing.pytest_flaky_report",
+                  "jatools.testing.pytest_longest_first"]

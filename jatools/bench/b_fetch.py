@@ -2,7 +2,7 @@
 assets by the fetch client (jax_aiter.fetch.fetch_release: `invoke jit.fetch`, `jax-aiter-fetch-mha`),
 against `curl` + `zstd -d` + `sha256sum -c` in sequence.
 
-The release is staged once by jatools.publish.stage (level 3, the project's
+The release is staged once by jatools.jitlibs.publish.stage (level 3, the project's
 window: decompression speed hardly depends on the level, and level 19 would
 spend minutes making the input). The server is Python's http.server in its
 own process, so it does not share a GIL with the client being timed.
@@ -21,11 +21,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-from jatools import publish
 from jatools.bench import tools
 from jatools.bench.b_publish import corpus_build
 from jatools.bench.harness import Context, Result
 from jatools.bench.timing import alternate
+from jatools.jitlibs import publish
 from jax_aiter import fetch
 
 GOAL = ">=2x curl+zstd -d+sha256sum"

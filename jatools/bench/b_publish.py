@@ -1,5 +1,5 @@
 """publish: compression plus round-trip verification by `invoke jit.publish`'s code path
-(jatools.publish.stage: zstd with the project's level/window, split, decompress and re-hash)
+(jatools.jitlibs.publish.stage: zstd with the project's level/window, split, decompress and re-hash)
 against `zstd -19 --long=27` (the reference's producer), on a corpus of 1/10 scale.
 
 Goal: at most 10% of the anchor's time, with at most 1.15x its compressed size.
@@ -9,11 +9,12 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from jatools import config, identity, publish
+from jatools import config
 from jatools.bench import records, tools
 from jatools.bench.corpus import Corpus
 from jatools.bench.harness import Context, Result
 from jatools.bench.timing import alternate
+from jatools.jitlibs import identity, publish
 
 GOAL = "<=10% of zstd -19 time, <=1.15x size"
 
@@ -70,7 +71,7 @@ def run(ctx: Context) -> Result:
     if size_ratio > 1.15:
         short.append(f"compressed size {size_ratio:.3f}x the anchor's (goal 1.15x)")
     return Result("publish", t.ours_s, t.anchor_s, GOAL, met, c.total_bytes,
-                  ours=f"jatools.publish.stage (zstd level {comp.level}, window_log {comp.window_log}, LDM, all "
+                  ours=f"jatools.jitlibs.publish.stage (zstd level {comp.level}, window_log {comp.window_log}, LDM, all "
                        "cores; then decompress + sha256)",
                   anchor=f"zstd -19 --long={comp.window_log} per file",
                   shortfall="; ".join(short), runs={"ours": t.ours, "anchor": t.anchor},

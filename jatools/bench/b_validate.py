@@ -1,4 +1,4 @@
-"""validate: `invoke validate --variant lite` (jatools.cleanroom, engine-free, default installer)
+"""validate: `invoke validate --variant lite` (jatools.validate.cleanroom, engine-free, default installer)
 with a warm wheelhouse, against the plain route (`--installer pip`: `python -m venv` + `pip install`
 of the same wheels from the same wheelhouse, same smoke tests).
 
@@ -13,10 +13,12 @@ import os
 import shutil
 import sys
 
-from jatools import cleanroom_env, config, wheel_build, wheelhouse
+from jatools import config
 from jatools.bench import tools
 from jatools.bench.harness import Context, Result
 from jatools.bench.timing import alternate
+from jatools.validate import cleanroom_env, wheelhouse
+from jatools.wheel import wheel_build
 
 GOAL = "<=20 s, >=3x venv+pip route"
 LIMIT_S = 20.0
@@ -37,7 +39,7 @@ def run(ctx: Context) -> Result:
     env = {**os.environ, "JA_BACKEND": "cpu"}
 
     def route(installer: str):
-        cmd = [sys.executable, "-m", "jatools.cleanroom", "--engine", "none", "--installer", installer,
+        cmd = [sys.executable, "-m", "jatools.validate.cleanroom", "--engine", "none", "--installer", installer,
                "--variant", "lite", "--wheel", str(wheel), "--no-fill", "--report", str(work / f"{installer}.json")]
         return lambda: tools.run(cmd, cwd=ctx.root, env=env)
 

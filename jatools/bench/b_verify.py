@@ -1,5 +1,5 @@
 """verify: sha256 of the three libraries (page cache warm) by `invoke verify`'s code path
-(jatools.jit_cache.verify) against `sha256sum` (what the reference's wheel script runs).
+(jatools.jitlibs.jit_cache.verify) against `sha256sum` (what the reference's wheel script runs).
 
 Goal: at least 8x faster than sha256sum, and at least 80% of (cores x the
 single-core OpenSSL sha256 rate measured in the same run).
@@ -10,10 +10,10 @@ import hashlib
 import os
 import time
 
-from jatools import jit_cache
 from jatools.bench import records, tools
 from jatools.bench.harness import Context, Result
 from jatools.bench.timing import alternate
+from jatools.jitlibs import jit_cache
 
 GOAL = ">=8x sha256sum, >=80% of cores x 1-core rate"
 
@@ -60,7 +60,7 @@ def run(ctx: Context) -> Result:
         short.append(f"{100 * share:.0f}% of cores x 1-core rate, goal 80%; per-file hashing bounds it at "
                      f"{100 * bound:.0f}% here (the largest file is one thread's work)")
     return Result("verify", t.ours_s, t.anchor_s, GOAL, met, c.total_bytes,
-                  ours="jatools.jit_cache.verify(folder) (invoke verify)", anchor="sha256sum <3 files>",
+                  ours="jatools.jitlibs.jit_cache.verify(folder) (invoke verify)", anchor="sha256sum <3 files>",
                   shortfall="; ".join(short), runs={"ours": t.ours, "anchor": t.anchor},
                   extra={"single_core_sha256_Bps": rate, "ours_Bps": ours_rate,
                          "anchor_Bps": c.total_bytes / t.anchor_s, "share_of_cores_x_rate": share,

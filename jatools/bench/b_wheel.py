@@ -1,4 +1,4 @@
-"""wheel_full: building the full wheel by jatools.wheel_build (`nox -s wheel_full`) against
+"""wheel_full: building the full wheel by jatools.wheel.wheel_build (`nox -s wheel_full`) against
 `pip wheel <stage> --no-deps --no-build-isolation` (the reference's route) on the same staged tree.
 
 Production sizes without the production build: the JIT libraries of this
@@ -17,11 +17,11 @@ import shutil
 import sys
 from pathlib import Path
 
-from jatools import wheel_build
 from jatools.bench import tools
 from jatools.bench.harness import Context, Result
 from jatools.bench.timing import alternate
-from jatools.wheel_layout import Layout
+from jatools.wheel import wheel_build
+from jatools.wheel.wheel_layout import Layout
 from jax_aiter.integrity import file_entry
 
 GOAL = ">=2x pip wheel, size <=1.05x"
@@ -111,7 +111,7 @@ def run(ctx: Context) -> Result:
     if size_ratio > 1.05:
         short.append(f"size {size_ratio:.3f}x the anchor's (goal 1.05x)")
     return Result("wheel_full", t.ours_s, t.anchor_s, GOAL, met, sizes["in"],
-                  ours="jatools.wheel_build.build(variant=full) (nox -s wheel_full)",
+                  ours="jatools.wheel.wheel_build.build(variant=full) (nox -s wheel_full)",
                   anchor="pip wheel <stage> --no-deps --no-build-isolation", shortfall="; ".join(short),
                   runs={"ours": t.ours, "anchor": t.anchor},
                   extra={"ours_wheel_bytes": sizes["ours"], "anchor_wheel_bytes": sizes["anchor"],

@@ -29,7 +29,9 @@ ROOT = Path(os.environ.get("JA_ROOT_DIR") or Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from jatools import config, identity, toolchain
+from jatools import config
+from jatools.jitlibs import identity
+from jatools.native import toolchain
 from jax_aiter.integrity import file_entry, sha256_files
 
 RECORD_NAME = "build_record.json"

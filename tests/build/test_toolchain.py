@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from jatools import config, toolchain
+from jatools import config
+from jatools.native import toolchain
 
 GXX = shutil.which("g++") or "g++"
 

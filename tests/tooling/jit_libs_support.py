@@ -16,7 +16,8 @@ from typing import Self
 
 import pytest
 
-from jatools import config, identity, publish
+from jatools import config
+from jatools.jitlibs import identity, publish
 from jax_aiter import manifest as mf
 from jax_aiter import reuse_gate
 

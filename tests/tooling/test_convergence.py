@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jatools import convergence
+from jatools.ci import convergence
 
 ROOT = Path(__file__).resolve().parents[2]
 INVOKE = [sys.executable, "-m", "invoke", "--search-root", str(ROOT)]
@@ -132,5 +132,5 @@ def test_every_tracked_file_of_this_checkout_is_classified_by_a_rule() -> None:
     assert table.classify("csrc/kernels/rmsnorm/rmsnorm_cpu.h")[0] == "numerics"
     assert table.classify("tests/ops/tolerances.py")[0] == "numerics"
     assert table.classify("tests/ops/test_rmsnorm.py")[0] == "exempt"
-    assert table.classify("jatools/toolchain.py")[0] == "numerics"
-    assert table.classify("jatools/validation_image.py")[0] == "exempt"
+    assert table.classify("jatools/native/toolchain.py")[0] == "numerics"
+    assert table.classify("jatools/validate/validation_image.py")[0] == "exempt"

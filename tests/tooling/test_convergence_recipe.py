@@ -1,4 +1,8 @@
-"""The convergence recipe (ci/convergence/train_tiny.py): its verdict, and one short real comparison on the CPU."""
+"""The convergence recipe (ci/convergence/train_tiny.py): its verdict, and one short real comparison on the CPU.
+
+The recipe trains a small transformer (causal grouped-query attention through flash_attn_func,
+RMSNorm, SiLU-and-mul MLP), so the comparison needs the attention libraries as well.
+"""
 from __future__ import annotations
 
 import json
@@ -36,7 +40,8 @@ def test_short_comparison_on_the_cpu(tmp_path: Path) -> None:
     from jax_aiter import _loader
 
     try:
-        for name in ("libjax_aiter.so", "librmsnorm_fwd.so", "rmsnorm_fwd_ja.so", "silu_and_mul_ja.so"):
+        for name in ("libjax_aiter.so", "librmsnorm_fwd.so", "rmsnorm_fwd_ja.so", "silu_and_mul_ja.so",
+                     "libmha_fwd.so", "libmha_bwd.so", "mha_fwd_ja.so", "mha_bwd_ja.so"):
             _loader.find_library(name)
     except _loader.LibraryNotFoundError as e:
         pytest.skip(f"CPU libraries not built ({e}); `nox -s tests` builds them first")

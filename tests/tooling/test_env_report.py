@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from jatools import env_report
+from jatools.ci import env_report
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from jatools import gpu_slots
+from jatools.testing import gpu_slots
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNNER = ROOT / "ci" / "parallel_gpu_execute.py"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from jatools import jit_cache
+from jatools.jitlibs import jit_cache
 from jax_aiter import _loader, fetch, reuse_gate
 from jax_aiter import manifest as mf
 from jax_aiter.integrity import diff_entries

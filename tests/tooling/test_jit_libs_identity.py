@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from jatools import config, identity, jit_cache, toolchain
+from jatools import config
+from jatools.jitlibs import identity, jit_cache
+from jatools.native import toolchain
 from jax_aiter import reuse_gate
 from tests.tooling.jit_libs_support import (  # noqa: F401  (pytest fixtures)
     REPO,

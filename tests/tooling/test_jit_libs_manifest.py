@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from jatools import publish
+from jatools.jitlibs import publish
 from jax_aiter import blob, reuse_gate
 from jax_aiter import manifest as mf
 from jax_aiter.integrity import sha256_file, sha256_files

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from invoke import Context, Exit
 
-from jatools import jit_cache, jit_merge
+from jatools.jitlibs import jit_cache, jit_merge
 from jax_aiter import reuse_gate
 from tests.tooling.jit_libs_support import (
     MODULES,

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PLUGINS = ["jatools.pytest_gpu_slot", "jatools.pytest_guards", "jatools.pytest_flaky_report",
-           "jatools.pytest_longest_first"]
+PLUGINS = ["jatools.testing.pytest_gpu_slot", "jatools.testing.pytest_guards", "jatools.testing.pytest_flaky_report",
+           "jatools.testing.pytest_longest_first"]
 MARKERS = ["gpu", "multigpu", "slow", "cuda_only", "rocm_only"]
 PINNING = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "XLA_FLAGS",
            "JA_GPU_SLOT", "JA_GPU_SLOT_HELD", "JA_FLAKY_JSON", "PYTEST_XDIST_WORKER", "PYTEST_ADDOPTS",
@@ -247,7 +247,7 @@ def test_worker_refuses_only_a_jax_that_already_chose_its_devices(suite, early, 
 
 
 def test_longest_first_order_puts_unknown_tests_at_the_mean_and_keeps_ties_in_collection_order():
-    from jatools.pytest_longest_first import longest_first
+    from jatools.testing.pytest_longest_first import longest_first
 
     ids = ["a", "b", "c", "d", "new"]
     assert longest_first(ids, {}) == [0, 1, 2, 3, 4]  # nothing recorded: collection order
@@ -256,7 +256,7 @@ def test_longest_first_order_puts_unknown_tests_at_the_mean_and_keeps_ties_in_co
 
 
 def test_longest_first_for_worksteal_gives_each_worker_a_slice_of_equal_time_longest_first():
-    from jatools.pytest_longest_first import longest_first, slice_sizes
+    from jatools.testing.pytest_longest_first import longest_first, slice_sizes
 
     assert slice_sizes(149, 2) == [74, 75] and slice_sizes(10, 3) == [3, 3, 4]  # xdist worksteal's first split
     ids = list("abcdefg")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from jatools import retry
+from jatools.ci import retry
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,7 +49,7 @@ def test_attempts_are_bounded() -> None:
 
 
 def test_cli(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "jatools.retry", "--attempts", "3", "--delay", "0", "--",
+    out = subprocess.run([sys.executable, "-m", "jatools.ci.retry", "--attempts", "3", "--delay", "0", "--",
                           *flaky_command(tmp_path, 1)], check=False, cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "retrying in 0 s" in out.stderr

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from jatools import config, sanitize, toolchain
+from jatools import config
+from jatools.native import sanitize, toolchain
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,7 +31,7 @@ API int throw_and_catch(int n) { try { throw std::runtime_error("x"); } catch (c
 
 @pytest.fixture(scope="module")
 def planted_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A shared library built with exactly the flags jatools.toolchain gives under JA_SANITIZE."""
+    """A shared library built with exactly the flags jatools.native.toolchain gives under JA_SANITIZE."""
     d = tmp_path_factory.mktemp("planted")
     (d / "planted.cpp").write_text(PLANTED)
     settings = config.load(env={"JA_BACKEND": "cpu", "JA_SANITIZE": sanitize.SANITIZERS}, root=ROOT)

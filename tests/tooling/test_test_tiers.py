@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from jatools import gpu_slots, tag_filters, test_tiers
+from jatools.testing import gpu_slots, tag_filters, test_tiers
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = gpu_slots.Gpus("cpu", (), "none")
@@ -30,7 +30,7 @@ def test_pr_on_the_cpu_is_one_in_process_run_with_the_tables_expression():
 
 def test_pr_on_a_gpu_host_runs_one_xdist_worker_per_slot():
     (run,) = _plan("pr", "cuda", TWO_CUDA)
-    xdist = ("-n", "2", "--dist", "worksteal", "-p", "jatools.pytest_longest_first", "--longest-first")
+    xdist = ("-n", "2", "--dist", "worksteal", "-p", "jatools.testing.pytest_longest_first", "--longest-first")
     assert run.argv[-len(xdist):] == xdist and run.config == "single_gpu"
     (run,) = _plan("pr", "cuda", TWO_CUDA, env={"JA_TESTS_PER_GPU": "2"})
     assert ("-n", "4") in zip(run.argv, run.argv[1:])
@@ -74,7 +74,7 @@ def test_only_the_plugins_a_run_uses_are_loaded_unless_autoload_is_asked_for():
     for env in ({"JA_PYTEST_AUTOLOAD": "1"}, {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": ""}):
         (run,) = _plan("pr", "cuda", TWO_CUDA, reruns=2, env=env)
         named = [b for a, b in zip(run.argv, run.argv[1:]) if a == "-p"]
-        assert "PYTEST_DISABLE_PLUGIN_AUTOLOAD" not in run.env and named == ["jatools.pytest_longest_first"]
+        assert "PYTEST_DISABLE_PLUGIN_AUTOLOAD" not in run.env and named == ["jatools.testing.pytest_longest_first"]
         assert "--reruns" in run.argv and "-n" in run.argv
     # Autoload switched off by the caller: kept, and the plugins the run needs are still named.
     (run,) = _plan("pr", "cuda", TWO_CUDA, reruns=2, env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "true",
@@ -124,7 +124,7 @@ def _tier(tmp_path, *args, tests=TREE, extra_env=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JA_", "XLA_FLAGS", "PYTEST_"))}
     env.update(JA_GPU_COUNT="0", PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     env.update(extra_env or {})
-    r = subprocess.run([sys.executable, "-m", "jatools.test_tiers", "--results-dir", str(tmp_path / "res"),
+    r = subprocess.run([sys.executable, "-m", "jatools.testing.test_tiers", "--results-dir", str(tmp_path / "res"),
                         *args, str(tree)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
     return r, tmp_path / "res"
 
@@ -195,7 +195,7 @@ def test_ci_test_sh_takes_the_tier_from_the_environment(tmp_path):
 
 
 def test_slot_speedup_pinning_check_names_each_problem():
-    from jatools.slot_speedup import check_pinning
+    from jatools.testing.slot_speedup import check_pinning
 
     good = [{"worker": "gw0", "gpu": "0", "jax_devices": ["cuda:0"]},
             {"worker": "gw1", "gpu": "1", "jax_devices": ["cuda:0"]}]
@@ -208,7 +208,7 @@ def test_slot_speedup_pinning_check_names_each_problem():
 
 
 def test_slot_speedup_splits_each_run_into_start_tests_and_end():
-    from jatools.slot_speedup import phase_summary, phases
+    from jatools.testing.slot_speedup import phase_summary, phases
 
     recs = [{"worker": "gw0", "tests": {"count": 3, "first_start": 110.5, "last_end": 118.0}},
             {"worker": "gw1", "tests": {"count": 2, "first_start": 110.7, "last_end": 118.4}},
@@ -226,7 +226,7 @@ def test_slot_speedup_splits_each_run_into_start_tests_and_end():
 
 
 def test_slot_speedup_gives_each_rounds_own_speedup_in_round_order():
-    from jatools.slot_speedup import round_speedups
+    from jatools.testing.slot_speedup import round_speedups
 
     timed = [{"round": 2, "workers": 2, "seconds": 10.0}, {"round": 2, "workers": 1, "seconds": 15.0},
              {"round": 1, "workers": 2, "seconds": 9.0}, {"round": 1, "workers": 1, "seconds": 18.0}]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from jatools import validation_image as vi
+from jatools.validate import validation_image as vi
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -3,8 +3,8 @@
 The wheelhouse is the checkout's own (build/wheelhouse, or JA_WHEELHOUSE), so a
 developer's warm one serves the tests too; when it is cold it is filled once
 from the package index. The good wheels are the wheel tests' own (a real CPU
-build in build/tests-cpu, packed by jatools.wheel_build); the lite wheel's
-release is this build's JIT libraries staged by jatools.publish. Validation runs
+build in build/tests-cpu, packed by jatools.wheel.wheel_build); the lite wheel's
+release is this build's JIT libraries staged by jatools.jitlibs.publish. Validation runs
 engine-free here (no container engine).
 """
 from __future__ import annotations
@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from jatools import cleanroom, cleanroom_env, config, publish, wheelhouse
+from jatools import config
+from jatools.jitlibs import publish
+from jatools.validate import cleanroom, cleanroom_env, wheelhouse
 from tests.wheel.conftest import layout, native_build, wheels  # noqa: F401  (fixtures: the real wheels)
 
 REPO = Path(__file__).resolve().parents[2]

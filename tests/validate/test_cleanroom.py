@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from jatools import cleanroom, elf
+from jatools.validate import cleanroom
+from jatools.wheel import elf
 from tests.validate import plants
 from tests.validate.conftest import REPO, failures, member
 from tests.wheel.wheel_plant import patch_dynamic_string, rewrite_wheel
@@ -174,7 +175,7 @@ def test_report_json_and_summary(good_wheels, tmp_path, warm_wheelhouse):
 
 
 def test_a_report_covers_exactly_the_wheels_it_validated(good_wheels, validate_wheels, tmp_path):
-    from jatools.cleanroom_report import covers
+    from jatools.validate.cleanroom_report import covers
 
     report = validate_wheels(good_wheels["full"])
     path = tmp_path / "report.json"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from jatools import cleanroom_env as cenv
+from jatools.validate import cleanroom_env as cenv
 from tests.validate.conftest import REPO
 
 LEAKY = {"PYTHONPATH": str(REPO), "JA_ROOT_DIR": str(REPO), "JAX_AITER_LIB_DIR": str(REPO / "build"),

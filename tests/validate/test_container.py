@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jatools import cleanroom_env, cleanroom_plan, container, validation_image
+from jatools.validate import cleanroom_env, cleanroom_plan, container, validation_image
 from tests.validate.conftest import REPO
 
 
@@ -144,8 +144,7 @@ def test_exact_container_command_lines(tmp_path):
 
 def test_container_route_runs_the_plan_through_the_engine(good_wheels, monkeypatch):
     """The whole container route for a full wheel, the engine replaced by the recorder: the exact sequence."""
-    from jatools import cleanroom
-
+    from jatools.validate import cleanroom
     rec = Recorder()
     monkeypatch.setattr(cleanroom.container, "choose",
                         lambda mode: (container.Probe("docker", "/usr/bin/docker", True, "27.3.1"), "container path"))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from jatools import wheelhouse
+from jatools.validate import wheelhouse
 from tests.validate.conftest import REPO
 
 

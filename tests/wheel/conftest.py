@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from jatools import config
-from jatools.wheel_build import BuildOptions, BuildResult, build
-from jatools.wheel_layout import Layout
+from jatools.wheel.wheel_build import BuildOptions, BuildResult, build
+from jatools.wheel.wheel_layout import Layout
 
 ROOT = Path(__file__).resolve().parents[2]
 TEST_BUILD_DIR = "build/tests-cpu"

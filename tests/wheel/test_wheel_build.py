@@ -15,8 +15,9 @@ from conftest import EPOCH, ROOT, cpu_env
 from packaging.utils import parse_wheel_filename
 from wheel.wheelfile import WheelFile
 
-from jatools import config, wheel_contents, wheel_floor
-from jatools.wheel_build import BuildOptions, WheelBuildError, build
+from jatools import config
+from jatools.wheel import wheel_contents, wheel_floor
+from jatools.wheel.wheel_build import BuildOptions, WheelBuildError, build
 
 PROJECT_VERSION = config.project_version(ROOT)
 

@@ -9,14 +9,9 @@ from invoke import Context, Exit
 from wheel_plant import patch_dynamic_string, rewrite_wheel
 
 import tasks
-from jatools import (
-    jit_expectations,
-    wheel_build,
-    wheel_contents,
-    wheel_floor,
-    zip_writer,
-)
-from jatools.wheel_build import BuildOptions, WheelBuildError, build
+from jatools.jitlibs import jit_expectations
+from jatools.wheel import wheel_build, wheel_contents, wheel_floor, zip_writer
+from jatools.wheel.wheel_build import BuildOptions, WheelBuildError, build
 from jax_aiter.integrity import IntegrityError
 
 SHIM_RUNPATH = "$ORIGIN:$ORIGIN/../aiter_build"
@@ -202,13 +197,13 @@ def test_floor_catches_manylinux_2_28_with_glibcxx_3_4_29(native_build, layout, 
 
 
 def test_command_line_reports_errors_with_exit_code_2(tmp_path):
-    """`python -m jatools.wheel_build` on an empty build tree: one line naming what is missing, exit 2."""
+    """`python -m jatools.wheel.wheel_build` on an empty build tree: one line naming what is missing, exit 2."""
     import subprocess
     import sys
 
     from conftest import ROOT, cpu_env
 
-    out = subprocess.run([sys.executable, "-m", "jatools.wheel_build", "--variant", "lite", "--dist",
+    out = subprocess.run([sys.executable, "-m", "jatools.wheel.wheel_build", "--variant", "lite", "--dist",
                           str(tmp_path / "dist")], cwd=ROOT, env=cpu_env(tmp_path / "empty-build"),
                          capture_output=True, text=True, check=False)
     assert out.returncode == 2

@@ -1,9 +1,9 @@
-"""The layout data (jatools/wheel_layout.toml) agrees with the runtime loader and with itself."""
+"""The layout data (jatools/wheel/wheel_layout.toml) agrees with the runtime loader and with itself."""
 from __future__ import annotations
 
 import pytest
 
-from jatools.wheel_layout import Layout, LayoutError
+from jatools.wheel.wheel_layout import Layout, LayoutError
 from jax_aiter import _loader
 
 

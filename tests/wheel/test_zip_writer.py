@@ -1,4 +1,4 @@
-"""jatools.zip_writer: what it writes is an ordinary zip, identical whatever the thread count."""
+"""jatools.wheel.zip_writer: what it writes is an ordinary zip, identical whatever the thread count."""
 from __future__ import annotations
 
 import hashlib
@@ -10,8 +10,8 @@ import zipfile
 
 import pytest
 
-from jatools import zip_writer
-from jatools.zip_writer import DeterministicZipWriter
+from jatools.wheel import zip_writer
+from jatools.wheel.zip_writer import DeterministicZipWriter
 
 WHEN = (2024, 5, 6, 7, 8, 10)
 
@@ -103,8 +103,7 @@ def test_duplicate_names_and_bad_levels_are_refused(tmp_path):
 
 @pytest.mark.parametrize("inflate", ["libdeflate", "zlib"])
 def test_read_back_hashes_every_member_and_names_a_damaged_one(tmp_path, monkeypatch, inflate):
-    from jatools import wheel_members
-
+    from jatools.wheel import wheel_members
     if inflate == "zlib":
         monkeypatch.setattr(wheel_members, "_libdeflate", lambda: None)
     elif wheel_members._libdeflate() is None:

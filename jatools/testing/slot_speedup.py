@@ -2,9 +2,9 @@
 
     python3 ci/measure_slot_speedup.py [--workers 2] [--repeats 1] [--out F] [pytest args]
 
-Both runs use the same pytest command the pr tier uses (jatools.test_tiers.plan),
+Both runs use the same pytest command the pr tier uses (jatools.testing.test_tiers.plan),
 with retries off. Each worker records its slot and the devices JAX showed it
-(jatools.pytest_gpu_slot), and the run fails unless every worker of the
+(jatools.testing.pytest_gpu_slot), and the run fails unless every worker of the
 N-worker run saw exactly one GPU and no two workers shared one. Untimed
 warm-up rounds go first (--warmup, default 1: the first run after a build
 starts on cold caches and was measured slower; it also records the durations
@@ -34,8 +34,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from jatools import atomic_write, gpu_slots, test_tiers
-from jatools.pytest_gpu_slot import RECORD_ENV
+from jatools import atomic_write, config
+from jatools.testing import gpu_slots, test_tiers
+from jatools.testing.pytest_gpu_slot import RECORD_ENV
 
 GOAL = 1.8
 
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     a, pytest_args = p.parse_known_args(argv)
     if a.repeats < 1 or a.warmup < 0 or a.workers < 2:
         p.error("--repeats must be >= 1, --warmup >= 0 and --workers >= 2")
-    root = Path(__file__).resolve().parent.parent
+    root = config.REPO_ROOT
     gpus = gpu_slots.detect()
     platform, why = test_tiers.choose_platform(a.platform, dict(os.environ), gpus)
     if platform == "cpu" or gpus.count < a.workers:

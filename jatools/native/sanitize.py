@@ -2,7 +2,7 @@
 
 Build: the ordinary targets (umbrella, JIT libraries, FFI shims) into
 ``build/sanitize`` with ``JA_BACKEND=cpu JA_SANITIZE=address,undefined``;
-jatools.toolchain adds ``-fsanitize=...`` to the compile and link flags, so
+jatools.native.toolchain adds ``-fsanitize=...`` to the compile and link flags, so
 the Makefile and build_jit.py build exactly what they always build.
 
 Run: Python itself is not instrumented, so the ASan runtime must be the first
@@ -19,7 +19,7 @@ in-process: CPython and jaxlib keep allocations alive until exit by design, and
 LSan suppressions match any frame of a stack, so every leak report passes
 through Python frames and cannot be told apart from ours.
 
-    python3 -m jatools.sanitize [-j N] [-- PYTEST_ARGS...]
+    python3 -m jatools.native.sanitize [-j N] [-- PYTEST_ARGS...]
 """
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ def run(pytest_args: list[str], jobs: int, python: str = sys.executable) -> dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python3 -m jatools.sanitize", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python3 -m jatools.native.sanitize", description=__doc__.splitlines()[0])
     p.add_argument("-j", "--jobs", type=int, default=min(os.cpu_count() or 1, 2), help="parallel compile jobs")
     p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="pytest arguments after -- (default: CPU op tests)")
     args = p.parse_args(argv)

@@ -4,7 +4,7 @@ Markers (registered in pyproject.toml): ``gpu`` needs a GPU JAX can see;
 ``cuda_only`` / ``rocm_only`` need that GPU platform; ``multigpu(devices=N)``
 needs N devices (default 2). Each skip prints its reason (``-ra``). JAX is
 imported only when a marked test is set up, so tooling tests run without it
-and GPU slot pinning (jatools.pytest_gpu_slot) happens before any import.
+and GPU slot pinning (jatools.testing.pytest_gpu_slot) happens before any import.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ An engine counts only when its daemon answers (`docker info`), not when its
 client is installed: a client without a daemon (this project's build machine)
 is reported, and validation takes the engine-free path. The image is the one
 ci/validation_image_id.sh names (tag = hash of docker/validation/Dockerfile.lite,
-jatools/validation_image.py): used when present, else pulled, else built
+jatools/validate/validation_image.py): used when present, else pulled, else built
 locally, and the log says which and why. The wheel, the smoke files and the
 release are mounted read-only; the container runs with no network (the release
 server listens on the container's own 127.0.0.1), as the image's non-root user
@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from jatools import validation_image
-from jatools.cleanroom_env import host_gpu
+from jatools.validate import validation_image
+from jatools.validate.cleanroom_env import host_gpu
 
 ENGINES = ("docker", "podman")
 INFO_FORMAT = {"docker": "{{.ServerVersion}}", "podman": "{{.Version.Version}}"}

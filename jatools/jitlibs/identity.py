@@ -10,7 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from jatools import config, toolchain
+from jatools import config
+from jatools.native import toolchain
 from jax_aiter.reuse_gate import GATED_FIELDS, cache_id  # noqa: F401  (re-exported: one definition)
 
 

@@ -8,7 +8,7 @@ runtime libraries outside auditwheel's allowlist, which makes it `linux_*` for
 every GPU wheel, so it is not used.) A failure names the symbol versions above the
 claimed tag and the libraries that import them, which auditwheel does not say.
 
-    python -m jatools.wheel_floor WHEEL...
+    python -m jatools.wheel.wheel_floor WHEEL...
 """
 from __future__ import annotations
 
@@ -25,9 +25,10 @@ from auditwheel.libc import Libc
 from auditwheel.policy import WheelPolicies
 from packaging.utils import parse_wheel_filename
 
-from jatools import elf
+from jatools.wheel import (
+    elf,  # PEP 513/571/599 names for the first manylinux tags (PEP 600 spells them manylinux_2_5/12/17).
+)
 
-# PEP 513/571/599 names for the first manylinux tags (PEP 600 spells them manylinux_2_5/12/17).
 LEGACY_MANYLINUX = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
 ELF_MACHINES = {"EM_X86_64": "x86_64", "EM_AARCH64": "aarch64", "EM_PPC64": "ppc64le", "EM_S390": "s390x"}
 _TAG = re.compile(r"^(?P<family>manylinux_(?P<major>\d+)_(?P<minor>\d+)|manylinux1|manylinux2010|manylinux2014"
@@ -148,7 +149,7 @@ class FloorReport:
 
 def check_wheel(wheel: Path) -> FloorReport:
     """Compare the wheel's platform tag(s) with auditwheel's sym_tag; attribute any excess to libraries."""
-    from jatools.wheel_members import (
+    from jatools.wheel.wheel_members import (
         extracted_elves,  # local: only this path unpacks the wheel
     )
 
@@ -190,7 +191,7 @@ def check_wheels(wheels: list[Path]) -> list[FloorReport]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m jatools.wheel_floor", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m jatools.wheel.wheel_floor", description=__doc__.splitlines()[0])
     p.add_argument("wheels", nargs="+", type=Path)
     args = p.parse_args(argv)
     failed = False

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from jatools.cleanroom_env import Installer
+from jatools.validate.cleanroom_env import Installer
 
 PORT = "{port}"  # filled in with the release server's port once it listens
 SMOKE_SCRIPT = "cleanroom_smoke.py"

@@ -5,14 +5,14 @@ is made (a container from the validation image when an engine answers, else a
 venv in a temporary folder outside the checkout); the wheel and its
 dependencies are installed from the local wheelhouse with no package index
 reachable; then the shipped smoke tests run from outside the checkout in
-isolated mode (jatools/cleanroom_smoke.py). A lite wheel must refuse attention
+isolated mode (jatools/validate/cleanroom_smoke.py). A lite wheel must refuse attention
 naming `jax-aiter-fetch-mha`, fetch the attention libraries from a release
 served on 127.0.0.1 (built from this checkout's published JIT libraries), and
 then run attention; a full wheel runs everything without a fetch.
 
-The steps are data (jatools/cleanroom_plan.py); this module runs them locally
+The steps are data (jatools/validate/cleanroom_plan.py); this module runs them locally
 or through `<engine> exec`, times them, and collects the checks into a report
-(jatools/cleanroom_report.py). `invoke validate` and scripts/validate_wheel.sh
+(jatools/validate/cleanroom_report.py). `invoke validate` and scripts/validate_wheel.sh
 call `main`.
 """
 from __future__ import annotations
@@ -33,10 +33,13 @@ from pathlib import Path
 
 from packaging.utils import parse_wheel_filename
 
-from jatools import cleanroom_env as cenv
-from jatools import cleanroom_plan as cplan
-from jatools import config, container, publish, wheel_record, wheelhouse
-from jatools.cleanroom_report import Check, Report, WheelResult
+from jatools import config
+from jatools.jitlibs import publish
+from jatools.validate import cleanroom_env as cenv
+from jatools.validate import cleanroom_plan as cplan
+from jatools.validate import container, wheelhouse
+from jatools.validate.cleanroom_report import Check, Report, WheelResult
+from jatools.wheel import wheel_record
 from jax_aiter import manifest as mf
 from jax_aiter import reuse_gate
 from jax_aiter.integrity import sha256_file
@@ -126,7 +129,7 @@ def release_folder(root: Path, cache_id: str, given: Path | None, log: Log) -> P
                                   f"--to DIR` wrote, for the lite wheel's cache id {cache_id}")
         return given
     settings = config.load(root=root)
-    staged = settings.build_dir / "jit-libs-publish"  # where jatools.publish stages a release
+    staged = settings.build_dir / "jit-libs-publish"  # where jatools.jitlibs.publish stages a release
     if not (staged / tag / mf.MANIFEST_NAME).is_file():
         log(f"cleanroom: staging this checkout's JIT libraries as {tag} (the lite wheel fetches them)")
         try:
@@ -465,7 +468,7 @@ def validate(opts: Options) -> Report:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m jatools.cleanroom", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m jatools.validate.cleanroom", description=__doc__.splitlines()[0])
     p.add_argument("--wheel", type=Path, action="append", help="a wheel to validate (repeatable; default: dist/)")
     p.add_argument("--variant", choices=("lite", "full"), help="only wheels of this variant")
     p.add_argument("--dist", type=Path, help="where the wheels are (default: dist/)")

@@ -1,6 +1,6 @@
 """Clean-room smoke tests: shipped into a fresh environment and run there, never imported by the repo.
 
-The clean room (jatools/cleanroom.py) copies this file, next to tests/ops/reference.py
+The clean room (jatools/validate/cleanroom.py) copies this file, next to tests/ops/reference.py
 (the float64 references the op tests use), into a folder outside the checkout and
 runs it with the environment's interpreter in isolated mode (`python -I`), from a
 working directory outside the checkout. It imports only the standard library,
@@ -36,7 +36,7 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-HOST_DEPS_PTH = "ja-host-deps.pth"  # jatools.cleanroom_plan writes it for --deps-from (this script imports no jatools)
+HOST_DEPS_PTH = "ja-host-deps.pth"  # jatools.validate.cleanroom_plan writes it for --deps-from (this script imports no jatools)
 
 DIST = "jax-aiter"
 FETCH_COMMAND = "jax-aiter-fetch-mha"

@@ -3,8 +3,8 @@
 Installers (pip, uv) do not compare a wheel's files with the sha256 in its
 RECORD, so a file changed after the wheel was built would install silently. The
 clean room refuses such a wheel before making an environment. The reading and
-the comparison are the wheel checks' own (jatools.wheel_members reads and hashes
-every member in parallel; jatools.wheel_contents compares them with RECORD);
+the comparison are the wheel checks' own (jatools.wheel.wheel_members reads and hashes
+every member in parallel; jatools.wheel.wheel_contents compares them with RECORD);
 this module only runs that one part of the content policy and words the result.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import zipfile
 from pathlib import Path
 
-from jatools import wheel_contents, wheel_members
+from jatools.wheel import wheel_contents, wheel_members
 
 
 class RecordError(RuntimeError):

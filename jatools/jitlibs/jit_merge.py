@@ -17,7 +17,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from jatools.jit_cache import RECORD_NAME, JitCacheError, Log, _write_json
+from jatools.jitlibs.jit_cache import RECORD_NAME, JitCacheError, Log, _write_json
 from jax_aiter import fetch, reuse_gate
 from jax_aiter.integrity import diff_entries
 

@@ -1,11 +1,11 @@
 """Run a test tier: pr, nightly or multigpu, as one or more pytest processes.
 
-    python3 -m jatools.test_tiers --tier pr [--platform cuda] [--workers N] [--reruns N] [pytest args]
+    python3 -m jatools.testing.test_tiers --tier pr [--platform cuda] [--workers N] [--reruns N] [pytest args]
     JA_TEST_TIER=nightly bash ci/test.sh
 
-The marker expression of every run comes from jatools.tag_filters (the same
+The marker expression of every run comes from jatools.testing.tag_filters (the same
 table ``python3 ci/tag_filters.py`` prints). Single-device runs on a GPU host
-use pytest-xdist, one worker per GPU slot (jatools.pytest_gpu_slot pins each
+use pytest-xdist, one worker per GPU slot (jatools.testing.pytest_gpu_slot pins each
 worker before JAX starts). Multi-device runs are a separate pytest process:
 unpinned and holding every GPU slot (exclusive) on a GPU host; on the CPU with
 XLA_FLAGS=--xla_force_host_platform_device_count=4 set before JAX starts.
@@ -24,7 +24,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from jatools import atomic_write, gpu_slots, tag_filters
+from jatools import atomic_write
+from jatools.testing import gpu_slots, tag_filters
 
 TIER_ENV = "JA_TEST_TIER"
 PLATFORM_ENV = "JA_TEST_PLATFORM"
@@ -32,7 +33,7 @@ WORKERS_ENV = "JA_TEST_WORKERS"
 RERUNS_ENV = "JA_TEST_RERUNS"
 AUTOLOAD_ENV = "JA_PYTEST_AUTOLOAD"  # 1: let pytest load every installed plugin (default: only ours + named)
 RESULTS_DIR = Path("build") / "test-results"
-LONGEST_FIRST_PLUGIN = "jatools.pytest_longest_first"
+LONGEST_FIRST_PLUGIN = "jatools.testing.pytest_longest_first"
 CPU_MULTI_DEVICES = 4
 DEFAULT_RERUNS = {"cpu": 0, "cuda": 2, "rocm": 2}  # XLA's single-GPU CI: 3 attempts
 
@@ -166,7 +167,7 @@ def summarize(tier: str, platform: str, why: str, results: list[dict], results_d
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python3 -m jatools.test_tiers", description=__doc__,
+    p = argparse.ArgumentParser(prog="python3 -m jatools.testing.test_tiers", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("--tier", default=None, help=f"{' | '.join(tag_filters.TIERS)} (default: ${TIER_ENV} or pr)")
     p.add_argument("--platform", default=None, help="cpu | cuda | rocm (default: detected)")
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry-run", action="store_true", help="print the pytest commands and exit")
     a, pytest_args = p.parse_known_args(argv)
     env = dict(os.environ)
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     results_dir = (a.results_dir or root / RESULTS_DIR).resolve()
     tier = a.tier or env.get(TIER_ENV) or tag_filters.DEFAULT_TIER
     try:

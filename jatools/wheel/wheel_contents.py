@@ -1,10 +1,10 @@
 """The wheel content policy: right files for the variant, only allowed outside libraries, clean RUNPATHs,
 valid RECORD and metadata.
 
-What a variant must and may hold is data (jatools/wheel_layout.toml); this module
+What a variant must and may hold is data (jatools/wheel/wheel_layout.toml); this module
 only applies it to a wheel it reads back, so it can judge wheels built anywhere.
 
-    python -m jatools.wheel_contents WHEEL...
+    python -m jatools.wheel.wheel_contents WHEEL...
 """
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion
 
-from jatools import elf, wheel_members
-from jatools.wheel_layout import Layout, LayoutError, Variant, python_packages
+from jatools.wheel import elf, wheel_members
+from jatools.wheel.wheel_layout import Layout, LayoutError, Variant, python_packages
 
 IDENTITY_KEYS = ("version", "variant", "kernel_source_revision", "recipe_hash", "cache_id", "gpu_archs",
                  "backend", "toolchain", "ffi_api_version")
@@ -100,7 +100,7 @@ def _check_files(report: ContentsReport, names: list[str], layout: Layout, varia
     required = list(layout.required_files) + [layout.identity_file] + [layout.lib_member(n) for n in variant.libraries]
     for r in required:
         if r not in names:
-            report.problems.append(f"{r} is missing from the {variant.name} wheel (jatools/wheel_layout.toml "
+            report.problems.append(f"{r} is missing from the {variant.name} wheel (jatools/wheel/wheel_layout.toml "
                                    f"requires it)")
     not_here = [layout.lib_member(n) for n in layout.libraries if n not in variant.libraries]
     py_dirs = {p.replace(".", "/") for p in python_packages()}
@@ -157,7 +157,7 @@ def _check_elves(report: ContentsReport, elves: dict[str, elf.ElfDynamic], names
                 continue
             report.problems.append(
                 f"{member} needs {dep}, which is neither in the wheel nor allowed from outside for the {backend} "
-                f"backend (allowlist in jatools/wheel_layout.toml [external])")
+                f"backend (allowlist in jatools/wheel/wheel_layout.toml [external])")
         for kind, entries in (("RPATH", info.rpath), ("RUNPATH", info.runpath)):
             for entry in entries:
                 bad = [s for s in layout.runpath_forbidden if s in entry]
@@ -241,7 +241,7 @@ def check_wheels(wheels: list[Path], layout: Layout | None = None) -> list[Conte
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m jatools.wheel_contents", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m jatools.wheel.wheel_contents", description=__doc__.splitlines()[0])
     p.add_argument("wheels", nargs="+", type=Path)
     args = p.parse_args(argv)
     failed = False

@@ -6,7 +6,7 @@ short wait instead of a red run, while a real failure still fails after a fixed,
 small number of attempts. Commands that cannot start (exit 126/127) or were
 interrupted (130) are not retried: waiting cannot fix them.
 
-    python3 -m jatools.retry [--attempts 3] [--delay 10] -- COMMAND [ARG...]
+    python3 -m jatools.ci.retry [--attempts 3] [--delay 10] -- COMMAND [ARG...]
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def run_with_retry(argv: Sequence[str], attempts: int = 3, delay_s: float = 10.0
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python3 -m jatools.retry", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python3 -m jatools.ci.retry", description=__doc__.splitlines()[0])
     p.add_argument("--attempts", type=int, default=3, help=f"tries in all (1..{MAX_ATTEMPTS}, default 3)")
     p.add_argument("--delay", type=float, default=10.0, help="seconds before the second try; doubles after")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")

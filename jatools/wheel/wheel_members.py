@@ -29,7 +29,7 @@ from pathlib import Path
 
 from packaging.utils import parse_wheel_filename
 
-from jatools import elf
+from jatools.wheel import elf
 
 READ_CHUNK = 4 << 20
 

@@ -1,6 +1,6 @@
 """Compile every library for the GPU backends on a machine without a GPU.
 
-    python3 -m jatools.compile_only [--backend cuda,rocm] [-j N]
+    python3 -m jatools.native.compile_only [--backend cuda,rocm] [-j N]
 
 CUDA builds for sm_90 with nvcc; ROCm builds for gfx90a with the HIP compiler
 (Debian's ROCm 5.2 `hipcc` knows gfx90a and gfx940, not gfx950). Each backend

@@ -2,7 +2,7 @@
 
 CPU (lscpu), GPUs (rocminfo, nvidia-smi, or none), toolchains (g++, nvcc,
 hipcc, TheRock's `rocm-sdk version`, found the way the build finds them, through
-jatools.toolchain), Python and the jax/jaxlib/plugin versions, and the
+jatools.native.toolchain), Python and the jax/jaxlib/plugin versions, and the
 environment variables that steer the build. "Is the GPU visible in the
 container?" and "which compiler built this?" are answered at the top of the
 log. Nothing here fails the job: a tool that is absent or errors is reported as
@@ -20,7 +20,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from jatools import atomic_write, config, toolchain
+from jatools import atomic_write, config
+from jatools.native import toolchain
 
 LSCPU_KEYS = ("Architecture", "Model name", "CPU(s)", "Thread(s) per core", "Core(s) per socket", "Socket(s)",
               "NUMA node(s)", "L3 cache", "Hypervisor vendor")
@@ -102,7 +103,7 @@ def gpu_info(which: Which = shutil.which, env: dict[str, str] | None = None) -> 
 
 
 def toolchain_info(env: dict[str, str] | None = None, which: Which = shutil.which) -> dict:
-    """Compilers found exactly as the build finds them (jatools.toolchain), with their versions."""
+    """Compilers found exactly as the build finds them (jatools.native.toolchain), with their versions."""
     env = dict(os.environ if env is None else env)
     info: dict = {"notes": []}
     cxx = env.get("CXX", "g++")
@@ -200,10 +201,10 @@ def write_json(report: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m jatools.env_report [--json-out F]`: the report as text, optionally also as JSON."""
+    """`python -m jatools.ci.env_report [--json-out F]`: the report as text, optionally also as JSON."""
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m jatools.env_report", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m jatools.ci.env_report", description=__doc__.splitlines()[0])
     p.add_argument("--json-out", type=Path, help="also write the report as JSON here")
     args = p.parse_args(argv)
     report = collect()

@@ -1,4 +1,4 @@
-"""The wheel layout and content policy (jatools/wheel_layout.toml), read once and shared.
+"""The wheel layout and content policy (jatools/wheel/wheel_layout.toml), read once and shared.
 
 The builder decides what to stage from it, and `invoke contents` decides what a
 built wheel must and may hold from it, so the two cannot drift apart.

@@ -255,7 +255,7 @@ def stage(record: dict, ident: dict, jit_dir: Path, stage_root: Path, comp: Comp
             "kind": mf.KIND, "schema": mf.SCHEMA, "release_tag": tag, "identity": ident,
             "compression": comp.describe(), "asset_limit": asset_limit, "files": files,
             "created_utc": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "producer": {"jax_aiter_version": __version__, "tool": "jatools.publish"},
+            "producer": {"jax_aiter_version": __version__, "tool": "jatools.jitlibs.publish"},
         }
         mf.validate(manifest, "the new manifest")
         (tmp / mf.MANIFEST_NAME).write_text(mf.dumps(manifest))

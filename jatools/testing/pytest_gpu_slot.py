@@ -1,7 +1,7 @@
 """pytest plugin: each xdist worker takes a GPU slot before JAX is imported.
 
 A worker (PYTEST_XDIST_WORKER set) takes the first free (gpu, slot) lock from
-jatools.gpu_slots in pytest_configure, which runs before test modules are
+jatools.testing.gpu_slots in pytest_configure, which runs before test modules are
 collected and so before JAX starts, and pins itself to that GPU through the
 environment. N workers thus spread over the GPUs, slot 0 on every GPU first.
 The lock is held until the worker exits.
@@ -16,7 +16,7 @@ ended), which the slot speed-up measurement checks and splits its times by.
 A pinned worker also gets gpu_slots.pinned_env's process settings: no GPU
 memory preallocation and one BLAS thread (each unless already set). On CUDA it
 then starts the driver and its GPU's primary context in a background thread
-(jatools.cuda_warmup; JA_GPU_WARMUP=0 turns that off), overlapping JAX's import.
+(jatools.testing.cuda_warmup; JA_GPU_WARMUP=0 turns that off), overlapping JAX's import.
 
 A pinned xdist worker ends without tearing its GPU backend down, as soon as
 it has reported everything: at the end of its pytest_unconfigure (the last
@@ -43,7 +43,8 @@ from pathlib import Path
 
 import pytest
 
-from jatools import atomic_write, cuda_warmup, gpu_slots
+from jatools import atomic_write
+from jatools.testing import cuda_warmup, gpu_slots
 
 SWITCH_ENV = "JA_GPU_SLOT"
 RECORD_ENV = "JA_GPU_SLOT_RECORD_DIR"
@@ -79,7 +80,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return  # nothing to pin; the gpu-marked tests skip with their reason
     if _jax_backends_started():
         raise pytest.UsageError(
-            "jatools.pytest_gpu_slot: JAX started its backends before this worker took its GPU slot, so "
+            "jatools.testing.pytest_gpu_slot: JAX started its backends before this worker took its GPU slot, so "
             "the worker could see every GPU; create no arrays and query no devices in conftest.py or "
             "plugins")
     per_gpu = gpu_slots.tests_per_gpu()
@@ -88,7 +89,7 @@ def pytest_configure(config: pytest.Config) -> None:
         _held = gpu_slots.acquire(gpus, per_gpu, timeout=gpu_slots.timeout_from_env(),
                                   note=f"pid {os.getpid()}: pytest worker {worker}")
     except gpu_slots.SlotTimeout as e:
-        raise pytest.UsageError(f"jatools.pytest_gpu_slot ({worker}): {e}") from e
+        raise pytest.UsageError(f"jatools.testing.pytest_gpu_slot ({worker}): {e}") from e
     # pinned_env is this environment with the slot's settings applied (and what they
     # replace removed): make it this process's own, before anything imports JAX or NumPy.
     pinned = gpu_slots.pinned_env(_held, per_gpu)
@@ -98,7 +99,7 @@ def pytest_configure(config: pytest.Config) -> None:
     cuda_warmup.start(_held.platform, pinned)
     if "numpy" in sys.modules:
         config.issue_config_time_warning(pytest.PytestConfigWarning(
-            f"jatools.pytest_gpu_slot ({worker}): NumPy was imported before this worker took its GPU slot, so "
+            f"jatools.testing.pytest_gpu_slot ({worker}): NumPy was imported before this worker took its GPU slot, so "
             f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')} does not reach its BLAS; import "
             "NumPy inside tests or fixtures, not in conftest.py or plugins"), stacklevel=2)
 

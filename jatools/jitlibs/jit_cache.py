@@ -11,7 +11,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from jatools import atomic_write, config, github_output, identity
+from jatools import atomic_write, config
+from jatools.ci import github_output
+from jatools.jitlibs import identity
 from jax_aiter import fetch, reuse_gate
 from jax_aiter import manifest as mf
 from jax_aiter.integrity import diff_entries
@@ -193,7 +195,8 @@ def verify(folder: Path, against: str | None = None, opts: fetch.FetchOptions | 
 
 def errors() -> tuple[type[BaseException], ...]:
     """The failures the command-line front ends (CLI, invoke) turn into a message and a non-zero exit."""
-    from jatools import publish, toolchain
+    from jatools.jitlibs import publish
+    from jatools.native import toolchain
     from jax_aiter.blob import BlobError
     from jax_aiter.integrity import IntegrityError
 

@@ -20,7 +20,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from jatools import config, retry
+from jatools import config
+from jatools.ci import retry
 from jax_aiter.integrity import sha256_file
 
 DOCKERFILE = Path("docker/validation/Dockerfile.lite")

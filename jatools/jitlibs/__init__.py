@@ -1,0 +1,6 @@
+"""JIT libraries: their identity (cache id), the reuse decision, fetch, verify, publish and shard merge.
+
+Owns build/aiter_build's record and the `jit-libs-<cache-id>` releases. May import:
+jatools.native (toolchain identity), jatools.config, jatools.atomic_write,
+jatools.ci (retry, GitHub outputs) and the runtime's jax_aiter.fetch/manifest/integrity.
+"""
