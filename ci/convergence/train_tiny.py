@@ -1,10 +1,16 @@
 #!/usr/bin/env python3
-"""The convergence recipe: a small language model trained with jax_aiter's kernels and with plain JAX.
+"""The convergence recipe: a small transformer trained with jax_aiter's kernels and with plain JAX.
 
-Both runs start from the same weights and see the same batches; only the
-implementation of RMSNorm and SiLU-and-mul differs. The kernels converge when
-the loss falls and their loss curve stays within a tolerance of the reference's
-over the last steps. Each run writes a MaxText-style log (``completed step: N,
+The model is a real (if tiny) decoder: token and position embeddings, then
+per layer RMSNorm, causal grouped-query attention (4 query heads sharing 2
+key/value heads, head_dim 64) and a residual, RMSNorm, a SiLU-and-mul MLP and a
+residual; a final RMSNorm and tied output embeddings. Both runs start from the
+same weights and see the same batches; only the implementation of RMSNorm,
+SiLU-and-mul and attention (``flash_attn_func``, forward and backward kernels)
+differs. The kernels converge when the loss falls and their loss curve stays
+within a tolerance of the reference's over the last steps. The data needs the
+attention: each sequence is an affine recurrence whose step only the earlier
+tokens reveal. Each run writes a MaxText-style log (``completed step: N,
 seconds: S, TFLOP/s/device: T, Tokens/s/device: K, total_weights: W, loss: L``),
 summarised by ci/perf/parse_perf_log.py into JSON and a markdown table (the
 job summary on GitHub). Throughput is reported, not gated: this run answers
@@ -33,6 +39,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "ci" / "perf")]  # the checkout's jax_aite
 import parse_perf_log
 
 VOCAB, DIM, HIDDEN, LAYERS, BATCH, SEQ = 64, 128, 256, 2, 16, 32
+HEADS_Q, HEADS_KV, HEAD_DIM = 4, 2, 64
 EPS = 1e-6
 
 
@@ -46,29 +53,52 @@ def silu_and_mul_ref(x):
     return (jax.nn.silu(a) * b).astype(x.dtype)
 
 
+def attention_ref(q, k, v):
+    """Causal grouped-query attention in plain JAX, float32 softmax: q [b, s, hq, d], k and v [b, s, hkv, d]."""
+    group = q.shape[2] // k.shape[2]
+    k, v = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
+    s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32), k.astype(jnp.float32)) / math.sqrt(q.shape[-1])
+    n = q.shape[1]
+    s = jnp.where(jnp.tril(jnp.ones((n, n), bool)), s, -jnp.inf)
+    p = jax.nn.softmax(s, axis=-1)
+    return jnp.einsum("bhqk,bkhd->bqhd", p, v.astype(jnp.float32)).astype(q.dtype)
+
+
 def ops(impl: str):
+    """(rms_norm, silu_and_mul, causal attention) of one implementation."""
     if impl == "reference":
-        return rms_norm_ref, silu_and_mul_ref
+        return rms_norm_ref, silu_and_mul_ref, attention_ref
     import jax_aiter
 
-    return (lambda x, w: jax_aiter.rms_norm(x, w, EPS)), jax_aiter.silu_and_mul
+    return ((lambda x, w: jax_aiter.rms_norm(x, w, EPS)), jax_aiter.silu_and_mul,
+            (lambda q, k, v: jax_aiter.flash_attn_func(q, k, v, causal=True)))
 
 
 def init(key, dtype):
-    keys = jax.random.split(key, 2 + 2 * LAYERS)
-    scale = lambda fan_in: 1.0 / math.sqrt(fan_in)
-    params = {"embed": jax.random.normal(keys[0], (VOCAB, DIM)) * 0.02, "norm": jnp.ones((DIM,)), "layers": []}
-    for i in range(LAYERS):
+    keys = iter(jax.random.split(key, 2 + 6 * LAYERS))
+    normal = lambda shape, fan_in: jax.random.normal(next(keys), shape) / math.sqrt(fan_in)
+    params = {"embed": jax.random.normal(next(keys), (VOCAB, DIM)) * 0.02,
+              "pos": jax.random.normal(next(keys), (SEQ, DIM)) * 0.02, "norm": jnp.ones((DIM,)), "layers": []}
+    for _ in range(LAYERS):
         params["layers"].append({
-            "norm": jnp.ones((DIM,)),
-            "up": jax.random.normal(keys[2 + 2 * i], (DIM, 2 * HIDDEN)) * scale(DIM),
-            "down": jax.random.normal(keys[3 + 2 * i], (HIDDEN, DIM)) * scale(HIDDEN),
+            "attn_norm": jnp.ones((DIM,)),
+            "wq": normal((DIM, HEADS_Q * HEAD_DIM), DIM),
+            "wk": normal((DIM, HEADS_KV * HEAD_DIM), DIM),
+            "wv": normal((DIM, HEADS_KV * HEAD_DIM), DIM),
+            "wo": normal((HEADS_Q * HEAD_DIM, DIM), HEADS_Q * HEAD_DIM),
+            "mlp_norm": jnp.ones((DIM,)),
+            "up": normal((DIM, 2 * HIDDEN), DIM),
+            "down": normal((HIDDEN, DIM), HIDDEN),
         })
     return jax.tree_util.tree_map(lambda a: a.astype(dtype), params)
 
 
 def batch(step: int):
-    """Sequences of an affine recurrence mod VOCAB: learnable, deterministic, different every step."""
+    """Sequences of an affine recurrence mod VOCAB: learnable, deterministic, different every step.
+
+    The step (1, 3, 5 or 7) differs per sequence and only the tokens before the
+    current one reveal it, so predicting the next token needs attention.
+    """
     key = jax.random.fold_in(jax.random.PRNGKey(1234), step)
     start = jax.random.randint(key, (BATCH, 1), 0, VOCAB)
     mult = 1 + 2 * jax.random.randint(jax.random.fold_in(key, 1), (BATCH, 1), 0, 4)
@@ -76,10 +106,16 @@ def batch(step: int):
     return (start + mult * pos) % VOCAB
 
 
-def loss_fn(params, tokens, rms_norm, silu_and_mul):
-    x = params["embed"][tokens[:, :-1]]
+def loss_fn(params, tokens, rms_norm, silu_and_mul, attention):
+    b, n = tokens.shape[0], tokens.shape[1] - 1
+    x = params["embed"][tokens[:, :-1]] + params["pos"][:n]
     for layer in params["layers"]:
-        h = rms_norm(x, layer["norm"])
+        h = rms_norm(x, layer["attn_norm"])
+        q = (h @ layer["wq"]).reshape(b, n, HEADS_Q, HEAD_DIM)
+        k = (h @ layer["wk"]).reshape(b, n, HEADS_KV, HEAD_DIM)
+        v = (h @ layer["wv"]).reshape(b, n, HEADS_KV, HEAD_DIM)
+        x = x + attention(q, k, v).reshape(b, n, HEADS_Q * HEAD_DIM) @ layer["wo"]
+        h = rms_norm(x, layer["mlp_norm"])
         x = x + silu_and_mul(h @ layer["up"]) @ layer["down"]
     logits = (rms_norm(x, params["norm"]) @ params["embed"].T).astype(jnp.float32)
     logp = jax.nn.log_softmax(logits, axis=-1)
@@ -103,17 +139,19 @@ def adam(lr=3e-3, b1=0.9, b2=0.99, eps=1e-8):
 
 
 def train(impl: str, steps: int, dtype, log_path: Path) -> list[float]:
-    rms_norm, silu_and_mul = ops(impl)
+    rms_norm, silu_and_mul, attention = ops(impl)
     params = init(jax.random.PRNGKey(0), dtype)
     init_state, update = adam()
     state = init_state(params)
     n_params = sum(p.size for p in jax.tree_util.tree_leaves(params))
     tokens_per_step = BATCH * SEQ
-    flops_per_step = 6.0 * n_params * tokens_per_step  # forward + backward, the usual estimate
+    # forward + backward, the usual estimate, plus the attention scores (causal: half of seq^2)
+    attn_flops = 3 * 4 * BATCH * HEADS_Q * SEQ * SEQ * HEAD_DIM / 2 * LAYERS
+    flops_per_step = 6.0 * n_params * tokens_per_step + attn_flops
 
     @jax.jit
     def step_fn(params, state, tokens):
-        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, rms_norm, silu_and_mul)
+        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, rms_norm, silu_and_mul, attention)
         params, state = update(grads, state, params)
         return params, state, loss
 
