@@ -29,9 +29,8 @@ def umbrella(session: nox.Session) -> None:
 
 @nox.session(python=PY, tags=["build"])
 def jit(session: nox.Session) -> None:
-    """Build the JIT libraries into build/aiter_build (build_jit.py; pass --module a,b after --)."""
+    """The JIT producer: build the JIT libraries into build/aiter_build (umbrella first; --module a,b after --)."""
     session.install("ninja")
-    session.run("make", "umbrella", external=True)
     session.run("python", "jax_aiter/jit/build_jit.py", *session.posargs)
 
 
@@ -49,7 +48,8 @@ def ja_mods_nomha(session: nox.Session) -> None:
 
 @nox.session(python=PY, tags=["test"])
 def tests(session: nox.Session) -> None:
-    """Build what is out of date, then run a test tier: `-- --tier pr|nightly|multigpu` or $JA_TEST_TIER (pr)."""
+    """Native build (a consumer under CI=true: takes the JIT libraries, never builds them), then a test tier:
+    `-- --tier pr|nightly|multigpu` or $JA_TEST_TIER (pr)."""
     _build_and_run_tier(session)
 
 
@@ -79,9 +79,7 @@ def compile_only(session: nox.Session) -> None:
 
 def _build_and_run_tier(session: nox.Session, *tier: str) -> None:
     session.install(*TEST_DEPS, "ninja")
-    session.run("make", "umbrella", external=True)
-    session.run("python", "jax_aiter/jit/build_jit.py")
-    session.run("make", "ja_mods", external=True)
+    session.run("python", "-m", "jatools.native.build")
     session.run("python", "-m", "jatools.testing.test_tiers", *tier, *session.posargs)
 
 

@@ -27,7 +27,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from jatools import config
-from jatools.jitlibs import identity, jit_cache, publish
+from jatools.jitlibs import jit_cache, publish
+from jatools.native import identity, jit_build
 from jax_aiter import fetch
 from jax_aiter import manifest as mf
 from jax_aiter.integrity import sha256_files
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = config.load()
         if args.cmd == "identity":
-            ident, notes = identity.checkout_identity(settings)
+            ident, notes = jit_build.checkout_identity(settings)
             for n in notes:
                 print(f"note: {n}", file=sys.stderr)
             print(json.dumps(ident, indent=2, sort_keys=True))

@@ -50,7 +50,7 @@ def split_archs(value: str) -> list[str]:
     return out
 
 
-def _truthy(value: object) -> bool:
+def truthy(value: object) -> bool:
     return str(value).strip().lower() in ("1", "true", "yes", "on")
 
 
@@ -66,7 +66,6 @@ class Settings:
     kernel_source_dir: Path
     jit_config: Path
     ffi_include_dir: Path
-    recipe_files: tuple[str, ...]
     toolchain_strict: bool
     raw: dict
     sanitize: tuple[str, ...] = ()  # JA_SANITIZE, e.g. address,undefined (CPU backend only)
@@ -102,15 +101,14 @@ def load(backend: str | None = None, gpu_archs: str | None = None, root: Path | 
         root=root,
         backend=chosen_backend,
         gpu_archs=archs or None,
-        symbol_visible=_truthy(sym) if sym is not None else bool(raw.get("symbol_visible", False)),
+        symbol_visible=truthy(sym) if sym is not None else bool(raw.get("symbol_visible", False)),
         umbrella_dir=build_dir / "jax_aiter_build",
         jit_dir=build_dir / "aiter_build",
         build_dir=build_dir,
         kernel_source_dir=root / raw["kernel_source_dir"],
         jit_config=root / raw["jit_config"],
         ffi_include_dir=root / (env.get("JA_FFI_INCLUDE_DIR") or raw["ffi_include_dir"]),
-        recipe_files=tuple(raw["recipe_files"]),
-        toolchain_strict=_truthy(env.get("JA_TOOLCHAIN_STRICT", raw.get("toolchain_strict", False))),
+        toolchain_strict=truthy(env.get("JA_TOOLCHAIN_STRICT", raw.get("toolchain_strict", False))),
         raw=raw,
         sanitize=sanitize,
     )

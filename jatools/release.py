@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from jatools import atomic_write, config
+from jatools.native import build as native_build
 from jax_aiter.integrity import sha256_file, sha256_files
 
 REPORT = "dist/release-report.json"
@@ -153,13 +154,17 @@ def _validated(ctx: Context) -> str | None:
 
 def stages(fetch_jit: str | None) -> list[Stage]:
     py = lambda ctx: ctx.python
-    jit = Stage("jit", lambda ctx: [py(ctx), "jax_aiter/jit/build_jit.py"],
-                lambda ctx: "python3 jax_aiter/jit/build_jit.py  (or nox -s jit)",
-                artifacts=lambda ctx: sorted(config.load().jit_dir.glob("lib*.so")))
+    libs = lambda ctx: sorted(config.load().jit_dir.glob("lib*.so"))
+    if native_build.jit_mode(None, dict(os.environ)) == "build":
+        jit = Stage("jit", lambda ctx: [py(ctx), "-m", "jatools.native.jit_build"],
+                    lambda ctx: "nox -s jit  (or make jit, python3 jax_aiter/jit/build_jit.py)", artifacts=libs)
+    else:  # a consumer (CI=true or JA_JIT_LIBS=take): never builds, fails at once on a miss
+        jit = Stage("jit", lambda ctx: [py(ctx), "-m", "jatools.native.build", "--check-taken"],
+                    lambda ctx: "invoke jit.fetch  (or nox -s jit)", artifacts=libs)
     if fetch_jit:
         jit = Stage("jit", lambda ctx: [py(ctx), "ci/jit_libs_manifest.py", "fetch", "--base-url", fetch_jit],
                     lambda ctx: f"invoke jit.fetch --base-url {fetch_jit}",
-                    artifacts=jit.artifacts)
+                    artifacts=libs)
     return [
         Stage("env-report", lambda ctx: [py(ctx), "-m", "jatools.ci.env_report", "--json-out", "dist/env-report.json"],
               lambda ctx: "invoke env-report", artifacts=lambda ctx: [ctx.root / "dist/env-report.json"]),

@@ -474,7 +474,7 @@ class _Stopped(FetchError):
 
 def _install(staging: Path, dest: Path, names: list[str], last: str = mf.MANIFEST_NAME) -> None:
     """Move verified files into place; `last` (the manifest copy, or a build record) last: it marks the
-    install complete. Also used by jatools/jitlibs/jit_merge.py."""
+    install complete. Also used by the build tooling's shard merge."""
     if not dest.exists():
         os.replace(staging, dest)
         return

@@ -6,7 +6,7 @@ kernel-source revision, GPU arch set (order-insensitive), recipe hash, backend
 and FFI API version. The toolchain is provenance: a difference is a warning,
 and a mismatch only when strict comparison is asked for.
 
-Shared by the build side (jatools: identity, decision, publishing) and the
+Shared by the build tooling (identity, decision, publishing) and the
 runtime fetch client (jax-aiter-fetch-mha), so it must not import JAX.
 """
 from __future__ import annotations

@@ -14,14 +14,15 @@ from jatools.bench import records, tools
 from jatools.bench.corpus import Corpus
 from jatools.bench.harness import Context, Result
 from jatools.bench.timing import alternate
-from jatools.jitlibs import identity, publish
+from jatools.jitlibs import publish
+from jatools.native import jit_build
 
 GOAL = "<=10% of zstd -19 time, <=1.15x size"
 
 
 def bench_identity(ctx: Context) -> dict:
     """This checkout's identity (CPU backend): what a real publish would carry."""
-    return identity.checkout_identity(ctx.settings(JA_BACKEND="cpu"))[0]
+    return jit_build.checkout_identity(ctx.settings(JA_BACKEND="cpu"))[0]
 
 
 def corpus_build(ctx: Context, name: str, scale: float) -> tuple[Corpus, Path, dict, dict, config.Settings]:

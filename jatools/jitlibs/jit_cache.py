@@ -13,7 +13,7 @@ from pathlib import Path
 
 from jatools import atomic_write, config
 from jatools.ci import github_output
-from jatools.jitlibs import identity
+from jatools.native import identity, jit_build
 from jax_aiter import fetch, reuse_gate
 from jax_aiter import manifest as mf
 from jax_aiter.integrity import diff_entries
@@ -110,7 +110,7 @@ def write_decision(d: Decision, json_path: Path) -> None:
 
 def run_decide(settings: config.Settings, *, base_url: str | None = None, against: Path | None = None,
                strict: bool | None = None, json_path: Path | None = None, log: Log = print) -> Decision:
-    want, notes = identity.checkout_identity(settings)
+    want, notes = jit_build.checkout_identity(settings)
     for n in notes:
         log(f"decide: {n}")
     opts = fetch.FetchOptions.from_env()
@@ -122,6 +122,27 @@ def run_decide(settings: config.Settings, *, base_url: str | None = None, agains
     for w in d.warnings:
         log(f"  warning: {w}")
     write_decision(d, json_path or settings.build_dir / "jit_libs_decision.json")
+    return d
+
+
+def require_built(settings: config.Settings, strict: bool | None = None) -> Decision:
+    """A consumer's check: build/aiter_build holds this checkout's JIT libraries, intact, or this fails at once.
+
+    Nothing is compiled and nothing is fetched here: the message names the cache
+    id, why the libraries there do not do, and the producer that makes them.
+    """
+    record = settings.jit_dir / RECORD_NAME
+    lines: list[str] = []
+    d = run_decide(settings, against=record if record.is_file() else None, strict=strict, log=lines.append) \
+        if record.is_file() else decide(jit_build.checkout_identity(settings)[0], None, str(record))
+    if d.rebuild:
+        raise JitCacheError(
+            f"no JIT libraries for cache id {d.cache_id} in {settings.jit_dir} ({'; '.join(d.reasons)}). "
+            "This run is a consumer (JA_JIT_LIBS=take, or CI=true): it never builds them. Get them from the "
+            f"producer: `invoke jit.fetch` (release {d.release_tag}, published by .github/workflows/jit-libs.yml), "
+            "or build them here with `nox -s jit` (or `make jit`)")
+    print(f"native build: JIT libraries for cache id {d.cache_id} taken from {settings.jit_dir} "
+          "(identity and every file's sha256 match)", flush=True)
     return d
 
 
@@ -145,7 +166,7 @@ def _write_json(path: Path, data: dict) -> None:
 def run_fetch(settings: config.Settings, *, base_url: str | None = None, strict: bool | None = None,
               force: bool = False, log: Log = print) -> fetch.FetchResult:
     """Fetch this checkout's release into build/aiter_build; a miss raises, it never builds."""
-    want, notes = identity.checkout_identity(settings)
+    want, notes = jit_build.checkout_identity(settings)
     for n in notes:
         log(f"fetch: {n}")
     if want.get("kernel_source_dirty"):

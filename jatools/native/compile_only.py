@@ -17,22 +17,15 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from jatools import config
+from jatools.native.build import native_build
 
 TARGETS = {
     "cuda": {"GPU_ARCHS": "sm_90", "tool": "nvcc", "install": "install the CUDA toolkit (nvcc) or set CUDA_HOME"},
     "rocm": {"GPU_ARCHS": "gfx90a", "tool": "hipcc", "install": "apt-get install hipcc (or install ROCm/TheRock)"},
 }
-
-
-def _step(cmd: list[str], env: dict[str, str], root: Path) -> float:
-    start = time.monotonic()
-    print(f"compile_only: $ {' '.join(cmd)}", flush=True)
-    subprocess.run(cmd, cwd=root, env=env, check=True)
-    return time.monotonic() - start
 
 
 def build_backend(backend: str, root: Path, jobs: int) -> dict:
@@ -44,11 +37,7 @@ def build_backend(backend: str, root: Path, jobs: int) -> dict:
            "JA_ROOT_DIR": str(root)}
     if backend == "rocm":
         env.setdefault("HIP_PLATFORM", "amd")
-    times = {
-        "umbrella": _step(["make", f"-j{jobs}", "umbrella"], env, root),
-        "jit": _step([sys.executable, "jax_aiter/jit/build_jit.py", "-j", str(jobs)], env, root),
-        "ja_mods": _step(["make", f"-j{jobs}", "ja_mods"], env, root),
-    }
+    times = native_build(jit="build", jobs=jobs, env=env)  # a compile-only build is its own producer
     libs = sorted((root / out_dir).glob("*/*.so"))
     return {"backend": backend, "archs": spec["GPU_ARCHS"], "seconds": {k: round(v, 1) for k, v in times.items()},
             "libraries": {p.name: p.stat().st_size for p in libs}}

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from jatools import atomic_write, config
+from jatools.native.build import native_build
 
 BUILD_DIR = "build/sanitize"
 SANITIZERS = "address,undefined"
@@ -113,10 +114,12 @@ def run(pytest_args: list[str], jobs: int, python: str = sys.executable) -> dict
     if shims != "ja_mods":
         print(f"sanitize: {settings.jit_config.name} has no {'/'.join(sorted(MHA_MODULES))} modules; "
               "building the core shims only (make ja_mods_nomha)", flush=True)
-    times: dict[str, float] = {}
-    _step("umbrella", ["make", f"-j{jobs}", "umbrella"], env, root, times)
-    _step("jit", [python, "jax_aiter/jit/build_jit.py", "-j", str(jobs)], env, root, times)
-    _step(shims, ["make", f"-j{jobs}", shims], env, root, times)
+    try:  # its own build folder: the sanitizer build is always a producer
+        times: dict[str, float] = native_build(jit="build", shims=shims, jobs=jobs, env=env, python=python)
+    except subprocess.CalledProcessError as e:
+        rerun = "JA_BACKEND=cpu JA_BUILD_DIR=build/sanitize JA_SANITIZE=address,undefined " + " ".join(map(str, e.cmd))
+        raise SanitizeError(f"the sanitizer build failed at `{' '.join(map(str, e.cmd))}` (exit {e.returncode}); "
+                            f"re-run it with: {rerun}") from None
     test_env = runtime_env(root, env, env.get("CXX", "g++"))
     args = ["--capture=sys", *(pytest_args or [*TEST_PATHS, "-m", MARKERS, "-q"])]
     _step("tests", [python, "-m", "pytest", *args], test_env, root, times)

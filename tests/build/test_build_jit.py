@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import json
 import re
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from jax_aiter.integrity import sha256_file
-from tests.build.scratch import build_jit, make_scratch, run
+from tests.build.scratch import build_jit, env_for, make_scratch, run
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +99,9 @@ def test_compile_error_fails_with_the_compiler_message(scratch):
 
 
 def test_missing_umbrella_names_make(tmp_path):
+    """The JIT builder itself (make jit and build_jit.py build the umbrella first) names `make` when it is missing."""
     root = make_scratch(tmp_path / "fresh")
-    out = build_jit(root, "--module", "rmsnorm_fwd", check=False)
+    out = run([sys.executable, "-m", "jatools.native.jit_build", "--module", "rmsnorm_fwd"], root, check=False)
     assert out.returncode == 2 and "run `make`" in out.stderr
 
 
@@ -113,3 +116,25 @@ def test_outside_git_the_revision_is_a_content_hash(tmp_path):
     ident = json.loads((root / "build/aiter_build/build_record.json").read_text())["modules"]["rmsnorm_fwd"]["identity"]
     assert re.fullmatch(r"content-sha256:[0-9a-f]{64}", ident["kernel_source_revision"])
     assert ident["kernel_source_dirty"] is True
+
+
+def test_a_consumer_never_builds_and_takes_only_matching_libraries(tmp_path):
+    """CI=true makes the native build a consumer: no build/aiter_build -> an error naming the cache id and the
+    producer within seconds, before make or a compiler runs; after the producer (make jit) it takes them."""
+    root = make_scratch(tmp_path / "consumer")
+    start = time.monotonic()
+    out = run([sys.executable, "-m", "jatools.native.build"], root, env=env_for(root, CI="true"), check=False)
+    took = time.monotonic() - start
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert took < 10, f"a consumer's miss took {took:.1f} s"
+    assert re.search(r"no JIT libraries for cache id [0-9a-f]{16}", out.stderr), out.stderr
+    assert "invoke jit.fetch" in out.stderr and "nox -s jit" in out.stderr and "jit-libs.yml" in out.stderr
+    assert not (root / "build/obj").exists() and not (root / "build/jax_aiter_build").exists(), "something compiled"
+    run(["make", "-j2", "jit", f"PYTHON={sys.executable}", "JIT_ARGS=--module rmsnorm_fwd"], root)
+    taken = run([sys.executable, "-m", "jatools.native.build", "--check-taken"], root, check=False)
+    assert taken.returncode == 0, taken.stderr
+    assert "taken from" in taken.stdout and "sha256 match" in taken.stdout
+    lib = root / "build/aiter_build/librmsnorm_fwd.so"
+    lib.write_bytes(lib.read_bytes() + b"tampered")
+    bad = run([sys.executable, "-m", "jatools.native.build", "--check-taken"], root, check=False)
+    assert bad.returncode == 2 and "librmsnorm_fwd.so" in bad.stderr, bad.stderr

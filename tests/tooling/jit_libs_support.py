@@ -7,6 +7,7 @@ import http.server
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import threading
@@ -17,7 +18,8 @@ from typing import Self
 import pytest
 
 from jatools import config
-from jatools.jitlibs import identity, publish
+from jatools.jitlibs import publish
+from jatools.native import jit_build
 from jax_aiter import manifest as mf
 from jax_aiter import reuse_gate
 
@@ -146,24 +148,19 @@ def git(root: Path, *args: str) -> str:
                           env=env).stdout
 
 
+CHECKOUT_FILES = ("pyproject.toml", "README.md", "docs/build.md", "tests/ops/test_rmsnorm.py",
+                  "jax_aiter/jit/optCompilerConfig.json", "csrc/", "third_party/", "jatools/")
+
+
 def make_checkout(root: Path) -> Path:
-    """A small git checkout with this project's pyproject and the files the recipe lists."""
-    files = {
-        "pyproject.toml": (REPO / "pyproject.toml").read_text(),
-        "third_party/xla_ffi/include/xla/ffi/api/c_api.h":
-            (REPO / "third_party/xla_ffi/include/xla/ffi/api/c_api.h").read_text(),
-        "csrc/kernels/attn/attn.inst.in": "// kernel template v1\n",
-        "csrc/include/ja/gpu.h": "// portability header v1\n",
-        "jax_aiter/jit/build_jit.py": "# recipe driver v1\n",
-        "jax_aiter/jit/optCompilerConfig.json": json.dumps(
-            {"schema": 1, "modules": {m: {"library": lib} for m, lib in MODULES.items()}}),
-        "scripts/aiter_jit_fix.patch": "--- a\n+++ b\n",
-        "scripts/unrelated.patch": "--- x\n",
-        "README.md": "readme\n",
-    }
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
+    """A git checkout holding what the JIT identity reads (sources, headers, settings, build tooling) and a few
+    files it must not read (a README, a doc, a test)."""
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-co", "--exclude-standard", *CHECKOUT_FILES],
+                            capture_output=True, text=True, check=True).stdout.split()
+    for rel in listed:
+        if (REPO / rel).is_file():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(REPO / rel, root / rel)
     git(root, "init", "-q")
     git(root, "add", "-A")
     git(root, "commit", "-qm", "init")
@@ -175,7 +172,7 @@ def settings_for(root: Path, **env) -> config.Settings:
 
 
 def checkout_identity(root: Path) -> dict:
-    return identity.checkout_identity(settings_for(root))[0]
+    return jit_build.checkout_identity(settings_for(root))[0]
 
 
 def lib_bytes(name: str, size: int, seed: int = 0) -> bytes:

@@ -2,13 +2,18 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from jatools import config
-from jatools.jitlibs import identity, jit_cache
-from jatools.native import toolchain
+from jatools.jitlibs import jit_cache
+from jatools.native import jit_build, toolchain
 from jax_aiter import reuse_gate
 from tests.tooling.jit_libs_support import (  # noqa: F401  (pytest fixtures)
     REPO,
@@ -23,53 +28,80 @@ from tests.tooling.jit_libs_support import (  # noqa: F401  (pytest fixtures)
     write_build,
 )
 
-LISTED = ["jax_aiter/jit/build_jit.py", "jax_aiter/jit/optCompilerConfig.json", "scripts/aiter_jit_fix.patch",
-          "csrc/include/ja/gpu.h"]
-UNLISTED = ["README.md", "scripts/unrelated.patch", "csrc/kernels/attn/attn.inst.in"]
+# Files the compilations of the JIT libraries read (a kernel header, a template, a CPU kernel, the
+# instance table's config) or that the identity itself reads (the FFI header), and files no build reads.
+READ_BY_THE_BUILD = ["csrc/include/ja/dtype.h", "csrc/kernels/mha/mha_fwd_cpu.inst.in", "csrc/kernels/rmsnorm/rmsnorm_cpu.h",
+                     "third_party/xla_ffi/include/xla/ffi/api/c_api.h"]
+NOT_READ = ["README.md", "docs/build.md", "tests/ops/test_rmsnorm.py", "csrc/include/ja/unused_by_any_kernel.h"]
 
 
-def _recipe(root: Path) -> str:
-    s = settings_for(root)
-    return identity.recipe_hash(root, s.recipe_files)
+def _cache_id(root: Path) -> str:
+    return checkout_identity(root)["cache_id"]
 
 
-@pytest.mark.parametrize("rel", LISTED)
-def test_changing_a_listed_recipe_file_changes_the_recipe_hash(checkout, rel):
-    before = _recipe(checkout)
+@pytest.mark.parametrize("rel", READ_BY_THE_BUILD)
+def test_editing_a_file_the_build_reads_changes_the_cache_id(checkout, rel):
+    before = _cache_id(checkout)
     with open(checkout / rel, "a") as fh:
         fh.write("\n// changed\n")
-    assert _recipe(checkout) != before
+    assert _cache_id(checkout) != before
 
 
-@pytest.mark.parametrize("rel", UNLISTED)
-def test_changing_an_unlisted_file_keeps_the_recipe_hash(checkout, rel):
-    before = _recipe(checkout)
+@pytest.mark.parametrize("rel", NOT_READ)
+def test_editing_a_file_no_build_reads_keeps_the_cache_id(checkout, rel):
+    before = _cache_id(checkout)
+    (checkout / rel).parent.mkdir(parents=True, exist_ok=True)
     with open(checkout / rel, "a") as fh:
-        fh.write("\nchanged\n")
-    assert _recipe(checkout) == before
+        fh.write("\n// changed\n")
+    assert _cache_id(checkout) == before
 
 
-def test_recipe_list_is_the_pyproject_data(checkout):
-    """A file becomes part of the recipe by being listed in pyproject, nowhere else."""
-    extra = checkout / "scripts/extra_recipe.txt"
-    extra.write_text("v1\n")
-    before = _recipe(checkout)
-    extra.write_text("v2\n")
-    assert _recipe(checkout) == before
+def test_a_module_flag_in_the_jit_config_changes_the_cache_id(checkout):
+    before = _cache_id(checkout)
+    cfg_path = checkout / "jax_aiter/jit/optCompilerConfig.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["modules"]["mha_fwd"]["extra_flags"]["cxx"].append("-DJA_EXTRA=1")
+    cfg_path.write_text(json.dumps(cfg))
+    assert _cache_id(checkout) != before
+
+
+def test_a_build_setting_in_pyproject_changes_the_cache_id(checkout):
+    before = _cache_id(checkout)
     py = checkout / "pyproject.toml"
-    py.write_text(py.read_text().replace('recipe_files = [', 'recipe_files = [\n  "scripts/extra_recipe.txt",'))
+    py.write_text(py.read_text().replace("symbol_visible = false", "symbol_visible = true"))
     config._pyproject_defaults.cache_clear()  # settings are read once per process; this test edits them
-    assert "scripts/extra_recipe.txt" in settings_for(checkout).recipe_files
-    with_listed = _recipe(checkout)
-    extra.write_text("v3\n")
-    assert _recipe(checkout) != with_listed
+    try:
+        assert _cache_id(checkout) != before
+    finally:
+        config._pyproject_defaults.cache_clear()
+
+
+def test_the_optimisation_flag_in_the_flag_source_changes_the_cache_id(checkout):
+    """-O3 -> -O0 where the flags are made (the build tooling's toolchain module): a new cache id."""
+    probe = ("from jatools import config; from jatools.native import jit_build; "
+             "print(jit_build.checkout_identity(config.load(backend='cpu'))[0]['cache_id'])")
+    env = {**os.environ, "JA_ROOT_DIR": str(checkout), "JA_BACKEND": "cpu", "PYTHONPATH": str(checkout)}
+    run = lambda: subprocess.run([sys.executable, "-c", probe], cwd=checkout, env=env, capture_output=True,
+                                 text=True, check=True).stdout.strip()
+    before = run()
+    src = checkout / "jatools/native/toolchain.py"
+    assert '"-O3"' in src.read_text()
+    src.write_text(src.read_text().replace('"-O3"', '"-O0"'))
+    after = run()
+    assert re.fullmatch(r"[0-9a-f]{16}", before) and after != before
+
+
+def test_the_checkout_path_does_not_enter_the_cache_id(checkout, tmp_path):
+    """Two checkouts of the same commit in different folders share a cache id (the root path is left out)."""
+    other = shutil.copytree(checkout, tmp_path / "elsewhere" / "checkout")
+    assert _cache_id(other) == _cache_id(checkout)
 
 
 def test_kernel_revision_is_the_committed_tree_and_edits_are_flagged_dirty(checkout):
     ident = checkout_identity(checkout)
     assert ident["kernel_source_revision"] == git(checkout, "rev-parse", "HEAD:csrc/kernels").strip()
     assert ident["kernel_source_dirty"] is False
-    (checkout / "csrc/kernels/attn/attn.inst.in").write_text("// edited\n")
+    (checkout / "csrc/kernels/mha/mha_fwd_cpu.inst.in").write_text("// edited\n")
     dirty = checkout_identity(checkout)
     assert dirty["kernel_source_dirty"] is True
     assert dirty["kernel_source_revision"] == ident["kernel_source_revision"]
@@ -133,7 +165,7 @@ def test_decide_against_a_release_writes_json_and_github_output(checkout, server
 def test_decide_against_a_local_record_names_the_changed_field(checkout, tmp_path):
     old = checkout_identity(checkout)
     write_build(tmp_path / "aiter_build", old)
-    (checkout / "jax_aiter/jit/build_jit.py").write_text("# recipe driver v2\n")
+    (checkout / "csrc/include/ja/dtype.h").write_text("// a header the kernels include, v2\n")
     d = jit_cache.run_decide(settings_for(checkout), against=tmp_path / "aiter_build" / "build_record.json",
                              json_path=tmp_path / "d.json", log=lambda m: None)
     assert d.rebuild and len(d.reasons) == 1 and d.reasons[0].startswith("recipe_hash: wanted")
@@ -150,7 +182,7 @@ def test_consumer_without_a_gpu_compiler_still_gets_the_gated_identity(checkout,
     monkeypatch.setattr(toolchain, "detect", no_rocm)
     s = settings_for(checkout)
     s = type(s)(**{**s.__dict__, "backend": "rocm", "gpu_archs": ("gfx950",)})
-    ident, notes = identity.checkout_identity(s)
+    ident, notes = jit_build.checkout_identity(s)
     assert ident["backend"] == "rocm" and ident["gpu_archs"] == ["gfx950"] and ident["toolchain"] is None
     assert "toolchain not compared" in notes[0]
     cmp = reuse_gate.compare(ident, {**ident, "toolchain": {"platform_version": "7.14"}})

@@ -2,6 +2,7 @@
 
 The hard gate for reuse is (kernel-source revision, GPU arch set, recipe hash,
 backend, FFI API version); the toolchain is recorded as advisory provenance.
+The recipe hash itself is derived by jatools.native.jit_build.recipe.
 """
 from __future__ import annotations
 
@@ -47,62 +48,18 @@ def content_revision(folder: Path) -> str:
     return "content-sha256:" + h.hexdigest()
 
 
-def recipe_paths(root: Path, patterns: tuple[str, ...] | list[str]) -> list[Path]:
-    """The files the recipe lists (globs expanded, sorted, de-duplicated)."""
-    found: set[Path] = set()
-    for pat in patterns:
-        matches = [p for p in root.glob(pat) if p.is_file()] if any(c in pat for c in "*?[") else (
-            [root / pat] if (root / pat).is_file() else [])
-        found.update(matches)
-    return sorted(found)
-
-
-def recipe_hash(root: Path, patterns: tuple[str, ...] | list[str]) -> str:
-    """sha256 over (relative path, file sha256) of exactly the listed files."""
-    h = hashlib.sha256()
-    for p in recipe_paths(root, patterns):
-        h.update(p.relative_to(root).as_posix().encode() + b"\0")
-        h.update(hashlib.sha256(p.read_bytes()).hexdigest().encode() + b"\n")
-    return h.hexdigest()
-
-
-def derive(settings: config.Settings, tc: toolchain.Toolchain) -> dict:
+def derive(settings: config.Settings, tc: toolchain.Toolchain, recipe_hash: str) -> dict:
+    """The build identity; `recipe_hash` comes from jit_build.recipe (command lines + every file read)."""
     rev, dirty = kernel_source_revision(settings.root, settings.kernel_source_dir)
     major, minor = toolchain.ffi_api_version(settings.ffi_include_dir)
     ident = {
         "kernel_source_revision": rev,
         "kernel_source_dirty": dirty,
         "gpu_archs": sorted(tc.archs),
-        "recipe_hash": recipe_hash(settings.root, settings.recipe_files),
+        "recipe_hash": recipe_hash,
         "backend": tc.backend,
         "ffi_api_version": f"{major}.{minor}",
         "toolchain": tc.identity(),
     }
     ident["cache_id"] = cache_id(ident)
     return ident
-
-
-def checkout_identity(settings: config.Settings) -> tuple[dict, list[str]]:
-    """Identity of this checkout for a consumer (decide, fetch), plus notes on how it was found.
-
-    A consumer job may lack the GPU compiler (a test runner has the runtime
-    only). The gated fields do not need it: backend and archs come from
-    JA_BACKEND and GPU_ARCHS (or the defaults), so when the toolchain cannot be
-    detected the identity records no toolchain and says so; the advisory
-    toolchain comparison is then skipped, never guessed.
-    """
-    try:
-        tc = toolchain.detect(settings, check_archs=False)
-        return derive(settings, tc), list(tc.how)
-    except toolchain.ToolchainError as e:
-        if settings.backend == "auto":
-            raise
-        archs = settings.gpu_archs or settings.default_archs(settings.backend)
-        if settings.backend == "cuda":
-            archs = tuple(toolchain.normalise_cuda_arch(a) for a in archs)
-        bare = toolchain.Toolchain(settings.backend, cxx="", cxx_version="", archs=tuple(archs))
-        ident = derive(settings, bare)
-        ident["toolchain"] = None
-        note = (f"toolchain not detected ({e}); identity from JA_BACKEND={settings.backend} and "
-                f"GPU_ARCHS={';'.join(archs) or '(none)'}, toolchain not compared")
-        return ident, [note]
