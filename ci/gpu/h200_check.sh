@@ -9,7 +9,7 @@ export JA_BACKEND=cuda GPU_ARCHS="${GPU_ARCHS:-sm_90}" PYTHONUNBUFFERED=1
 py="${PYTHON:-python3}"
 nvidia-smi -L; "$py" -c "import jax; print('jax', jax.__version__, jax.devices())"
 t0=$(date +%s)
-{ make -j"$(nproc)" && "$py" jax_aiter/jit/build_jit.py -j "$(nproc)" && make -j"$(nproc)" ja_mods; } >"$out/build.log" 2>&1 \
+"$py" -m jatools.native.build --jit build -j "$(nproc)" >"$out/build.log" 2>&1 \
   || { tail -n 40 "$out/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"; tail -n 5 "$out/build.log"
 t0=$(date +%s)

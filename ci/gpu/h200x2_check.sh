@@ -9,7 +9,7 @@ export JA_BACKEND=cuda GPU_ARCHS="${GPU_ARCHS:-sm_90}" PYTHONUNBUFFERED=1 NCCL_N
 py="${PYTHON:-python3}"
 nvidia-smi -L
 t0=$(date +%s)
-{ make -j"$(nproc)" && "$py" jax_aiter/jit/build_jit.py -j "$(nproc)" && make -j"$(nproc)" ja_mods; } >"$out/build.log" 2>&1 \
+"$py" -m jatools.native.build --jit build -j "$(nproc)" >"$out/build.log" 2>&1 \
   || { tail -n 40 "$out/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 step() { local name=$1 limit=$2; shift 2; echo "=== $name"; local s=$(date +%s)

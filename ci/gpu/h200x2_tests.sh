@@ -8,7 +8,7 @@ set -uo pipefail
 out="${1:-build/gpu-check}"; mkdir -p "$out"
 export JA_BACKEND=cuda GPU_ARCHS="${GPU_ARCHS:-sm_90}" PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 py="${PYTHON:-python3}"
-{ make -j"$(nproc)" && "$py" jax_aiter/jit/build_jit.py -j "$(nproc)" && make -j"$(nproc)" ja_mods; } >"$out/build.log" 2>&1 \
+"$py" -m jatools.native.build --jit build -j "$(nproc)" >"$out/build.log" 2>&1 \
   || { tail -n 40 "$out/build.log"; exit 1; }
 step() { local name=$1 limit=$2; shift 2; echo "=== $name"; local s=$(date +%s)
   timeout "$limit" "$@"; echo "--- $name: exit $?, $(( $(date +%s) - s )) s"; }
