@@ -10,10 +10,11 @@ workflows stay free of logic: a job checks out the code and calls
 
 * every build starts with ``invoke env-report`` (what machine, GPUs, compilers);
 * a nox session's dependencies are installed first in a separate
-  ``--install-only`` pass wrapped in a bounded retry (``jatools.ci.retry``), then
-  the session runs with ``-R`` (reuse the environment, no install), as XLA
-  retries its dependency-fetching ``--nobuild`` pass before the real build;
-  invoke tasks that fetch or upload are wrapped in the same retry;
+  ``--install-only`` pass, then the session runs with ``-R`` (reuse the
+  environment, no install), as XLA separates its dependency-fetching
+  ``--nobuild`` pass from the real build; nothing here retries: the installers
+  and the JIT-library fetch retry transient network errors themselves (one
+  layer), and a cache miss fails at once;
 * ``--dump_commands`` prints every build's commands; ``ci/golden_commands.txt``
   holds that output, and a test fails (naming the command below) when it is stale.
 
@@ -23,7 +24,7 @@ Regenerate the golden file after changing a build:
     python3 ci/build.py --list                 # builds, grouped, with runner and description
     python3 ci/build.py --build pr_cpu         # run one build
     python3 ci/build.py --build pr_cpu --dry_run
-    python3 ci/build.py --matrix jit_libs_shard_rocm   # JSON matrix for a workflow (also to $GITHUB_OUTPUT)
+    python3 ci/build.py --matrix pr --event pull_request   # a workflow's matrix (JSON, also to $GITHUB_OUTPUT)
 
 Values only CI knows (a release tag, a base revision) appear as ``${NAME}`` and
 are taken from the environment when the build runs; a missing one stops the
@@ -52,7 +53,6 @@ if str(ROOT) not in sys.path:
 from jatools import config
 from jatools.ci import github_output
 
-RETRY = ("python3", "-m", "jatools.ci.retry", "--attempts", "3", "--delay", "15", "--")
 ENV_REPORT = ("invoke", "env-report", "--json-out", "build/ci/env-report.json")
 PLACEHOLDER = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)\}")
 
@@ -118,7 +118,7 @@ class Nox:
         cmds = []
         if self.installs and self.session not in installed:
             installed.add(self.session)
-            cmds.append([*_env_prefix(build_env), *RETRY, "nox", "-s", self.session, "--install-only"])
+            cmds.append([*_env_prefix(build_env), "nox", "-s", self.session, "--install-only"])
         run = ["nox", "-R", "-s", self.session] if self.installs else ["nox", "-s", self.session]
         cmds.append([*_env_prefix((*build_env, *self.env)), *run, *(["--", *self.posargs] if self.posargs else [])])
         return cmds
@@ -126,16 +126,14 @@ class Nox:
 
 @dataclasses.dataclass(frozen=True)
 class Invoke:
-    """An invoke task from tasks.py; `network`: it fetches or uploads, so it runs under the bounded retry."""
+    """An invoke task from tasks.py."""
 
     task: str
     args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
-    network: bool = False
 
     def commands(self, build_env: tuple[tuple[str, str], ...], installed: set[str]) -> list[list[str]]:
-        call = ["invoke", self.task, *self.args]
-        return [[*_env_prefix((*build_env, *self.env)), *(RETRY if self.network else ()), *call]]
+        return [[*_env_prefix((*build_env, *self.env)), "invoke", self.task, *self.args]]
 
 
 Step = Nox | Invoke
@@ -154,6 +152,7 @@ class Build:
     steps: tuple[Step, ...]
     env: tuple[tuple[str, str], ...] = ()
     timeout_minutes: int = 60
+    events: tuple[str, ...] = ()  # the GitHub events that run it (empty: every event of its workflow)
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[a-z][a-z0-9_]*", self.name):
@@ -192,16 +191,17 @@ def jit_modules() -> list[str]:
 # --- the registry ---------------------------------------------------------------------------------
 
 PR_TIER = (("JA_TEST_TIER", "pr"),)
-FETCH_JIT = Invoke("jit.fetch", ("--base-url", "${JA_JIT_BASE_URL}"), network=True)
+# The release base URL is JA_FETCH_BASE_URL (the workflows set it; fetch, decide and the lite wheel read it).
+FETCH_JIT = Invoke("jit.fetch")
 NATIVE = (Nox("umbrella", installs=False), Nox("ja_mods", installs=False))
 
 Build(name="pr_cpu", group="pr", runner=UBUNTU, env=CPU_ENV, timeout_minutes=45,
-      description="PR: lint, CPU-only tooling tests, the pr test tier on the CPU, and the multigpu tier "
-                  "on 4 forced host devices",
-      steps=(Nox("lint"), Nox("ci_tooling"), Nox("tests", env=PR_TIER),
+      description="PR: lint, CPU-only tooling tests, the CPU JIT libraries (this job is their producer), "
+                  "the pr test tier on the CPU, and the multigpu tier on 4 forced host devices",
+      steps=(Nox("lint"), Nox("ci_tooling"), Nox("jit"), Nox("tests", env=PR_TIER),
              Nox("tests", env=(("JA_TEST_TIER", "multigpu"),
                                ("XLA_FLAGS", "--xla_force_host_platform_device_count=4")))))
-Build(name="pr_convergence_gate", group="pr", runner=UBUNTU, timeout_minutes=10,
+Build(name="pr_convergence_gate", group="pr", runner=UBUNTU, timeout_minutes=10, events=("pull_request", "push"),
       description="PR: a numerics change needs a `Convergence:` decision trailer (ci/convergence_paths.toml)",
       steps=(Invoke("convergence-check", ("--base", "${JA_BASE_REV}", "--json-out", "build/ci/convergence.json")),))
 Build(name="pr_compile_cuda", group="pr", runner=UBUNTU_CUDA, timeout_minutes=45,
@@ -212,14 +212,14 @@ Build(name="pr_compile_rocm", group="pr", runner=UBUNTU_THEROCK, timeout_minutes
       steps=(Nox("compile_only", ("--backend", "rocm"), installs=False),))
 Build(name="pr_gpu_rocm_mi355", group="pr", runner=MI355_1, env=ROCM_ENV, timeout_minutes=60,
       description="PR: published JIT libraries fetched (never rebuilt), shims built, pr tier on 1x MI355",
-      steps=(FETCH_JIT, *NATIVE, Nox("tests", env=PR_TIER)))
+      steps=(FETCH_JIT, Nox("tests", env=PR_TIER)))
 Build(name="pr_gpu_cuda_h200", group="pr", runner=H200_1, env=CUDA_ENV, timeout_minutes=60,
       description="PR: published JIT libraries fetched (never rebuilt), shims built, pr tier on 1x H200",
-      steps=(FETCH_JIT, *NATIVE, Nox("tests", env=PR_TIER)))
+      steps=(FETCH_JIT, Nox("tests", env=PR_TIER)))
 
 Build(name="nightly_rocm_4gpu", group="nightly", runner=MI355_4, env=ROCM_ENV, timeout_minutes=180,
       description="Nightly: the full test suite (nightly tier) on 4x MI355",
-      steps=(FETCH_JIT, *NATIVE, Nox("tests", env=(("JA_TEST_TIER", "nightly"),))))
+      steps=(FETCH_JIT, Nox("tests", env=(("JA_TEST_TIER", "nightly"),))))
 Build(name="nightly_cpu_sanitize", group="nightly", runner=UBUNTU, timeout_minutes=60,
       description="Nightly: CPU libraries built with ASan+UBSan, CPU op tests against them",
       steps=(Nox("sanitize"),))
@@ -229,17 +229,17 @@ Build(name="nightly_cpu_bench_smoke", group="nightly", runner=UBUNTU, timeout_mi
 
 Build(name="multigpu_rocm_4gpu", group="multigpu", runner=MI355_4, env=ROCM_ENV, timeout_minutes=120,
       description="Multi-GPU: sharded cases (multigpu tier) across 4x MI355, unpinned",
-      steps=(FETCH_JIT, *NATIVE, Nox("tests", env=(("JA_TEST_TIER", "multigpu"),))))
+      steps=(FETCH_JIT, Nox("tests", env=(("JA_TEST_TIER", "multigpu"),))))
 Build(name="multigpu_cuda_h200_2gpu", group="multigpu", runner=H200_2, env=CUDA_ENV, timeout_minutes=120,
       description="Multi-GPU: sharded cases (multigpu tier) across 2x H200, unpinned",
-      steps=(FETCH_JIT, *NATIVE, Nox("tests", env=(("JA_TEST_TIER", "multigpu"),))))
+      steps=(FETCH_JIT, Nox("tests", env=(("JA_TEST_TIER", "multigpu"),))))
 
 # The JIT-library producer: the only builds that compile JIT libraries. One shard per (backend, module)
 # on build-only runners with no GPU; the merge step joins the shards into one manifest, then publishes.
 for _backend, _runner, _env in (("rocm", BUILD_ONLY_ROCM, ROCM_ENV), ("cuda", BUILD_ONLY_CUDA, CUDA_ENV)):
     Build(name=f"jit_libs_plan_{_backend}", group="jit_libs", runner=UBUNTU, env=_env, timeout_minutes=15,
           description=f"JIT producer ({_backend}): reuse or rebuild? (decision= and rebuild= to $GITHUB_OUTPUT)",
-          steps=(Invoke("jit.decide", ("--base-url", "${JA_JIT_BASE_URL}"), network=True),))
+          steps=(Invoke("jit.decide"),))
     for _module in jit_modules():
         Build(name=f"jit_libs_{_backend}_{_module}", group=f"jit_libs_shard_{_backend}", runner=_runner,
               env=_env, timeout_minutes=240,
@@ -250,7 +250,7 @@ for _backend, _runner, _env in (("rocm", BUILD_ONLY_ROCM, ROCM_ENV), ("cuda", BU
           steps=(Invoke("jit.merge-manifests", ("--from", "build/jit-shards")), Invoke("verify")))
     Build(name=f"jit_libs_publish_{_backend}", group="jit_libs", runner=UBUNTU, env=_env, timeout_minutes=60,
           description=f"JIT producer ({_backend}): compress, verify and upload the merged libraries (write access)",
-          steps=(Invoke("verify"), Invoke("jit.publish", network=True)))
+          steps=(Invoke("verify"), Invoke("jit.publish")))
 
 Build(name="weekly_convergence", group="convergence", runner=MI355_1, env=ROCM_ENV, timeout_minutes=120,
       description="Weekly: a small LM trained with the kernels and with plain JAX must reach the same loss "
@@ -268,17 +268,10 @@ Build(name="release", group="release", runner=MI355_1_MANYLINUX, env=(
       timeout_minutes=180,
       description="Release: fetch JIT libraries, both wheels, verify/floor/contents, clean-room validation of "
                   "both on 1x MI355, dist/release-report.json",
-      steps=(Nox("release", ("--fetch-jit", "${JA_JIT_BASE_URL}")),))
+      steps=(Nox("release", ("--fetch-jit", "${JA_FETCH_BASE_URL}")),))
 Build(name="release_upload", group="release", runner=UBUNTU, timeout_minutes=30,
       description="Release: upload the validated wheels (refuses a stale or red report)",
-      steps=(Invoke("release.upload", ("--tag", "${JA_RELEASE_TAG}"), network=True),))
-
-
-# Entry points the builds and workflows name that other branches are adding now (contract names from
-# DESIGN.md, plus two the JIT producer needs). tests/tooling/test_ci_build.py accepts these as pending and
-# fails once one exists on this branch, so the list only shrinks as branches merge.
-PENDING_SESSIONS: dict[str, str] = {}
-PENDING_TASKS: dict[str, str] = {}
+      steps=(Invoke("release.upload", ("--tag", "${JA_RELEASE_TAG}")),))
 
 
 # --- command line ---------------------------------------------------------------------------------
@@ -347,12 +340,32 @@ def _write_summary(build: Build, times: list[dict]) -> None:
                             json.dumps({"build": build.name, "commands": times}, indent=2) + "\n")
 
 
-def matrix(group: str) -> dict:
+def github_event(env: dict[str, str]) -> tuple[str | None, bool]:
+    """(event name, from a fork) of the running GitHub workflow; (None, False) outside GitHub Actions."""
+    event = env.get("GITHUB_EVENT_NAME") or None
+    fork = False
+    if event == "pull_request" and env.get("GITHUB_EVENT_PATH"):
+        with open(env["GITHUB_EVENT_PATH"], "rb") as f:
+            payload = json.loads(f.read(1 << 20))
+        fork = payload.get("pull_request", {}).get("head", {}).get("repo", {}).get("full_name") != env.get(
+            "GITHUB_REPOSITORY")
+    return event, fork
+
+
+def matrix(group: str, event: str | None = None, fork: bool = False) -> dict:
+    """A GitHub matrix of the group's builds: every entry says where and how it runs.
+
+    With `event`, only the builds that event runs; for a pull request from a
+    fork, no build on a self-hosted GPU runner (they never run a fork's code).
+    """
     builds = [b for b in Build.all_builds().values() if b.group == group]
     if not builds:
         groups = sorted({b.group for b in Build.all_builds().values()})
         raise BuildError(f"no builds in group {group!r}; groups: {', '.join(groups)}")
-    return {"build": [b.name for b in builds]}
+    return {"include": [{"build": b.name, "runner": b.runner.label, "container": b.runner.container or "",
+                         "options": b.runner.options_text, "timeout_minutes": b.timeout_minutes}
+                        for b in builds if (event is None or not b.events or event in b.events)
+                        and not (fork and b.runner.gpus)]}
 
 
 def list_builds() -> str:
@@ -374,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--dump_commands", action="store_true", help="print every build's commands (the golden file)")
     mode.add_argument("--matrix", metavar="GROUP", help="print a GitHub matrix of the group's builds as JSON")
     p.add_argument("--dry_run", action="store_true", help="with --build: print the commands without running them")
+    p.add_argument("--event", help="with --matrix: only the builds this GitHub event runs")
     args = p.parse_args(argv)
     try:
         if args.list:
@@ -381,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.dump_commands:
             sys.stdout.write(dump_commands())
         elif args.matrix:
-            text = json.dumps(matrix(args.matrix))
+            event, fork = github_event(dict(os.environ))
+            text = json.dumps(matrix(args.matrix, args.event or event, fork))
             print(text)
             github_output.append({"matrix": text})
         else:

@@ -281,6 +281,24 @@ def recipe(settings: config.Settings, tc: toolchain.Toolchain, modules: dict[str
     return h.hexdigest(), {p: d for p, d in digests.items() if p not in texts}
 
 
+def path_filter(settings: config.Settings) -> list[str]:
+    """The paths whose change can change a cache id: jit-libs.yml's `paths` (a test keeps the two equal).
+
+    The folders of every file a build of any backend reads (two levels deep),
+    the code and settings its command lines come from, and the workflow itself.
+    """
+    root = settings.root
+    found: set[str] = set()
+    for backend in ("cpu", "cuda", "rocm"):
+        tc = toolchain.Toolchain(backend, cxx="", cxx_version="", gpu_compiler=None if backend == "cpu" else "",
+                                 archs=settings.default_archs(backend))
+        found |= {"/".join(Path(p).parts[:2]) + "/**" for p in recipe(settings, tc)[1]}
+    code = [Path(m.__file__).resolve().relative_to(root).as_posix() for m in (config, identity, toolchain)]
+    code.append(Path(__file__).resolve().relative_to(root).as_posix())
+    return sorted(found | set(code) | {"pyproject.toml", os.path.relpath(settings.jit_config, root),
+                                       ".github/workflows/jit-libs.yml"})
+
+
 def check_depfiles(settings: config.Settings, build_file: Path, covered: set[str]) -> None:
     """Fail when a compiler read a repository file that the recipe's include scan did not cover."""
     out = subprocess.run([find_ninja(), "-f", str(build_file), "-t", "deps"], cwd=settings.root,

@@ -21,7 +21,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from jatools import config
-from jatools.ci import retry
 from jax_aiter.integrity import sha256_file
 
 DOCKERFILE = Path("docker/validation/Dockerfile.lite")
@@ -113,9 +112,9 @@ def publish(variant: str, push: bool, dry_run: bool = False, root: Path | None =
     if rc != 0:
         raise ImageError(f"`{' '.join(plan[0])}` failed (exit {rc}); see the docker output above")
     if push:
-        rc = retry.run_with_retry(plan[1], attempts=3, run=run)
+        rc = run(plan[1])  # docker retries each layer's upload itself: one retry layer
         if rc != 0:
-            raise ImageError(f"`docker push {ref}` failed (exit {rc}) after 3 tries; "
+            raise ImageError(f"`docker push {ref}` failed (exit {rc}); "
                              "check `docker login ghcr.io` and the job's packages: write permission")
     log(f"{'published' if push else 'built'} {ref}")
     return "published" if push else "built"

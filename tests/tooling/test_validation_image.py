@@ -75,16 +75,18 @@ def test_publish_skips_a_tag_the_registry_has(monkeypatch: pytest.MonkeyPatch) -
     assert calls == [["docker", "manifest", "inspect", vi.image_ref("cpu", ROOT)]]
 
 
-def test_publish_builds_and_pushes_with_retry(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_publish_builds_and_pushes_once_and_a_failed_push_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No retry loop of ours around docker push (docker retries each layer itself): one layer of retries."""
     monkeypatch.delenv("JA_VALIDATION_IMAGE", raising=False)
-    monkeypatch.setattr("time.sleep", lambda s: None)
-    results = {"manifest": [1], "build": [0], "push": [1, 0]}  # absent, built, push fails once
+    results = {"manifest": [1, 1], "build": [0, 0], "push": [0, 1]}  # absent, built, pushed; then the push fails
 
     def run(argv):
         key = "manifest" if argv[1] == "manifest" else argv[1]
         return results[key].pop(0)
 
     assert vi.publish("cpu", push=True, root=ROOT, run=run, log=lambda m: None) == "published"
+    with pytest.raises(vi.ImageError, match="docker push .* failed .*docker login ghcr.io"):
+        vi.publish("cpu", push=True, root=ROOT, run=run, log=lambda m: None)
     assert results == {"manifest": [], "build": [], "push": []}
 
 

@@ -61,7 +61,7 @@ def job_builds(wf: dict, job: dict) -> list[str]:
             assert plan, f"matrix builds must come from a plan job's ci/build.py --matrix: {job['strategy']}"
             group = next(RUN_MATRIX.match(s["run"]).group(1) for s in wf["jobs"][plan.group(1)]["steps"]
                          if RUN_MATRIX.match(s.get("run", "")))
-            names += ci_build.matrix(group)["build"]
+            names += [e["build"] for e in ci_build.matrix(group)["include"]]
         else:
             names.append(name)
     return names
@@ -114,17 +114,26 @@ def test_steps_hold_no_logic() -> None:
                 f"{name}:{job_id}: a run step may only call `bash scripts/run.sh python3 ci/build.py --build NAME`: {run!r}"
 
 
+MATRIX_JOB = {"runs-on": "${{ matrix.runner }}", "timeout-minutes": "${{ matrix.timeout_minutes }}",
+              "container": {"image": "${{ matrix.container }}", "options": "${{ matrix.options }}"}}
+
+
 def test_jobs_match_their_builds() -> None:
+    """A job names its build's runner, container, options and timeout, or takes each from the build's matrix
+    entry (which ci/build.py --matrix writes from the same data)."""
     for name, wf, job_id, job in all_jobs():
         for build_name in job_builds(wf, job):
             assert build_name in BUILDS, f"{name}:{job_id} runs unknown build {build_name}"
             b = BUILDS[build_name]
             where = f"{name}:{job_id} ({build_name})"
-            assert job["runs-on"] == b.runner.label, where
-            container = job.get("container") or {}
-            assert container.get("image") == b.runner.container, where
-            assert container.get("options", "") == b.runner.options_text, where
-            assert job["timeout-minutes"] == b.timeout_minutes, where
+            if job["runs-on"] == MATRIX_JOB["runs-on"]:
+                assert {k: job.get(k) for k in MATRIX_JOB} == MATRIX_JOB, where
+            else:
+                assert job["runs-on"] == b.runner.label, where
+                container = job.get("container") or {}
+                assert container.get("image") == b.runner.container, where
+                assert container.get("options", "") == b.runner.options_text, where
+                assert job["timeout-minutes"] == b.timeout_minutes, where
             env = {**wf.get("env", {}), **job.get("env", {})}
             missing = [p for p in b.placeholders() if p not in env]
             assert not missing, f"{where} needs {missing} in the workflow or job env"
@@ -133,6 +142,27 @@ def test_jobs_match_their_builds() -> None:
 def test_every_build_runs_in_some_workflow() -> None:
     used = {b for _n, wf, _j, job in all_jobs() for b in job_builds(wf, job)}
     assert set(BUILDS) - used == set(), f"builds no workflow runs: {sorted(set(BUILDS) - used)}"
+
+
+def test_ci_is_one_matrix_job_over_the_pr_builds() -> None:
+    """Adding a PR build is one registry entry: ci.yml runs every `pr` build through one matrix job."""
+    jobs = load(ROOT / ".github" / "workflows" / "ci.yml")["jobs"]
+    assert set(jobs) == {"plan", "build"}
+    wf = load(ROOT / ".github" / "workflows" / "ci.yml")
+    assert sorted(job_builds(wf, jobs["build"])) == sorted(b for b, build in BUILDS.items() if build.group == "pr")
+
+
+def test_the_matrix_keeps_fork_pull_requests_off_the_gpu_runners(tmp_path: Path) -> None:
+    event = tmp_path / "event.json"
+    event.write_text('{"pull_request": {"head": {"repo": {"full_name": "someone/fork"}}}}')
+    env = {"GITHUB_EVENT_NAME": "pull_request", "GITHUB_EVENT_PATH": str(event), "GITHUB_REPOSITORY": "ROCm/jax-aiter"}
+    name, fork = ci_build.github_event(env)
+    assert (name, fork) == ("pull_request", True)
+    fork_builds = {e["build"] for e in ci_build.matrix("pr", name, fork)["include"]}
+    own_builds = {e["build"] for e in ci_build.matrix("pr", *ci_build.github_event(
+        {**env, "GITHUB_REPOSITORY": "someone/fork"}))["include"]}
+    gpu = {b for b, build in BUILDS.items() if build.group == "pr" and build.runner.gpus}
+    assert gpu and not (fork_builds & gpu) and gpu <= own_builds
 
 
 def test_only_upload_jobs_get_write_access() -> None:
@@ -149,19 +179,31 @@ def test_only_upload_jobs_get_write_access() -> None:
 
 def test_gpu_jobs_never_run_fork_code() -> None:
     for name, wf, job_id, job in all_jobs():
-        if "pull_request" not in (wf["on"] or {}):
-            continue
+        if "pull_request" not in (wf["on"] or {}) or job["runs-on"] == MATRIX_JOB["runs-on"]:
+            continue  # a matrix job's plan leaves fork pull requests' GPU builds out (the test above)
         if any(BUILDS[b].runner.gpus for b in job_builds(wf, job)):
             assert "head.repo.full_name == github.repository" in job.get("if", ""), f"{name}:{job_id}"
 
 
 def test_self_hosted_labels_are_declared_for_actionlint() -> None:
     declared = set(yaml.safe_load((ROOT / ".github" / "actionlint.yaml").read_text())["self-hosted-runner"]["labels"])
-    used = {job["runs-on"] for _n, _wf, _j, job in all_jobs()}
+    used = {BUILDS[b].runner.label for _n, wf, _j, job in all_jobs() for b in job_builds(wf, job)}
+    used |= {job["runs-on"] for _n, _wf, _j, job in all_jobs() if job["runs-on"] != MATRIX_JOB["runs-on"]}
     assert used - GITHUB_HOSTED <= declared
 
 
-def test_only_jit_libs_workflow_builds_jit_libraries() -> None:
+def test_the_producer_runs_whenever_an_input_of_the_cache_id_changes() -> None:
+    """jit-libs.yml's path filter is exactly the identity's inputs (jatools.native.jit_build.path_filter)."""
+    from jatools import config
+    from jatools.native import jit_build
+
+    paths = load(ROOT / ".github" / "workflows" / "jit-libs.yml")["on"]["push"]["paths"]
+    assert sorted(paths) == jit_build.path_filter(config.load(backend="cpu", root=ROOT, env={}))
+
+
+def test_only_jit_libs_workflow_builds_gpu_jit_libraries() -> None:
+    """GPU JIT libraries come from the producer workflow only (a CPU job builds its own: none are published)."""
     for name, wf, job_id, job in all_jobs():
-        if any("jit" in BUILDS[b].sessions() for b in job_builds(wf, job)):
+        if any("jit" in BUILDS[b].sessions() and ("JA_BACKEND", "cpu") not in BUILDS[b].env
+               for b in job_builds(wf, job)):
             assert name == "jit-libs.yml", f"{name}:{job_id} builds JIT libraries"
