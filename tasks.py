@@ -165,7 +165,28 @@ def jit_decide(c, base_url=None, against=None, strict=False, json_out=None):
              json_path=_Path(json_out) if json_out else None)
 
 
+@task
+def jit_identity(c):
+    """Print this checkout's JIT build identity (cache id and the gated fields) as JSON."""
+    import json
+
+    from jatools.native import jit_build
+
+    ident, notes = _jit_run("identity", jit_build.checkout_identity, _config.load())
+    for n in notes:
+        print(f"note: {n}")
+    print(json.dumps(ident, indent=2, sort_keys=True))
+
+
+@task(help={"manifest": "manifest path or URL"})
+def jit_show(c, manifest):
+    """Validate and summarise a JIT-library manifest (path or URL)."""
+    print("\n".join(_jit_run("show", _jit_cache.show, manifest)))
+
+
 jit = Collection("jit")
+jit.add_task(jit_identity, "identity")
+jit.add_task(jit_show, "show")
 jit.add_task(jit_fetch, "fetch")
 jit.add_task(jit_publish, "publish")
 jit.add_task(jit_verify, "verify")

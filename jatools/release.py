@@ -162,7 +162,7 @@ def stages(fetch_jit: str | None) -> list[Stage]:
         jit = Stage("jit", lambda ctx: [py(ctx), "-m", "jatools.native.build", "--check-taken"],
                     lambda ctx: "invoke jit.fetch  (or nox -s jit)", artifacts=libs)
     if fetch_jit:
-        jit = Stage("jit", lambda ctx: [py(ctx), "ci/jit_libs_manifest.py", "fetch", "--base-url", fetch_jit],
+        jit = Stage("jit", lambda ctx: [py(ctx), "-m", "invoke", "jit.fetch", "--base-url", fetch_jit],
                     lambda ctx: f"invoke jit.fetch --base-url {fetch_jit}",
                     artifacts=libs)
     return [
@@ -178,7 +178,7 @@ def stages(fetch_jit: str | None) -> list[Stage]:
                 lambda ctx, v=v: f"nox -s wheel_{v}  (or bash scripts/build_wheel.sh --variant {v})",
                 up_to_date=_wheel_up_to_date(v), fingerprint=_wheel_fingerprint(v), artifacts=_wheel_artifact(v))
           for v in ("lite", "full")],
-        Stage("verify", lambda ctx: [py(ctx), "ci/jit_libs_manifest.py", "verify"], lambda ctx: "invoke verify"),
+        Stage("verify", lambda ctx: [py(ctx), "-m", "invoke", "verify"], lambda ctx: "invoke verify"),
         Stage("floor", lambda ctx: [py(ctx), "-m", "jatools.wheel.wheel_floor", *_wheels(ctx)],
               lambda ctx: "invoke floor " + " ".join(_wheels(ctx))),
         Stage("contents", lambda ctx: [py(ctx), "-m", "jatools.wheel.wheel_contents", *_wheels(ctx)],

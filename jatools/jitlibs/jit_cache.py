@@ -146,6 +146,20 @@ def require_built(settings: config.Settings, strict: bool | None = None) -> Deci
     return d
 
 
+def show(source: str) -> list[str]:
+    """A manifest (path or URL), validated and summarised: release tag, identity, files."""
+    data = (fetch.fetch_bytes(source, fetch.FetchOptions.from_env()) if "://" in source
+            else Path(source).read_bytes())
+    m = mf.parse(data, source)
+    lines = [f"{m['release_tag']}  schema {m['schema']}  created {m.get('created_utc', '?')}"]
+    lines += [f"  {key}: {json.dumps(m['identity'].get(key))}" for key in (*reuse_gate.GATED_FIELDS, "toolchain")]
+    for f in m["files"]:
+        c = f["compressed"]
+        lines.append(f"  {f['name']:<20} {f['size']:>14,d} B  sha256 {f['sha256'][:16]}  -> {c['size']:>14,d} B "
+                     f"in {len(c['parts'])} part(s)")
+    return lines
+
+
 # --- fetch into the build tree ---------------------------------------------------------------
 
 def record_from_manifest(manifest: dict, url: str) -> dict:

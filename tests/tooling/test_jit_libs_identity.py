@@ -146,12 +146,12 @@ def test_decide_against_a_release_writes_json_and_github_output(checkout, server
     want = checkout_identity(checkout)
     out, js = tmp_path / "gh_out", tmp_path / "decision.json"
     env = {"JA_ROOT_DIR": str(checkout), "JA_BACKEND": "cpu", "GITHUB_OUTPUT": str(out)}
-    miss = run_py(["ci/jit_libs_manifest.py", "decide", "--base-url", server.url, "--json-out", str(js)], env)
+    miss = run_py(["-m", "invoke", "jit.decide", "--base-url", server.url, "--json-out", str(js)], env)
     assert miss.returncode == 0, miss.stderr
     assert "decide: rebuild" in miss.stdout and "no such release" in miss.stdout
     assert json.loads(js.read_text())["rebuild"] is True
     make_release(server.root, want)
-    hit = run_py(["ci/jit_libs_manifest.py", "decide", "--base-url", server.url, "--json-out", str(js)], env)
+    hit = run_py(["-m", "invoke", "jit.decide", "--base-url", server.url, "--json-out", str(js)], env)
     assert hit.returncode == 0, hit.stderr
     assert "decide: reuse" in hit.stdout and "recipe_hash" in hit.stdout
     decision = json.loads(js.read_text())

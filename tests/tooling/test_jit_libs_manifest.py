@@ -200,15 +200,15 @@ def test_cli_show_and_verify_name_the_file_and_both_hashes(checkout, tmp_path):
     ident = checkout_identity(checkout)
     manifest = make_release(tmp_path / "rel", ident)
     mpath = tmp_path / "rel" / manifest["release_tag"] / mf.MANIFEST_NAME
-    show = run_py(["ci/jit_libs_manifest.py", "show", str(mpath)])
+    show = run_py(["-m", "invoke", "jit.show", str(mpath)])
     assert show.returncode == 0 and manifest["release_tag"] in show.stdout and "libmha_bwd.so" in show.stdout
     jit = checkout / "build/aiter_build"
     write_build(jit, ident)
     env = {"JA_ROOT_DIR": str(checkout), "JA_BACKEND": "cpu"}
-    ok = run_py(["ci/jit_libs_manifest.py", "verify", "--against", str(mpath)], env)
+    ok = run_py(["-m", "invoke", "verify", "--against", str(mpath)], env)
     assert ok.returncode == 0, ok.stderr
     (jit / "librmsnorm_fwd.so").write_bytes(b"x" * 200_000)
-    bad = run_py(["ci/jit_libs_manifest.py", "verify"], env)
+    bad = run_py(["-m", "invoke", "verify"], env)
     want = next(f["sha256"] for f in manifest["files"] if f["name"] == "librmsnorm_fwd.so")
     assert bad.returncode == 1
     assert f"librmsnorm_fwd.so: sha256 {sha256_file(jit / 'librmsnorm_fwd.so')} does not match the recorded {want}" \
