@@ -118,7 +118,7 @@ def test_upload_dry_run_accepts_green_and_refuses_modified_or_stale(scratch):
 @pytest.mark.parametrize("stage, plant, rerun", [
     ("umbrella", lambda r: _append(r / "csrc/common/errors.cpp", "this does not compile;\n"), "make"),
     ("jit", lambda r: _append(r / "csrc/kernels/rmsnorm/rmsnorm_fwd_cpu.inst.in", "nor does this;\n"),
-     "python3 jax_aiter/jit/build_jit.py"),
+     "nox -s jit"),
     ("floor", None, "invoke floor"),
 ])
 def test_planted_failure_stops_at_its_stage(scratch, stage, plant, rerun):
