@@ -32,8 +32,7 @@ from jax_aiter.integrity import sha256_file, sha256_files
 
 REPORT = "dist/release-report.json"
 SCHEMA = 1
-WHEEL_INPUTS = ("jax_aiter", "jatools/wheel/wheel_build.py", "jatools/wheel/wheel_layout.py", "jatools/wheel/wheel_layout.toml",
-                "jatools/wheel/wheel_members.py", "jatools/wheel/zip_writer.py", "pyproject.toml")
+WHEEL_BUILDER = "jatools.wheel.wheel_build"  # the module the wheel stages run (its imports decide the bytes too)
 
 
 class ReleaseError(RuntimeError):
@@ -69,6 +68,7 @@ class Context:
     fetch_jit: str | None
     previous: dict
     wheels: dict[str, Path] = field(default_factory=dict)
+    code: list[Path] | None = None  # the wheel builder's code inputs, found once per run
 
     def prev_stage(self, name: str) -> dict | None:
         for s in self.previous.get("stages", []):
@@ -94,12 +94,29 @@ def _make_q(target: str) -> Callable[[Context], str | None]:
     return check
 
 
-def _files_under(root: Path, names: tuple[str, ...]) -> list[Path]:
-    out: list[Path] = []
-    for n in names:
-        p = root / n
-        out += sorted(q for q in p.rglob("*") if q.is_file() and "__pycache__" not in q.parts) if p.is_dir() else [p]
-    return out
+_PROBE = ("import importlib, json, sys; importlib.import_module(sys.argv[1]); "
+          "print(json.dumps(sorted({m.__file__ for m in list(sys.modules.values()) if getattr(m, '__file__', None)})))")
+
+
+def code_inputs(root: Path, module: str, python: str = sys.executable) -> list[Path]:
+    """What a stage's code is made of: every source file of this checkout that importing `module` loads,
+    the data files beside them (a layout table), the packaged runtime, and pyproject.toml.
+
+    Derived by importing the module in a fresh interpreter, not from a hand list: a module that decides a
+    wheel's bytes or tag (the floor check, the ELF reader, the settings) cannot be left out of the
+    fingerprint by forgetting to list it.
+    """
+    out = subprocess.run([python, "-c", _PROBE, module], cwd=root, capture_output=True, text=True, check=True,
+                         env={**os.environ, "JA_ROOT_DIR": str(root), "PYTHONPATH": str(root)})
+    files: set[Path] = set()
+    for f in json.loads(out.stdout):
+        p = Path(f).resolve()
+        if p.is_relative_to(root.resolve()) and p.suffix == ".py":
+            files.add(p)
+            files.update(q for q in p.parent.iterdir() if q.is_file() and q.suffix not in (".py", ".pyc"))
+    files.update(q for q in (root / "jax_aiter").rglob("*") if q.is_file() and "__pycache__" not in q.parts)
+    files.add(root / "pyproject.toml")
+    return sorted(files)
 
 
 def _wheel_fingerprint(variant: str) -> Callable[[Context], str]:
@@ -107,7 +124,9 @@ def _wheel_fingerprint(variant: str) -> Callable[[Context], str]:
         settings = config.load()
         libs = sorted(settings.umbrella_dir.glob("*.so")) + sorted(settings.jit_dir.glob("lib*.so"))
         h = hashlib.sha256(variant.encode())
-        for p in libs + _files_under(ctx.root, WHEEL_INPUTS):
+        if ctx.code is None:
+            ctx.code = code_inputs(ctx.root, WHEEL_BUILDER, ctx.python)
+        for p in libs + ctx.code:
             h.update(str(p.relative_to(ctx.root)).encode() + b"\0" + sha256_file(p).encode())
         for key in ("JA_WHEEL_PLAT_NAME", "JA_WHEEL_ARCH", "SOURCE_DATE_EPOCH"):
             h.update(f"{key}={os.environ.get(key, '')}".encode())

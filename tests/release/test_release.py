@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from jatools import release as release_mod
+
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / os.environ.get("JA_BUILD_DIR", "build")
 
@@ -141,3 +143,14 @@ def test_planted_failure_stops_at_its_stage(scratch, stage, plant, rerun):
 
 def _append(path: Path, text: str) -> None:
     path.write_text(path.read_text() + text)
+
+
+def test_the_wheel_fingerprint_covers_what_the_wheel_builder_imports():
+    """The modules that decide a wheel's bytes and tag are found by importing the builder, not listed by hand:
+    a change to the floor check, the ELF reader, the JIT expectations or the settings makes the wheel stale."""
+    files = {p.relative_to(REPO.resolve()).as_posix() for p in release_mod.code_inputs(REPO.resolve(), release_mod.WHEEL_BUILDER)}
+    for rel in ("jatools/wheel/wheel_build.py", "jatools/wheel/wheel_floor.py", "jatools/wheel/elf.py",
+                "jatools/jitlibs/jit_expectations.py", "jatools/config.py", "jatools/wheel/wheel_layout.toml",
+                "jax_aiter/_loader.py", "pyproject.toml"):
+        assert rel in files, rel
+    assert "jatools/validate/cleanroom.py" not in files  # not imported by the builder: no false staleness
