@@ -213,7 +213,9 @@ def bench_copy(lib, reps):
 MEM_HIDDEN = (4096, 5120, 7168, 8192)
 MEM_ROWS = (1024, 4096, 8192, 16384, 32768)
 # The same op 8 times back to back inside one program, as a model's layers run it:
-# each call's output is the next one's input, so nothing is fused or elided.
+# each call's output is the next one's input, with an optimization barrier between
+# calls where a model has its matmuls (without it XLA fuses its 8 row-local RMSNorms
+# into one kernel that reads the rows once, which no model can do).
 CHAIN = 8
 CHAIN_SHAPES = ((8192, 4096), (8192, 5120), (16384, 8192), (32768, 7168))
 MEM_GOAL = 0.90
@@ -256,26 +258,28 @@ def bench_chains(lib, reps, copy_gbps, quick):
         w = rand((h,), dt, 98)
         sets = [(rand((r, h), dt, s), rand((r, h), dt, 300 + s)) for s in range(n_sets(3 * size))]
 
+        barrier = jax.lax.optimization_barrier
+
         def chain(f):
             def run(x, res):
                 for _ in range(CHAIN):
-                    x = f(x, w)
+                    x = barrier(f(x, w))
                 return x
             return run
 
         def chain_add(f):
             def run(x, res):
                 for _ in range(CHAIN):
-                    x, res = f(x, res, w)
+                    x, res = barrier(f(x, res, w))
                 return x, res
             return run
 
         def copies(n):
             def run(x, res):
                 for _ in range(CHAIN):
-                    x = memcpy(x)
+                    x = barrier(memcpy(x))
                     if n == 2:
-                        res = memcpy(res)
+                        res = barrier(memcpy(res))
                 return x, res
             return run
 

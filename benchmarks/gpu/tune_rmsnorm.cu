@@ -5,7 +5,7 @@
 //   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -arch=sm_90 -Icsrc/include -Icsrc/kernels \
 //        -DJA_HAS_GPU=1 -DJA_BACKEND_CUDA=1 benchmarks/gpu/tune_rmsnorm.cu -o build/tune_rmsnorm \
 //        -Lbuild/jax_aiter_build -ljax_aiter -Xlinker -rpath=$PWD/build/jax_aiter_build
-//   build/tune_rmsnorm [reps]
+//   build/tune_rmsnorm [reps] [hidden]
 //
 // Inputs are random bf16, rotated among sets larger than L2; each variant's
 // output is compared with the default launch's (max |diff| in bf16 ulps of
@@ -79,7 +79,14 @@ int main(int argc, char** argv) {
     return t[t.size() / 2];
   };
 
-  const std::vector<Case> cases = {{8192, 4096, false}, {8192, 4096, true}, {32768, 8192, false}, {32768, 8192, true}};
+  // Hidden sizes of common models x rows from 1k to 32k (bench_gpu.py's grid), with and without
+  // a residual; argv[2], if given, keeps only the cases of that hidden size.
+  std::vector<Case> cases;
+  const int64_t only_hidden = argc > 2 ? std::atoll(argv[2]) : 0;
+  for (int64_t hidden : {4096, 5120, 7168, 8192})
+    for (int64_t rows : {1024, 4096, 16384, 32768})
+      for (bool res : {false, true})
+        if (!only_hidden || hidden == only_hidden) cases.push_back({rows, hidden, res});
   for (const Case& c : cases) {
     const int64_t n = c.rows * c.hidden;
     std::vector<T*> x(kSets), r(kSets), o(kSets), ro(kSets);
@@ -141,19 +148,23 @@ int main(int argc, char** argv) {
                       std::to_string(minb), fn});
     };
 #define JA_TUNE(t, r, b) add(t, r, 1, b, launch<t, r, 1, b>); add(t, r, 2, b, launch<t, r, 2, b>); \
-                         add(t, r, 4, b, launch<t, r, 4, b>); add(t, r, 8, b, launch<t, r, 8, b>)
-    JA_TUNE(128, 4, 1);
-    JA_TUNE(128, 4, 4);
-    JA_TUNE(256, 2, 1);
-    JA_TUNE(256, 2, 4);
-    JA_TUNE(512, 1, 1);
-    JA_TUNE(512, 1, 4);
-    JA_TUNE(256, 4, 1);
-    JA_TUNE(256, 4, 2);
-    JA_TUNE(512, 2, 1);
-    JA_TUNE(512, 2, 2);
+                         add(t, r, 4, b, launch<t, r, 4, b>)
+    // Block shapes (threads x vectors per thread) that hold a row of 512, 640, 896 or 1024
+    // vectors (hidden 4096, 5120, 7168, 8192 in bf16), several exactly, x resident blocks asked for.
+    JA_TUNE(128, 4, 1); JA_TUNE(128, 4, 2); JA_TUNE(128, 4, 4);
+    JA_TUNE(256, 2, 1); JA_TUNE(256, 2, 2); JA_TUNE(256, 2, 4);
+    JA_TUNE(512, 1, 1); JA_TUNE(512, 1, 2);
+    JA_TUNE(160, 4, 1); JA_TUNE(160, 4, 2); JA_TUNE(160, 4, 4);
+    JA_TUNE(320, 2, 1); JA_TUNE(320, 2, 2);
+    JA_TUNE(256, 3, 1); JA_TUNE(256, 3, 2); JA_TUNE(256, 3, 4);
+    JA_TUNE(128, 5, 2); JA_TUNE(128, 5, 4);
+    JA_TUNE(224, 4, 1); JA_TUNE(224, 4, 2); JA_TUNE(224, 4, 4);
+    JA_TUNE(448, 2, 1); JA_TUNE(448, 2, 2);
+    JA_TUNE(128, 7, 2); JA_TUNE(128, 7, 4);
+    JA_TUNE(256, 4, 1); JA_TUNE(256, 4, 2); JA_TUNE(256, 4, 4);
+    JA_TUNE(512, 2, 1); JA_TUNE(512, 2, 2);
     JA_TUNE(1024, 1, 1);
-    JA_TUNE(1024, 1, 2);
+    JA_TUNE(128, 8, 2); JA_TUNE(128, 8, 4);
     for (const Variant& v : vs) {
       CK(cudaMemsetAsync(o[0], 0xff, n * sizeof(T), s));
       v.f(args(0), s);
@@ -163,6 +174,25 @@ int main(int argc, char** argv) {
       const float us = time_us([&](int i) { v.f(args(i), s); });
       std::printf("  %-10s %8.1f us  %.3f of copy  max diff %.2f ulp\n", v.name.c_str(), us, copy_us / us, err);
     }
+    // 8 back-to-back launches of the shipped dispatch, each reading the previous one's output (as
+    // a model's layers run it), with programmatic dependent launch off and on (gpu_launch.cuh).
+    for (int pdl : {0, 1}) {
+      ja::pdl_force() = pdl;
+      const float us = time_us([&](int i) {
+        for (int k = 0; k < 8; ++k) {
+          JaRmsNormArgs a = args(i);
+          if (k % 2) {
+            a.x = o[i], a.out = x[i];
+            if (c.residual) a.residual = ro[i], a.residual_out = r[i];
+          } else if (c.residual) {
+            a.residual_out = ro[i];
+          }
+          ja::rmsnorm_fwd_gpu<T>(a, s);
+        }
+      });
+      std::printf("  chain8 pdl=%d %8.1f us  %.3f of copy (per call %.1f us)\n", pdl, us, 8 * copy_us / us, us / 8);
+    }
+    ja::pdl_force() = -1;
     for (int i = 0; i < kSets; ++i) {
       CK(cudaFree(x[i])); CK(cudaFree(r[i])); CK(cudaFree(o[i])); CK(cudaFree(ro[i]));
     }

@@ -9,8 +9,10 @@ import pytest
 import jax_aiter as ja
 from tests.ops.reference import DTYPES, assert_close, f32, f64, random, rms_norm_ref
 
-# Hidden sizes off the 16-byte vector width (7, 100, 1000) and large rows (16384).
-SHAPES = [(1, 1), (3, 7), (4, 64), (2, 3, 100), (5, 1000), (17, 4096), (2, 16384)]
+# Hidden sizes off the 16-byte vector width (7, 100, 1000), every GPU block shape of the
+# common widths (4096, 5120, 7168, 8192: 128, 160, 224 and 256 threads) and large rows (16384).
+SHAPES = [(1, 1), (3, 7), (4, 64), (2, 3, 100), (5, 1000), (17, 4096), (9, 5120), (9, 7168), (5, 8192),
+          (2, 16384)]
 EPS = 1e-6
 
 
@@ -24,7 +26,7 @@ def test_rms_norm_matches_reference(shape, dtype, device):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
-@pytest.mark.parametrize("shape", [(3, 7), (2, 3, 100), (17, 4096)], ids=str)
+@pytest.mark.parametrize("shape", [(3, 7), (2, 3, 100), (17, 4096), (9, 5120), (9, 7168), (5, 8192)], ids=str)
 def test_rms_norm_with_add_matches_reference(shape, dtype, device):
     x, r, w = random(shape, dtype, 0), random(shape, dtype, 2), random(shape[-1:], dtype, 1)
     out, summed = jax.jit(ja.rms_norm_with_add)(x, r, w)

@@ -10,6 +10,7 @@
 #include "ja/dtype.h"
 #include "ja/gpu.h"
 #include "ja/kernels/activation.h"
+#include "gpu_launch.cuh"
 
 namespace ja {
 
@@ -27,6 +28,8 @@ template <typename T, int UNROLL>
 JA_GLOBAL void silu_and_mul_vec_kernel(JaSiluAndMulArgs a) {
   constexpr int VEC = 16 / sizeof(T);
   using V = SVec<T, VEC>;
+  pdl_wait();  // launched with PDL (gpu_launch.cuh): the previous kernel's writes are visible from here
+  pdl_launch_dependents();
   const int64_t dv = a.d / VEC;
   const V* x = static_cast<const V*>(a.x);
   V* out = static_cast<V*>(a.out);
@@ -58,6 +61,8 @@ JA_GLOBAL void silu_and_mul_vec_kernel(JaSiluAndMulArgs a) {
 
 template <typename T>
 JA_GLOBAL void silu_and_mul_scalar_kernel(JaSiluAndMulArgs a) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t total = a.rows * a.d;
   const T* x = static_cast<const T*>(a.x);
   T* out = static_cast<T*>(a.out);
@@ -75,16 +80,16 @@ const char* silu_and_mul_gpu(const JaSiluAndMulArgs& a, void* stream) {
   constexpr int VEC = 16 / sizeof(T);
   constexpr int kThreads = 256;
   constexpr int kUnroll = 2;
+  ja_error_t err;
   if (a.d % VEC == 0) {
     const int64_t dv = a.d / VEC;
     const dim3 grid(unsigned((dv + kThreads * kUnroll - 1) / (kThreads * kUnroll)),
                     unsigned(std::min<int64_t>(a.rows, 65535)));
-    silu_and_mul_vec_kernel<T, kUnroll><<<grid, kThreads, 0, s>>>(a);
+    err = launch_pdl(silu_and_mul_vec_kernel<T, kUnroll>, grid, dim3(kThreads), 0, s, a);
   } else {
     const int64_t blocks = std::min<int64_t>((total + kThreads - 1) / kThreads, int64_t(1) << 20);
-    silu_and_mul_scalar_kernel<T><<<unsigned(blocks), kThreads, 0, s>>>(a);
+    err = launch_pdl(silu_and_mul_scalar_kernel<T>, dim3(unsigned(blocks)), dim3(kThreads), 0, s, a);
   }
-  const ja_error_t err = ja_get_last_error();
   if (err != ja_success) return ja_error("silu_and_mul: kernel launch failed: %s", ja_get_error_string(err));
   return nullptr;
 }

@@ -8,6 +8,7 @@
 #include "ja/dtype.h"
 #include "ja/gpu.h"
 #include "ja/kernels/rmsnorm.h"
+#include "gpu_launch.cuh"
 
 namespace ja {
 
@@ -62,7 +63,9 @@ JA_DEVICE void load_row(V (&xv)[REGS], V (&rv)[REGS], const V* x, const V* res, 
 // THREADS * VEC * REGS take the streaming path (second read from L2).
 // RPB: consecutive rows per block. The next row's loads are issued before the
 // current row's reduction, so a block always has a row in flight, and the
-// weight is read once per block.
+// weight is read once per block into registers. With RPB = 1 the weight is read
+// after the reduction instead (an L1/L2 hit), which leaves the registers to more
+// resident blocks, hence more rows in flight per multiprocessor.
 // MIN_BLOCKS: resident blocks per multiprocessor asked of the register allocator.
 // RES: a residual is added first (a.residual is set).
 template <typename T, bool RES, int THREADS, int REGS, int RPB = 1, int MIN_BLOCKS = 1>
@@ -70,6 +73,8 @@ JA_GLOBAL void __launch_bounds__(THREADS, MIN_BLOCKS) rmsnorm_fwd_kernel(JaRmsNo
   constexpr int VEC = 16 / sizeof(T);
   using V = Vec<T, VEC>;
   __shared__ float smem[THREADS / 32 + 1];
+  pdl_wait();  // launched with PDL (gpu_launch.cuh): the previous kernel's writes are visible from here
+  pdl_launch_dependents();
   const int64_t h = a.hidden;
   const int64_t first = int64_t(blockIdx.x) * RPB;
   const int64_t last = first + RPB < a.rows ? first + RPB : a.rows;
@@ -82,14 +87,17 @@ JA_GLOBAL void __launch_bounds__(THREADS, MIN_BLOCKS) rmsnorm_fwd_kernel(JaRmsNo
     auto row_ptr = [&](const void* base, int64_t row) {
       return base ? reinterpret_cast<const V*>(static_cast<const T*>(base) + row * h) : nullptr;
     };
-    // Issue every load (x, residual and the weight, an L2 hit) before any
-    // arithmetic, so the whole row is in flight at once.
-    V xv[REGS], rv[REGS], wv[REGS];
+    // Issue every load (x, residual and, with several rows, the weight, an L2 hit)
+    // before any arithmetic, so the whole row is in flight at once.
+    constexpr int WREGS = RPB > 1 ? REGS : 1;
+    V xv[REGS], rv[REGS], wv[WREGS];
     load_row<V, THREADS, REGS, RES>(xv, rv, row_ptr(a.x, first), row_ptr(a.residual, first), nvec);
+    if constexpr (RPB > 1) {
 #pragma unroll
-    for (int r = 0; r < REGS; ++r) {
-      const int64_t i = int64_t(threadIdx.x) + int64_t(r) * THREADS;
-      if (i < nvec) wv[r] = reinterpret_cast<const V*>(w)[i];
+      for (int r = 0; r < REGS; ++r) {
+        const int64_t i = int64_t(threadIdx.x) + int64_t(r) * THREADS;
+        if (i < nvec) wv[r] = reinterpret_cast<const V*>(w)[i];
+      }
     }
     // x (+ residual) in float32, element k of vector r: computed for the sum of squares and again,
     // after reg_barrier, for the output, so the row stays in registers in its input dtype only.
@@ -97,9 +105,11 @@ JA_GLOBAL void __launch_bounds__(THREADS, MIN_BLOCKS) rmsnorm_fwd_kernel(JaRmsNo
       return RES ? to_f32(xv[r].v[k]) + to_f32(rv[r].v[k]) : to_f32(xv[r].v[k]);
     };
     for (int64_t row = first; row < last; ++row) {
-      V xn[REGS], rn[REGS];
-      const bool more = row + 1 < last;  // uniform across the block
-      if (more) load_row<V, THREADS, REGS, RES>(xn, rn, row_ptr(a.x, row + 1), row_ptr(a.residual, row + 1), nvec);
+      V xn[WREGS == 1 ? 1 : REGS], rn[WREGS == 1 ? 1 : REGS];
+      const bool more = RPB > 1 && row + 1 < last;  // uniform across the block
+      if constexpr (RPB > 1) {
+        if (more) load_row<V, THREADS, REGS, RES>(xn, rn, row_ptr(a.x, row + 1), row_ptr(a.residual, row + 1), nvec);
+      }
       V* res_out = RES ? reinterpret_cast<V*>(static_cast<T*>(a.residual_out) + row * h) : nullptr;
       V* out = reinterpret_cast<V*>(static_cast<T*>(a.out) + row * h);
       float acc = 0.f;
@@ -127,19 +137,24 @@ JA_GLOBAL void __launch_bounds__(THREADS, MIN_BLOCKS) rmsnorm_fwd_kernel(JaRmsNo
       for (int r = 0; r < REGS; ++r) {
         const int64_t i = int64_t(threadIdx.x) + int64_t(r) * THREADS;
         if (i < nvec) {
+          V wr;
+          if constexpr (RPB > 1) wr = wv[r];
+          else wr = reinterpret_cast<const V*>(w)[i];
           V ov;
 #pragma unroll
           for (int k = 0; k < VEC; ++k) {
-            ov.v[k] = from_f32<T>(value(r, k) * inv_rms * to_f32(wv[r].v[k]));
+            ov.v[k] = from_f32<T>(value(r, k) * inv_rms * to_f32(wr.v[k]));
           }
           out[i] = ov;
         }
       }
-      if (more) {
+      if constexpr (RPB > 1) {
+        if (more) {
 #pragma unroll
-        for (int r = 0; r < REGS; ++r) {
-          xv[r] = xn[r];
-          if (RES) rv[r] = rn[r];
+          for (int r = 0; r < REGS; ++r) {
+            xv[r] = xn[r];
+            if (RES) rv[r] = rn[r];
+          }
         }
       }
     }
@@ -170,26 +185,22 @@ JA_GLOBAL void __launch_bounds__(THREADS, MIN_BLOCKS) rmsnorm_fwd_kernel(JaRmsNo
 
 // One launch with RPB rows per block.
 template <typename T, bool RES, int THREADS, int REGS, int RPB = 1, int MIN_BLOCKS = 1>
-void rmsnorm_launch(const JaRmsNormArgs& a, ja_stream_t s) {
+ja_error_t rmsnorm_launch(const JaRmsNormArgs& a, ja_stream_t s) {
   const dim3 grid(unsigned((a.rows + RPB - 1) / RPB));
-  rmsnorm_fwd_kernel<T, RES, THREADS, REGS, RPB, MIN_BLOCKS><<<grid, THREADS, 0, s>>>(a);
+  return launch_pdl(rmsnorm_fwd_kernel<T, RES, THREADS, REGS, RPB, MIN_BLOCKS>, grid, dim3(THREADS), 0, s, a);
 }
 
-// Launch shapes chosen on an H200 (benchmarks/gpu/tune_rmsnorm.cu, bf16, rows x hidden of
-// 8192 x 4096 and 32768 x 8192): without a residual, consecutive rows per block (the next
-// row's loads overlap the reduction) once there are enough rows to keep at least 4096
-// blocks; with a residual, whose store of x + residual already overlaps the reduction,
-// one row per block with more blocks resident.
-template <typename T, int THREADS, int REGS, int MIN_BLOCKS_ROWS, int MIN_BLOCKS_RES>
-void rmsnorm_launch_rows(const JaRmsNormArgs& a, ja_stream_t s) {
-  if (a.residual)
-    rmsnorm_launch<T, true, THREADS, REGS, 1, MIN_BLOCKS_RES>(a, s);
-  else if (a.rows >= 8 * 4096)
-    rmsnorm_launch<T, false, THREADS, REGS, 8, MIN_BLOCKS_ROWS>(a, s);
-  else if (a.rows >= 2 * 4096)
-    rmsnorm_launch<T, false, THREADS, REGS, 2, MIN_BLOCKS_ROWS>(a, s);
-  else
-    rmsnorm_launch<T, false, THREADS, REGS, 1, MIN_BLOCKS_ROWS>(a, s);
+// One row per block, for plain RMSNorm and with a residual: with RPB = 1 the weight is
+// read after the reduction, so the kernel needs 55 registers (70 with a residual) and a
+// multiprocessor holds enough blocks to keep 40-100 KiB of rows in flight, which is what
+// the copy rate needs. (With two or more rows per block the prefetch of the next row and
+// the weight in registers took 94 and 125 registers, two blocks per multiprocessor, and
+// the H200 measured hidden 5120 and 7168 at 0.53-0.81 of a same-size copy,
+// benchmarks/gpu/bench_gpu.py.)
+template <typename T, int THREADS, int REGS>
+ja_error_t rmsnorm_launch_rows(const JaRmsNormArgs& a, ja_stream_t s) {
+  if (a.residual) return rmsnorm_launch<T, true, THREADS, REGS, 1, 1>(a, s);
+  return rmsnorm_launch<T, false, THREADS, REGS, 1, 1>(a, s);
 }
 
 template <typename T>
@@ -198,21 +209,27 @@ const char* rmsnorm_fwd_gpu(const JaRmsNormArgs& a, void* stream) {
   if (a.rows > 0x7fffffffLL) return ja_error("rmsnorm: %lld rows exceed the GPU grid limit", (long long)a.rows);
   const ja_stream_t s = static_cast<ja_stream_t>(stream);
   const int64_t nvec = a.hidden / (16 / int64_t(sizeof(T)));
-  // Block shape by row length (in 16-byte vectors): up to four vectors per thread.
+  ja_error_t err;
+  // Block shape by row length (in 16-byte vectors): up to four vectors per thread, and
+  // blocks that hold the common widths exactly (hidden 5120 and 7168 in 16-bit: 640 and
+  // 896 vectors, 160 x 4 and 224 x 4), so no warp idles through the row.
   if (nvec <= 64) {
-    rmsnorm_launch_rows<T, 64, 1, 1, 1>(a, s);
+    err = rmsnorm_launch_rows<T, 64, 1>(a, s);
   } else if (nvec <= 256) {
-    rmsnorm_launch_rows<T, 128, 2, 1, 1>(a, s);
+    err = rmsnorm_launch_rows<T, 128, 2>(a, s);
   } else if (nvec <= 512) {
-    rmsnorm_launch_rows<T, 128, 4, 1, 4>(a, s);
+    err = rmsnorm_launch_rows<T, 128, 4>(a, s);
+  } else if (nvec <= 640) {
+    err = rmsnorm_launch_rows<T, 160, 4>(a, s);
+  } else if (nvec <= 896) {
+    err = rmsnorm_launch_rows<T, 224, 4>(a, s);
   } else if (nvec <= 1024) {
-    rmsnorm_launch_rows<T, 256, 4, 2, 2>(a, s);
+    err = rmsnorm_launch_rows<T, 256, 4>(a, s);
   } else if (nvec <= 2048) {
-    rmsnorm_launch_rows<T, 512, 4, 1, 1>(a, s);
+    err = rmsnorm_launch_rows<T, 512, 4>(a, s);
   } else {
-    rmsnorm_launch_rows<T, 1024, 4, 1, 1>(a, s);  // longer rows stream
+    err = rmsnorm_launch_rows<T, 1024, 4>(a, s);  // longer rows stream
   }
-  const ja_error_t err = ja_get_last_error();
   if (err != ja_success) return ja_error("rmsnorm: kernel launch failed: %s", ja_get_error_string(err));
   return nullptr;
 }

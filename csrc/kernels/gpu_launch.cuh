@@ -1,0 +1,99 @@
+// Kernel launches with programmatic dependent launch (PDL, CUDA on sm_90+).
+//
+// A model runs the memory-bound ops back to back (RMSNorm, then a matmul, then
+// RMSNorm again ...). Launched normally, a kernel's blocks are scheduled only
+// after the previous kernel in the stream has finished, so each launch leaves
+// the GPU idle for its launch latency. With PDL the next kernel is scheduled
+// while the previous one drains its last wave; its blocks wait in pdl_wait()
+// until every grid it depends on (stream order) has finished and its writes
+// are visible, so the results are those of ordinary stream order.
+//
+// Kernels launched through launch_pdl must call pdl_wait() before their first
+// global memory access (reads and writes: a buffer they write may still be
+// read by the previous kernel). pdl_launch_dependents() lets the next
+// PDL-launched kernel be scheduled once every block of this grid has called it
+// (or exited). Against a previous kernel that was launched normally, pdl_wait()
+// returns at once: stream order already held.
+//
+// PDL is used where the device has it (compute capability 9.0+, CUDA) unless
+// JA_GPU_PDL=0 is set in the environment (read once per process), for A/B
+// measurements. HIP builds launch normally.
+#pragma once
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "ja/gpu.h"
+
+namespace ja {
+
+JA_DEVICE void pdl_wait() {
+#if defined(JA_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+JA_DEVICE void pdl_launch_dependents() {
+#if defined(JA_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// -1: by device and JA_GPU_PDL (the default); 0 or 1: forced (benchmarks/gpu/tune_rmsnorm.cu).
+inline int& pdl_force() {
+  static int force = -1;
+  return force;
+}
+
+inline bool pdl_enabled() {
+#if defined(JA_GPU_CUDA)
+  if (pdl_force() >= 0) return pdl_force() == 1;
+  static std::atomic<int> cache[64];  // per device: 0 unknown, 1 off, 2 on
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  const int slot = dev >= 0 && dev < 64 ? dev : 0;
+  int v = cache[slot].load(std::memory_order_relaxed);
+  if (v == 0) {
+    const char* env = std::getenv("JA_GPU_PDL");
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      major = 0;
+    }
+    v = (major >= 9 && !(env && std::strcmp(env, "0") == 0)) ? 2 : 1;
+    cache[slot].store(v, std::memory_order_relaxed);
+  }
+  return v == 2;
+#else
+  return false;
+#endif
+}
+
+// kernel<<<grid, block, smem, s>>>(args...), with PDL where pdl_enabled(); returns the launch status.
+template <typename... KArgs, typename... Args>
+ja_error_t launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, ja_stream_t s,
+                      Args&&... args) {
+#if defined(JA_GPU_CUDA)
+  if (pdl_enabled()) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+  }
+#endif
+  kernel<<<grid, block, smem, s>>>(std::forward<Args>(args)...);
+  return ja_get_last_error();
+}
+
+}  // namespace ja
