@@ -4,8 +4,9 @@ The forward kernel returns the output and the row log-sum-exp (lse, float32
 [batch, heads_q, seq_q]); lse stays inside the VJP residuals, where the
 backward kernel uses it to recompute the softmax instead of storing it.
 The backward kernel also takes two float32 workspace buffers (the dQ
-accumulator and rowsum(dO * O)); they are extra FFI results that XLA
-allocates and this module drops.
+accumulator and rowsum(dO * O)), and the forward one (the split-KV decode
+path's partial results); they are extra FFI results that XLA allocates and
+this module drops.
 """
 from __future__ import annotations
 
@@ -65,6 +66,32 @@ def _check(q, k, v, causal, softmax_scale) -> float:
     return scale
 
 
+# The GPU's split-KV decode path (csrc/kernels/mha/mha_fwd_gpu_decode.cuh) keeps each
+# split's partial output in a float32 workspace, an extra result of the forward FFI call
+# that XLA allocates and this module drops. Its size only caps the number of splits the
+# kernel may choose (it picks them from the device's multiprocessors); the kernel never
+# needs more, and with none it runs one split. The figures mirror the kernel's defaults.
+_DECODE_MAX_ROWS = 64      # query rows per kv head (group x seq_q) that take the path
+_DECODE_TILE_KEYS = 64     # keys per tile
+_DECODE_MIN_TILES = 4      # fewest tiles per split
+_DECODE_BLOCKS = 2048      # blocks worth room for: 4 waves of 2 blocks on 256 multiprocessors
+_DECODE_MAX_SPLITS = 256
+
+
+def _decode_workspace_shape(batch: int, seq_q: int, seq_k: int, heads_q: int, heads_kv: int,
+                            head_dim: int) -> tuple[int, int]:
+    """(batch, n): the forward's float32 workspace; n = 0 where the split-KV path cannot split."""
+    rows = heads_q // heads_kv * seq_q
+    if rows > _DECODE_MAX_ROWS:
+        return (batch, 0)
+    blocks_per_batch = heads_kv * -(-rows // 16)  # one per kv head and 16 query rows, per split
+    splits = min(_DECODE_MAX_SPLITS, -(-_DECODE_BLOCKS // (batch * blocks_per_batch)),
+                 -(-seq_k // _DECODE_TILE_KEYS) // _DECODE_MIN_TILES)
+    if splits <= 1:
+        return (batch, 0)
+    return (batch, blocks_per_batch * splits * 16 * (head_dim + 1))
+
+
 @cache
 def _prims(causal: bool, scale: float):
     """The forward and backward FFI calls for one (causal, scale), batched by folding into batch."""
@@ -72,9 +99,12 @@ def _prims(causal: bool, scale: float):
 
     def fwd(q, k, v):
         _loader.ensure_registered("mha_fwd")
-        batch, seq_q, heads_q, _ = q.shape
-        outs = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((batch, heads_q, seq_q), jnp.float32))
-        return _ffi.ffi_call("ja_mha_fwd", outs, q, k, v, **attrs)
+        batch, seq_q, heads_q, head_dim = q.shape
+        ws = _decode_workspace_shape(batch, seq_q, k.shape[1], heads_q, k.shape[2], head_dim)
+        outs = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((batch, heads_q, seq_q), jnp.float32),
+                jax.ShapeDtypeStruct(ws, jnp.float32))  # workspace: split-KV partial results
+        o, lse, _ = _ffi.ffi_call("ja_mha_fwd", outs, q, k, v, **attrs)
+        return o, lse
 
     def bwd(q, k, v, o, do, lse):
         _loader.ensure_registered("mha_bwd")

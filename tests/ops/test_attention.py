@@ -100,6 +100,33 @@ def test_sweep(device, dtype, d, causal, heads, seqs):
     check_case(device, dtype, d, causal, *heads, *seqs, batch=1)
 
 
+# Decode: few query rows per kv head (heads_q / heads_kv * seq_q <= 64), the shapes that take
+# the GPU's split-KV path (keys split across blocks, then a merge): one token against a long
+# cache, a few draft tokens (causal with seq_q > 1), multi-query heads (4 row blocks), odd
+# lengths that end inside a key tile and split boundaries, rows that see no key.
+DECODE = [(1, 1, 8, 8), (1, 65, 8, 1), (1, 4097, 32, 8), (1, 3001, 32, 4), (3, 1000, 8, 2), (7, 501, 4, 2),
+          (2, 2049, 32, 1), (20, 10, 4, 4)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", DECODE, ids=lambda s: f"sq{s[0]}-sk{s[1]}-hq{s[2]}-hkv{s[3]}")
+def test_decode_matches_reference(device, dtype, causal, shape):
+    sq, sk, hq, hkv = shape
+    check_case(device, dtype, 128, causal, hq, hkv, sq, sk, batch=2, seed=sk)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_decode_rows_without_keys(device):
+    """Decode path, causal with seq_q > seq_k: the first rows see no key (output 0, lse +inf)."""
+    (q, k, v, _), _ = make_inputs(7, "bfloat16", 1, 6, 2, 8, 2, 128, device)
+    o, lse = jax.jit(attention._prims(True, 0.1)[0])(q, k, v)
+    o, lse = np.asarray(o, np.float32), np.asarray(lse)
+    assert np.all(o[:, :4] == 0.0) and np.all(lse[:, :, :4] == np.inf)
+    assert np.all(np.isfinite(lse[:, :, 4:])) and np.all(np.abs(o[:, 4:]) > 0)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_custom_scale(device):
     check_case(device, "float32", 64, True, 4, 2, 33, 47, scale=0.3)
@@ -264,7 +291,8 @@ def test_kernel_checks_guard_the_c_abi(device):
     def call(q_shape, kv_shape):
         q, k = jax.device_put(_arr(q_shape), dev), jax.device_put(_arr(kv_shape), dev)
         out = (jax.ShapeDtypeStruct(q.shape, q.dtype),
-               jax.ShapeDtypeStruct((q.shape[0], q.shape[2], q.shape[1]), jnp.float32))
+               jax.ShapeDtypeStruct((q.shape[0], q.shape[2], q.shape[1]), jnp.float32),
+               jax.ShapeDtypeStruct((q.shape[0], 0), jnp.float32))  # the (here empty) workspace
         return jax.block_until_ready(
             _ffi.ffi_call("ja_mha_fwd", out, q, k, k, causal=np.bool_(False), scale=np.float32(0.1)))
 

@@ -8,6 +8,7 @@
 // of size seq x seq touches global memory.
 #pragma once
 #include "ja/kernels/mha.h"
+#include "mha/mha_fwd_gpu_decode.cuh"
 #include "mha/mha_fwd_gpu_mma.cuh"
 #include "mha/mha_gpu_common.cuh"
 
@@ -154,9 +155,12 @@ const char* mha_fwd_gpu(const JaMhaFwdArgs& a, void* stream) {
     return ja_error("mha_fwd: q, k and v must be 16-byte aligned on the GPU");
 #if JA_HAS_WARP_MMA
   // 16-bit inputs on the matrix units; float32 keeps the SIMT kernel (exact float32 products).
-  if constexpr (mha_gpu::use_mma<T>())
+  // Few query rows per kv head (decode): split-KV over the keys (mha_fwd_gpu_decode.cuh).
+  if constexpr (mha_gpu::use_mma<T>()) {
+    if (mha_gpu::decode_applies(a))
+      return mha_gpu::mha_decode_launch<T, D, CAUSAL>(a, static_cast<ja_stream_t>(stream));
     return mha_gpu::mha_fwd_mma_launch<T, D, CAUSAL>(a, static_cast<ja_stream_t>(stream));
-  else
+  } else
 #endif
   {
     const int64_t q_tiles = (a.seq_q + Tiles::BR - 1) / Tiles::BR;

@@ -30,6 +30,11 @@ struct JaMhaFwdArgs {
   const void* v;   // [batch, seq_k, heads_kv, head_dim]
   void* o;         // [batch, seq_q, heads_q, head_dim]
   float* lse;      // [batch, heads_q, seq_q]: natural-log log-sum-exp of the scaled scores
+  // Workspace (GPU; the CPU ignores it): the split-KV decode path keeps its per-split
+  // partial results here, float32; its size caps the number of splits (0 bytes: one
+  // split, same results). Every byte a call reads it has written first.
+  void* workspace;
+  int64_t workspace_bytes;
 };
 
 // Workspace: the backward takes two float32 buffers from the caller (the FFI

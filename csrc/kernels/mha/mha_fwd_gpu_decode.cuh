@@ -1,0 +1,457 @@
+// Flash-attention forward for few query rows per kv head (decode): split-KV.
+//
+// Decode (seq_q = 1, or a few draft tokens) gives each kv head only
+// heads_q / heads_kv * seq_q query rows, so the prefill kernel's grid (one
+// block per 128 query rows and query head) has few blocks, each reading its kv
+// head's whole K and V again for every query head of the group. Here the
+// query rows that share a kv head are packed into the rows of one 16-row MMA
+// tile (row r = query (r / group), head (r % group) of the group), so K and V
+// are read once per kv head, and the keys are split across blocks (grid x), so
+// there are enough blocks to keep every multiprocessor streaming K and V:
+//
+//   pass 1 (mha_decode_kernel): block (split, kv head x row block, batch) runs
+//     the online softmax over its keys; its kWarps warps each take 16 keys of
+//     every BC-key tile (cp.async pipeline of kStages tiles), and merge their
+//     (max, sum, O) at the end through shared memory. With one split it
+//     writes the output and lse directly; otherwise it writes O / l and the
+//     log2-domain lse of its keys (float32) to a scratch buffer.
+//   pass 2 (mha_decode_combine_kernel): one warp per query row merges the
+//     splits: lse = log2(sum 2^lse_s), O = sum 2^(lse_s - lse) O_s.
+//
+// Conventions are the other forward kernels': bottom-right causal alignment,
+// a row with no visible key outputs 0 with lse = +inf; P is rounded to the
+// input dtype before P V; every sum accumulates in float32. The per-split
+// results live in the caller's workspace (JaMhaFwdArgs::workspace, an extra
+// float32 result of the FFI call that the Python op sizes and drops); its size
+// caps the number of splits, and without one the kernel runs with one split.
+#pragma once
+#include <atomic>
+
+#include "gpu_launch.cuh"
+#include "ja/mma.h"
+#include "mha/mha_fwd_gpu_mma.cuh"
+#include "mha/mha_gpu_common.cuh"
+
+#if JA_HAS_WARP_MMA
+namespace ja {
+namespace mha_gpu {
+
+// Build-time knobs (see docs/gpu.md for how to try one):
+//   WARPS       warps per block; each takes 16 keys of every tile (BC = 16 * WARPS)
+//   STAGES      K/V tiles in flight per block (0: 3 up to head_dim 128, 2 above)
+//   MIN_TILES   fewest key tiles a split gets (the pipeline's fill is paid per split)
+//   MAX_ROWS    query rows per kv head (group x seq_q) up to which this path is taken
+#ifndef JA_MHA_DECODE_WARPS
+#define JA_MHA_DECODE_WARPS 4
+#endif
+#ifndef JA_MHA_DECODE_STAGES
+#define JA_MHA_DECODE_STAGES 0
+#endif
+#ifndef JA_MHA_DECODE_MIN_TILES
+#define JA_MHA_DECODE_MIN_TILES 4
+#endif
+#ifndef JA_MHA_DECODE_MAX_ROWS
+#define JA_MHA_DECODE_MAX_ROWS 64
+#endif
+
+constexpr int kDecodeMaxSplits = 1024;
+
+template <typename T, int D>
+struct DecodeTiles {
+  static constexpr int kWarps = JA_MHA_DECODE_WARPS;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int BC = 16 * kWarps;  // keys per tile, 16 per warp
+  static constexpr int LD = D + 8;        // 16-byte row pad: ldmatrix rows hit distinct banks
+  static constexpr int kStages = JA_MHA_DECODE_STAGES > 0 ? JA_MHA_DECODE_STAGES : (D <= 128 ? 3 : 2);
+  static constexpr int kStageElems = 2 * BC * LD;  // K tile, then V tile
+  static constexpr int kSmemBytes = (kStages * kStageElems + 16 * LD) * int(sizeof(T));  // + the Q tile
+  static constexpr bool kQInRegs = D <= 128;
+  // The end-of-block merge reuses the stage buffers: per warp, m and l of 16 rows and 16 x D of O.
+  static constexpr int kMergeBytes = kWarps * 16 * (D + 2) * int(sizeof(float));
+  static_assert(kStages >= 2, "the K/V pipeline needs at least two stages");
+  static_assert(kMergeBytes <= kStages * kStageElems * int(sizeof(T)), "decode merge exceeds the stage buffers");
+  static_assert(kSmemBytes <= 227 * 1024, "decode tiles exceed shared memory");
+  static_assert(D % 16 == 0, "head_dim must be a multiple of 16");
+};
+
+struct DecodeArgs {
+  JaMhaFwdArgs a;
+  int64_t chunk;  // keys per split (a multiple of BC)
+  int rblocks;    // 16-row blocks per kv head: ceil(group * seq_q / 16)
+  float* ws_o;    // [batch][heads_kv * rblocks][splits][16][D]: O / l of each split (splits > 1)
+  float* ws_lse;  // [batch][heads_kv * rblocks][splits][16]: log2-domain lse of each split (-inf: no key)
+};
+
+// Query rows that share one kv head.
+inline int64_t decode_rows(const JaMhaFwdArgs& a) { return a.heads_q / a.heads_kv * a.seq_q; }
+
+inline bool decode_applies(const JaMhaFwdArgs& a) {
+  return a.heads_kv > 0 && decode_rows(a) <= JA_MHA_DECODE_MAX_ROWS;
+}
+
+// Multiprocessors of the current device (cached per device).
+inline int multiprocessors() {
+  static std::atomic<int> cache[64];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) dev = 0;
+  const int slot = dev >= 0 && dev < 64 ? dev : 0;
+  int n = cache[slot].load(std::memory_order_relaxed);
+  if (n > 0) return n;
+  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) {
+    (void)cudaGetLastError();  // leave no sticky error for the launch check
+    n = 108;
+  }
+  cache[slot].store(n, std::memory_order_relaxed);
+  return n;
+}
+
+struct DecodePlan {
+  int splits;
+  int64_t chunk;
+};
+
+// Splits of equal whole tiles, each at least JA_MHA_DECODE_MIN_TILES long. Every block
+// does the same work, so the grid should fill the device's resident-block slots in
+// whole waves: the fewest splits whose grid uses at least 90% of the slots of the
+// waves it takes (a grid of 4 x 64 blocks on 264 slots: 97%), else the best found.
+template <typename T, int D>
+DecodePlan decode_plan(const JaMhaFwdArgs& a, int64_t rblocks, int64_t slots, int64_t max_splits) {
+  constexpr int BC = DecodeTiles<T, D>::BC;
+  const int64_t tiles = (a.seq_k + BC - 1) / BC;
+  if (tiles <= 1) return {1, BC};
+  const int64_t groups = a.batch * a.heads_kv * rblocks;  // blocks per split
+  int64_t max_s = tiles / JA_MHA_DECODE_MIN_TILES;
+  const int64_t enough = 4 * slots / groups + 1;  // beyond 4 waves more splits only add merge work
+  max_s = max_s < enough ? max_s : enough;
+  max_s = max_s < kDecodeMaxSplits ? max_s : kDecodeMaxSplits;
+  max_s = max_s < max_splits ? max_s : max_splits;
+  DecodePlan best{1, tiles * BC};
+  double best_use = 0.0;
+  for (int64_t s = 1; s <= max_s; ++s) {
+    const int64_t per = (tiles + s - 1) / s, splits = (tiles + per - 1) / per;
+    const int64_t blocks = splits * groups, waves = (blocks + slots - 1) / slots;
+    const double use = double(blocks) / double(waves * slots);
+    if (use > best_use + 1e-9) best_use = use, best = {int(splits), per * BC};
+    if (use >= 0.9) return {int(splits), per * BC};
+  }
+  return best;
+}
+
+template <typename T, int D, bool CAUSAL>
+JA_GLOBAL void __launch_bounds__(DecodeTiles<T, D>::kThreads) mha_decode_kernel(DecodeArgs d) {
+  using Tl = DecodeTiles<T, D>;
+  constexpr int BC = Tl::BC, LD = Tl::LD, NT = Tl::kThreads, NW = Tl::kWarps, NS = Tl::kStages;
+  constexpr bool QREG = Tl::kQInRegs;
+  constexpr int KD = D / 16;  // k-steps over head_dim
+  constexpr int NO = D / 8;   // 16x8 output fragments
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* smem = reinterpret_cast<T*>(smem_raw);
+  T* q_s = smem + NS * Tl::kStageElems;
+  const JaMhaFwdArgs& a = d.a;
+
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t sq = a.seq_q, sk = a.seq_k, hq = a.heads_q, hkv = a.heads_kv;
+  const int group = int(hq / hkv);
+  const int rows = int(group * sq);
+  const int hk = int(blockIdx.y) / d.rblocks, rb = int(blockIdx.y) % d.rblocks;
+  const int r0 = rb * 16;  // first row of this block among the kv head's rows
+  const int64_t b = blockIdx.z;
+  const int64_t kv_stride = hkv * D;
+  const float s2 = a.scale * kLog2e;
+  const int64_t key0 = int64_t(blockIdx.x) * d.chunk;
+  const int64_t key1 = key0 + d.chunk < sk ? key0 + d.chunk : sk;
+  const int ntiles = key1 > key0 ? int((key1 - key0 + BC - 1) / BC) : 0;
+  const T* k = static_cast<const T*>(a.k) + (b * sk * hkv + hk) * D;
+  const T* v = static_cast<const T*>(a.v) + (b * sk * hkv + hk) * D;
+  const T* q = static_cast<const T*>(a.q);
+
+  pdl_wait();  // launched with PDL (gpu_launch.cuh): the previous kernel's writes are visible from here
+  pdl_launch_dependents();  // the merge kernel may be scheduled; it waits for this grid in its pdl_wait
+
+  // Q rows -> shared memory (rows past the kv head's last one are zero).
+  constexpr int kVec = 16 / int(sizeof(T));
+  for (int idx = threadIdx.x; idx < 16 * (D / kVec); idx += NT) {
+    const int r = idx / (D / kVec), c = (idx % (D / kVec)) * kVec;
+    const int rg = r0 + r;
+    const bool ok = rg < rows;
+    const int64_t qi = rg / group, h = int64_t(hk) * group + rg % group;
+    mma::cp_async_16(q_s + r * LD + c, ok ? q + ((b * sq + qi) * hq + h) * D + c : q, ok);
+  }
+  mma::cp_async_commit();
+
+  // Tile i (keys key0 + i BC ...) -> stage i % NS; keys at or past key1 are zero-filled.
+  auto load = [&](int i) {
+    T* ks = smem + (i % NS) * Tl::kStageElems;
+    const int64_t kv0 = key0 + int64_t(i) * BC;
+    const int nk = int(key1 - kv0 < BC ? key1 - kv0 : BC);
+    cp_async_tile<T, BC, D, LD, NT>(ks, k + kv0 * kv_stride, kv_stride, nk);
+    cp_async_tile<T, BC, D, LD, NT>(ks + BC * LD, v + kv0 * kv_stride, kv_stride, nk);
+  };
+#pragma unroll
+  for (int i = 0; i < NS - 1; ++i) {
+    if (i < ntiles) load(i);
+    mma::cp_async_commit();  // one group per stage, empty or not, so the wait counts stay fixed
+  }
+
+  mma::cp_async_wait<NS - 1>();  // the Q group is complete
+  __syncthreads();
+  uint32_t qa[QREG ? KD : 1][4];
+  if constexpr (QREG) {
+#pragma unroll
+    for (int kd = 0; kd < KD; ++kd) mma::ldmatrix_x4(qa[kd], q_s + (lane & 15) * LD + kd * 16 + (lane >> 4) * 8);
+  }
+
+  // This lane's rows g and g + 8: the query each is (padding rows act as the last query).
+  int64_t last_key[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int rg = r0 + g + 8 * i;
+    const int64_t qi = rg < rows ? rg / group : sq - 1;
+    last_key[i] = qi + sk - sq;  // causal: the last key this row may attend
+  }
+
+  float o[NO][4];
+#pragma unroll
+  for (int n = 0; n < NO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+  for (int i = 0; i < ntiles; ++i) {
+    mma::cp_async_wait<NS - 2>();
+    __syncthreads();  // tile i is in shared memory; every warp is done with tile i - 1's stage
+    if (i + NS - 1 < ntiles) load(i + NS - 1);
+    mma::cp_async_commit();
+
+    const T* ks = smem + (i % NS) * Tl::kStageElems + warp * 16 * LD;  // this warp's 16 keys
+    const T* vs = ks + BC * LD;
+    float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+    for (int kd = 0; kd < KD; ++kd) {
+      uint32_t qf[4];
+      if constexpr (QREG) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) qf[e] = qa[kd][e];
+      } else {
+        mma::ldmatrix_x4(qf, q_s + (lane & 15) * LD + kd * 16 + (lane >> 4) * 8);
+      }
+      uint32_t kb[4];
+      mma::ldmatrix_x4(kb, ks + ((lane & 7) + ((lane >> 4) << 3)) * LD + kd * 16 + ((lane >> 3) & 1) * 8);
+      mma::mma_16816<T>(s[0], qf, kb);
+      mma::mma_16816<T>(s[1], qf, kb + 2);
+    }
+
+    // Scale into the log2 domain; mask keys past this split (and seq_k) and, causal, past the diagonal.
+    const int64_t kbase = key0 + int64_t(i) * BC + warp * 16;
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t key = kbase + n * 8 + 2 * t + (e & 1);
+        const bool ok = key < key1 && (!CAUSAL || key <= last_key[e >> 1]);
+        s[n][e] = ok ? s[n][e] * s2 : -INFINITY;
+      }
+
+    // Online softmax, rows g (e = 0, 1) and g + 8 (e = 2, 3); a quad of lanes shares a row.
+#pragma unroll
+    for (int i2 = 0; i2 < 2; ++i2) {
+      float mx = fmaxf(fmaxf(s[0][2 * i2], s[0][2 * i2 + 1]), fmaxf(s[1][2 * i2], s[1][2 * i2 + 1]));
+      mx = fmaxf(mx, ja_shfl_xor(mx, 1));
+      mx = fmaxf(mx, ja_shfl_xor(mx, 2));
+      const float m_new = fmaxf(m[i2], mx);
+      const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // no key seen yet: keep everything at 0
+      const float alpha = ja_exp2(m[i2] - m_use);
+      float rs = 0.0f;
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 2 * i2; e < 2 * i2 + 2; ++e) {
+          s[n][e] = ja_exp2_approx(s[n][e] - m_use);
+          rs += s[n][e];
+        }
+      l[i2] = l[i2] * alpha + rs;
+      m[i2] = m_new;
+#pragma unroll
+      for (int n = 0; n < NO; ++n) {
+        o[n][2 * i2] *= alpha;
+        o[n][2 * i2 + 1] *= alpha;
+      }
+    }
+
+    // O += P V over this warp's 16 keys; P (rounded to T) is the A operand straight from S.
+    uint32_t pa[4];
+    pa[0] = mma::pack2<T>(s[0][0], s[0][1]);
+    pa[1] = mma::pack2<T>(s[0][2], s[0][3]);
+    pa[2] = mma::pack2<T>(s[1][0], s[1][1]);
+    pa[3] = mma::pack2<T>(s[1][2], s[1][3]);
+#pragma unroll
+    for (int n2 = 0; n2 < NO / 2; ++n2) {
+      uint32_t vb[4];
+      mma::ldmatrix_x4_trans(vb, vs + ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + n2 * 16 + (lane >> 4) * 8);
+      mma::mma_16816<T>(o[2 * n2], pa, vb);
+      mma::mma_16816<T>(o[2 * n2 + 1], pa, vb + 2);
+    }
+  }
+  mma::cp_async_wait<0>();
+  __syncthreads();  // every warp is done with the stage buffers: the merge reuses them
+
+  // Merge the warps: per row, M = max of the warps' maxima, L = sum l_w 2^(m_w - M), O likewise.
+  float* mm = reinterpret_cast<float*>(smem_raw);  // [NW][16]
+  float* ll = mm + NW * 16;                        // [NW][16]
+  float* oo = ll + NW * 16;                        // [NW][16][D]
+#pragma unroll
+  for (int i2 = 0; i2 < 2; ++i2) {
+    l[i2] += ja_shfl_xor(l[i2], 1);
+    l[i2] += ja_shfl_xor(l[i2], 2);
+    if (t == 0) {
+      mm[warp * 16 + g + 8 * i2] = m[i2];
+      ll[warp * 16 + g + 8 * i2] = l[i2];
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < NO; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) oo[(warp * 16 + g + 8 * (e >> 1)) * D + n * 8 + 2 * t + (e & 1)] = o[n][e];
+  __syncthreads();
+
+  const int64_t part = ((b * hkv * d.rblocks + blockIdx.y) * gridDim.x + blockIdx.x) * 16;  // this split's row 0
+  for (int idx = threadIdx.x; idx < 16 * D; idx += NT) {
+    const int r = idx / D, c = idx % D;
+    const int rg = r0 + r;
+    if (rg >= rows) continue;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < NW; ++w) mx = fmaxf(mx, mm[w * 16 + r]);
+    float sum = 0.0f, acc = 0.0f;
+    if (mx != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < NW; ++w) {
+        const float f = ja_exp2(mm[w * 16 + r] - mx);  // 0 for a warp that saw no key
+        sum += ll[w * 16 + r] * f;
+        acc += oo[(w * 16 + r) * D + c] * f;
+      }
+    }
+    const bool empty = sum == 0.0f;
+    if (gridDim.x == 1) {  // one split: this is the answer
+      const int64_t qi = rg / group, h = int64_t(hk) * group + rg % group;
+      static_cast<T*>(a.o)[((b * sq + qi) * hq + h) * D + c] = from_f32<T>(empty ? 0.0f : acc / sum);
+      if (c == 0) a.lse[(b * hq + h) * sq + qi] = empty ? INFINITY : (mx + ja_log2(sum)) * kLn2;
+    } else {
+      d.ws_o[(part + r) * D + c] = empty ? 0.0f : acc / sum;
+      if (c == 0) d.ws_lse[part + r] = empty ? -INFINITY : mx + ja_log2(sum);
+    }
+  }
+}
+
+// One warp per query row: merge the splits' (lse_s, O_s) into the output and lse.
+template <typename T, int D>
+JA_GLOBAL void __launch_bounds__(128) mha_decode_combine_kernel(DecodeArgs d, int splits) {
+  constexpr int kPer = (D + 31) / 32;  // output columns per lane
+  const JaMhaFwdArgs& a = d.a;
+  const int64_t sq = a.seq_q, hq = a.heads_q, hkv = a.heads_kv;
+  const int group = int(hq / hkv);
+  const int rows = int(group * sq);
+  const int lane = threadIdx.x % 32;
+  const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int64_t ys = hkv * d.rblocks;
+  pdl_wait();  // the split kernel's partial results are complete and visible
+  if (row >= a.batch * ys * 16) return;
+  const int r = int(row % 16);
+  const int64_t y = (row / 16) % ys, b = row / (16 * ys);
+  const int rg = int(y % d.rblocks) * 16 + r;
+  if (rg >= rows) return;
+  const int64_t hk = y / d.rblocks;
+  const int64_t qi = rg / group, h = hk * group + rg % group;
+  const int64_t part = (b * ys + y) * splits * 16 + r;  // + s * 16: split s of this row
+
+  float mx = -INFINITY;
+  for (int s = lane; s < splits; s += 32) mx = fmaxf(mx, d.ws_lse[part + int64_t(s) * 16]);
+  mx = ja_warp_max(mx);
+  T* out = static_cast<T*>(a.o) + ((b * sq + qi) * hq + h) * D;
+  if (mx == -INFINITY) {  // no split saw a key
+#pragma unroll
+    for (int j = 0; j < kPer; ++j)
+      if (lane + 32 * j < D) out[lane + 32 * j] = from_f32<T>(0.0f);
+    if (lane == 0) a.lse[(b * hq + h) * sq + qi] = INFINITY;
+    return;
+  }
+  float sum = 0.0f, acc[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) acc[j] = 0.0f;
+  for (int s = 0; s < splits; ++s) {
+    const int64_t p = part + int64_t(s) * 16;
+    const float f = ja_exp2(d.ws_lse[p] - mx);
+    sum += f;
+    const float* os = d.ws_o + p * D;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j)
+      if (lane + 32 * j < D) acc[j] += f * os[lane + 32 * j];
+  }
+  const float inv = 1.0f / sum;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j)
+    if (lane + 32 * j < D) out[lane + 32 * j] = from_f32<T>(acc[j] * inv);
+  if (lane == 0) a.lse[(b * hq + h) * sq + qi] = (mx + ja_log2(sum)) * kLn2;
+}
+
+// Resident-block slots of the decode kernel on the current device (cached per device):
+// blocks per multiprocessor at its shared memory and registers, times multiprocessors.
+template <typename T, int D, bool CAUSAL>
+int64_t decode_slots() {
+  using Tl = DecodeTiles<T, D>;
+  static std::atomic<int> cache[64];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) dev = 0;
+  const int slot = dev >= 0 && dev < 64 ? dev : 0;
+  int per_sm = cache[slot].load(std::memory_order_relaxed);
+  if (per_sm <= 0) {
+    auto kernel = mha_decode_kernel<T, D, CAUSAL>;
+    if (Tl::kSmemBytes > kSmemBudget) (void)ja_func_set_max_dynamic_smem(kernel, Tl::kSmemBytes);
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Tl::kThreads, Tl::kSmemBytes) !=
+            cudaSuccess ||
+        per_sm <= 0) {
+      (void)cudaGetLastError();  // no sticky error for the launch check; the launch reports a real failure
+      per_sm = 1;
+    }
+    cache[slot].store(per_sm, std::memory_order_relaxed);
+  }
+  return int64_t(per_sm) * multiprocessors();
+}
+
+template <typename T, int D, bool CAUSAL>
+const char* mha_decode_launch(const JaMhaFwdArgs& a, ja_stream_t stream) {
+  using Tl = DecodeTiles<T, D>;
+  const int64_t rblocks = (decode_rows(a) + 15) / 16;
+  // Splits the workspace has room for: each holds 16 rows x (D + 1) floats per block of a split.
+  const int64_t per_split = a.batch * a.heads_kv * rblocks * 16 * (D + 1) * int64_t(sizeof(float));
+  const int64_t max_splits = a.workspace ? a.workspace_bytes / per_split : 0;
+  const DecodePlan plan = decode_plan<T, D>(a, rblocks, decode_slots<T, D, CAUSAL>(), max_splits < 1 ? 1 : max_splits);
+  DecodeArgs d{a, plan.chunk, int(rblocks), nullptr, nullptr};
+  if (plan.splits > 1) {
+    const int64_t parts = a.batch * a.heads_kv * rblocks * plan.splits * 16;
+    d.ws_o = static_cast<float*>(a.workspace);
+    d.ws_lse = d.ws_o + parts * D;
+  }
+  if (const char* e = check_grid("mha_fwd", plan.splits, a.heads_kv * rblocks, a.batch)) return e;
+  const dim3 grid(unsigned(plan.splits), unsigned(a.heads_kv * rblocks), unsigned(a.batch));
+  auto kernel = mha_decode_kernel<T, D, CAUSAL>;
+  if (Tl::kSmemBytes > kSmemBudget) {
+    const ja_error_t opt_in = ja_func_set_max_dynamic_smem(kernel, Tl::kSmemBytes);
+    if (opt_in != ja_success)
+      return ja_error("mha_fwd (decode): could not enable %d bytes of shared memory: %s", Tl::kSmemBytes,
+                      ja_get_error_string(opt_in));
+  }
+  ja_error_t err = launch_pdl(kernel, grid, dim3(Tl::kThreads), size_t(Tl::kSmemBytes),
+                              stream, d);
+  if (err != ja_success) return ja_error("mha_fwd (decode): kernel launch failed: %s", ja_get_error_string(err));
+  if (plan.splits == 1) return nullptr;
+  const int64_t rows = a.batch * a.heads_kv * rblocks * 16;
+  const int64_t blocks = (rows + 3) / 4;
+  if (blocks > 0x7fffffffLL) return ja_error("mha_fwd: %lld decode rows exceed the GPU grid", (long long)rows);
+  err = launch_pdl(mha_decode_combine_kernel<T, D>, dim3(unsigned(blocks)), dim3(128), 0, stream, d, plan.splits);
+  if (err != ja_success) return ja_error("mha_fwd (decode merge): kernel launch failed: %s", ja_get_error_string(err));
+  return nullptr;
+}
+
+}  // namespace mha_gpu
+}  // namespace ja
+#endif  // JA_HAS_WARP_MMA
