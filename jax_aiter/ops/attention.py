@@ -24,7 +24,7 @@ from jax_aiter.ops import _batching, _checks, _ffi
 OP = "flash_attn_func"
 # Head dims with compiled instances: the head_dim axis of the mha_fwd/mha_bwd
 # modules in jax_aiter/jit/optCompilerConfig.json (a test keeps them equal).
-SUPPORTED_HEAD_DIMS = (64, 128)
+SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
 
 
 def _check(q, k, v, causal, softmax_scale) -> float:
@@ -143,7 +143,7 @@ def flash_attn_func(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool = Fal
     q is [batch, seq_q, heads_q, head_dim]; k and v are [batch, seq_k, heads_kv,
     head_dim] with heads_q a multiple of heads_kv (grouped-query attention: query
     head h uses kv head h // (heads_q // heads_kv)). float16, bfloat16 or
-    float32; head_dim 64 or 128; softmax_scale defaults to 1/sqrt(head_dim).
+    float32; head_dim 32, 64, 96, 128 or 256; softmax_scale defaults to 1/sqrt(head_dim).
     causal=True masks key j for query i unless j <= i + seq_k - seq_q (aligned to
     the bottom-right corner, as FlashAttention does); a query row that sees no
     key outputs 0. Accumulation is float32. Differentiable (custom VJP calling

@@ -117,6 +117,19 @@ def test_decode_matches_reference(device, dtype, causal, shape):
     check_case(device, dtype, 128, causal, hq, hkv, sq, sk, batch=2, seed=sk)
 
 
+HEAD_DIMS = [32, 64, 96, 128, 256]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seqs", [(17, 129), (129, 17), (1, 300)], ids=lambda s: f"sq{s[0]}-sk{s[1]}")
+def test_head_dims(device, dtype, d, causal, seqs):
+    """Every compiled head dim: forward and the three gradients, GQA, odd lengths both ways, decode."""
+    check_case(device, dtype, d, causal, 8, 2, *seqs, batch=1, seed=d)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_decode_rows_without_keys(device):
     """Decode path, causal with seq_q > seq_k: the first rows see no key (output 0, lse +inf)."""
@@ -262,8 +275,8 @@ BAD_INPUTS = [
      r"head_dim mismatch: q has 64, k and v have 128"),
     ("heads", ((B, F32), ((2, 8, 3, 64), F32), ((2, 8, 3, 64), F32)), {}, ValueError,
      r"heads_q \(4\) must be a multiple of heads_kv \(3\)"),
-    ("head_dim 96", (((2, 8, 4, 96), F32),) * 3, {}, ValueError,
-     r"head_dim 96 is not supported; supported head dims are 64, 128"),
+    ("head_dim 80", (((2, 8, 4, 80), F32),) * 3, {}, ValueError,
+     r"head_dim 80 is not supported; supported head dims are 32, 64, 96, 128, 256"),
     ("causal int", ((B, F32),) * 3, {"causal": 1}, TypeError, r"causal must be a Python bool"),
     ("scale array", ((B, F32),) * 3, {"softmax_scale": np.zeros(())}, TypeError,
      r"softmax_scale must be a Python float"),
@@ -296,9 +309,9 @@ def test_kernel_checks_guard_the_c_abi(device):
         return jax.block_until_ready(
             _ffi.ffi_call("ja_mha_fwd", out, q, k, k, causal=np.bool_(False), scale=np.float32(0.1)))
 
-    with pytest.raises(Exception, match=r"mha_fwd: no (CPU|GPU) instance for dtype float32, head_dim 32.*"
-                                        r"supported head dims: 64, 128"):
-        call((1, 4, 2, 32), (1, 4, 2, 32))
+    with pytest.raises(Exception, match=r"mha_fwd: no (CPU|GPU) instance for dtype float32, head_dim 48.*"
+                                        r"supported head dims: 32, 64, 96, 128, 256"):
+        call((1, 4, 2, 48), (1, 4, 2, 48))
     with pytest.raises(Exception, match=r"mha_fwd: heads_q \(2\) must be a multiple of heads_kv \(3\)"):
         call((1, 4, 2, 64), (1, 4, 3, 64))
 

@@ -30,16 +30,32 @@ constexpr int bwd_smem_bytes(int bc, int br) {
          2 * br * int(sizeof(float));
 }
 
-// Largest (BC, BR) of (64,64), (64,32), (32,32), (32,16), (16,16) that fits.
+// Largest (BC, BR) of (64,64), (64,32), (32,32), (32,16), (16,16) that fits without
+// opt-in; where none does (float32, head_dim 256: 68 KiB), (16, 16) with opt-in, which
+// a HIP device's 64 KiB of LDS cannot hold (kFits false: the launch returns an error).
 template <typename T, int D>
 struct BwdTiles {
   static constexpr bool fits(int bc, int br) { return bwd_smem_bytes<T, D>(bc, br) <= kSmemBudget; }
   static constexpr int BC = fits(64, 32) ? 64 : fits(32, 16) ? 32 : 16;
   static constexpr int BR = fits(BC, BC) ? BC : fits(BC, BC / 2) && BC / 2 >= kTx ? BC / 2 : kTx;
-  static_assert(fits(BC, BR), "MHA backward tiles exceed shared memory");
+  static constexpr int kSmemBytes = bwd_smem_bytes<T, D>(BC, BR);
+  static constexpr bool kFits = kSmemBytes <= kSmemMax;
   static_assert(D % kTx == 0 && BC % kTy == 0 && BR % kTx == 0 && BR % kTy == 0,
                 "tile sizes must match the thread layout");
 };
+
+// Keys per block of the dK/dV kernel that runs for T: the MMA kernel's tile for 16-bit
+// inputs where it exists, the SIMT kernel's otherwise (only the one used is instantiated).
+template <typename T, int D, bool MMA>
+struct BwdKeysPerBlock {
+  static constexpr int value = BwdTiles<T, D>::BC;
+};
+#if JA_HAS_WARP_MMA
+template <typename T, int D>
+struct BwdKeysPerBlock<T, D, true> {
+  static constexpr int value = BwdMmaTiles<T, D>::BC;
+};
+#endif
 
 // One 16-lane group per query row: delta[b, h, i] = sum_c dO * O; dq_accum row = 0.
 template <typename T, int D>
@@ -77,14 +93,15 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_bwd_dkdv(JaMhaBwdArgs a) {
   constexpr int CI = BR / kTx;  // query columns per thread (score tiles)
   constexpr int RI = BR / kTy;  // query rows per thread (dQ)
   constexpr int DN = D / kTx;   // head-dim columns per thread
-  __shared__ T k_s[BC * LD];
-  __shared__ T v_s[BC * LD];
-  __shared__ T q_s[BR * LD];
-  __shared__ T do_s[BR * LD];
-  __shared__ float pt_s[BC * LDT];   // P^T
-  __shared__ float dst_s[BC * LDT];  // dS^T
-  __shared__ float lse_s[BR];        // lse * log2(e)
-  __shared__ float delta_s[BR];
+  extern __shared__ __align__(16) unsigned char smem_raw[];  // bwd_smem_bytes(BC, BR)
+  T* k_s = reinterpret_cast<T*>(smem_raw);
+  T* v_s = k_s + BC * LD;
+  T* q_s = v_s + BC * LD;
+  T* do_s = q_s + BR * LD;
+  float* pt_s = reinterpret_cast<float*>(do_s + BR * LD);  // P^T (4-byte aligned: LD * sizeof(T) is)
+  float* dst_s = pt_s + BC * LDT;                          // dS^T
+  float* lse_s = dst_s + BC * LDT;                         // lse * log2(e)
+  float* delta_s = lse_s + BR;
 
   const int tx = threadIdx.x % kTx, ty = threadIdx.x / kTx;
   const int64_t kv0 = int64_t(blockIdx.x) * BC, hk = blockIdx.y, b = blockIdx.z;
@@ -233,11 +250,7 @@ const char* mha_bwd_gpu(const JaMhaBwdArgs& a, void* stream) {
   if (q_rows == 0 && a.batch * a.seq_k * a.heads_kv == 0) return nullptr;
   for (const void* p : {a.q, a.k, a.v, a.dout})
     if (!mha_gpu::aligned16(p)) return ja_error("mha_bwd: q, k, v and dout must be 16-byte aligned on the GPU");
-#if JA_HAS_WARP_MMA
-  constexpr int kBC = mha_gpu::use_mma<T>() ? mha_gpu::BwdMmaTiles<T, D>::BC : Tiles::BC;
-#else
-  constexpr int kBC = Tiles::BC;
-#endif
+  constexpr int kBC = mha_gpu::BwdKeysPerBlock<T, D, mha_gpu::use_mma<T>()>::value;
   const int64_t kv_tiles = (a.seq_k + kBC - 1) / kBC;
   if (const char* e = mha_gpu::check_grid("mha_bwd", kv_tiles, a.heads_kv, a.batch)) return e;
   const int64_t max_blocks = int64_t(1) << 20;  // grid-stride loops cover the rest
@@ -254,10 +267,15 @@ const char* mha_bwd_gpu(const JaMhaBwdArgs& a, void* stream) {
   } else
 #endif
   {
-    if (kv_tiles > 0) {
+    if constexpr (!Tiles::kFits) {
+      return ja_error("mha_bwd: %s with head_dim %d needs %d bytes of shared memory per block, more than "
+                      "this GPU has (%d); use bfloat16 or float16", dtype_name(dtype_of<T>::value), D,
+                      Tiles::kSmemBytes, mha_gpu::kSmemMax);
+    } else if (kv_tiles > 0) {
       const dim3 grid(unsigned(kv_tiles), unsigned(a.heads_kv), unsigned(a.batch));
-      mha_gpu::mha_bwd_dkdv<T, D, Tiles::BC, Tiles::BR, CAUSAL><<<grid, kThreads, 0, s>>>(a);
-      if (const char* e = mha_gpu::launch_status("mha_bwd (dK/dV/dQ)")) return e;
+      if (const char* e = mha_gpu::launch_with_smem(mha_gpu::mha_bwd_dkdv<T, D, Tiles::BC, Tiles::BR, CAUSAL>,
+                                                    grid, kThreads, Tiles::kSmemBytes, s, a, "mha_bwd (dK/dV/dQ)"))
+        return e;
     }
   }
   if (q_rows > 0) {

@@ -39,7 +39,7 @@ namespace mha_gpu {
 //   WARPS       warps per block (8); keys per block BC = 16 * WARPS
 //   BR          query rows per tile (0 = by head_dim: 64 for D <= 64, 32 above,
 //               which bounds the score fragments next to the 2 x 16 x D dK/dV
-//               accumulators)
+//               accumulators; 64 where 32 would not split dQ evenly, e.g. D = 96)
 //   FAST_EXP2   1: P with ja_exp2_approx (ex2.approx.ftz, see ja/gpu.h) (1)
 //   MIN_BLOCKS  minimum resident blocks per multiprocessor asked of the register allocator (1)
 //   KD_UNROLL   unroll factor of the head-dim loop of S^T / dP^T (2); full unrolling
@@ -70,7 +70,10 @@ struct BwdMmaTiles {
   static constexpr int kWarps = JA_MHA_BWD_MMA_WARPS;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int BC = 16 * kWarps;
-  static constexpr int BR = JA_MHA_BWD_MMA_BR > 0 ? JA_MHA_BWD_MMA_BR : (D <= 64 ? 64 : 32);
+  // (head_dim 96 takes 64: with 32, WN = 4 column blocks would not split its 6 k-steps of 16)
+  static constexpr int BR = JA_MHA_BWD_MMA_BR > 0           ? JA_MHA_BWD_MMA_BR
+                            : D <= 64 || (D / 16) % (kWarps / 2) != 0 ? 64
+                                                                      : 32;
   static constexpr int LD = D + 8;    // 16-byte pad: ldmatrix rows of 8 consecutive tile rows hit distinct banks
   static constexpr int LDS = BR + 8;  // row stride of the dS^T tile [BC][BR], same reason
   // dQ: the BR x D tile is split into WM (16-row m-tiles) x WN (column blocks of DQN) warps.

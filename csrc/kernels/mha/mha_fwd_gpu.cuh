@@ -20,14 +20,18 @@ constexpr int fwd_smem_bytes(int br, int bc) {
   return (br + 2 * bc) * tile_ld<T, D>() * int(sizeof(T)) + br * (bc + 1) * int(sizeof(float));
 }
 
-// Largest tiles that fit the static shared-memory budget.
+// Largest tiles that fit the shared-memory budget without opt-in; where even the
+// smallest do not (float32, head_dim 256: 50 KiB), the smallest, with opt-in.
 template <typename T, int D>
 struct FwdTiles {
-  static constexpr int BR = fwd_smem_bytes<T, D>(64, 16) <= kSmemBudget ? 64 : 32;
+  static constexpr int BR = fwd_smem_bytes<T, D>(64, 16) <= kSmemBudget   ? 64
+                            : fwd_smem_bytes<T, D>(32, 16) <= kSmemBudget ? 32
+                                                                          : 16;
   static constexpr int BC = fwd_smem_bytes<T, D>(BR, 64) <= kSmemBudget   ? 64
                             : fwd_smem_bytes<T, D>(BR, 32) <= kSmemBudget ? 32
                                                                           : 16;
-  static_assert(fwd_smem_bytes<T, D>(BR, BC) <= kSmemBudget, "MHA forward tiles exceed shared memory");
+  static constexpr int kSmemBytes = fwd_smem_bytes<T, D>(BR, BC);
+  static_assert(kSmemBytes <= kSmemMax, "MHA forward tiles exceed shared memory");
   static_assert(D % kTx == 0 && BR % kTy == 0 && BC % kTx == 0, "tile sizes must match the thread layout");
 };
 
@@ -38,10 +42,11 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_fwd_kernel(JaMhaFwdArgs a) {
   constexpr int RM = BR / kTy;  // rows per thread
   constexpr int CN = BC / kTx;  // score columns per thread
   constexpr int DN = D / kTx;   // output columns per thread
-  __shared__ T q_s[BR * LD];
-  __shared__ T k_s[BC * LD];
-  __shared__ T v_s[BC * LD];
-  __shared__ float p_s[BR * LDP];
+  extern __shared__ __align__(16) unsigned char smem_raw[];  // fwd_smem_bytes(BR, BC)
+  T* q_s = reinterpret_cast<T*>(smem_raw);
+  T* k_s = q_s + BR * LD;
+  T* v_s = k_s + BC * LD;
+  float* p_s = reinterpret_cast<float*>(v_s + BC * LD);  // 4-byte aligned: LD * sizeof(T) is
 
   const int tx = threadIdx.x % kTx, ty = threadIdx.x / kTx;
   const auto [q0, h, b, sq, sk, hq, hkv, hk, q_stride, kv_stride, rows, s2] = fwd_block<D>(a, blockIdx.x, BR);
@@ -166,9 +171,9 @@ const char* mha_fwd_gpu(const JaMhaFwdArgs& a, void* stream) {
     const int64_t q_tiles = (a.seq_q + Tiles::BR - 1) / Tiles::BR;
     if (const char* e = mha_gpu::check_grid("mha_fwd", q_tiles, a.heads_q, a.batch)) return e;
     const dim3 grid(unsigned(q_tiles), unsigned(a.heads_q), unsigned(a.batch));
-    mha_gpu::mha_fwd_kernel<T, D, Tiles::BR, Tiles::BC, CAUSAL>
-        <<<grid, mha_gpu::kThreads, 0, static_cast<ja_stream_t>(stream)>>>(a);
-    return mha_gpu::launch_status("mha_fwd");
+    return mha_gpu::launch_with_smem(mha_gpu::mha_fwd_kernel<T, D, Tiles::BR, Tiles::BC, CAUSAL>, grid,
+                                     mha_gpu::kThreads, Tiles::kSmemBytes, static_cast<ja_stream_t>(stream), a,
+                                     "mha_fwd");
   }
 }
 

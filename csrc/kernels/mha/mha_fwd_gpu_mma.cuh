@@ -56,8 +56,10 @@ template <typename T, int D>
 struct FwdMmaTiles {
   static constexpr int kWarps = JA_MHA_FWD_MMA_WARPS;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int MI = JA_MHA_FWD_MMA_MI;
-  static constexpr bool kQInRegs = MI == 1;
+  // head_dim > 128: one m-tile per warp and Q read from shared memory, so the 16 x D
+  // output accumulators (128 floats a lane at D = 256) leave room for the scores.
+  static constexpr int MI = D > 128 ? 1 : JA_MHA_FWD_MMA_MI;
+  static constexpr bool kQInRegs = MI == 1 && D <= 128;
   static constexpr int BR = 16 * MI * kWarps;
   static constexpr int BC = JA_MHA_FWD_MMA_BC;
   static constexpr int LD = D + 8;  // 16-byte pad: ldmatrix rows of 8 consecutive tile rows hit distinct banks

@@ -24,7 +24,12 @@ namespace mha_gpu {
 constexpr int kThreads = 128;
 constexpr int kTx = 16;               // lanes per row group
 constexpr int kTy = kThreads / kTx;   // row groups
-constexpr int kSmemBudget = 48 * 1024;  // static shared memory without opt-in (CUDA); LDS is 64 KiB on CDNA
+constexpr int kSmemBudget = 48 * 1024;  // shared memory without opt-in (CUDA); LDS is 64 KiB on CDNA
+#if defined(JA_GPU_HIP)
+constexpr int kSmemMax = 64 * 1024;  // a block's LDS on CDNA
+#else
+constexpr int kSmemMax = 227 * 1024;  // a block's shared memory with opt-in (sm_90; sm_80 has 163 KiB)
+#endif
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
