@@ -3,33 +3,42 @@
     python -m jatools.bench [--only NAME[,NAME]] [--scale F] [--runs N] [--warmup N] [--out PATH]
     python -m jatools.bench gpu [bench_gpu.py args]   # the GPU kernel benchmark (a GPU host)
 
-Each benchmark module (jatools/bench/b_*.py) times our code path and the
-reference's command on the same data, alternating, and returns a Result that
-says whether the goal was met and, if not, by how much.
+Each benchmark (one function in jatools/bench/cases.py, registered in its
+BENCHMARKS table) times our code path and the reference's command (the anchor)
+on the same data and returns a Result that says whether the goal was met and,
+if not, by how much. This module holds what they share: the Result and the
+Context, the timing, the anchor tools, the table, the JSON and the command line.
+
+Timing: ours and the anchor alternate run by run, after a warm-up; the figure
+is the median. Alternating puts both under the same background load (this
+machine is shared), so a burst of load slows both rather than one.
 """
 from __future__ import annotations
 
 import argparse
-import importlib
+import hashlib
 import json
 import os
 import platform
+import shutil
+import ssl
+import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from importlib import metadata
 from pathlib import Path
 
 from jatools import atomic_write, config
-from jatools.bench import corpus, tools
+from jatools.bench import corpus
 
-# name -> module (jatools.bench.<module>), in the issue's order
 BENCH_DIR = Path("build") / "bench"  # under the repository root unless absolute
-BENCHMARKS = {"verify": "b_verify", "publish": "b_publish", "fetch": "b_fetch", "wheel_full": "b_wheel",
-              "noop": "b_noop", "incremental": "b_incremental", "validate": "b_validate"}
+Step = Callable[[], object]
 
 
+# --- results ---------------------------------------------------------------------------------------------------------
 @dataclass
 class Result:
     name: str
@@ -60,6 +69,37 @@ class Result:
         return d
 
 
+def not_run(name: str, goal: str, why: str) -> Result:
+    return Result(name, None, None, goal, None, error=why)
+
+
+# --- timing ----------------------------------------------------------------------------------------------------------
+@dataclass
+class Timings:
+    ours: list[float] = field(default_factory=list)
+    anchor: list[float] = field(default_factory=list)
+
+    @property
+    def ours_s(self) -> float:
+        return statistics.median(self.ours)
+
+    @property
+    def anchor_s(self) -> float | None:
+        return statistics.median(self.anchor) if self.anchor else None
+
+    @property
+    def runs(self) -> dict[str, list[float]]:
+        """Every run's time, as the JSON carries them."""
+        return {"ours": self.ours, "anchor": self.anchor}
+
+
+def timed(fn: Step) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+# --- the context a benchmark runs in ---------------------------------------------------------------------------------
 @dataclass
 class Context:
     root: Path
@@ -81,36 +121,99 @@ class Context:
         return path
 
     def settings(self, **env: str) -> config.Settings:
-        return config.load(root=self.root, env={**os.environ, **env})
+        """The project's settings for the CPU backend (the benchmarks' build), `env` over the environment."""
+        return config.load(root=self.root, env={**os.environ, "JA_BACKEND": "cpu", **env})
+
+    def alternate(self, label: str, ours: Step, anchor: Step, prepare: Step | None = None,
+                  runs: int | None = None) -> Timings:
+        """Time `ours` and `anchor` alternately, --runs (or `runs`) times each after --warmup untimed rounds.
+
+        `prepare` (untimed) runs before every call of either, e.g. to remove the previous output.
+        """
+        runs = self.runs if runs is None else runs
+        t = Timings()
+        for i in range(self.warmup + runs):
+            for which, fn, out in (("ours", ours, t.ours), ("anchor", anchor, t.anchor)):
+                if prepare is not None:
+                    prepare()
+                took = timed(fn)
+                if i >= self.warmup:
+                    out.append(took)
+                when = "warm-up" if i < self.warmup else f"run {i - self.warmup + 1}/{runs}"
+                self.log(f"bench: {label} {which} {when}: {took:.2f} s")
+        return t
 
 
-def not_run(name: str, goal: str, why: str) -> Result:
-    return Result(name, None, None, goal, None, error=why)
+# --- the anchor tools (the reference's commands): where they are, their versions, how to install one ----------------
+INSTALL = {
+    "zstd": "apt-get install -y zstd",
+    "curl": "apt-get install -y curl",
+    "sha256sum": "apt-get install -y coreutils",
+    "make": "apt-get install -y make",
+    "nox": "pip install nox",
+}
+VERSION_COMMANDS = {
+    "zstd": ["zstd", "--version"], "curl": ["curl", "--version"], "sha256sum": ["sha256sum", "--version"],
+    "openssl": ["openssl", "version"], "make": ["make", "--version"], "nox": ["nox", "--version"],
+    "ninja": ["ninja", "--version"], "g++": ["g++", "--version"], "uv": ["uv", "--version"],
+}
+PACKAGES = ("zstandard", "numpy", "nox", "invoke", "pip", "setuptools", "wheel", "uv", "auditwheel")
 
 
-def machine_facts() -> dict:
-    import hashlib
-
-    return {
-        "cores": os.cpu_count(), "python": sys.version.split()[0], "implementation": platform.python_implementation(),
-        "platform": platform.platform(), "machine": platform.machine(), "openssl": __import__("ssl").OPENSSL_VERSION,
-        "hashlib_sha256": "openssl" if "openssl_sha256" in dir(hashlib) else "builtin",
-        "load_average": list(os.getloadavg()), "tools": tools.versions(), "python_packages": _package_versions(),
-    }
+class AnchorMissing(RuntimeError):
+    """An anchor tool is not installed; the benchmark is reported as not run, with the install command."""
 
 
-def _package_versions() -> dict[str, str | None]:
-    from importlib import metadata
+def require(*names: str) -> dict[str, str]:
+    """{name: path} of each tool; AnchorMissing names every missing one and how to install it."""
+    found = {n: shutil.which(n) for n in names}
+    missing = [n for n, p in found.items() if p is None]
+    if missing:
+        raise AnchorMissing("; ".join(f"{n} is not installed (install it with `{INSTALL.get(n, f'apt-get install -y {n}')}`)"
+                                      for n in missing))
+    return found  # type: ignore[return-value]
 
-    out = {}
-    for pkg in ("zstandard", "numpy", "nox", "invoke", "pip", "setuptools", "wheel", "uv", "auditwheel"):
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            out[pkg] = None
+
+def tool_version(cmd: list[str]) -> str | None:
+    """The first line a tool prints for its version, or None when it is not installed."""
+    if shutil.which(cmd[0]) is None:
+        return None
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = (out.stdout or out.stderr).strip()
+    return text.splitlines()[0] if text else None
+
+
+def run_command(cmd: list[str] | str, **kwargs) -> subprocess.CompletedProcess:
+    """Run an anchor (or setup) command; a failure raises with its output (an anchor that fails is not a time)."""
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False, **kwargs)
+    if out.returncode != 0:
+        shown = cmd if isinstance(cmd, str) else " ".join(map(str, cmd))
+        raise RuntimeError(f"`{shown}` failed (exit {out.returncode}): {(out.stderr or out.stdout)[-2000:]}")
     return out
 
 
+def machine_facts() -> dict:
+    return {
+        "cores": os.cpu_count(), "python": sys.version.split()[0], "implementation": platform.python_implementation(),
+        "platform": platform.platform(), "machine": platform.machine(), "openssl": ssl.OPENSSL_VERSION,
+        "hashlib_sha256": "openssl" if "openssl_sha256" in dir(hashlib) else "builtin",
+        "load_average": list(os.getloadavg()),
+        "tools": {name: tool_version(cmd) for name, cmd in VERSION_COMMANDS.items()},
+        "python_packages": {pkg: _package_version(pkg) for pkg in PACKAGES},
+    }
+
+
+def _package_version(pkg: str) -> str | None:
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+# --- the report ------------------------------------------------------------------------------------------------------
 def _fmt_s(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f} s"
 
@@ -135,17 +238,25 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+# --- the runner ------------------------------------------------------------------------------------------------------
+def benchmarks() -> dict:
+    """name -> cases.Case, in the issue's order (imported here: cases imports this module)."""
+    from jatools.bench.cases import BENCHMARKS
+
+    return BENCHMARKS
+
+
 def run_one(name: str, ctx: Context) -> Result:
-    module = importlib.import_module(f"jatools.bench.{BENCHMARKS[name]}")
+    case = benchmarks()[name]
     try:
-        return module.run(ctx)
-    except tools.AnchorMissing as e:
-        return not_run(name, module.GOAL, str(e))
+        return case.run(ctx)
+    except AnchorMissing as e:
+        return not_run(name, case.goal, str(e))
     except Exception as e:  # noqa: BLE001 (a failing benchmark is reported and the others still run)
         import traceback
 
         ctx.log(traceback.format_exc())
-        return not_run(name, module.GOAL, f"{type(e).__name__}: {e}")
+        return not_run(name, case.goal, f"{type(e).__name__}: {e}")
 
 
 def run_gpu(args: list[str], root: Path) -> int:
@@ -155,7 +266,7 @@ def run_gpu(args: list[str], root: Path) -> int:
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m jatools.bench", description=__doc__.splitlines()[0])
-    p.add_argument("--only", action="append", default=[], help=f"benchmark(s) to run: {', '.join(BENCHMARKS)}")
+    p.add_argument("--only", action="append", default=[], help=f"benchmark(s) to run: {', '.join(benchmarks())}")
     p.add_argument("--scale", type=float, default=1.0, help="corpus scale (1: production sizes)")
     p.add_argument("--publish-fraction", type=float, default=0.1,
                    help="publish runs on a corpus of scale x this (the zstd -19 anchor is slow; the issue says 1/10)")
@@ -173,10 +284,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["gpu"]:
         return run_gpu(argv[1:], root)
     args = parse(argv)
-    names = [n for spec in args.only for n in spec.split(",") if n] or list(BENCHMARKS)
-    unknown = sorted(set(names) - set(BENCHMARKS))
+    known = benchmarks()
+    names = [n for spec in args.only for n in spec.split(",") if n] or list(known)
+    unknown = sorted(set(names) - set(known))
     if unknown:
-        print(f"bench: unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}", file=sys.stderr)
+        print(f"bench: unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(known)}", file=sys.stderr)
         return 2
     bench_dir = root / BENCH_DIR
     ctx = Context(root=root, scale=args.scale, runs=max(1, args.runs), warmup=max(0, args.warmup),

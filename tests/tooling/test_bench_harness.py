@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from jatools.bench import corpus, harness, tools
+from jatools.bench import corpus, harness
 
 CHEAP = ["verify", "publish", "fetch"]
 KEYS = {"name", "ours_s", "anchor_s", "ratio", "goal", "met", "bytes"}
@@ -41,8 +41,8 @@ def test_corpus_cache_is_reused_and_a_damaged_one_regenerated(tmp_path):
 
 def test_missing_anchor_tool_is_named_with_its_install_command(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
-    with pytest.raises(tools.AnchorMissing, match=r"zstd is not installed \(install it with `apt-get install -y zstd`\)"):
-        tools.require("zstd")
+    with pytest.raises(harness.AnchorMissing, match=r"zstd is not installed \(install it with `apt-get install -y zstd`\)"):
+        harness.require("zstd")
 
 
 def test_tiny_run_writes_results_and_table(tmp_path, monkeypatch, capsys):
