@@ -84,8 +84,8 @@ class Timings:
         return statistics.median(self.ours)
 
     @property
-    def anchor_s(self) -> float | None:
-        return statistics.median(self.anchor) if self.anchor else None
+    def anchor_s(self) -> float:
+        return statistics.median(self.anchor)
 
     @property
     def runs(self) -> dict[str, list[float]]:
@@ -145,18 +145,8 @@ class Context:
 
 
 # --- the anchor tools (the reference's commands): where they are, their versions, how to install one ----------------
-INSTALL = {
-    "zstd": "apt-get install -y zstd",
-    "curl": "apt-get install -y curl",
-    "sha256sum": "apt-get install -y coreutils",
-    "make": "apt-get install -y make",
-    "nox": "pip install nox",
-}
-VERSION_COMMANDS = {
-    "zstd": ["zstd", "--version"], "curl": ["curl", "--version"], "sha256sum": ["sha256sum", "--version"],
-    "openssl": ["openssl", "version"], "make": ["make", "--version"], "nox": ["nox", "--version"],
-    "ninja": ["ninja", "--version"], "g++": ["g++", "--version"], "uv": ["uv", "--version"],
-}
+INSTALL = {"sha256sum": "apt-get install -y coreutils", "nox": "pip install nox"}  # else apt-get install -y NAME
+TOOLS = ("zstd", "curl", "sha256sum", "openssl", "make", "nox", "ninja", "g++", "uv")  # versions in the JSON
 PACKAGES = ("zstandard", "numpy", "nox", "invoke", "pip", "setuptools", "wheel", "uv", "auditwheel")
 
 
@@ -164,14 +154,12 @@ class AnchorMissing(RuntimeError):
     """An anchor tool is not installed; the benchmark is reported as not run, with the install command."""
 
 
-def require(*names: str) -> dict[str, str]:
-    """{name: path} of each tool; AnchorMissing names every missing one and how to install it."""
-    found = {n: shutil.which(n) for n in names}
-    missing = [n for n, p in found.items() if p is None]
+def require(*names: str) -> None:
+    """AnchorMissing naming every tool of `names` that is not installed, and how to install it."""
+    missing = [n for n in names if shutil.which(n) is None]
     if missing:
         raise AnchorMissing("; ".join(f"{n} is not installed (install it with `{INSTALL.get(n, f'apt-get install -y {n}')}`)"
                                       for n in missing))
-    return found  # type: ignore[return-value]
 
 
 def tool_version(cmd: list[str]) -> str | None:
@@ -201,7 +189,7 @@ def machine_facts() -> dict:
         "platform": platform.platform(), "machine": platform.machine(), "openssl": ssl.OPENSSL_VERSION,
         "hashlib_sha256": "openssl" if "openssl_sha256" in dir(hashlib) else "builtin",
         "load_average": list(os.getloadavg()),
-        "tools": {name: tool_version(cmd) for name, cmd in VERSION_COMMANDS.items()},
+        "tools": {n: tool_version([n, "version" if n == "openssl" else "--version"]) for n in TOOLS},
         "python_packages": {pkg: _package_version(pkg) for pkg in PACKAGES},
     }
 
