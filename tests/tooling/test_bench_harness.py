@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import shutil
+from types import SimpleNamespace
 
 import pytest
 
-from jatools.bench import corpus, harness
+from jatools.bench import cases, corpus, harness
 
 CHEAP = ["verify", "publish", "fetch"]
 KEYS = {"name", "ours_s", "anchor_s", "ratio", "goal", "met", "bytes"}
@@ -43,6 +44,38 @@ def test_missing_anchor_tool_is_named_with_its_install_command(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(harness.AnchorMissing, match=r"zstd is not installed \(install it with `apt-get install -y zstd`\)"):
         harness.require("zstd")
+
+
+def test_install_command_defaults_to_apt_get_of_the_tool(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(harness.AnchorMissing, match=r"make is not installed \(install it with `apt-get install -y make`\); "
+                                                    r"sha256sum is not installed \(install it with `apt-get install -y coreutils`\)"):
+        harness.require("make", "sha256sum")
+
+
+def test_benchmarks_keep_their_names_and_order():
+    assert list(cases.BENCHMARKS) == ["verify", "publish", "fetch", "wheel_full", "noop", "incremental", "validate"]
+    assert all(c.goal for c in cases.BENCHMARKS.values())
+
+
+def test_a_benchmark_that_cannot_run_is_reported_with_its_goal_and_the_others_still_run(monkeypatch):
+    def missing(ctx):
+        raise harness.AnchorMissing("zstd is not installed")
+
+    def broken(ctx):
+        raise ValueError("bad")
+
+    monkeypatch.setitem(cases.BENCHMARKS, "missing", cases.Case(missing, "goal m"))
+    monkeypatch.setitem(cases.BENCHMARKS, "broken", cases.Case(broken, "goal b"))
+    logged = []
+    ctx = SimpleNamespace(log=logged.append)
+    results = [harness.run_one("missing", ctx), harness.run_one("broken", ctx)]
+    assert [(r.goal, r.met, r.error) for r in results] == [("goal m", None, "zstd is not installed"),
+                                                           ("goal b", None, "ValueError: bad")]
+    assert "ValueError: bad" in logged[0], "the traceback is logged"
+    text = harness.table(results)
+    assert "missing: not run: zstd is not installed" in text and "broken: not run: ValueError: bad" in text
+    assert text.splitlines()[2].split()[-2:] == ["not", "run"]
 
 
 def test_tiny_run_writes_results_and_table(tmp_path, monkeypatch, capsys):
