@@ -79,6 +79,11 @@ def compile_only(session: nox.Session) -> None:
 
 def _build_and_run_tier(session: nox.Session, *tier: str) -> None:
     session.install(*TEST_DEPS, "ninja")
+    # The JAX GPU plugin of the platform the tier runs on, at the tests' jax (none on the CPU or with --deps-from).
+    plugins = session.run("python", "-m", "jatools.testing.test_tiers", "--plugin-requirements", *tier,
+                          *session.posargs, silent=True)
+    if plugins and plugins.split():
+        session.install(*plugins.split())
     session.run("python", "-m", "jatools.native.build")
     session.run("python", "-m", "jatools.testing.test_tiers", *tier, *session.posargs)
 

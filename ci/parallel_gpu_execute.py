@@ -26,8 +26,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from jatools.testing import gpu_slots
 
-EXIT_NO_SLOT = 75  # EX_TEMPFAIL
-
 
 def _say(msg: str) -> None:
     print(f"parallel_gpu_execute: {msg}", file=sys.stderr, flush=True)
@@ -72,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         slot = gpu_slots.acquire(gpus, per_gpu, timeout=timeout, note=note)
     except gpu_slots.SlotTimeout as e:
         _say(str(e))
-        return EXIT_NO_SLOT
+        return gpu_slots.EXIT_NO_SLOT
     env = gpu_slots.pinned_env(slot, per_gpu)
     shown = {k: env[k] for k in ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES") if k in env}
     _say(f"GPU {slot.gpu} slot {slot.slot} ({gpus.how}) {' '.join(f'{k}={v}' for k, v in shown.items())}")

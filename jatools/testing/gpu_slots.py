@@ -38,6 +38,7 @@ MEM_FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"  # set when several slots sh
 BLAS_THREADS_ENV = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS")  # 1 in a pinned process unless given
 POOL_ENV = {"cuda": "CUDA_VISIBLE_DEVICES", "rocm": "ROCR_VISIBLE_DEVICES"}
 DEFAULT_TIMEOUT_S = 900.0
+EXIT_NO_SLOT = 75  # EX_TEMPFAIL: the exit code of a command that found no free slot in time
 TOOL_TIMEOUT_S = 60.0
 
 

@@ -67,22 +67,42 @@ CONFIG_ADDS: dict[str, Filter] = {
 }
 
 
+# Run kinds: "single" the platform's own single-device tests (the GPU selection on a GPU host);
+# "host" the CPU-device tests on a GPU host (on a CPU host they are the single run, so it is dropped);
+# "multi" the multi-device tests.
+RUN_KINDS = ("single", "host", "multi")
+
+
 @dataclass(frozen=True)
 class Tier:
-    """A test tier: one or more pytest runs, each a device kind plus the tier's own selection."""
+    """A test tier: one or more pytest runs, each a device kind plus the tier's own selection.
+
+    ``timeout_s`` is pytest-timeout's limit per test (jatools.testing.test_tiers passes
+    ``--timeout``): a hung test fails as a timeout instead of holding the job until the
+    workflow's own limit.
+    """
 
     name: str
     doc: str
-    runs: tuple[tuple[str, Filter], ...]  # (kind: "single" | "multi", tier selection)
+    runs: tuple[tuple[str, Filter], ...]  # (kind: one of RUN_KINDS, tier selection)
+    timeout_s: int
+
+    def __post_init__(self) -> None:
+        bad = [kind for kind, _ in self.runs if kind not in RUN_KINDS]
+        if bad or self.timeout_s <= 0:
+            raise TagFilterError(f"tier {self.name}: run kinds must be {', '.join(RUN_KINDS)} (got {bad}) and "
+                                 f"timeout_s positive (got {self.timeout_s})")
 
 
 TIERS: dict[str, Tier] = {
     t.name: t
     for t in (
-        Tier("pr", "every pull request: fast single-device tests", (("single", Filter(exclude=("slow", "multigpu"))),)),
-        Tier("nightly", "the full suite: single-device run, then the multi-device run",
-             (("single", Filter()), ("multi", Filter(require=("multigpu",))))),
-        Tier("multigpu", "the sharded multi-device tests only", (("multi", Filter(require=("multigpu",))),)),
+        Tier("pr", "every pull request: fast single-device tests", (("single", Filter(exclude=("slow", "multigpu"))),),
+             timeout_s=300),
+        Tier("nightly", "the full suite: single-device run, the CPU-device tests on a GPU host, the multi-device run",
+             (("single", Filter()), ("host", Filter()), ("multi", Filter(require=("multigpu",)))), timeout_s=1200),
+        Tier("multigpu", "the sharded multi-device tests only", (("multi", Filter(require=("multigpu",))),),
+             timeout_s=600),
     )
 }
 DEFAULT_TIER = "pr"
@@ -103,9 +123,10 @@ def tag_filter(platform: str, config: str) -> Filter:
 def config_for(platform: str, kind: str) -> str:
     """The configuration a tier's run of this kind uses on this platform."""
     _check("platform", platform, PLATFORMS)
+    _check("run kind", kind, RUN_KINDS)
     if kind == "multi":
         return "multi_gpu"
-    return "cpu" if platform == "cpu" else "single_gpu"
+    return "cpu" if platform == "cpu" or kind == "host" else "single_gpu"
 
 
 def tier(name: str) -> Tier:
@@ -114,9 +135,12 @@ def tier(name: str) -> Tier:
 
 
 def tier_runs(name: str, platform: str) -> list[tuple[str, str, Filter]]:
-    """[(kind, config, filter)] for a tier on a platform: tag filter plus the tier's selection."""
+    """[(kind, config, filter)] for a tier on a platform: tag filter plus the tier's selection.
+
+    A "host" run on the CPU platform is the single run again, so it is left out there.
+    """
     return [(kind, config_for(platform, kind), tag_filter(platform, config_for(platform, kind)) + sel)
-            for kind, sel in tier(name).runs]
+            for kind, sel in tier(name).runs if not (kind == "host" and platform == "cpu")]
 
 
 def render_table() -> str:
@@ -132,6 +156,7 @@ def render_table() -> str:
     for t in TIERS.values():
         own = " | ".join(f"{kind}: {sel.expression() or '<all>'!r}" for kind, sel in t.runs)
         lines.append(f"tier {t.name:<9} {own}   # {t.doc}")
+        lines.append(f"  timeout per test: {t.timeout_s} s")
         for platform in PLATFORMS:
             for kind, config, f in tier_runs(t.name, platform):
                 lines.append(f"  {platform:<5} {kind:<6} {config:<10} {f.expression()!r}")

@@ -9,12 +9,22 @@ use pytest-xdist, one worker per GPU slot (jatools.testing.pytest_gpu_slot pins 
 worker before JAX starts). Multi-device runs are a separate pytest process:
 unpinned and holding every GPU slot (exclusive) on a GPU host; on the CPU with
 XLA_FLAGS=--xla_force_host_platform_device_count=4 set before JAX starts.
-Each run writes its flaky-retry JSON; the tier writes build/test-results/tier-<tier>.json.
+Each run writes its report JSON (retries, failures classified, GPU tests per device:
+jatools.testing.pytest_flaky_report); the tier writes build/test-results/tier-<tier>.json,
+a one-screen summary, and a table to $GITHUB_STEP_SUMMARY when that is set.
+
+A GPU run must use its GPUs. Where GPUs are expected (the slot runner's count:
+nvidia-smi, rocminfo, JA_GPU_COUNT or the orchestrator's pool, on a cuda/rocm
+platform; --expect-gpus overrides), the tier first asks the pytest interpreter's JAX
+what it sees and stops, before any test, when it sees fewer GPUs (a missing JAX
+plugin: `nox -s tests` installs it, --plugin-requirements prints it); after the runs
+it fails when a GPU run ran no GPU test. Exit 7 says so. Every test has a time
+limit (pytest-timeout, the tier's timeout_s in jatools.testing.tag_filters).
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import collections
 import json
 import os
 import shlex
@@ -25,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from jatools import atomic_write
-from jatools.testing import gpu_slots, tag_filters
+from jatools.testing import gpu_slots, pytest_flaky_report, tag_filters
 
 TIER_ENV = "JA_TEST_TIER"
 PLATFORM_ENV = "JA_TEST_PLATFORM"
@@ -36,6 +46,23 @@ RESULTS_DIR = Path("build") / "test-results"
 LONGEST_FIRST_PLUGIN = "jatools.testing.pytest_longest_first"
 CPU_MULTI_DEVICES = 4
 DEFAULT_RERUNS = {"cpu": 0, "cuda": 2, "rocm": 2}  # XLA's single-GPU CI: 3 attempts
+EXIT_GPU_UNUSED = 7  # GPUs were expected and JAX did not see them, or a GPU run ran no GPU test
+OUTPUT_TAIL_LINES = 200  # of each pytest process, kept to classify a run that ended without test reports
+# Asked of the interpreter that runs pytest (it may be another one: --deps-from): which plugins it
+# has, and with argv[1] == "1" what JAX sees there, unpinned, as the tests will.
+PROBE = """
+import importlib.util, json, sys
+out = {"python": sys.executable, "modules": {m: importlib.util.find_spec(m) is not None for m in sys.argv[2:]}}
+if sys.argv[1] == "1":
+    try:
+        import jax
+        out["jax"] = {"version": jax.__version__, "backend": jax.default_backend(),
+                      "gpus": [str(d) for d in jax.devices() if d.platform != "cpu"]}
+    except Exception as e:
+        out["jax"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", "gpus": []}
+print(json.dumps(out))
+"""
+PROBE_MODULES = ("pytest", "pytest_rerunfailures", "pytest_timeout", "xdist")
 
 
 class TierError(RuntimeError):
@@ -74,11 +101,13 @@ def _with_cpu_devices(xla_flags: str, n: int) -> str:
 
 def plan(tier: str, platform: str, gpus: gpu_slots.Gpus, pytest_args: list[str], workers: int | None = None,
          reruns: int = 0, have_rerun_plugin: bool = True, env: dict[str, str] | None = None,
-         python: str = sys.executable, results_dir: Path = RESULTS_DIR) -> list[PytestRun]:
+         python: str = sys.executable, results_dir: Path = RESULTS_DIR,
+         have_timeout_plugin: bool = True) -> list[PytestRun]:
     """The pytest processes a tier runs on a platform, in order."""
     env = dict(os.environ if env is None else env)
     runs = []
     slots = gpus.count * gpu_slots.tests_per_gpu(env)
+    timeout_s = tag_filters.tier(tier).timeout_s
     for kind, config, flt in tag_filters.tier_runs(tier, platform):
         if flt.contradiction():
             raise TierError(f"tier {tier} on {platform}: {config} selects nothing ({flt.contradiction()})")
@@ -97,6 +126,8 @@ def plan(tier: str, platform: str, gpus: gpu_slots.Gpus, pytest_args: list[str],
                 over["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
         if reruns and have_rerun_plugin:
             argv += [*([] if autoload else ["-p", "pytest_rerunfailures"]), "--reruns", str(reruns)]
+        if have_timeout_plugin:
+            argv += [*([] if autoload else ["-p", "pytest_timeout"]), "--timeout", str(timeout_s)]
         if kind == "multi":
             over["JA_GPU_SLOT"] = "0"
             if platform == "cpu":
@@ -127,42 +158,188 @@ def _flaky(path: Path) -> dict | None:
         return None
 
 
+def _tee(argv: list[str], root: Path, env: dict[str, str]) -> tuple[int, list[str]]:
+    """Run a command with its output passed through line by line; (exit code, last lines)."""
+    tail: collections.deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
+    with subprocess.Popen(argv, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          errors="replace", bufsize=1) as proc:
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            tail.append(line.rstrip("\n"))
+    return proc.returncode, list(tail)
+
+
+def run_failure(rc: int, tail: list[str], report: dict | None) -> dict | None:
+    """The run-level failure of a pytest process whose test reports do not explain its exit code.
+
+    Exit 0, 1 (tests failed: the report classifies each) and 5 (no tests) are explained; an
+    interrupted, internal-error, usage-error or killed run is infrastructure, with the reason
+    read from its output (lock wait, worker crash, device) where one shows.
+    """
+    if rc in (0, 5) or (rc == 1 and report is not None):
+        return None
+    if rc == 2 and report and report.get("failure_counts", {}).get("infrastructure"):
+        return None  # collection errors, already classified in the report
+    kind, reason = pytest_flaky_report.classify("\n".join(tail))
+    if kind == "test":
+        reason = f"pytest exit {rc} without test reports (interrupted, internal or usage error, or killed)"
+    return {"nodeid": "<run>", "when": "run", "class": "infrastructure", "reason": reason,
+            "error": next((ln for ln in reversed(tail) if ln.strip()), "")[:300]}
+
+
 def execute(runs: list[PytestRun], gpus: gpu_slots.Gpus, root: Path) -> list[dict]:
     """Run each pytest process (all of them, even after a failure) and return their results."""
     results = []
     for run in runs:
         print(f"test_tiers: {run.kind} run ({run.config}): {run.command_line()}", flush=True)
-        held = []
-        if run.exclusive:
-            held = gpu_slots.acquire_all(gpus, gpu_slots.tests_per_gpu(), timeout=gpu_slots.timeout_from_env(),
-                                         note=f"pid {os.getpid()}: multigpu tier (exclusive)")
         start = time.monotonic()
         try:
-            rc = subprocess.run(list(run.argv), cwd=root, env={**os.environ, **run.env}, check=False).returncode
-        finally:
-            for s in held:
-                s.release()
+            held = []
+            if run.exclusive:
+                held = gpu_slots.acquire_all(gpus, gpu_slots.tests_per_gpu(), timeout=gpu_slots.timeout_from_env(),
+                                             note=f"pid {os.getpid()}: multigpu tier (exclusive)")
+            try:
+                rc, tail = _tee(list(run.argv), root, {**os.environ, **run.env})
+            finally:
+                for s in held:
+                    s.release()
+        except gpu_slots.SlotTimeout as e:
+            print(f"test_tiers: {e}", file=sys.stderr)
+            rc, tail = gpu_slots.EXIT_NO_SLOT, [str(e)]
         seconds = time.monotonic() - start
-        flaky = _flaky(Path(run.env["JA_FLAKY_JSON"]))
-        results.append({**asdict(run), "rc": rc, "seconds": round(seconds, 2), "flaky": flaky})
+        report = _flaky(Path(run.env["JA_FLAKY_JSON"]))
+        results.append({**asdict(run), "rc": rc, "seconds": round(seconds, 2), "flaky": report,
+                        "run_failure": run_failure(rc, tail, report)})
     return results
 
 
-def summarize(tier: str, platform: str, why: str, results: list[dict], results_dir: Path, notes: list[str]) -> int:
+def failure_counts(results: list[dict]) -> dict[str, int]:
+    """Infrastructure and test failures over every run (run-level failures included)."""
+    counts = {"infrastructure": 0, "test": 0}
+    for r in results:
+        for k, v in ((r["flaky"] or {}).get("failure_counts") or {}).items():
+            counts[k] = counts.get(k, 0) + v
+        if r.get("run_failure"):
+            counts["infrastructure"] += 1
+    return counts
+
+
+def expected_gpus(platform: str, gpus: gpu_slots.Gpus, flag: int | None) -> tuple[int, str]:
+    """(GPUs the tier must use, why): --expect-gpus, else every detected GPU on a GPU platform."""
+    if flag is not None:
+        return flag, f"--expect-gpus {flag}"
+    if platform == "cpu":
+        return 0, "cpu platform"
+    return gpus.count, gpus.how
+
+
+def probe(python: str, want_jax: bool, env: dict[str, str] | None = None) -> dict:
+    """What the pytest interpreter holds (PROBE_MODULES) and, when asked, the GPUs its JAX sees."""
+    try:
+        cp = subprocess.run([python, "-c", PROBE, "1" if want_jax else "0", *PROBE_MODULES], capture_output=True,
+                            text=True, timeout=300, env=env, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise TierError(f"cannot run the test interpreter {python} ({e}); pass --deps-from PYTHON") from None
+    if cp.returncode != 0:
+        raise TierError(f"the test interpreter {python} failed to describe itself (exit {cp.returncode}): "
+                        f"{cp.stderr.strip()[-400:]}")
+    return json.loads(cp.stdout.strip().splitlines()[-1])
+
+
+def plugin_requirements(platform: str) -> list[str]:
+    """The JAX GPU plugin for a platform at the jax the test extra pins (none on the CPU)."""
+    if platform == "cpu":
+        return []
+    from jatools.validate import wheelhouse  # packaging: only needed here
+
+    return wheelhouse.plugin_requirements(platform, wheelhouse.test_jax_version())
+
+
+def device_problem(expected: int, why: str, platform: str, seen: dict, python: str) -> str | None:
+    """Why JAX cannot run this GPU tier (fewer GPUs seen than expected), with the fix; None when it can."""
+    jax_seen = seen.get("jax") or {}
+    found = len(jax_seen.get("gpus") or [])
+    if not expected or found >= expected:
+        return None
+    try:
+        reqs = " ".join(plugin_requirements(platform))
+    except Exception as e:  # noqa: BLE001 - the message must still come out
+        reqs = f"<the {platform} plugin: {e}>"
+    state = jax_seen.get("error") or f"jax {jax_seen.get('version')}, default backend {jax_seen.get('backend')}"
+    return (f"GPUs expected but not used: {expected} {platform} GPU(s) on this host ({why}), JAX in {python} sees "
+            f"{found} ({state}). The JAX GPU plugin is missing or cannot start there. Fix: `nox -s tests` "
+            f"(installs {reqs}), or `{python} -m pip install {reqs}`, or on an offline GPU host pass "
+            f"--deps-from PYTHON (an interpreter that has JAX and the plugin); --expect-gpus 0 runs the "
+            f"tier without them on purpose")
+
+
+def unused_gpu_runs(expected: int, platform: str, results: list[dict]) -> list[str]:
+    """The GPU runs that ran no GPU test on a host where GPUs are expected."""
+    problems = []
+    for r in results:
+        if not expected or platform == "cpu" or r["kind"] == "host" or (r["kind"] == "multi" and expected < 2):
+            continue
+        ran = sum(((r["flaky"] or {}).get("device_tests") or {}).values())
+        if ran == 0:
+            problems.append(f"the {r['kind']} run ({r['config']}, -m {r['expression']!r}) ran 0 GPU tests on a host "
+                            f"with {expected} GPU(s): every GPU test was skipped or deselected (see the skip "
+                            f"reasons above)")
+    return problems
+
+
+def _step_summary(tier: str, platform: str, results: list[dict], gpu: dict, counts: dict, rc: int) -> None:
+    path = os.environ.get("GITHUB_STEP_SUMMARY")
+    if not path:
+        return
+    lines = [f"### tier {tier} on {platform}: {'ok' if rc == 0 else f'FAILED (exit {rc})'}", "",
+             f"Failures: **{counts['infrastructure']} infrastructure**, **{counts['test']} test**", "",
+             "| run | config | exit | s | GPU tests per device |", "|---|---|---|---|---|"]
+    for r in results:
+        per = (r["flaky"] or {}).get("device_tests") or {}
+        lines.append(f"| {r['kind']} | {r['config']} | {r['rc']} | {r['seconds']:.0f} | "
+                     f"{', '.join(f'{k}: {v}' for k, v in per.items()) or '-'} |")
+    lines += [f"- {p}" for p in gpu["problems"]]
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n\n")
+
+
+def summarize(tier: str, platform: str, why: str, results: list[dict], results_dir: Path, notes: list[str],
+              gpu: dict | None = None) -> int:
+    gpu = dict(gpu or {"expected": 0, "problems": []})
+    gpu["problems"] = [*gpu.get("problems", []), *unused_gpu_runs(gpu["expected"], platform, results)]
     rc = 0
     print(f"\n== tier {tier} on {platform} ({why}) ==")
     for note in notes:
         print(f"note: {note}")
+    per_device: dict[str, int] = {}
     for r in results:
         flaky = r["flaky"] or {}
         state = "ok" if r["rc"] == 0 else ("NO TESTS SELECTED" if r["rc"] == 5 else f"FAILED (exit {r['rc']})")
+        devices = flaky.get("device_tests") or {}
+        for k, v in devices.items():
+            per_device[k] = per_device.get(k, 0) + v
         print(f"{r['kind']:<6} {r['config']:<10} {state:<18} {r['seconds']:>8.1f} s  "
-              f"flaky={flaky.get('flaky', '?')}  -m {r['expression'] or '<all>'!r}")
+              f"flaky={flaky.get('flaky', '?')}  device tests={sum(devices.values())}  -m {r['expression'] or '<all>'!r}")
+        for f in [*(flaky.get("failures") or []), *([r["run_failure"]] if r.get("run_failure") else [])]:
+            print(f"  {f['class']} ({f['reason']}): {f['nodeid']}: {f['error']}")
         rc = rc or r["rc"]
+    counts = failure_counts(results)
+    gpu["tests_per_device"] = per_device
+    print(f"failures: {counts['infrastructure']} infrastructure, {counts['test']} test")
+    if gpu["expected"]:
+        print(f"GPU tests run per device: {', '.join(f'{k}: {v}' for k, v in per_device.items()) or 'none'} "
+              f"({gpu['expected']} GPU(s) expected: {gpu.get('how', '')})")
+    for problem in gpu["problems"]:
+        print(f"FAILED: {problem}")
+    if gpu["problems"] and rc == 0:
+        rc = EXIT_GPU_UNUSED
     out = results_dir / f"tier-{tier}.json"
     atomic_write.write_text(out, json.dumps({"tier": tier, "platform": platform, "platform_how": why, "notes": notes,
-                                             "rc": rc, "runs": results}, indent=1) + "\n")
+                                             "rc": rc, "failure_counts": counts, "gpu": gpu, "runs": results},
+                                            indent=1) + "\n")
     print(f"results: {out}")
+    _step_summary(tier, platform, results, gpu, counts, rc)
     return rc
 
 
@@ -176,24 +353,51 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reruns", type=int, default=None, help=f"retries of a failing test (${RERUNS_ENV}; default "
                    "2 on GPU hosts, 0 on the CPU); every retry is reported")
     p.add_argument("--results-dir", type=Path, default=None, help=f"where the JSON results go ({RESULTS_DIR})")
+    p.add_argument("--deps-from", default=None, metavar="PYTHON",
+                   help="run pytest with this interpreter and its installed packages (an offline GPU host's JAX "
+                        "and GPU plugin), as `invoke validate --deps-from` does")
+    p.add_argument("--expect-gpus", type=int, default=None, metavar="N",
+                   help="GPUs the tier must use (default: every detected GPU on a cuda/rocm platform); 0 turns "
+                        "the GPU checks off")
+    p.add_argument("--plugin-requirements", action="store_true",
+                   help="print the JAX GPU plugin requirements for the platform (none on the CPU or with "
+                        "--deps-from) and exit; `nox -s tests` installs them")
     p.add_argument("--dry-run", action="store_true", help="print the pytest commands and exit")
     a, pytest_args = p.parse_known_args(argv)
     env = dict(os.environ)
     root = Path(__file__).resolve().parents[2]
     results_dir = (a.results_dir or root / RESULTS_DIR).resolve()
     tier = a.tier or env.get(TIER_ENV) or tag_filters.DEFAULT_TIER
+    python = a.deps_from or sys.executable
     try:
         tag_filters.tier(tier)
         gpus = gpu_slots.detect(env)
         platform, why = choose_platform(a.platform, env, gpus)
+        if a.plugin_requirements:
+            print("\n".join(plugin_requirements(platform) if not a.deps_from else []))
+            return 0
+        if a.deps_from:
+            from jatools.validate import cleanroom  # packaging: only needed here
+
+            try:
+                host = cleanroom.host_dependencies(Path(a.deps_from))
+            except cleanroom.ValidationError as e:
+                raise TierError(str(e)) from None
+        expect, expect_how = expected_gpus(platform, gpus, a.expect_gpus)
         workers = a.workers if a.workers is not None else (int(env[WORKERS_ENV]) if env.get(WORKERS_ENV) else None)
         reruns = a.reruns if a.reruns is not None else int(env.get(RERUNS_ENV) or DEFAULT_RERUNS[platform])
-        notes = []
-        have_rerun = importlib.util.find_spec("pytest_rerunfailures") is not None
-        if reruns and not have_rerun:
-            notes.append(f"retries off: pytest-rerunfailures is not installed for {sys.executable} "
+        seen = probe(python, want_jax=bool(expect) and not a.dry_run)
+        have = seen["modules"]
+        notes = [f"pytest interpreter: {python}"
+                 + (f" (--deps-from: {host.have})" if a.deps_from else "")]
+        if reruns and not have["pytest_rerunfailures"]:
+            notes.append(f"retries off: pytest-rerunfailures is not installed for {python} "
                          "(pip install pytest-rerunfailures, or `pip install -e .[test]`)")
-        runs = plan(tier, platform, gpus, pytest_args, workers, reruns, have_rerun, env, results_dir=results_dir)
+        if not have["pytest_timeout"]:
+            notes.append(f"no per-test timeout: pytest-timeout is not installed for {python} "
+                         "(pip install pytest-timeout, or `pip install -e .[test]`)")
+        runs = plan(tier, platform, gpus, pytest_args, workers, reruns, have["pytest_rerunfailures"], env,
+                    python=python, results_dir=results_dir, have_timeout_plugin=have["pytest_timeout"])
     except (tag_filters.TagFilterError, TierError, ValueError) as e:
         print(f"test_tiers: {e}", file=sys.stderr)
         return 2
@@ -203,16 +407,16 @@ def main(argv: list[str] | None = None) -> int:
         for run in runs:
             print(f"{run.kind} {run.config}{' exclusive' if run.exclusive else ''}: {run.command_line()}")
         return 0
-    if importlib.util.find_spec("pytest") is None:
-        print(f"test_tiers: pytest is not installed for {sys.executable}; run `bash scripts/run.sh nox -s tests` "
-              "or set PYTHON to an interpreter with the [test] extras", file=sys.stderr)
+    if not have["pytest"]:
+        print(f"test_tiers: pytest is not installed for {python}; run `bash scripts/run.sh nox -s tests` "
+              "or pass --deps-from an interpreter with the [test] extras", file=sys.stderr)
         return 2
-    try:
-        results = execute(runs, gpus, root)
-    except gpu_slots.SlotTimeout as e:
-        print(f"test_tiers: {e}", file=sys.stderr)
-        return 75
-    return summarize(tier, platform, why, results, results_dir, notes)
+    gpu = {"expected": expect, "how": expect_how, "jax": seen.get("jax"), "problems": []}
+    problem = device_problem(expect, expect_how, platform, seen, python)
+    if problem:
+        gpu["problems"].append(problem)
+        return summarize(tier, platform, why, [], results_dir, notes, gpu)  # no test runs on the wrong devices
+    return summarize(tier, platform, why, execute(runs, gpus, root), results_dir, notes, gpu)
 
 
 if __name__ == "__main__":

@@ -86,14 +86,34 @@ def requirements(root: Path | None = None, backends: tuple[str, ...] = ()) -> li
         else:
             out[name] = str(req)
     for backend in backends:
-        key = f"validation_plugins_{backend}"
-        if key not in raw:
-            raise WheelhouseError(f"no JAX plugin is configured for backend {backend!r} "
-                                  f"([tool.jax-aiter] {key} in pyproject.toml)")
-        pin = floors.get("jax")
-        for plugin in raw[key]:
-            out[plugin.lower()] = f"{plugin}=={pin}" if pin else plugin
+        for plugin in plugin_requirements(backend, floors.get("jax"), root):
+            out[Requirement(plugin).name.lower()] = plugin
     return sorted(out.values(), key=str.lower)
+
+
+def plugin_requirements(backend: str, version: str | None, root: Path | None = None) -> list[str]:
+    """The JAX GPU plugin of a backend (`validation_plugins_<backend>`), pinned to `version` (jax's own).
+
+    One list for both consumers: the clean room pins it to the jax floor, the test sessions
+    to the jax their `test` extra pins (test_jax_version).
+    """
+    raw = config.defaults(root or config.repo_root())
+    key = f"validation_plugins_{backend}"
+    if key not in raw:
+        raise WheelhouseError(f"no JAX plugin is configured for backend {backend!r} "
+                              f"([tool.jax-aiter] {key} in pyproject.toml)")
+    return [f"{plugin}=={version}" if version else plugin for plugin in raw[key]]
+
+
+def test_jax_version(root: Path | None = None) -> str:
+    """The jax version the `test` extra pins (jax==X): the one the test sessions install."""
+    for r in _project(root or config.repo_root()).get("optional-dependencies", {}).get("test", []):
+        req = Requirement(r)
+        pins = [s.version for s in req.specifier if s.operator == "=="]
+        if req.name.lower() == "jax" and pins:
+            return pins[0]
+    raise WheelhouseError("pyproject.toml: the `test` extra pins no jax version (jax==X); the GPU plugin "
+                          "must match it exactly, so pin it there")
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,11 @@ def _plan(tier, platform, gpus, **kw):
 def test_pr_on_the_cpu_is_one_in_process_run_with_the_tables_expression():
     (run,) = _plan("pr", "cpu", CPU)
     assert run.expression == tag_filters.tier_runs("pr", "cpu")[0][2].expression()
-    assert run.argv == ("py", "-m", "pytest", "-m", run.expression) and not run.exclusive
-    assert "-n" not in run.argv
+    timeout = str(tag_filters.tier("pr").timeout_s)
+    assert run.argv == ("py", "-m", "pytest", "-m", run.expression, "-p", "pytest_timeout", "--timeout", timeout)
+    assert "-n" not in run.argv and not run.exclusive
+    (bare,) = _plan("pr", "cpu", CPU, have_timeout_plugin=False)
+    assert "--timeout" not in bare.argv
 
 
 def test_pr_on_a_gpu_host_runs_one_xdist_worker_per_slot():
@@ -51,10 +54,14 @@ def test_multigpu_runs_unpinned_exclusive_on_gpus_and_on_forced_cpu_devices():
     assert not cpu.exclusive
 
 
-def test_nightly_is_the_whole_suite_in_two_runs():
+def test_nightly_on_a_gpu_host_is_the_whole_suite_the_cpu_device_tests_included():
     runs = _plan("nightly", "rocm", gpu_slots.Gpus("rocm", ("0",), "x"))
     assert [(r.kind, r.expression) for r in runs] == [
-        ("single", "gpu and not cuda_only and not multigpu"), ("multi", "multigpu and not cuda_only")]
+        ("single", "gpu and not cuda_only and not multigpu"),
+        ("host", "not cuda_only and not gpu and not multigpu"),  # the CPU-parameterised cases, slow ones too
+        ("multi", "multigpu and not cuda_only")]
+    assert [r.kind for r in _plan("nightly", "cpu", CPU)] == ["single", "multi"]  # host == single on the CPU
+    assert {r.argv[r.argv.index("--timeout") + 1] for r in runs} == {str(tag_filters.tier("nightly").timeout_s)}
 
 
 def test_retries_only_when_the_plugin_is_there():
@@ -70,7 +77,8 @@ def test_only_the_plugins_a_run_uses_are_loaded_unless_autoload_is_asked_for():
     assert ("-p", "xdist.plugin") in zip(run.argv, run.argv[1:])
     assert ("-p", "pytest_rerunfailures") in zip(run.argv, run.argv[1:])
     (cpu,) = _plan("pr", "cpu", CPU)
-    assert cpu.env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] == "1" and "-p" not in cpu.argv  # no xdist, no retries
+    assert cpu.env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] == "1"
+    assert [b for a, b in zip(cpu.argv, cpu.argv[1:]) if a == "-p"] == ["pytest_timeout"]  # no xdist, no retries
     for env in ({"JA_PYTEST_AUTOLOAD": "1"}, {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": ""}):
         (run,) = _plan("pr", "cuda", TWO_CUDA, reruns=2, env=env)
         named = [b for a, b in zip(run.argv, run.argv[1:]) if a == "-p"]
@@ -167,8 +175,8 @@ def test_a_gpu_host_run_loads_xdist_and_retries_itself(tmp_path):
             assert 0, "first attempt fails"
 """
     # The stand-in host has no GPU JAX can see, so the last -m (it wins) selects the CPU tests.
-    r, res = _tier(tmp_path, "--tier", "pr", "--platform", "cuda", "-m", "not gpu and not slow and not multigpu",
-                   tests=flaky,
+    r, res = _tier(tmp_path, "--tier", "pr", "--platform", "cuda", "--expect-gpus", "0",
+                   "-m", "not gpu and not slow and not multigpu", tests=flaky,
                    extra_env={"JA_GPU_COUNT": "2", "JA_GPU_LOCK_DIR": str(tmp_path / "locks"),
                               "FLAKY_MARK": str(tmp_path / "flaky.mark")})
     assert r.returncode == 0, r.stdout + r.stderr
@@ -274,3 +282,167 @@ def test_slot_speedup_runs_warm_ups_first_and_leaves_them_out_of_the_medians(tmp
     bad = subprocess.run([sys.executable, str(ROOT / "ci" / "measure_slot_speedup.py"), "--repeats", "0"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False)
     assert bad.returncode == 2 and "--repeats must be >= 1" in bad.stderr
+
+
+# --- a GPU run must use its GPUs; failures are classified ------------------------------------------
+
+# A stand-in for what JAX sees on a host with one GPU (this machine has none): the tier's probe,
+# the device guards and the tests import it in place of JAX. Only the device view is stood in.
+STANDIN_JAX = """
+__version__ = "standin"
+
+class Device:
+    def __init__(self, platform, i):
+        self.platform, self.id = platform, i
+
+    def __str__(self):
+        return f"{self.platform}:{self.id}"
+
+def devices(backend=None):
+    if backend == "cpu":
+        return [Device("cpu", 0)]
+    return [Device("gpu", 0)]
+
+def default_backend():
+    return "gpu"
+"""
+
+
+def _standin_gpu_host(tmp_path) -> dict:
+    site = tmp_path / "standin"
+    (site / "jax").mkdir(parents=True)
+    (site / "jax" / "__init__.py").write_text(STANDIN_JAX)
+    return {"PYTHONPATH": os.pathsep.join([str(site), str(ROOT)]), "JA_GPU_COUNT": "1",
+            "JA_GPU_LOCK_DIR": str(tmp_path / "locks")}
+
+
+def test_a_gpu_host_whose_jax_sees_no_gpu_fails_before_any_test_and_names_the_plugin(tmp_path):
+    """The issue's reproduction: a ROCm host (JA_BACKEND=rocm, one GPU) whose JAX has no GPU plugin."""
+    pytest.importorskip("jax", reason="the probe asks the real JAX what it sees")
+    pytest.importorskip("packaging", reason="the plugin requirements are read with packaging")
+    r, res = _tier(tmp_path, "--tier", "pr", extra_env={"JA_BACKEND": "rocm", "JA_GPU_COUNT": "1",
+                                                       "JA_GPU_PLATFORM": "rocm"})
+    assert r.returncode == test_tiers.EXIT_GPU_UNUSED, r.stdout + r.stderr
+    result = json.loads((res / "tier-pr.json").read_text())
+    assert result["runs"] == [] and result["gpu"]["expected"] == 1  # no test ran on the wrong devices
+    (problem,) = result["gpu"]["problems"]
+    plugins = test_tiers.plugin_requirements("rocm")
+    assert "JAX in" in problem and "sees 0" in problem and " ".join(plugins) in problem
+    assert "FAILED: GPUs expected but not used" in r.stdout
+
+
+def test_plugin_requirements_are_the_validation_plugins_at_the_tests_jax_pin(tmp_path):
+    pytest.importorskip("packaging", reason="the plugin requirements are read with packaging")
+    import tomllib
+
+    py = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    jax_pin = next(r for r in py["project"]["optional-dependencies"]["test"] if r.startswith("jax=="))
+    for platform in ("cuda", "rocm"):
+        r, _ = _tier(tmp_path, "--plugin-requirements", "--platform", platform)
+        want = [f"{name}=={jax_pin.split('==')[1]}" for name in py["tool"]["jax-aiter"][f"validation_plugins_{platform}"]]
+        assert r.returncode == 0 and r.stdout.split() == want, r.stderr
+    r, _ = _tier(tmp_path, "--plugin-requirements", "--platform", "cpu")
+    assert r.returncode == 0 and r.stdout.strip() == ""
+    r, _ = _tier(tmp_path, "--plugin-requirements", "--platform", "cuda", "--deps-from", sys.executable)
+    assert r.returncode == 0 and r.stdout.strip() == ""  # the given interpreter brings its own plugin
+
+
+def test_deps_from_runs_pytest_with_that_interpreter_and_refuses_one_without_jax(tmp_path):
+    pytest.importorskip("jax", reason="--deps-from needs an interpreter with JAX")
+    r, _ = _tier(tmp_path, "--tier", "pr", "--deps-from", sys.executable, "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert f"{sys.executable} -m pytest" in r.stdout and "--deps-from: jax" in r.stdout
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    r, _ = _tier(tmp_path, "--tier", "pr", "--deps-from", str(bare / "bin" / "python"), "--dry-run")
+    assert r.returncode == 2 and "has no jax/jaxlib installed" in r.stderr
+
+
+GPU_TREE = """
+    import pytest
+
+    def test_plain():
+        pass
+
+    @pytest.mark.gpu
+    def test_on_gpu():
+        pass
+"""
+
+
+def test_gpu_tests_are_counted_per_device_and_a_run_of_none_fails(tmp_path):
+    env = _standin_gpu_host(tmp_path)
+    r, res = _tier(tmp_path, "--tier", "pr", "--platform", "cuda", "--workers", "1", tests=GPU_TREE, extra_env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    result = json.loads((res / "tier-pr.json").read_text())
+    assert result["gpu"]["tests_per_device"] == {"gpu0": 1} and result["gpu"]["problems"] == []
+    assert "GPU tests run per device: gpu0: 1" in r.stdout
+    # The same host with every GPU test deselected: the run is green by pytest's count, red by the tier's.
+    r, res = _tier(tmp_path, "--tier", "pr", "--platform", "cuda", "--workers", "1", "-m", "not gpu",
+                   tests=GPU_TREE, extra_env=env)
+    assert r.returncode == test_tiers.EXIT_GPU_UNUSED, r.stdout + r.stderr
+    (problem,) = json.loads((res / "tier-pr.json").read_text())["gpu"]["problems"]
+    assert "ran 0 GPU tests on a host with 1 GPU(s)" in problem
+    r, _ = _tier(tmp_path, "--tier", "pr", "--platform", "cuda", "--workers", "1", "--expect-gpus", "0",
+                 "-m", "not gpu", tests=GPU_TREE, extra_env=env)
+    assert r.returncode == 0, r.stdout + r.stderr  # on purpose: said on the command line
+
+
+FAILING_TREE = """
+    import os, signal, time
+
+    def test_hangs():
+        time.sleep(30)
+
+    def test_out_of_memory():
+        raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 8589934592 bytes.")
+
+    def test_crashes_its_worker():
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def test_wrong_answer():
+        assert 1 + 1 == 3
+
+    def test_fine():
+        pass
+"""
+
+
+def test_each_failure_is_classified_infrastructure_or_test(tmp_path):
+    pytest.importorskip("xdist", reason="a worker crash needs pytest-xdist")
+    pytest.importorskip("pytest_timeout", reason="the timeout class needs pytest-timeout (pip install -e .[test])")
+    summary = tmp_path / "step-summary.md"
+    r, res = _tier(tmp_path, "--tier", "pr", "--workers", "1", "--timeout", "2", tests=FAILING_TREE,
+                   extra_env={"GITHUB_STEP_SUMMARY": str(summary)})
+    assert r.returncode == 1, r.stdout + r.stderr
+    result = json.loads((res / "tier-pr.json").read_text())
+    got = {f["nodeid"].split("::")[-1]: (f["class"], f["reason"]) for f in result["runs"][0]["flaky"]["failures"]}
+    assert got == {"test_hangs": ("infrastructure", "timeout"),
+                   "test_out_of_memory": ("infrastructure", "device lost or out of memory"),
+                   "test_crashes_its_worker": ("infrastructure", "worker crash"),
+                   "test_wrong_answer": ("test", "test failure")}
+    assert result["failure_counts"] == {"infrastructure": 3, "test": 1}
+    assert "failures: 3 infrastructure, 1 test" in r.stdout
+    assert "**3 infrastructure**, **1 test**" in summary.read_text()
+
+
+def test_a_collection_error_and_a_lock_wait_are_infrastructure(tmp_path):
+    pytest.importorskip("jax", reason="the multi-device run's tests ask JAX for devices")
+    r, res = _tier(tmp_path, "--tier", "pr", tests="import not_a_module_anywhere\n\ndef test_x():\n    pass\n")
+    assert r.returncode == 2, r.stdout + r.stderr
+    result = json.loads((res / "tier-pr.json").read_text())
+    (f,) = result["runs"][0]["flaky"]["failures"]
+    assert (f["class"], f["reason"]) == ("infrastructure", "collection/import error")
+    assert result["failure_counts"] == {"infrastructure": 1, "test": 0}
+    # The multigpu tier's exclusive hold of every GPU, while another process holds one: the wait runs out.
+    locks = tmp_path / "locks"
+    held = gpu_slots.acquire(gpu_slots.Gpus("cuda", ("0",), "stand-in"), folder=locks, note="another job")
+    try:
+        r, res = _tier(tmp_path, "--tier", "multigpu", "--platform", "cuda", "--expect-gpus", "0",
+                       extra_env={"JA_GPU_COUNT": "1", "JA_GPU_LOCK_DIR": str(locks), "JA_GPU_SLOT_TIMEOUT": "0.5"})
+    finally:
+        held.release()
+    assert r.returncode == gpu_slots.EXIT_NO_SLOT, r.stdout + r.stderr
+    result = json.loads((res / "tier-multigpu.json").read_text())
+    assert result["runs"][0]["run_failure"]["reason"] == "lock wait exceeded"
+    assert result["failure_counts"] == {"infrastructure": 1, "test": 0}
