@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
-"""Run a command on one GPU slot (after XLA's parallel_gpu_execute), or on all GPUs exclusively.
+"""Run a command on one GPU slot (after XLA's parallel_gpu_execute), on a block of N GPUs, or on all exclusively.
 
-    python3 ci/parallel_gpu_execute.py [--exclusive] [--timeout S] -- CMD [ARGS...]
+    python3 ci/parallel_gpu_execute.py [--gpus N | --exclusive] [--timeout S] -- CMD [ARGS...]
 
 Takes the first free (gpu, slot) lock (slot 0 on every GPU before slot 1), sets
 CUDA_VISIBLE_DEVICES (CUDA) or ROCR_VISIBLE_DEVICES + HIP_VISIBLE_DEVICES (ROCm)
 to that GPU and execs the command with the lock descriptor open, so the slot
 is held exactly as long as the command runs and its exit code is this
-script's. ``--exclusive`` takes every slot and leaves the devices unpinned (the
-multigpu tier). With no GPU the command runs unpinned.
+script's. ``--gpus N`` (a command or test that declares N devices) takes a block
+of N GPUs, a lock on each (every slot of it), and pins the command to the block,
+so a 2-GPU test and 1-GPU tests share a 4-GPU host without waiting for all of it.
+``--exclusive`` takes every slot and leaves the devices unpinned (the multigpu
+tier). With no GPU the command runs unpinned.
 
 Environment: JA_TESTS_PER_GPU (slots per GPU, 1), JA_GPU_SLOT_TIMEOUT (seconds,
 900), JA_GPU_LOCK_DIR (lock folder), JA_GPU_COUNT / JA_GPU_PLATFORM (override
@@ -45,6 +48,8 @@ def _exec(cmd: list[str], env: dict[str, str], fds: list[int]) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--exclusive", action="store_true", help="hold every slot of every GPU; leave devices unpinned")
+    p.add_argument("--gpus", type=int, default=1, metavar="N",
+                   help="the devices the command declares: a block of N GPUs, each held whole (default 1: one slot)")
     p.add_argument("--timeout", type=float, default=None, help="seconds to wait for a slot (JA_GPU_SLOT_TIMEOUT)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command (after --)")
     a = p.parse_args(argv)
@@ -67,14 +72,26 @@ def main(argv: list[str] | None = None) -> int:
             slots = gpu_slots.acquire_all(gpus, per_gpu, timeout=timeout, note=note)
             _say(f"exclusive: all {gpus.count} GPU(s) x {per_gpu} slot(s) ({gpus.how}), unpinned")
             return _exec(cmd, dict(os.environ), [s.fd for s in slots])
+        if a.gpus != 1:
+            block = gpu_slots.acquire_block(gpus, a.gpus, per_gpu, timeout=timeout, note=note)
+            env = gpu_slots.block_env(block)
+            _say(f"block of {a.gpus} GPU(s) ({gpus.how}) {_shown(env)}")
+            return _exec(cmd, env, [s.fd for s in block])
         slot = gpu_slots.acquire(gpus, per_gpu, timeout=timeout, note=note)
     except gpu_slots.SlotTimeout as e:
         _say(str(e))
         return gpu_slots.EXIT_NO_SLOT
+    except ValueError as e:  # a block larger than the host
+        _say(str(e))
+        return 2
     env = gpu_slots.pinned_env(slot, per_gpu)
-    shown = {k: env[k] for k in ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES") if k in env}
-    _say(f"GPU {slot.gpu} slot {slot.slot} ({gpus.how}) {' '.join(f'{k}={v}' for k, v in shown.items())}")
+    _say(f"GPU {slot.gpu} slot {slot.slot} ({gpus.how}) {_shown(env)}")
     return _exec(cmd, env, [slot.fd])
+
+
+def _shown(env: dict[str, str]) -> str:
+    return " ".join(f"{k}={env[k]}" for k in ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+                    if k in env)
 
 
 if __name__ == "__main__":

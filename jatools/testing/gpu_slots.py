@@ -224,6 +224,55 @@ def acquire_all(gpus: Gpus, per_gpu: int = 1, folder: Path | None = None, timeou
     return held
 
 
+def acquire_block(gpus: Gpus, n: int, per_gpu: int = 1, folder: Path | None = None,
+                  timeout: float = DEFAULT_TIMEOUT_S, note: str | None = None, poll: float = 0.2) -> list[Slot]:
+    """Take a block of ``n`` GPUs for one command that declares n devices (XLA's parallel_gpu_execute).
+
+    A lock on each GPU of the block: every slot of it, so no single-GPU command shares a GPU
+    with the block, while the GPUs outside it stay free for them. Blocks are windows of n
+    consecutive GPUs of the pool, tried in order; a window is taken all or nothing (a partly
+    free one is released at once, so two waiting blocks never hold pieces of each other),
+    polling until ``timeout`` seconds have passed.
+    """
+    if not 1 <= n <= gpus.count:
+        raise ValueError(f"a block of {n} GPU(s) cannot come from {gpus.count} ({gpus.how}); declare at most "
+                         f"{gpus.count} or run on a host with more GPUs")
+    folder = folder or lock_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + timeout
+    windows = [range(start, start + n) for start in range(gpus.count - n + 1)]
+    while True:
+        for window in windows:
+            held: list[Slot] = []
+            for i, j in ((i, j) for i in window for j in range(per_gpu)):
+                fd = _try_lock(_lock_path(folder, gpus.ids[i], j), _note(note))
+                if fd is None:
+                    break
+                held.append(Slot(gpus.platform, gpus.ids[i], i, j, _lock_path(folder, gpus.ids[i], j), fd))
+            if len(held) == n * per_gpu:
+                return held
+            for s in held:
+                s.release()
+        if time.monotonic() >= deadline:
+            paths = [_lock_path(folder, g, j) for g in gpus.ids for j in range(per_gpu)]
+            raise SlotTimeout(f"no block of {n} free GPU(s) after {timeout:g} s among {gpus.count} ({gpus.how}): "
+                              f"{_holders(paths)}. Wait for those processes or raise {TIMEOUT_ENV}")
+        time.sleep(poll)
+
+
+def block_env(block: list[Slot], env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment that shows the process exactly the block's GPUs, in the block's order."""
+    out = pinned_env(block[0], 1, env)  # the block owns its GPUs whole: no memory fraction
+    ids = list(dict.fromkeys(s.gpu for s in block))
+    if block[0].platform == "rocm":
+        out["ROCR_VISIBLE_DEVICES"] = ",".join(ids)
+        out["HIP_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(ids)))
+    else:
+        out["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
+    out[HELD_ENV] = f"{','.join(ids)}:block"
+    return out
+
+
 def pinned_env(slot: Slot, per_gpu: int = 1, env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment that shows the process exactly the slot's GPU."""
     out = dict(os.environ if env is None else env)

@@ -245,3 +245,41 @@ def test_exclusive_holds_every_slot_and_leaves_devices_unpinned(host, tmp_path):
 def test_missing_command_is_a_usage_error(host):
     r = subprocess.run([sys.executable, str(RUNNER)], env=host(), capture_output=True, text=True, check=False)
     assert r.returncode == 2 and "give the command" in r.stderr
+
+
+def test_a_block_of_two_gpus_shares_a_four_gpu_host_with_single_gpu_commands(host, tmp_path):
+    """XLA's block reservation: a 2-GPU command takes a free window of 2 GPUs (a lock on each), single-GPU
+    commands keep running on the others, and a second block waits until a window frees up."""
+    env = host(cuda=4, per_gpu=2)
+    one = _start(env, _recorder(tmp_path / "one.json", hold_s=60))  # GPU 0, slot 0
+    procs = [one]
+    try:
+        assert _wait_for(tmp_path / "one.json")[gpu_slots.HELD_ENV] == "0:0"
+        block = _start(env, _recorder(tmp_path / "block.json", hold_s=60), "--gpus", "2")
+        procs.append(block)
+        seen = _wait_for(tmp_path / "block.json")
+        assert seen["CUDA_VISIBLE_DEVICES"] == "1,2" and seen[gpu_slots.HELD_ENV] == "1,2:block"  # 0-1 is not free
+        assert seen["XLA_PYTHON_CLIENT_MEM_FRACTION"] is None  # the block owns its GPUs whole
+        for k in range(3):  # single-GPU commands still run: GPU 3 twice, then GPU 0's second slot
+            procs.append(_start(env, _recorder(tmp_path / f"s{k}.json", hold_s=60)))
+            assert _wait_for(tmp_path / f"s{k}.json")[gpu_slots.HELD_ENV] == ["3:0", "0:1", "3:1"][k]
+        waited = _run({**env, "JA_GPU_SLOT_TIMEOUT": "0.5"}, ["true"], "--gpus", "2")
+        assert waited.returncode == gpu_slots.EXIT_NO_SLOT and "no block of 2 free GPU(s)" in waited.stderr
+        block.kill()
+        block.wait()
+        again = _run({**env, "JA_GPU_SLOT_TIMEOUT": "10"}, _recorder(tmp_path / "again.json"), "--gpus", "2")
+        assert again.returncode == 0, again.stderr
+        assert json.loads((tmp_path / "again.json").read_text())["CUDA_VISIBLE_DEVICES"] == "1,2"
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_a_rocm_block_pins_rocr_to_the_physical_ids_and_hip_to_their_indices(host, tmp_path):
+    r = _run(host(rocm=4), _recorder(tmp_path / "seen.json"), "--gpus", "3")
+    assert r.returncode == 0, r.stderr
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    assert (seen["ROCR_VISIBLE_DEVICES"], seen["HIP_VISIBLE_DEVICES"]) == ("0,1,2", "0,1,2")
+    too_many = _run(host(rocm=2), ["true"], "--gpus", "3")
+    assert too_many.returncode == 2 and "a block of 3 GPU(s) cannot come from 2" in too_many.stderr
