@@ -413,6 +413,8 @@ def main(argv=None) -> int:
     p.add_argument("--shape", action="append", default=[], metavar="ROWSxHIDDEN",
                    help="memory-bound shapes to run instead of the default grid (repeatable), e.g. 16384x8192")
     p.add_argument("--out", type=Path, default=ROOT / "build/bench/gpu.json")
+    p.add_argument("--gate", action="store_true", help="then gate the JSON against the committed baseline of this "
+                   "GPU model (ci/perf/bench_gate.py; exit 1 names each regression)")
     args = p.parse_args(argv)
     devs = jax.devices()
     if devs[0].platform not in ("gpu", "cuda", "rocm"):
@@ -468,6 +470,8 @@ def main(argv=None) -> int:
         print(f"{r['name']:<16}{r['seq']:>6}{str(r['causal']):>7}{r['ours_TFLOPs']:>11.1f}{r['cudnn_TFLOPs']:>11.1f}"
               f"{xla:>10}{r['frac_of_cudnn']:>9.2f}  {r['met']}")
     print(f"JSON: {args.out}")
+    if args.gate:
+        return subprocess.call([sys.executable, str(ROOT / "ci/perf/bench_gate.py"), str(args.out)], cwd=ROOT)
     return 0
 
 

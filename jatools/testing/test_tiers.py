@@ -62,7 +62,7 @@ if sys.argv[1] == "1":
         out["jax"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", "gpus": []}
 print(json.dumps(out))
 """
-PROBE_MODULES = ("pytest", "pytest_rerunfailures", "pytest_timeout", "xdist")
+PROBE_MODULES = ("pytest", "pytest_rerunfailures", "pytest_timeout", "xdist", "jax", "jaxlib")
 
 
 class TierError(RuntimeError):
@@ -376,20 +376,15 @@ def main(argv: list[str] | None = None) -> int:
         if a.plugin_requirements:
             print("\n".join(plugin_requirements(platform) if not a.deps_from else []))
             return 0
-        if a.deps_from:
-            from jatools.validate import cleanroom  # packaging: only needed here
-
-            try:
-                host = cleanroom.host_dependencies(Path(a.deps_from))
-            except cleanroom.ValidationError as e:
-                raise TierError(str(e)) from None
         expect, expect_how = expected_gpus(platform, gpus, a.expect_gpus)
         workers = a.workers if a.workers is not None else (int(env[WORKERS_ENV]) if env.get(WORKERS_ENV) else None)
         reruns = a.reruns if a.reruns is not None else int(env.get(RERUNS_ENV) or DEFAULT_RERUNS[platform])
         seen = probe(python, want_jax=bool(expect) and not a.dry_run)
         have = seen["modules"]
-        notes = [f"pytest interpreter: {python}"
-                 + (f" (--deps-from: {host.have})" if a.deps_from else "")]
+        if a.deps_from and not (have["jax"] and have["jaxlib"]):
+            raise TierError(f"--deps-from {python}: it has no jax/jaxlib installed; pass the interpreter that has "
+                            "JAX and its GPU plugin, or leave --deps-from out")
+        notes = [f"pytest interpreter: {python}" + (" (--deps-from: its installed packages)" if a.deps_from else "")]
         if reruns and not have["pytest_rerunfailures"]:
             notes.append(f"retries off: pytest-rerunfailures is not installed for {python} "
                          "(pip install pytest-rerunfailures, or `pip install -e .[test]`)")

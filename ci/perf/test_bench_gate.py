@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Tests for bench_gate.py on the committed H200 runs: CPU-only, standard library only.
+
+    python3 ci/perf/test_bench_gate.py      # self-runnable
+    pytest ci/perf/test_bench_gate.py       # collected by pytest too
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SCRIPT = HERE / "bench_gate.py"
+RUNS = sorted((HERE / "baselines" / "nvidia-h200-runs").glob("*.json"))
+sys.path.insert(0, str(HERE))
+
+import bench_gate
+
+
+class BenchGateTests(unittest.TestCase):
+    def setUp(self) -> None:
+        self._tmp = tempfile.TemporaryDirectory()
+        self.tmp = Path(self._tmp.name)
+        self.run1 = json.loads(RUNS[0].read_text())
+
+    def tearDown(self) -> None:
+        self._tmp.cleanup()
+
+    def cli(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        full = {k: v for k, v in os.environ.items() if k != "GITHUB_STEP_SUMMARY"}
+        full.update(env or {})
+        return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=full,
+                              check=False)
+
+    def write(self, data: dict, name: str) -> Path:
+        path = self.tmp / name
+        path.write_text(json.dumps(data))
+        return path
+
+    def test_the_committed_baseline_is_made_from_the_committed_h200_runs(self) -> None:
+        self.assertGreaterEqual(len(RUNS), 2)
+        committed = json.loads((HERE / "baselines" / "nvidia-h200.json").read_text())
+        made = bench_gate.make_baseline([json.loads(p.read_text()) for p in RUNS], committed["made_from"])
+        self.assertEqual(made, committed)
+        self.assertEqual(committed["device"], "NVIDIA H200")
+        for case in committed["cases"].values():
+            spread = 100 * (max(case["runs_ms"]) - min(case["runs_ms"])) / case["ms"]
+            self.assertGreaterEqual(case["band_pct"], max(bench_gate.FLOOR_PCT, bench_gate.SPREAD_FACTOR * spread) - 0.01)
+
+    def test_each_committed_run_passes_its_own_baseline(self) -> None:
+        for run in RUNS:
+            r = self.cli(str(run))
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertIn("bench_gate: passed", r.stdout)
+
+    def test_a_slowdown_beyond_the_band_fails_and_names_the_case(self) -> None:
+        base = json.loads((HERE / "baselines" / "nvidia-h200.json").read_text())
+        slow = copy.deepcopy(self.run1)
+        row = slow["attention"][0]
+        name = f"{row['name']} seq{row['seq']} {'causal' if row['causal'] else 'full'}"
+        band = base["cases"][name]["band_pct"]
+        row["ours_ms"] = base["cases"][name]["ms"] * (1 + (band + 5) / 100)
+        summary = self.tmp / "summary.md"
+        r = self.cli(str(self.write(slow, "slow.json")), env={"GITHUB_STEP_SUMMARY": str(summary)})
+        self.assertEqual(r.returncode, bench_gate.EXIT_REGRESSION, r.stdout + r.stderr)
+        self.assertIn(f"regression: {name}:", r.stderr)
+        self.assertIn("**regression**", summary.read_text())
+        within = copy.deepcopy(self.run1)
+        within["attention"][0]["ours_ms"] = base["cases"][name]["ms"] * (1 + (band - 1) / 100)
+        self.assertEqual(self.cli(str(self.write(within, "within.json"))).returncode, 0)
+
+    def test_a_case_missing_from_the_results_fails_and_a_new_one_is_listed(self) -> None:
+        fewer = copy.deepcopy(self.run1)
+        fewer["decode"] = []
+        fewer["memory_bound"].append({**fewer["memory_bound"][0], "shape": [1, 2]})
+        r = self.cli(str(self.write(fewer, "fewer.json")))
+        self.assertEqual(r.returncode, bench_gate.EXIT_REGRESSION)
+        self.assertIn("MISSING    decode b8 hq32 hkv8 sk8192", r.stdout)
+        self.assertIn("new        rms_norm 1x2 bfloat16: not in the baseline, not gated", r.stdout)
+
+    def test_no_baseline_for_the_gpu_model_is_an_input_error_with_the_fix(self) -> None:
+        other = copy.deepcopy(self.run1)
+        other["machine"]["device"] = "AMD Instinct MI355X"
+        r = self.cli(str(self.write(other, "mi355.json")))
+        self.assertEqual(r.returncode, bench_gate.EXIT_INPUT)
+        self.assertIn("no baseline for AMD Instinct MI355X", r.stderr)
+        self.assertIn("--make-baseline", r.stderr)
+
+    def test_a_baseline_needs_two_runs_of_one_model(self) -> None:
+        out = self.tmp / "baselines"
+        r = self.cli("--make-baseline", str(RUNS[0]), "--baselines", str(out))
+        self.assertEqual(r.returncode, bench_gate.EXIT_INPUT)
+        self.assertIn("needs two or more runs", r.stderr)
+        r = self.cli("--make-baseline", *map(str, RUNS), "--baselines", str(out))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue((out / "nvidia-h200.json").exists())
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=1)
