@@ -207,3 +207,16 @@ def test_only_jit_libs_workflow_builds_gpu_jit_libraries() -> None:
         if any("jit" in BUILDS[b].sessions() and ("JA_BACKEND", "cpu") not in BUILDS[b].env
                for b in job_builds(wf, job)):
             assert name == "jit-libs.yml", f"{name}:{job_id} builds JIT libraries"
+
+
+def test_every_step_has_its_own_time_limit() -> None:
+    """Nothing hangs a runner: each step has timeout-minutes; the build step the job's (its build's) limit,
+    checkout / setup / upload steps a few minutes, so a stuck download fails there, named."""
+    for name, _wf, job_id, job in all_jobs():
+        for step in job["steps"]:
+            where = f"{name}:{job_id}: step {step.get('name') or step.get('uses') or step.get('id')}"
+            assert "timeout-minutes" in step, f"{where} has no timeout-minutes"
+            if "run" in step:
+                assert step["timeout-minutes"] == job["timeout-minutes"], where
+            else:
+                assert step["timeout-minutes"] <= 10, where
