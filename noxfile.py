@@ -114,6 +114,13 @@ def sanitize(session: nox.Session) -> None:
     session.run("python", "-m", "jatools.native.sanitize", "--", *session.posargs)
 
 
+@nox.session(python=PY, tags=["test"], default=False)
+def tsan(session: nox.Session) -> None:
+    """CPU libraries built with ThreadSanitizer into build/sanitize-thread, then every threaded CPU kernel driven from several threads (ci/sanitizers/tsan_driver.cpp)."""
+    session.install(*TEST_DEPS, "ninja")
+    session.run("python", "-m", "jatools.native.sanitize", "--sanitizer", "thread", *session.posargs)
+
+
 # --- CI: convergence recipe (logic in ci/convergence/train_tiny.py; see docs/ci.md) ---------------
 @nox.session(python=PY, tags=["test"], default=False)
 def convergence(session: nox.Session) -> None:

@@ -227,6 +227,10 @@ Build(name="nightly_cuda_h200_bench", group="nightly", runner=H200_1, env=CUDA_E
 Build(name="nightly_cpu_sanitize", group="nightly", runner=UBUNTU, timeout_minutes=60,
       description="Nightly: CPU libraries built with ASan+UBSan, CPU op tests against them",
       steps=(Nox("sanitize"),))
+Build(name="nightly_cpu_tsan", group="nightly", runner=UBUNTU, timeout_minutes=60,
+      description="Nightly: CPU libraries built with ThreadSanitizer, every threaded CPU kernel driven from "
+                  "several threads at once (ci/sanitizers/tsan_driver.cpp)",
+      steps=(Nox("tsan"),))
 Build(name="nightly_cpu_bench_smoke", group="nightly", runner=UBUNTU, timeout_minutes=30,
       description="Nightly: tiny-scale smoke of the tooling benchmark harness (numbers go to the artifact)",
       steps=(Nox("bench", ("--scale", "0.01")),))

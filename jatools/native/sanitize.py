@@ -1,25 +1,32 @@
-"""The CPU libraries built with AddressSanitizer and UndefinedBehaviorSanitizer, and the CPU op tests run against them.
+"""The CPU libraries built with a sanitizer, and checked under it: ASan + UBSan (`nox -s sanitize`) or
+ThreadSanitizer (`nox -s tsan`).
 
-Build: the ordinary targets (umbrella, JIT libraries, FFI shims) into
-``build/sanitize`` with ``JA_BACKEND=cpu JA_SANITIZE=address,undefined``;
-jatools.native.toolchain adds ``-fsanitize=...`` to the compile and link flags, so
-the Makefile and build_jit.py build exactly what they always build.
+Build: the ordinary targets (umbrella, JIT libraries, FFI shims) through the one native build
+(jatools.native.build) into the sanitizer's own folder (``build/sanitize``, ``build/sanitize-thread``)
+with ``JA_BACKEND=cpu JA_SANITIZE=...``; jatools.native.toolchain adds ``-fsanitize=...`` to the
+compile and link flags, so the Makefile and the JIT build build exactly what they always build.
 
-Run: Python itself is not instrumented, so the ASan runtime must be the first
-library in the process: ``LD_PRELOAD`` names the compiler's ``libasan.so`` (and
-libstdc++, see :func:`preload`). pytest captures at the Python level only
-(``--capture=sys``): a sanitizer report is written to file descriptor 2 by C
-code just before the process aborts, and fd-level capture would swallow it.
-The loader finds the sanitized libraries through ``JA_BUILD_DIR``. Every
-sanitizer report aborts the test process (``halt_on_error``,
-``-fno-sanitize-recover=all``), so a report can never pass unnoticed.
-Suppressions are inputs kept in the repository (``ci/sanitizers/*.supp``), as
-XLA keeps its ignore lists beside its sanitizer wrapper. Leak checking is off
-in-process: CPython and jaxlib keep allocations alive until exit by design, and
-LSan suppressions match any frame of a stack, so every leak report passes
-through Python frames and cannot be told apart from ours.
+ASan + UBSan run the CPU op tests in Python. Python itself is not instrumented, so the ASan
+runtime must be the first library in the process: ``LD_PRELOAD`` names the compiler's
+``libasan.so`` (and libstdc++, see :func:`preload`). pytest captures at the Python level only
+(``--capture=sys``): a sanitizer report is written to file descriptor 2 by C code just before
+the process aborts, and fd-level capture would swallow it. The loader finds the sanitized
+libraries through ``JA_BUILD_DIR``. Leak checking is off in-process: CPython and jaxlib keep
+allocations alive until exit by design, and LSan suppressions match any frame of a stack, so
+every leak report passes through Python frames and cannot be told apart from ours.
 
-    python3 -m jatools.native.sanitize [-j N] [-- PYTEST_ARGS...]
+ThreadSanitizer runs ci/sanitizers/tsan_driver.cpp instead, a program built with the same flags
+against the sanitized libraries: every threaded CPU kernel (ja::parallel_for in
+csrc/common/parallel.cpp and its users) called from four threads at once with four inner threads
+each, checked against the one-thread result. Not Python: jaxlib is not instrumented and its own
+synchronisation is invisible to TSan, which then reports races inside jaxlib (17 on a bare
+``jnp.ones(3).sum()``) whose stacks hold our frames too, so no suppression could keep ours.
+
+Every sanitizer report aborts (``halt_on_error``, ``-fno-sanitize-recover=all``), so a report
+can never pass unnoticed. Suppressions are inputs kept in the repository
+(``ci/sanitizers/*.supp``), as XLA keeps its ignore lists beside its sanitizer wrapper.
+
+    python3 -m jatools.native.sanitize [--sanitizer address|thread] [-j N] [-- PYTEST_ARGS...]
 """
 from __future__ import annotations
 
@@ -29,14 +36,33 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from jatools import atomic_write, config
+from jatools.native import toolchain
 from jatools.native.build import native_build
 
-BUILD_DIR = "build/sanitize"
-SANITIZERS = "address,undefined"
 SUPPRESSION_DIR = Path("ci/sanitizers")
+TSAN_DRIVER = SUPPRESSION_DIR / "tsan_driver.cpp"
+TSAN_THREADS = "4"  # the driver's inner threads (JA_NUM_THREADS); it sets them itself
+
+
+@dataclass(frozen=True)
+class Sanitizer:
+    """One sanitizer build: its JA_SANITIZE value, its build folder, its runtime library."""
+
+    name: str
+    flags: str
+    build_dir: str
+    runtime: str
+
+
+SANITIZER_KINDS = {s.name: s for s in (Sanitizer("address", "address,undefined", "build/sanitize", "libasan.so"),
+                                       Sanitizer("thread", "thread", "build/sanitize-thread", "libtsan.so"))}
+ASAN = SANITIZER_KINDS["address"]
+BUILD_DIR = ASAN.build_dir
+SANITIZERS = ASAN.flags
 TEST_PATHS = ("tests/ops",)
 MARKERS = "not gpu and not multigpu and not slow"
 MHA_MODULES = {"mha_fwd", "mha_bwd"}
@@ -46,12 +72,16 @@ class SanitizeError(RuntimeError):
     """A step failed; the message names the step and the command that re-runs it."""
 
 
-def build_env(base: dict[str, str] | None = None) -> dict[str, str]:
+def build_env(base: dict[str, str] | None = None, kind: Sanitizer = ASAN) -> dict[str, str]:
     """Environment for the sanitized build: CPU backend, its own build folder, sanitizer flags."""
     env = dict(os.environ if base is None else base)
-    env.update({"JA_BACKEND": "cpu", "JA_BUILD_DIR": BUILD_DIR, "JA_SANITIZE": SANITIZERS})
+    env.update({"JA_BACKEND": "cpu", "JA_BUILD_DIR": kind.build_dir, "JA_SANITIZE": kind.flags})
     env.pop("GPU_ARCHS", None)
     return env
+
+
+def _rerun(kind: Sanitizer, cmd) -> str:
+    return f"JA_BACKEND=cpu JA_BUILD_DIR={kind.build_dir} JA_SANITIZE={kind.flags} " + " ".join(map(str, cmd))
 
 
 def _runtime_library(cxx: str, name: str) -> Path:
@@ -95,20 +125,38 @@ def shim_target(settings: config.Settings) -> str:
     return "ja_mods" if MHA_MODULES <= modules else "ja_mods_nomha"
 
 
-def _step(name: str, cmd: list[str], env: dict[str, str], root: Path, times: dict[str, float]) -> None:
+def tsan_env(root: Path, base: dict[str, str]) -> dict[str, str]:
+    """Environment for the ThreadSanitizer driver: every report aborts, suppressions from the repository."""
+    env = dict(base)
+    env["TSAN_OPTIONS"] = (f"suppressions={(root / SUPPRESSION_DIR / 'tsan.supp').resolve()}:halt_on_error=1:"
+                           "abort_on_error=0:exitcode=66:second_deadlock_stack=1:history_size=4")
+    return env
+
+
+def tsan_driver_command(settings: config.Settings, out: Path) -> list[str]:
+    """Compile and link ci/sanitizers/tsan_driver.cpp with the build's own flags against its libraries."""
+    tc = toolchain.detect(settings)
+    flags = toolchain.compile_flags(tc, settings)
+    libs = [settings.jit_dir, settings.umbrella_dir]
+    return [tc.cxx, *flags["cxx"], str(TSAN_DRIVER), "-o", str(out), *(f"-L{d}" for d in libs),
+            "-lrmsnorm_fwd", "-lmha_fwd", "-lmha_bwd", "-ljax_aiter", "-fsanitize=thread", "-lpthread",
+            *(f"-Wl,-rpath,{d.resolve()}" for d in libs)]
+
+
+def _step(name: str, cmd: list[str], env: dict[str, str], root: Path, times: dict[str, float],
+          kind: Sanitizer = ASAN) -> None:
     print(f"sanitize: [{name}] $ {' '.join(cmd)}", flush=True)
     start = time.monotonic()
     rc = subprocess.call(cmd, cwd=root, env=env)
     times[name] = round(time.monotonic() - start, 2)
     if rc != 0:
-        rerun = "JA_BACKEND=cpu JA_BUILD_DIR=build/sanitize JA_SANITIZE=address,undefined " + " ".join(cmd)
-        raise SanitizeError(f"step {name} failed (exit {rc}); re-run it with: {rerun}"
-                            + ("; a sanitizer report above names the fault" if name == "tests" else ""))
+        raise SanitizeError(f"step {name} failed (exit {rc}); re-run it with: {_rerun(kind, cmd)}"
+                            + ("; a sanitizer report above names the fault" if name in ("tests", "driver") else ""))
 
 
-def run(pytest_args: list[str], jobs: int, python: str = sys.executable) -> dict:
+def run(pytest_args: list[str], jobs: int, python: str = sys.executable, kind: Sanitizer = ASAN) -> dict:
     root = config.repo_root()
-    env = build_env()
+    env = build_env(kind=kind)
     settings = config.load(env=env)
     shims = shim_target(settings)
     if shims != "ja_mods":
@@ -117,28 +165,38 @@ def run(pytest_args: list[str], jobs: int, python: str = sys.executable) -> dict
     try:  # its own build folder: the sanitizer build is always a producer
         times: dict[str, float] = native_build(jit="build", shims=shims, jobs=jobs, env=env, python=python)
     except subprocess.CalledProcessError as e:
-        rerun = "JA_BACKEND=cpu JA_BUILD_DIR=build/sanitize JA_SANITIZE=address,undefined " + " ".join(map(str, e.cmd))
         raise SanitizeError(f"the sanitizer build failed at `{' '.join(map(str, e.cmd))}` (exit {e.returncode}); "
-                            f"re-run it with: {rerun}") from None
-    test_env = runtime_env(root, env, env.get("CXX", "g++"))
-    args = ["--capture=sys", *(pytest_args or [*TEST_PATHS, "-m", MARKERS, "-q"])]
-    _step("tests", [python, "-m", "pytest", *args], test_env, root, times)
-    summary = {"sanitizers": SANITIZERS, "build_dir": BUILD_DIR, "shims": shims, "pytest_args": args,
+                            f"re-run it with: {_rerun(kind, e.cmd)}") from None
+    if kind.name == "thread":
+        if shims != "ja_mods":
+            raise SanitizeError("the ThreadSanitizer driver calls the MHA kernels, and the JIT config builds none")
+        driver = root / kind.build_dir / "tsan_driver"
+        _step("driver build", tsan_driver_command(settings, driver), env, root, times, kind)
+        _step("driver", [str(driver)], tsan_env(root, env), root, times, kind)
+        checked = {"driver": str(TSAN_DRIVER), "inner_threads": TSAN_THREADS}
+    else:
+        args = ["--capture=sys", *(pytest_args or [*TEST_PATHS, "-m", MARKERS, "-q"])]
+        _step("tests", [python, "-m", "pytest", *args], runtime_env(root, env, env.get("CXX", "g++")), root, times)
+        checked = {"pytest_args": args}
+    summary = {"sanitizers": kind.flags, "build_dir": kind.build_dir, "shims": shims, **checked,
                "seconds": times, "total_seconds": round(sum(times.values()), 2)}
-    atomic_write.write_text(root / BUILD_DIR / "summary.json", json.dumps(summary, indent=2) + "\n")
+    atomic_write.write_text(root / kind.build_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     print("sanitize: clean; " + ", ".join(f"{k} {v:.1f} s" for k, v in times.items())
-          + f"; total {summary['total_seconds']:.1f} s (build/sanitize/summary.json)", flush=True)
+          + f"; total {summary['total_seconds']:.1f} s ({kind.build_dir}/summary.json)", flush=True)
     return summary
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python3 -m jatools.native.sanitize", description=__doc__.splitlines()[0])
     p.add_argument("-j", "--jobs", type=int, default=min(os.cpu_count() or 1, 2), help="parallel compile jobs")
+    p.add_argument("--sanitizer", choices=tuple(SANITIZER_KINDS), default="address",
+                   help="address: ASan+UBSan, CPU op tests in Python (nox -s sanitize); thread: ThreadSanitizer, "
+                        "the threaded kernels' driver (nox -s tsan)")
     p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="pytest arguments after -- (default: CPU op tests)")
     args = p.parse_args(argv)
     extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
     try:
-        run(extra, args.jobs)
+        run(extra, args.jobs, kind=SANITIZER_KINDS[args.sanitizer])
     except (SanitizeError, ValueError) as e:
         print(f"sanitize: error: {e}", file=sys.stderr)
         return 1

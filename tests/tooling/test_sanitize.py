@@ -112,3 +112,64 @@ def test_shim_target_follows_the_jit_config(tmp_path: Path) -> None:
     assert sanitize.shim_target(settings.__class__(**{**settings.__dict__, "jit_config": cfg})) == "ja_mods"
     cfg.write_text('{"modules": {"rmsnorm_fwd": {}}}')
     assert sanitize.shim_target(settings.__class__(**{**settings.__dict__, "jit_config": cfg})) == "ja_mods_nomha"
+
+
+PLANTED_THREADS = r"""
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+#include "ja/api.h"
+int main(int argc, char** argv) {
+  setenv("JA_NUM_THREADS", "4", 1);
+  std::vector<long> per_row(1 << 12, 0);
+  long shared = 0;
+  const bool race = argc > 1 && std::strcmp(argv[1], "race") == 0;
+  ja::parallel_for(per_row.size(), 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      per_row[i] = i;            // disjoint rows: what every kernel does
+      if (race) shared += 1;     // every chunk writes one variable: a data race
+    }
+  });
+  std::printf("%ld %ld\n", per_row.back(), shared);
+  return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def planted_threads(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real csrc/common/parallel.cpp and a user of it, built with the flags JA_SANITIZE=thread gives."""
+    d = tmp_path_factory.mktemp("tsan")
+    (d / "main.cpp").write_text(PLANTED_THREADS)
+    settings = config.load(env={"JA_BACKEND": "cpu", "JA_SANITIZE": sanitize.SANITIZER_KINDS["thread"].flags},
+                           root=ROOT)
+    tc = toolchain.Toolchain("cpu", "g++", toolchain.cxx_version("g++"))
+    cxx = toolchain.compile_flags(tc, settings)["cxx"]
+    exe = d / "planted"
+    subprocess.run(["g++", *cxx, str(d / "main.cpp"), "csrc/common/parallel.cpp", "-o", str(exe),
+                    "-fsanitize=thread", "-lpthread"], check=True, cwd=ROOT)
+    return exe
+
+
+def test_tsan_passes_clean_parallel_for_users_and_aborts_on_a_planted_race(planted_threads: Path) -> None:
+    env = sanitize.tsan_env(ROOT, dict(os.environ))
+    supp = env["TSAN_OPTIONS"].split("suppressions=")[1].split(":")[0]
+    assert Path(supp).is_file() and "halt_on_error=1" in env["TSAN_OPTIONS"]
+    clean = subprocess.run([str(planted_threads)], capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert clean.returncode == 0 and clean.stdout.split()[0] == "4095", clean.stderr[-2000:]
+    assert "ThreadSanitizer" not in clean.stderr
+    racy = subprocess.run([str(planted_threads), "race"], capture_output=True, text=True, env=env, timeout=120,
+                          check=False)
+    assert racy.returncode == 66, racy.stdout + racy.stderr[-2000:]
+    assert "WARNING: ThreadSanitizer: data race" in racy.stderr
+
+
+def test_tsan_builds_into_its_own_tree_and_links_the_driver_against_it() -> None:
+    kind = sanitize.SANITIZER_KINDS["thread"]
+    env = sanitize.build_env({"JA_BACKEND": "cuda", "GPU_ARCHS": "sm_90"}, kind)
+    assert env == {"JA_BACKEND": "cpu", "JA_BUILD_DIR": "build/sanitize-thread", "JA_SANITIZE": "thread"}
+    settings = config.load(env=env, root=ROOT)
+    cmd = sanitize.tsan_driver_command(settings, Path("out"))
+    assert "-fsanitize=thread" in cmd and str(sanitize.TSAN_DRIVER) in cmd
+    assert f"-L{settings.jit_dir}" in cmd and "build/sanitize-thread" in str(settings.jit_dir)
