@@ -333,17 +333,45 @@ def check_uploadable(root: Path) -> dict:
     return report
 
 
-def upload_commands(report: dict, tag: str, to: str) -> list[list[str]]:
+def tag_commit(root: Path, tag: str) -> str:
+    """The commit `tag` names in this checkout; ReleaseError when there is no such tag."""
+    cp = subprocess.run(["git", "-C", str(root), "rev-parse", "--verify", "--quiet", f"refs/tags/{tag}^{{commit}}"],
+                        capture_output=True, text=True, check=False)
+    if cp.returncode != 0:
+        raise ReleaseError(f"there is no tag {tag!r} in this checkout; a release uploads to a tag that names the "
+                           f"built and validated commit: git tag {tag} <commit> && git push origin {tag}")
+    return cp.stdout.strip()
+
+
+def upload_commands(report: dict, tag: str, to: str, create: bool = False) -> list[list[str]]:
+    """The upload; for a GitHub release missing so far (`create`), its creation first, on the existing tag."""
     wheels = [w["path"] for w in report["wheels"]]
     if to == "pypi":
         return [["twine", "upload", *[w for w in wheels if "+full" not in w]]]
-    return [["gh", "release", "upload", tag, *wheels]]
+    notes = f"jax-aiter {tag}: wheels built and validated from {report['commit']} (dist/release-report.json)"
+    make = [["gh", "release", "create", tag, "--verify-tag", "--title", tag, "--notes", notes]] if create else []
+    return [*make, ["gh", "release", "upload", tag, *wheels, "--clobber"]]  # --clobber: a re-run replaces, not fails
 
 
 def upload(tag: str, to: str = "gh", dry_run: bool = False, root: Path | None = None) -> list[list[str]]:
+    """Upload the validated wheels: only a green report for HEAD, and only to a tag that names that commit.
+
+    Idempotent: the GitHub release is created when missing, and a re-run replaces the assets.
+    """
     root = root or config.repo_root()
     report = check_uploadable(root)
-    cmds = upload_commands(report, tag, to)
+    tagged = tag_commit(root, tag)
+    if tagged != report["commit"]:
+        raise ReleaseError(f"tag {tag} names commit {tagged[:12]}, but the wheels were built and validated from "
+                           f"{report['commit'][:12]}; move the tag to the validated commit or run `nox -s release` "
+                           f"at {tagged[:12]}")
+    create = False
+    if to == "gh":
+        if dry_run:
+            print(f"dry run: gh release view {tag}  (created below when missing)", flush=True)
+        create = dry_run or subprocess.run(["gh", "release", "view", tag], cwd=root, capture_output=True,
+                                           check=False).returncode != 0
+    cmds = upload_commands(report, tag, to, create)
     for cmd in cmds:
         print(("dry run: " if dry_run else "$ ") + " ".join(cmd), flush=True)
         if not dry_run:

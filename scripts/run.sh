@@ -10,8 +10,14 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 export JA_ROOT_DIR="${JA_ROOT_DIR:-$root}"
 
-# Python 3.12: on PATH, else a pyenv-installed 3.12 made visible through PYENV_VERSION
-# (exported, so nox finds python3.12 for its sessions too).
+# Python 3.12: on PATH, else a manylinux container's own (/opt/python/cp312-cp312: the release job
+# uses the container's Python, not actions/setup-python), else a pyenv-installed 3.12 made visible
+# through PYENV_VERSION (exported, so nox finds python3.12 for its sessions too).
+manylinux_py=/opt/python/cp312-cp312/bin
+if ! (command -v python3.12 >/dev/null 2>&1 && python3.12 -c '' 2>/dev/null) && [ -x "$manylinux_py/python3.12" ]; then
+  export PATH="$manylinux_py:$PATH"
+  echo "run.sh: using the container's Python 3.12 ($manylinux_py)" >&2
+fi
 if ! (command -v python3.12 >/dev/null 2>&1 && python3.12 -c '' 2>/dev/null); then
   v=""
   if command -v pyenv >/dev/null 2>&1; then

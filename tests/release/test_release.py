@@ -102,6 +102,9 @@ def test_upload_dry_run_accepts_green_and_refuses_modified_or_stale(scratch):
     def upload():
         return subprocess.run([sys.executable, "-c", code], check=False, cwd=scratch, env=env, capture_output=True, text=True)
 
+    untagged = upload()
+    assert untagged.returncode != 0 and "there is no tag 'v0.1.0'" in untagged.stderr
+    _git(scratch, "tag", "v0.1.0")
     ok = upload()
     assert ok.returncode == 0 and "dry run: gh release upload v0.1.0" in ok.stdout, ok.stderr
     wheel = scratch / report(scratch)["wheels"][0]["path"]
@@ -154,3 +157,69 @@ def test_the_wheel_fingerprint_covers_what_the_wheel_builder_imports():
                 "jax_aiter/_loader.py", "pyproject.toml"):
         assert rel in files, rel
     assert "jatools/validate/cleanroom.py" not in files  # not imported by the builder: no false staleness
+
+
+GH_STANDIN = """#!/bin/sh
+# Stand-in for the GitHub CLI (no network here): keeps its releases as files, logs every call.
+echo "$*" >> "$GH_LOG"
+case "$1 $2" in
+  "release view") [ -f "$GH_STATE/$3" ] ;;
+  "release create") [ ! -f "$GH_STATE/$3" ] && touch "$GH_STATE/$3" ;;
+  "release upload") [ -f "$GH_STATE/$3" ] ;;
+  *) exit 2 ;;
+esac
+"""
+
+
+def test_upload_creates_the_release_once_and_only_for_the_tag_of_the_validated_commit(tmp_path):
+    """The upload job: a green report for HEAD; the tag must name that commit; the GitHub release is created
+    when missing, then the wheels uploaded; a re-run creates nothing and replaces the assets."""
+    from jatools import release
+    from jax_aiter.integrity import sha256_file
+
+    root = tmp_path / "repo"
+    (root / "dist").mkdir(parents=True)
+    wheel = root / "dist" / "jax_aiter-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"a wheel's bytes")
+    _git(tmp_path, "init", "-q", str(root))
+    _git(root, "add", "-A")
+    _git(root, "commit", "-qm", "release")
+    commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    (root / release.REPORT).write_text(json.dumps({
+        "schema": release.SCHEMA, "kind": "jax-aiter-release", "ok": True, "commit": commit, "dirty": False,
+        "stages": [{"name": "validate", "result": "ok"}],
+        "wheels": [{"path": "dist/" + wheel.name, "sha256": sha256_file(wheel)}]}))
+    bin_dir, state, log = tmp_path / "bin", tmp_path / "gh-state", tmp_path / "gh.log"
+    bin_dir.mkdir()
+    state.mkdir()
+    (bin_dir / "gh").write_text(GH_STANDIN)
+    (bin_dir / "gh").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "GH_STATE": str(state), "GH_LOG": str(log),
+           "PYTHONPATH": str(REPO)}
+    code = f"from jatools import release; from pathlib import Path; release.upload('v0.1.0', root=Path({str(root)!r}))"
+
+    def upload():
+        return subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
+                              check=False)
+
+    no_tag = upload()
+    assert no_tag.returncode != 0 and "there is no tag 'v0.1.0'" in no_tag.stderr
+    _git(root, "tag", "v0.1.0", commit)
+    first = upload()
+    assert first.returncode == 0, first.stderr
+    again = upload()
+    assert again.returncode == 0, again.stderr
+    calls = [ln.split()[:3] for ln in log.read_text().splitlines()]
+    assert calls == [["release", "view", "v0.1.0"], ["release", "create", "v0.1.0"], ["release", "upload", "v0.1.0"],
+                     ["release", "view", "v0.1.0"], ["release", "upload", "v0.1.0"]]
+    assert "--verify-tag" in log.read_text() and "--clobber" in log.read_text()
+    # A tag on another commit than the validated one is refused before anything is uploaded.
+    (root / "later.txt").write_text("x")
+    _git(root, "add", "later.txt")
+    _git(root, "commit", "-qm", "later")
+    _git(root, "tag", "v0.2.0")
+    _git(root, "checkout", "-q", commit)
+    moved = subprocess.run([sys.executable, "-c", code.replace("v0.1.0", "v0.2.0")], cwd=root, env=env,
+                           capture_output=True, text=True, check=False)
+    assert moved.returncode != 0 and "but the wheels were built and validated from" in moved.stderr

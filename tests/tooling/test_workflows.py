@@ -220,3 +220,19 @@ def test_every_step_has_its_own_time_limit() -> None:
                 assert step["timeout-minutes"] == job["timeout-minutes"], where
             else:
                 assert step["timeout-minutes"] <= 10, where
+
+
+def test_manylinux_jobs_use_the_containers_python_and_the_upload_checks_out_the_tags() -> None:
+    """actions/setup-python does not work inside a manylinux container (its builds need another glibc);
+    scripts/run.sh takes the container's /opt/python/cp312-cp312 there. The upload job fetches the tags:
+    `invoke release.upload` refuses a tag that does not name the validated commit."""
+    for name, _wf, job_id, job in all_jobs():
+        image = (job.get("container") or {}).get("image", "")
+        if "manylinux" in image:
+            uses = [s.get("uses", "") for s in job["steps"]]
+            assert not any(u.startswith("actions/setup-python") for u in uses), f"{name}:{job_id}"
+    assert "/opt/python/cp312-cp312/bin" in (ROOT / "scripts" / "run.sh").read_text()
+    upload = load(ROOT / ".github" / "workflows" / "release.yml")["jobs"]["release_upload"]
+    checkout = next(s for s in upload["steps"] if s.get("uses", "").startswith("actions/checkout"))
+    assert checkout.get("with", {}).get("fetch-depth") == 0
+    assert upload["env"]["JA_RELEASE_TAG"] == "${{ github.ref_name }}"
