@@ -19,13 +19,8 @@ ns = Collection()
             "python": "report the jax packages of this interpreter (default: the one running invoke)"})
 def env_report(c, json=False, json_out="", python=""):
     """Print the machine's CPU, GPUs, toolchains, Python and jax/jaxlib/plugin versions (first step of every CI job)."""
-    import json as _json
-
     from jatools.ci import env_report as report_mod
-    report = report_mod.collect(python=python or None)
-    print(_json.dumps(report, indent=2) if json else report_mod.render(report), flush=True)
-    if json_out:
-        report_mod.write_json(report, Path(json_out))
+    report_mod.emit(report_mod.collect(python=python or None), Path(json_out) if json_out else None, as_json=json)
 
 
 @task(help={"base": "revision to compare with (the PR's base commit, e.g. origin/main)",

@@ -2,11 +2,18 @@
 
 CPU (lscpu), GPUs (rocminfo, nvidia-smi, or none), toolchains (g++, nvcc,
 hipcc, TheRock's `rocm-sdk version`, found the way the build finds them, through
-jatools.native.toolchain), Python and the jax/jaxlib/plugin versions, and the
-environment variables that steer the build. "Is the GPU visible in the
+jatools.native.toolchain), Python and the jax/jaxlib/plugin versions, the
+environment variables that steer the build, and where the job ran: the
+container image (JA_CONTAINER_IMAGE, which every container job sets to its
+`container.image`) with its digest, and the runner (name, OS, arch, and the
+runner image's ImageOS/ImageVersion where GitHub sets them). The digest is the
+one in the reference when it is pinned (`name@sha256:...`), else the registry's
+answer for the tag at report time (the v2 API, anonymous token; marked as such:
+a container cannot see what its runner pulled). "Is the GPU visible in the
 container?" and "which compiler built this?" are answered at the top of the
-log. Nothing here fails the job: a tool that is absent or errors is reported as
-such.
+log, and under GitHub Actions the image, digest and runner go to the job
+summary. Nothing here fails the job: a tool or registry that is absent or
+errors is reported as such.
 """
 from __future__ import annotations
 
@@ -17,6 +24,9 @@ import re
 import shutil
 import subprocess
 import sys
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -150,10 +160,75 @@ def python_info(python: str | None = None) -> dict:
     return json.loads(text.strip().splitlines()[-1])
 
 
+CONTAINER_ENV = "JA_CONTAINER_IMAGE"
+RUNNER_KEYS = ("RUNNER_NAME", "RUNNER_OS", "RUNNER_ARCH", "RUNNER_ENVIRONMENT", "ImageOS", "ImageVersion")
+MANIFEST_TYPES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json",
+                  "application/vnd.oci.image.manifest.v1+json", "application/vnd.docker.distribution.manifest.v2+json")
+
+
+def split_image(ref: str) -> tuple[str, str, str, str | None]:
+    """(registry, repository, tag, digest) of an image reference, Docker's defaults filled in."""
+    name, _, digest = ref.partition("@")
+    first, _, rest = name.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        registry, path = first, rest
+    else:
+        registry, path = "registry-1.docker.io", name
+        if "/" not in path:
+            path = f"library/{path}"
+    repo, _, tag = path.rpartition(":") if ":" in path.rsplit("/", 1)[-1] else (path, "", "latest")
+    return registry, repo, tag or "latest", digest or None
+
+
+def _registry_get(url: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+    req = urllib.request.Request(url, headers=headers, method="GET")
+    try:
+        with urllib.request.urlopen(req, timeout=TIMEOUT_S) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), b""
+
+
+def resolve_digest(ref: str) -> dict:
+    """The digest an image reference names: pinned in it, else asked of its registry now (v2 API)."""
+    registry, repo, tag, digest = split_image(ref)
+    if digest:
+        return {"digest": digest, "source": "pinned in the reference"}
+    scheme = "http" if registry.split(":")[0] in ("localhost", "127.0.0.1") else "https"
+    url = f"{scheme}://{registry}/v2/{repo}/manifests/{tag}"
+    headers = {"Accept": ", ".join(MANIFEST_TYPES)}
+    try:
+        status, got, _ = _registry_get(url, headers)
+        if status == 401:  # anonymous pull token from the realm the registry names
+            params = dict(re.findall(r'(\w+)="([^"]*)"', got.get("WWW-Authenticate", got.get("www-authenticate", ""))))
+            realm = params.pop("realm", "")
+            if not realm:
+                return {"digest": None, "source": f"{registry} asked for credentials it did not describe"}
+            status, _, body = _registry_get(f"{realm}?{urllib.parse.urlencode(params)}", {})
+            token = json.loads(body or b"{}").get("token") or json.loads(body or b"{}").get("access_token")
+            if status != 200 or not token:
+                return {"digest": None, "source": f"no pull token from {realm} (HTTP {status})"}
+            status, got, _ = _registry_get(url, {**headers, "Authorization": f"Bearer {token}"})
+        found = got.get("Docker-Content-Digest") or got.get("docker-content-digest")
+        if status != 200 or not found:
+            return {"digest": None, "source": f"{url}: HTTP {status}, no Docker-Content-Digest"}
+        return {"digest": found, "source": "registry, at report time (the tag's digest then)"}
+    except (OSError, ValueError) as e:
+        return {"digest": None, "source": f"registry not reachable: {e}"}
+
+
+def job_info(env: dict[str, str], resolve: Callable[[str], dict] = resolve_digest) -> dict:
+    """Where the job ran: its container image with the digest, and the runner."""
+    ref = env.get(CONTAINER_ENV)
+    container = {"image": ref, **resolve(ref)} if ref else None
+    return {"container": container, "runner": {k: env[k] for k in RUNNER_KEYS if k in env}}
+
+
 def collect(env: dict[str, str] | None = None, which: Which = shutil.which, python: str | None = None) -> dict:
     env = dict(os.environ if env is None else env)
     return {
-        "schema": 1,
+        "schema": 2,
+        "job": job_info(env),
         "host": {"hostname": platform.node(), "os": platform.platform(), "kernel": platform.release()},
         "cpu": cpu_info(which, env),
         "gpus": gpu_info(which, env),
@@ -193,11 +268,36 @@ def render(report: dict) -> str:
         lines.append("packages  " + (", ".join(f"{k} {v}" for k, v in pkgs.items()) or "no jax installed"))
     if report["env"]:
         lines.append("env       " + " ".join(f"{k}={v}" for k, v in report["env"].items()))
+    job = report.get("job") or {}
+    if job.get("container"):
+        c = job["container"]
+        lines.append(f"container {c['image']}  {c['digest'] or 'digest unknown'} ({c['source']})")
+    if job.get("runner"):
+        lines.append("runner    " + " ".join(f"{k}={v}" for k, v in job["runner"].items()))
     return "\n".join(lines)
 
 
-def write_json(report: dict, path: Path) -> None:
-    atomic_write.write_text(path, json.dumps(report, indent=2) + "\n")
+def step_summary(report: dict) -> str:
+    """Markdown for the job summary: where the job ran, exactly."""
+    job = report.get("job") or {}
+    c = job.get("container")
+    rows = [("container image", f"`{c['image']}`" if c else "none (on the runner)"),
+            ("image digest", f"`{c['digest']}` ({c['source']})" if c and c["digest"] else
+             (f"unknown ({c['source']})" if c else "-")),
+            *((k, f"`{v}`") for k, v in job.get("runner", {}).items())]
+    return "### Environment\n\n| | |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in rows) + "\n"
+
+
+def emit(report: dict, json_out: Path | None = None, as_json: bool = False,
+         env: dict[str, str] | None = None) -> None:
+    """Print the report (text or JSON), write its JSON, and add it to $GITHUB_STEP_SUMMARY when set."""
+    env = os.environ if env is None else env
+    print(json.dumps(report, indent=2) if as_json else render(report), flush=True)
+    if json_out:
+        atomic_write.write_text(json_out, json.dumps(report, indent=2) + "\n")
+    if env.get("GITHUB_STEP_SUMMARY"):
+        with open(env["GITHUB_STEP_SUMMARY"], "a", encoding="utf-8") as f:
+            f.write(step_summary(report))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,10 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m jatools.ci.env_report", description=__doc__.splitlines()[0])
     p.add_argument("--json-out", type=Path, help="also write the report as JSON here")
     args = p.parse_args(argv)
-    report = collect()
-    print(render(report), flush=True)
-    if args.json_out:
-        write_json(report, args.json_out)
+    emit(collect(), args.json_out)
     return 0
 
 

@@ -113,3 +113,76 @@ def test_invoke_task_prints_text_and_writes_json(tools: Path, tmp_path: Path) ->
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("== environment report ==")
     assert json.loads(out.read_text())["gpus"]["count"] == 4
+
+
+def test_image_references_split_with_dockers_defaults() -> None:
+    assert env_report.split_image("ghcr.io/rocm/jax-dev:7.14") == ("ghcr.io", "rocm/jax-dev", "7.14", None)
+    assert env_report.split_image("nvidia/cuda:13.0.1-devel-ubuntu24.04") == (
+        "registry-1.docker.io", "nvidia/cuda", "13.0.1-devel-ubuntu24.04", None)
+    assert env_report.split_image("ubuntu") == ("registry-1.docker.io", "library/ubuntu", "latest", None)
+    assert env_report.split_image("localhost:5000/a/b@sha256:ab") == ("localhost:5000", "a/b", "latest", "sha256:ab")
+
+
+@pytest.fixture
+def registry():
+    """A stand-in OCI registry on localhost (no network here): the v2 manifest endpoint answers 401 with a
+    Bearer challenge, the realm hands out a token, and the manifest request with it gets the digest."""
+    import http.server
+    import threading
+
+    digest = "sha256:" + "ab" * 32
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            seen.append(self.path)
+            host = f"127.0.0.1:{self.server.server_port}"
+            if self.path.startswith("/token?"):
+                body = json.dumps({"token": "t0k"}).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            elif self.path == "/v2/rocm/jax-dev/manifests/7.14":
+                if self.headers.get("Authorization") != "Bearer t0k":
+                    self.send_response(401)
+                    self.send_header("WWW-Authenticate", f'Bearer realm="http://{host}/token",service="{host}",'
+                                                         f'scope="repository:rocm/jax-dev:pull"')
+                    self.end_headers()
+                    return
+                self.send_response(200)
+                self.send_header("Docker-Content-Digest", digest)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+            else:
+                self.send_response(404)
+                self.end_headers()
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"127.0.0.1:{server.server_port}", digest, seen
+    server.shutdown()
+
+
+def test_the_container_digest_comes_from_the_registry_and_goes_to_json_and_job_summary(registry, tmp_path) -> None:
+    host, digest, seen = registry
+    ref = f"{host}/rocm/jax-dev:7.14"
+    got = env_report.resolve_digest(ref)
+    assert got["digest"] == digest and "registry, at report time" in got["source"]
+    assert any(p.startswith("/token?") and "scope=repository%3Arocm%2Fjax-dev%3Apull" in p for p in seen)
+    assert env_report.resolve_digest(f"{ref}@sha256:cd") == {"digest": "sha256:cd", "source": "pinned in the reference"}
+    missing = env_report.resolve_digest(f"{host}/rocm/other:1")
+    assert missing["digest"] is None and "HTTP 404" in missing["source"]
+    env = {"JA_CONTAINER_IMAGE": ref, "RUNNER_NAME": "linux-h200-1gpu-7", "RUNNER_OS": "Linux",
+           "ImageOS": "ubuntu24", "ImageVersion": "20261124.1", "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md")}
+    report = {"job": env_report.job_info(env), "host": {"hostname": "h", "os": "Linux"}}
+    assert report["job"]["container"]["digest"] == digest
+    assert report["job"]["runner"] == {"RUNNER_NAME": "linux-h200-1gpu-7", "RUNNER_OS": "Linux", "ImageOS": "ubuntu24",
+                                       "ImageVersion": "20261124.1"}
+    summary = env_report.step_summary(report)
+    assert f"`{digest}`" in summary and f"`{ref}`" in summary and "`20261124.1`" in summary
+    assert env_report.job_info({})["container"] is None  # a job on the runner itself

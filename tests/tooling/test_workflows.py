@@ -236,3 +236,14 @@ def test_manylinux_jobs_use_the_containers_python_and_the_upload_checks_out_the_
     checkout = next(s for s in upload["steps"] if s.get("uses", "").startswith("actions/checkout"))
     assert checkout.get("with", {}).get("fetch-depth") == 0
     assert upload["env"]["JA_RELEASE_TAG"] == "${{ github.ref_name }}"
+
+
+def test_every_container_job_names_its_image_for_the_environment_report() -> None:
+    """The environment report (first command of every build) records the image with its digest and the
+    runner; it learns the image from JA_CONTAINER_IMAGE, which must be the job's own container image."""
+    for name, _wf, job_id, job in all_jobs():
+        image = (job.get("container") or {}).get("image")
+        if image:
+            assert job.get("env", {}).get("JA_CONTAINER_IMAGE") == image, f"{name}:{job_id}"
+    assert all(b.commands()[0][-3:] == ["env-report", "--json-out", "build/ci/env-report.json"]
+               for b in BUILDS.values())
