@@ -193,6 +193,7 @@ def execute(runs: list[PytestRun], gpus: gpu_slots.Gpus, root: Path) -> list[dic
     results = []
     for run in runs:
         print(f"test_tiers: {run.kind} run ({run.config}): {run.command_line()}", flush=True)
+        Path(run.env["JA_FLAKY_JSON"]).unlink(missing_ok=True)  # an earlier run's report never stands in for this one
         start = time.monotonic()
         try:
             held = []

@@ -436,6 +436,8 @@ def test_a_collection_error_and_a_lock_wait_are_infrastructure(tmp_path):
     assert result["failure_counts"] == {"infrastructure": 1, "test": 0}
     # The multigpu tier's exclusive hold of every GPU, while another process holds one: the wait runs out.
     locks = tmp_path / "locks"
+    stale = tmp_path / "res" / "flaky-multigpu-multi.json"  # an earlier run's report, with GPU tests in it
+    stale.write_text(json.dumps({"device_tests": {"gpu0": 9}, "failure_counts": {"infrastructure": 0, "test": 0}}))
     held = gpu_slots.acquire(gpu_slots.Gpus("cuda", ("0",), "stand-in"), folder=locks, note="another job")
     try:
         r, res = _tier(tmp_path, "--tier", "multigpu", "--platform", "cuda", "--expect-gpus", "0",
@@ -445,4 +447,5 @@ def test_a_collection_error_and_a_lock_wait_are_infrastructure(tmp_path):
     assert r.returncode == gpu_slots.EXIT_NO_SLOT, r.stdout + r.stderr
     result = json.loads((res / "tier-multigpu.json").read_text())
     assert result["runs"][0]["run_failure"]["reason"] == "lock wait exceeded"
+    assert result["runs"][0]["flaky"] is None and not stale.exists()  # the stale report counts for nothing
     assert result["failure_counts"] == {"infrastructure": 1, "test": 0}
