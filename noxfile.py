@@ -13,8 +13,10 @@ nox.options.reuse_existing_virtualenvs = True
 nox.options.sessions = ["tests", "ci_tooling", "lint"]
 
 PY = "3.12"  # JAX 0.11+ needs Python 3.12
-TEST_DEPS = ["-e", ".[test]"]
-TOOLING_DEPS = ["-e", ".[tooling]"]
+PYPROJECT = nox.project.load_toml("pyproject.toml")
+# Development dependencies are PEP 735 groups in pyproject.toml, never extras of the wheel.
+TEST_DEPS = ["-e", ".", *nox.project.dependency_groups(PYPROJECT, "test")]
+TOOLING_DEPS = ["-e", ".", *nox.project.dependency_groups(PYPROJECT, "tooling")]
 
 
 def _make(session: nox.Session, *targets: str) -> None:
@@ -130,10 +132,11 @@ def convergence(session: nox.Session) -> None:
 
 
 # --- wheels (jatools/wheel/wheel_build.py; checks: jatools/wheel/wheel_floor.py, jatools/wheel/wheel_contents.py) ---
-WHEEL_DEPS = nox.project.load_toml("pyproject.toml")["project"]["optional-dependencies"]["wheel"]
+WHEEL_DEPS = nox.project.dependency_groups(PYPROJECT, "wheel")
 
 
 def _wheel(session: nox.Session, variant: str) -> None:
+    """The PEP 517 backend's build_wheel (jatools/wheel/wheel_build.py), as `python -m build -C variant=...` calls it."""
     session.install(*WHEEL_DEPS)
     session.run("python", "-m", "jatools.wheel.wheel_build", "--variant", variant, "--check", *session.posargs)
 
@@ -164,5 +167,5 @@ def release(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Tooling benchmarks against the reference's tools: table + build/bench/results.json (-- --only NAME, --scale F; -- gpu: GPU kernels)."""
     gpu = session.posargs[:1] == ["gpu"]
-    session.install("-e", ".[bench,test]" if gpu else ".[bench]")
+    session.install("-e", ".", *nox.project.dependency_groups(PYPROJECT, *(("bench", "test") if gpu else ("bench",))))
     session.run("python", "-m", "jatools.bench", *session.posargs)

@@ -5,8 +5,11 @@ interrupted write leaves the previous good state.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 
 def write_text(path: Path, text: str) -> Path:
@@ -19,3 +22,17 @@ def write_text(path: Path, text: str) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+@contextlib.contextmanager
+def open_bytes(path: Path) -> Iterator[BinaryIO]:
+    """A binary file to write `path` through: renamed into place when the block ends, deleted on an error."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            yield f
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

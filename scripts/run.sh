@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run a jax-aiter command (nox, invoke, pytest ...) with the project's tools
-# installed: makes .venv-tools (Python 3.12, nox, invoke, uv) once, then runs
+# installed: makes .venv-tools (Python 3.12, the `run` dependency group of
+# pyproject.toml: nox, invoke, uv, the wheel writer's needs) once, then runs
 # the command with it first on PATH.
 #
 #   bash scripts/run.sh nox -s release
@@ -36,12 +37,11 @@ py=python3.12
 venv="$root/.venv-tools"
 stamp="$venv/.installed-$(sha256sum pyproject.toml scripts/run.sh | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
-  echo "run.sh: preparing $venv (nox, invoke, uv)" >&2
+  echo "run.sh: preparing $venv (pyproject's dependency group 'run': nox, invoke, uv, the wheel writer's needs)" >&2
   rm -rf "$venv"
   "$py" -m venv "$venv"
-  "$venv/bin/python" -m pip install -q --upgrade pip
-  "$venv/bin/python" -m pip install -q "nox>=2024.4.15" "invoke>=2.2" "uv>=0.4" "rich>=13" \
-    "pyelftools>=0.31" "zstandard>=0.22" "filelock>=3.12" "packaging>=24" "auditwheel>=6.1" "wheel>=0.43" "deflate>=0.7"
+  "$venv/bin/python" -m pip install -q --upgrade "pip>=25.1"  # 25.1: the first pip that reads --group (PEP 735)
+  "$venv/bin/python" -m pip install -q --group run
   touch "$stamp"
 fi
 export PATH="$venv/bin:$PATH"

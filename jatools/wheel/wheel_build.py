@@ -22,19 +22,22 @@ from __future__ import annotations
 
 import argparse
 import csv
+import fnmatch
+import gzip
 import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import tomllib
-from packaging.metadata import Metadata, RawMetadata
+from packaging.metadata import Metadata, RawMetadata, RFC822Message
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -223,6 +226,9 @@ def stage(settings: config.Settings, layout: Layout, variant: Variant, version: 
         (tmp / layout.identity_file).write_text(json.dumps(identity, indent=2, sort_keys=True) + "\n")
         how[layout.identity_file] = "generated"
         project = _project(settings.root)
+        for rel in license_files(project["project"], settings.root):  # the anchor project's license-files
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(settings.root / rel, tmp / rel)
         (tmp / "pyproject.toml").write_text(anchor_pyproject(
             project["project"], version, python_packages(settings.root), layout.lib_dir, layout.identity_file))
         if plat_tag:
@@ -252,8 +258,26 @@ def staged_members(stage_dir: Path, layout: Layout) -> list[tuple[str, Path, int
 
 # --- dist-info ----------------------------------------------------------------------------
 
+# Core metadata field names as the spec writes them (packaging writes them lower-case, which twine rejects).
+_FIELD_CASE = {"author-email": "Author-email", "maintainer-email": "Maintainer-email", "home-page": "Home-page",
+               "download-url": "Download-URL", "project-url": "Project-URL"}
+METADATA_VERSION = "2.4"  # License-Expression and License-File are 2.4 fields
+
+
+def license_files(project: dict, root: Path) -> list[str]:
+    """The files pyproject's `license-files` globs name (PEP 639), sorted; WheelBuildError when one matches nothing."""
+    out: set[str] = set()
+    for pattern in project.get("license-files", []):
+        found = [p.relative_to(root).as_posix() for p in root.glob(pattern) if p.is_file()]
+        if not found:
+            raise WheelBuildError(f"pyproject.toml license-files: {pattern!r} matches no file in {root}; add the "
+                                  "file (the project declares MIT: LICENSE at the root) or fix the pattern")
+        out.update(found)
+    return sorted(out)
+
+
 def metadata_text(project: dict, version: str, root: Path) -> tuple[bytes, list[str]]:
-    """METADATA from pyproject's [project] (validated by packaging), and notes on anything left out."""
+    """METADATA (core metadata 2.4) from pyproject's [project], validated by packaging; notes on anything left out."""
     notes = []
     reqs = list(project.get("dependencies", []))
     extras = project.get("optional-dependencies", {})
@@ -264,17 +288,23 @@ def metadata_text(project: dict, version: str, root: Path) -> tuple[bytes, list[
             r.marker = None
             reqs.append(f"{r}; {marker}")
     raw: RawMetadata = {
-        "metadata_version": "2.1",
+        "metadata_version": METADATA_VERSION,
         "name": project["name"],
         "version": version,
         "summary": project.get("description", ""),
         "requires_python": project.get("requires-python", ""),
         "requires_dist": reqs,
         "provides_extra": list(extras),
+        "classifiers": list(project.get("classifiers", [])),
+        "project_urls": dict(project.get("urls", {})),
+        "license_files": license_files(project, root),
     }
     lic = project.get("license")
-    if isinstance(lic, dict) and lic.get("text"):
-        raw["license"] = lic["text"]
+    if isinstance(lic, str):
+        raw["license_expression"] = lic
+    elif isinstance(lic, dict):
+        raise WheelBuildError("pyproject.toml: `license` is a table; write the SPDX expression instead "
+                              '(license = "MIT") and list the files in license-files (PEP 639)')
     readme = project.get("readme")
     if isinstance(readme, str):
         path = root / readme
@@ -289,7 +319,13 @@ def metadata_text(project: dict, version: str, root: Path) -> tuple[bytes, list[
         errors = getattr(e, "exceptions", [e])
         raise WheelBuildError("pyproject.toml [project] gives invalid metadata: "
                               + "; ".join(str(x) for x in errors)) from e
-    return meta.as_rfc822().as_bytes(), notes
+    lower = meta.as_rfc822()
+    out = RFC822Message()
+    for name, value in lower.items():
+        out[_FIELD_CASE.get(name.lower(), "-".join(w.capitalize() for w in name.split("-")))] = value
+    if meta.description is not None:
+        out.set_payload(meta.description)
+    return out.as_bytes(), notes
 
 
 def entry_points_text(project: dict) -> bytes:
@@ -302,9 +338,25 @@ def entry_points_text(project: dict) -> bytes:
     return out.getvalue().encode()
 
 
-def wheel_text(tag: str) -> bytes:
+def wheel_text(tag: str, purelib: bool = False) -> bytes:
     # Not purelib: the libraries are platform-specific, so installers put them in platlib.
-    return f"Wheel-Version: 1.0\nGenerator: {GENERATOR}\nRoot-Is-Purelib: false\nTag: {tag}\n".encode()
+    return (f"Wheel-Version: 1.0\nGenerator: {GENERATOR}\nRoot-Is-Purelib: {str(purelib).lower()}\n"
+            f"Tag: {tag}\n").encode()
+
+
+def add_dist_info(zw: DeterministicZipWriter, dist_info: str, metadata: bytes, wheel: bytes, project: dict,
+                  root: Path, licenses: list[str]) -> list[WrittenMember]:
+    """METADATA, the license files (PEP 639: .dist-info/licenses/), WHEEL, entry points, then RECORD last.
+
+    Returns the members RECORD lists (every one before it)."""
+    zw.add_bytes(f"{dist_info}/METADATA", metadata)
+    for rel in licenses:
+        zw.add_bytes(f"{dist_info}/licenses/{rel}", (root / rel).read_bytes())
+    zw.add_bytes(f"{dist_info}/WHEEL", wheel)
+    zw.add_bytes(f"{dist_info}/entry_points.txt", entry_points_text(project))
+    written = zw.members
+    zw.add_bytes(f"{dist_info}/RECORD", record_text(written, f"{dist_info}/RECORD"))
+    return written
 
 
 def record_text(members: list[WrittenMember], record_path: str) -> bytes:
@@ -397,6 +449,7 @@ def build(settings: config.Settings, options: BuildOptions, layout: Layout | Non
     date_time = time.gmtime(max(MIN_EPOCH, epoch))[:6]
     metadata, meta_notes = metadata_text(project, version, settings.root)
     notes += meta_notes
+    licenses = license_files(project, settings.root)
     jit_members = {layout.lib_member(n): n for n in jit_names}
     members = staged_members(stage_dir, layout)
     total = sum(p.stat().st_size for _, p, _ in members)
@@ -416,11 +469,7 @@ def build(settings: config.Settings, options: BuildOptions, layout: Layout | Non
             known = {a: bytes.fromhex(expectations.entry(n)["sha256"]) for a, n in jit_members.items()}
             zw.add_files(((arcname, path, mode, known.get(arcname)) for arcname, path, mode in members),
                          on_written=progress)
-            zw.add_bytes(f"{dist_info}/METADATA", metadata)
-            zw.add_bytes(f"{dist_info}/WHEEL", wheel_text(wheel_tag))
-            zw.add_bytes(f"{dist_info}/entry_points.txt", entry_points_text(project))
-            written = zw.members
-            zw.add_bytes(f"{dist_info}/RECORD", record_text(written, f"{dist_info}/RECORD"))
+            written = add_dist_info(zw, dist_info, metadata, wheel_text(wheel_tag), project, settings.root, licenses)
         t_pack = time.monotonic()
         log(f"wheel_build: reading {tmp.name} back ({len(written) + 1} members)")
         read_back(tmp, written, jit_members, expectations, options.jobs)
@@ -464,6 +513,136 @@ def _write_report(settings: config.Settings, result: BuildResult) -> Path:
     data = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(result).items()}
     atomic_write.write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
     return path
+
+
+# --- PEP 517 / PEP 660 backend (pyproject [build-system]: build-backend = "jatools.wheel.wheel_build") --------
+# `python -m build`, `pip wheel .`, `pip install [-e] .`, `uv build`, `uv pip install [-e] .` call these hooks in
+# the source tree (the current folder). build_wheel is `build()` above, the function `nox -s wheel_*` and
+# scripts/build_wheel.sh run, so every front-end makes the same bytes for the same inputs and SOURCE_DATE_EPOCH.
+
+CONFIG_SETTINGS = {"variant": "lite | full (default lite): -C variant=full, --config-settings variant=full"}
+
+
+def _hook_setting(config_settings: dict | None, key: str, default: str) -> str:
+    unknown = sorted(set(config_settings or {}) - set(CONFIG_SETTINGS))
+    if unknown:
+        raise SystemExit(f"jax-aiter build backend: unknown config setting(s) {', '.join(unknown)}; known: "
+                         + "; ".join(f"{k}: {v}" for k, v in CONFIG_SETTINGS.items()))
+    value = (config_settings or {}).get(key, default)
+    return value[-1] if isinstance(value, list) else value  # a setting given twice: the last one wins
+
+
+def _source_settings() -> config.Settings:
+    """Settings of the tree being built (the hooks' current folder), whatever JA_ROOT_DIR says."""
+    return config.load(root=Path.cwd().resolve())
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def get_requires_for_build_wheel(config_settings: dict | None = None) -> list[str]:
+    return []  # [build-system].requires is everything
+
+
+def get_requires_for_build_editable(config_settings: dict | None = None) -> list[str]:
+    return []
+
+
+def get_requires_for_build_sdist(config_settings: dict | None = None) -> list[str]:
+    return []
+
+
+def build_wheel(wheel_directory: str, config_settings: dict | None = None,
+                metadata_directory: str | None = None) -> str:
+    """PEP 517: the lite wheel (or -C variant=full) from this tree's build folder; never compiles anything."""
+    settings = _source_settings()
+    variant = _hook_setting(config_settings, "variant", "lite")
+    options = BuildOptions.from_env(variant, Path(wheel_directory).resolve())
+    try:
+        result = build(settings, options, log=_stderr)
+    except (WheelBuildError, IntegrityError, jit_expectations.JitExpectationError, wheel_floor.FloorError) as e:
+        hint = ""
+        if (settings.root / "PKG-INFO").is_file() and not settings.build_dir.is_dir():
+            hint = (f"\n  {settings.root} is an unpacked sdist with no native build: build the libraries here "
+                    "(make && python3 jax_aiter/jit/build_jit.py && make ja_mods), or point JA_BUILD_DIR at a "
+                    "checkout's build folder (JA_BUILD_DIR=/path/to/checkout/build python -m build), or build the "
+                    "wheel straight from the checkout (python -m build --wheel, uv build --wheel)")
+        raise SystemExit(f"jax-aiter build backend: error: {e}{hint}") from None
+    _stderr(result.summary())
+    return result.wheel.name
+
+
+EDITABLE_PTH = "_jax_aiter_editable.pth"
+
+
+def build_editable(wheel_directory: str, config_settings: dict | None = None,
+                   metadata_directory: str | None = None) -> str:
+    """PEP 660: a wheel of metadata and a .pth naming this tree, so `import jax_aiter` runs the checkout's code
+    and loads its libraries from the build tree (jax_aiter/_loader.py); nothing is copied or compiled."""
+    _hook_setting(config_settings, "variant", "lite")
+    settings = _source_settings()
+    project = _project(settings.root)["project"]
+    version = project["version"]
+    dist_name = canonicalize_name(project["name"]).replace("-", "_")
+    dist_info = f"{dist_name}-{version}.dist-info"
+    tag = "py3-none-any"
+    wheel = Path(wheel_directory).resolve() / f"{dist_name}-{version}-{tag}.whl"
+    metadata, _ = metadata_text(project, version, settings.root)
+    date_time = time.gmtime(default_epoch(settings.root))[:6]
+    with atomic_write.open_bytes(wheel) as f, DeterministicZipWriter(f, date_time, engine="zlib") as zw:
+        zw.add_bytes(EDITABLE_PTH, f"{settings.root}\n".encode())
+        add_dist_info(zw, dist_info, metadata, wheel_text(tag, purelib=True), project, settings.root,
+                      license_files(project, settings.root))
+    return wheel.name
+
+
+def sdist_files(root: Path) -> list[str]:
+    """The files a rebuild needs ([tool.jax-aiter] sdist_include less sdist_exclude), sorted, as posix paths."""
+    raw = config.defaults(root)
+    excluded = list(raw.get("sdist_exclude", []))
+    out: set[str] = set()
+    for entry in raw["sdist_include"]:
+        top = root / entry
+        if not top.exists():
+            raise WheelBuildError(f"pyproject.toml [tool.jax-aiter] sdist_include names {entry!r}, which is not in "
+                                  f"{root}; restore it or drop it from the list")
+        paths = [top] if top.is_file() else sorted(q for q in top.rglob("*") if q.is_file() and not q.is_symlink())
+        for q in paths:
+            rel = q.relative_to(root).as_posix()
+            if not any(fnmatch.fnmatchcase(rel, pat) or fnmatch.fnmatchcase(q.name, pat) for pat in excluded):
+                out.add(rel)
+    return sorted(out)
+
+
+def build_sdist(sdist_directory: str, config_settings: dict | None = None) -> str:
+    """PEP 517: jax_aiter-<version>.tar.gz with PKG-INFO and what a rebuild needs; reproducible (sorted members,
+    owner 0, timestamps from SOURCE_DATE_EPOCH or the HEAD commit, gzip without a time stamp)."""
+    _hook_setting(config_settings, "variant", "lite")
+    root = Path.cwd().resolve()
+    project = _project(root)["project"]
+    version = project["version"]
+    base = f"{canonicalize_name(project['name']).replace('-', '_')}-{version}"
+    out = Path(sdist_directory).resolve() / f"{base}.tar.gz"
+    epoch = default_epoch(root)
+    metadata, _ = metadata_text(project, version, root)
+
+    def info(name: str, size: int, mode: int) -> tarfile.TarInfo:
+        ti = tarfile.TarInfo(f"{base}/{name}")
+        ti.size, ti.mode, ti.mtime, ti.uid, ti.gid, ti.uname, ti.gname = size, mode, epoch, 0, 0, "", ""
+        return ti
+
+    with atomic_write.open_bytes(out) as f, \
+            gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0) as gz, \
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(info("PKG-INFO", len(metadata), FILE_MODE), io.BytesIO(metadata))
+        for rel in sdist_files(root):
+            path = root / rel
+            mode = LIB_MODE if os.access(path, os.X_OK) else FILE_MODE
+            with open(path, "rb") as src:
+                tar.addfile(info(rel, path.stat().st_size, mode), src)
+    return out.name
+
 
 
 def main(argv: list[str] | None = None) -> int:

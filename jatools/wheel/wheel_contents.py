@@ -73,18 +73,21 @@ def _check_record(report: ContentsReport, names: list[str], record: dict[str, tu
 def _check_dist_info(report: ContentsReport, zf: zipfile.ZipFile, dist_info: str, layout: Layout, name: str,
                      version: str, tags: set[str]) -> None:
     present = {n[len(dist_info) + 1:] for n in zf.namelist() if n.startswith(dist_info + "/")}
-    for missing in sorted(set(layout.dist_info_files) - present):
-        report.problems.append(f"{dist_info}/{missing} is missing")
-    for extra in sorted(present - set(layout.dist_info_files)):
-        report.problems.append(f"{dist_info}/{extra} is not expected in the dist-info")
+    expected = set(layout.dist_info_files)
     if "METADATA" in present:
         try:
             meta = Metadata.from_email(zf.read(f"{dist_info}/METADATA"), validate=True)
             if canonicalize_name(meta.name) != canonicalize_name(name) or str(meta.version) != version:
                 report.problems.append(f"METADATA names {meta.name} {meta.version}, the file name {name} {version}")
+            # PEP 639: each License-File is in the dist-info's licenses/ folder.
+            expected |= {f"licenses/{f}" for f in meta.license_files or []}
         except Exception as e:  # noqa: BLE001 - packaging raises an ExceptionGroup of InvalidMetadata
             errors = getattr(e, "exceptions", [e])
             report.problems.append("METADATA is invalid: " + "; ".join(str(x) for x in errors))
+    for missing in sorted(expected - present):
+        report.problems.append(f"{dist_info}/{missing} is missing")
+    for extra in sorted(present - expected):
+        report.problems.append(f"{dist_info}/{extra} is not expected in the dist-info")
     if "WHEEL" in present:
         msg = email.parser.Parser().parsestr(zf.read(f"{dist_info}/WHEEL").decode("utf-8"))
         if msg.get("Wheel-Version") != "1.0":

@@ -120,10 +120,8 @@ class Layout:
 
 
 def python_packages(root: Path | None = None) -> list[str]:
-    """The packages pyproject's [tool.setuptools] lists: the same set `pip wheel .` ships."""
-    root = root or config.repo_root()
-    with open(root / "pyproject.toml", "rb") as f:
-        return list(tomllib.load(f)["tool"]["setuptools"]["packages"])
+    """The packages pyproject's [tool.jax-aiter] `packages` lists: the Python part of every wheel."""
+    return list(config.defaults(root or config.repo_root())["packages"])
 
 
 def python_files(root: Path | None = None) -> list[str]:
