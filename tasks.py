@@ -191,24 +191,29 @@ ns.add_task(jit_verify, "verify")
 
 
 # --- wheels: build, symbol floor, content policy (logic in jatools/wheel/) ---------------
-_WHEEL_ARG = {"wheel": "wheel path, glob or comma-separated list (default: every wheel in dist/)"}
+_WHEEL_ARG = {"wheel": "a wheel path, glob or comma-separated list (repeatable); also any number of wheels after "
+                      "`--` (invoke floor -- dist/*.whl); none: every wheel in dist/"}
 
 
-def _wheel_paths(wheel: str | None) -> list[Path]:
+def _wheel_paths(c, wheel: list[str] | None) -> list[Path]:
+    """-w values and the words after `--` (invoke has no variable positional arguments, pyinvoke/invoke#132)."""
+    import shlex
+
     from jatools import config
     from jatools.wheel import wheel_members
+    specs = list(wheel or []) + shlex.split(getattr(c, "remainder", "") or "")
     try:
-        return wheel_members.find_wheels(wheel or "", config.repo_root() / "dist")
+        return [p for spec in specs or [""] for p in wheel_members.find_wheels(spec, config.repo_root() / "dist")]
     except wheel_members.WheelReadError as e:
         raise Exit(f"error: {e}", code=2) from None
 
 
-@task(help=_WHEEL_ARG, positional=["wheel"])
+@task(help=_WHEEL_ARG, iterable=["wheel"])
 def floor(c, wheel=None):
     """auditwheel symbol floor: fail when a wheel's platform tag claims an older glibc than its symbols allow."""
     from jatools.wheel import wheel_floor
     failures = []
-    for path in _wheel_paths(wheel):
+    for path in _wheel_paths(c, wheel):
         try:
             report = wheel_floor.check_wheel(path)
         except wheel_floor.FloorError as e:
@@ -219,11 +224,11 @@ def floor(c, wheel=None):
         raise Exit("floor: FAIL " + "\nfloor: FAIL ".join(failures), code=1)
 
 
-@task(help=_WHEEL_ARG, positional=["wheel"])
+@task(help=_WHEEL_ARG, iterable=["wheel"])
 def contents(c, wheel=None):
     """Wheel content policy: variant files, allowed external libraries, RUNPATHs, RECORD and metadata."""
     from jatools.wheel import wheel_contents
-    reports = wheel_contents.check_wheels(_wheel_paths(wheel))
+    reports = wheel_contents.check_wheels(_wheel_paths(c, wheel))
     for r in reports:
         if r.ok:
             print(f"contents: ok {r.message()}")
