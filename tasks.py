@@ -224,15 +224,22 @@ def floor(c, wheel=None):
         raise Exit("floor: FAIL " + "\nfloor: FAIL ".join(failures), code=1)
 
 
-@task(help=_WHEEL_ARG, iterable=["wheel"])
-def contents(c, wheel=None):
+@task(help={**_WHEEL_ARG, "clients": "also run the clients users run (twine check --strict, check-wheel-contents, "
+                                     "wheel unpack + pack)"}, iterable=["wheel"])
+def contents(c, wheel=None, clients=False):
     """Wheel content policy: variant files, allowed external libraries, RUNPATHs, RECORD and metadata."""
     from jatools.wheel import wheel_contents
-    reports = wheel_contents.check_wheels(_wheel_paths(c, wheel))
+    paths = _wheel_paths(c, wheel)
+    reports = wheel_contents.check_wheels(paths)
     for r in reports:
         if r.ok:
             print(f"contents: ok {r.message()}")
     failed = [r.message() for r in reports if not r.ok]
+    if clients:
+        said = wheel_contents.client_problems(paths)
+        failed += said
+        if not said:
+            print("contents: ok twine check --strict, check-wheel-contents, wheel unpack + pack accept them")
     if failed:
         raise Exit("contents: FAIL " + "\ncontents: FAIL ".join(failed), code=1)
 

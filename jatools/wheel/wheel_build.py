@@ -1,6 +1,11 @@
 """Build the lite or full wheel from the build tree: verify, stage, pack, read back, rename.
 
     python -m jatools.wheel.wheel_build --variant lite|full [--dist DIR] [--plat-name TAG] [--check]
+    python -m jatools.wheel.wheel_build --sdist [--dist DIR]
+
+This module is also the project's PEP 517/660 build backend (pyproject [build-system]):
+`python -m build`, `pip wheel .`, `pip install [-e] .`, `uv build` call its hooks
+(end of the file), which call the same `build()`; `-C variant=full` picks the full wheel.
 
 1. Find every library the variant holds (jatools/wheel/wheel_layout.toml). A missing one
    fails at once with the command that makes it; this never runs build_jit.py.
@@ -616,14 +621,18 @@ def sdist_files(root: Path) -> list[str]:
 
 
 def build_sdist(sdist_directory: str, config_settings: dict | None = None) -> str:
-    """PEP 517: jax_aiter-<version>.tar.gz with PKG-INFO and what a rebuild needs; reproducible (sorted members,
-    owner 0, timestamps from SOURCE_DATE_EPOCH or the HEAD commit, gzip without a time stamp)."""
+    """PEP 517: the sdist of this tree (`sdist`)."""
     _hook_setting(config_settings, "variant", "lite")
-    root = Path.cwd().resolve()
+    return sdist(Path.cwd().resolve(), Path(sdist_directory).resolve()).name
+
+
+def sdist(root: Path, dist_dir: Path) -> Path:
+    """jax_aiter-<version>.tar.gz with PKG-INFO and what a rebuild needs; reproducible (sorted members, owner 0,
+    timestamps from SOURCE_DATE_EPOCH or the HEAD commit, gzip without a time stamp)."""
     project = _project(root)["project"]
     version = project["version"]
     base = f"{canonicalize_name(project['name']).replace('-', '_')}-{version}"
-    out = Path(sdist_directory).resolve() / f"{base}.tar.gz"
+    out = dist_dir / f"{base}.tar.gz"
     epoch = default_epoch(root)
     metadata, _ = metadata_text(project, version, root)
 
@@ -641,13 +650,15 @@ def build_sdist(sdist_directory: str, config_settings: dict | None = None) -> st
             mode = LIB_MODE if os.access(path, os.X_OK) else FILE_MODE
             with open(path, "rb") as src:
                 tar.addfile(info(rel, path.stat().st_size, mode), src)
-    return out.name
+    return out
 
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m jatools.wheel.wheel_build", description=__doc__.splitlines()[0])
-    p.add_argument("--variant", required=True, choices=sorted(Layout.load().variants))
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--variant", choices=sorted(Layout.load().variants))
+    what.add_argument("--sdist", action="store_true", help="the sdist instead (what `python -m build --sdist` makes)")
     p.add_argument("--dist", type=Path, default=None, help="output folder (default: <repo>/dist)")
     p.add_argument("--plat-name", help="platform tag (default: JA_WHEEL_PLAT_NAME, else the measured floor)")
     p.add_argument("--wheel-arch", help="GPU arch the wheel is for (default: JA_WHEEL_ARCH)")
@@ -660,6 +671,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", action="store_true", help="then run the floor and contents checks on the wheel")
     args = p.parse_args(argv)
     settings = config.load()
+    if args.sdist:
+        print(f"wheel_build: {sdist(settings.root, (args.dist or settings.root / 'dist').resolve())}", flush=True)
+        return 0
     options = BuildOptions.from_env(args.variant, args.dist or settings.root / "dist", plat_name=args.plat_name,
                                     wheel_arch=args.wheel_arch, level=args.compress_level, jobs=args.jobs,
                                     engine=args.deflate)

@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import email.parser
 import json
+import os
 import posixpath
+import subprocess
 import sys
 import tempfile
 import zipfile
@@ -243,12 +245,81 @@ def check_wheels(wheels: list[Path], layout: Layout | None = None) -> list[Conte
     return [check_wheel(w, layout) for w in wheels]
 
 
+# --- the clients users run: each must accept every distribution we publish ----------------------------
+# check-wheel-contents codes we configure off, each for a reason (docs/wheels.md):
+CHECK_WHEEL_CONTENTS_IGNORE: dict[str, str] = {}
+
+
+def _client(argv: list[str], what: str) -> str | None:
+    """Run a client as users do (this interpreter's module); None when it accepts, else what it said."""
+    out = subprocess.run([sys.executable, *argv], capture_output=True, text=True, check=False,
+                         env={**os.environ, "NO_COLOR": "1"})
+    if out.returncode == 0:
+        return None
+    if "No module named" in out.stderr:
+        return (f"{what}: the client is not installed ({out.stderr.strip().splitlines()[-1]}); install the "
+                "`clients` dependency group: pip install --group clients")
+    return f"{what} rejects it (exit {out.returncode}): {(out.stdout + out.stderr).strip()[-1500:]}"
+
+
+def repack_problems(wheel: Path) -> list[str]:
+    """`wheel unpack` then `wheel pack`: the same file name, members and bytes (RECORD rows as a set)."""
+    problems = []
+    with tempfile.TemporaryDirectory(prefix="ja-repack-") as tmp:
+        said = _client(["-m", "wheel", "unpack", "-d", f"{tmp}/u", str(wheel)], "wheel unpack")
+        unpacked = next(Path(tmp, "u").glob("*"), None) if said is None else None
+        Path(tmp, "p").mkdir()
+        said = said or _client(["-m", "wheel", "pack", "-d", f"{tmp}/p", str(unpacked)], "wheel pack")
+        if said:
+            return [f"{wheel.name}: {said}"]
+        again = next(Path(tmp, "p").glob("*.whl"))
+        if again.name != wheel.name:
+            problems.append(f"{wheel.name}: `wheel pack` names it {again.name}")
+        with zipfile.ZipFile(wheel) as a, zipfile.ZipFile(again) as b:
+            ours, theirs = sorted(a.namelist()), sorted(b.namelist())
+            if ours != theirs:
+                problems.append(f"{wheel.name}: `wheel pack` gives other members: only ours "
+                                f"{sorted(set(ours) - set(theirs))}, only theirs {sorted(set(theirs) - set(ours))}")
+            for n in sorted(set(ours) & set(theirs)):
+                same = (set(a.read(n).splitlines()) == set(b.read(n).splitlines()) if n.endswith("/RECORD")
+                        else a.read(n) == b.read(n))
+                if not same:
+                    problems.append(f"{wheel.name}: {n} differs after `wheel unpack` + `wheel pack`")
+    return problems
+
+
+def client_problems(dists: list[Path]) -> list[str]:
+    """What the clients users run say about these wheels/sdists: `twine check --strict` (all),
+    `check-wheel-contents` and `wheel unpack` + `wheel pack` (wheels). Empty: every client accepts them.
+    `auditwheel show` against the measured floor is `invoke floor` (jatools/wheel/wheel_floor.py)."""
+    wheels = [d for d in dists if d.suffix == ".whl"]
+    problems = [p for p in [_client(["-m", "twine", "check", "--strict", *map(str, dists)], "twine check --strict")]
+                if p]
+    if wheels:
+        ignore = ["--ignore", ",".join(CHECK_WHEEL_CONTENTS_IGNORE)] if CHECK_WHEEL_CONTENTS_IGNORE else []
+        said = _client(["-m", "check_wheel_contents", *ignore, *map(str, wheels)], "check-wheel-contents")
+        problems += [said] if said else []
+    for w in wheels:
+        problems += repack_problems(w)
+    return problems
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m jatools.wheel.wheel_contents", description=__doc__.splitlines()[0])
-    p.add_argument("wheels", nargs="+", type=Path)
+    p.add_argument("dists", nargs="+", type=Path, help="wheels (and, with --clients, sdists)")
+    p.add_argument("--clients", action="store_true", help="instead, run the clients users run on them (twine "
+                   "check --strict, check-wheel-contents, wheel unpack + pack)")
     args = p.parse_args(argv)
+    if args.clients:
+        problems = client_problems(args.dists)
+        for problem in problems:
+            print(f"clients: FAIL {problem}", file=sys.stderr)
+        if not problems:
+            print(f"clients: ok twine check --strict, check-wheel-contents, wheel unpack + pack accept "
+                  f"{', '.join(d.name for d in args.dists)}")
+        return 1 if problems else 0
     failed = False
-    for r in check_wheels(args.wheels):
+    for r in check_wheels(args.dists):
         print(f"contents: {'ok' if r.ok else 'FAIL'} {r.message()}", file=sys.stdout if r.ok else sys.stderr)
         failed |= not r.ok
     return 1 if failed else 0

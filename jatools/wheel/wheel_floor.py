@@ -161,6 +161,9 @@ def check_wheel(wheel: Path) -> FloorReport:
     with extracted_elves(wheel) as libs:
         floor = measure({Path(k).name: v for k, v in libs.items()}, arch_of_tag(sym_tag))
     problems = []
+    if floor.tag != sym_tag:  # the tag the build measured must be the one auditwheel shows
+        problems.append(f"the measured symbol floor {floor.tag} disagrees with `auditwheel show`'s sym_tag {sym_tag}; "
+                        "update auditwheel and jatools/wheel/wheel_floor.py together")
     for tag in claimed:
         if tag == "any":
             problems.append(f"{tag}: a wheel with native libraries cannot be tagged 'any'")
