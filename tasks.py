@@ -90,13 +90,13 @@ def validate_run(c, variant="", wheel=None, engine="auto", installer="auto", whe
 @task(help={"gpu": "also the JAX plugin of this backend: cuda or rocm (repeatable)",
             "path": "wheelhouse folder (default: JA_WHEELHOUSE or build/wheelhouse)"}, iterable=["gpu"])
 def validate_wheelhouse(c, gpu=None, path=""):
-    """Fill the offline wheelhouse once from the package index (jax/jaxlib at the floor, deps, fetch extra)."""
+    """Fill the offline wheelhouse once from the package index (jax/jaxlib at the floor, deps, fetch extra, build backend)."""
     from jatools import config
     from jatools.validate import cleanroom_env, wheelhouse
     root = config.repo_root()
     try:
         python = cleanroom_env.find_python(str(config.defaults(root)["validation_python"]))
-        wanted = wheelhouse.requirements(root, tuple(gpu or ()))
+        wanted = wheelhouse.requirements(root, tuple(gpu or ()), build=True)  # also offline `pip install .`
         wheelhouse.fill(wheelhouse.location(root, path or None), wanted, python)
     except (wheelhouse.WheelhouseError, cleanroom_env.CleanRoomError) as e:
         raise Exit(f"validate.wheelhouse: error: {e}", code=2)

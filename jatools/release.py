@@ -4,7 +4,9 @@
 
 Stages, in order: environment report; umbrella; JIT libraries (built, or
 fetched with --fetch-jit, failing on a miss); FFI shims; the lite and full
-wheels; verify, floor and contents; clean-room validation of both wheels. A
+wheels; verify, floor and contents; the sdist; the clients users run (twine
+check --strict, check-wheel-contents, wheel unpack + pack) on the wheels and
+the sdist; clean-room validation of both wheels. A
 stage whose inputs are unchanged since the last green run is skipped and the
 summary says so (make's own -q for the native targets, input fingerprints for
 the wheels, the validation report's wheel hashes for validation). The first
@@ -22,6 +24,7 @@ import os
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -116,6 +119,11 @@ def code_inputs(root: Path, module: str, python: str = sys.executable) -> list[P
             files.update(q for q in p.parent.iterdir() if q.is_file() and q.suffix not in (".py", ".pyc"))
     files.update(q for q in (root / "jax_aiter").rglob("*") if q.is_file() and "__pycache__" not in q.parts)
     files.add(root / "pyproject.toml")
+    with open(root / "pyproject.toml", "rb") as f:  # the files METADATA is made of: the readme, the licenses
+        project = tomllib.load(f)["project"]
+    readme = project.get("readme")
+    for pattern in ([readme] if isinstance(readme, str) else []) + list(project.get("license-files", [])):
+        files.update(q for q in root.glob(pattern) if q.is_file())
     return sorted(files)
 
 
@@ -199,9 +207,16 @@ def stages(fetch_jit: str | None) -> list[Stage]:
           for v in ("lite", "full")],
         Stage("verify", lambda ctx: [py(ctx), "-m", "invoke", "verify"], lambda ctx: "invoke verify"),
         Stage("floor", lambda ctx: [py(ctx), "-m", "jatools.wheel.wheel_floor", *_wheels(ctx)],
-              lambda ctx: "invoke floor " + " ".join(_wheels(ctx))),
+              lambda ctx: "invoke floor -- " + " ".join(_wheels(ctx))),
         Stage("contents", lambda ctx: [py(ctx), "-m", "jatools.wheel.wheel_contents", *_wheels(ctx)],
-              lambda ctx: "invoke contents " + " ".join(_wheels(ctx))),
+              lambda ctx: "invoke contents -- " + " ".join(_wheels(ctx))),
+        Stage("sdist", lambda ctx: [py(ctx), "-m", "jatools.wheel.wheel_build", "--sdist"],
+              lambda ctx: "python -m jatools.wheel.wheel_build --sdist  (or python -m build --sdist)",
+              artifacts=lambda ctx: sorted((ctx.root / "dist").glob("*.tar.gz"))),
+        # The clients users run must accept every distribution: a candidate none would take is never green.
+        Stage("clients", lambda ctx: [py(ctx), "-m", "jatools.wheel.wheel_contents", "--clients", *_wheels(ctx),
+                                      *map(str, sorted((ctx.root / "dist").glob("*.tar.gz")))],
+              lambda ctx: "invoke contents --clients -- " + " ".join(_wheels(ctx))),
         Stage("validate", lambda ctx: [py(ctx), "-m", "jatools.validate.cleanroom",
                                        *[a for w in _wheels(ctx) for a in ("--wheel", w)]],
               lambda ctx: "invoke validate  (or bash scripts/validate_wheel.sh WHEEL)", up_to_date=_validated),

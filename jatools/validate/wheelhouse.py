@@ -52,11 +52,6 @@ def location(root: Path | None = None, flag: str | Path | None = None, env: dict
     return path if path.is_absolute() else root / path
 
 
-def _project(root: Path) -> dict:
-    with open(root / "pyproject.toml", "rb") as f:
-        return tomllib.load(f)["project"]
-
-
 def _floor(req: Requirement) -> str | None:
     for spec in req.specifier:
         if spec.operator in (">=", "==", "~="):
@@ -64,14 +59,18 @@ def _floor(req: Requirement) -> str | None:
     return None
 
 
-def requirements(root: Path | None = None, backends: tuple[str, ...] = ()) -> list[str]:
-    """What the wheelhouse must hold, as pip requirement strings (sorted, no duplicates)."""
+def requirements(root: Path | None = None, backends: tuple[str, ...] = (), build: bool = False) -> list[str]:
+    """What the wheelhouse must hold, as pip requirement strings (sorted, no duplicates); with `build`, also the
+    build backend's [build-system].requires, so the front-ends build and install offline from it."""
     root = root or config.repo_root()
-    project = _project(root)
+    with open(root / "pyproject.toml", "rb") as f:
+        data = tomllib.load(f)
+    project = data["project"]
     raw = config.defaults(root)
     floor_pinned = {name.lower() for name in raw.get("validation_floor", [])}
     reqs = [Requirement(r) for r in project.get("dependencies", [])]
     reqs += [Requirement(r) for r in project.get("optional-dependencies", {}).get("fetch", [])]
+    reqs += [Requirement(r) for r in data.get("build-system", {}).get("requires", [])] if build else []
     out: dict[str, str] = {}
     floors: dict[str, str] = {}
     for req in reqs:
