@@ -6,7 +6,7 @@
 
 The tests themselves live once, in tests/tooling/ (where `nox -s ci_tooling`
 collects them); this file is the self-runnable entry point the CI contract
-names. Needs only the project's own dependencies (`pip install -e .[tooling]`):
+names. Needs only the project's own dependencies (`pip install -e . --group tooling`):
 no GPU, no native build, no network beyond 127.0.0.1.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ def main(argv: list[str]) -> int:
             missing.append(name)
     if missing:
         print(f"test_jit_libs_manifest: missing {', '.join(missing)}; install the project's tooling dependencies "
-              f"with `{sys.executable} -m pip install -e '{ROOT}[tooling]'`", file=sys.stderr)
+              f"with `{sys.executable} -m pip install -e '{ROOT}' --group '{ROOT}/pyproject.toml:tooling'`", file=sys.stderr)
         return 2
     if not TESTS:
         print(f"test_jit_libs_manifest: no tests found in {ROOT / 'tests' / 'tooling'}", file=sys.stderr)

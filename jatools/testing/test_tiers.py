@@ -388,10 +388,10 @@ def main(argv: list[str] | None = None) -> int:
         notes = [f"pytest interpreter: {python}" + (" (--deps-from: its installed packages)" if a.deps_from else "")]
         if reruns and not have["pytest_rerunfailures"]:
             notes.append(f"retries off: pytest-rerunfailures is not installed for {python} "
-                         "(pip install pytest-rerunfailures, or `pip install -e .[test]`)")
+                         "(pip install pytest-rerunfailures, or `pip install -e . --group test`)")
         if not have["pytest_timeout"]:
             notes.append(f"no per-test timeout: pytest-timeout is not installed for {python} "
-                         "(pip install pytest-timeout, or `pip install -e .[test]`)")
+                         "(pip install pytest-timeout, or `pip install -e . --group test`)")
         runs = plan(tier, platform, gpus, pytest_args, workers, reruns, have["pytest_rerunfailures"], env,
                     python=python, results_dir=results_dir, have_timeout_plugin=have["pytest_timeout"])
     except (tag_filters.TagFilterError, TierError, ValueError) as e:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("jax", reason="the convergence recipe trains with JAX (pip install '.[test]')")
+pytest.importorskip("jax", reason="the convergence recipe trains with JAX (pip install --group test)")
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "ci" / "convergence"))

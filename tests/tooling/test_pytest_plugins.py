@@ -25,7 +25,7 @@ PINNING = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"
 
 needs_xdist = pytest.mark.skipif(importlib.util.find_spec("xdist") is None, reason="pytest-xdist is not installed")
 needs_rerun = pytest.mark.skipif(importlib.util.find_spec("pytest_rerunfailures") is None,
-                                 reason="pytest-rerunfailures is not installed (pip install -e .[test])")
+                                 reason="pytest-rerunfailures is not installed (pip install -e . --group test)")
 
 
 @pytest.fixture
