@@ -6,11 +6,10 @@ flags explicitly; this module resolves the other two layers in one place.
 from __future__ import annotations
 
 import os
+import tomllib
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-
-import tomllib
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -17,10 +17,9 @@ import fnmatch
 import json
 import re
 import subprocess
+import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-
-import tomllib
 
 from jatools import atomic_write
 

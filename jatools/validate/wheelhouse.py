@@ -24,11 +24,11 @@ import os
 import subprocess
 import tempfile
 import time
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import tomllib
 from packaging.requirements import Requirement
 
 from jatools import atomic_write, config

@@ -37,11 +37,11 @@ import subprocess
 import sys
 import tarfile
 import time
+import tomllib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import tomllib
 from packaging.metadata import Metadata, RawMetadata, RFC822Message
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name

@@ -6,10 +6,10 @@ built wheel must and may hold from it, so the two cannot drift apart.
 from __future__ import annotations
 
 import fnmatch
+import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import tomllib
 from packaging.version import Version
 
 from jatools import config

@@ -75,7 +75,7 @@ def test_dry_run_prints_the_plan_and_runs_nothing(scratch):
     out = release(scratch, "--dry-run")
     assert out.returncode == 0, out.stderr
     for stage in ("env-report", "umbrella", "jit", "ja_mods", "wheel_lite", "wheel_full", "verify", "floor",
-                  "contents", "validate"):
+                  "contents", "sdist", "clients", "validate"):
         assert stage in out.stdout
     assert not (scratch / "dist/release-report.json").exists()
 
@@ -124,7 +124,7 @@ def test_upload_dry_run_accepts_green_and_refuses_modified_or_stale(scratch):
     ("umbrella", lambda r: _append(r / "csrc/common/errors.cpp", "this does not compile;\n"), "make"),
     ("jit", lambda r: _append(r / "csrc/kernels/rmsnorm/rmsnorm_fwd_cpu.inst.in", "nor does this;\n"),
      "nox -s jit"),
-    ("floor", None, "invoke floor"),
+    ("floor", None, "invoke floor -- "),
 ])
 def test_planted_failure_stops_at_its_stage(scratch, stage, plant, rerun):
     saved = {p: p.read_bytes() for p in (scratch / "csrc/common/errors.cpp",

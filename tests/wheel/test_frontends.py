@@ -108,7 +108,7 @@ def test_metadata_follows_the_core_metadata_spec(wheels):
             dist_info = f"jax_aiter-{result.version}.dist-info"
             raw = zf.read(f"{dist_info}/METADATA")
             assert zf.read(f"{dist_info}/licenses/LICENSE") == (ROOT / "LICENSE").read_bytes()
-        fields = [k for k in email.parser.BytesParser().parsebytes(raw).keys()]
+        fields = list(email.parser.BytesParser().parsebytes(raw).keys())
         assert fields[0] == "Metadata-Version" and {"Name", "Version", "Requires-Python", "License-Expression",
                                                      "License-File", "Project-URL", "Classifier"} <= set(fields)
         assert all(f[0].isupper() for f in fields), f"non-canonical field names: {fields}"
