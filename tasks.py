@@ -195,13 +195,13 @@ _WHEEL_ARG = {"wheel": "a wheel path, glob or comma-separated list (repeatable);
                       "`--` (invoke floor -- dist/*.whl); none: every wheel in dist/"}
 
 
-def _wheel_paths(c, wheel: list[str] | None) -> list[Path]:
+def _wheel_paths(c, wheel: list[str] | str | None) -> list[Path]:
     """-w values and the words after `--` (invoke has no variable positional arguments, pyinvoke/invoke#132)."""
     import shlex
 
     from jatools import config
     from jatools.wheel import wheel_members
-    specs = list(wheel or []) + shlex.split(getattr(c, "remainder", "") or "")
+    specs = ([wheel] if isinstance(wheel, str) else list(wheel or [])) + shlex.split(getattr(c, "remainder", "") or "")
     try:
         return [p for spec in specs or [""] for p in wheel_members.find_wheels(spec, config.repo_root() / "dist")]
     except wheel_members.WheelReadError as e:
