@@ -273,29 +273,23 @@ INSTALLS = {
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("editable", [False, True], ids=["install", "editable"])
 @pytest.mark.parametrize("front", sorted(INSTALLS))
-def test_install_from_the_checkout_then_run_an_op(front, native_build, build_wheelhouse, tmp_path):
+def test_install_from_the_checkout_then_run_an_op(front, editable, native_build, build_wheelhouse, tmp_path):
+    """A fresh venv, the front-end installs the checkout, an op runs. Installed: the wheel's own code and
+    libraries. Editable (PEP 660): the checkout's code, with its libraries from the build tree (the CPU test
+    build here: JA_BUILD_DIR), nothing of the package copied into site-packages."""
     env = offline_env(build_wheelhouse)
     venv = fresh_venv(tmp_path / "venv", build_wheelhouse, env)
-    run(INSTALLS[front](str(venv / "bin/python"), False), env)
-    clean = {k: v for k, v in env.items() if not k.startswith("JA_")}
-    check_op(venv, clean, expect_under=venv)
-    info = json.loads(run([str(venv / "bin/python"), "-m", "jax_aiter", "info", "--json"], clean, cwd=venv))
-    assert info["variant"] == "lite"
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("front", sorted(INSTALLS))
-def test_editable_install_runs_the_checkout_with_the_build_tree(front, native_build, build_wheelhouse, tmp_path):
-    """PEP 660: the checkout's code runs, and its libraries load from the build tree (here the CPU test build)."""
-    env = offline_env(build_wheelhouse)
-    venv = fresh_venv(tmp_path / "venv", build_wheelhouse, env)
-    run(INSTALLS[front](str(venv / "bin/python"), True), env)
-    use = {k: v for k, v in env.items() if k != "JA_ROOT_DIR"}  # the loader finds the checkout from the package
-    check_op(venv, use, expect_under=ROOT / "jax_aiter")
+    run(INSTALLS[front](str(venv / "bin/python"), editable), env)
+    use = {k: v for k, v in env.items() if k != "JA_ROOT_DIR" and (editable or not k.startswith("JA_"))}
+    package = Path(check_op(venv, use, expect_under=ROOT / "jax_aiter" if editable else venv)["file"]).parent
     info = json.loads(run([str(venv / "bin/python"), "-m", "jax_aiter", "info", "--json"], use, cwd=venv))
     where = {lib["library"]: lib["path"] for lib in info["libraries"]}
-    assert where["silu_and_mul_ja.so"] == str(ROOT / TEST_BUILD_DIR / "jax_aiter_build/silu_and_mul_ja.so")
+    lib_dir = ROOT / TEST_BUILD_DIR / "jax_aiter_build" if editable else package / "_lib"
+    assert where["silu_and_mul_ja.so"] == str(lib_dir / "silu_and_mul_ja.so"), where
     listed = [p.name for p in (venv / "lib").glob("python3*/site-packages/*")]
-    assert wheel_build.EDITABLE_PTH in listed and "jax_aiter" not in listed, listed
+    assert (wheel_build.EDITABLE_PTH in listed) == editable and ("jax_aiter" in listed) != editable, listed
+    if not editable:
+        assert info["variant"] == "lite" and lib_dir.is_relative_to(venv)
     shutil.rmtree(venv)
