@@ -134,23 +134,25 @@ def test_dev_dependencies_are_groups_and_the_wheel_group_is_the_backends_require
 
 # --- front-ends: the same bytes as the nox sessions --------------------------------------------------------
 
-def test_frontends_build_the_nox_sessions_bytes(nox_wheels, build_wheelhouse, tmp_path):
-    """python -m build, pip wheel and uv build (isolated, offline) make byte-identical wheels, both variants."""
+FRONTS = {
+    "python -m build": lambda out, cs: [sys.executable, "-m", "build", "--wheel", "--outdir", str(out), *cs, "."],
+    "pip wheel": lambda out, cs: [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out),
+                                  *[c.replace("-C", "--config-settings") for c in cs], "."],
+    "uv build": lambda out, cs: [uv(), "build", "--wheel", "-q", "--python", sys.executable, "-o", str(out), *cs],
+}
+
+
+@pytest.mark.parametrize("front", [pytest.param(f, marks=[pytest.mark.slow] if f != "python -m build" else [])
+                                   for f in FRONTS])
+def test_frontends_build_the_nox_sessions_bytes(front, nox_wheels, build_wheelhouse, tmp_path):
+    """Each front-end (isolated, offline) makes byte-identical wheels to the nox sessions', both variants."""
     env = offline_env(build_wheelhouse)
-    fronts = {
-        "python -m build": lambda out, cs: [sys.executable, "-m", "build", "--wheel", "--outdir", str(out), *cs, "."],
-        "pip wheel": lambda out, cs: [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out),
-                                      *[c.replace("-C", "--config-settings") for c in cs], "."],
-        "uv build": lambda out, cs: [uv(), "build", "--wheel", "-q", "--python", sys.executable, "-o", str(out), *cs],
-    }
     for variant, reference in nox_wheels.items():
-        settings = ["-C", "variant=full"] if variant == "full" else []
-        for name, cmd in fronts.items():
-            out = tmp_path / f"{name.replace(' ', '_')}-{variant}"
-            run(cmd(out, settings), env)
-            got = only_wheel(out)
-            assert got.name == reference.name, f"{name} ({variant})"
-            assert got.read_bytes() == reference.read_bytes(), f"{name} -C variant={variant} differs from nox's"
+        out = tmp_path / variant
+        run(FRONTS[front](out, ["-C", "variant=full"] if variant == "full" else []), env)
+        got = only_wheel(out)
+        assert got.name == reference.name, f"{front} ({variant})"
+        assert got.read_bytes() == reference.read_bytes(), f"{front} -C variant={variant} differs from nox's"
 
 
 def test_backend_hooks_refuse_an_unknown_setting_and_missing_libraries(native_build, tmp_path, monkeypatch):
