@@ -191,8 +191,7 @@ def extracted_elves(wheel: Path, workers: int | None = None) -> Iterator[dict[st
 def find_wheels(spec: str, dist_dir: Path) -> list[Path]:
     """Wheels named by `spec`: paths or globs, comma-separated; empty means every wheel in `dist_dir`.
 
-    invoke takes one positional value, so `invoke floor 'dist/*.whl'` and
-    `invoke floor a.whl,b.whl` name several.
+    One spec may name several (`invoke floor -w 'dist/*.whl'`, `invoke floor -w a.whl,b.whl`).
     """
     import glob
 
