@@ -136,7 +136,7 @@ WHEEL_DEPS = nox.project.dependency_groups(PYPROJECT, "wheel")
 
 
 def _wheel(session: nox.Session, variant: str) -> None:
-    """The PEP 517 backend's build_wheel (jatools/wheel/wheel_build.py), as `python -m build -C variant=...` calls it."""
+    """wheel_build.build(): the function the PEP 517 hook build_wheel (python -m build -C variant=...) calls."""
     session.install(*WHEEL_DEPS)
     session.run("python", "-m", "jatools.wheel.wheel_build", "--variant", variant, "--check", *session.posargs)
 
