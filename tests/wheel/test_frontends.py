@@ -139,6 +139,9 @@ FRONTS = {
     "pip wheel": lambda out, cs: [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out),
                                   *[c.replace("-C", "--config-settings") for c in cs], "."],
     "uv build": lambda out, cs: [uv(), "build", "--wheel", "-q", "--python", sys.executable, "-o", str(out), *cs],
+    # Plain `python -m build`: the sdist, then the wheel from it in a temporary folder (libraries: JA_BUILD_DIR).
+    "python -m build (sdist, then wheel)": lambda out, cs: [sys.executable, "-m", "build", "--outdir", str(out), *cs,
+                                                           "."],
 }
 
 
@@ -146,7 +149,7 @@ FRONTS = {
                                    for f in FRONTS])
 def test_frontends_build_the_nox_sessions_bytes(front, nox_wheels, build_wheelhouse, tmp_path):
     """Each front-end (isolated, offline) makes byte-identical wheels to the nox sessions', both variants."""
-    env = offline_env(build_wheelhouse)
+    env = offline_env(build_wheelhouse, JA_BUILD_DIR=str(ROOT / TEST_BUILD_DIR))  # absolute: also from the sdist
     for variant, reference in nox_wheels.items():
         out = tmp_path / variant
         run(FRONTS[front](out, ["-C", "variant=full"] if variant == "full" else []), env)
@@ -166,6 +169,20 @@ def test_backend_hooks_refuse_an_unknown_setting_and_missing_libraries(native_bu
     assert "never runs build_jit.py" in str(e.value) and "make (or nox -s umbrella)" in str(e.value)
     assert "jax_aiter/jit/build_jit.py --module mha_fwd" in str(e.value)
     assert not list(tmp_path.glob("*.whl"))
+
+
+def test_wheel_from_an_unbuilt_sdist_says_how_to_get_the_libraries(sdist, tmp_path, monkeypatch):
+    """What plain `python -m build` meets without JA_BUILD_DIR: the hook runs in the unpacked sdist."""
+    with tarfile.open(sdist) as tar:
+        tar.extractall(tmp_path, filter="data")
+    monkeypatch.chdir(tmp_path / sdist.name.removesuffix(".tar.gz"))
+    monkeypatch.delenv("JA_BUILD_DIR", raising=False)
+    with pytest.raises(SystemExit) as e:
+        wheel_build.build_wheel(str(tmp_path))
+    native = "make && python3 jax_aiter/jit/build_jit.py && make ja_mods"
+    for hint in ("is an unpacked sdist with no native build", native,
+                 "JA_BUILD_DIR=/path/to/checkout/build python -m build", "python -m build --wheel"):
+        assert hint in str(e.value)
 
 
 # --- clients -------------------------------------------------------------------------------------------
