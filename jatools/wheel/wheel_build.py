@@ -115,6 +115,11 @@ class BuildResult:
 
 # --- inputs ---------------------------------------------------------------------------
 
+def file_name(project: dict) -> str:
+    """The distribution name as wheel, sdist and dist-info names spell it (jax_aiter)."""
+    return canonicalize_name(project["name"]).replace("-", "_")
+
+
 def _project(root: Path) -> dict:
     with open(root / "pyproject.toml", "rb") as f:
         return tomllib.load(f)
@@ -444,7 +449,7 @@ def build(settings: config.Settings, options: BuildOptions, layout: Layout | Non
     log(f"wheel_build: staged {stage_dir} ({', '.join(f'{v} {k}' for k, v in _count(how).items())}); "
         f"tag py3-none-{tag} ({tag_source})")
 
-    dist_name = canonicalize_name(project["name"]).replace("-", "_")
+    dist_name = file_name(project)
     wheel_tag = f"py3-none-{tag}"
     wheel = options.dist_dir / f"{dist_name}-{version}-{wheel_tag}.whl"
     dist_info = f"{dist_name}-{version}.dist-info"
@@ -586,13 +591,19 @@ def build_editable(wheel_directory: str, config_settings: dict | None = None,
     """PEP 660: a wheel of metadata and a .pth naming this tree, so `import jax_aiter` runs the checkout's code
     and loads its libraries from the build tree (jax_aiter/_loader.py); nothing is copied or compiled."""
     _hook_setting(config_settings, "variant", "lite")
-    settings = _source_settings()
+    try:
+        return _editable(Path(wheel_directory).resolve(), _source_settings())
+    except WheelBuildError as e:
+        raise SystemExit(f"jax-aiter build backend: error: {e}") from None
+
+
+def _editable(wheel_directory: Path, settings: config.Settings) -> str:
     project = _project(settings.root)["project"]
     version = project["version"]
-    dist_name = canonicalize_name(project["name"]).replace("-", "_")
+    dist_name = file_name(project)
     dist_info = f"{dist_name}-{version}.dist-info"
     tag = "py3-none-any"
-    wheel = Path(wheel_directory).resolve() / f"{dist_name}-{version}-{tag}.whl"
+    wheel = wheel_directory / f"{dist_name}-{version}-{tag}.whl"
     metadata, _ = metadata_text(project, version, settings.root)
     date_time = time.gmtime(default_epoch(settings.root))[:6]
     with atomic_write.open_bytes(wheel) as f, DeterministicZipWriter(f, date_time, engine="zlib") as zw:
@@ -612,8 +623,11 @@ def sdist_files(root: Path) -> list[str]:
         if not top.exists():
             raise WheelBuildError(f"pyproject.toml [tool.jax-aiter] sdist_include names {entry!r}, which is not in "
                                   f"{root}; restore it or drop it from the list")
-        paths = [top] if top.is_file() else sorted(q for q in top.rglob("*") if q.is_file() and not q.is_symlink())
+        paths = [top] if top.is_file() else sorted(q for q in top.rglob("*") if q.is_file() or q.is_symlink())
         for q in paths:
+            if q.is_symlink():
+                raise WheelBuildError(f"{q} is a symbolic link; an sdist carries files only: replace it with the file "
+                                      "or add it to [tool.jax-aiter] sdist_exclude")
             rel = q.relative_to(root).as_posix()
             if not any(fnmatch.fnmatchcase(rel, pat) or fnmatch.fnmatchcase(q.name, pat) for pat in excluded):
                 out.add(rel)
@@ -623,7 +637,10 @@ def sdist_files(root: Path) -> list[str]:
 def build_sdist(sdist_directory: str, config_settings: dict | None = None) -> str:
     """PEP 517: the sdist of this tree (`sdist`)."""
     _hook_setting(config_settings, "variant", "lite")
-    return sdist(Path.cwd().resolve(), Path(sdist_directory).resolve()).name
+    try:
+        return sdist(Path.cwd().resolve(), Path(sdist_directory).resolve()).name
+    except WheelBuildError as e:
+        raise SystemExit(f"jax-aiter build backend: error: {e}") from None
 
 
 def sdist(root: Path, dist_dir: Path) -> Path:
@@ -631,7 +648,7 @@ def sdist(root: Path, dist_dir: Path) -> Path:
     timestamps from SOURCE_DATE_EPOCH or the HEAD commit, gzip without a time stamp)."""
     project = _project(root)["project"]
     version = project["version"]
-    base = f"{canonicalize_name(project['name']).replace('-', '_')}-{version}"
+    base = f"{file_name(project)}-{version}"
     out = dist_dir / f"{base}.tar.gz"
     epoch = default_epoch(root)
     metadata, _ = metadata_text(project, version, root)
@@ -651,7 +668,6 @@ def sdist(root: Path, dist_dir: Path) -> Path:
             with open(path, "rb") as src:
                 tar.addfile(info(rel, path.stat().st_size, mode), src)
     return out
-
 
 
 def main(argv: list[str] | None = None) -> int:
