@@ -405,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not have["pytest"]:
         print(f"test_tiers: pytest is not installed for {python}; run `bash scripts/run.sh nox -s tests` "
-              "or pass --deps-from an interpreter with the [test] extras", file=sys.stderr)
+              "or pass --deps-from an interpreter with the `test` dependency group", file=sys.stderr)
         return 2
     gpu = {"expected": expect, "how": expect_how, "jax": seen.get("jax"), "problems": []}
     problem = device_problem(expect, expect_how, platform, seen, python)

@@ -94,7 +94,7 @@ def plugin_requirements(backend: str, version: str | None, root: Path | None = N
     """The JAX GPU plugin of a backend (`validation_plugins_<backend>`), pinned to `version` (jax's own).
 
     One list for both consumers: the clean room pins it to the jax floor, the test sessions
-    to the jax their `test` extra pins (test_jax_version).
+    to the jax their `test` dependency group pins (test_jax_version).
     """
     raw = config.defaults(root or config.repo_root())
     key = f"validation_plugins_{backend}"
@@ -105,14 +105,16 @@ def plugin_requirements(backend: str, version: str | None, root: Path | None = N
 
 
 def test_jax_version(root: Path | None = None) -> str:
-    """The jax version the `test` extra pins (jax==X): the one the test sessions install."""
-    for r in _project(root or config.repo_root()).get("optional-dependencies", {}).get("test", []):
-        req = Requirement(r)
-        pins = [s.version for s in req.specifier if s.operator == "=="]
-        if req.name.lower() == "jax" and pins:
+    """The jax version the `test` dependency group pins (jax==X): the one the test sessions install."""
+    with open((root or config.repo_root()) / "pyproject.toml", "rb") as f:
+        group = tomllib.load(f).get("dependency-groups", {}).get("test", [])
+    for r in group:
+        req = Requirement(r) if isinstance(r, str) else None  # {include-group = ...} entries pin nothing here
+        pins = [s.version for s in req.specifier if s.operator == "=="] if req else []
+        if req and req.name.lower() == "jax" and pins:
             return pins[0]
-    raise WheelhouseError("pyproject.toml: the `test` extra pins no jax version (jax==X); the GPU plugin "
-                          "must match it exactly, so pin it there")
+    raise WheelhouseError("pyproject.toml: the `test` dependency group pins no jax version (jax==X); the GPU "
+                          "plugin must match it exactly, so pin it there")
 
 
 @dataclass(frozen=True)

@@ -336,7 +336,7 @@ def test_plugin_requirements_are_the_validation_plugins_at_the_tests_jax_pin(tmp
     import tomllib
 
     py = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    jax_pin = next(r for r in py["project"]["optional-dependencies"]["test"] if r.startswith("jax=="))
+    jax_pin = next(r for r in py["dependency-groups"]["test"] if isinstance(r, str) and r.startswith("jax=="))
     for platform in ("cuda", "rocm"):
         r, _ = _tier(tmp_path, "--plugin-requirements", "--platform", platform)
         want = [f"{name}=={jax_pin.split('==')[1]}" for name in py["tool"]["jax-aiter"][f"validation_plugins_{platform}"]]
@@ -410,7 +410,7 @@ FAILING_TREE = """
 
 def test_each_failure_is_classified_infrastructure_or_test(tmp_path):
     pytest.importorskip("xdist", reason="a worker crash needs pytest-xdist")
-    pytest.importorskip("pytest_timeout", reason="the timeout class needs pytest-timeout (pip install -e .[test])")
+    pytest.importorskip("pytest_timeout", reason="the timeout class needs pytest-timeout (pip install -e . --group test)")
     summary = tmp_path / "step-summary.md"
     r, res = _tier(tmp_path, "--tier", "pr", "--workers", "1", "--timeout", "2", tests=FAILING_TREE,
                    extra_env={"GITHUB_STEP_SUMMARY": str(summary)})
