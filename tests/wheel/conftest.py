@@ -91,14 +91,18 @@ def native_build(layout) -> config.Settings:
     return cpu_settings()
 
 
+def copy_build(native: config.Settings, dst: Path) -> config.Settings:
+    """Settings for a private copy of the build tree's libraries and record (its own wheel_stage/)."""
+    for sub in ("jax_aiter_build", "aiter_build"):
+        shutil.copytree(native.build_dir / sub, dst / sub,
+                        ignore=shutil.ignore_patterns("obj", "gen", "*.ninja", "rmsnorm_fwd"))
+    return cpu_settings(dst)
+
+
 @pytest.fixture
 def build_copy(native_build, tmp_path) -> config.Settings:
     """Settings for a private copy of the build tree that a test may damage."""
-    dst = tmp_path / "build"
-    for sub in ("jax_aiter_build", "aiter_build"):
-        shutil.copytree(native_build.build_dir / sub, dst / sub,
-                        ignore=shutil.ignore_patterns("obj", "gen", "*.ninja", "rmsnorm_fwd"))
-    return cpu_settings(dst)
+    return copy_build(native_build, tmp_path / "build")
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import EPOCH, ROOT, TEST_BUILD_DIR, cpu_env
+from conftest import EPOCH, ROOT, copy_build, cpu_env
 from packaging.metadata import Metadata
 from wheel_plant import rewrite_wheel
 
@@ -49,9 +49,17 @@ def build_wheelhouse() -> Path:
     return path
 
 
-def offline_env(wh: Path, **extra: str) -> dict[str, str]:
-    """The CPU test build, a fixed SOURCE_DATE_EPOCH, and pip / uv told to read nothing but the wheelhouse."""
-    env = cpu_env()
+@pytest.fixture(scope="session")
+def fe_build(native_build, tmp_path_factory) -> Path:
+    """A private copy of the CPU test build for the front-ends: they stage wheels in its wheel_stage/, never in
+    the one the other wheel tests (other xdist workers) stage in."""
+    return copy_build(native_build, tmp_path_factory.mktemp("frontends") / "build").build_dir
+
+
+def offline_env(wh: Path, build_dir: Path | None = None, **extra: str) -> dict[str, str]:
+    """A CPU build (absolute, so also found from an unpacked sdist), a fixed SOURCE_DATE_EPOCH, and pip / uv
+    told to read nothing but the wheelhouse."""
+    env = cpu_env(build_dir) if build_dir else cpu_env()
     env.update(SOURCE_DATE_EPOCH=str(EPOCH), PIP_NO_INDEX="1", PIP_FIND_LINKS=str(wh), PIP_CONFIG_FILE=os.devnull,
                PIP_DISABLE_PIP_VERSION_CHECK="1", UV_OFFLINE="1", UV_NO_INDEX="1", UV_FIND_LINKS=str(wh),
                UV_NO_CONFIG="1", UV_PYTHON_DOWNLOADS="never", UV_CACHE_DIR=str(wh / ".uv-cache"), **extra)
@@ -79,9 +87,9 @@ def only_wheel(folder: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def nox_wheels(native_build, build_wheelhouse, tmp_path_factory) -> dict[str, Path]:
+def nox_wheels(fe_build, build_wheelhouse, tmp_path_factory) -> dict[str, Path]:
     """What `nox -s wheel_lite|wheel_full` run (python -m jatools.wheel.wheel_build), with the test epoch."""
-    env = offline_env(build_wheelhouse)
+    env = offline_env(build_wheelhouse, fe_build)
     out = {}
     for variant in ("lite", "full"):
         dist = tmp_path_factory.mktemp(f"nox-{variant}")
@@ -147,9 +155,9 @@ FRONTS = {
 
 @pytest.mark.parametrize("front", [pytest.param(f, marks=[pytest.mark.slow] if f != "python -m build" else [])
                                    for f in FRONTS])
-def test_frontends_build_the_nox_sessions_bytes(front, nox_wheels, build_wheelhouse, tmp_path):
+def test_frontends_build_the_nox_sessions_bytes(front, nox_wheels, fe_build, build_wheelhouse, tmp_path):
     """Each front-end (isolated, offline) makes byte-identical wheels to the nox sessions', both variants."""
-    env = offline_env(build_wheelhouse, JA_BUILD_DIR=str(ROOT / TEST_BUILD_DIR))  # absolute: also from the sdist
+    env = offline_env(build_wheelhouse, fe_build)
     for variant, reference in nox_wheels.items():
         out = tmp_path / variant
         run(FRONTS[front](out, ["-C", "variant=full"] if variant == "full" else []), env)
@@ -294,18 +302,18 @@ INSTALLS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("editable", [False, True], ids=["install", "editable"])
 @pytest.mark.parametrize("front", sorted(INSTALLS))
-def test_install_from_the_checkout_then_run_an_op(front, editable, native_build, build_wheelhouse, tmp_path):
+def test_install_from_the_checkout_then_run_an_op(front, editable, fe_build, build_wheelhouse, tmp_path):
     """A fresh venv, the front-end installs the checkout, an op runs. Installed: the wheel's own code and
-    libraries. Editable (PEP 660): the checkout's code, with its libraries from the build tree (the CPU test
-    build here: JA_BUILD_DIR), nothing of the package copied into site-packages."""
-    env = offline_env(build_wheelhouse)
+    libraries. Editable (PEP 660): the checkout's code, with its libraries from the build tree (a copy of the
+    CPU test build here: JA_BUILD_DIR), nothing of the package copied into site-packages."""
+    env = offline_env(build_wheelhouse, fe_build)
     venv = fresh_venv(tmp_path / "venv", build_wheelhouse, env)
     run(INSTALLS[front](str(venv / "bin/python"), editable), env)
     use = {k: v for k, v in env.items() if k != "JA_ROOT_DIR" and (editable or not k.startswith("JA_"))}
     package = Path(check_op(venv, use, expect_under=ROOT / "jax_aiter" if editable else venv)["file"]).parent
     info = json.loads(run([str(venv / "bin/python"), "-m", "jax_aiter", "info", "--json"], use, cwd=venv))
     where = {lib["library"]: lib["path"] for lib in info["libraries"]}
-    lib_dir = ROOT / TEST_BUILD_DIR / "jax_aiter_build" if editable else package / "_lib"
+    lib_dir = fe_build / "jax_aiter_build" if editable else package / "_lib"
     assert where["silu_and_mul_ja.so"] == str(lib_dir / "silu_and_mul_ja.so"), where
     listed = [p.name for p in (venv / "lib").glob("python3*/site-packages/*")]
     assert (wheel_build.EDITABLE_PTH in listed) == editable and ("jax_aiter" in listed) != editable, listed
