@@ -28,6 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from jatools.testing import gpu_slots
+from jax_aiter import settings
 
 
 def _say(msg: str) -> None:
@@ -50,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--exclusive", action="store_true", help="hold every slot of every GPU; leave devices unpinned")
     p.add_argument("--gpus", type=int, default=1, metavar="N",
                    help="the devices the command declares: a block of N GPUs, each held whole (default 1: one slot)")
-    p.add_argument("--timeout", type=float, default=None, help="seconds to wait for a slot (JA_GPU_SLOT_TIMEOUT)")
+    p.add_argument("--timeout", type=settings.flag_type(gpu_slots.TIMEOUT_ENV, "--timeout"), default=None,
+                   help="seconds to wait for a slot (JA_GPU_SLOT_TIMEOUT)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command (after --)")
     a = p.parse_args(argv)
     cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
@@ -81,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     except gpu_slots.SlotTimeout as e:
         _say(str(e))
         return gpu_slots.EXIT_NO_SLOT
-    except ValueError as e:  # a block larger than the host
+    except ValueError as e:  # a block larger than the host; a lock folder or lock that cannot be trusted
         _say(str(e))
         return 2
     env = gpu_slots.pinned_env(slot, per_gpu)

@@ -40,10 +40,10 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from jax_aiter import blob, reuse_gate
+from jax_aiter import blob, reuse_gate, settings
 from jax_aiter import manifest as mf
 from jax_aiter.integrity import diff_entries
 from jax_aiter.progress import Progress
@@ -79,34 +79,20 @@ class _Transient(Exception):
 
 @dataclass(frozen=True)
 class FetchOptions:
-    timeout_s: float = 60.0      # per socket operation: a stalled server fails after this long
-    retries: int = 4             # extra attempts after the first, with exponential backoff
-    backoff_s: float = 2.0       # first wait; doubles each retry, capped at 60 s
-    lock_timeout_s: float = 3600.0
+    # defaults and bounds: jax_aiter.settings.NUMERIC
+    timeout_s: float = settings.NUMERIC[ENV_TIMEOUT].default  # per socket operation: a stalled server fails then
+    retries: int = settings.NUMERIC[ENV_RETRIES].default      # extra attempts after the first, backoff doubling
+    backoff_s: float = settings.NUMERIC[ENV_BACKOFF].default  # first wait; doubles each retry, capped at 60 s
+    lock_timeout_s: float = settings.NUMERIC[ENV_LOCK_TIMEOUT].default
     progress: bool | None = None  # None: a live bar on a terminal, plain lines otherwise
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> FetchOptions:
-        """Defaults overridden by JA_FETCH_TIMEOUT_S, JA_FETCH_RETRIES, JA_FETCH_BACKOFF_S, JA_FETCH_LOCK_TIMEOUT_S."""
-        env = os.environ if env is None else env
-        opts = cls()
-
-        def num(name: str, kind, current):
-            text = env.get(name)
-            if text is None or not text.strip():
-                return current
-            try:
-                value = kind(text)
-            except ValueError:
-                raise FetchError(f"{name}={text!r} is not a number; unset it or give e.g. {name}={current}")
-            if value < 0:
-                raise FetchError(f"{name}={text!r} must not be negative")
-            return value
-
-        return replace(opts, timeout_s=num(ENV_TIMEOUT, float, opts.timeout_s),
-                       retries=num(ENV_RETRIES, int, opts.retries),
-                       backoff_s=num(ENV_BACKOFF, float, opts.backoff_s),
-                       lock_timeout_s=num(ENV_LOCK_TIMEOUT, float, opts.lock_timeout_s))
+        """Defaults overridden by JA_FETCH_TIMEOUT_S, JA_FETCH_RETRIES, JA_FETCH_BACKOFF_S, JA_FETCH_LOCK_TIMEOUT_S
+        (each parsed and bounded by jax_aiter.settings; a bad value raises SettingError naming it)."""
+        return cls(timeout_s=settings.from_env(ENV_TIMEOUT, env), retries=settings.from_env(ENV_RETRIES, env),
+                   backoff_s=settings.from_env(ENV_BACKOFF, env),
+                   lock_timeout_s=settings.from_env(ENV_LOCK_TIMEOUT, env))
 
 
 # --- locations ----------------------------------------------------------------------

@@ -21,9 +21,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from jax_aiter import _loader
+from jax_aiter import _loader, settings
 from jax_aiter.fetch import (
     ENV_BASE_URL,
+    ENV_RETRIES,
+    ENV_TIMEOUT,
     FetchError,
     FetchOptions,
     fetch_release,
@@ -84,8 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-arch-check", action="store_true",
                    help="fetch even if this machine's GPUs are not among the archs the libraries are built for")
     p.add_argument("--identity", type=Path, help="identity file to fetch for (default: the installed wheel's)")
-    p.add_argument("--timeout", type=float, help="seconds without data before a retry (default JA_FETCH_TIMEOUT_S or 60)")
-    p.add_argument("--retries", type=int, help="retries after the first attempt (default JA_FETCH_RETRIES or 4)")
+    p.add_argument("--timeout", type=settings.flag_type(ENV_TIMEOUT, "--timeout"),
+                   help="seconds without data before a retry (default JA_FETCH_TIMEOUT_S or 60)")
+    p.add_argument("--retries", type=settings.flag_type(ENV_RETRIES, "--retries"),
+                   help="retries after the first attempt (default JA_FETCH_RETRIES or 4)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     args = p.parse_args(argv)
     try:

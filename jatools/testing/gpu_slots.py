@@ -17,15 +17,19 @@ private.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from jax_aiter import settings
 
 GPU_COUNT_ENV = "JA_GPU_COUNT"          # override: number of GPUs (skips rocminfo / nvidia-smi)
 GPU_PLATFORM_ENV = "JA_GPU_PLATFORM"    # with the override: cuda (default) or rocm
@@ -37,13 +41,18 @@ PREALLOCATE_ENV = "XLA_PYTHON_CLIENT_PREALLOCATE"  # set to false in a pinned pr
 MEM_FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"  # set when several slots share a GPU
 BLAS_THREADS_ENV = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS")  # 1 in a pinned process unless given
 POOL_ENV = {"cuda": "CUDA_VISIBLE_DEVICES", "rocm": "ROCR_VISIBLE_DEVICES"}
-DEFAULT_TIMEOUT_S = 900.0
+DEFAULT_TIMEOUT_S = settings.NUMERIC[TIMEOUT_ENV].default
 EXIT_NO_SLOT = 75  # EX_TEMPFAIL: the exit code of a command that found no free slot in time
-TOOL_TIMEOUT_S = 60.0
+TOOL_TIMEOUT_S = 10.0  # a GPU probe that takes longer is broken, not slow
+NO_GPU_FIX = f"set {GPU_COUNT_ENV}=0 to run without GPUs, or {GPU_COUNT_ENV}=<n> to skip the probe"
 
 
 class SlotTimeout(TimeoutError):
     """No slot became free within the bounded wait; the message says who holds them."""
+
+
+class GpuSlotError(ValueError):
+    """The GPUs or the lock folder cannot be trusted as set up; the message says what and how to fix it."""
 
 
 @dataclass(frozen=True)
@@ -76,19 +85,52 @@ class Slot:
             self.fd = -1
 
 
-def _tool_lines(cmd: list[str], env: dict[str, str]) -> list[str] | None:
+def _tool_lines(cmd: list[str], env: dict[str, str]) -> list[str] | str | None:
+    """The tool's output lines; None when it is not installed; a str saying how it failed (exit status, hang)."""
     exe = shutil.which(cmd[0], path=env.get("PATH"))
     if not exe:
         return None
+    shown = " ".join([exe, *cmd[1:]])
+    try:  # its own process group, so a hung probe and anything it started are stopped together
+        proc = subprocess.Popen([exe, *cmd[1:]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    except OSError as e:
+        return f"`{shown}` cannot run: {e}"
     try:
-        out = subprocess.run([exe, *cmd[1:]], capture_output=True, text=True, timeout=TOOL_TIMEOUT_S, env=env, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return out.stdout.splitlines() if out.returncode == 0 else []
+        stdout, stderr = proc.communicate(timeout=TOOL_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        proc.communicate()
+        return f"`{shown}` gave no answer within {TOOL_TIMEOUT_S:g} s"
+    if proc.returncode != 0:
+        said = (stderr.strip() or stdout.strip()).splitlines()[:1]
+        return f"`{shown}` exited with status {proc.returncode}" + (f" ({said[0][:200]})" if said else "")
+    return stdout.splitlines()
+
+
+def _no_repeats(lines: list[str], what: str) -> None:
+    seen = [ln.strip() for ln in lines]
+    dup = sorted({ln for ln in seen if seen.count(ln) > 1})
+    if dup:
+        raise GpuSlotError(f"{what} lists the same GPU more than once ({dup[0]!r}); the GPU count cannot be "
+                           f"trusted; fix the driver or tool, or {NO_GPU_FIX}")
 
 
 def _parse_pool(value: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+def _check_pool(var: str, value: str, found: tuple[str, ...], uuids: tuple[str, ...], how: str) -> tuple[str, ...]:
+    """An orchestrator's pool: every entry a detected GPU (index or UUID), none twice."""
+    pool = tuple(v.strip() for v in value.split(",")) if value.strip() else ()
+    bad = [v for v in pool if not (v in found or v in uuids or (not uuids and re.fullmatch(r"(GPU|MIG)-[\w-]+", v)))]
+    if bad or len(set(pool)) != len(pool):
+        why = (f"{', '.join(repr(b) for b in bad)} {'is' if len(bad) == 1 else 'are'} not a detected GPU "
+               f"(detected: {', '.join(found)}{'; UUIDs ' + ', '.join(uuids) if uuids else ''})" if bad
+               else "it names a GPU twice")
+        raise GpuSlotError(f"{var}={value!r} cannot be used as the GPU pool: {why}; {how}. Give distinct GPU ids "
+                           f"from this host, unset {var}, or {NO_GPU_FIX}")
+    return pool
 
 
 def detect(env: dict[str, str] | None = None) -> Gpus:
@@ -98,45 +140,82 @@ def detect(env: dict[str, str] | None = None) -> Gpus:
     CUDA_VISIBLE_DEVICES on CUDA) is honoured: its ids are the GPUs we may use.
     """
     env = dict(os.environ if env is None else env)
+    uuids: tuple[str, ...] = ()
     if env.get(GPU_COUNT_ENV, "").strip():
         platform = env.get(GPU_PLATFORM_ENV, "cuda").strip() or "cuda"
         if platform not in POOL_ENV:
-            raise ValueError(f"{GPU_PLATFORM_ENV}={platform!r}; use cuda or rocm")
-        n = int(env[GPU_COUNT_ENV])
+            raise GpuSlotError(f"{GPU_PLATFORM_ENV}={platform!r}; use cuda or rocm")
+        n = settings.from_env(GPU_COUNT_ENV, env)
         found, how = tuple(str(i) for i in range(n)), f"{GPU_COUNT_ENV}={n}"
         if n == 0:
             platform = "cpu"
     else:
         platform, found, how = "cpu", (), "no GPU: rocminfo and nvidia-smi found none"
+        failed = []
         rocm = _tool_lines(["rocminfo"], env)
-        gfx = [ln for ln in rocm or [] if re.match(r"\s*Name:\s+gfx", ln)]
+        if isinstance(rocm, str):
+            failed.append(rocm)
+        gfx = [ln for ln in rocm if re.match(r"\s*Name:\s+gfx", ln)] if isinstance(rocm, list) else []
         if gfx:
             platform, found, how = "rocm", tuple(str(i) for i in range(len(gfx))), f"rocminfo: {len(gfx)} gfx agents"
         else:
             smi = _tool_lines(["nvidia-smi", "-L"], env)
-            gpus = [ln for ln in smi or [] if ln.startswith("GPU ")]
+            if isinstance(smi, str):
+                failed.append(smi)
+            gpus = [ln for ln in smi if ln.startswith("GPU ")] if isinstance(smi, list) else []
+            _no_repeats(gpus, "`nvidia-smi -L`")
             if gpus:
                 platform, found, how = "cuda", tuple(str(i) for i in range(len(gpus))), f"nvidia-smi -L: {len(gpus)} GPUs"
+                uuids = tuple(m.group(1) for ln in gpus if (m := re.search(r"UUID:\s*([\w-]+)", ln)))
+        if platform == "cpu" and failed:
+            raise GpuSlotError(f"cannot tell which GPUs this host has: {'; '.join(failed)}. A broken probe is not "
+                               f"read as 'no GPU' (the command would run unpinned on every GPU); fix the driver, "
+                               f"or {NO_GPU_FIX}")
     if platform == "cpu":
         return Gpus("cpu", (), how)
     pool_var = POOL_ENV[platform]
     if pool_var in env:
-        pool = _parse_pool(env[pool_var])
+        pool = _check_pool(pool_var, env[pool_var], found, uuids, how)
         return Gpus(platform if pool else "cpu", pool, f"{how}; pool {pool_var}={env[pool_var]!r}")
     return Gpus(platform, found, how)
 
 
 def tests_per_gpu(env: dict[str, str] | None = None) -> int:
-    env = os.environ if env is None else env
-    n = int(env.get(PER_GPU_ENV, "1") or "1")
-    if n < 1:
-        raise ValueError(f"{PER_GPU_ENV}={n}; it must be at least 1")
-    return n
+    return settings.from_env(PER_GPU_ENV, env)
 
 
 def lock_dir(env: dict[str, str] | None = None) -> Path:
+    """JA_GPU_LOCK_DIR, else a folder of this user's own: under $XDG_RUNTIME_DIR, else <tmp>/jax-aiter-gpu-locks-<uid>."""
     env = os.environ if env is None else env
-    return Path(env.get(LOCK_DIR_ENV) or Path(tempfile.gettempdir()) / "jax-aiter-gpu-locks")
+    if env.get(LOCK_DIR_ENV):
+        return Path(env[LOCK_DIR_ENV])
+    runtime = env.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isdir(runtime) and os.stat(runtime).st_uid == os.getuid():
+        return Path(runtime) / "jax-aiter-gpu-locks"
+    return Path(tempfile.gettempdir()) / f"jax-aiter-gpu-locks-{os.getuid()}"
+
+
+def _own_folder(folder: Path) -> Path:
+    """Create the lock folder (mode 0700) or check an existing one: a real folder (not a symlink) of this user
+    that nobody else may write, so no other user can plant a symlink in it."""
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.lstat(folder)
+    except OSError as e:
+        raise GpuSlotError(f"cannot use {folder} as the GPU lock folder: {e.strerror or e}; set {LOCK_DIR_ENV} to a "
+                           "folder of your own") from None
+    problem = None
+    if not stat.S_ISDIR(st.st_mode):
+        problem = "it is a symlink or not a folder"
+    elif st.st_uid != os.getuid():
+        problem = f"it belongs to uid {st.st_uid}, not to you (uid {os.getuid()})"
+    elif st.st_mode & 0o022:
+        problem = f"others may write to it (mode {stat.S_IMODE(st.st_mode):o})"
+    if problem:
+        raise GpuSlotError(f"refusing the GPU lock folder {folder}: {problem}, so another user could plant a symlink "
+                           f"in it and have a lock overwrite their target. Set {LOCK_DIR_ENV} to a folder of your own, "
+                           f"or fix it (chmod 700 {folder}, or remove it if it is not yours to keep)")
+    return folder
 
 
 def slot_order(gpus: Gpus, per_gpu: int) -> list[tuple[int, int]]:
@@ -149,7 +228,17 @@ def _lock_path(folder: Path, gpu: str, slot: int) -> Path:
 
 
 def _try_lock(path: Path, note: str) -> int | None:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise GpuSlotError(f"{path} is a symlink; a GPU lock never follows one (it would overwrite the target). "
+                               f"Remove it (rm {path}) or set {LOCK_DIR_ENV} to a folder of your own") from None
+        raise GpuSlotError(f"cannot open the GPU lock {path}: {e.strerror or e}; set {LOCK_DIR_ENV} to a folder "
+                           "of your own") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise GpuSlotError(f"{path} is not a regular file; remove it or set {LOCK_DIR_ENV} to a folder of your own")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -160,6 +249,34 @@ def _try_lock(path: Path, note: str) -> int | None:
     return fd
 
 
+def live_holders(path: Path) -> list[str]:
+    """'pid N (command)' of every running process with the lock file open (from /proc/*/fd; the processes
+    this user may inspect). Finds an orphaned child that inherited the lock from a killed holder."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return []
+    out = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            fds = list((proc / "fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                fst = os.stat(fd)
+            except OSError:
+                continue
+            if (fst.st_dev, fst.st_ino) == (st.st_dev, st.st_ino):
+                try:
+                    cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+                except OSError:
+                    cmd = "?"
+                out.append(f"pid {proc.name} ({cmd[:120]})")
+                break
+    return out
+
+
 def _holders(paths: list[Path]) -> str:
     parts = []
     for p in paths:
@@ -167,6 +284,13 @@ def _holders(paths: list[Path]) -> str:
             who = p.read_text().strip() or "?"
         except OSError:
             who = "?"
+        live = live_holders(p)
+        note = re.match(r"pid (\d+)", who)
+        if live and not (note and any(h.startswith(f"pid {note.group(1)} ") for h in live)):
+            who = (f"taken by {who}, now held by live {', '.join(live)}: a child that kept the lock after its "
+                   f"holder ended; stop it (kill {live[0].split()[1]}) to free the slot")
+        elif live:
+            who = f"{who}, live {', '.join(live)}"
         parts.append(f"{p.name}: {who}")
     return "; ".join(parts)
 
@@ -180,8 +304,7 @@ def acquire(gpus: Gpus, per_gpu: int = 1, folder: Path | None = None, timeout: f
     """Take the first free slot in slot_order, polling until ``timeout`` seconds have passed."""
     if gpus.count == 0:
         raise ValueError("acquire() needs at least one GPU; with none, run the command unpinned")
-    folder = folder or lock_dir()
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = _own_folder(folder or lock_dir())
     order = slot_order(gpus, per_gpu)
     deadline = time.monotonic() + timeout
     while True:
@@ -203,8 +326,7 @@ def acquire(gpus: Gpus, per_gpu: int = 1, folder: Path | None = None, timeout: f
 def acquire_all(gpus: Gpus, per_gpu: int = 1, folder: Path | None = None, timeout: float = DEFAULT_TIMEOUT_S,
                 note: str | None = None, poll: float = 0.2) -> list[Slot]:
     """Take every slot of every GPU (exclusive use, e.g. the multigpu tier), in one fixed order."""
-    folder = folder or lock_dir()
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = _own_folder(folder or lock_dir())
     deadline = time.monotonic() + timeout
     held: list[Slot] = []
     try:
@@ -237,8 +359,7 @@ def acquire_block(gpus: Gpus, n: int, per_gpu: int = 1, folder: Path | None = No
     if not 1 <= n <= gpus.count:
         raise ValueError(f"a block of {n} GPU(s) cannot come from {gpus.count} ({gpus.how}); declare at most "
                          f"{gpus.count} or run on a host with more GPUs")
-    folder = folder or lock_dir()
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = _own_folder(folder or lock_dir())
     deadline = time.monotonic() + timeout
     windows = [range(start, start + n) for start in range(gpus.count - n + 1)]
     while True:
@@ -297,5 +418,4 @@ def pinned_env(slot: Slot, per_gpu: int = 1, env: dict[str, str] | None = None) 
 
 
 def timeout_from_env(env: dict[str, str] | None = None) -> float:
-    env = os.environ if env is None else env
-    return float(env.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT_S)
+    return settings.from_env(TIMEOUT_ENV, env)

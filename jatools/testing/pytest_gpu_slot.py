@@ -75,7 +75,11 @@ def pytest_configure(config: pytest.Config) -> None:
     global _held
     if not _wants_slot(dict(os.environ)):
         return
-    gpus = gpu_slots.detect()
+    try:
+        gpus = gpu_slots.detect()
+        per_gpu, timeout = gpu_slots.tests_per_gpu(), gpu_slots.timeout_from_env()
+    except ValueError as e:  # a broken GPU probe, a bad pool or setting: say so, no traceback
+        raise pytest.UsageError(f"jatools.testing.pytest_gpu_slot: {e}") from None
     if gpus.count == 0:
         return  # nothing to pin; the gpu-marked tests skip with their reason
     if _jax_backends_started():
@@ -83,12 +87,10 @@ def pytest_configure(config: pytest.Config) -> None:
             "jatools.testing.pytest_gpu_slot: JAX started its backends before this worker took its GPU slot, so "
             "the worker could see every GPU; create no arrays and query no devices in conftest.py or "
             "plugins")
-    per_gpu = gpu_slots.tests_per_gpu()
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     try:
-        _held = gpu_slots.acquire(gpus, per_gpu, timeout=gpu_slots.timeout_from_env(),
-                                  note=f"pid {os.getpid()}: pytest worker {worker}")
-    except gpu_slots.SlotTimeout as e:
+        _held = gpu_slots.acquire(gpus, per_gpu, timeout=timeout, note=f"pid {os.getpid()}: pytest worker {worker}")
+    except (gpu_slots.SlotTimeout, gpu_slots.GpuSlotError) as e:
         raise pytest.UsageError(f"jatools.testing.pytest_gpu_slot ({worker}): {e}") from e
     # pinned_env is this environment with the slot's settings applied (and what they
     # replace removed): make it this process's own, before anything imports JAX or NumPy.

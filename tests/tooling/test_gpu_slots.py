@@ -50,6 +50,9 @@ def host(tmp_path, monkeypatch):
     def make(rocm: int = 0, cuda: int = 0, per_gpu: int = 1) -> dict[str, str]:
         for name, body in (("rocminfo", _rocminfo(rocm) if rocm else ROCMINFO_NO_GPU),
                            ("nvidia-smi", _smi(cuda) if cuda else SMI_NO_GPU)):
+            if not (rocm or cuda):  # no GPU: no tools (a failing probe is an error, tests/faults)
+                (bin_dir / name).unlink(missing_ok=True)
+                continue
             (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
             (bin_dir / name).chmod(0o755)
         env = {k: v for k, v in os.environ.items() if k not in SHOW and not k.startswith("JA_GPU")}
