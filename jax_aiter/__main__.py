@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-USAGE = "usage: python -m jax_aiter info [--json]"
+USAGE = "usage: python -m jax_aiter info [--verify] [--json]"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,12 @@ Search order for each library (every step that is skipped is logged):
 4. for the MHA JIT libraries only, the fetch cache written by ``jax-aiter-fetch-mha``.
 
 A library found nowhere raises ``LibraryNotFoundError`` naming the command that
-produces it. Libraries are loaded by absolute path in dependency order
+produces it. Before a library is loaded its size is checked against what records
+it (the pins in the wheel's build identity; in a checkout or a fetch folder, the
+``build_record.json`` or ``jit-libs-manifest.json`` beside it) and its SONAME
+against its file name, so a truncated or swapped file gives ``LibraryCheckError``
+naming the file instead of a SIGBUS or a loader error about another name
+(``python -m jax_aiter info --verify`` also checks the sha256). Libraries are loaded by absolute path in dependency order
 (umbrella, JIT library, shim); each shim names its JIT library in DT_NEEDED, and
 the dynamic loader matches it by SONAME, so no RTLD_GLOBAL is involved.
 """
@@ -19,9 +24,13 @@ import json
 import logging
 import os
 import re
+import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+
+from jax_aiter import integrity
+from jax_aiter.manifest import MANIFEST_NAME
 
 log = logging.getLogger("jax_aiter")
 
@@ -34,6 +43,11 @@ MHA_JIT_LIBS = ("libmha_fwd.so", "libmha_bwd.so")
 
 class LibraryNotFoundError(ImportError):
     """A native library is missing; the message names the command that provides it."""
+
+
+class LibraryCheckError(ImportError):
+    """A library is there but its bytes are wrong (size, sha256, SONAME, symbols); the message names the file,
+    what is wrong and the command that fixes it."""
 
 
 class FfiVersionError(ImportError):
@@ -102,6 +116,19 @@ def find_library(name: str) -> Path:
                 log.info("jax_aiter: %s not in %s; using %s (%s)", name, ", ".join(str(t) for t in tried), cand, label)
             return cand
         tried.append(d)
+    raise LibraryNotFoundError(f"jax_aiter: {name} not found (looked in {', '.join(str(t) for t in tried)}); "
+                               f"{_fix(name)}")
+
+
+def _fix(name: str, path: Path | None = None) -> str:
+    """The command that (re)produces library `name` (found at `path`, when it is there but wrong)."""
+    if path is not None and build_identity() is not None:
+        cache = fetch_cache_dir()
+        if name in MHA_JIT_LIBS and cache is not None and path.parent == cache:
+            return "run `jax-aiter-fetch-mha --force` to download verified copies"
+        if path.parent == PACKAGED_LIB_DIR:
+            return "reinstall jax-aiter (`pip install --force-reinstall --no-deps jax-aiter`)"
+        return f"replace it with the library this jax-aiter was built with, or remove {path}"
     if name in MHA_JIT_LIBS:
         fix = ("run `jax-aiter-fetch-mha` to download the attention libraries for this install "
                "(or install the +full wheel)")
@@ -113,7 +140,108 @@ def find_library(name: str) -> Path:
         fix = "run `make` (or `nox -s umbrella`)"
     else:
         fix = f"run `python3 jax_aiter/jit/build_jit.py --module {name[3:-3]}` (or `invoke jit.fetch`)"
-    raise LibraryNotFoundError(f"jax_aiter: {name} not found (looked in {', '.join(str(t) for t in tried)}); {fix}")
+    return fix
+
+
+_records: dict[Path, dict[str, dict] | str] = {}
+
+
+def _folder_record(folder: Path) -> tuple[dict[str, dict] | str, Path] | None:
+    """The entries of the record beside libraries in `folder` (or a str saying why it cannot be read)."""
+    for name in (MANIFEST_NAME, integrity.RECORD_NAME):
+        path = folder / name
+        if path.is_file():
+            if path not in _records:
+                try:
+                    _records[path] = integrity.read_record(path)
+                except integrity.IntegrityError as e:
+                    _records[path] = str(e)
+            return _records[path], path
+    return None
+
+
+def expected_entry(path: Path) -> tuple[dict | None, str]:
+    """The {name, size, sha256} the library at `path` must have and where that is written (None: not recorded).
+
+    An installed wheel's pins decide (its build identity names every library it ships or fetches); a
+    checkout or a fetch folder has the record written beside its libraries."""
+    pins = (build_identity() or {}).get("pins")
+    if pins:
+        for e in pins:
+            if e["name"] == path.name:
+                return e, f"the pins in {IDENTITY_FILE}"
+    found = _folder_record(path.parent)
+    if found is None:
+        return None, ""
+    entries, source = found
+    if isinstance(entries, str):
+        raise LibraryCheckError(f"jax_aiter: cannot check {path}: {entries}; {_fix(path.name, path)}")
+    return entries.get(path.name), str(source)
+
+
+def elf_soname(path: Path) -> str | None:
+    """DT_SONAME of a 64-bit little-endian ELF file (None when it has none); ValueError when it is not one.
+
+    A few small reads, so every library is checked before it is loaded."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+            if head[:4] != b"\x7fELF" or head[4:6] != b"\x02\x01":
+                raise ValueError("it is not a 64-bit little-endian ELF shared library")
+            (phoff,) = struct.unpack_from("<Q", head, 32)
+            phentsize, phnum = struct.unpack_from("<HH", head, 54)
+            f.seek(phoff)
+            ph = f.read(phentsize * phnum)
+            loads, dyn = [], None
+            for i in range(phnum):
+                p_type, _, p_offset, p_vaddr, _, p_filesz = struct.unpack_from("<IIQQQQ", ph, i * phentsize)
+                if p_type == 1:
+                    loads.append((p_vaddr, p_offset, p_filesz))
+                elif p_type == 2:
+                    dyn = (p_offset, p_filesz)
+            if dyn is None:
+                return None
+            f.seek(dyn[0])
+            d = f.read(dyn[1])
+            tags = {}
+            for off in range(0, len(d) - 15, 16):
+                tag, val = struct.unpack_from("<qQ", d, off)
+                if tag == 0:
+                    break
+                tags.setdefault(tag, val)
+            if 5 not in tags or 14 not in tags:  # DT_STRTAB, DT_SONAME
+                return None
+            for vaddr, offset, size in loads:
+                if vaddr <= tags[5] < vaddr + size:
+                    f.seek(offset + tags[5] - vaddr + tags[14])
+                    return f.read(256).split(b"\0", 1)[0].decode(errors="replace")
+    except struct.error:
+        raise ValueError("its ELF headers are cut short (a truncated file)") from None
+    return None
+
+
+def check_library(path: Path, verify: bool = False) -> list[str]:
+    """What is wrong with the library at `path` (empty when nothing): its size (and with `verify` its sha256)
+    against its record, its SONAME against its file name."""
+    problems = []
+    entry, source = expected_entry(path)
+    size = path.stat().st_size
+    if entry is not None and size != entry["size"]:
+        problems.append(f"{size} bytes, but {source} records {entry['size']}: the file is truncated or was "
+                        "replaced (loading it could crash the process)")
+    elif entry is not None and verify:
+        got = integrity.sha256_file(path)
+        if got != entry["sha256"]:
+            problems.append(f"sha256 {got}, but {source} records {entry['sha256']}: the file was altered")
+    if not problems:
+        try:
+            soname = elf_soname(path)
+        except (OSError, ValueError) as e:
+            problems.append(str(e))
+        else:
+            if soname is not None and soname != path.name:
+                problems.append(f"its SONAME is {soname}, not {path.name}: it holds another library's bytes")
+    return problems
 
 
 def installed_ffi_api_version() -> tuple[int, int]:
@@ -153,6 +281,9 @@ _registered: set[str] = set()
 def _load(path: Path) -> ctypes.CDLL:
     key = path.name
     if key not in _loaded:
+        problems = check_library(path)
+        if problems:
+            raise LibraryCheckError(f"jax_aiter: {path}: {'; '.join(problems)}; {_fix(path.name, path)}")
         try:
             _loaded[key] = ctypes.CDLL(str(path))
         except OSError as e:
@@ -183,6 +314,12 @@ def ensure_registered(op: str) -> None:
             _load(find_library(jit))
         shim_path = find_library(spec.shim)
         shim = _load(shim_path)
+        wanted = ["ja_ffi_api_version"] + [prefix + "Cpu" for _, prefix in spec.targets]
+        absent = [sym for sym in wanted if not hasattr(shim, sym)]
+        if absent:
+            raise LibraryCheckError(
+                f"jax_aiter: {shim_path} does not export {', '.join(absent)}: it is not the {op} shim (another "
+                f"library's bytes in its place?); {_fix(shim_path.name, shim_path)}")
         check_ffi_version(shim_path, shim, installed_ffi_api_version())
         platform = gpu_platform()
         for target, prefix in spec.targets:
@@ -193,13 +330,24 @@ def ensure_registered(op: str) -> None:
         _registered.add(op)
 
 
-def library_report() -> list[dict]:
-    """Where each library would load from (for `python -m jax_aiter info`)."""
+def library_report(verify: bool = False) -> list[dict]:
+    """Where each library would load from and what is wrong with it (for `python -m jax_aiter info`);
+    `verify` also hashes each one against its record."""
     names = [UMBRELLA] + sorted({j for s in OPS.values() for j in s.jit}) + [s.shim for s in OPS.values()]
     out = []
     for name in names:
         try:
-            out.append({"library": name, "path": str(find_library(name))})
+            path = find_library(name)
         except LibraryNotFoundError as e:
             out.append({"library": name, "path": None, "error": str(e)})
+            continue
+        try:
+            problems = check_library(path, verify)
+        except LibraryCheckError as e:
+            problems = [str(e)]
+        row = {"library": name, "path": str(path)}
+        if problems:
+            row["problems"] = problems
+            row["fix"] = _fix(name, path)
+        out.append(row)
     return out

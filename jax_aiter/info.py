@@ -1,4 +1,10 @@
-"""`python -m jax_aiter info`: what is installed and where each native library loads from.
+"""`python -m jax_aiter info [--verify] [--json]`: what is installed and where each native library loads from.
+
+Each library found is checked as the loader checks it before loading (its size
+against its record or the wheel's pins, its SONAME against its name); `--verify`
+also hashes it. Exit status 1 when any library found is wrong (the line names
+the file, what is wrong and the fix), else 0; a library not found (the attention
+libraries of a lite wheel before `jax-aiter-fetch-mha`) is reported, not an error.
 
 Reads the build identity baked into the wheel and asks the loader where it would
 find each library, without importing JAX, so it works (and is quick) even when
@@ -17,7 +23,7 @@ IDENTITY_ORDER = ("version", "variant", "backend", "gpu_archs", "wheel_arch", "k
                   "recipe_hash", "cache_id", "ffi_api_version", "toolchain")
 
 
-def collect() -> dict:
+def collect(verify: bool = False) -> dict:
     """Everything `info` prints, as one JSON-ready dict."""
     identity = _loader.build_identity()
     try:
@@ -30,7 +36,8 @@ def collect() -> dict:
         "package_dir": str(_loader.PACKAGE_DIR),
         "identity": identity,
         "fetch_cache": str(_loader.fetch_cache_dir(identity) or "") or None,
-        "libraries": _loader.library_report(),
+        "libraries": _loader.library_report(verify),
+        "verified": verify,
     }
 
 
@@ -52,11 +59,22 @@ def render(info: dict) -> str:
     for lib in info["libraries"]:
         where = lib["path"] or "NOT FOUND: " + lib["error"].split("; ", 1)[-1]
         lines.append(f"    {lib['library']:<20} {where}")
+        for problem in lib.get("problems", []):
+            lines.append(f"      PROBLEM: {problem}; {lib['fix']}")
+    bad = [lib["library"] for lib in info["libraries"] if lib.get("problems")]
+    checked = "size, sha256 and SONAME" if info.get("verified") else "size and SONAME (--verify: sha256 too)"
+    lines.append(f"  {len(bad)} librar{'y' if len(bad) == 1 else 'ies'} with a problem: {', '.join(bad)}" if bad
+                 else f"  every library found is sound ({checked} checked)")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    info = collect()
+    unknown = [a for a in argv if a not in ("--json", "--verify")]
+    if unknown:
+        print(f"python -m jax_aiter info: unknown option {unknown[0]!r}; options are --verify and --json",
+              file=sys.stderr)
+        return 2
+    info = collect(verify="--verify" in argv)
     print(json.dumps(info, indent=2, sort_keys=True) if "--json" in argv else render(info))
-    return 0
+    return 1 if any(lib.get("problems") for lib in info["libraries"]) else 0

@@ -10,6 +10,7 @@ stage, wheel, install and fetch.
 from __future__ import annotations
 
 import hashlib
+import json
 import mmap
 import os
 from collections.abc import Iterable
@@ -65,6 +66,38 @@ def file_entry(path: Path, digest: str | None = None) -> dict:
 
 class IntegrityError(RuntimeError):
     """Bytes differ from what a record says; the message names the file and both hashes."""
+
+
+RECORD_NAME = "build_record.json"  # written beside the libraries it records, last
+MAX_RECORD_BYTES = 16 << 20  # a record or manifest is a few KB; anything this big is not one
+
+
+def read_record(path: Path, fix: str = "") -> dict[str, dict]:
+    """{name: {name, size, sha256}} from a record or manifest's `files`; IntegrityError names the file and
+    what is wrong (not JSON, no `files`, a bad entry)."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_RECORD_BYTES + 1)
+    except OSError as e:
+        raise IntegrityError(f"cannot read {path}: {e.strerror or e}{fix}") from None
+    if len(data) > MAX_RECORD_BYTES:
+        raise IntegrityError(f"{path} is larger than {MAX_RECORD_BYTES} bytes; it is not a record{fix}")
+    try:
+        obj = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise IntegrityError(f"{path} is not valid JSON ({e}){fix}") from None
+    files = obj.get("files") if isinstance(obj, dict) else None
+    if not isinstance(files, list):
+        raise IntegrityError(f"{path} has no `files` list of {{name, size, sha256}} entries{fix}")
+    out = {}
+    for i, e in enumerate(files):
+        ok = isinstance(e, dict) and isinstance(e.get("name"), str) and isinstance(e.get("sha256"), str) and \
+            isinstance(e.get("size"), int) and not isinstance(e.get("size"), bool)
+        if not ok or e["name"] in out:
+            raise IntegrityError(f"{path}: files[{i}] is not a unique {{name, size, sha256}} entry{fix}")
+        out[e["name"]] = {"name": e["name"], "size": e["size"], "sha256": e["sha256"]}
+    return out
 
 
 def diff_entries(folder: Path, entries: Iterable[dict], workers: int | None = None) -> list[str]:

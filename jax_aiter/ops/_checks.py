@@ -27,11 +27,30 @@ def check_same_dtype(op: str, ref_name: str, ref, name: str, arr) -> None:
                         f"{jnp.dtype(ref.dtype).name}; cast {name} with {name}.astype({ref_name}.dtype)")
 
 
+F32_MAX = float(np.finfo(np.float32).max)
+
+
+def _f32_scalar(op: str, name: str, value, example: str) -> float:
+    """A Python real that the kernel receives as float32: finite there, not only as a double."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{op}: {name} must be a Python float (e.g. {example}), got {type(value).__name__}; "
+                        f"{name} is a compile-time constant, not an array")
+    out = float(value)
+    if not math.isfinite(out) or abs(out) > F32_MAX:
+        raise ValueError(f"{op}: {name} must be finite in float32, got {out!r} (the kernels take it as float32, "
+                         f"whose largest value is {F32_MAX:.6g}); give a value such as {example}")
+    return out
+
+
 def check_eps(op: str, eps) -> float:
-    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real):
-        raise TypeError(f"{op}: eps must be a Python float (e.g. 1e-6), got {type(eps).__name__}; "
-                        "eps is a compile-time constant, not an array")
-    value = float(eps)
-    if not math.isfinite(value) or value < 0:
+    value = _f32_scalar(op, "eps", eps, "1e-6")
+    if value < 0:
         raise ValueError(f"{op}: eps must be a finite non-negative float, got {value}")
     return value
+
+
+def check_scale(op: str, softmax_scale, default: float) -> float:
+    """softmax_scale as a float finite in float32; None gives `default` (1/sqrt(head_dim))."""
+    if softmax_scale is None:
+        return default
+    return _f32_scalar(op, "softmax_scale", softmax_scale, f"{default:.6g} (1/sqrt(head_dim))")

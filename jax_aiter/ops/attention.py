@@ -11,7 +11,6 @@ this module drops.
 from __future__ import annotations
 
 import math
-import numbers
 from functools import cache, partial
 
 import jax
@@ -55,15 +54,7 @@ def _check(q, k, v, causal, softmax_scale) -> float:
                          f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))} (pad q, k and v to one of them)")
     if not isinstance(causal, (bool, np.bool_)):
         raise TypeError(f"{OP}: causal must be a Python bool, got {type(causal).__name__}")
-    if softmax_scale is None:
-        return 1.0 / math.sqrt(head_dim)
-    if isinstance(softmax_scale, (bool, np.bool_)) or not isinstance(softmax_scale, numbers.Real):
-        raise TypeError(f"{OP}: softmax_scale must be a Python float or None (1/sqrt(head_dim)), "
-                        f"got {type(softmax_scale).__name__}; it is a compile-time constant, not an array")
-    scale = float(softmax_scale)
-    if not math.isfinite(scale):
-        raise ValueError(f"{OP}: softmax_scale must be finite, got {scale}")
-    return scale
+    return _checks.check_scale(OP, softmax_scale, 1.0 / math.sqrt(head_dim))
 
 
 # The GPU's split-KV decode path (csrc/kernels/mha/mha_fwd_gpu_decode.cuh) keeps each

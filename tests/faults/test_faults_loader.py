@@ -1,0 +1,182 @@
+"""Faults of the libraries a user loads: truncated, altered or swapped files, and op arguments that are not
+finite in float32. Real libraries from the build tree, copied into a real install layout (jax_aiter/_lib plus
+the build identity's pins) or a checkout layout (build/ with its build_record.json), loaded by real processes."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILD = Path(os.environ.get("JA_ROOT_DIR") or ROOT) / "build"
+UMBRELLA_DIR, JIT_DIR = BUILD / "jax_aiter_build", BUILD / "aiter_build"
+LIBS = ["libjax_aiter.so", "rmsnorm_fwd_ja.so", "silu_and_mul_ja.so", "mha_fwd_ja.so", "mha_bwd_ja.so",
+        "librmsnorm_fwd.so", "libmha_fwd.so", "libmha_bwd.so"]
+RMS = ("import jax.numpy as jnp, jax_aiter as ja\n"
+       "print(float(ja.rms_norm(jnp.ones((2, 64), jnp.float32), jnp.ones(64, jnp.float32), 1e-6).sum()))")
+ATTN = ("import jax.numpy as jnp, jax_aiter as ja\n"
+        "q = jnp.ones((1, 16, 2, 64), jnp.float32)\nprint(float(ja.flash_attn_func(q, q, q).sum()))")
+
+
+def _built() -> None:
+    missing = [n for n in LIBS if not ((UMBRELLA_DIR if not n.startswith("lib") or n == LIBS[0] else JIT_DIR) / n)
+               .is_file()]
+    if missing:
+        pytest.skip(f"needs the built libraries in {BUILD} ({', '.join(missing)} missing): run `make && python3 "
+                    "jax_aiter/jit/build_jit.py && make ja_mods`")
+
+
+def _src(name: str) -> Path:
+    return (UMBRELLA_DIR if name == "libjax_aiter.so" or name.endswith("_ja.so") else JIT_DIR) / name
+
+
+@pytest.fixture
+def install(tmp_path):
+    """An installed full wheel's layout: the package, its libraries in jax_aiter/_lib, pins in its identity."""
+    _built()
+    from jax_aiter.integrity import file_entry
+
+    site = tmp_path / "site"
+    pkg = site / "jax_aiter"
+    shutil.copytree(ROOT / "jax_aiter", pkg, ignore=shutil.ignore_patterns("__pycache__", "_lib", "*.json.tmp*"))
+    (pkg / "_lib").mkdir()
+    for n in LIBS:
+        shutil.copyfile(_src(n), pkg / "_lib" / n)
+    ident = {"version": "0.1.0", "variant": "full", "cache_id": "0123456789abcdef", "backend": "cpu",
+             "pins": [file_entry(pkg / "_lib" / n) for n in LIBS]}
+    (pkg / "_build_identity.json").write_text(json.dumps(ident))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JA_", "JAX_AITER"))}
+    env.update(PYTHONPATH=str(site), XDG_CACHE_HOME=str(tmp_path / "cache"), JAX_PLATFORMS="cpu")
+    return pkg / "_lib", env
+
+
+@pytest.fixture
+def checkout(tmp_path):
+    """A checkout's build tree (copied): build/jax_aiter_build and build/aiter_build with its record."""
+    _built()
+    root = tmp_path / "root"
+    for d in (UMBRELLA_DIR, JIT_DIR):
+        dst = root / "build" / d.name
+        dst.mkdir(parents=True)
+        for p in d.iterdir():
+            if p.is_file() and (p.suffix == ".so" or p.name == "build_record.json"):
+                shutil.copyfile(p, dst / p.name)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JA_", "JAX_AITER"))}
+    env.update(PYTHONPATH=str(ROOT), JA_ROOT_DIR=str(root), JAX_PLATFORMS="cpu")
+    return root / "build", env
+
+
+def _py(env: dict, code: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=300, check=False)
+
+
+def _info(env: dict, cwd: Path, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "jax_aiter", "info", *flags], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def _truncate(path: Path, keep: float = 0.5) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(int(path.stat().st_size * keep))
+
+
+def test_faults_truncated_umbrella_in_a_wheel_is_a_clear_error_not_sigbus(install, tmp_path):
+    lib, env = install
+    assert _info(env, tmp_path).returncode == 0
+    _truncate(lib / "libjax_aiter.so")
+    r = _py(env, RMS, tmp_path)
+    assert r.returncode == 1, (r.returncode, r.stderr[-2000:])  # a Python error, not a signal
+    assert "LibraryCheckError" in r.stderr and f"{lib / 'libjax_aiter.so'}:" in r.stderr
+    assert "the file is truncated or was replaced" in r.stderr and "pip install --force-reinstall" in r.stderr
+    i = _info(env, tmp_path)
+    assert i.returncode == 1 and "PROBLEM:" in i.stdout and "libjax_aiter.so with a problem" not in i.stdout
+    assert "1 library with a problem: libjax_aiter.so" in i.stdout
+
+
+def test_faults_truncated_mha_library_in_a_checkout_is_a_clear_error(checkout, tmp_path):
+    build, env = checkout
+    _truncate(build / "aiter_build" / "libmha_fwd.so")
+    r = _py(env, ATTN, tmp_path)
+    assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
+    assert f"{build / 'aiter_build' / 'libmha_fwd.so'}:" in r.stderr and "build_record.json records" in r.stderr
+    assert "build_jit.py --module mha_fwd" in r.stderr
+    assert _info(env, tmp_path).returncode == 1
+
+
+def test_faults_swapped_library_names_its_soname(checkout, tmp_path):
+    """libmha_fwd.so holding libmha_bwd.so's bytes, and no record to compare sizes with."""
+    build, env = checkout
+    (build / "aiter_build" / "build_record.json").unlink()
+    shutil.copyfile(build / "aiter_build" / "libmha_bwd.so", build / "aiter_build" / "libmha_fwd.so")
+    i = _info(env, tmp_path)
+    assert i.returncode == 1
+    assert "its SONAME is libmha_bwd.so, not libmha_fwd.so: it holds another library's bytes" in i.stdout
+    r = _py(env, ATTN, tmp_path)
+    assert r.returncode == 1 and "its SONAME is libmha_bwd.so, not libmha_fwd.so" in r.stderr, r.stderr[-2000:]
+
+
+def test_faults_swapped_shim_names_the_missing_handlers(checkout, tmp_path):
+    """A real library (g++) with the shim's name and SONAME but none of its handlers."""
+    build, env = checkout
+    src = tmp_path / "empty.cc"
+    src.write_text('extern "C" int unrelated() { return 1; }\n')
+    shim = build / "jax_aiter_build" / "rmsnorm_fwd_ja.so"
+    subprocess.run(["g++", "-shared", "-fPIC", "-Wl,-soname,rmsnorm_fwd_ja.so", "-o", str(shim), str(src)], check=True)
+    r = _py(env, RMS, tmp_path)
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert f"{shim} does not export ja_ffi_api_version, JaRmsNormFwdCpu, JaRmsNormFwdAddCpu" in r.stderr
+    assert "make ja_mods" in r.stderr and "AttributeError" not in r.stderr
+
+
+def test_faults_info_verify_hashes_what_size_cannot_see(install, tmp_path):
+    lib, env = install
+    target = lib / "librmsnorm_fwd.so"
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    target.write_bytes(bytes(data))
+    assert _info(env, tmp_path).returncode == 0  # same size, same SONAME: only the hash tells
+    v = _info(env, tmp_path, "--verify")
+    assert v.returncode == 1 and "librmsnorm_fwd.so" in v.stdout and "the file was altered" in v.stdout
+    j = json.loads(_info(env, tmp_path, "--verify", "--json").stdout)
+    assert [x["library"] for x in j["libraries"] if x.get("problems")] == ["librmsnorm_fwd.so"]
+
+
+def test_faults_info_rejects_an_unknown_option(install, tmp_path):
+    _, env = install
+    r = _info(env, tmp_path, "--verfy")
+    assert r.returncode == 2 and "unknown option '--verfy'" in r.stderr
+
+
+@pytest.mark.parametrize("value", [1e39, -1e39, float("inf"), float("nan")])
+def test_faults_eps_not_finite_in_float32_is_rejected(value):
+    import jax.numpy as jnp
+
+    import jax_aiter as ja
+
+    with pytest.raises(ValueError, match="eps must be finite in float32"):
+        ja.rms_norm(jnp.ones((2, 8), jnp.float32), jnp.ones(8, jnp.float32), value)
+    with pytest.raises(ValueError, match="eps must be finite in float32"):
+        ja.rms_norm_with_add(jnp.ones((2, 8)), jnp.ones((2, 8)), jnp.ones(8), value)
+
+
+@pytest.mark.parametrize("value", [1e39, float("-inf"), float("nan")])
+def test_faults_softmax_scale_not_finite_in_float32_is_rejected(value):
+    import jax.numpy as jnp
+
+    import jax_aiter as ja
+
+    q = jnp.ones((1, 4, 1, 64), jnp.float32)
+    with pytest.raises(ValueError, match="softmax_scale must be finite in float32"):
+        ja.flash_attn_func(q, q, q, softmax_scale=value)
+
+
+def test_faults_largest_float32_eps_is_still_accepted():
+    from jax_aiter.ops import _checks
+
+    assert _checks.check_eps("rms_norm", 3.0e38) == 3.0e38
