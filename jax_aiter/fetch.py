@@ -43,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jax_aiter import blob, reuse_gate, settings
+from jax_aiter import blob, integrity, reuse_gate, settings
 from jax_aiter import manifest as mf
 from jax_aiter.integrity import diff_entries
 from jax_aiter.progress import Progress
@@ -54,7 +54,7 @@ ENV_RETRIES = "JA_FETCH_RETRIES"
 ENV_BACKOFF = "JA_FETCH_BACKOFF_S"
 ENV_LOCK_TIMEOUT = "JA_FETCH_LOCK_TIMEOUT_S"
 
-MAX_MANIFEST_BYTES = 16 << 20
+MAX_MANIFEST_BYTES = integrity.MAX_RECORD_BYTES  # every small document (manifest, record) is capped while streaming
 CHUNK = 1 << 20
 LIB_MODE = 0o755
 
@@ -188,9 +188,24 @@ class _LibraryFile:
         self._fh.close()
 
 
+def _resumed(resp, offset: int) -> bool:
+    """True when a ranged answer continues at `offset`; a 206 that starts elsewhere (some servers send the
+    whole body as 206) is read from its start and the bytes already taken are skipped, as after a 200."""
+    if not offset or getattr(resp, "status", None) != 206:
+        return False
+    rng = (resp.headers.get("Content-Range") or "").strip()
+    if not rng.startswith("bytes ") or not rng[6:].split("-", 1)[0].isdigit():
+        return False
+    start = int(rng[6:].split("-", 1)[0])
+    if start not in (0, offset):
+        raise _Transient(f"asked for bytes from {offset}, the server answered from {start}")
+    return start == offset
+
+
 def _attempt(url: str, begin: Callable[[bool], object], offset: int, timeout: float,
-             advance: Callable[[int], None]) -> None:
-    """One GET of `url` from byte `offset`; `begin(resumed)` returns the sink once the status is known."""
+             advance: Callable[[int], None], log: Log | None = None) -> None:
+    """One GET of `url` from byte `offset`; `begin(resumed)` returns the sink once the status is known.
+    A redirect to another host is followed and logged: the pins and hashes, not the host, decide."""
     headers = {"User-Agent": "jax-aiter-fetch", "Accept-Encoding": "identity"}
     if offset:
         headers["Range"] = f"bytes={offset}-"
@@ -214,8 +229,11 @@ def _attempt(url: str, begin: Callable[[bool], object], offset: int, timeout: fl
         raise _Transient(f"no response within {timeout:g} s") from None
     except (ConnectionError, http.client.HTTPException) as e:
         raise _Transient(f"connection failed ({e!r})") from None
+    final = resp.geturl()
+    if log is not None and urllib.parse.urlsplit(final).netloc != urllib.parse.urlsplit(url).netloc:
+        log(f"  {url.rsplit('/', 1)[-1]}: redirected to host {urllib.parse.urlsplit(final).netloc} ({final})")
     with resp:
-        sink = begin(bool(offset) and getattr(resp, "status", None) == 206)
+        sink = begin(_resumed(resp, offset))
         buf = bytearray(CHUNK)
         view = memoryview(buf)
         got = 0
@@ -258,16 +276,18 @@ def fetch_bytes(url: str, opts: FetchOptions, log: Log = _stderr, limit: int = M
     """A small file (the manifest) into memory, with the same timeouts and retries."""
     out = io.BytesIO()
 
-    def begin(resumed: bool) -> io.BytesIO:
+    class Capped:
+        def write(self, data) -> None:
+            if out.tell() + len(data) > limit:  # refused while streaming: never more than `limit` in memory
+                raise FetchError(f"{url}: more than {limit} bytes; this is not a manifest or record (check the URL)")
+            out.write(data)
+
+    def begin(resumed: bool) -> Capped:
         out.seek(0)
         out.truncate()
-        return out
+        return Capped()
 
-    def once() -> None:
-        _attempt(url, begin, 0, opts.timeout_s, lambda n: None)
-        if out.tell() > limit:
-            raise FetchError(f"{url}: larger than {limit} bytes; this is not a manifest")
-    _retrying(url, opts, log, once)
+    _retrying(url, opts, log, lambda: _attempt(url, begin, 0, opts.timeout_s, lambda n: None, log))
     return out.getvalue()
 
 
@@ -280,7 +300,7 @@ def download(url: str, sink: _PartSink, size: int, sha256: str, opts: FetchOptio
     name = url.rsplit("/", 1)[-1]
 
     def once() -> None:
-        _attempt(url, sink.begin, sink.size, opts.timeout_s, advance)
+        _attempt(url, sink.begin, sink.size, opts.timeout_s, advance, log)
         if sink.size < size:
             raise _Transient(f"truncated: {sink.size} of {size} bytes")
         if sink.size > size:
@@ -360,6 +380,10 @@ def _prepare_parent(dest: Path) -> None:
         probe = dest.parent / f".{dest.name}.probe-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
+        if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
+            raise FetchError(f"the destination {dest} is {'a symlink' if dest.is_symlink() else 'not a folder'}; "
+                             "choose a folder (--dest, JAX_AITER_LIB_DIR or XDG_CACHE_HOME) or remove it. "
+                             "Nothing was downloaded")
         if dest.exists() and not os.access(dest, os.W_OK):
             raise PermissionError(13, "Permission denied", str(dest))
     except OSError as e:
@@ -373,6 +397,27 @@ def _clear_leftovers(dest: Path, log: Log) -> None:
     for stale in sorted(dest.parent.glob(f".{dest.name}.fetch-*")):
         log(f"fetch: removing leftovers of an interrupted fetch: {stale}")
         shutil.rmtree(stale, ignore_errors=True)
+
+
+def check_pins(files: list[dict], want: dict, source: str) -> None:
+    """Refuse files that differ from the pins of identity `want` (the sha256 and size of every library a wheel
+    may load, baked in at its build): the manifest only says where the bytes are, the pins say which."""
+    pins = {p["name"]: p for p in want.get("pins") or []}
+    if not pins:
+        return
+    bad = []
+    for f in files:
+        pin = pins.get(f["name"])
+        if pin is None:
+            bad.append(f"{f['name']} is not pinned by this install")
+        elif (pin["size"], pin["sha256"]) != (f["size"], f["sha256"]):
+            bad.append(f"{f['name']} is {f['size']} bytes with sha256 {f['sha256']}, but this install pins "
+                       f"{pin['size']} bytes with sha256 {pin['sha256']}")
+    if bad:
+        raise FetchError(f"{source} offers libraries this install does not accept: {'; '.join(bad)}. Only the "
+                         "pinned bytes are installed, however consistent the release is; nothing was installed. "
+                         "Fetch from the base URL the wheel was built for, or install the wheel that matches "
+                         "this release")
 
 
 def installed(dest: Path, cache_id: str, names: list[str] | None) -> list[str] | None:
@@ -485,11 +530,18 @@ def fetch_release(base_url: str, want: dict, dest: Path, names: list[str] | None
     for w in warnings:
         log(f"fetch: warning: {w}")
     files = mf.select_files(manifest, names)
+    check_pins(files, want, url)
     chosen = [f["name"] for f in files]
     lock = _lock(dest, opts, log)
     try:
         _clear_leftovers(dest, log)
         problems = installed(dest, cid, chosen)
+        if problems == [] and want.get("pins"):  # installed and verified, but are they the pinned bytes?
+            copy = dest / mf.MANIFEST_NAME
+            try:
+                check_pins(mf.select_files(mf.parse(copy.read_bytes(), str(copy)), chosen), want, str(copy))
+            except FetchError as e:
+                problems = [str(e)]
         if problems == [] and not force:
             log(f"fetch: {', '.join(chosen)} already in {dest}, verified against {manifest['release_tag']}")
             return FetchResult("present", dest, release, manifest, chosen, 0, time.monotonic() - start, warnings)
@@ -501,14 +553,22 @@ def fetch_release(base_url: str, want: dict, dest: Path, names: list[str] | None
             raise FetchError(f"not enough disk space in {dest.parent}: {need / 1e9:.2f} GB needed, {free / 1e9:.2f} GB "
                              "free; free some space or choose another destination (--dest)")
         staging = dest.parent / f".{dest.name}.fetch-{os.getpid()}"
-        staging.mkdir()
+        try:
+            staging.mkdir()
+        except OSError as e:
+            raise FetchError(f"cannot create {staging}: {e.strerror or e}; choose another destination (--dest)"
+                             ) from None
         total = sum(f["compressed"]["size"] for f in files)
         log(f"fetch: {manifest['release_tag']} from {release}: {', '.join(chosen)} ({total / 1e6:.1f} MB compressed)")
         window_log = manifest["compression"]["window_log"]
         try:
             downloaded = _fetch_all(files, release, staging, window_log, opts, log)
-            (staging / mf.MANIFEST_NAME).write_text(mf.dumps(manifest))
-            _install(staging, dest, chosen)
+            try:
+                (staging / mf.MANIFEST_NAME).write_text(mf.dumps(manifest))
+                _install(staging, dest, chosen)
+            except OSError as e:
+                raise FetchError(f"cannot write {e.filename or staging}: {e.strerror or e}; free disk space or "
+                                 "choose another destination (--dest). The previous install is unchanged") from None
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise

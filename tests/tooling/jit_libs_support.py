@@ -36,8 +36,9 @@ class FaultServer:
     faults[name] is one of: "404", "stall" (half the body, then silence),
     "truncate" (full Content-Length, half the body, then close), "tamper" (one
     byte flipped), "slow" (small chunks with pauses); a "_once" suffix applies it
-    to the first request only. Range requests get 206 (unless ignore_range: then 200 and the
-    whole body, as some servers do); PUT stores files.
+    to the first request only; "huge" streams zeros (1 GiB, no Content-Length) until the client stops.
+    Range requests get 206 (unless ignore_range: then 200 and the whole body, as some servers do;
+    full_206: 206 carrying the whole body); redirect_to sends every GET there (302); PUT stores files.
     """
 
     def __init__(self, root: Path):
@@ -48,6 +49,8 @@ class FaultServer:
         self.release = threading.Event()
         self.slow_chunk, self.slow_pause = 16 << 10, 0.02
         self.ignore_range = False
+        self.full_206 = False
+        self.redirect_to: str | None = None
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -68,6 +71,25 @@ class FaultServer:
                 rng = self.headers.get("Range")
                 server.requests.append(("GET", self.path, rng))
                 mode = self._fault(name)
+                if server.redirect_to:
+                    self.send_response(302)
+                    self.send_header("Location", server.redirect_to + self.path)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                if mode == "huge":
+                    self.send_response(200)
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    self.close_connection = True
+                    chunk = bytes(1 << 20)
+                    try:
+                        for _ in range(1024):
+                            self.wfile.write(chunk)
+                            server.sent[name] = server.sent.get(name, 0) + len(chunk)
+                    except (BrokenPipeError, ConnectionResetError):
+                        pass
+                    return
                 path = server.root / self.path.lstrip("/")
                 if mode == "404" or not path.is_file():
                     self.send_response(404)
@@ -79,7 +101,11 @@ class FaultServer:
                     body = body[:-1] + bytes([body[-1] ^ 0xFF])
                 start = int(rng[len("bytes="):].split("-")[0]) if rng and rng.startswith("bytes=") else 0
                 start = 0 if server.ignore_range else start
-                if start:
+                if start and server.full_206:
+                    self.send_response(206)
+                    self.send_header("Content-Range", f"bytes 0-{len(body) - 1}/{len(body)}")
+                    start = 0
+                elif start:
                     self.send_response(206)
                     self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
                 else:

@@ -1,0 +1,162 @@
+"""Faults of the fetch: endless documents, full-body answers to a resume, redirects to another host with
+substituted bytes, a destination that is a file, a full disk, bad timeouts. A real HTTP server on 127.0.0.1
+(tests/tooling/jit_libs_support.FaultServer) and real jax-aiter-fetch-mha processes."""
+from __future__ import annotations
+
+import json
+import resource
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from jax_aiter import fetch
+from jax_aiter import manifest as mf
+from jax_aiter.integrity import diff_entries
+from tests.tooling.jit_libs_support import (  # noqa: F401  (pytest fixtures)
+    FaultServer,
+    checkout_fixture,
+    checkout_identity,
+    fast_fetch_env_fixture,
+    make_release,
+    run_py,
+    server_fixture,
+    wheel_identity,
+)
+
+MHA = ["libmha_fwd.so", "libmha_bwd.so"]
+SIZES = {"libmha_fwd.so": 300_000, "libmha_bwd.so": 200_000, "librmsnorm_fwd.so": 50_000}
+
+
+@pytest.fixture
+def release(checkout, server):
+    ident = checkout_identity(checkout)
+    return ident, make_release(server.root, ident, sizes=SIZES)
+
+
+def _identity_file(tmp_path: Path, ident: dict, manifest: dict | None, base_url: str | None = None) -> Path:
+    """The installed wheel's identity: its pins are the producer's libraries (what the wheel was built with)."""
+    out = wheel_identity(ident, base_url)
+    if manifest is not None:
+        out["pins"] = mf.raw_entries(manifest["files"])
+    path = tmp_path / "_build_identity.json"
+    path.write_text(json.dumps(out))
+    return path
+
+
+def _fetch_mha(idf: Path, dest: Path, *args: str, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
+    return run_py(["-m", "jax_aiter.fetch_mha", "--identity", str(idf), "--dest", str(dest), "--quiet", *args],
+                  env, **kw)
+
+
+def test_faults_endless_manifest_is_refused_while_streaming(release, server, tmp_path):
+    """1 GiB behind the manifest's URL: refused after the cap, in a process that stays small."""
+    ident, _ = release
+    server.faults[mf.MANIFEST_NAME] = "huge"
+    idf = _identity_file(tmp_path, ident, None, server.url)
+    r = _fetch_mha(idf, tmp_path / "dest", "--skip-arch-check")
+    assert r.returncode == 1, r.stderr
+    assert f"more than {fetch.MAX_MANIFEST_BYTES} bytes; this is not a manifest" in r.stderr
+    assert server.sent[mf.MANIFEST_NAME] < fetch.MAX_MANIFEST_BYTES + (64 << 20)  # not the whole 1 GiB
+    server.faults[mf.MANIFEST_NAME] = "huge"
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(fetch.FetchError, match="this is not a manifest"):
+        fetch.fetch_bytes(f"{server.url}/{mf.MANIFEST_NAME}", fetch.FetchOptions(retries=0), log=lambda m: None)
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mb < 2 * fetch.MAX_MANIFEST_BYTES / 2**20 + 64, grown_mb
+
+
+def test_faults_resume_answered_with_the_whole_body_restarts_from_zero(release, server, tmp_path, fast_fetch_env):
+    ident, manifest = release
+    part = mf.select_files(manifest, ["libmha_fwd.so"])[0]["compressed"]["parts"][0]["name"]
+    server.faults[part] = "truncate_once"
+    server.full_206 = True
+    dest = tmp_path / "dest"
+    fetch.fetch_release(server.url, ident, dest, MHA, opts=fetch.FetchOptions.from_env(), log=lambda m: None)
+    ranged = [r for r in server.gets(part) if r[2]]
+    assert ranged, "the second attempt must have asked to resume"
+    assert diff_entries(dest, mf.raw_entries(mf.select_files(manifest, MHA))) == []
+
+
+def test_faults_redirect_to_another_host_is_logged_and_pins_decide(release, server, tmp_path):
+    """The front host redirects to a mirror: pinned bytes are installed (the log names the mirror); a mirror
+    with substituted libraries and a manifest rehashed to match them is refused."""
+    ident, manifest = release
+    good_root, bad_root = tmp_path / "mirror", tmp_path / "evil"
+    for root in (good_root, bad_root):
+        root.mkdir()
+    make_release(good_root, ident, sizes=SIZES)  # the same bytes, published again
+    substituted = make_release(bad_root, ident, sizes=SIZES, seed=1)
+    assert mf.raw_entries(substituted["files"]) != mf.raw_entries(manifest["files"])
+    idf = _identity_file(tmp_path, ident, manifest, server.url)
+    with FaultServer(good_root) as mirror:
+        server.redirect_to = mirror.url.replace("127.0.0.1", "localhost")
+        ok = _fetch_mha(idf, tmp_path / "ok", env={"JA_FETCH_BASE_URL": ""})
+        ok_log = run_py(["-m", "jax_aiter.fetch_mha", "--identity", str(idf), "--dest", str(tmp_path / "ok"),
+                         "--force"], {"JA_FETCH_BASE_URL": ""})
+    assert ok.returncode == 0, ok.stderr
+    assert ok_log.returncode == 0 and "redirected to host localhost:" in ok_log.stderr
+    assert diff_entries(tmp_path / "ok", [p for p in json.loads(idf.read_text())["pins"] if p["name"] in MHA]) == []
+    with FaultServer(bad_root) as evil:
+        server.redirect_to = evil.url
+        bad = _fetch_mha(idf, tmp_path / "bad", env={"JA_FETCH_BASE_URL": ""})
+        parts = [r for r in evil.requests if not r[1].endswith(mf.MANIFEST_NAME)]
+    assert bad.returncode == 1
+    assert "offers libraries this install does not accept: libmha_bwd.so is" in bad.stderr, bad.stderr
+    assert "but this install pins" in bad.stderr and not (tmp_path / "bad").exists() and not parts
+
+
+def test_faults_pinned_install_refuses_an_unpinned_earlier_install(release, server, tmp_path, fast_fetch_env):
+    """A folder holding a verified install of another (self-consistent) release is not 'present'."""
+    ident, manifest = release
+    other = tmp_path / "other"
+    other.mkdir()
+    substituted = make_release(other, ident, sizes=SIZES, seed=1)
+    dest = tmp_path / "dest"
+    fetch.fetch_release(f"file://{other}", ident, dest, MHA, opts=fetch.FetchOptions.from_env(), log=lambda m: None)
+    pinned = {**ident, "pins": mf.raw_entries(manifest["files"])}
+    r = fetch.fetch_release(server.url, pinned, dest, MHA, opts=fetch.FetchOptions.from_env(), log=lambda m: None)
+    assert r.status == "fetched"
+    assert diff_entries(dest, mf.raw_entries(mf.select_files(manifest, MHA))) == []
+    assert mf.raw_entries(substituted["files"]) != mf.raw_entries(manifest["files"])
+
+
+def test_faults_destination_that_is_a_file_fails_before_downloading(release, server, tmp_path):
+    ident, manifest = release
+    dest = tmp_path / "dest"
+    dest.write_text("not a folder\n")
+    r = _fetch_mha(_identity_file(tmp_path, ident, manifest, server.url), dest)
+    assert r.returncode == 1 and f"the destination {dest} is not a folder" in r.stderr, r.stderr
+    assert server.requests == [] and dest.read_text() == "not a folder\n"
+
+
+def _small_files():
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as a full disk does
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+
+
+def test_faults_full_disk_names_the_file_and_keeps_nothing(release, server, tmp_path):
+    ident, manifest = release
+    dest = tmp_path / "dest"
+    r = _fetch_mha(_identity_file(tmp_path, ident, manifest, server.url), dest, preexec_fn=_small_files)
+    assert r.returncode == 1, r.stderr
+    assert f"cannot write {tmp_path}/.dest.fetch-" in r.stderr and "File too large" in r.stderr
+    assert "free disk space" in r.stderr
+    assert not dest.exists() and not list(tmp_path.glob(".dest.fetch-*"))
+
+
+@pytest.mark.parametrize("name, value", [("JA_FETCH_TIMEOUT_S", "0"), ("JA_FETCH_TIMEOUT_S", "inf"),
+                                         ("JA_FETCH_TIMEOUT_S", "nan"), ("JA_FETCH_RETRIES", "-1"),
+                                         ("JA_FETCH_RETRIES", "1e9"), ("JA_FETCH_LOCK_TIMEOUT_S", "inf")])
+def test_faults_bad_fetch_settings_name_variable_value_and_range(tmp_path, name, value):
+    idf = _identity_file(tmp_path, {"cache_id": "0" * 16, "version": "0.1.0"}, None, "http://127.0.0.1:9")
+    r = _fetch_mha(idf, tmp_path / "dest", "--skip-arch-check", env={name: value})
+    assert r.returncode == 1 and f"{name}={value!r} is not valid: give" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "0"])
+def test_faults_bad_timeout_flag_is_refused(tmp_path, value):
+    idf = _identity_file(tmp_path, {"cache_id": "0" * 16, "version": "0.1.0"}, None, "http://127.0.0.1:9")
+    r = _fetch_mha(idf, tmp_path / "dest", "--timeout", value)
+    assert r.returncode == 2 and f"--timeout={value!r} is not valid" in r.stderr
