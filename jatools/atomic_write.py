@@ -1,15 +1,49 @@
 """Atomic file writes: a temporary file beside the target, then rename.
 
 A reader sees the old file or the new one, never half of either; an
-interrupted write leaves the previous good state.
+interrupted write leaves the previous good state, and the temporaries of a
+killed writer (named with its pid) are removed by the next one.
 """
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+import re
+import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
+
+_PID_SUFFIX = re.compile(r"\.(?:tmp|old)-?(\d+)$")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_dead_temps(folder: Path, log: Callable[[str], None] = print) -> list[Path]:
+    """Remove `.<name>.tmp-<pid>` / `.<name>.old-<pid>` files and folders in `folder` whose pid is not running
+    (left by a killed write); never follows a symlink. Returns what was removed."""
+    removed = []
+    if not Path(folder).is_dir():
+        return removed
+    for p in sorted(Path(folder).iterdir()):
+        m = _PID_SUFFIX.search(p.name)
+        if not p.name.startswith(".") or not m or int(m.group(1)) == os.getpid() or _alive(int(m.group(1))):
+            continue
+        log(f"removing {p}, left by process {m.group(1)}, which is no longer running")
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+        removed.append(p)
+    return removed
 
 
 def write_text(path: Path, text: str) -> Path:

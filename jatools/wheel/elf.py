@@ -57,9 +57,9 @@ def read_dynamic(path: str | Path) -> ElfDynamic:
                         elif tag.entry.d_tag == "DT_SONAME":
                             soname = tag.soname
                         elif tag.entry.d_tag == "DT_RPATH":
-                            rpath += [p for p in tag.rpath.split(":") if p]
+                            rpath += tag.rpath.split(":")  # empty entries kept: the contents check rejects them
                         elif tag.entry.d_tag == "DT_RUNPATH":
-                            runpath += [p for p in tag.runpath.split(":") if p]
+                            runpath += tag.runpath.split(":")
                 elif isinstance(section, GNUVerNeedSection):
                     for verneed, auxiliaries in section.iter_versions():
                         names = versions.setdefault(verneed.name, set())

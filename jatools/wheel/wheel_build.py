@@ -26,6 +26,7 @@ This module is also the project's PEP 517/660 build backend (pyproject [build-sy
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import fnmatch
 import gzip
@@ -410,12 +411,35 @@ def read_back(wheel: Path, written: list[WrittenMember], jit_members: dict[str, 
 
 
 PROGRESS_MIN_BYTES = 64 << 20  # members at least this big get a line of their own while packing
+LOCK_NAME = ".wheel_build.lock"
 
 
 def build(settings: config.Settings, options: BuildOptions, layout: Layout | None = None,
           expectations: jit_expectations.JitExpectations | None = None,
           log: Callable[[str], None] = print) -> BuildResult:
-    """Build one wheel; `log` receives plain progress lines (they read the same on a terminal and in CI)."""
+    """Build one wheel; `log` receives plain progress lines (they read the same on a terminal and in CI).
+
+    Holds a lock on the stage and on the dist folder (in that order), so builds at once take turns instead
+    of replacing each other's files, and first removes what killed builds left there."""
+    from filelock import FileLock, Timeout
+
+    with contextlib.ExitStack() as held:
+        for folder, lock_at in ((settings.build_dir / "wheel_stage", settings.build_dir / ".wheel_stage.lock"),
+                                (options.dist_dir, options.dist_dir / LOCK_NAME)):
+            lock_at.parent.mkdir(parents=True, exist_ok=True)
+            lock = FileLock(str(lock_at))
+            try:
+                lock.acquire(timeout=0)
+            except Timeout:
+                log(f"wheel_build: another wheel build holds {lock.lock_file}; waiting for it")
+                lock.acquire()
+            held.callback(lock.release)
+            atomic_write.remove_dead_temps(folder, lambda m: log(f"wheel_build: {m}"))
+        return _build_locked(settings, options, layout, expectations, log)
+
+
+def _build_locked(settings: config.Settings, options: BuildOptions, layout: Layout | None,
+                  expectations: jit_expectations.JitExpectations | None, log: Callable[[str], None]) -> BuildResult:
     t0 = time.monotonic()
     layout = layout or Layout.load()
     variant = layout.variant(options.variant)

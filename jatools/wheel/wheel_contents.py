@@ -167,7 +167,11 @@ def _check_elves(report: ContentsReport, elves: dict[str, elf.ElfDynamic], names
             for entry in entries:
                 bad = [s for s in layout.runpath_forbidden if s in entry]
                 target = elf.resolve_in_tree(posixpath.dirname(member), entry)
-                if bad:
+                if not entry:
+                    report.problems.append(f"{member}: {kind} has an empty entry ({':'.join(entries)!r}), which glibc "
+                                           f"reads as the current directory: a library would load from wherever "
+                                           f"Python runs. Remove the stray ':' from the link line and rebuild")
+                elif bad:
                     report.problems.append(f"{member}: {kind} entry {entry!r} names {bad[0]}; TheRock resolves its "
                                            f"runtime through ldconfig, never that folder. Remove it from the link "
                                            f"line and rebuild")

@@ -1,7 +1,12 @@
 """Planted defects: each is caught by the check that owns it, with a message naming the cause and the fix."""
 from __future__ import annotations
 
+import contextlib
+import subprocess
+import sys
+import time
 import zipfile
+from pathlib import Path
 
 import pytest
 from conftest import EPOCH
@@ -15,6 +20,7 @@ from jatools.wheel.wheel_build import BuildOptions, WheelBuildError, build
 from jax_aiter.integrity import IntegrityError
 
 SHIM_RUNPATH = "$ORIGIN:$ORIGIN/../aiter_build"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _opts(tmp_path, variant="lite", **kw):
@@ -170,6 +176,67 @@ def test_contents_catches_bad_runpath(build_copy, layout, tmp_path, entry, expec
     report = wheel_contents.check_wheel(wheel, layout)
     assert not report.ok
     assert f"jax_aiter/_lib/silu_and_mul_ja.so: RUNPATH entry {entry!r} {expected}" in report.message()
+
+
+def test_faults_contents_rejects_an_empty_runpath_entry(build_copy, layout, tmp_path):
+    """`:$ORIGIN` has an empty entry, which glibc reads as the current directory."""
+    patch_dynamic_string(build_copy.umbrella_dir / "silu_and_mul_ja.so", "DT_RUNPATH", SHIM_RUNPATH, ":$ORIGIN")
+    wheel = build(build_copy, _opts(tmp_path), layout=layout).wheel
+    report = wheel_contents.check_wheel(wheel, layout)
+    assert not report.ok
+    assert ("jax_aiter/_lib/silu_and_mul_ja.so: RUNPATH has an empty entry (':$ORIGIN'), which glibc reads as the "
+            "current directory") in report.message()
+    assert wheel_contents.main([str(wheel)]) != 0
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+def test_faults_wheel_build_removes_what_a_killed_build_left(build_copy, layout, tmp_path):
+    dist, stage = tmp_path / "dist", build_copy.build_dir / "wheel_stage"
+    dist.mkdir()
+    (stage / f".lite.tmp-{_dead_pid()}" / "jax_aiter").mkdir(parents=True)
+    dead_wheel = dist / f".jax_aiter-0.1.0-py3-none-any.whl.tmp-{_dead_pid()}"
+    dead_wheel.write_bytes(b"half a wheel")
+    live = subprocess.Popen(["sleep", "60"])
+    try:
+        live_tmp = dist / f".jax_aiter-0.1.0-py3-none-any.whl.tmp-{live.pid}"
+        live_tmp.write_bytes(b"a build still running")
+        lines = []
+        build(build_copy, _opts(tmp_path), layout=layout, log=lines.append)
+        assert not dead_wheel.exists() and not list(stage.glob(".lite.tmp-*"))
+        assert live_tmp.exists(), "a running build's files are left alone"
+        assert any("no longer running" in m and str(dead_wheel) in m for m in lines)
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_faults_two_wheel_builds_at_once_take_turns(build_copy, layout, tmp_path):
+    """Two real build processes on one build tree and one dist folder, started while the stage is locked:
+    both wait, then take turns, and both succeed."""
+    from conftest import cpu_env
+    from filelock import FileLock
+
+    if build_copy.raw.get("wheel_deflate") == "zlib":
+        pytest.skip("needs the deflate package for the command-line build (pip install deflate)")
+    env = {**cpu_env(build_copy.build_dir), "SOURCE_DATE_EPOCH": str(EPOCH), "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "jatools.wheel.wheel_build", "--variant", "lite", "--dist", str(tmp_path / "dist")]
+    logs = [tmp_path / f"build{i}.log" for i in range(2)]
+    with FileLock(str(build_copy.build_dir / ".wheel_stage.lock")), contextlib.ExitStack() as files:
+        procs = [subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=files.enter_context(open(log, "w")),
+                                  stderr=subprocess.STDOUT) for log in logs]
+        deadline = time.monotonic() + 120
+        while not all("another wheel build holds" in log.read_text() for log in logs):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), [x.read_text() for x in logs]
+            time.sleep(0.1)
+    assert [p.wait(timeout=600) for p in procs] == [0, 0], [x.read_text() for x in logs]
+    wheels = list((tmp_path / "dist").glob("*.whl"))
+    assert len(wheels) == 1 and wheel_contents.check_wheel(wheels[0], layout).ok
+    assert not list((tmp_path / "dist").glob(".*.tmp-*"))
 
 
 def test_contents_catches_an_external_library_outside_the_allowlist(build_copy, layout, tmp_path):
