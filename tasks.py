@@ -147,7 +147,7 @@ def jit_verify(c, dir=None, against=None):
     """Check build/aiter_build against its build record (or a given manifest); names every differing file."""
     settings = _config.load()
     folder = _Path(dir) if dir else settings.jit_dir
-    source, n = _jit_run("verify", _jit_cache.verify, folder, against)
+    source, n = _jit_run("verify", _jit_cache.verify, folder, against, expected=_config.jit_libraries(settings))
     print(f"verify: {n} file(s) in {folder} match {source}")
 
 

@@ -5,6 +5,7 @@ flags explicitly; this module resolves the other two layers in one place.
 """
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from dataclasses import dataclass
@@ -111,3 +112,12 @@ def load(backend: str | None = None, gpu_archs: str | None = None, root: Path | 
         raw=raw,
         sanitize=sanitize,
     )
+
+
+def jit_libraries(settings: Settings) -> list[str]:
+    """The JIT libraries the op table names (each module of the JIT config, its `library`), in its order."""
+    try:
+        modules = json.loads(settings.jit_config.read_text())["modules"]
+        return [m["library"] for m in modules.values()]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{settings.jit_config} does not give each module's library ({e!r}); fix the op table") from None

@@ -16,9 +16,8 @@ from jatools.ci import github_output
 from jatools.native import identity, jit_build
 from jax_aiter import fetch, reuse_gate
 from jax_aiter import manifest as mf
-from jax_aiter.integrity import diff_entries
+from jax_aiter.integrity import RECORD_NAME, IntegrityError, diff_entries, read_record
 
-RECORD_NAME = "build_record.json"
 Log = Callable[[str], None]
 
 
@@ -200,32 +199,60 @@ def run_fetch(settings: config.Settings, *, base_url: str | None = None, strict:
 
 # --- verify -------------------------------------------------------------------------------------
 
-def verify(folder: Path, against: str | None = None, opts: fetch.FetchOptions | None = None) -> tuple[str, int]:
+def verify(folder: Path, against: str | None = None, opts: fetch.FetchOptions | None = None,
+           expected: list[str] | None = None) -> tuple[str, int]:
     """Check `folder` against a manifest (path or URL) or, by default, its build record (else its manifest copy).
 
+    `expected` (the op table's JIT libraries, config.jit_libraries) makes the set strict: a library the record
+    lacks, one it lists beyond the table, or a library in the folder it does not list is a difference too.
     Returns (what it was checked against, number of files); raises naming every difference.
     """
-    if against:
-        if "://" in against:
-            data, source = fetch.fetch_bytes(against, opts or fetch.FetchOptions.from_env()), against
+    fix = "; rebuild (`python3 jax_aiter/jit/build_jit.py`) or fetch (`invoke jit.fetch`) to get a good one"
+    try:
+        if against:
+            if "://" in against:
+                data, source = fetch.fetch_bytes(against, opts or fetch.FetchOptions.from_env()), against
+                obj = json.loads(data)
+                if obj.get("kind") != mf.KIND:
+                    raise JitCacheError(f"{against} is not a JIT-library manifest")
+                entries = mf.raw_entries(mf.validate(obj, source)["files"])
+            else:
+                source = against
+                kind = _json_kind(Path(against))
+                entries = (mf.raw_entries(mf.parse(Path(against).read_bytes(), source)["files"]) if kind == mf.KIND
+                           else list(read_record(Path(against), fix).values()))
+        elif (folder / RECORD_NAME).is_file():
+            source = str(folder / RECORD_NAME)
+            entries = list(read_record(folder / RECORD_NAME, fix).values())
+        elif (folder / mf.MANIFEST_NAME).is_file():
+            source = str(folder / mf.MANIFEST_NAME)
+            entries = mf.raw_entries(mf.parse((folder / mf.MANIFEST_NAME).read_bytes(), source)["files"])
         else:
-            data, source = Path(against).read_bytes(), against
-        obj = json.loads(data)
-        entries = mf.raw_entries(mf.validate(obj, source)["files"]) if obj.get("kind") == mf.KIND else obj["files"]
-    elif (folder / RECORD_NAME).is_file():
-        source = str(folder / RECORD_NAME)
-        entries = json.loads((folder / RECORD_NAME).read_text())["files"]
-    elif (folder / mf.MANIFEST_NAME).is_file():
-        source = str(folder / mf.MANIFEST_NAME)
-        entries = mf.raw_entries(mf.parse((folder / mf.MANIFEST_NAME).read_bytes(), source)["files"])
-    else:
-        raise JitCacheError(f"{folder} has neither {RECORD_NAME} nor {mf.MANIFEST_NAME}: nothing to verify against; "
-                            "build (`python3 jax_aiter/jit/build_jit.py`) or fetch (`invoke jit.fetch`) first")
-    problems = diff_entries(folder, entries)
+            raise JitCacheError(f"{folder} has neither {RECORD_NAME} nor {mf.MANIFEST_NAME}: nothing to verify "
+                                "against; build (`python3 jax_aiter/jit/build_jit.py`) or fetch (`invoke jit.fetch`) "
+                                "first")
+    except (IntegrityError, mf.ManifestError, ValueError) as e:
+        raise JitCacheError(str(e)) from None
+    problems = []
+    if expected is not None:
+        listed = {e["name"] for e in entries}
+        problems += [f"{n}: the op table names it, but {source} does not list it" for n in expected if n not in listed]
+        problems += [f"{n}: listed in {source}, but the op table ({', '.join(expected)}) has no such library"
+                     for n in sorted(listed - set(expected))]
+        problems += [f"{p}: a library in the folder that {source} does not list" for p in sorted(folder.glob("lib*.so"))
+                     if p.name not in listed and p.name not in expected]
+    problems += diff_entries(folder, entries)
     if problems:
-        raise JitCacheError(f"{len(problems)} of {len(entries)} file(s) differ from {source}:\n  "
-                            + "\n  ".join(problems))
+        raise JitCacheError(f"{len(problems)} difference(s) between {folder} and {source}:\n  " + "\n  ".join(problems))
     return source, len(entries)
+
+
+def _json_kind(path: Path) -> str | None:
+    try:
+        obj = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None  # read_record says what is wrong with it
+    return obj.get("kind") if isinstance(obj, dict) else None
 
 
 def errors() -> tuple[type[BaseException], ...]:
