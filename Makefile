@@ -58,6 +58,15 @@ $(UMBRELLA): $(UMB_OBJS) $(CFG)
 	@mkdir -p $(@D)
 	$(LINK_DRIVER) -o $@.tmp $(UMB_OBJS) $(LINK_PASS)-soname=libjax_aiter.so $(LINK_LIBS)
 	@mv -f $@.tmp $@
+	$(RECORD_LINKED)
+
+# Every library linked here is recorded (size, sha256) in $(UMBRELLA_DIR)/build_record.json right after its
+# link; the wheel build and the loader check it against that record. A library that has no record yet
+# (a tree built before records) is recorded once, as it is; a library changed after its link is not.
+RECORD_LINKED = @$(PYTHON) -m jatools.native.toolchain --record $@ && touch $(@D)/.$(@F).recorded
+$(UMBRELLA_DIR)/.%.recorded: | $(UMBRELLA_DIR)/%
+	@$(PYTHON) -m jatools.native.toolchain --record $(UMBRELLA_DIR)/$* && touch $@
+umbrella all: $(UMBRELLA_DIR)/.libjax_aiter.so.recorded
 
 # --- FFI shims ------------------------------------------------------------------
 SHIMS_CORE := rmsnorm_fwd silu_and_mul
@@ -80,6 +89,7 @@ $(UMBRELLA_DIR)/$(1)_ja.so: $(call shim_objs,$(1)) $(UMBRELLA) $(call shim_jit,$
 	  $$(LINK_PASS)-soname=$(1)_ja.so $$(LINK_PASS)--enable-new-dtags \
 	  '$$(LINK_PASS)-rpath=$$$$ORIGIN:$$$$ORIGIN/../aiter_build' $$(LINK_LIBS)
 	@mv -f $$@.tmp $$@
+	$$(RECORD_LINKED)
 endef
 $(foreach s,$(SHIMS_CORE) $(SHIMS_MHA),$(eval $(call SHIM_RULE,$(s))))
 
@@ -88,8 +98,8 @@ jit: umbrella
 	$(PYTHON) -m jatools.native.jit_build $(JIT_ARGS)
 
 .PHONY: ja_mods ja_mods_nomha
-ja_mods_nomha: $(SHIMS_CORE:%=$(UMBRELLA_DIR)/%_ja.so)
-ja_mods: ja_mods_nomha $(SHIMS_MHA:%=$(UMBRELLA_DIR)/%_ja.so)
+ja_mods_nomha: $(SHIMS_CORE:%=$(UMBRELLA_DIR)/%_ja.so) $(SHIMS_CORE:%=$(UMBRELLA_DIR)/.%_ja.so.recorded)
+ja_mods: ja_mods_nomha $(SHIMS_MHA:%=$(UMBRELLA_DIR)/%_ja.so) $(SHIMS_MHA:%=$(UMBRELLA_DIR)/.%_ja.so.recorded)
 
 # A missing JIT library is an error with the command that produces it.
 $(JIT_DIR)/lib%.so:

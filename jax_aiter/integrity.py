@@ -9,6 +9,7 @@ stage, wheel, install and fetch.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import mmap
@@ -131,3 +132,26 @@ def verify_entries(folder: Path, entries: Iterable[dict], workers: int | None = 
     problems = diff_entries(folder, entries, workers)
     if problems:
         raise IntegrityError("; ".join(problems))
+
+
+def record_files(paths: Iterable[Path]) -> Path:
+    """Add (or replace) the {name, size, sha256} of `paths` in the build_record.json of their folder, atomically
+    and under a lock (parallel links write one record). What `make` calls after it links a library, so every
+    library that goes into a wheel has a record written when it was built."""
+    paths = [Path(p) for p in paths]
+    folders = {p.parent for p in paths}
+    if len(folders) != 1:
+        raise ValueError(f"record_files takes libraries of one folder, got {', '.join(sorted(map(str, folders)))}")
+    folder = folders.pop()
+    record = folder / RECORD_NAME
+    with open(folder / f".{RECORD_NAME}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        entries = read_record(record) if record.exists() else {}
+        digests = sha256_files(paths)
+        for p in paths:
+            entries[p.name] = file_entry(p, digests[str(p)])
+        tmp = folder / f".{RECORD_NAME}.tmp-{os.getpid()}"
+        tmp.write_text(json.dumps({"schema": 1, "files": sorted(entries.values(), key=lambda e: e["name"])},
+                                  indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, record)
+    return record

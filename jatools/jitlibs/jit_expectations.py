@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jatools import config
-from jax_aiter.integrity import IntegrityError, verify_entries
+from jax_aiter.integrity import RECORD_NAME, IntegrityError, verify_entries
 
-RECORD_NAME = "build_record.json"
 FIX = "rebuild the JIT libraries with `python3 jax_aiter/jit/build_jit.py` or fetch published ones with `invoke jit.fetch`"
 
 

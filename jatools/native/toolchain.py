@@ -306,7 +306,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--emit-make", metavar="FILE", help="write the Makefile configuration")
     p.add_argument("--key", default="", help="the environment key the Makefile compares")
     p.add_argument("--json", action="store_true", help="print the detected toolchain as JSON")
+    p.add_argument("--record", nargs="+", metavar="LIB", help="record the size and sha256 of libraries just linked "
+                   "in their folder's build_record.json (what make runs after each link)")
     args = p.parse_args(argv)
+    if args.record:
+        from jax_aiter.integrity import IntegrityError, record_files
+        try:
+            record_files(args.record)
+        except (IntegrityError, OSError, ValueError) as e:
+            print(f"error: cannot record {' '.join(args.record)}: {e}", file=sys.stderr)
+            return 2
+        return 0
     try:
         settings = config.load()
         tc = detect(settings)

@@ -52,7 +52,8 @@ from jatools.jitlibs import jit_expectations
 from jatools.wheel import elf, wheel_floor, wheel_members
 from jatools.wheel.wheel_layout import Layout, Variant, python_files, python_packages
 from jatools.wheel.zip_writer import DeterministicZipWriter, WrittenMember
-from jax_aiter.integrity import IntegrityError
+from jax_aiter.fetch_mha import BASE_URL_KEY
+from jax_aiter.integrity import RECORD_NAME, IntegrityError, read_record, verify_entries
 
 GENERATOR = "jax-aiter jatools.wheel.wheel_build"
 MIN_EPOCH = 315532800  # 1980-01-01, the first time a zip can hold
@@ -154,8 +155,10 @@ def default_epoch(root: Path, env: dict[str, str] | None = None) -> int:
 
 
 def build_identity(expectations: jit_expectations.JitExpectations, version: str, variant: Variant,
-                   wheel_arch: str | None) -> dict:
-    """The identity baked into the wheel: the JIT libraries' identity plus what this wheel is."""
+                   wheel_arch: str | None, native: dict[str, dict] | None = None, base_url: str | None = None) -> dict:
+    """The identity baked into the wheel: the JIT libraries' identity plus what this wheel is, the pins
+    ({name, size, sha256} of every JIT library of its cache id and of the `native` libraries it ships: the
+    loader and jax-aiter-fetch-mha accept only those bytes) and the base URL jax-aiter-fetch-mha fetches from."""
     ident = dict(expectations.identity)
     archs = list(ident.get("gpu_archs") or [])
     if wheel_arch:
@@ -171,8 +174,31 @@ def build_identity(expectations: jit_expectations.JitExpectations, version: str,
         "version": version,
         "variant": variant.name,
         "wheel_arch": ";".join(config.split_archs(wheel_arch)) if wheel_arch else (";".join(archs) or None),
+        "pins": sorted([*expectations.entries.values(), *(native or {}).values()], key=lambda e: e["name"]),
     })
+    if base_url:
+        ident[BASE_URL_KEY] = base_url
     return ident
+
+
+def verify_native(libs: dict[str, Path], names: list[str]) -> dict[str, dict]:
+    """The umbrella library and shims against the record `make` wrote when it linked them; {name: entry}."""
+    entries: dict[str, dict] = {}
+    for folder in sorted({libs[n].parent for n in names}):
+        here = [n for n in names if libs[n].parent == folder]
+        fix = f"; run `make && make ja_mods` (each link records its library in {folder / RECORD_NAME})"
+        record = read_record(folder / RECORD_NAME, fix) if (folder / RECORD_NAME).is_file() else {}
+        absent = [n for n in here if n not in record]
+        if absent:
+            raise WheelBuildError(f"{', '.join(absent)} ha{'s' if len(absent) == 1 else 've'} no record of what "
+                                  f"was linked{fix}")
+        try:
+            verify_entries(folder, [record[n] for n in here])
+        except IntegrityError as e:
+            raise IntegrityError(f"{e} ({folder / RECORD_NAME}): the library changed after make linked it; "
+                                 "relink it (`make -B` for the umbrella, `make -B ja_mods` for shims)") from None
+        entries.update({n: record[n] for n in here})
+    return entries
 
 
 # --- staging ----------------------------------------------------------------------------
@@ -395,14 +421,20 @@ def platform_tag(options: BuildOptions, libs: dict[str, Path]) -> tuple[str, str
 
 
 def read_back(wheel: Path, written: list[WrittenMember], jit_members: dict[str, str],
-              expectations: jit_expectations.JitExpectations, jobs: int | None) -> None:
-    """Decompress every member of the written file: RECORD digests, and JIT libraries against the record."""
+              expectations: jit_expectations.JitExpectations, jobs: int | None,
+              native: dict[str, dict] | None = None) -> None:
+    """Decompress every member of the written file: RECORD digests, JIT libraries against their record and
+    `native` ({member: entry}, the umbrella and shims) against theirs."""
     try:
         scanned = wheel_members.scan(wheel, workers=jobs)
     except wheel_members.WheelReadError as e:
         raise IntegrityError(f"reading the new wheel back failed: {e}") from e
     for member, name in jit_members.items():
         expectations.check_digest(name, scanned[member].sha256, f"{wheel.name}:{member}")
+    for member, entry in (native or {}).items():
+        if scanned[member].sha256 != entry["sha256"]:
+            raise IntegrityError(f"{wheel.name}:{member}: sha256 {scanned[member].sha256} does not match the "
+                                 f"{entry['sha256']} recorded when it was linked")
     for m in written:
         got = scanned[m.arcname]
         if got.sha256 != m.sha256_hex or got.size != m.size:
@@ -459,7 +491,10 @@ def _build_locked(settings: config.Settings, options: BuildOptions, layout: Layo
         expectations.verify_folder(settings.jit_dir, jit_names)
     except jit_expectations.JitExpectationError as e:
         raise WheelBuildError(str(e)) from e
-    identity = build_identity(expectations, version, variant, options.wheel_arch)
+    native_names = [n for n in variant.libraries if layout.libraries[n].kind != "jit"]
+    native = verify_native(libs, native_names)
+    identity = build_identity(expectations, version, variant, options.wheel_arch, native,
+                              settings.raw.get("jit_libs_base_url"))
     if identity.get("kernel_source_dirty"):
         notes.append("the JIT libraries were built from uncommitted kernel sources (kernel_source_dirty)")
     t_verify = time.monotonic()
@@ -506,7 +541,8 @@ def _build_locked(settings: config.Settings, options: BuildOptions, layout: Layo
             written = add_dist_info(zw, dist_info, metadata, wheel_text(wheel_tag), project, settings.root, licenses)
         t_pack = time.monotonic()
         log(f"wheel_build: reading {tmp.name} back ({len(written) + 1} members)")
-        read_back(tmp, written, jit_members, expectations, options.jobs)
+        read_back(tmp, written, jit_members, expectations, options.jobs,
+                  {layout.lib_member(n): native[n] for n in native_names})
         os.replace(tmp, wheel)
     except BaseException:
         tmp.unlink(missing_ok=True)

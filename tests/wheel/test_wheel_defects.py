@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import sys
 import time
@@ -171,7 +172,8 @@ def test_contents_catches_stray_files_and_tampering(wheels, layout, tmp_path):
     ("$ORIGIN/../../../../lib", "points outside the wheel"),
 ])
 def test_contents_catches_bad_runpath(build_copy, layout, tmp_path, entry, expected):
-    patch_dynamic_string(build_copy.umbrella_dir / "silu_and_mul_ja.so", "DT_RUNPATH", SHIM_RUNPATH, entry)
+    patch_dynamic_string(build_copy.umbrella_dir / "silu_and_mul_ja.so", "DT_RUNPATH", SHIM_RUNPATH, entry,
+                         as_linked=True)
     wheel = build(build_copy, _opts(tmp_path), layout=layout).wheel
     report = wheel_contents.check_wheel(wheel, layout)
     assert not report.ok
@@ -180,13 +182,52 @@ def test_contents_catches_bad_runpath(build_copy, layout, tmp_path, entry, expec
 
 def test_faults_contents_rejects_an_empty_runpath_entry(build_copy, layout, tmp_path):
     """`:$ORIGIN` has an empty entry, which glibc reads as the current directory."""
-    patch_dynamic_string(build_copy.umbrella_dir / "silu_and_mul_ja.so", "DT_RUNPATH", SHIM_RUNPATH, ":$ORIGIN")
+    patch_dynamic_string(build_copy.umbrella_dir / "silu_and_mul_ja.so", "DT_RUNPATH", SHIM_RUNPATH, ":$ORIGIN",
+                         as_linked=True)
     wheel = build(build_copy, _opts(tmp_path), layout=layout).wheel
     report = wheel_contents.check_wheel(wheel, layout)
     assert not report.ok
     assert ("jax_aiter/_lib/silu_and_mul_ja.so: RUNPATH has an empty entry (':$ORIGIN'), which glibc reads as the "
             "current directory") in report.message()
     assert wheel_contents.main([str(wheel)]) != 0
+
+
+def test_faults_umbrella_changed_after_its_link_fails_before_staging(build_copy, layout, tmp_path):
+    lib = build_copy.umbrella_dir / "libjax_aiter.so"
+    lib.write_bytes(lib.read_bytes() + b"appended")
+    with pytest.raises(IntegrityError) as e:
+        build(build_copy, _opts(tmp_path), layout=layout)
+    msg = str(e.value)
+    assert f"{lib}: size" in msg and "build_record.json" in msg and "changed after make linked it" in msg
+    assert not (build_copy.build_dir / "wheel_stage").exists() and _no_wheels(tmp_path)
+
+
+def test_faults_shim_without_a_link_record_is_refused(build_copy, layout, tmp_path):
+    record = build_copy.umbrella_dir / "build_record.json"
+    data = json.loads(record.read_text())
+    data["files"] = [f for f in data["files"] if f["name"] != "silu_and_mul_ja.so"]
+    record.write_text(json.dumps(data))
+    with pytest.raises(WheelBuildError, match=r"silu_and_mul_ja.so has no record of what was linked; run `make && "
+                                              r"make ja_mods`"):
+        build(build_copy, _opts(tmp_path), layout=layout)
+
+
+def test_faults_lite_wheel_pins_every_library_and_bakes_the_base_url(build_copy, layout, tmp_path):
+    """The identity inside the wheel pins each library it ships (as linked / built) and each JIT library of its
+    cache id (the attention ones it fetches), and names pyproject's jit_libs_base_url."""
+    wheel = build(build_copy, _opts(tmp_path), layout=layout).wheel
+    with zipfile.ZipFile(wheel) as z:
+        ident = json.loads(z.read(layout.identity_file))
+        shipped = {n.rsplit("/", 1)[-1] for n in z.namelist() if n.startswith(layout.lib_dir + "/")}
+    assert ident["fetch_base_url"] == build_copy.raw["jit_libs_base_url"]
+    pins = {p["name"]: p for p in ident["pins"]}
+    recorded = {**json.loads((build_copy.umbrella_dir / "build_record.json").read_text()),
+                "jit": json.loads((build_copy.jit_dir / "build_record.json").read_text())}
+    want = {f["name"]: f for f in recorded["files"] + recorded["jit"]["files"]}
+    assert shipped <= set(pins)
+    assert {n for n in want if n.startswith("lib") and n not in shipped} <= set(pins)  # the fetched ones too
+    for name, pin in pins.items():
+        assert pin == {"name": name, "size": want[name]["size"], "sha256": want[name]["sha256"]}
 
 
 def _dead_pid() -> int:
@@ -240,7 +281,8 @@ def test_faults_two_wheel_builds_at_once_take_turns(build_copy, layout, tmp_path
 
 
 def test_contents_catches_an_external_library_outside_the_allowlist(build_copy, layout, tmp_path):
-    patch_dynamic_string(build_copy.umbrella_dir / "silu_and_mul_ja.so", "DT_NEEDED", "libm.so.6", "libz.so.1")
+    patch_dynamic_string(build_copy.umbrella_dir / "silu_and_mul_ja.so", "DT_NEEDED", "libm.so.6", "libz.so.1",
+                         as_linked=True)
     wheel = build(build_copy, _opts(tmp_path), layout=layout).wheel
     msg = wheel_contents.check_wheel(wheel, layout).message()
     assert "jax_aiter/_lib/silu_and_mul_ja.so needs libz.so.1, which is neither in the wheel nor allowed from " \

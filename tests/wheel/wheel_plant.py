@@ -39,9 +39,10 @@ def rewrite_wheel(src: Path, dst: Path, drop: tuple[str, ...] = (), put: dict[st
     return dst
 
 
-def patch_dynamic_string(path: Path, tag: str, old: str, new: str) -> None:
+def patch_dynamic_string(path: Path, tag: str, old: str, new: str, as_linked: bool = False) -> None:
     """Overwrite the .dynstr string that dynamic entry `tag` (DT_RUNPATH, DT_NEEDED...) points at and that
-    equals `old` with `new` (NUL-padded; must not be longer), as chrpath does, in place."""
+    equals `old` with `new` (NUL-padded; must not be longer), as chrpath does, in place. `as_linked`: record the
+    new bytes in the folder's build record, as make does after a link (the defect came from the link line)."""
     if len(new) > len(old):
         raise ValueError(f"{new!r} is longer than {old!r}")
     with open(path, "rb") as f:
@@ -56,3 +57,7 @@ def patch_dynamic_string(path: Path, tag: str, old: str, new: str) -> None:
     for off in offsets:
         blob[off:off + len(old)] = new.encode().ljust(len(old), b"\0")
     path.write_bytes(bytes(blob))
+    if as_linked:
+        from jax_aiter.integrity import record_files
+
+        record_files([path])
