@@ -124,10 +124,13 @@ def _jit_run(name: str, fn, *args, **kwargs):
 
 
 @task(help={"base-url": "where releases live (default JA_FETCH_BASE_URL, else pyproject jit_libs_base_url)",
-            "strict": "refuse a toolchain difference too", "force": "download even if a verified copy is present"})
-def jit_fetch(c, base_url=None, strict=False, force=False):
+            "strict": "refuse a toolchain difference too", "force": "download even if a verified copy is present",
+            "pins-from": "accept only the libraries the producer published at this base URL (the release passes "
+                         "pyproject jit_libs_base_url)"})
+def jit_fetch(c, base_url=None, strict=False, force=False, pins_from=None):
     """Fetch this checkout's JIT libraries (release jit-libs-<cache-id>) into build/aiter_build; a miss fails."""
-    _jit_run("fetch", _jit_cache.run_fetch, _config.load(), base_url=base_url, strict=strict or None, force=force)
+    _jit_run("fetch", _jit_cache.run_fetch, _config.load(), base_url=base_url, strict=strict or None, force=force,
+             pins_from=pins_from)
 
 
 @task(help={"to": "gh[:OWNER/REPO], http(s)://URL, file://URL or a folder (default pyproject jit_libs_publish_to)",

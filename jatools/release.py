@@ -189,7 +189,8 @@ def stages(fetch_jit: str | None) -> list[Stage]:
         jit = Stage("jit", lambda ctx: [py(ctx), "-m", "jatools.native.build", "--check-taken"],
                     lambda ctx: "invoke jit.fetch  (or nox -s jit)", artifacts=libs)
     if fetch_jit:
-        jit = Stage("jit", lambda ctx: [py(ctx), "-m", "invoke", "jit.fetch", "--base-url", fetch_jit],
+        jit = Stage("jit", lambda ctx: [py(ctx), "-m", "invoke", "jit.fetch", "--base-url", fetch_jit,
+                                        "--pins-from", config.load().raw["jit_libs_base_url"]],
                     lambda ctx: f"invoke jit.fetch --base-url {fetch_jit}",
                     artifacts=libs)
     return [

@@ -409,14 +409,14 @@ def check_pins(files: list[dict], want: dict, source: str) -> None:
     for f in files:
         pin = pins.get(f["name"])
         if pin is None:
-            bad.append(f"{f['name']} is not pinned by this install")
+            bad.append(f"{f['name']} has no pin")
         elif (pin["size"], pin["sha256"]) != (f["size"], f["sha256"]):
-            bad.append(f"{f['name']} is {f['size']} bytes with sha256 {f['sha256']}, but this install pins "
+            bad.append(f"{f['name']} is {f['size']} bytes with sha256 {f['sha256']}, but the pin is "
                        f"{pin['size']} bytes with sha256 {pin['sha256']}")
     if bad:
-        raise FetchError(f"{source} offers libraries this install does not accept: {'; '.join(bad)}. Only the "
+        raise FetchError(f"{source} offers libraries other than the pinned ones: {'; '.join(bad)}. Only the "
                          "pinned bytes are installed, however consistent the release is; nothing was installed. "
-                         "Fetch from the base URL the wheel was built for, or install the wheel that matches "
+                         "Fetch from the base URL the producer published to, or use the wheel that matches "
                          "this release")
 
 

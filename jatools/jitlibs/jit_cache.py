@@ -177,8 +177,11 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 def run_fetch(settings: config.Settings, *, base_url: str | None = None, strict: bool | None = None,
-              force: bool = False, log: Log = print) -> fetch.FetchResult:
-    """Fetch this checkout's release into build/aiter_build; a miss raises, it never builds."""
+              force: bool = False, log: Log = print, pins_from: str | None = None) -> fetch.FetchResult:
+    """Fetch this checkout's release into build/aiter_build; a miss raises, it never builds.
+
+    `pins_from`: the base URL the producer published to (the release passes pyproject's jit_libs_base_url); the
+    libraries it lists for this cache id are the pins, and a fetched set that differs is refused before download."""
     want, notes = jit_build.checkout_identity(settings)
     for n in notes:
         log(f"fetch: {n}")
@@ -187,6 +190,11 @@ def run_fetch(settings: config.Settings, *, base_url: str | None = None, strict:
             f"the kernel sources ({settings.kernel_source_dir}) have uncommitted changes, so no published release "
             "matches them; commit them, or build locally with `python3 jax_aiter/jit/build_jit.py`")
     base = default_base_url(settings, base_url)
+    if pins_from and fetch.as_url(pins_from) != fetch.as_url(base):
+        published, url = fetch.read_manifest(pins_from, want["cache_id"], fetch.FetchOptions.from_env(), log)
+        fetch.check_identity(want, published, url, strict_toolchain(settings, strict))
+        want = {**want, "pins": mf.raw_entries(published["files"])}
+        log(f"fetch: pinned to the {len(published['files'])} libraries the producer published at {url}")
     result = fetch.fetch_release(base, want, settings.jit_dir, strict_toolchain=strict_toolchain(settings, strict),
                                  force=force, opts=fetch.FetchOptions.from_env(), log=log)
     _write_json(settings.jit_dir / RECORD_NAME, record_from_manifest(result.manifest, result.url))

@@ -103,8 +103,8 @@ def test_faults_redirect_to_another_host_is_logged_and_pins_decide(release, serv
         bad = _fetch_mha(idf, tmp_path / "bad", env={"JA_FETCH_BASE_URL": ""})
         parts = [r for r in evil.requests if not r[1].endswith(mf.MANIFEST_NAME)]
     assert bad.returncode == 1
-    assert "offers libraries this install does not accept: libmha_bwd.so is" in bad.stderr, bad.stderr
-    assert "but this install pins" in bad.stderr and not (tmp_path / "bad").exists() and not parts
+    assert "offers libraries other than the pinned ones: libmha_bwd.so is" in bad.stderr, bad.stderr
+    assert "but the pin is" in bad.stderr and not (tmp_path / "bad").exists() and not parts
 
 
 def test_faults_pinned_install_refuses_an_unpinned_earlier_install(release, server, tmp_path, fast_fetch_env):

@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from invoke import Exit, MockContext
 
+from jatools import release
 from tests.tooling.jit_libs_support import (  # noqa: F401  (pytest fixtures)
+    FAST_FETCH_ENV,
     MODULES,
     REPO,
+    FaultServer,
     checkout_fixture,
     checkout_identity,
+    make_release,
+    server_fixture,
     write_build,
 )
 
@@ -78,3 +86,38 @@ def test_faults_verify_bad_record_names_the_file(tasks, jit, text, says):
     (jit / "build_record.json").write_text(text)
     msg = _verify_fails(tasks)
     assert f"{jit / 'build_record.json'}" in msg and says in msg and "Traceback" not in msg
+
+
+def _release_fetch(checkout, base_url: str, producer: str) -> subprocess.CompletedProcess:
+    """The release's jit stage, as it runs it (a real process)."""
+    env = {**os.environ, **FAST_FETCH_ENV, "JA_ROOT_DIR": str(checkout), "JA_BACKEND": "cpu"}
+    return subprocess.run([sys.executable, str(REPO / "ci/jit_libs_manifest.py"), "fetch", "--base-url", base_url,
+                           "--pins-from", producer], env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_faults_release_refuses_a_fetched_set_other_than_the_producers(checkout, server, tmp_path):
+    """The producer published its libraries (server); a mirror serves a self-consistent release of the same cache
+    id with other bytes: the release's fetch refuses it before downloading. The same bytes from a mirror pass."""
+    ident = checkout_identity(checkout)
+    make_release(server.root, ident)
+    for name, seed in (("evil", 1), ("mirror", 0)):
+        (tmp_path / name).mkdir()
+        make_release(tmp_path / name, ident, seed=seed)
+    with FaultServer(tmp_path / "evil") as evil:
+        bad = _release_fetch(checkout, evil.url, server.url)
+        downloaded = [r for r in evil.requests if not r[1].endswith("jit-libs-manifest.json")]
+    assert bad.returncode == 1 and "offers libraries other than the pinned ones" in bad.stderr, bad.stderr
+    assert not downloaded and not (checkout / "build/aiter_build").exists()
+    with FaultServer(tmp_path / "mirror") as mirror:
+        good = _release_fetch(checkout, mirror.url, server.url)
+    assert good.returncode == 0, good.stderr
+    assert "pinned to the 3 libraries the producer published at" in good.stdout + good.stderr
+
+
+def test_faults_release_pins_its_fetch_to_the_producers_base_url():
+    from jatools import config
+
+    jit = next(s for s in release.stages("http://mirror.example") if s.name == "jit")
+    argv = jit.argv(release.Context(REPO, sys.executable, "http://mirror.example", {}))
+    assert argv[argv.index("--base-url") + 1] == "http://mirror.example"
+    assert argv[argv.index("--pins-from") + 1] == config.load().raw["jit_libs_base_url"]
