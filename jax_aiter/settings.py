@@ -26,9 +26,12 @@ class Numeric:
     default: float | None
     unit: str = ""
 
+    def show(self, value: float) -> str:
+        return str(int(value)) if self.kind is int else f"{value:g}"
+
     def range_text(self) -> str:
         unit = f" {self.unit}" if self.unit else ""
-        return f"{'an integer' if self.kind is int else 'a number'} from {self.lo:g} to {self.hi:g}{unit}"
+        return f"{'an integer' if self.kind is int else 'a number'} from {self.show(self.lo)} to {self.show(self.hi)}{unit}"
 
 
 # name -> bounds. Flags that set the same thing are read under the variable's bounds.
@@ -41,6 +44,9 @@ NUMERIC: dict[str, Numeric] = {
     # 0.9 / n must stay >= 0.01 as XLA_PYTHON_CLIENT_MEM_FRACTION with two decimals
     "JA_TESTS_PER_GPU": Numeric(int, 1, 64, 1),
     "JA_GPU_COUNT": Numeric(int, 0, 1024, None),
+    "JA_TEST_WORKERS": Numeric(int, 0, 1024, None),
+    "JA_TEST_RERUNS": Numeric(int, 0, 10, None),  # default per platform (jatools.testing.test_tiers)
+    "SOURCE_DATE_EPOCH": Numeric(int, 0, 2**32 - 1, None, "seconds since 1970"),
 }
 
 
@@ -58,7 +64,7 @@ def number(name: str, text: str, flag: str | None = None) -> int | float:
         value = None
     if value is None or not math.isfinite(value) or not spec.lo <= value <= spec.hi:
         raise SettingError(f"{shown}={text!r} is not valid: give {spec.range_text()}"
-                           + (f" (default {spec.default:g})" if spec.default is not None else ""))
+                           + (f" (default {spec.show(spec.default)})" if spec.default is not None else ""))
     return value
 
 

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from jatools import atomic_write
 from jatools.testing import gpu_slots, pytest_flaky_report, tag_filters
+from jax_aiter import settings
 
 TIER_ENV = "JA_TEST_TIER"
 PLATFORM_ENV = "JA_TEST_PLATFORM"
@@ -378,8 +379,9 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(plugin_requirements(platform) if not a.deps_from else []))
             return 0
         expect, expect_how = expected_gpus(platform, gpus, a.expect_gpus)
-        workers = a.workers if a.workers is not None else (int(env[WORKERS_ENV]) if env.get(WORKERS_ENV) else None)
-        reruns = a.reruns if a.reruns is not None else int(env.get(RERUNS_ENV) or DEFAULT_RERUNS[platform])
+        workers = a.workers if a.workers is not None else settings.from_env(WORKERS_ENV, env)
+        reruns = a.reruns if a.reruns is not None else settings.from_env(RERUNS_ENV, env)
+        reruns = DEFAULT_RERUNS[platform] if reruns is None else reruns
         seen = probe(python, want_jax=bool(expect) and not a.dry_run)
         have = seen["modules"]
         if a.deps_from and not (have["jax"] and have["jaxlib"]):

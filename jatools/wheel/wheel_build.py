@@ -52,6 +52,7 @@ from jatools.jitlibs import jit_expectations
 from jatools.wheel import elf, wheel_floor, wheel_members
 from jatools.wheel.wheel_layout import Layout, Variant, python_files, python_packages
 from jatools.wheel.zip_writer import DeterministicZipWriter, WrittenMember
+from jax_aiter import settings as numeric
 from jax_aiter.fetch_mha import BASE_URL_KEY
 from jax_aiter.integrity import RECORD_NAME, IntegrityError, read_record, verify_entries
 
@@ -80,11 +81,10 @@ class BuildOptions:
     def from_env(cls, variant: str, dist_dir: Path, env: dict[str, str] | None = None, **flags) -> BuildOptions:
         """Environment (JA_WHEEL_PLAT_NAME, JA_WHEEL_ARCH, SOURCE_DATE_EPOCH) under explicit flags."""
         env = os.environ if env is None else env
-        sde = env.get("SOURCE_DATE_EPOCH")
         values = {
             "plat_name": env.get("JA_WHEEL_PLAT_NAME") or None,
             "wheel_arch": env.get("JA_WHEEL_ARCH") or None,
-            "source_date_epoch": int(sde) if sde else None,
+            "source_date_epoch": numeric.from_env("SOURCE_DATE_EPOCH", env),
         }
         values.update({k: v for k, v in flags.items() if v is not None})
         return cls(variant=variant, dist_dir=dist_dir, **values)
@@ -147,8 +147,8 @@ def library_sources(settings: config.Settings, layout: Layout, variant: Variant)
 def default_epoch(root: Path, env: dict[str, str] | None = None) -> int:
     """SOURCE_DATE_EPOCH, else the HEAD commit's time, else 1980: never the clock, so rebuilds match."""
     env = os.environ if env is None else env
-    if env.get("SOURCE_DATE_EPOCH"):
-        return max(MIN_EPOCH, int(env["SOURCE_DATE_EPOCH"]))
+    if (sde := numeric.from_env("SOURCE_DATE_EPOCH", env)) is not None:
+        return max(MIN_EPOCH, sde)
     out = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%ct"], capture_output=True, text=True,
                          check=False)
     return max(MIN_EPOCH, int(out.stdout.strip())) if out.returncode == 0 and out.stdout.strip() else MIN_EPOCH
@@ -750,10 +750,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.sdist:
         print(f"wheel_build: {sdist(settings.root, (args.dist or settings.root / 'dist').resolve())}", flush=True)
         return 0
-    options = BuildOptions.from_env(args.variant, args.dist or settings.root / "dist", plat_name=args.plat_name,
-                                    wheel_arch=args.wheel_arch, level=args.compress_level, jobs=args.jobs,
-                                    engine=args.deflate)
     try:
+        options = BuildOptions.from_env(args.variant, args.dist or settings.root / "dist", plat_name=args.plat_name,
+                                        wheel_arch=args.wheel_arch, level=args.compress_level, jobs=args.jobs,
+                                        engine=args.deflate)
         expectations = jit_expectations.load(settings, args.jit_record) if args.jit_record else None
         result = build(settings, options, expectations=expectations)
     except (WheelBuildError, IntegrityError, jit_expectations.JitExpectationError, wheel_floor.FloorError,
