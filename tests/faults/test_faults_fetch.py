@@ -4,17 +4,22 @@ substituted bytes, a destination that is a file, a full disk, bad timeouts. A re
 from __future__ import annotations
 
 import json
+import os
 import resource
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from jatools import release as release_job
 from jax_aiter import fetch
 from jax_aiter import manifest as mf
 from jax_aiter.integrity import diff_entries
 from tests.tooling.jit_libs_support import (  # noqa: F401  (pytest fixtures)
+    FAST_FETCH_ENV,
+    REPO,
     FaultServer,
     checkout_fixture,
     checkout_identity,
@@ -160,3 +165,38 @@ def test_faults_bad_timeout_flag_is_refused(tmp_path, value):
     idf = _identity_file(tmp_path, {"cache_id": "0" * 16, "version": "0.1.0"}, None, "http://127.0.0.1:9")
     r = _fetch_mha(idf, tmp_path / "dest", "--timeout", value)
     assert r.returncode == 2 and f"--timeout={value!r} is not valid" in r.stderr
+
+
+def _release_fetch(checkout, base_url: str, producer: str) -> subprocess.CompletedProcess:
+    """The release's jit stage, as it runs it (a real process)."""
+    env = {**os.environ, **FAST_FETCH_ENV, "JA_ROOT_DIR": str(checkout), "JA_BACKEND": "cpu"}
+    return subprocess.run([sys.executable, str(REPO / "ci/jit_libs_manifest.py"), "fetch", "--base-url", base_url,
+                           "--pins-from", producer], env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_faults_release_refuses_a_fetched_set_other_than_the_producers(checkout, server, tmp_path):
+    """The producer published its libraries (server); a mirror serves a self-consistent release of the same cache
+    id with other bytes: the release's fetch refuses it before downloading. The same bytes from a mirror pass."""
+    ident = checkout_identity(checkout)
+    make_release(server.root, ident)
+    for name, seed in (("evil", 1), ("mirror", 0)):
+        (tmp_path / name).mkdir()
+        make_release(tmp_path / name, ident, seed=seed)
+    with FaultServer(tmp_path / "evil") as evil:
+        bad = _release_fetch(checkout, evil.url, server.url)
+        downloaded = [r for r in evil.requests if not r[1].endswith("jit-libs-manifest.json")]
+    assert bad.returncode == 1 and "offers libraries other than the pinned ones" in bad.stderr, bad.stderr
+    assert not downloaded and not (checkout / "build/aiter_build").exists()
+    with FaultServer(tmp_path / "mirror") as mirror:
+        good = _release_fetch(checkout, mirror.url, server.url)
+    assert good.returncode == 0, good.stderr
+    assert "pinned to the 3 libraries the producer published at" in good.stdout + good.stderr
+
+
+def test_faults_release_pins_its_fetch_to_the_producers_base_url():
+    from jatools import config
+
+    jit = next(s for s in release_job.stages("http://mirror.example") if s.name == "jit")
+    argv = jit.argv(release_job.Context(REPO, sys.executable, "http://mirror.example", {}))
+    assert argv[argv.index("--base-url") + 1] == "http://mirror.example"
+    assert argv[argv.index("--pins-from") + 1] == config.load().raw["jit_libs_base_url"]

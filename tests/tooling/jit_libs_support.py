@@ -293,6 +293,19 @@ def server_fixture(tmp_path: Path):
         yield srv
 
 
+@pytest.fixture(name="tasks")
+def tasks_fixture(checkout, monkeypatch):
+    """tasks.py loaded for the checkout (JA_ROOT_DIR), CPU backend."""
+    import importlib.util
+
+    monkeypatch.setenv("JA_ROOT_DIR", str(checkout))
+    monkeypatch.setenv("JA_BACKEND", "cpu")
+    spec = importlib.util.spec_from_file_location("ja_tasks_under_test", REPO / "tasks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(name="fast_fetch_env")
 def fast_fetch_env_fixture(monkeypatch):
     for k, v in FAST_FETCH_ENV.items():
