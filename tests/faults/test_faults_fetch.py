@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -24,6 +25,7 @@ from tests.tooling.jit_libs_support import (  # noqa: F401  (pytest fixtures)
     checkout_fixture,
     checkout_identity,
     fast_fetch_env_fixture,
+    git,
     make_release,
     run_py,
     server_fixture,
@@ -167,28 +169,36 @@ def test_faults_bad_timeout_flag_is_refused(tmp_path, value):
     assert r.returncode == 2 and f"--timeout={value!r} is not valid" in r.stderr
 
 
-def _release_fetch(checkout, base_url: str, producer: str) -> subprocess.CompletedProcess:
-    """The release's jit stage, as it runs it (a real process)."""
+def _release_fetch(checkout, base_url: str, monkeypatch) -> subprocess.CompletedProcess:
+    """The release's jit stage for `--fetch-jit base_url`, run as the release runs it (a real process)."""
+    monkeypatch.setenv("JA_ROOT_DIR", str(checkout))
+    jit = next(s for s in release_job.stages(base_url) if s.name == "jit")
+    argv = jit.argv(release_job.Context(checkout, sys.executable, base_url, {}))
     env = {**os.environ, **FAST_FETCH_ENV, "JA_ROOT_DIR": str(checkout), "JA_BACKEND": "cpu"}
-    return subprocess.run([sys.executable, str(REPO / "ci/jit_libs_manifest.py"), "fetch", "--base-url", base_url,
-                           "--pins-from", producer], env=env, capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
 
 
-def test_faults_release_refuses_a_fetched_set_other_than_the_producers(checkout, server, tmp_path):
-    """The producer published its libraries (server); a mirror serves a self-consistent release of the same cache
-    id with other bytes: the release's fetch refuses it before downloading. The same bytes from a mirror pass."""
+def test_faults_release_refuses_a_fetched_set_other_than_the_producers(checkout, server, tmp_path, monkeypatch):
+    """The producer published its libraries where pyproject's jit_libs_base_url says (server); a mirror serves a
+    self-consistent release of the same cache id with other bytes: the release's fetch refuses it before
+    downloading. The same bytes from a mirror pass."""
+    pyproject = checkout / "pyproject.toml"
+    text = pyproject.read_text()
+    pyproject.write_text(re.sub(r'(?m)^jit_libs_base_url = .*$', f'jit_libs_base_url = "{server.url}"', text))
+    git(checkout, "commit", "-qam", "producer base URL")
     ident = checkout_identity(checkout)
     make_release(server.root, ident)
     for name, seed in (("evil", 1), ("mirror", 0)):
         (tmp_path / name).mkdir()
         make_release(tmp_path / name, ident, seed=seed)
     with FaultServer(tmp_path / "evil") as evil:
-        bad = _release_fetch(checkout, evil.url, server.url)
+        bad = _release_fetch(checkout, evil.url, monkeypatch)
         downloaded = [r for r in evil.requests if not r[1].endswith("jit-libs-manifest.json")]
     assert bad.returncode == 1 and "offers libraries other than the pinned ones" in bad.stderr, bad.stderr
+    assert f"--pins-from {server.url}" in " ".join(bad.args)
     assert not downloaded and not (checkout / "build/aiter_build").exists()
     with FaultServer(tmp_path / "mirror") as mirror:
-        good = _release_fetch(checkout, mirror.url, server.url)
+        good = _release_fetch(checkout, mirror.url, monkeypatch)
     assert good.returncode == 0, good.stderr
     assert "pinned to the 3 libraries the producer published at" in good.stdout + good.stderr
 
