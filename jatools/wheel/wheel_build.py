@@ -629,11 +629,12 @@ def build_wheel(wheel_directory: str, config_settings: dict | None = None,
     settings = _source_settings()
     variant = _hook_setting(config_settings, "variant", "lite")
     options = BuildOptions.from_env(variant, Path(wheel_directory).resolve())
+    unbuilt_sdist = (settings.root / "PKG-INFO").is_file() and not settings.build_dir.is_dir()  # before build() locks
     try:
         result = build(settings, options, log=_stderr)
     except (WheelBuildError, IntegrityError, jit_expectations.JitExpectationError, wheel_floor.FloorError) as e:
         hint = ""
-        if (settings.root / "PKG-INFO").is_file() and not settings.build_dir.is_dir():
+        if unbuilt_sdist:
             hint = (f"\n  {settings.root} is an unpacked sdist with no native build: build the libraries here "
                     "(make && python3 jax_aiter/jit/build_jit.py && make ja_mods), or point JA_BUILD_DIR at a "
                     "checkout's build folder (JA_BUILD_DIR=/path/to/checkout/build python -m build), or build the "
