@@ -6,8 +6,8 @@ range, or the error names the setting, the value given and the accepted range.
 So ``nan``, ``inf``, ``0`` where zero makes no sense, negatives and huge values
 stop at once instead of waiting forever, overflowing later or eating memory.
 
-The runtime (jax-aiter-fetch-mha) and the tooling (jatools.testing.gpu_slots,
-ci/parallel_gpu_execute.py) both read it, so it imports only the standard
+The runtime (jax-aiter-fetch-mha) and the build tooling (the GPU slot runner,
+the test tiers, the wheel build) both read it, so it imports only the standard
 library.
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ NUMERIC: dict[str, Numeric] = {
     "JA_TESTS_PER_GPU": Numeric(int, 1, 64, 1),
     "JA_GPU_COUNT": Numeric(int, 0, 1024, None),
     "JA_TEST_WORKERS": Numeric(int, 0, 1024, None),
-    "JA_TEST_RERUNS": Numeric(int, 0, 10, None),  # default per platform (jatools.testing.test_tiers)
+    "JA_TEST_RERUNS": Numeric(int, 0, 10, None),  # default per platform (the test tiers decide)
     "SOURCE_DATE_EPOCH": Numeric(int, 0, 2**32 - 1, None, "seconds since 1970"),
 }
 
