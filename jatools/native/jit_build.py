@@ -267,9 +267,19 @@ def recipe(settings: config.Settings, tc: toolchain.Toolchain, modules: dict[str
         t, sources[name] = generated(name, module, kinds, settings.jit_dir, root)
         texts.update({os.path.relpath(p, root): v for p, v in t.items()})
     steps = plan(modules, sources, tc, settings)
-    strip = lambda args: [a.replace(str(root), "$ROOT") for a in args]
-    lines = {"cxx": strip(flags["cxx"]), "gpu": strip(flags["gpu"]), "link": strip([*flags["link"][1:], *link_args(flags, settings)]),
-             "compiles": [[s.module, s.rule, s.src, *strip(s.extra)] for s in steps],
+    # Where the checkout and its build folders are is not what the bytes are made of: left out.
+    places = ((str(root), "$ROOT"), (os.path.relpath(settings.jit_dir, root), "$JIT"),
+              (os.path.relpath(settings.umbrella_dir, root), "$UMBRELLA"))
+
+    def norm(arg: str) -> str:
+        for place, name in places:
+            arg = arg.replace(place, name)
+        return arg
+
+    strip = lambda args: [norm(a) for a in args]
+    lines = {"cxx": strip(flags["cxx"]), "gpu": strip(flags["gpu"]),
+             "link": strip([*flags["link"][1:], *link_args(flags, settings)]),
+             "compiles": [[s.module, s.rule, norm(s.src), *strip(s.extra)] for s in steps],
              "libraries": {n: m["library"] for n, m in modules.items()}}
     inputs: set[str] = {os.path.relpath(settings.ffi_include_dir / "xla/ffi/api/c_api.h", root)}
     for s in steps:
@@ -277,7 +287,8 @@ def recipe(settings: config.Settings, tc: toolchain.Toolchain, modules: dict[str
                                 os.path.relpath(settings.build_dir, root) + os.sep)
     digests = {p: hashlib.sha256(texts[p].encode() if p in texts else (root / p).read_bytes()).hexdigest()
                for p in sorted(inputs)}
-    h = hashlib.sha256(json.dumps({"commands": lines, "inputs": digests}, sort_keys=True).encode())
+    named = {norm(p): d for p, d in digests.items()}
+    h = hashlib.sha256(json.dumps({"commands": lines, "inputs": named}, sort_keys=True).encode())
     return h.hexdigest(), {p: d for p, d in digests.items() if p not in texts}
 
 

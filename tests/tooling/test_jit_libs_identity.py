@@ -97,6 +97,12 @@ def test_the_checkout_path_does_not_enter_the_cache_id(checkout, tmp_path):
     assert _cache_id(other) == _cache_id(checkout)
 
 
+def test_the_build_folder_does_not_enter_the_cache_id(checkout):
+    """JA_BUILD_DIR moves the outputs, not what they are made of: the same cache id."""
+    moved = jit_build.checkout_identity(settings_for(checkout, JA_BUILD_DIR="out/elsewhere"))[0]["cache_id"]
+    assert moved == _cache_id(checkout)
+
+
 def test_kernel_revision_is_the_committed_tree_and_edits_are_flagged_dirty(checkout):
     ident = checkout_identity(checkout)
     assert ident["kernel_source_revision"] == git(checkout, "rev-parse", "HEAD:csrc/kernels").strip()
