@@ -35,10 +35,14 @@ from typing import Protocol
 from jatools import config
 from jax_aiter import __version__, blob, fetch, reuse_gate
 from jax_aiter import manifest as mf
-from jax_aiter.integrity import IntegrityError, diff_entries, verify_entries
+from jax_aiter.integrity import (
+    RECORD_NAME,
+    IntegrityError,
+    diff_entries,
+    verify_entries,
+)
 from jax_aiter.progress import Progress
 
-RECORD_NAME = "build_record.json"
 Log = Callable[[str], None]
 Runner = Callable[[list[str]], tuple[int, str, str]]
 

@@ -39,9 +39,8 @@ from pathlib import Path
 
 from jatools import config
 from jatools.native import identity, toolchain
-from jax_aiter.integrity import file_entry, sha256_files
+from jax_aiter.integrity import RECORD_NAME, file_entry, sha256_files
 
-RECORD_NAME = "build_record.json"
 RECORD_SCHEMA = 1
 
 

@@ -80,7 +80,7 @@ def test_the_optimisation_flag_in_the_flag_source_changes_the_cache_id(checkout)
     """-O3 -> -O0 where the flags are made (the build tooling's toolchain module): a new cache id."""
     probe = ("from jatools import config; from jatools.native import jit_build; "
              "print(jit_build.checkout_identity(config.load(backend='cpu'))[0]['cache_id'])")
-    env = {**os.environ, "JA_ROOT_DIR": str(checkout), "JA_BACKEND": "cpu", "PYTHONPATH": str(checkout)}
+    env = {**os.environ, "JA_ROOT_DIR": str(checkout), "JA_BACKEND": "cpu", "PYTHONPATH": f"{checkout}{os.pathsep}{REPO}"}  # its jatools, this jax_aiter
     run = lambda: subprocess.run([sys.executable, "-c", probe], cwd=checkout, env=env, capture_output=True,
                                  text=True, check=True).stdout.strip()
     before = run()
