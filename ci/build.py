@@ -8,13 +8,16 @@ contract (docs/ci.md). The commands are materialised from the data, so the
 workflows stay free of logic: a job checks out the code and calls
 ``python3 ci/build.py --build NAME``. After XLA's build_tools/ci/build.py:
 
-* every build starts with ``invoke env-report`` (what machine, GPUs, compilers);
+* every build starts with ``invoke env-report`` (what machine, GPUs, compilers),
+  and every later command finds it through ``JA_ENV_REPORT`` (the release takes it
+  instead of reporting again);
 * a nox session's dependencies are installed first in a separate
   ``--install-only`` pass, then the session runs with ``-R`` (reuse the
   environment, no install), as XLA separates its dependency-fetching
   ``--nobuild`` pass from the real build; nothing here retries: the installers
   and the JIT-library fetch retry transient network errors themselves (one
   layer), and a cache miss fails at once;
+* the commands run through the one step runner (jatools/steps.py);
 * ``--dump_commands`` prints every build's commands; ``ci/golden_commands.txt``
   holds that output, and a test fails (naming the command below) when it is stale.
 
@@ -39,9 +42,7 @@ import json
 import os
 import re
 import shlex
-import subprocess
 import sys
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import ClassVar
@@ -50,10 +51,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from jatools import config
-from jatools.ci import github_output
+from jatools import atomic_write, config, steps
+from jatools.ci import env_report, github_output
 
-ENV_REPORT = ("invoke", "env-report", "--json-out", "build/ci/env-report.json")
+ENV_REPORT = ("invoke", "env-report", "--json-out", env_report.CI_REPORT)
 PLACEHOLDER = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)\}")
 
 
@@ -310,42 +311,39 @@ def substitute(cmd: list[str], env: dict[str, str]) -> list[str]:
 
 
 def run_build(build: Build, dry_run: bool = False, env: dict[str, str] | None = None) -> int:
-    """Run the build's commands in order from the repository root; stop at the first failure."""
+    """Run the build's commands in order from the repository root; stop at the first failure.
+
+    Every command after the first is told where the environment report is (JA_ENV_REPORT), so a step that
+    would report the environment again (the release) takes that report instead.
+    """
     env = dict(os.environ if env is None else env)
     missing = [p for p in build.placeholders() if not env.get(p)]
     if missing and not dry_run:
         raise BuildError(f"build {build.name} needs {', '.join(missing)} in the environment "
                          "(the workflow sets them; see docs/ci.md)")
-    gh = bool(env.get("GITHUB_ACTIONS"))
-    times: list[dict] = []
+    env[env_report.CI_REPORT_VAR] = str(ROOT / env_report.CI_REPORT)
+    todo = []
     for i, cmd in enumerate(build.commands(), 1):
         argv = cmd if dry_run else substitute(cmd, env)
-        text = shlex.join(argv)
-        print(f"::group::[{i}] {text}" if gh else f"ci/build.py: [{build.name} {i}] $ {text}", flush=True)
-        if dry_run:
-            continue
-        start = time.monotonic()
-        rc = subprocess.call(argv, cwd=ROOT)
-        times.append({"command": text, "exit": rc, "seconds": round(time.monotonic() - start, 2)})
-        if gh:
-            print("::endgroup::", flush=True)
-        if rc != 0:
-            _write_summary(build, times)
-            print(f"ci/build.py: build {build.name} failed at step {i} (exit {rc}): {text}\n"
-                  f"  re-run just that step from the repository root: {text}", file=sys.stderr)
-            return rc
+        todo.append(steps.Step(str(i), argv, env, ROOT, rerun=f"(from the repository root) {shlex.join(argv)}"))
+    try:
+        records = steps.run(todo, f"ci/build.py {build.name}", groups=bool(env.get("GITHUB_ACTIONS")),
+                            dry_run=dry_run)
+    except steps.StepFailed as e:
+        _write_summary(build, e.records)
+        print(e, file=sys.stderr)
+        return e.record.exit or 1
     if not dry_run:
-        _write_summary(build, times)
-        total = sum(t["seconds"] for t in times)
-        print(f"ci/build.py: build {build.name} passed: {len(times)} commands, {total:.1f} s "
-              f"(build/ci/{build.name}.json)", flush=True)
+        _write_summary(build, records)
+        print(f"ci/build.py: build {build.name} passed: {len(records)} commands, "
+              f"{sum(r.seconds for r in records):.1f} s (build/ci/{build.name}.json)", flush=True)
     return 0
 
 
-def _write_summary(build: Build, times: list[dict]) -> None:
-    from jatools import atomic_write
+def _write_summary(build: Build, records: list[steps.Record]) -> None:
+    commands = [{"command": r.command, "exit": r.exit, "seconds": r.seconds} for r in records if r.result != "not run"]
     atomic_write.write_text(ROOT / "build" / "ci" / f"{build.name}.json",
-                            json.dumps({"build": build.name, "commands": times}, indent=2) + "\n")
+                            json.dumps({"build": build.name, "commands": commands}, indent=2) + "\n")
 
 
 def github_event(env: dict[str, str]) -> tuple[str | None, bool]:

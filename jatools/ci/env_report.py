@@ -40,6 +40,8 @@ ENV_KEYS = ("JA_BACKEND", "GPU_ARCHS", "JA_BUILD_DIR", "JA_TEST_TIER", "JA_SANIT
             "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "XLA_FLAGS", "CI", "GITHUB_RUN_ID", "RUNNER_NAME")
 PACKAGE_PREFIXES = ("jax", "numpy", "ml-dtypes", "ml_dtypes")
 TIMEOUT_S = 30
+CI_REPORT = "build/ci/env-report.json"  # ci/build.py writes it first in every build
+CI_REPORT_VAR = "JA_ENV_REPORT"  # ... and names it here for every later command of the build
 
 Which = Callable[..., str | None]
 
@@ -298,6 +300,13 @@ def emit(report: dict, json_out: Path | None = None, as_json: bool = False,
     if env.get("GITHUB_STEP_SUMMARY"):
         with open(env["GITHUB_STEP_SUMMARY"], "a", encoding="utf-8") as f:
             f.write(step_summary(report))
+
+
+def written_by_ci(env: dict[str, str] | None = None) -> Path | None:
+    """The report ci/build.py wrote first in this job, if there is one: a later step (the release) takes it
+    instead of reporting the same machine twice."""
+    given = (os.environ if env is None else env).get(CI_REPORT_VAR)
+    return Path(given) if given and Path(given).is_file() else None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -181,7 +181,16 @@ def test_a_real_build_runs_end_to_end_and_stops_at_the_first_failure(tmp_path: P
     assert [c["exit"] for c in summary["commands"]] == [0, 0]
     bad = cli("--build", "pr_convergence_gate", env={"JA_BASE_REV": "no-such-revision"})
     assert bad.returncode == 2
-    assert "failed at step 2 (exit 2)" in bad.stderr and "re-run just that step" in bad.stderr
+    assert "step 2 failed (exit 2)" in bad.stderr and "re-run just this step" in bad.stderr
+
+
+def test_every_command_is_told_where_the_environment_report_is(monkeypatch) -> None:
+    """JA_ENV_REPORT: the release takes the report the build wrote first instead of reporting again."""
+    seen = []
+    monkeypatch.setattr(ci_build.steps, "run", lambda todo, label, **kw: seen.extend(todo) or [])
+    assert ci_build.run_build(ci_build.get_build("release"), dry_run=True, env={}) == 0
+    assert seen[0].argv[-3:] == ["env-report", "--json-out", "build/ci/env-report.json"]
+    assert all(s.env["JA_ENV_REPORT"] == str(ROOT / "build/ci/env-report.json") for s in seen)
 
 
 def test_registry_rejects_bad_builds() -> None:
