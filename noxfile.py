@@ -72,7 +72,7 @@ def lint(session: nox.Session) -> None:
 @nox.session(venv_backend="none", tags=["build"], default=False)
 def compile_only(session: nox.Session) -> None:
     """Compile every library for CUDA (nvcc, sm_90) and ROCm (hipcc, gfx90a) without a GPU."""
-    session.run("python3", "-m", "jatools.native.compile_only", *session.posargs, external=True)
+    session.run("python3", "-m", "jatools.native.build", "--compile-only", *session.posargs, external=True)
 
 
 # --- test tiers (docs/testing.md): the tiers and their marker expressions live in

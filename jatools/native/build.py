@@ -1,9 +1,10 @@
 """The native build, written once: umbrella library -> JIT libraries -> FFI shims.
 
     python -m jatools.native.build [--jit auto|build|take] [--shims ja_mods|ja_mods_nomha] [-j N]
+    python -m jatools.native.build --compile-only [--backend cuda,rocm] [-j N]      (nox -s compile_only)
 
 Every caller (the nox test and release sessions, compile-only, the sanitizer
-build, the GPU host scripts) runs this sequence through `native_build`; only
+build, the GPU host scripts) runs this sequence through `native_steps`; only
 the environment differs (JA_BACKEND, GPU_ARCHS, JA_BUILD_DIR, JA_SANITIZE).
 
 The JIT step either builds (the producer, or a local run: printed) or takes
@@ -12,20 +13,31 @@ put them there). A consumer never builds: when the libraries there do not
 match this checkout's identity it fails at once, naming the cache id and the
 producer. `--jit auto` (the default, JA_JIT_LIBS / pyproject jit_libs) takes
 under CI=true and builds otherwise.
+
+`--compile-only` compiles every library for the GPU backends on a machine
+without a GPU: CUDA for sm_90 with nvcc, ROCm for gfx90a with the HIP compiler
+(Debian's ROCm 5.2 `hipcc` knows gfx90a and gfx940, not gfx950). Each backend
+builds into build/compile_only/<backend> through this same sequence, so it
+proves the exact sources and flags users build; it is its own JIT producer.
+Prints a summary and writes build/compile_only/summary.json.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import subprocess
+import shutil
 import sys
-import time
-from pathlib import Path
 
-from jatools import config
+from jatools import atomic_write, config, steps
 from jatools.jitlibs import jit_cache
 
 JIT_MODES = ("auto", "build", "take")
+COMPILE_ONLY = {
+    "cuda": {"GPU_ARCHS": "sm_90", "tool": "nvcc", "install": "install the CUDA toolkit (nvcc) or set CUDA_HOME"},
+    "rocm": {"GPU_ARCHS": "gfx90a", "tool": "hipcc", "install": "apt-get install hipcc (or install ROCm/TheRock)"},
+}
+COMPILE_ONLY_DIR = "build/compile_only"
 
 
 def jit_mode(requested: str | None, env: dict[str, str]) -> str:
@@ -38,35 +50,60 @@ def jit_mode(requested: str | None, env: dict[str, str]) -> str:
     return mode
 
 
-def _step(name: str, cmd: list[str], env: dict[str, str], root: Path, times: dict[str, float]) -> None:
-    print(f"native build: {name}: $ {' '.join(cmd)}", flush=True)
-    start = time.monotonic()
-    subprocess.run(cmd, cwd=root, env=env, check=True)
-    times[name] = round(time.monotonic() - start, 1)
-
-
-def native_build(*, jit: str | None = None, shims: str = "ja_mods", jobs: int | None = None,
-                 env: dict[str, str] | None = None, python: str = sys.executable) -> dict[str, float]:
-    """Build the umbrella, then build or take the JIT libraries, then the FFI shims; seconds per step."""
+def native_steps(*, jit: str | None = None, shims: str = "ja_mods", jobs: int | None = None,
+                 env: dict[str, str] | None = None, python: str = sys.executable) -> list[steps.Step]:
+    """The umbrella, then the JIT libraries built or taken, then the FFI shims, as steps for jatools.steps.run."""
     env = dict(os.environ if env is None else env)
     root = config.repo_root()
     env.setdefault("JA_ROOT_DIR", str(root))
     mode = jit_mode(jit, env)
     jflag = [f"-j{jobs}"] if jobs else []
-    times: dict[str, float] = {}
+    step = lambda name, argv: steps.Step(name, argv, env, root)
+    out = []
     if mode == "take":  # before anything compiles: a miss costs seconds, not a build
-        settings = config.load(env=env)
-        start = time.monotonic()
-        jit_cache.require_built(settings)
-        times["jit (taken)"] = round(time.monotonic() - start, 1)
-    _step("umbrella", ["make", *jflag, "umbrella"], env, root, times)
+        out.append(step("jit (taken)", [python, "-m", "jatools.native.build", "--check-taken"]))
+    out.append(step("umbrella", ["make", *jflag, "umbrella"]))
     if mode == "build":
         print("native build: building the JIT libraries here (JA_JIT_LIBS=take makes a consumer of this run)",
               flush=True)
-        _step("jit", [python, "-m", "jatools.native.jit_build", *(["-j", str(jobs)] if jobs else [])], env, root,
-              times)
-    _step(shims, ["make", *jflag, shims], env, root, times)
-    return times
+        out.append(step("jit", [python, "-m", "jatools.native.jit_build", *(["-j", str(jobs)] if jobs else [])]))
+    out.append(step(shims, ["make", *jflag, shims]))
+    return out
+
+
+def compile_only(backend: str, jobs: int) -> dict:
+    """One GPU backend's libraries built into build/compile_only/<backend>; its summary entry."""
+    spec = COMPILE_ONLY[backend]
+    if not shutil.which(spec["tool"]) and not (backend == "rocm" and os.environ.get("ROCM_PATH")):
+        raise SystemExit(f"compile_only: {spec['tool']} not found for the {backend} backend; {spec['install']}")
+    root = config.repo_root()
+    out_dir = f"{COMPILE_ONLY_DIR}/{backend}"
+    env = {**os.environ, "JA_BACKEND": backend, "GPU_ARCHS": spec["GPU_ARCHS"], "JA_BUILD_DIR": out_dir,
+           "JA_ROOT_DIR": str(root)}
+    if backend == "rocm":
+        env.setdefault("HIP_PLATFORM", "amd")
+    records = steps.run(native_steps(jit="build", jobs=jobs, env=env), f"compile_only {backend}")
+    libs = sorted((root / out_dir).glob("*/*.so"))
+    return {"backend": backend, "archs": spec["GPU_ARCHS"], "seconds": steps.seconds(records),
+            "libraries": {p.name: p.stat().st_size for p in libs}}
+
+
+def compile_only_main(backends: str, jobs: int) -> int:
+    results = []
+    for backend in [b.strip() for b in backends.split(",") if b.strip()]:
+        if backend not in COMPILE_ONLY:
+            raise SystemExit(f"compile_only: unknown backend {backend!r}; use cuda and/or rocm")
+        results.append(compile_only(backend, jobs))
+    summary = config.repo_root() / COMPILE_ONLY_DIR / "summary.json"
+    atomic_write.write_text(summary, json.dumps(results, indent=2) + "\n")
+    print("\ncompile_only summary")
+    for r in results:
+        total = sum(r["seconds"].values())
+        sizes = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in r["libraries"].items())
+        print(f"  {r['backend']:<5} {r['archs']:<7} {total:7.1f} s  "
+              f"({', '.join(f'{k} {v} s' for k, v in r['seconds'].items())})\n        {sizes}")
+    print(f"  JSON: {COMPILE_ONLY_DIR}/summary.json")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,22 +111,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jit", choices=JIT_MODES, help="build or take the JIT libraries (default: JA_JIT_LIBS, "
                    "else pyproject jit_libs: auto = take under CI=true)")
     p.add_argument("--shims", default="ja_mods", choices=("ja_mods", "ja_mods_nomha"))
-    p.add_argument("-j", "--jobs", type=int)
+    p.add_argument("-j", "--jobs", type=int, help="parallel jobs (default: make's own; --compile-only: every CPU)")
     p.add_argument("--check-taken", action="store_true",
                    help="only check that build/aiter_build holds this checkout's JIT libraries (a consumer's step)")
+    p.add_argument("--compile-only", action="store_true",
+                   help="compile every library for the GPU backends (--backend) without a GPU")
+    p.add_argument("--backend", default="cuda,rocm", help="with --compile-only: comma-separated, cuda and/or rocm")
     a = p.parse_args(argv)
     try:
         if a.check_taken:
             jit_cache.require_built(config.load())
             return 0
-        times = native_build(jit=a.jit, shims=a.shims, jobs=a.jobs)
+        if a.compile_only:
+            return compile_only_main(a.backend, a.jobs or os.cpu_count() or 2)
+        records = steps.run(native_steps(jit=a.jit, shims=a.shims, jobs=a.jobs), "native build")
     except jit_cache.JitCacheError as e:
         print(f"native build: error: {e}", file=sys.stderr)
         return 2
-    except subprocess.CalledProcessError as e:
-        print(f"native build: `{' '.join(map(str, e.cmd))}` failed (exit {e.returncode})", file=sys.stderr)
-        return 1
-    print("native build: " + ", ".join(f"{k} {v} s" for k, v in times.items()), flush=True)
+    except steps.StepFailed as e:
+        print(e, file=sys.stderr)
+        return e.record.exit or 1
+    print(f"native build: {steps.timing_line(records)}", flush=True)
     return 0
 
 

@@ -35,13 +35,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from jatools import atomic_write, config
+from jatools import atomic_write, config, steps
 from jatools.native import toolchain
-from jatools.native.build import native_build
+from jatools.native.build import native_steps
 
 SUPPRESSION_DIR = Path("ci/sanitizers")
 TSAN_DRIVER = SUPPRESSION_DIR / "tsan_driver.cpp"
@@ -69,7 +68,7 @@ MHA_MODULES = {"mha_fwd", "mha_bwd"}
 
 
 class SanitizeError(RuntimeError):
-    """A step failed; the message names the step and the command that re-runs it."""
+    """The sanitizer run cannot go on; the message names the step or the missing piece and the fix."""
 
 
 def build_env(base: dict[str, str] | None = None, kind: Sanitizer = ASAN) -> dict[str, str]:
@@ -78,10 +77,6 @@ def build_env(base: dict[str, str] | None = None, kind: Sanitizer = ASAN) -> dic
     env.update({"JA_BACKEND": "cpu", "JA_BUILD_DIR": kind.build_dir, "JA_SANITIZE": kind.flags})
     env.pop("GPU_ARCHS", None)
     return env
-
-
-def _rerun(kind: Sanitizer, cmd) -> str:
-    return f"JA_BACKEND=cpu JA_BUILD_DIR={kind.build_dir} JA_SANITIZE={kind.flags} " + " ".join(map(str, cmd))
 
 
 def _runtime_library(cxx: str, name: str) -> Path:
@@ -143,17 +138,6 @@ def tsan_driver_command(settings: config.Settings, out: Path) -> list[str]:
             *(f"-Wl,-rpath,{d.resolve()}" for d in libs)]
 
 
-def _step(name: str, cmd: list[str], env: dict[str, str], root: Path, times: dict[str, float],
-          kind: Sanitizer = ASAN) -> None:
-    print(f"sanitize: [{name}] $ {' '.join(cmd)}", flush=True)
-    start = time.monotonic()
-    rc = subprocess.call(cmd, cwd=root, env=env)
-    times[name] = round(time.monotonic() - start, 2)
-    if rc != 0:
-        raise SanitizeError(f"step {name} failed (exit {rc}); re-run it with: {_rerun(kind, cmd)}"
-                            + ("; a sanitizer report above names the fault" if name in ("tests", "driver") else ""))
-
-
 def run(pytest_args: list[str], jobs: int, python: str = sys.executable, kind: Sanitizer = ASAN) -> dict:
     root = config.repo_root()
     env = build_env(kind=kind)
@@ -162,27 +146,30 @@ def run(pytest_args: list[str], jobs: int, python: str = sys.executable, kind: S
     if shims != "ja_mods":
         print(f"sanitize: {settings.jit_config.name} has no {'/'.join(sorted(MHA_MODULES))} modules; "
               "building the core shims only (make ja_mods_nomha)", flush=True)
-    try:  # its own build folder: the sanitizer build is always a producer
-        times: dict[str, float] = native_build(jit="build", shims=shims, jobs=jobs, env=env, python=python)
-    except subprocess.CalledProcessError as e:
-        raise SanitizeError(f"the sanitizer build failed at `{' '.join(map(str, e.cmd))}` (exit {e.returncode}); "
-                            f"re-run it with: {_rerun(kind, e.cmd)}") from None
+    # Its own build folder: the sanitizer build is always a producer.
+    todo = native_steps(jit="build", shims=shims, jobs=jobs, env=env, python=python)
     if kind.name == "thread":
         if shims != "ja_mods":
             raise SanitizeError("the ThreadSanitizer driver calls the MHA kernels, and the JIT config builds none")
         driver = root / kind.build_dir / "tsan_driver"
-        _step("driver build", tsan_driver_command(settings, driver), env, root, times, kind)
-        _step("driver", [str(driver)], tsan_env(root, env), root, times, kind)
+        todo += [steps.Step("driver build", lambda: tsan_driver_command(settings, driver), env, root),
+                 steps.Step("driver", [str(driver)], tsan_env(root, env), root)]
         checked = {"driver": str(TSAN_DRIVER), "inner_threads": TSAN_THREADS}
     else:
         args = ["--capture=sys", *(pytest_args or [*TEST_PATHS, "-m", MARKERS, "-q"])]
-        _step("tests", [python, "-m", "pytest", *args], runtime_env(root, env, env.get("CXX", "g++")), root, times)
+        todo.append(steps.Step("tests", [python, "-m", "pytest", *args], runtime_env(root, env, env.get("CXX", "g++")),
+                               root))
         checked = {"pytest_args": args}
+    try:
+        records = steps.run(todo, "sanitize")
+    except steps.StepFailed as e:
+        found = e.record.name in ("tests", "driver")
+        raise SanitizeError(f"{e}" + ("\n  a sanitizer report above names the fault" if found else "")) from None
+    times = steps.seconds(records)
     summary = {"sanitizers": kind.flags, "build_dir": kind.build_dir, "shims": shims, **checked,
                "seconds": times, "total_seconds": round(sum(times.values()), 2)}
     atomic_write.write_text(root / kind.build_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
-    print("sanitize: clean; " + ", ".join(f"{k} {v:.1f} s" for k, v in times.items())
-          + f"; total {summary['total_seconds']:.1f} s ({kind.build_dir}/summary.json)", flush=True)
+    print(f"sanitize: clean; {steps.timing_line(records)} ({kind.build_dir}/summary.json)", flush=True)
     return summary
 
 
