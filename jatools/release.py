@@ -17,7 +17,6 @@ that stage. Ends with a one-screen summary and dist/release-report.json, which
 from __future__ import annotations
 
 import argparse
-import collections
 import hashlib
 import json
 import os
@@ -25,43 +24,22 @@ import subprocess
 import sys
 import time
 import tomllib
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from jatools import atomic_write, config
+from jatools import atomic_write, config, steps
+from jatools.ci import env_report
 from jatools.native import build as native_build
 from jax_aiter.integrity import sha256_file, sha256_files
 
 REPORT = "dist/release-report.json"
 SCHEMA = 1
 WHEEL_BUILDER = "jatools.wheel.wheel_build"  # the module the wheel stages run (its imports decide the bytes too)
+LOG_DIR = "build/release"  # one log per stage
 
 
 class ReleaseError(RuntimeError):
     pass
-
-
-@dataclass
-class StageResult:
-    name: str
-    result: str  # ok | up-to-date | failed | not run
-    seconds: float = 0.0
-    command: str = ""
-    rerun: str = ""
-    artifacts: list[dict] = field(default_factory=list)
-    fingerprint: str | None = None
-    note: str = ""
-
-
-@dataclass(frozen=True)
-class Stage:
-    name: str
-    argv: Callable[[Context], list[str]]
-    rerun: Callable[[Context], str]
-    up_to_date: Callable[[Context], str | None] | None = None  # a reason when nothing needs doing
-    fingerprint: Callable[[Context], str] | None = None
-    artifacts: Callable[[Context], list[Path]] = lambda ctx: []
 
 
 @dataclass
@@ -72,6 +50,7 @@ class Context:
     previous: dict
     wheels: dict[str, Path] = field(default_factory=dict)
     code: list[Path] | None = None  # the wheel builder's code inputs, found once per run
+    fingerprints: dict[str, str] = field(default_factory=dict)  # per wheel variant, of its inputs
 
     def prev_stage(self, name: str) -> dict | None:
         for s in self.previous.get("stages", []):
@@ -90,11 +69,9 @@ def commit_state(root: Path) -> tuple[str, bool]:
     return _git(root, "rev-parse", "HEAD"), bool(_git(root, "status", "--porcelain", "--untracked-files=no"))
 
 
-def _make_q(target: str) -> Callable[[Context], str | None]:
-    def check(ctx: Context) -> str | None:
-        ok = subprocess.run(["make", "-q", target], check=False, cwd=ctx.root, capture_output=True).returncode == 0
-        return f"`make -q {target}`: nothing to do" if ok else None
-    return check
+def _make_q(ctx: Context, target: str) -> str | None:
+    ok = subprocess.run(["make", "-q", target], check=False, cwd=ctx.root, capture_output=True).returncode == 0
+    return f"`make -q {target}`: nothing to do" if ok else None
 
 
 _PROBE = ("import importlib, json, sys; importlib.import_module(sys.argv[1]); "
@@ -127,45 +104,39 @@ def code_inputs(root: Path, module: str, python: str = sys.executable) -> list[P
     return sorted(files)
 
 
-def _wheel_fingerprint(variant: str) -> Callable[[Context], str]:
-    def fp(ctx: Context) -> str:
-        settings = config.load()
-        libs = sorted(settings.umbrella_dir.glob("*.so")) + sorted(settings.jit_dir.glob("lib*.so"))
-        h = hashlib.sha256(variant.encode())
-        if ctx.code is None:
-            ctx.code = code_inputs(ctx.root, WHEEL_BUILDER, ctx.python)
-        for p in libs + ctx.code:
-            h.update(str(p.relative_to(ctx.root)).encode() + b"\0" + sha256_file(p).encode())
-        for key in ("JA_WHEEL_PLAT_NAME", "JA_WHEEL_ARCH", "SOURCE_DATE_EPOCH"):
-            h.update(f"{key}={os.environ.get(key, '')}".encode())
-        h.update(commit_state(ctx.root)[0].encode())
-        return h.hexdigest()
-    return fp
+def _wheel_fingerprint(ctx: Context, variant: str) -> str:
+    settings = config.load()
+    libs = sorted(settings.umbrella_dir.glob("*.so")) + sorted(settings.jit_dir.glob("lib*.so"))
+    h = hashlib.sha256(variant.encode())
+    if ctx.code is None:
+        ctx.code = code_inputs(ctx.root, WHEEL_BUILDER, ctx.python)
+    for p in libs + ctx.code:
+        h.update(str(p.relative_to(ctx.root)).encode() + b"\0" + sha256_file(p).encode())
+    for key in ("JA_WHEEL_PLAT_NAME", "JA_WHEEL_ARCH", "SOURCE_DATE_EPOCH"):
+        h.update(f"{key}={os.environ.get(key, '')}".encode())
+    h.update(commit_state(ctx.root)[0].encode())
+    return h.hexdigest()
 
 
-def _wheel_up_to_date(variant: str) -> Callable[[Context], str | None]:
-    def check(ctx: Context) -> str | None:
-        prev = ctx.prev_stage(f"wheel_{variant}")
-        if not prev or prev["result"] not in ("ok", "up-to-date") or not prev.get("artifacts"):
-            return None
-        art = prev["artifacts"][0]
-        path = ctx.root / art["path"]
-        if prev.get("fingerprint") != _wheel_fingerprint(variant)(ctx) or not path.is_file():
-            return None
-        if sha256_file(path) != art["sha256"]:
-            return None
-        ctx.wheels[variant] = path
-        return "inputs unchanged since the last green run; the wheel still matches its hash"
-    return check
+def _wheel_up_to_date(ctx: Context, variant: str) -> str | None:
+    """Why the wheel need not be built again; its inputs' fingerprint is kept for the report either way."""
+    fp = ctx.fingerprints[variant] = _wheel_fingerprint(ctx, variant)
+    prev = ctx.prev_stage(f"wheel_{variant}")
+    if not prev or prev["result"] not in ("ok", "up-to-date") or not prev.get("artifacts"):
+        return None
+    art = prev["artifacts"][0]
+    path = ctx.root / art["path"]
+    if prev.get("fingerprint") != fp or not path.is_file() or sha256_file(path) != art["sha256"]:
+        return None
+    ctx.wheels[variant] = path
+    return "inputs unchanged since the last green run; the wheel still matches its hash"
 
 
-def _wheel_artifact(variant: str) -> Callable[[Context], list[Path]]:
-    def art(ctx: Context) -> list[Path]:
-        if variant not in ctx.wheels:
-            report = config.load().build_dir / "reports" / f"wheel_{variant}.json"
-            ctx.wheels[variant] = Path(json.loads(report.read_text())["wheel"])
-        return [ctx.wheels[variant]]
-    return art
+def _wheel_artifact(ctx: Context, variant: str) -> list[Path]:
+    if variant not in ctx.wheels:
+        report = config.load().build_dir / "reports" / f"wheel_{variant}.json"
+        ctx.wheels[variant] = Path(json.loads(report.read_text())["wheel"])
+    return [ctx.wheels[variant]]
 
 
 def _wheels(ctx: Context) -> list[str]:
@@ -179,71 +150,73 @@ def _validated(ctx: Context) -> str | None:
     return "both wheels (same sha256) already passed validation" if cleanroom_report.covers(path, wheels) else None
 
 
-def stages(fetch_jit: str | None) -> list[Stage]:
-    py = lambda ctx: ctx.python
-    libs = lambda ctx: sorted(config.load().jit_dir.glob("lib*.so"))
-    if native_build.jit_mode(None, dict(os.environ)) == "build":
-        jit = Stage("jit", lambda ctx: [py(ctx), "-m", "jatools.native.jit_build"],
-                    lambda ctx: "nox -s jit  (or make jit, python3 jax_aiter/jit/build_jit.py)", artifacts=libs)
+def _env_reported() -> str | None:
+    path = env_report.written_by_ci()
+    return f"the CI driver reported this job's environment first ({path})" if path else None
+
+
+def stages(ctx: Context) -> list[steps.Step]:
+    """The release's stages, in order; a command that names wheels is read when its stage starts."""
+    py = ctx.python
+    libs = lambda: sorted(config.load().jit_dir.glob("lib*.so"))
+
+    def stage(name: str, argv, rerun, **kw) -> steps.Step:
+        return steps.Step(name, argv, cwd=ctx.root, log=ctx.root / LOG_DIR / f"{name}.log", rerun=rerun, **kw)
+
+    if ctx.fetch_jit:
+        jit = stage("jit", lambda: [py, "-m", "invoke", "jit.fetch", "--base-url", ctx.fetch_jit, "--pins-from",
+                                    config.load().raw["jit_libs_base_url"]],
+                    f"invoke jit.fetch --base-url {ctx.fetch_jit}", artifacts=libs)
+    elif native_build.jit_mode(None, dict(os.environ)) == "build":
+        jit = stage("jit", [py, "-m", "jatools.native.jit_build"],
+                    "nox -s jit  (or make jit, python3 jax_aiter/jit/build_jit.py)", artifacts=libs)
     else:  # a consumer (CI=true or JA_JIT_LIBS=take): never builds, fails at once on a miss
-        jit = Stage("jit", lambda ctx: [py(ctx), "-m", "jatools.native.build", "--check-taken"],
-                    lambda ctx: "invoke jit.fetch  (or nox -s jit)", artifacts=libs)
-    if fetch_jit:
-        jit = Stage("jit", lambda ctx: [py(ctx), "-m", "invoke", "jit.fetch", "--base-url", fetch_jit,
-                                        "--pins-from", config.load().raw["jit_libs_base_url"]],
-                    lambda ctx: f"invoke jit.fetch --base-url {fetch_jit}",
+        jit = stage("jit", [py, "-m", "jatools.native.build", "--check-taken"], "invoke jit.fetch  (or nox -s jit)",
                     artifacts=libs)
+    wheels = lambda: " ".join(_wheels(ctx))
+    sdists = lambda: sorted((ctx.root / "dist").glob("*.tar.gz"))
     return [
-        Stage("env-report", lambda ctx: [py(ctx), "-m", "jatools.ci.env_report", "--json-out", "dist/env-report.json"],
-              lambda ctx: "invoke env-report", artifacts=lambda ctx: [ctx.root / "dist/env-report.json"]),
-        Stage("umbrella", lambda ctx: ["make", "umbrella"], lambda ctx: "make  (or nox -s umbrella)",
-              up_to_date=_make_q("umbrella"),
-              artifacts=lambda ctx: [config.load().umbrella_dir / "libjax_aiter.so"]),
+        stage("env-report", [py, "-m", "jatools.ci.env_report", "--json-out", "dist/env-report.json"],
+              "invoke env-report", up_to_date=_env_reported,
+              artifacts=lambda: [env_report.written_by_ci() or ctx.root / "dist/env-report.json"]),
+        stage("umbrella", ["make", "umbrella"], "make  (or nox -s umbrella)", up_to_date=lambda: _make_q(ctx, "umbrella"),
+              artifacts=lambda: [config.load().umbrella_dir / "libjax_aiter.so"]),
         jit,
-        Stage("ja_mods", lambda ctx: ["make", "ja_mods"], lambda ctx: "make ja_mods  (or nox -s ja_mods)",
-              up_to_date=_make_q("ja_mods"), artifacts=lambda ctx: sorted(config.load().umbrella_dir.glob("*_ja.so"))),
-        *[Stage(f"wheel_{v}", lambda ctx, v=v: [py(ctx), "-m", "jatools.wheel.wheel_build", "--variant", v],
-                lambda ctx, v=v: f"nox -s wheel_{v}  (or bash scripts/build_wheel.sh --variant {v})",
-                up_to_date=_wheel_up_to_date(v), fingerprint=_wheel_fingerprint(v), artifacts=_wheel_artifact(v))
+        stage("ja_mods", ["make", "ja_mods"], "make ja_mods  (or nox -s ja_mods)",
+              up_to_date=lambda: _make_q(ctx, "ja_mods"),
+              artifacts=lambda: sorted(config.load().umbrella_dir.glob("*_ja.so"))),
+        *[stage(f"wheel_{v}", [py, "-m", WHEEL_BUILDER, "--variant", v],
+                f"nox -s wheel_{v}  (or bash scripts/build_wheel.sh --variant {v})",
+                up_to_date=lambda v=v: _wheel_up_to_date(ctx, v), artifacts=lambda v=v: _wheel_artifact(ctx, v))
           for v in ("lite", "full")],
-        Stage("verify", lambda ctx: [py(ctx), "-m", "invoke", "verify"], lambda ctx: "invoke verify"),
-        Stage("floor", lambda ctx: [py(ctx), "-m", "jatools.wheel.wheel_floor", *_wheels(ctx)],
-              lambda ctx: "invoke floor -- " + " ".join(_wheels(ctx))),
-        Stage("contents", lambda ctx: [py(ctx), "-m", "jatools.wheel.wheel_contents", *_wheels(ctx)],
-              lambda ctx: "invoke contents -- " + " ".join(_wheels(ctx))),
-        Stage("sdist", lambda ctx: [py(ctx), "-m", "jatools.wheel.wheel_build", "--sdist"],
-              lambda ctx: "python -m jatools.wheel.wheel_build --sdist  (or python -m build --sdist)",
-              artifacts=lambda ctx: sorted((ctx.root / "dist").glob("*.tar.gz"))),
+        stage("verify", [py, "-m", "invoke", "verify"], "invoke verify"),
+        stage("floor", lambda: [py, "-m", "jatools.wheel.wheel_floor", *_wheels(ctx)],
+              lambda: "invoke floor -- " + wheels()),
+        stage("contents", lambda: [py, "-m", "jatools.wheel.wheel_contents", *_wheels(ctx)],
+              lambda: "invoke contents -- " + wheels()),
+        stage("sdist", [py, "-m", WHEEL_BUILDER, "--sdist"],
+              "python -m jatools.wheel.wheel_build --sdist  (or python -m build --sdist)", artifacts=sdists),
         # The clients users run must accept every distribution: a candidate none would take is never green.
-        Stage("clients", lambda ctx: [py(ctx), "-m", "jatools.wheel.wheel_contents", "--clients", *_wheels(ctx),
-                                      *map(str, sorted((ctx.root / "dist").glob("*.tar.gz")))],
-              lambda ctx: "invoke contents --clients -- " + " ".join(_wheels(ctx))),
-        Stage("validate", lambda ctx: [py(ctx), "-m", "jatools.validate.cleanroom",
-                                       *[a for w in _wheels(ctx) for a in ("--wheel", w)]],
-              lambda ctx: "invoke validate  (or bash scripts/validate_wheel.sh WHEEL)", up_to_date=_validated),
+        stage("clients", lambda: [py, "-m", "jatools.wheel.wheel_contents", "--clients", *_wheels(ctx),
+                                  *map(str, sdists())], lambda: "invoke contents --clients -- " + wheels()),
+        stage("validate", lambda: [py, "-m", "jatools.validate.cleanroom", *[a for w in _wheels(ctx) for a in
+                                                                             ("--wheel", w)]],
+              "invoke validate  (or bash scripts/validate_wheel.sh WHEEL)", up_to_date=lambda: _validated(ctx)),
     ]
 
 
-def _run_stage(stage: Stage, ctx: Context, log_dir: Path) -> tuple[int, str, float]:
-    """Run the stage's command, streaming its output, keeping the tail for the failure message."""
-    argv = stage.argv(ctx)
-    log_dir.mkdir(parents=True, exist_ok=True)
-    tail: collections.deque[str] = collections.deque(maxlen=25)
-    start = time.monotonic()
-    with open(log_dir / f"{stage.name}.log", "w") as log:
-        proc = subprocess.Popen(argv, cwd=ctx.root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for line in proc.stdout:  # type: ignore[union-attr]
-            sys.stdout.write(f"  {line}")
-            log.write(line)
-            tail.append(line)
-        rc = proc.wait()
-    return rc, "".join(tail), time.monotonic() - start
-
-
 def _artifacts(paths: list[Path], root: Path) -> list[dict]:
-    paths = [p for p in paths if p.is_file()]
     digests = sha256_files(paths)
     return [{"path": os.path.relpath(p, root), "sha256": digests[str(p)], "size": p.stat().st_size} for p in paths]
+
+
+def _stage_report(rec: steps.Record, ctx: Context) -> dict:
+    done = rec.result in ("ok", "up-to-date")
+    fingerprint = ctx.fingerprints.get(rec.name.removeprefix("wheel_")) if done and rec.name.startswith("wheel_") \
+        else None
+    return {"name": rec.name, "result": rec.result, "seconds": rec.seconds, "command": rec.command,
+            "rerun": rec.rerun, "artifacts": _artifacts(rec.artifacts, ctx.root), "fingerprint": fingerprint,
+            "note": rec.note}
 
 
 def run(fetch_jit: str | None = None, dry_run: bool = False, root: Path | None = None) -> int:
@@ -251,59 +224,29 @@ def run(fetch_jit: str | None = None, dry_run: bool = False, root: Path | None =
     report_path = root / REPORT
     previous = json.loads(report_path.read_text()) if report_path.is_file() else {}
     ctx = Context(root, sys.executable, fetch_jit, previous)
-    plan = stages(fetch_jit)
+    plan = stages(ctx)
     if dry_run:
         print("release plan (dry run; nothing is run):")
-        for i, st in enumerate(plan, 1):
-            try:
-                cmd = " ".join(st.argv(ctx))
-            except (OSError, KeyError, ValueError):
-                cmd = "(command depends on the wheels built by the earlier stages)"
-            print(f"  {i:2}. {st.name:<11} {cmd}")
+        steps.run(plan, "release", dry_run=True)
         return 0
     commit, dirty = commit_state(root)
-    results: list[StageResult] = []
-    failed: StageResult | None = None
     started = time.time()
-    for st in plan:
-        if failed:
-            results.append(StageResult(st.name, "not run"))
-            continue
-        print(f"release: [{st.name}]", flush=True)
-        res = StageResult(st.name, "ok")
-        t0 = time.monotonic()
-        reason = st.up_to_date(ctx) if st.up_to_date else None
-        if reason:
-            res.result, res.note = "up-to-date", reason
-            print(f"  skipped: {reason}")
-        else:
-            res.command = " ".join(st.argv(ctx))
-            rc, tail, _ = _run_stage(st, ctx, root / "build/release")
-            if rc != 0:
-                res.result = "failed"
-                res.rerun = st.rerun(ctx)
-                res.note = f"exit {rc}"
-                failed = res
-                res.seconds = time.monotonic() - t0
-                results.append(res)
-                print(f"\nrelease: stage '{st.name}' failed (exit {rc}). Its last lines:\n{tail.rstrip()}\n"
-                      f"Full log: build/release/{st.name}.log\nRe-run just this stage: {res.rerun}", flush=True)
-                continue
-        res.rerun = st.rerun(ctx)
-        res.fingerprint = st.fingerprint(ctx) if st.fingerprint else None
-        res.artifacts = _artifacts(st.artifacts(ctx), root)
-        res.seconds = time.monotonic() - t0
-        results.append(res)
+    try:
+        records = steps.run(plan, "release")
+    except steps.StepFailed as e:
+        records = e.records
+        print(f"\n{e}", flush=True)
+    results = [_stage_report(r, ctx) for r in records]
+    ok = all(r.result in ("ok", "up-to-date") for r in records)
     report = {
         "schema": SCHEMA, "kind": "jax-aiter-release", "commit": commit, "dirty": dirty,
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "seconds": round(time.time() - started, 2), "ok": failed is None,
-        "stages": [asdict(r) for r in results],
-        "wheels": [a for r in results if r.name.startswith("wheel_") for a in r.artifacts],
+        "seconds": round(time.time() - started, 2), "ok": ok, "stages": results,
+        "wheels": [a for r in results if r["name"].startswith("wheel_") for a in r["artifacts"]],
     }
     atomic_write.write_text(report_path, json.dumps(report, indent=2) + "\n")
     print(summary(report))
-    return 0 if failed is None else 1
+    return 0 if ok else 1
 
 
 def summary(report: dict) -> str:

@@ -82,6 +82,19 @@ def test_dry_run_prints_the_plan_and_runs_nothing(scratch):
     assert not (scratch / "dist/release-report.json").exists()
 
 
+def test_the_environment_report_the_ci_driver_wrote_is_taken_not_made_again(tmp_path, monkeypatch):
+    ctx = release_mod.Context(REPO, sys.executable, None, {})
+    step = next(s for s in release_mod.stages(ctx) if s.name == "env-report")
+    monkeypatch.delenv("JA_ENV_REPORT", raising=False)
+    assert step.up_to_date() is None and step.artifacts() == [REPO / "dist/env-report.json"]
+    written = tmp_path / "env-report.json"
+    monkeypatch.setenv("JA_ENV_REPORT", str(written))
+    assert step.up_to_date() is None, "a report that is not there is not taken"
+    written.write_text("{}")
+    assert "the CI driver reported this job's environment" in step.up_to_date()
+    assert step.artifacts() == [written]
+
+
 def test_green_run_then_warm_run_skips_what_is_up_to_date(scratch):
     out = release(scratch)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr
@@ -140,7 +153,7 @@ def test_planted_failure_stops_at_its_stage(scratch, stage, plant, rerun):
         env = {"JA_WHEEL_PLAT_NAME": "manylinux_2_17_x86_64"} if stage == "floor" else {}
         out = release(scratch, **env)
         assert out.returncode == 1, out.stdout[-3000:]
-        assert f"stage '{stage}' failed" in out.stdout and f"Re-run just this stage: {rerun}" in out.stdout
+        assert f"step {stage} failed" in out.stdout and f"re-run just this step: {rerun}" in out.stdout
         results = {s["name"]: s["result"] for s in report(scratch)["stages"]}
         assert results[stage] == "failed" and results["validate"] == "not run"
         assert not report(scratch)["ok"]
