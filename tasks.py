@@ -12,7 +12,7 @@ from invoke import Collection, Exit, task
 ns = Collection()
 
 # --- CI: environment report, convergence gate, validation image -------------------------------
-# Logic: jatools/ci/env_report.py, jatools/ci/convergence.py, jatools/validate/validation_image.py (see docs/ci.md).
+# Logic: jatools/ci/env_report.py, jatools/ci/convergence.py, jatools/validate/cleanroom_env.py (see docs/ci.md).
 
 
 @task(help={"json": "print JSON instead of text", "json_out": "also write the JSON report to this file",
@@ -46,11 +46,11 @@ def convergence_check(c, base, head="HEAD", json_out=""):
             "dry_run": "print the docker commands only"})
 def image_publish(c, variant="", push=False, dry_run=False):
     """Build (and push) the clean-room validation image tagged with its recipe hash."""
-    from jatools.validate import validation_image
+    from jatools.validate import cleanroom_env
     try:
-        for v in [variant] if variant else validation_image.variants():
-            validation_image.publish(v, push=push, dry_run=dry_run)
-    except validation_image.ImageError as e:
+        for v in [variant] if variant else cleanroom_env.variants():
+            cleanroom_env.publish(v, push=push, dry_run=dry_run)
+    except cleanroom_env.CleanRoomError as e:
         raise Exit(f"image.publish: error: {e}", code=2)
 
 
@@ -60,7 +60,7 @@ ns.add_collection(Collection("image", publish=image_publish))
 
 
 # --- clean-room validation -----------------------------------------------------------------
-# Logic: jatools/validate/cleanroom.py (and cleanroom_*.py, container.py, wheelhouse.py); see docs/validation.md.
+# Logic: jatools/validate/cleanroom.py (and cleanroom_env.py, cleanroom_smoke.py, wheelhouse.py); see docs/validation.md.
 @task(help={"variant": "lite or full (default: every wheel in dist/)", "wheel": "a wheel to validate (repeatable)",
             "engine": "auto (a container when an engine answers), none, docker or podman",
             "installer": "auto (uv when installed), uv, or pip (plain venv + pip)",

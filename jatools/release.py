@@ -144,10 +144,10 @@ def _wheels(ctx: Context) -> list[str]:
 
 
 def _validated(ctx: Context) -> str | None:
-    from jatools.validate import cleanroom_report
-    path = ctx.root / str(config.defaults(ctx.root).get("validation_report", "build/validate/report.json"))
+    from jatools.validate import cleanroom
     wheels = [ctx.wheels[v] for v in ("lite", "full")]
-    return "both wheels (same sha256) already passed validation" if cleanroom_report.covers(path, wheels) else None
+    covered = cleanroom.covers(cleanroom.report_path(ctx.root), wheels)
+    return "both wheels (same sha256) already passed validation" if covered else None
 
 
 def _env_reported() -> str | None:

@@ -2,54 +2,68 @@
 
 For every wheel: its bytes are checked against its RECORD; a fresh environment
 is made (a container from the validation image when an engine answers, else a
-venv in a temporary folder outside the checkout); the wheel and its
-dependencies are installed from the local wheelhouse with no package index
-reachable; then the shipped smoke tests run from outside the checkout in
-isolated mode (jatools/validate/cleanroom_smoke.py). A lite wheel must refuse attention
-naming `jax-aiter-fetch-mha`, fetch the attention libraries from a release
-served on 127.0.0.1 (built from this checkout's published JIT libraries), and
-then run attention; a full wheel runs everything without a fetch.
+venv in a temporary folder outside the checkout; jatools/validate/cleanroom_env.py);
+the wheel and its dependencies are installed from the local wheelhouse with no
+package index reachable; then the shipped smoke tests run from outside the
+checkout in isolated mode (jatools/validate/cleanroom_smoke.py). A lite wheel must
+refuse attention naming `jax-aiter-fetch-mha`, fetch the attention libraries from a
+release served on 127.0.0.1 (built from this checkout's published JIT libraries),
+and then run attention; a full wheel runs everything without a fetch.
 
-The steps are data (jatools/validate/cleanroom_plan.py); this module runs them locally
-or through `<engine> exec`, times them, and collects the checks into a report
-(jatools/validate/cleanroom_report.py). `invoke validate` and scripts/validate_wheel.sh
-call `main`.
+The steps of one wheel are data (`plan`): the same list runs locally, with the
+room's scrubbed environment, or inside the validation image through `<engine>
+exec`; paths are as the room's processes see them (a `Layout`), so one plan
+describes both. The one step runner (jatools/steps.py) runs and times them, with
+a log per step in the room; each becomes a check in the report: per wheel, per
+check, pass or fail and time, as one screen of text and as JSON (default
+build/validate/report.json). The JSON names each wheel by file name and sha256,
+so a wheel changed after validation no longer matches its report (`covers`, which
+the release job reads). `invoke validate` and scripts/validate_wheel.sh call `main`.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import queue
+import os
+import platform
 import shutil
 import subprocess
 import sys
-import threading
 import time
 import uuid
 import zipfile
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from packaging.utils import parse_wheel_filename
 
-from jatools import config
+from jatools import atomic_write, config, steps
 from jatools.jitlibs import publish
 from jatools.validate import cleanroom_env as cenv
-from jatools.validate import cleanroom_plan as cplan
-from jatools.validate import container, wheelhouse
-from jatools.validate.cleanroom_report import Check, Report, WheelResult
+from jatools.validate import wheelhouse
 from jatools.wheel import wheel_record
 from jax_aiter import manifest as mf
 from jax_aiter import reuse_gate
-from jax_aiter.integrity import sha256_file
+from jax_aiter.integrity import sha256_file, sha256_files
 
 Log = Callable[[str], None]
-SMOKE_SOURCE = Path(__file__).with_name(cplan.SMOKE_SCRIPT)
+SMOKE_SCRIPT = "cleanroom_smoke.py"
+SMOKE_SOURCE = Path(__file__).with_name(SMOKE_SCRIPT)
+SMOKE_RESULTS = "smoke.json"
 REFERENCE_SOURCE = Path("tests/ops/reference.py")
+RECORD_COPY = "wheel-RECORD"
 IDENTITY_MEMBER = "jax_aiter/_build_identity.json"
 STEP_TIMEOUT_S = 900
-SERVER_START_TIMEOUT_S = 20
+HOST_DEPS_PTH = "ja-host-deps.pth"  # cleanroom_smoke.py names it too (it imports no jatools)
+# Appends the given folders to the venv's sys.path (after its own site-packages, so the wheel's
+# jax_aiter still comes first) through a .pth file in its site-packages.
+_HOST_DEPS_CODE = ("import sys, sysconfig, pathlib; pathlib.Path(sysconfig.get_paths()['purelib'], "
+                   f"{HOST_DEPS_PTH!r}).write_text(''.join(p + chr(10) for p in sys.argv[1:]))")
+SCHEMA = 1
+PHASES = ("wheel", "environment", "install", "smoke")
+STEP_PHASES = {"venv": "environment", "host-deps": "environment", "install": "install", "smoke": "smoke"}
 
 
 class ValidationError(RuntimeError):
@@ -67,8 +81,114 @@ class Options:
     release: Path | None = None       # folder holding jit-libs-<cache-id>/ (default: stage this checkout's)
     keep: bool = False                # keep each room for inspection
     deps_from: Path | None = None     # an interpreter whose installed packages are the dependencies (engine-free)
-    report: Path | None = None
     log: Log = field(default=lambda m: print(m, file=sys.stderr, flush=True))
+
+
+# --- what a validation found ----------------------------------------------------------
+
+@dataclass
+class Check:
+    name: str
+    phase: str          # one of PHASES
+    ok: bool
+    seconds: float
+    message: str = ""
+
+
+@dataclass
+class WheelResult:
+    wheel: str
+    sha256: str
+    variant: str
+    version: str
+    backend: str
+    route: str                                  # "engine-free (uv)", "container docker (pulled)", ...
+    checks: list[Check] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    kept: str | None = None                     # the room, when kept for inspection
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.checks) and all(c.ok for c in self.checks)
+
+    def phase_seconds(self) -> dict[str, float]:
+        out = {p: 0.0 for p in PHASES}
+        for c in self.checks:
+            out[c.phase] += c.seconds
+        out["total"] = sum(out[p] for p in PHASES)
+        return {k: round(v, 2) for k, v in out.items()}
+
+    def first_failure(self) -> Check | None:
+        return next((c for c in self.checks if not c.ok), None)
+
+
+@dataclass
+class Report:
+    route_note: str
+    wheelhouse: str
+    results: list[WheelResult] = field(default_factory=list)
+    started: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.results) and all(r.ok for r in self.results)
+
+    def to_json(self) -> dict:
+        return {
+            "schema": SCHEMA, "kind": "jax-aiter-validation", "ok": self.ok, "started": self.started,
+            "seconds": round(self.seconds, 2), "route": self.route_note, "wheelhouse": self.wheelhouse,
+            "host": {"machine": platform.machine(), "python": platform.python_version(),
+                     "cpus": os.cpu_count(), "system": platform.platform()},
+            "wheels": [{**{k: v for k, v in asdict(r).items() if k != "checks"}, "ok": r.ok,
+                        "phases": r.phase_seconds(), "checks": [asdict(c) for c in r.checks]}
+                       for r in self.results],
+        }
+
+    def write(self, path: Path) -> None:
+        atomic_write.write_text(path, json.dumps(self.to_json(), indent=2) + "\n")
+
+    def summary(self, width: int = 100) -> str:
+        """The closing screen: one line per check, phase times per wheel, the verdict."""
+        lines = [f"clean-room validation ({self.route_note})"]
+        for r in self.results:
+            ph = r.phase_seconds()
+            lines.append("")
+            lines.append(f"{r.variant:<5} {r.wheel}  [{r.route}]")
+            for c in r.checks:
+                text = f"  {'pass' if c.ok else 'FAIL'}  {c.name:<24} {c.seconds:7.2f} s  {c.message}"
+                lines.append(text[:width] if c.ok else text)  # a failure is shown whole
+            for n in r.notes:
+                lines.append(f"  note  {n}"[:width])
+            lines.append(f"  {'PASS' if r.ok else 'FAIL'}  {r.variant}: environment {ph['environment']:.1f} s, "
+                         f"install {ph['install']:.1f} s, smoke {ph['smoke']:.1f} s, total {ph['total']:.1f} s")
+        verdict = "PASS" if self.ok else "FAIL"
+        lines.append("")
+        lines.append(f"{verdict}: {sum(r.ok for r in self.results)} of {len(self.results)} wheel(s) validated "
+                     f"in {self.seconds:.1f} s")
+        return "\n".join(lines)
+
+
+def covers(path: Path, wheels: list[Path]) -> bool:
+    """Whether the report at `path` shows every one of `wheels` (same name and sha256) validated and passing.
+
+    For callers that skip an up-to-date validation (the release job): a wheel
+    rebuilt or edited since has another sha256 and is validated again.
+    """
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return False
+    if data.get("kind") != "jax-aiter-validation" or data.get("schema") != SCHEMA:
+        return False
+    passed = {(w["wheel"], w["sha256"]) for w in data.get("wheels", []) if w.get("ok")}
+    digests = sha256_files(wheels)
+    return bool(wheels) and all((w.name, digests[str(w)]) in passed for w in wheels)
+
+
+def report_path(root: Path) -> Path:
+    """Where the report goes: pyproject's `validation_report` (default build/validate/report.json)."""
+    return root / str(config.defaults(root).get("validation_report", "build/validate/report.json"))
 
 
 # --- which wheels ---------------------------------------------------------------------
@@ -145,134 +265,96 @@ def release_folder(root: Path, cache_id: str, given: Path | None, log: Log) -> P
     return staged
 
 
-# --- running steps ------------------------------------------------------------------
+# --- the steps of one wheel -------------------------------------------------------------
 
-class LocalRunner:
-    """Runs plan steps as local processes in the room, with the room's environment."""
+@dataclass(frozen=True)
+class Layout:
+    """Where things are, as seen from inside the clean room."""
 
-    def __init__(self, room: cenv.Room, env: dict[str, str]):
-        self.room, self.env = room, env
-
-    def run(self, argv: Sequence[str], timeout: float = STEP_TIMEOUT_S) -> subprocess.CompletedProcess:
-        return subprocess.run(list(argv), cwd=self.room.work, env=self.env, check=False, capture_output=True, text=True,
-                              timeout=timeout)
-
-    def start(self, argv: Sequence[str]) -> subprocess.Popen:
-        return subprocess.Popen(list(argv), cwd=self.room.work, env=self.env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
-
-    def host_path(self, path: str) -> Path:
-        return Path(path)
-
-
-class ContainerRunner:
-    """Runs plan steps inside a running validation container through `<engine> exec`."""
-
-    def __init__(self, engine: str, name: str, out_host: Path, workdir: str):
-        self.engine, self.name, self.out_host, self.workdir = engine, name, out_host, workdir
-
-    def run(self, argv: Sequence[str], timeout: float = STEP_TIMEOUT_S) -> subprocess.CompletedProcess:
-        return subprocess.run(container.exec_command(self.engine, self.name, argv, self.workdir),
-                              check=False, capture_output=True, text=True, timeout=timeout)
-
-    def start(self, argv: Sequence[str]) -> subprocess.Popen:
-        return subprocess.Popen(container.exec_command(self.engine, self.name, argv, self.workdir),
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-    def host_path(self, path: str) -> Path:
-        return self.out_host / Path(path).relative_to(f"{container.MOUNT}/out")
+    python: str       # the base interpreter the venv is made from
+    venv: str
+    work: str         # working directory of every step (outside the checkout)
+    smoke: str        # folder with the smoke script, reference.py and the wheel's RECORD
+    out: str          # folder the smoke step writes its results to
+    wheel: str
+    wheelhouse: str
+    release: str | None  # folder the lite wheel's smoke step serves and fetches from
+    checkout: str     # the source tree that must stay unreachable
+    pycache: str | None = None  # -X pycache_prefix for the smoke step (dependencies' bytecode kept between rooms)
+    gpu: str | None = None      # cuda | rocm: the host has such a GPU and the wheel is built for it
+    host_deps: tuple[str, ...] = ()  # site-packages folders whose installed packages serve as the dependencies
 
 
-def _server_port(proc: subprocess.Popen) -> int:
-    """The port `python -m http.server 0` chose, from its first line ("Serving HTTP on ... port N ...")."""
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stdout], daemon=True).start()
-    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-    seen = []
-    while time.monotonic() < deadline:
-        try:
-            line = lines.get(timeout=0.2)
-        except queue.Empty:
-            if proc.poll() is not None:
-                break
-            continue
-        seen.append(line.strip())
-        if " port " in line:
-            return int(line.split(" port ", 1)[1].split()[0])
-    raise cenv.CleanRoomError(f"the release server did not start: {' | '.join(seen[-5:]) or 'no output'}")
+def plan(layout: Layout, installer: cenv.Installer, variant: str, pins: list[str]) -> list[steps.Step]:
+    """Every step for one wheel. `pins` (e.g. jax==0.11.0) keep the resolver at the versions under test.
+
+    With `layout.host_deps` the venv sees those folders' installed packages (an offline GPU host's JAX
+    and its plugin), and the installer adds only the wheel and what they lack. A lite wheel's smoke step
+    serves `layout.release` on 127.0.0.1 and fetches from it.
+    """
+    py = f"{layout.venv}/bin/python"
+    todo = [("venv", installer.create(layout.python, layout.venv))]
+    if layout.host_deps:
+        todo.append(("host-deps", [py, "-I", "-c", _HOST_DEPS_CODE, *layout.host_deps]))
+    todo.append(("install", installer.install(layout.venv, layout.wheelhouse, [f"{layout.wheel}[fetch]", *pins])))
+    extra: list[str] = []
+    if variant == "lite":
+        if layout.release is None:
+            raise ValueError("a lite wheel needs a release folder to fetch the attention libraries from")
+        extra = ["--release", layout.release]
+    prefix = ["-X", f"pycache_prefix={layout.pycache}"] if layout.pycache else []
+    extra += ["--expect-gpu", layout.gpu] if layout.gpu else []
+    todo.append(("smoke", [py, "-I", *prefix, f"{layout.smoke}/{SMOKE_SCRIPT}", "--variant", variant, "--checkout",
+                           layout.checkout, "--record", f"{layout.smoke}/{RECORD_COPY}", *extra,
+                           "--out", f"{layout.out}/{SMOKE_RESULTS}"]))
+    return [steps.Step(name, argv, timeout=STEP_TIMEOUT_S) for name, argv in todo]
 
 
-def _tail(cp: subprocess.CompletedProcess, n: int = 12) -> str:
-    text = "\n".join(x for x in ((cp.stderr or "").strip(), (cp.stdout or "").strip()) if x)
-    return " | ".join(text.splitlines()[-n:])
+def _tail(rec: steps.Record, n: int = 12) -> str:
+    return " | ".join(rec.tail[-n:])
 
 
-def _step_failure(step: cplan.Step, cp: subprocess.CompletedProcess) -> str:
-    why = _tail(cp)
-    if step.name == "install":
-        return (f"offline install failed (exit {cp.returncode}): {why}. If a dependency is missing from the "
-                "wheelhouse, refill it with `invoke validate.wheelhouse`")
-    if step.name == "venv":
-        return f"could not create the environment (exit {cp.returncode}): {why}"
-    return f"exit {cp.returncode}: {why}"
+def _step_failure(rec: steps.Record) -> str:
+    why = f"{rec.note}: {_tail(rec) or rec.command}"
+    if rec.name == "install":
+        return (f"offline install failed ({why}). If a dependency is missing from the wheelhouse, refill it with "
+                "`invoke validate.wheelhouse`")
+    if rec.name == "venv":
+        return f"could not create the environment ({why})"
+    return why
 
 
-def _smoke_checks(step: cplan.Step, cp: subprocess.CompletedProcess, results: Path, seconds: float) -> list[Check]:
+def _smoke_checks(rec: steps.Record, results: Path) -> list[Check]:
     try:
         rows = json.loads(results.read_text())
     except (OSError, ValueError):
-        return [Check(step.name, "smoke", False, seconds,
-                      f"the smoke script wrote no results (exit {cp.returncode}): {_tail(cp)}")]
+        return [Check(rec.name, "smoke", False, rec.seconds,
+                      f"the smoke script wrote no results ({rec.note or 'exit 0'}): {_tail(rec)}")]
     checks = [Check(r["check"], "smoke", bool(r["ok"]), float(r["seconds"]), r["message"]) for r in rows]
     # Time outside the checks themselves (interpreter start, importing JAX) is the step's own.
-    overhead = max(0.0, seconds - sum(c.seconds for c in checks))
+    overhead = max(0.0, rec.seconds - sum(c.seconds for c in checks))
     checks.insert(0, Check("smoke-start", "smoke", True, round(overhead, 3), "interpreter start, importing JAX"))
-    if cp.returncode != 0 and all(c.ok for c in checks):
-        checks.append(Check(step.name, "smoke", False, 0.0, f"exit {cp.returncode}: {_tail(cp)}"))
+    if rec.result != "ok" and all(c.ok for c in checks):
+        checks.append(Check(rec.name, "smoke", False, 0.0, f"{rec.note}: {_tail(rec)}"))
     return checks
 
 
-def run_plan(plan: cplan.Plan, runner, result: WheelResult, log: Log) -> None:
-    """Run the steps in order; the first failing environment/install step stops the plan."""
-    server: subprocess.Popen | None = None
-    port = 0
+def run_plan(todo: list[steps.Step], variant: str, room: cenv.Room, result: WheelResult, log: Log) -> None:
+    """Run the steps in order, a log each in the room; the first failing one stops the rest. Each is a check."""
+    todo = [dataclasses.replace(s, log=room.root / "logs" / f"{s.name}.log") for s in todo]
     try:
-        for step in plan.steps:
-            start = time.perf_counter()
-            if step.background:
-                server = runner.start(step.argv)
-                try:
-                    port = _server_port(server)
-                except cenv.CleanRoomError as e:
-                    result.checks.append(Check(step.name, step.phase, False, time.perf_counter() - start, str(e)))
-                    return
-                result.checks.append(Check(step.name, step.phase, True, round(time.perf_counter() - start, 3),
-                                           f"serving {step.argv[-1]} on http://127.0.0.1:{port}"))
-                continue
-            argv = [a.replace(cplan.PORT, str(port)) for a in step.argv] if step.needs_port else list(step.argv)
-            log(f"cleanroom: {plan.variant}: {step.name}")
-            try:
-                cp = runner.run(argv)
-            except subprocess.TimeoutExpired:
-                result.checks.append(Check(step.name, step.phase, False, time.perf_counter() - start,
-                                           f"did not finish within {STEP_TIMEOUT_S} s: {' '.join(argv)}"))
-                return
-            seconds = round(time.perf_counter() - start, 3)
-            if step.results:
-                result.checks += _smoke_checks(step, cp, runner.host_path(step.results), seconds)
-                continue
-            ok = cp.returncode == 0
-            msg = _tail(cp, 2) if ok else _step_failure(step, cp)
-            result.checks.append(Check(step.name, step.phase, ok, seconds, msg))
-            if not ok:
-                return
-    finally:
-        if server is not None:
-            server.terminate()
-            try:
-                server.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                server.kill()
+        records = steps.run(todo, f"cleanroom {variant}", echo=False, progress=log)
+    except steps.StepFailed as e:
+        records = e.records
+    for rec in records:
+        if rec.result == "not run":
+            break
+        if rec.name == "smoke":
+            result.checks += _smoke_checks(rec, room.tmp / SMOKE_RESULTS)
+        else:
+            ok = rec.result == "ok"
+            result.checks.append(Check(rec.name, STEP_PHASES[rec.name], ok, rec.seconds,
+                                       _tail(rec, 2) if ok else _step_failure(rec)))
 
 
 # --- one wheel ------------------------------------------------------------------------
@@ -284,8 +366,7 @@ def _timed(result: WheelResult, name: str, phase: str, fn: Callable[[], tuple[st
     try:
         msg, value = fn()
         ok = True
-    except (wheel_record.RecordError, cenv.CleanRoomError, container.ContainerError, ValidationError,
-            wheelhouse.WheelhouseError) as e:
+    except (wheel_record.RecordError, cenv.CleanRoomError, ValidationError, wheelhouse.WheelhouseError) as e:
         msg, ok = str(e), False
     result.checks.append(Check(name, phase, ok, round(time.perf_counter() - start, 3), msg))
     return value if ok else None
@@ -293,12 +374,12 @@ def _timed(result: WheelResult, name: str, phase: str, fn: Callable[[], tuple[st
 
 def _stock_smoke(dest: Path, wheel: Path, root: Path) -> None:
     """The files the smoke step reads: the script, the references, the wheel's RECORD."""
-    shutil.copy2(SMOKE_SOURCE, dest / cplan.SMOKE_SCRIPT)
+    shutil.copy2(SMOKE_SOURCE, dest / SMOKE_SCRIPT)
     shutil.copy2(root / REFERENCE_SOURCE, dest / "reference.py")
-    (dest / cplan.RECORD_COPY).write_text(wheel_record.record_text(wheel))
+    (dest / RECORD_COPY).write_text(wheel_record.record_text(wheel))
 
 
-def validate_wheel(wheel: Path, opts: Options, engine: container.Probe | None, wh: Path, python: Path,
+def validate_wheel(wheel: Path, opts: Options, engine: cenv.Probe | None, wh: Path, python: Path,
                    pins: list[str], host: HostDeps | None = None) -> WheelResult:
     variant = wheel_variant(wheel)
     ident = wheel_identity(wheel)
@@ -386,52 +467,57 @@ def _engine_free(result: WheelResult, room: cenv.Room, opts: Options, wheel: Pat
     gpu_backend = result.backend if gpu else None
     # pip compiles bytecode while it installs; with uv, the dependencies' bytecode is kept between rooms.
     pycache = cenv.bytecode_cache(wh / ".pycache", room) if installer.kind == "uv" and room.lock else None
-    layout = cplan.Layout(python=str(python), venv=str(room.venv), work=str(room.work), smoke=str(room.smoke),
-                          out=str(room.tmp), wheel=str(wheel.resolve()), wheelhouse=str(wh),
-                          release=str(release) if release else None, checkout=str(opts.root),
-                          pycache=str(pycache) if pycache else None, gpu=gpu_backend,
-                          host_deps=host.paths if host else ())
-    plan = cplan.build(layout, installer, result.variant, pins)
-    run_plan(plan, LocalRunner(room, cenv.clean_env(room, installer)), result, opts.log)
+    layout = Layout(python=str(python), venv=str(room.venv), work=str(room.work), smoke=str(room.smoke),
+                    out=str(room.tmp), wheel=str(wheel.resolve()), wheelhouse=str(wh),
+                    release=str(release) if release else None, checkout=str(opts.root),
+                    pycache=str(pycache) if pycache else None, gpu=gpu_backend, host_deps=host.paths if host else ())
+    env = cenv.clean_env(room, installer)
+    todo = [dataclasses.replace(s, cwd=room.work, env=env) for s in plan(layout, installer, result.variant, pins)]
+    run_plan(todo, result.variant, room, result, opts.log)
 
 
 def _in_container(result: WheelResult, room: cenv.Room, opts: Options, engine: str, wheel: Path, backend: str,
                   pins: list[str], release: Path | None) -> None:
-    variant = container.image_variant(backend)
+    variant = cenv.image_variant(backend)
     run = lambda c: subprocess.run(list(c), check=False, capture_output=True, text=True)
 
     def image() -> tuple[str, str]:
-        ref, build_args = container.image_ref(variant, opts.root)
-        how = container.acquire_image(engine, ref, build_args, run, opts.log)
+        try:
+            ref, build = cenv.image_ref(variant, opts.root), cenv.build_command(variant, opts.root)
+        except cenv.CleanRoomError as e:
+            raise cenv.CleanRoomError(f"{e}; or validate engine-free (--engine none)") from None
+        how = cenv.acquire_image(engine, ref, build[1:], run, opts.log)  # [1:]: docker or podman runs it
         return f"{ref} ({how})", ref
 
     ref = _timed(result, "image", "environment", image)
     if ref is None:
         return
     result.route = f"container, {engine} {ref}"
-    flags, note = container.gpu_flags(backend)
+    flags, note = cenv.gpu_flags(backend)
     result.notes.append(note)
     room.tmp.chmod(0o777)  # the container's non-root user writes its results here
-    mounts = container.Mounts(wheel=wheel, smoke=room.smoke, out=room.tmp, release=release)
+    mounts = cenv.Mounts(wheel=wheel, smoke=room.smoke, out=room.tmp, release=release)
     name = f"ja-validate-{uuid.uuid4().hex[:12]}"
-    home = container.HOME
-    layout = cplan.Layout(python="python3.12", venv=f"{home}/venv", work=home, smoke=f"{container.MOUNT}/smoke",
-                          out=f"{container.MOUNT}/out", wheel=f"{container.MOUNT}/wheel/{wheel.name}",
-                          wheelhouse="/opt/wheelhouse", release=f"{container.MOUNT}/release" if release else None,
-                          checkout=str(opts.root), gpu=backend if flags else None)
-    plan = cplan.build(layout, cenv.Installer("pip"), result.variant, pins)
-    start = container.start_command(engine, ref, name, mounts, flags)
+    home, mount = cenv.HOME, cenv.MOUNT
+    layout = Layout(python="python3.12", venv=f"{home}/venv", work=home, smoke=f"{mount}/smoke", out=f"{mount}/out",
+                    wheel=f"{mount}/wheel/{wheel.name}", wheelhouse="/opt/wheelhouse",
+                    release=f"{mount}/release" if release else None, checkout=str(opts.root),
+                    gpu=backend if flags else None)
+    todo = [dataclasses.replace(s, argv=cenv.exec_command(engine, name, s.argv, home))
+            for s in plan(layout, cenv.Installer("pip"), result.variant, pins)]
+    start = cenv.start_command(engine, ref, name, mounts, flags)
     if _timed(result, "container", "environment", lambda: _checked(run(start), start)) is None:
         return
     try:
-        run_plan(plan, ContainerRunner(engine, name, room.tmp, home), result, opts.log)
+        run_plan(todo, result.variant, room, result, opts.log)
     finally:
-        run(container.stop_command(engine, name))
+        run(cenv.stop_command(engine, name))
 
 
 def _checked(cp: subprocess.CompletedProcess, cmd: list[str]) -> tuple[str, bool]:
     if cp.returncode != 0:
-        raise container.ContainerError(f"`{' '.join(cmd)}` failed (exit {cp.returncode}): {_tail(cp)}")
+        why = " | ".join(f"{cp.stderr or ''}\n{cp.stdout or ''}".strip().splitlines()[-12:])
+        raise cenv.CleanRoomError(f"`{' '.join(cmd)}` failed (exit {cp.returncode}): {why}")
     return f"started {cp.stdout.strip()[:12]}", True
 
 
@@ -439,7 +525,7 @@ def _checked(cp: subprocess.CompletedProcess, cmd: list[str]) -> tuple[str, bool
 
 def validate(opts: Options) -> Report:
     start = time.perf_counter()
-    engine, why = container.choose("none" if opts.deps_from is not None and opts.engine == "auto" else opts.engine)
+    engine, why = cenv.choose("none" if opts.deps_from is not None and opts.engine == "auto" else opts.engine)
     if engine is not None and opts.deps_from is not None:
         raise ValidationError("--deps-from uses this host's installed packages, which a container cannot see; "
                               "use it with --engine none (or auto)")
@@ -490,10 +576,10 @@ def main(argv: list[str] | None = None) -> int:
                        wheelhouse=args.wheelhouse, fill=not args.no_fill, release=args.release, keep=args.keep,
                        deps_from=args.deps_from)
         report = validate(opts)
-    except (ValidationError, cenv.CleanRoomError, container.ContainerError, wheelhouse.WheelhouseError) as e:
+    except (ValidationError, cenv.CleanRoomError, wheelhouse.WheelhouseError) as e:
         print(f"validate: error: {e}", file=sys.stderr)
         return 2
-    path = args.report or root / str(config.defaults(root).get("validation_report", "build/validate/report.json"))
+    path = args.report or report_path(root)
     report.write(path)
     print(report.summary())
     print(f"report: {path}")

@@ -1,35 +1,75 @@
-"""The engine-free clean room: a temporary folder outside the checkout, a fresh venv, a scrubbed environment.
+"""Where a clean room runs: a folder with a fresh venv and a scrubbed environment, or a container of the
+validation image.
 
-Nothing of the developer's setup may leak in, or validation would prove the
-developer's machine rather than the wheel. So processes in the room get an
-environment built from an allow-list (never a copy of os.environ minus a few
-names): PATH of the venv and the system, HOME/XDG_CACHE_HOME/TMPDIR inside the
-room, pip and uv told to ignore every config file and index, and proxies that
-refuse every connection except to 127.0.0.1 (the release server), so a stray
-download fails at once instead of quietly reaching PyPI. Only the variables that
-select GPUs pass through.
+The engine-free room is a temporary folder outside the checkout. Nothing of the
+developer's setup may leak in, or validation would prove the developer's machine
+rather than the wheel. So processes in the room get an environment built from an
+allow-list (never a copy of os.environ minus a few names): PATH of the venv and
+the system, HOME/XDG_CACHE_HOME/TMPDIR inside the room, pip and uv told to ignore
+every config file and index, and proxies that refuse every connection except to
+127.0.0.1 (the release server), so a stray download fails at once instead of
+quietly reaching PyPI. Only the variables that select GPUs pass through.
+
+The container path: an engine counts only when its daemon answers (`docker
+info`), not when its client is installed: a client without a daemon (this
+project's build machine) is reported, and validation takes the engine-free path.
+The image is used when present, else pulled, else built locally, and the log says
+which and why. The wheel, the smoke files and the release are mounted read-only;
+the container runs with no network (the release server listens on the
+container's own 127.0.0.1), as the image's non-root user with HOME and
+XDG_CACHE_HOME under /tmp, and with the GPU flags of the wheel's backend when this
+host has such a GPU.
+
+The validation image's tag is derived from the recipe, never typed: ``v`` + the
+first 12 hex of the sha256 of ``docker/validation/Dockerfile.lite``, plus
+``-<variant>`` for a variant. Editing the Dockerfile therefore names a new image,
+and the validation-image workflow publishes it on the next push instead of
+validating against a stale environment. Variants are the Dockerfile's
+``base-<variant>`` stages, read from the file itself so the list cannot drift from
+the recipe. ``ci/validation_image_id.sh`` prints the tag (this module's `main`).
 """
 from __future__ import annotations
 
+import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from jatools import config
+from jax_aiter.integrity import sha256_file
+
 GPU_PASSTHROUGH = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
                    "ROCR_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL")
-DEAD_PROXY = "http://127.0.0.1:9"
-SLOTS = 16  # reusable rooms per user: concurrent validations each take a free one  # the discard port: nothing listens, connections are refused
+DEAD_PROXY = "http://127.0.0.1:9"  # the discard port: nothing listens, connections are refused
+SLOTS = 16  # reusable rooms per user: concurrent validations each take a free one
+
+ENGINES = ("docker", "podman")
+INFO_FORMAT = {"docker": "{{.ServerVersion}}", "podman": "{{.Version.Version}}"}
+USER = "1500:1500"              # the image's `validator` user
+HOME = "/tmp/validator"
+SHM_SIZE = "16g"
+MOUNT = "/validate"             # wheel/, smoke/, release/ (read-only) and out/ (written by the smoke steps)
+
+DOCKERFILE = Path("docker/validation/Dockerfile.lite")
+TAG_HEX = 12
+DEFAULT_REPOSITORY = "ghcr.io/rocm/jax-aiter-validate"
+
+Run = Callable[[Sequence[str]], subprocess.CompletedProcess]
 
 
 class CleanRoomError(RuntimeError):
-    """The clean room cannot be set up; the message names the fix."""
+    """A clean room (venv, container or image) cannot be set up; the message names the fix."""
 
+
+# --- the engine-free room -------------------------------------------------------------
 
 def find_python(version: str, env: dict[str, str] | None = None) -> Path:
     """An interpreter of `version` for the clean room: JA_VALIDATE_PYTHON, this one, python<version>, pyenv's."""
@@ -246,3 +286,238 @@ def remove(room: Room) -> None:
         room.lock.release()
     else:
         shutil.rmtree(room.root, ignore_errors=True)
+
+
+# --- the container path -------------------------------------------------------------
+
+def _run(cmd: Sequence[str], timeout: float | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(list(cmd), check=False, capture_output=True, text=True, timeout=timeout)
+
+
+@dataclass(frozen=True)
+class Probe:
+    engine: str
+    path: str | None
+    answers: bool
+    detail: str      # server version when it answers, else why not
+
+
+def probe(engine: str, run: Run | None = None, which: Callable[[str], str | None] = shutil.which) -> Probe:
+    """Whether `engine`'s daemon answers; a missing client or a silent daemon is a clean `answers=False`."""
+    path = which(engine)
+    if path is None:
+        return Probe(engine, None, False, f"{engine} is not installed")
+    try:
+        out = (run or (lambda c: _run(c, timeout=20)))([path, "info", "--format", INFO_FORMAT[engine]])
+    except subprocess.TimeoutExpired:
+        return Probe(engine, path, False, f"`{engine} info` did not answer within 20 s")
+    if out.returncode == 0 and out.stdout.strip():
+        return Probe(engine, path, True, out.stdout.strip())
+    lines = [ln.strip() for ln in (out.stderr or out.stdout or "").splitlines() if ln.strip()]
+    why = lines[-1] if lines else f"exit {out.returncode}"
+    return Probe(engine, path, False, f"{engine} client at {path}, but no engine answers ({why})")
+
+
+def choose(mode: str, probes: Callable[[str], Probe] = probe) -> tuple[Probe | None, str]:
+    """(engine to use or None, the sentence that says why). mode: auto | none | docker | podman."""
+    if mode == "none":
+        return None, "engine-free (asked for with --engine none)"
+    if mode not in ("auto", *ENGINES):
+        raise CleanRoomError(f"unknown engine {mode!r}; use auto, none, {' or '.join(ENGINES)}")
+    found = [probes(e) for e in (ENGINES if mode == "auto" else (mode,))]
+    for p in found:
+        if p.answers:
+            return p, f"container path: {p.engine} {p.detail} answers"
+    reasons = "; ".join(p.detail for p in found)
+    if mode != "auto":
+        raise CleanRoomError(f"--engine {mode} was asked for, but {reasons}; start the engine or use --engine auto")
+    return None, f"engine-free path: {reasons}"
+
+
+def image_variant(backend: str) -> str:
+    """The Dockerfile stage (base-<variant>) for a wheel's backend."""
+    return backend if backend in ("cpu", "rocm", "cuda") else "cpu"
+
+
+def gpu_flags(backend: str, dev: Path = Path("/dev")) -> tuple[list[str], str]:
+    """`run` flags that give the container this host's GPUs of `backend`, and a note on what was found."""
+    node = host_gpu(backend, dev)
+    if node is None:
+        return [], ("CPU wheel: no GPU flags" if backend not in ("rocm", "cuda") else
+                    f"no {backend} device on this host: the wheel is validated on the CPU only")
+    if backend == "rocm":
+        gids = sorted({os.stat(n).st_gid for n in [node, *sorted((dev / "dri").glob("*"))]})
+        flags = ["--device", "/dev/kfd", "--device", "/dev/dri"]
+        for gid in gids:
+            flags += ["--group-add", str(gid)]
+        return flags + ["--ipc=host", f"--shm-size={SHM_SIZE}", "--security-opt", "seccomp=unconfined"], \
+            f"ROCm devices {node} and {dev / 'dri'} (groups {', '.join(map(str, gids))})"
+    return ["--gpus", "all", "--ipc=host", f"--shm-size={SHM_SIZE}"], "NVIDIA GPUs (--gpus all)"
+
+
+def acquire_image(engine: str, ref: str, build_args: list[str], run: Run, log: Callable[[str], None]) -> str:
+    """Use the image if present, else pull it, else build it locally; return how it was got."""
+    if run([engine, "image", "inspect", ref]).returncode == 0:
+        log(f"cleanroom: image {ref} is present locally")
+        return "present"
+    pulled = run([engine, "pull", ref])
+    if pulled.returncode == 0:
+        log(f"cleanroom: pulled {ref}")
+        return "pulled"
+    why = (pulled.stderr or "").strip().splitlines()[-1:] or [f"exit {pulled.returncode}"]
+    log(f"cleanroom: pull of {ref} failed ({why[0]}); building it locally from {DOCKERFILE}")
+    built = run([engine, *build_args])
+    if built.returncode != 0:
+        tail = "\n".join((built.stderr or "").strip().splitlines()[-10:])
+        raise CleanRoomError(f"`{' '.join([engine, *build_args])}` failed (exit {built.returncode}):\n{tail}")
+    return "built"
+
+
+@dataclass(frozen=True)
+class Mounts:
+    wheel: Path
+    smoke: Path
+    out: Path
+    release: Path | None
+
+    def flags(self) -> list[str]:
+        pairs = [(self.wheel, f"{MOUNT}/wheel/{self.wheel.name}", "ro"), (self.smoke, f"{MOUNT}/smoke", "ro"),
+                 (self.out, f"{MOUNT}/out", "rw")]
+        if self.release is not None:
+            pairs.append((self.release, f"{MOUNT}/release", "ro"))
+        out = []
+        for host, inside, mode in pairs:
+            out += ["--volume", f"{host.resolve()}:{inside}:{mode}"]
+        return out
+
+
+def start_command(engine: str, ref: str, name: str, mounts: Mounts, gpu: list[str]) -> list[str]:
+    """The `run` that starts the long-lived validation container the steps are executed in."""
+    return [engine, "run", "--detach", "--rm", "--name", name, "--network", "none", "--user", USER,
+            "--env", f"HOME={HOME}", "--env", f"XDG_CACHE_HOME={HOME}/.cache", "--workdir", HOME,
+            *gpu, *mounts.flags(), ref, "sleep", "infinity"]
+
+
+def exec_command(engine: str, name: str, argv: Sequence[str], workdir: str) -> list[str]:
+    """One step inside the running container."""
+    return [engine, "exec", "--workdir", workdir, name, *argv]
+
+
+def stop_command(engine: str, name: str) -> list[str]:
+    return [engine, "rm", "--force", name]
+
+
+# --- the validation image -----------------------------------------------------------
+
+def dockerfile(root: Path | None = None) -> Path:
+    path = (root or config.repo_root()) / DOCKERFILE
+    if not path.is_file():
+        raise CleanRoomError(f"{path} is missing; restore it with `git checkout -- {DOCKERFILE}`")
+    return path
+
+
+def recipe_hash(root: Path | None = None) -> str:
+    """First 12 hex of the Dockerfile's sha256 (the whole recipe lives in that one file)."""
+    return sha256_file(dockerfile(root))[:TAG_HEX]
+
+
+def variants(root: Path | None = None) -> tuple[str, ...]:
+    """The variants the Dockerfile defines, as its ``FROM ... AS base-<variant>`` stages."""
+    text = dockerfile(root).read_text()
+    found = tuple(re.findall(r"^FROM\s+\S+\s+AS\s+base-([a-z0-9]+)\s*$", text, re.MULTILINE | re.IGNORECASE))
+    if not found:
+        raise CleanRoomError(f"{DOCKERFILE} defines no `FROM <image> AS base-<variant>` stage")
+    return found
+
+
+def _check_variant(variant: str, root: Path | None) -> None:
+    known = variants(root)
+    if variant not in known:
+        raise CleanRoomError(f"unknown validation image variant {variant!r}; {DOCKERFILE} defines {', '.join(known)}")
+
+
+def image_tag(variant: str | None = None, root: Path | None = None) -> str:
+    """``v<hash12>`` (the recipe) or ``v<hash12>-<variant>`` (one built image)."""
+    if variant is None:
+        return f"v{recipe_hash(root)}"
+    _check_variant(variant, root)
+    return f"v{recipe_hash(root)}-{variant}"
+
+
+def repository(root: Path | None = None, env: dict[str, str] | None = None) -> str:
+    """Image repository: JA_VALIDATION_IMAGE, else pyproject's ``validation_image``."""
+    env = os.environ if env is None else env
+    return env.get("JA_VALIDATION_IMAGE") or config.defaults(root).get("validation_image", DEFAULT_REPOSITORY)
+
+
+def image_ref(variant: str, root: Path | None = None, env: dict[str, str] | None = None) -> str:
+    return f"{repository(root, env)}:{image_tag(variant, root)}"
+
+
+def build_command(variant: str, root: Path | None = None, env: dict[str, str] | None = None) -> list[str]:
+    """The `docker build` that makes one variant locally (also the validation tooling's fallback)."""
+    path = dockerfile(root)
+    return ["docker", "build", "--build-arg", f"VARIANT={variant}", "--tag", image_ref(variant, root, env),
+            "--file", str(path), str(path.parent)]
+
+
+def publish_plan(variant: str, push: bool, root: Path | None = None,
+                 env: dict[str, str] | None = None) -> list[list[str]]:
+    """Commands that publish one variant: skip when the registry has the tag, else build (and push)."""
+    ref = image_ref(variant, root, env)
+    plan = [build_command(variant, root, env)]
+    if push:
+        plan.append(["docker", "push", ref])
+    return plan
+
+
+def publish(variant: str, push: bool, dry_run: bool = False, root: Path | None = None,
+            run: Callable[[Sequence[str]], int] | None = None,
+            log: Callable[[str], None] = print) -> str:
+    """Build (and push) one variant unless the registry already holds its tag; return what happened."""
+    run = run or (lambda a: subprocess.call(list(a)))
+    ref = image_ref(variant, root)
+    plan = publish_plan(variant, push, root)
+    if dry_run:
+        for cmd in plan:
+            log("would run: " + " ".join(cmd))
+        return "dry-run"
+    if push and run(["docker", "manifest", "inspect", ref]) == 0:
+        log(f"{ref} is already published; nothing to do (the tag is the recipe hash)")
+        return "present"
+    rc = run(plan[0])
+    if rc != 0:
+        raise CleanRoomError(f"`{' '.join(plan[0])}` failed (exit {rc}); see the docker output above")
+    if push:
+        rc = run(plan[1])  # docker retries each layer's upload itself: one retry layer
+        if rc != 0:
+            raise CleanRoomError(f"`docker push {ref}` failed (exit {rc}); "
+                             "check `docker login ghcr.io` and the job's packages: write permission")
+    log(f"{'published' if push else 'built'} {ref}")
+    return "published" if push else "built"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="ci/validation_image_id.sh",
+                                description=f"The clean-room validation image's tag: the hash of {DOCKERFILE}.")
+    p.add_argument("--variant", help="print the tag of this variant (default: the recipe tag v<hash12>)")
+    p.add_argument("--ref", action="store_true", help="print the full image reference (needs --variant)")
+    p.add_argument("--list-variants", action="store_true", help="print the variants the Dockerfile defines")
+    args = p.parse_args(argv)
+    try:
+        if args.list_variants:
+            print("\n".join(variants()))
+        elif args.ref:
+            if not args.variant:
+                p.error("--ref needs --variant (one of: " + ", ".join(variants()) + ")")
+            print(image_ref(args.variant))
+        else:
+            print(image_tag(args.variant))
+    except CleanRoomError as e:
+        print(f"validation_image: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -10,9 +10,9 @@ gets, not what the source tree provides.
 In order: isolation, installed bytes, identity, each library loading on its own,
 the core ops on every device; then attention. A full wheel runs it at once. A
 lite wheel must first refuse it naming `jax-aiter-fetch-mha`; the script then
-runs that command against the release the clean room serves on 127.0.0.1
-(--fetch-url) and runs attention in this same process, as a user who fetches
-after the first error would. Last, where every jax-aiter library in the process
+runs that command against the release folder the clean room hands it (--release),
+which it serves on 127.0.0.1 from a thread, and runs attention in this same
+process, as a user who fetches after the first error would. Last, where every jax-aiter library in the process
 was mapped from (/proc/self/maps): only the install and the fetch cache are allowed.
 
 Results go to --out as JSON, a list of {check, ok, seconds, message}; the exit
@@ -24,6 +24,8 @@ import argparse
 import base64
 import binascii
 import csv
+import functools
+import http.server
 import importlib.util
 import io
 import json
@@ -31,12 +33,13 @@ import os
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-HOST_DEPS_PTH = "ja-host-deps.pth"  # jatools.validate.cleanroom_plan writes it for --deps-from (this script imports no jatools)
+HOST_DEPS_PTH = "ja-host-deps.pth"  # jatools.validate.cleanroom writes it for --deps-from (this script imports no jatools)
 
 DIST = "jax-aiter"
 FETCH_COMMAND = "jax-aiter-fetch-mha"
@@ -77,6 +80,7 @@ class Smoke:
         self.purelib = Path(sysconfig.get_paths()["purelib"]).resolve()
         self.platlib = Path(sysconfig.get_paths()["platlib"]).resolve()
         self.results: list[dict] = []
+        self.fetch_url = ""  # lite: set once the release is served
 
     # --- bookkeeping -------------------------------------------------------------------
 
@@ -400,17 +404,26 @@ class Smoke:
 
     # --- the run -------------------------------------------------------------------------
 
+    def serve_release(self) -> str:
+        """The release folder over HTTP on 127.0.0.1 (a port the system picks), from a thread of this process."""
+        handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=self.args.release)
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        self.fetch_url = f"http://127.0.0.1:{server.server_address[1]}"
+        return f"serving {self.args.release} on {self.fetch_url}"
+
     def fetch(self) -> str:
         """`jax-aiter-fetch-mha --base-url URL`, the console script the wheel installed."""
         script = Path(sys.executable).with_name(FETCH_COMMAND)
-        out = subprocess.run([str(script), "--base-url", self.args.fetch_url], check=False, capture_output=True, text=True)
+        out = subprocess.run([str(script), "--base-url", self.fetch_url], check=False, capture_output=True, text=True)
         text = " | ".join((out.stdout + out.stderr).strip().splitlines()[-4:])
         if out.returncode != 0:
-            raise CheckFailed(f"`{FETCH_COMMAND} --base-url {self.args.fetch_url}` failed (exit {out.returncode}): "
-                              f"{text}")
+            raise CheckFailed(f"`{FETCH_COMMAND} --base-url {self.fetch_url}` failed (exit {out.returncode}): {text}")
         return out.stdout.strip().splitlines()[-1] if out.stdout.strip() else text
 
     def run_all(self) -> None:
+        if self.args.variant == "lite" and not self.run("release-server", self.serve_release):
+            return
         if not self.run("isolation", self.isolation):
             return  # everything after would test the checkout, not the wheel
         self.run("installed-bytes", self.installed_bytes)
@@ -439,14 +452,14 @@ class Smoke:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--variant", choices=("lite", "full"), required=True)
-    p.add_argument("--fetch-url", help="lite: the release server's base URL for jax-aiter-fetch-mha")
+    p.add_argument("--release", help="lite: the release folder jax-aiter-fetch-mha fetches from (served here)")
     p.add_argument("--expect-gpu", choices=("cuda", "rocm"), help="the host has a GPU of this backend: JAX must see it")
     p.add_argument("--checkout", help="the source checkout, which must not be reachable")
     p.add_argument("--record", help="the wheel's RECORD, to compare the installed bytes with")
     p.add_argument("--out", required=True, help="where to write the results (JSON)")
     args = p.parse_args(argv)
-    if args.variant == "lite" and not args.fetch_url:
-        p.error("a lite wheel needs --fetch-url (the release server)")
+    if args.variant == "lite" and not args.release:
+        p.error("a lite wheel needs --release (the folder it fetches the attention libraries from)")
     smoke = Smoke(args)
     try:
         smoke.run_all()

@@ -133,4 +133,4 @@ def test_every_tracked_file_of_this_checkout_is_classified_by_a_rule() -> None:
     assert table.classify("tests/ops/tolerances.py")[0] == "numerics"
     assert table.classify("tests/ops/test_rmsnorm.py")[0] == "exempt"
     assert table.classify("jatools/native/toolchain.py")[0] == "numerics"
-    assert table.classify("jatools/validate/validation_image.py")[0] == "exempt"
+    assert table.classify("jatools/validate/cleanroom_env.py")[0] == "exempt"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from jatools.validate import validation_image as vi
+from jatools.validate import cleanroom_env as vi
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,12 +40,12 @@ def test_variants_come_from_the_dockerfile_stages(scratch_root: Path) -> None:
     path = scratch_root / vi.DOCKERFILE
     path.write_text(path.read_text().replace("AS base-cuda", "AS base-xpu"))
     assert vi.variants(scratch_root) == ("cpu", "rocm", "xpu")
-    with pytest.raises(vi.ImageError, match="unknown validation image variant 'cuda'.*cpu, rocm, xpu"):
+    with pytest.raises(vi.CleanRoomError, match="unknown validation image variant 'cuda'.*cpu, rocm, xpu"):
         vi.image_tag("cuda", root=scratch_root)
 
 
 def test_missing_dockerfile_names_the_fix(tmp_path: Path) -> None:
-    with pytest.raises(vi.ImageError, match="git checkout -- docker/validation/Dockerfile.lite"):
+    with pytest.raises(vi.CleanRoomError, match="git checkout -- docker/validation/Dockerfile.lite"):
         vi.image_tag(root=tmp_path)
 
 
@@ -85,7 +85,7 @@ def test_publish_builds_and_pushes_once_and_a_failed_push_is_an_error(monkeypatc
         return results[key].pop(0)
 
     assert vi.publish("cpu", push=True, root=ROOT, run=run, log=lambda m: None) == "published"
-    with pytest.raises(vi.ImageError, match="docker push .* failed .*docker login ghcr.io"):
+    with pytest.raises(vi.CleanRoomError, match="docker push .* failed .*docker login ghcr.io"):
         vi.publish("cpu", push=True, root=ROOT, run=run, log=lambda m: None)
     assert results == {"manifest": [], "build": [], "push": []}
 

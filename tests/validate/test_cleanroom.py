@@ -175,7 +175,7 @@ def test_report_json_and_summary(good_wheels, tmp_path, warm_wheelhouse):
 
 
 def test_a_report_covers_exactly_the_wheels_it_validated(good_wheels, validate_wheels, tmp_path):
-    from jatools.validate.cleanroom_report import covers
+    from jatools.validate.cleanroom import covers
 
     report = validate_wheels(good_wheels["full"])
     path = tmp_path / "report.json"

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from jatools.validate import cleanroom_env, cleanroom_plan, container, validation_image
+from jatools.validate import cleanroom
+from jatools.validate import cleanroom_env as cenv
 from tests.validate.conftest import REPO
 
 
@@ -30,38 +31,38 @@ class Recorder:
 @pytest.mark.skipif(shutil.which("docker") is None, reason="no docker client on PATH to probe")
 def test_a_client_without_an_engine_is_detected_cleanly():
     """The real docker client, no daemon: no exception, a sentence that says so, the engine-free path."""
-    p = container.probe("docker")
+    p = cenv.probe("docker")
     assert p.path and not p.answers
     assert "no engine answers" in p.detail and p.path in p.detail
-    engine, why = container.choose("auto")
+    engine, why = cenv.choose("auto")
     if engine is None:  # where a daemon does run, auto picks it; here none does
         assert why.startswith("engine-free path:") and "docker client at" in why
 
 
 def test_missing_client_and_forced_engine():
-    p = container.probe("podman", which=lambda name: None)
-    assert p == container.Probe("podman", None, False, "podman is not installed")
-    silent = lambda e: container.Probe(e, f"/usr/bin/{e}", False, f"{e} client at /usr/bin/{e}, but no engine answers (x)")
-    with pytest.raises(container.ContainerError, match="--engine docker was asked for, but docker client"):
-        container.choose("docker", probes=silent)
-    assert container.choose("none") == (None, "engine-free (asked for with --engine none)")
-    answering = lambda e: container.Probe(e, f"/usr/bin/{e}", e == "podman", "5.0.1")
-    engine, why = container.choose("auto", probes=answering)
+    p = cenv.probe("podman", which=lambda name: None)
+    assert p == cenv.Probe("podman", None, False, "podman is not installed")
+    silent = lambda e: cenv.Probe(e, f"/usr/bin/{e}", False, f"{e} client at /usr/bin/{e}, but no engine answers (x)")
+    with pytest.raises(cenv.CleanRoomError, match="--engine docker was asked for, but docker client"):
+        cenv.choose("docker", probes=silent)
+    assert cenv.choose("none") == (None, "engine-free (asked for with --engine none)")
+    answering = lambda e: cenv.Probe(e, f"/usr/bin/{e}", e == "podman", "5.0.1")
+    engine, why = cenv.choose("auto", probes=answering)
     assert engine.engine == "podman" and why == "container path: podman 5.0.1 answers"
 
 
 def test_probe_reads_the_daemon_version():
     rec = lambda cmd: subprocess.CompletedProcess(cmd, 0, stdout="27.3.1\n", stderr="")
-    p = container.probe("docker", run=rec, which=lambda n: "/usr/bin/docker")
+    p = cenv.probe("docker", run=rec, which=lambda n: "/usr/bin/docker")
     assert p.answers and p.detail == "27.3.1"
 
 
 def test_image_is_named_by_the_recipe_hash():
-    ref, build = container.image_ref("rocm", REPO)
-    tag = validation_image.image_tag("rocm", REPO)
-    assert ref == f"{validation_image.repository(REPO)}:{tag}"
+    ref, build = cenv.image_ref("rocm", REPO), cenv.build_command("rocm", REPO)
+    tag = cenv.image_tag("rocm", REPO)
+    assert ref == f"{cenv.repository(REPO)}:{tag}"
     assert tag.startswith("v") and len(tag.split("-")[0]) == 13
-    assert build[:3] == ["build", "--build-arg", "VARIANT=rocm"] and build[-2].endswith("Dockerfile.lite")
+    assert build[1:4] == ["build", "--build-arg", "VARIANT=rocm"] and build[-2].endswith("Dockerfile.lite")
     out = subprocess.run(["bash", str(REPO / "ci/validation_image_id.sh"), "--variant", "rocm"],
                          check=False, capture_output=True, text=True, env={**os.environ, "PYTHON": "python3"})
     assert out.stdout.strip() == tag, out.stderr
@@ -71,7 +72,7 @@ def test_image_is_named_by_the_recipe_hash():
                                               ({"image inspect": 1, "pull": 1}, "built", True)])
 def test_present_else_pull_else_build(codes, how, built):
     rec, said = Recorder(codes), []
-    got = container.acquire_image("docker", "reg/img:v1-cpu", ["build", "--tag", "reg/img:v1-cpu", "ctx"], rec,
+    got = cenv.acquire_image("docker", "reg/img:v1-cpu", ["build", "--tag", "reg/img:v1-cpu", "ctx"], rec,
                                   said.append)
     assert got == how
     assert (["docker", "build", "--tag", "reg/img:v1-cpu", "ctx"] in rec.calls) == built
@@ -81,8 +82,8 @@ def test_present_else_pull_else_build(codes, how, built):
 
 def test_a_failed_local_build_is_an_error():
     rec = Recorder({"image inspect": 1, "pull": 1, "build": 1})
-    with pytest.raises(container.ContainerError, match=r"`docker build --tag x ctx` failed \(exit 1\)"):
-        container.acquire_image("docker", "x", ["build", "--tag", "x", "ctx"], rec, lambda m: None)
+    with pytest.raises(cenv.CleanRoomError, match=r"`docker build --tag x ctx` failed \(exit 1\)"):
+        cenv.acquire_image("docker", "x", ["build", "--tag", "x", "ctx"], rec, lambda m: None)
 
 
 def _fake_dev(tmp: Path, nodes: dict[str, int]) -> Path:
@@ -97,37 +98,37 @@ def _fake_dev(tmp: Path, nodes: dict[str, int]) -> Path:
 @pytest.mark.skipif(os.geteuid() != 0, reason="setting a file's group to another gid needs root")
 def test_rocm_flags_carry_the_device_groups(tmp_path):
     dev = _fake_dev(tmp_path, {"kfd": 992, "dri/card0": 44, "dri/renderD128": 993})
-    flags, note = container.gpu_flags("rocm", dev)
+    flags, note = cenv.gpu_flags("rocm", dev)
     assert flags == ["--device", "/dev/kfd", "--device", "/dev/dri", "--group-add", "44", "--group-add", "992",
                      "--group-add", "993", "--ipc=host", "--shm-size=16g", "--security-opt", "seccomp=unconfined"]
     assert "groups 44, 992, 993" in note
 
 
 def test_cuda_and_cpu_flags(tmp_path):
-    assert container.gpu_flags("cuda", _fake_dev(tmp_path, {"nvidiactl": 0}))[0] == [
+    assert cenv.gpu_flags("cuda", _fake_dev(tmp_path, {"nvidiactl": 0}))[0] == [
         "--gpus", "all", "--ipc=host", "--shm-size=16g"]
-    flags, note = container.gpu_flags("rocm", tmp_path / "empty")
+    flags, note = cenv.gpu_flags("rocm", tmp_path / "empty")
     assert flags == [] and "validated on the CPU only" in note
-    assert container.gpu_flags("cpu")[0] == []
+    assert cenv.gpu_flags("cpu")[0] == []
 
 
 def test_exact_container_command_lines(tmp_path):
     """What a lite validation runs through docker: start, every plan step through exec, stop."""
     wheel, smoke, out, release = (tmp_path / "jax_aiter-0.1.0-py3-none-linux_x86_64.whl", tmp_path / "smoke",
                                   tmp_path / "out", tmp_path / "rel")
-    mounts = container.Mounts(wheel, smoke, out, release)
-    start = container.start_command("docker", "reg/img:vabc-cpu", "ja-validate-1", mounts, [])
+    mounts = cenv.Mounts(wheel, smoke, out, release)
+    start = cenv.start_command("docker", "reg/img:vabc-cpu", "ja-validate-1", mounts, [])
     assert start == [
         "docker", "run", "--detach", "--rm", "--name", "ja-validate-1", "--network", "none", "--user", "1500:1500",
         "--env", "HOME=/tmp/validator", "--env", "XDG_CACHE_HOME=/tmp/validator/.cache", "--workdir", "/tmp/validator",
         "--volume", f"{wheel}:/validate/wheel/{wheel.name}:ro", "--volume", f"{smoke}:/validate/smoke:ro",
         "--volume", f"{out}:/validate/out:rw", "--volume", f"{release}:/validate/release:ro",
         "reg/img:vabc-cpu", "sleep", "infinity"]
-    layout = cleanroom_plan.Layout(python="python3.12", venv="/tmp/validator/venv", work="/tmp/validator",
-                                   smoke="/validate/smoke", out="/validate/out", wheel=f"/validate/wheel/{wheel.name}",
-                                   wheelhouse="/opt/wheelhouse", release="/validate/release", checkout="/src")
-    plan = cleanroom_plan.build(layout, cleanroom_env.Installer("pip"), "lite", ["jax==0.11.0", "jaxlib==0.11.0"])
-    lines = [" ".join(container.exec_command("docker", "ja-validate-1", s.argv, layout.work)) for s in plan.steps]
+    layout = cleanroom.Layout(python="python3.12", venv="/tmp/validator/venv", work="/tmp/validator",
+                              smoke="/validate/smoke", out="/validate/out", wheel=f"/validate/wheel/{wheel.name}",
+                              wheelhouse="/opt/wheelhouse", release="/validate/release", checkout="/src")
+    plan = cleanroom.plan(layout, cenv.Installer("pip"), "lite", ["jax==0.11.0", "jaxlib==0.11.0"])
+    lines = [" ".join(cenv.exec_command("docker", "ja-validate-1", s.argv, layout.work)) for s in plan]
     ex = "docker exec --workdir /tmp/validator ja-validate-1 "
     py = "/tmp/validator/venv/bin/python"
     smoke_args = "--checkout /src --record /validate/smoke/wheel-RECORD"
@@ -135,24 +136,31 @@ def test_exact_container_command_lines(tmp_path):
         ex + "python3.12 -m venv /tmp/validator/venv",
         ex + f"{py} -m pip install --quiet --no-index --no-cache-dir --disable-pip-version-check --find-links "
              f"/opt/wheelhouse /validate/wheel/{wheel.name}[fetch] jax==0.11.0 jaxlib==0.11.0",
-        ex + f"{py} -I -u -m http.server 0 --bind 127.0.0.1 --directory /validate/release",
         ex + f"{py} -I /validate/smoke/cleanroom_smoke.py --variant lite {smoke_args} "
-             "--fetch-url http://127.0.0.1:{port} --out /validate/out/smoke.json",
+             "--release /validate/release --out /validate/out/smoke.json",
     ]
-    assert container.stop_command("docker", "ja-validate-1") == ["docker", "rm", "--force", "ja-validate-1"]
+    assert cenv.stop_command("docker", "ja-validate-1") == ["docker", "rm", "--force", "ja-validate-1"]
 
 
 def test_container_route_runs_the_plan_through_the_engine(good_wheels, monkeypatch):
     """The whole container route for a full wheel, the engine replaced by the recorder: the exact sequence."""
-    from jatools.validate import cleanroom
     rec = Recorder()
-    monkeypatch.setattr(cleanroom.container, "choose",
-                        lambda mode: (container.Probe("docker", "/usr/bin/docker", True, "27.3.1"), "container path"))
-    monkeypatch.setattr(cleanroom.subprocess, "run", lambda cmd, **kw: rec(cmd))
+
+    class Popen:  # the plan's steps (jatools.steps runs them, their output to a log): recorded, never run
+        def __init__(self, cmd, **kw):
+            self.returncode, self.stdout = rec(cmd).returncode, iter(())
+
+        def wait(self) -> int:
+            return self.returncode
+
+    monkeypatch.setattr(cenv, "choose",
+                        lambda mode: (cenv.Probe("docker", "/usr/bin/docker", True, "27.3.1"), "container path"))
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: rec(cmd))
+    monkeypatch.setattr(subprocess, "Popen", Popen)
     wheel = good_wheels["full"]
     report = cleanroom.validate(cleanroom.Options(root=REPO, wheels=[wheel], engine="docker", log=lambda m: None))
     (res,) = report.results
-    ref = container.image_ref("cpu", REPO)[0]
+    ref = cenv.image_ref("cpu", REPO)
     assert res.route == f"container, docker {ref}"
     verbs = [c[1] if c[1] != "exec" else "exec " + " ".join(c[c.index("/tmp/validator") + 2:][:3]) for c in rec.calls]
     assert verbs == ["image", "run",
@@ -170,7 +178,7 @@ def test_container_route_runs_the_plan_through_the_engine(good_wheels, monkeypat
 
 
 def test_a_gpu_host_makes_the_smoke_step_require_the_gpu():
-    layout = cleanroom_plan.Layout(python="p", venv="/v", work="/w", smoke="/s", out="/o", wheel="/x.whl",
-                                   wheelhouse="/wh", release=None, checkout="/src", gpu="rocm")
-    smoke = cleanroom_plan.build(layout, cleanroom_env.Installer("pip"), "full", []).steps[-1]
-    assert smoke.argv[smoke.argv.index("--expect-gpu") + 1] == "rocm" and not smoke.needs_port
+    layout = cleanroom.Layout(python="p", venv="/v", work="/w", smoke="/s", out="/o", wheel="/x.whl",
+                              wheelhouse="/wh", release=None, checkout="/src", gpu="rocm")
+    smoke = cleanroom.plan(layout, cenv.Installer("pip"), "full", [])[-1]
+    assert smoke.argv[smoke.argv.index("--expect-gpu") + 1] == "rocm" and "--release" not in smoke.argv
