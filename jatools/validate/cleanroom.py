@@ -118,9 +118,6 @@ class WheelResult:
         out["total"] = sum(out[p] for p in PHASES)
         return {k: round(v, 2) for k, v in out.items()}
 
-    def first_failure(self) -> Check | None:
-        return next((c for c in self.checks if not c.ok), None)
-
 
 @dataclass
 class Report:

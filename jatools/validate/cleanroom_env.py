@@ -43,7 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jatools import config
+from jatools import config, steps
 from jax_aiter.integrity import sha256_file
 
 GPU_PASSTHROUGH = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
@@ -461,38 +461,23 @@ def build_command(variant: str, root: Path | None = None, env: dict[str, str] | 
             "--file", str(path), str(path.parent)]
 
 
-def publish_plan(variant: str, push: bool, root: Path | None = None,
-                 env: dict[str, str] | None = None) -> list[list[str]]:
-    """Commands that publish one variant: skip when the registry has the tag, else build (and push)."""
-    ref = image_ref(variant, root, env)
-    plan = [build_command(variant, root, env)]
-    if push:
-        plan.append(["docker", "push", ref])
-    return plan
-
-
 def publish(variant: str, push: bool, dry_run: bool = False, root: Path | None = None,
-            run: Callable[[Sequence[str]], int] | None = None,
             log: Callable[[str], None] = print) -> str:
     """Build (and push) one variant unless the registry already holds its tag; return what happened."""
-    run = run or (lambda a: subprocess.call(list(a)))
     ref = image_ref(variant, root)
-    plan = publish_plan(variant, push, root)
-    if dry_run:
-        for cmd in plan:
-            log("would run: " + " ".join(cmd))
-        return "dry-run"
-    if push and run(["docker", "manifest", "inspect", ref]) == 0:
+    todo = [steps.Step("build", build_command(variant, root))]
+    if push:  # docker retries each layer's upload itself: one retry layer
+        todo.append(steps.Step("push", ["docker", "push", ref]))
+    if push and not dry_run and subprocess.run(["docker", "manifest", "inspect", ref], check=False).returncode == 0:
         log(f"{ref} is already published; nothing to do (the tag is the recipe hash)")
         return "present"
-    rc = run(plan[0])
-    if rc != 0:
-        raise CleanRoomError(f"`{' '.join(plan[0])}` failed (exit {rc}); see the docker output above")
-    if push:
-        rc = run(plan[1])  # docker retries each layer's upload itself: one retry layer
-        if rc != 0:
-            raise CleanRoomError(f"`docker push {ref}` failed (exit {rc}); "
-                             "check `docker login ghcr.io` and the job's packages: write permission")
+    try:
+        steps.run(todo, "image.publish", dry_run=dry_run)
+    except steps.StepFailed as e:
+        raise CleanRoomError(f"{e}" + ("\n  check `docker login ghcr.io` and the job's packages: write permission"
+                                       if e.record.name == "push" else "")) from None
+    if dry_run:
+        return "dry-run"
     log(f"{'published' if push else 'built'} {ref}")
     return "published" if push else "built"
 

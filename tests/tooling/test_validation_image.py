@@ -54,39 +54,45 @@ def test_repository_default_and_override() -> None:
     assert vi.image_ref("cpu", ROOT, env={"JA_VALIDATION_IMAGE": "localhost:5000/v"}).startswith("localhost:5000/v:v")
 
 
-def test_build_command_and_publish_plan() -> None:
+def test_build_command_and_the_publish_dry_run(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    monkeypatch.delenv("JA_VALIDATION_IMAGE", raising=False)
     ref = vi.image_ref("rocm", ROOT, env={})
     cmd = vi.build_command("rocm", ROOT, env={})
     assert cmd[:4] == ["docker", "build", "--build-arg", "VARIANT=rocm"]
     assert cmd[cmd.index("--tag") + 1] == ref
     assert cmd[cmd.index("--file") + 1] == str(ROOT / vi.DOCKERFILE)
-    assert vi.publish_plan("rocm", push=True, root=ROOT, env={})[-1] == ["docker", "push", ref]
+    assert vi.publish("rocm", push=True, dry_run=True, root=ROOT) == "dry-run"
+    out = capsys.readouterr().out
+    assert "image.publish: [build] $ docker build --build-arg VARIANT=rocm" in out
+    assert f"image.publish: [push] $ docker push {ref}" in out
+
+
+def registry(monkeypatch: pytest.MonkeyPatch, codes: dict[str, list[int]]) -> list[list[str]]:
+    """Stands in for docker and the registry: each command's exit code from `codes` (by docker verb), in order."""
+    calls: list[list[str]] = []
+
+    def run(argv, **kw):
+        calls.append(list(argv))
+        return subprocess.CompletedProcess(argv, codes[argv[1]].pop(0))
+
+    monkeypatch.delenv("JA_VALIDATION_IMAGE", raising=False)
+    monkeypatch.setattr(subprocess, "run", run)
+    return calls
 
 
 def test_publish_skips_a_tag_the_registry_has(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("JA_VALIDATION_IMAGE", raising=False)
-    calls: list[list[str]] = []
-
-    def run(argv):  # stands in for the registry: the manifest exists
-        calls.append(list(argv))
-        return 0
-
-    assert vi.publish("cpu", push=True, root=ROOT, run=run, log=lambda m: None) == "present"
+    calls = registry(monkeypatch, {"manifest": [0]})  # the manifest exists
+    assert vi.publish("cpu", push=True, root=ROOT, log=lambda m: None) == "present"
     assert calls == [["docker", "manifest", "inspect", vi.image_ref("cpu", ROOT)]]
 
 
 def test_publish_builds_and_pushes_once_and_a_failed_push_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
     """No retry loop of ours around docker push (docker retries each layer itself): one layer of retries."""
-    monkeypatch.delenv("JA_VALIDATION_IMAGE", raising=False)
     results = {"manifest": [1, 1], "build": [0, 0], "push": [0, 1]}  # absent, built, pushed; then the push fails
-
-    def run(argv):
-        key = "manifest" if argv[1] == "manifest" else argv[1]
-        return results[key].pop(0)
-
-    assert vi.publish("cpu", push=True, root=ROOT, run=run, log=lambda m: None) == "published"
-    with pytest.raises(vi.CleanRoomError, match="docker push .* failed .*docker login ghcr.io"):
-        vi.publish("cpu", push=True, root=ROOT, run=run, log=lambda m: None)
+    registry(monkeypatch, results)
+    assert vi.publish("cpu", push=True, root=ROOT, log=lambda m: None) == "published"
+    with pytest.raises(vi.CleanRoomError, match=r"(?s)step push failed \(exit 1\): docker push .*docker login ghcr.io"):
+        vi.publish("cpu", push=True, root=ROOT, log=lambda m: None)
     assert results == {"manifest": [], "build": [], "push": []}
 
 
