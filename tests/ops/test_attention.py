@@ -18,6 +18,7 @@ cancellation noise of dP - delta summed over up to 129 query rows and 4 heads
 """
 from __future__ import annotations
 
+import ctypes
 import json
 from functools import partial
 from pathlib import Path
@@ -250,6 +251,64 @@ def test_forward_lse_and_workspace_written_under_poison(device, monkeypatch):
     assert np.all(lse[:, :, :23] == np.inf) and np.all(np.isfinite(lse[:, :, 23:]))
     for x in jax.jit(bwd)(q, k, v, o, do, jnp.asarray(lse)):
         assert not np.isnan(np.asarray(x, np.float32)).any()
+
+
+# --- the Hopper forward ------------------------------------------------------------------
+# On an sm_90 device the bfloat16/float16 forward of head dims 64, 128 and 256 runs the wgmma + TMA
+# kernel (csrc/kernels/mha/mha_fwd_sm90.cuh; not for decode shapes); JA_MHA_FWD_SM90=0 sends the
+# same call to the mma.sync kernel. libmha_fwd.so counts the calls the Hopper kernel handled.
+
+def _sm90_calls() -> int:
+    from jax_aiter import _loader
+
+    fn = ctypes.CDLL(str(_loader.find_library("libmha_fwd.so"))).ja_mha_fwd_sm90_calls
+    fn.restype = ctypes.c_int64
+    return int(fn())
+
+
+def _is_sm90() -> bool:
+    return getattr(jax.devices("gpu")[0], "compute_capability", None) == "9.0"
+
+
+HOPPER = [(2, 300, 500, 4, 2), (2, 513, 200, 4, 4), (1, 200, 1, 4, 1), (1, 129, 1000, 8, 1), (2, 1000, 1000, 2, 2)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", HOPPER, ids=lambda s: f"b{s[0]}-sq{s[1]}-sk{s[2]}-hq{s[3]}-hkv{s[4]}")
+def test_hopper_forward_matches_reference_and_fallback(dtype, d, causal, shape, monkeypatch):
+    """The Hopper kernel runs where it should, matches the float64 reference, and the mma.sync
+    fallback (JA_MHA_FWD_SM90=0) within the same bound; lse equal up to float32 rounding."""
+    batch, sq, sk, hq, hkv = shape
+    (q, k, v, _), (qe, ke, ve, doe) = make_inputs(sk + d, dtype, batch, sq, sk, hq, hkv, d, "gpu")
+    fwd, _ = attention._prims(causal, d ** -0.5)
+    fwd = jax.jit(fwd)
+    monkeypatch.delenv("JA_MHA_FWD_SM90", raising=False)
+    before = _sm90_calls()
+    o1, lse1 = jax.block_until_ready(fwd(q, k, v))
+    assert _sm90_calls() == before + (1 if _is_sm90() else 0)
+    monkeypatch.setenv("JA_MHA_FWD_SM90", "0")
+    o2, lse2 = jax.block_until_ready(fwd(q, k, v))
+    assert _sm90_calls() == before + (1 if _is_sm90() else 0)
+    ref_o, _ = attention_ref(qe, ke, ve, doe, causal, d ** -0.5)
+    assert rel_err(o1, ref_o) <= RTOL[dtype] and rel_err(o2, ref_o) <= RTOL[dtype]
+    assert rel_err(o1, f64(o2)) <= RTOL[dtype]
+    lse1, lse2 = np.asarray(lse1), np.asarray(lse2)
+    assert np.array_equal(np.isinf(lse1), np.isinf(lse2)) and np.all(lse1[np.isinf(lse1)] > 0)
+    fin = np.isfinite(lse2)
+    np.testing.assert_allclose(lse1[fin], lse2[fin], rtol=0, atol=1e-3)
+
+
+@pytest.mark.gpu
+def test_hopper_forward_is_not_used_for_decode_or_float32(monkeypatch):
+    monkeypatch.delenv("JA_MHA_FWD_SM90", raising=False)
+    before = _sm90_calls()
+    for dtype, sq, hq, hkv in (("bfloat16", 1, 8, 8), ("float32", 300, 4, 4)):
+        (q, k, v, _), _ = make_inputs(0, dtype, 1, sq, 500, hq, hkv, 128, "gpu")
+        jax.block_until_ready(jax_aiter.flash_attn_func(q, k, v))
+    assert _sm90_calls() == before
 
 
 # --- errors ---------------------------------------------------------------------------

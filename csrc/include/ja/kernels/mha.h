@@ -63,5 +63,7 @@ struct JaMhaBwdArgs {
 // an unsupported combination returns an error that lists the compiled head dims.
 JA_API const char* ja_mha_fwd_cpu(const JaMhaFwdArgs* args);
 JA_API const char* ja_mha_fwd_gpu(const JaMhaFwdArgs* args, void* stream);
+// Calls of ja_mha_fwd_gpu that the sm_90a (wgmma + TMA) kernel handled in this process.
+JA_API int64_t ja_mha_fwd_sm90_calls(void);
 JA_API const char* ja_mha_bwd_cpu(const JaMhaBwdArgs* args);
 JA_API const char* ja_mha_bwd_gpu(const JaMhaBwdArgs* args, void* stream);
