@@ -17,6 +17,8 @@ PYPROJECT = nox.project.load_toml("pyproject.toml")
 # Development dependencies are PEP 735 groups in pyproject.toml, never extras of the wheel.
 TEST_DEPS = ["-e", ".", *nox.project.dependency_groups(PYPROJECT, "test")]
 TOOLING_DEPS = ["-e", ".", *nox.project.dependency_groups(PYPROJECT, "tooling")]
+# What building the JIT libraries needs: ninja, and the pinned nvidia-cutlass headers of the sm_90a instances.
+BUILD_DEPS = nox.project.dependency_groups(PYPROJECT, "build")
 
 
 def _make(session: nox.Session, *targets: str) -> None:
@@ -32,7 +34,7 @@ def umbrella(session: nox.Session) -> None:
 @nox.session(python=PY, tags=["build"])
 def jit(session: nox.Session) -> None:
     """The JIT producer: build the JIT libraries into build/aiter_build (umbrella first; --module a,b after --)."""
-    session.install("ninja")
+    session.install(*BUILD_DEPS)
     session.run("python", "jax_aiter/jit/build_jit.py", *session.posargs)
 
 
@@ -80,7 +82,7 @@ def compile_only(session: nox.Session) -> None:
 
 
 def _build_and_run_tier(session: nox.Session, *tier: str) -> None:
-    session.install(*TEST_DEPS, "ninja")
+    session.install(*TEST_DEPS, *BUILD_DEPS)
     # The JAX GPU plugin of the platform the tier runs on, at the tests' jax (none on the CPU or with --deps-from).
     plugins = session.run("python", "-m", "jatools.testing.test_tiers", "--plugin-requirements", *tier,
                           *session.posargs, silent=True)
@@ -158,7 +160,7 @@ def wheel_full(session: nox.Session) -> None:
 def release(session: nox.Session) -> None:
     """Build, wheels, verify/floor/contents and clean-room validation of both wheels, then a summary and
     dist/release-report.json (-- --fetch-jit URL fetches the JIT libraries; -- --dry-run prints the plan)."""
-    session.install(*TEST_DEPS, "ninja")
+    session.install(*TEST_DEPS, *BUILD_DEPS)
     session.run("python", "-m", "jatools.release", *session.posargs)
 
 
