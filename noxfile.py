@@ -71,10 +71,11 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", "jax_aiter", "jatools", "ci", "tests", "noxfile.py", "tasks.py")
 
 
-@nox.session(venv_backend="none", tags=["build"], default=False)
+@nox.session(python=PY, tags=["build"], default=False)
 def compile_only(session: nox.Session) -> None:
     """Compile every library for CUDA (nvcc, sm_90) and ROCm (hipcc, gfx90a) without a GPU."""
-    session.run("python3", "-m", "jatools.native.build", "--compile-only", *session.posargs, external=True)
+    session.install(*BUILD_DEPS)
+    session.run("python", "-m", "jatools.native.build", "--compile-only", *session.posargs)
 
 
 # --- test tiers (docs/testing.md): the tiers and their marker expressions live in

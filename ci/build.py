@@ -207,10 +207,10 @@ Build(name="pr_convergence_gate", group="pr", runner=UBUNTU, timeout_minutes=10,
       steps=(Invoke("convergence-check", ("--base", "${JA_BASE_REV}", "--json-out", "build/ci/convergence.json")),))
 Build(name="pr_compile_cuda", group="pr", runner=UBUNTU_CUDA, timeout_minutes=45,
       description="PR: compile every library for CUDA sm_90 with nvcc, no GPU",
-      steps=(Nox("compile_only", ("--backend", "cuda"), installs=False),))
+      steps=(Nox("compile_only", ("--backend", "cuda")),))
 Build(name="pr_compile_rocm", group="pr", runner=UBUNTU_THEROCK, timeout_minutes=45,
       description="PR: compile every library for ROCm with TheRock's hipcc, no GPU",
-      steps=(Nox("compile_only", ("--backend", "rocm"), installs=False),))
+      steps=(Nox("compile_only", ("--backend", "rocm")),))
 Build(name="pr_gpu_rocm_mi355", group="pr", runner=MI355_1, env=ROCM_ENV, timeout_minutes=60,
       description="PR: published JIT libraries fetched (never rebuilt), shims built, pr tier on 1x MI355",
       steps=(FETCH_JIT, Nox("tests", env=PR_TIER)))
