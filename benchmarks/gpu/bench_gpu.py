@@ -60,7 +60,13 @@ def build_timer() -> ctypes.CDLL:
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = [*flags["link"], *flags["gpu"], "-o", str(out), "benchmarks/gpu/timer.cu",
            "-Lbuild/jax_aiter_build", "-ljax_aiter", f"{flags['link_pass'][0]}-rpath={ROOT}/build/jax_aiter_build"]
-    subprocess.run(cmd, cwd=ROOT, check=True)
+    stamp = out.with_suffix(".cmd")  # rebuilt when its source, the umbrella or the command changed
+    inputs = [ROOT / "benchmarks/gpu/timer.cu", ROOT / "build/jax_aiter_build/libjax_aiter.so"]
+    fresh = (out.is_file() and stamp.is_file() and stamp.read_text() == " ".join(cmd)
+             and all(p.is_file() and p.stat().st_mtime <= out.stat().st_mtime for p in inputs))
+    if not fresh:
+        subprocess.run(cmd, cwd=ROOT, check=True)
+        stamp.write_text(" ".join(cmd))
     lib = ctypes.CDLL(str(out))
     lib.ja_bench_elapsed_ms.restype = ctypes.c_float
     lib.ja_bench_elapsed_ms.argtypes = [ctypes.c_int64, ctypes.c_int64]
@@ -79,33 +85,51 @@ def memcpy(x):
     return jax.ffi.ffi_call("ja_bench_copy", jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
 
 
+# L2 flush: before each timed case the program reads this many bytes (a sum over a
+# float32 buffer, outside the events), so every case starts with its inputs out of L2
+# (60 MB on an H200) and with no dirty lines to write back, whatever ran before it. Without
+# it the cases of one repetition, which share an input set, could find the inputs of the
+# case before them in L2 (--warm-l2 keeps that old behaviour).
+FLUSH_BYTES = 256 << 20
+_flush = {"on": True}
+
+
 def time_cases(lib, cases: dict, input_sets: list, reps: int) -> dict[str, list[float]]:
     """Device times (ms) of each case, the cases alternating within each repetition.
 
     cases: name -> fn(*inputs), or name -> (prepare, run): prepare(*inputs)
     builds an untimed pytree (e.g. a forward pass and its vjp), run(tree) is timed.
+    Each case starts with a cold L2 (FLUSH_BYTES read after the previous case's stop
+    event and before its own start event) unless --warm-l2.
     """
     global _slot
     names = list(cases)
     base = _slot
     _slot += 2 * reps * len(names)
+    flush = _flush["on"]
 
-    def program(sets):
+    def program(sets, scratch):
         token = jnp.zeros((), jnp.int32)
         for r in range(reps):
             for c, name in enumerate(names):
                 prepare, run = cases[name] if isinstance(cases[name], tuple) else (lambda *a: a, None)
                 fn = run or (lambda args, f=cases[name]: f(*args))
-                tree, token = jax.lax.optimization_barrier((prepare(*sets[r % len(sets)]), token))
+                if flush:  # after the previous stop event (token), before this start event
+                    buf, token = jax.lax.optimization_barrier((scratch, token))
+                    tree, token, _ = jax.lax.optimization_barrier((prepare(*sets[r % len(sets)]), token,
+                                                                   jnp.sum(buf)))
+                else:
+                    tree, token = jax.lax.optimization_barrier((prepare(*sets[r % len(sets)]), token))
                 slot = base + 2 * (r * len(names) + c)
                 token = _record(token, [], slot)
                 tree, token = jax.lax.optimization_barrier((tree, token))
                 token = _record(token, jax.tree_util.tree_leaves(fn(tree)), slot + 1)
         return token
 
+    scratch = jnp.ones((FLUSH_BYTES // 4 if flush else 1,), jnp.float32)
     fn = jax.jit(program)
-    fn(input_sets).block_until_ready()  # compile and warm up; the timed pass follows
-    fn(input_sets).block_until_ready()
+    fn(input_sets, scratch).block_until_ready()  # compile and warm up; the timed pass follows
+    fn(input_sets, scratch).block_until_ready()
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(reps):
         for c, name in enumerate(names):
@@ -243,9 +267,12 @@ def bench_memory_bound(lib, reps, copy_gbps, quick, shapes=None):
             t = time_cases(lib, cases, sets, reps)
             rows.append(_mem_row(name, (r, h), nbytes, t, copy_gbps))
         del sets
-        xs = [(rand((r, 2 * h), dt, 200 + s),) for s in range(n_sets(3 * size))]
-        t = time_cases(lib, {"ours": ja.silu_and_mul, "xla": xla_silu_and_mul}, xs, reps)
+        # the same-size copy moves 3 * size bytes too: a memcpy of r x 1.5 h elements (read and written)
+        xs = [(rand((r, 2 * h), dt, 200 + s), rand((r, 3 * h // 2), dt, 400 + s)) for s in range(n_sets(3 * size))]
+        t = time_cases(lib, {"ours": lambda x, y: ja.silu_and_mul(x), "xla": lambda x, y: xla_silu_and_mul(x),
+                             "copy": lambda x, y: memcpy(y)}, xs, reps)
         rows.append(_mem_row("silu_and_mul", (r, 2 * h), 3 * size, t, copy_gbps))
+        del xs
     return rows
 
 
@@ -412,6 +439,8 @@ def main(argv=None) -> int:
     p.add_argument("--only", choices=["copy", "memory", "chain", "decode", "attention"], action="append")
     p.add_argument("--shape", action="append", default=[], metavar="ROWSxHIDDEN",
                    help="memory-bound shapes to run instead of the default grid (repeatable), e.g. 16384x8192")
+    p.add_argument("--warm-l2", action="store_true", help="no L2 flush before each timed case (the cases of a "
+                   "repetition share inputs, so later ones may read them from L2)")
     p.add_argument("--out", type=Path, default=ROOT / "build/bench/gpu.json")
     p.add_argument("--gate", action="store_true", help="then gate the JSON against the committed baseline of this "
                    "GPU model (ci/perf/bench_gate.py; exit 1 names each regression)")
@@ -420,6 +449,7 @@ def main(argv=None) -> int:
     if devs[0].platform not in ("gpu", "cuda", "rocm"):
         raise SystemExit(f"bench_gpu: JAX sees no GPU (devices: {devs}); run on a GPU host")
     lib = build_timer()
+    _flush["on"] = not args.warm_l2
     only = set(args.only or ["copy", "memory", "chain", "decode", "attention"])
     shapes = [tuple(int(v) for v in sh.lower().split("x")) for sh in args.shape] or None
     start = time.time()
@@ -427,6 +457,7 @@ def main(argv=None) -> int:
     copy = bench_copy(lib, args.reps)
     results = {"machine": {"device": devs[0].device_kind, "jax": jax.__version__, "python": platform.python_version(),
                            "host": platform.node(), "gpu_before": provenance_before},
+               "l2_flush_bytes": FLUSH_BYTES if _flush["on"] else 0, "reps": args.reps,
                "copy": copy, "memory_bound": [], "chains": [], "decode": [], "attention": []}
     if "memory" in only:
         results["memory_bound"] = bench_memory_bound(lib, args.reps, copy["GBps"], args.quick, shapes)
