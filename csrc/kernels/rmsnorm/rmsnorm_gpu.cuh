@@ -46,6 +46,14 @@ JA_DEVICE float block_sum(float v, float* smem) {
   return smem[kMaxWarps];
 }
 
+// When a one-row block (RPB = 1) reads the weight (several-row blocks keep it in registers).
+// (Asking for its lines in L1 before the reduction, prefetch.global.L1, measured slower than
+// both on the H200: benchmarks/gpu/tune_rmsnorm.cu.)
+enum RmsWeight : int {
+  kWeightAfter = 0,  // after the reduction (an L1/L2 hit): fewest registers, most blocks resident
+  kWeightEarly = 1,  // loaded with the row, held in registers across the reduction
+};
+
 // Loads one row's 16-byte vectors (and the residual's) into registers.
 template <typename V, int THREADS, int REGS, bool RES>
 JA_DEVICE void load_row(V (&xv)[REGS], V (&rv)[REGS], const V* x, const V* res, int64_t nvec) {
@@ -68,7 +76,8 @@ JA_DEVICE void load_row(V (&xv)[REGS], V (&rv)[REGS], const V* x, const V* res, 
 // resident blocks, hence more rows in flight per multiprocessor.
 // MIN_BLOCKS: resident blocks per multiprocessor asked of the register allocator.
 // RES: a residual is added first (a.residual is set).
-template <typename T, bool RES, int THREADS, int REGS, int RPB = 1, int MIN_BLOCKS = 1>
+// WMODE: when a one-row block reads the weight (RmsWeight).
+template <typename T, bool RES, int THREADS, int REGS, int RPB = 1, int MIN_BLOCKS = 1, int WMODE = kWeightAfter>
 JA_GLOBAL void __launch_bounds__(THREADS, MIN_BLOCKS) rmsnorm_fwd_kernel(JaRmsNormArgs a) {
   constexpr int VEC = 16 / sizeof(T);
   using V = Vec<T, VEC>;
@@ -89,10 +98,11 @@ JA_GLOBAL void __launch_bounds__(THREADS, MIN_BLOCKS) rmsnorm_fwd_kernel(JaRmsNo
     };
     // Issue every load (x, residual and, with several rows, the weight, an L2 hit)
     // before any arithmetic, so the whole row is in flight at once.
-    constexpr int WREGS = RPB > 1 ? REGS : 1;
+    constexpr bool WREG = RPB > 1 || WMODE == kWeightEarly;  // the weight in registers
+    constexpr int WREGS = WREG ? REGS : 1;
     V xv[REGS], rv[REGS], wv[WREGS];
     load_row<V, THREADS, REGS, RES>(xv, rv, row_ptr(a.x, first), row_ptr(a.residual, first), nvec);
-    if constexpr (RPB > 1) {
+    if constexpr (WREG) {
 #pragma unroll
       for (int r = 0; r < REGS; ++r) {
         const int64_t i = int64_t(threadIdx.x) + int64_t(r) * THREADS;
@@ -105,7 +115,7 @@ JA_GLOBAL void __launch_bounds__(THREADS, MIN_BLOCKS) rmsnorm_fwd_kernel(JaRmsNo
       return RES ? to_f32(xv[r].v[k]) + to_f32(rv[r].v[k]) : to_f32(xv[r].v[k]);
     };
     for (int64_t row = first; row < last; ++row) {
-      V xn[WREGS == 1 ? 1 : REGS], rn[WREGS == 1 ? 1 : REGS];
+      V xn[RPB > 1 ? REGS : 1], rn[RPB > 1 ? REGS : 1];
       const bool more = RPB > 1 && row + 1 < last;  // uniform across the block
       if constexpr (RPB > 1) {
         if (more) load_row<V, THREADS, REGS, RES>(xn, rn, row_ptr(a.x, row + 1), row_ptr(a.residual, row + 1), nvec);
@@ -138,7 +148,7 @@ JA_GLOBAL void __launch_bounds__(THREADS, MIN_BLOCKS) rmsnorm_fwd_kernel(JaRmsNo
         const int64_t i = int64_t(threadIdx.x) + int64_t(r) * THREADS;
         if (i < nvec) {
           V wr;
-          if constexpr (RPB > 1) wr = wv[r];
+          if constexpr (WREG) wr = wv[r];
           else wr = reinterpret_cast<const V*>(w)[i];
           V ov;
 #pragma unroll
@@ -184,22 +194,23 @@ JA_GLOBAL void __launch_bounds__(THREADS, MIN_BLOCKS) rmsnorm_fwd_kernel(JaRmsNo
 }
 
 // One launch with RPB rows per block.
-template <typename T, bool RES, int THREADS, int REGS, int RPB = 1, int MIN_BLOCKS = 1>
+template <typename T, bool RES, int THREADS, int REGS, int RPB = 1, int MIN_BLOCKS = 1, int WMODE = kWeightAfter>
 ja_error_t rmsnorm_launch(const JaRmsNormArgs& a, ja_stream_t s) {
   const dim3 grid(unsigned((a.rows + RPB - 1) / RPB));
-  return launch_pdl(rmsnorm_fwd_kernel<T, RES, THREADS, REGS, RPB, MIN_BLOCKS>, grid, dim3(THREADS), 0, s, a);
+  return launch_pdl(rmsnorm_fwd_kernel<T, RES, THREADS, REGS, RPB, MIN_BLOCKS, WMODE>, grid, dim3(THREADS), 0, s, a);
 }
 
-// One row per block, for plain RMSNorm and with a residual: with RPB = 1 the weight is
-// read after the reduction, so the kernel needs 55 registers (70 with a residual) and a
-// multiprocessor holds enough blocks to keep 40-100 KiB of rows in flight, which is what
-// the copy rate needs. (With two or more rows per block the prefetch of the next row and
-// the weight in registers took 94 and 125 registers, two blocks per multiprocessor, and
-// the H200 measured hidden 5120 and 7168 at 0.53-0.81 of a same-size copy,
-// benchmarks/gpu/bench_gpu.py.)
-template <typename T, int THREADS, int REGS>
-ja_error_t rmsnorm_launch_rows(const JaRmsNormArgs& a, ja_stream_t s) {
-  if (a.residual) return rmsnorm_launch<T, true, THREADS, REGS, 1, 1>(a, s);
+// One row per block by default, for plain RMSNorm and with a residual: with RPB = 1 the
+// weight is read after the reduction, so the kernel needs 55 registers (70 with a residual)
+// and a multiprocessor holds enough blocks to keep 40-100 KiB of rows in flight, which is
+// what the copy rate needs at large sizes. PLAIN_RPB (rows per block without a residual,
+// where `two_rows` holds) and RES_W (where a residual's one-row block reads the weight) are
+// the exceptions that benchmarks/gpu/tune_rmsnorm.cu measured faster on the H200 with a cold
+// L2 at every size it applies to (hidden 4096 and 5120, 1k-32k rows).
+template <typename T, int THREADS, int REGS, int PLAIN_RPB = 1, int RES_W = kWeightAfter>
+ja_error_t rmsnorm_launch_rows(const JaRmsNormArgs& a, ja_stream_t s, bool two_rows = true) {
+  if (a.residual) return rmsnorm_launch<T, true, THREADS, REGS, 1, 1, RES_W>(a, s);
+  if (PLAIN_RPB > 1 && two_rows) return rmsnorm_launch<T, false, THREADS, REGS, PLAIN_RPB, 1>(a, s);
   return rmsnorm_launch<T, false, THREADS, REGS, 1, 1>(a, s);
 }
 
@@ -210,19 +221,24 @@ const char* rmsnorm_fwd_gpu(const JaRmsNormArgs& a, void* stream) {
   const ja_stream_t s = static_cast<ja_stream_t>(stream);
   const int64_t nvec = a.hidden / (16 / int64_t(sizeof(T)));
   ja_error_t err;
-  // Block shape by row length (in 16-byte vectors): up to four vectors per thread, and
-  // blocks that hold the common widths exactly (hidden 5120 and 7168 in 16-bit: 640 and
-  // 896 vectors, 160 x 4 and 224 x 4), so no warp idles through the row.
+  // Block shape by row length (in 16-byte vectors): blocks that hold the common widths
+  // exactly (hidden 4096, 5120 and 7168 in 16-bit: 512, 640 and 896 vectors, 128 x 4,
+  // 160 x 4 and, without a residual, 128 x 7), so no warp idles through the row. Measured
+  // exceptions (tune_rmsnorm.cu, H200, speedup over one row per block with the weight read
+  // after the reduction): plain rows two to a block at 512 vectors up to 8k rows (1.01-1.04x;
+  // 0.99x at 32k) and at 640 vectors (1.00-1.13x); a residual's weight held in registers at
+  // 512 vectors (1.01-1.12x); 896 vectors plain as 128 x 7 (0.98-1.05x, against 224 x 4).
   if (nvec <= 64) {
     err = rmsnorm_launch_rows<T, 64, 1>(a, s);
   } else if (nvec <= 256) {
     err = rmsnorm_launch_rows<T, 128, 2>(a, s);
   } else if (nvec <= 512) {
-    err = rmsnorm_launch_rows<T, 128, 4>(a, s);
+    err = rmsnorm_launch_rows<T, 128, 4, 2, kWeightEarly>(a, s, a.rows <= 8192);
   } else if (nvec <= 640) {
-    err = rmsnorm_launch_rows<T, 160, 4>(a, s);
+    err = rmsnorm_launch_rows<T, 160, 4, 2>(a, s);
   } else if (nvec <= 896) {
-    err = rmsnorm_launch_rows<T, 224, 4>(a, s);
+    if (a.residual) err = rmsnorm_launch_rows<T, 224, 4>(a, s);
+    else err = rmsnorm_launch_rows<T, 128, 7>(a, s);
   } else if (nvec <= 1024) {
     err = rmsnorm_launch_rows<T, 256, 4>(a, s);
   } else if (nvec <= 2048) {
