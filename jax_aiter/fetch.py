@@ -503,9 +503,13 @@ class _Stopped(FetchError):
     """Another file of the same fetch failed; this one stopped early."""
 
 
-def _install(staging: Path, dest: Path, names: list[str], last: str = mf.MANIFEST_NAME) -> None:
-    """Move verified files into place; `last` (the manifest copy, or a build record) last: it marks the
-    install complete. Also used by the build tooling's shard merge."""
+def install_staged(staging: Path, dest: Path, names: list[str], last: str = mf.MANIFEST_NAME) -> None:
+    """Move the verified files `names` and then `last` from `staging` into `dest`.
+
+    `last` (the manifest copy, or a build record) goes last: it marks the install complete, so an
+    interrupted install leaves no complete-looking folder. A missing `dest` appears by one rename.
+    The one install step of a fetch and of the build tooling's shard merge.
+    """
     if not dest.exists():
         os.replace(staging, dest)
         return
@@ -565,7 +569,7 @@ def fetch_release(base_url: str, want: dict, dest: Path, names: list[str] | None
             downloaded = _fetch_all(files, release, staging, window_log, opts, log)
             try:
                 (staging / mf.MANIFEST_NAME).write_text(mf.dumps(manifest))
-                _install(staging, dest, chosen)
+                install_staged(staging, dest, chosen)
             except OSError as e:
                 raise FetchError(f"cannot write {e.filename or staging}: {e.strerror or e}; free disk space or "
                                  "choose another destination (--dest). The previous install is unchanged") from None

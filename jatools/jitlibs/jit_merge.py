@@ -136,7 +136,7 @@ def merge(from_dir: Path, dest: Path, config_path: Path, strict: bool = False, l
             names.append(entry["file"]["name"])
             shutil.copy2(shard.folder / entry["file"]["name"], staging / entry["file"]["name"])
         _write_json(staging / RECORD_NAME, record)
-        fetch._install(staging, dest, names, last=RECORD_NAME)
+        fetch.install_staged(staging, dest, names, last=RECORD_NAME)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     log(f"merge-manifests: {len(modules)} module(s) from {len(shards)} shard(s) installed into {dest}"
