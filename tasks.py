@@ -283,15 +283,14 @@ def release_upload(c, tag, to="gh", dry_run=False):
 ns.add_collection(Collection("release", upload=release_upload))
 
 
-# --- JIT producer: join the per-module shards (jatools/jitlibs/jit_merge.py; docs/jit-libs.md) --------------
+# --- JIT producer: join the per-module shards (jatools/jitlibs/publish.py, merge; docs/jit-libs.md) ---------
 @task(name="merge-manifests", help={"from": "folder holding the downloaded shard artifacts (each: lib*.so + "
                                     "build_record.json)", "strict": "a toolchain difference between shards fails too"})
 def jit_merge_manifests(c, from_="build/jit-shards", strict=False):
     """Join per-module JIT shards into build/aiter_build: re-hash, one identity, every module once, record last."""
-    from jatools.jitlibs import jit_merge
     settings = _config.load()
     folder = _Path(from_)
-    _jit_run("merge-manifests", jit_merge.merge, folder if folder.is_absolute() else _Path.cwd() / folder,
+    _jit_run("merge-manifests", _publish.merge, folder if folder.is_absolute() else _Path.cwd() / folder,
              settings.jit_dir, settings.jit_config, _jit_cache.strict_toolchain(settings, strict or None))
 
 

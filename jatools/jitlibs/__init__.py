@@ -1,4 +1,4 @@
-"""JIT libraries: their identity (cache id), the reuse decision, fetch, verify, publish and shard merge.
+"""JIT libraries: the reuse decision, fetch, verify, what a wheel expects (jit_cache), shard merge and publish (publish).
 
 Owns build/aiter_build's record and the `jit-libs-<cache-id>` releases. May import:
 jatools.native (toolchain identity), jatools.config, jatools.atomic_write,

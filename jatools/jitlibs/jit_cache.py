@@ -1,8 +1,12 @@
-"""The CI side of JIT-library reuse: decide (reuse or rebuild), fetch into build/aiter_build, verify.
+"""The JIT libraries in build/aiter_build: decide (reuse or rebuild), fetch, verify, and what a wheel expects.
 
 Reuse is hard-gated (jax_aiter.reuse_gate): the producer job asks `decide`
 whether a release for this checkout's identity exists; consumer jobs `fetch`
 it and fail at once on a miss, naming the reason; they never start a build.
+
+The wheel build trusts no JIT library it finds on disk: it checks each against
+`expectations()` (sha256/size and build identity from the record written with
+the libraries) before staging and again after reading it back from the wheel.
 """
 from __future__ import annotations
 
@@ -16,9 +20,16 @@ from jatools.ci import github_output
 from jatools.native import identity, jit_build
 from jax_aiter import fetch, reuse_gate
 from jax_aiter import manifest as mf
-from jax_aiter.integrity import RECORD_NAME, IntegrityError, diff_entries, read_record
+from jax_aiter.integrity import (
+    RECORD_NAME,
+    IntegrityError,
+    diff_entries,
+    read_record,
+    verify_entries,
+)
 
 Log = Callable[[str], None]
+FIX = "rebuild the JIT libraries with `python3 jax_aiter/jit/build_jit.py` or fetch published ones with `invoke jit.fetch`"
 
 
 class JitCacheError(RuntimeError):
@@ -102,7 +113,7 @@ def found_identity(settings: config.Settings, want: dict, base_url: str | None, 
 
 def write_decision(d: Decision, json_path: Path) -> None:
     """The decision as JSON (atomically) and, when set, as `decision=`/`rebuild=` lines in $GITHUB_OUTPUT."""
-    _write_json(json_path, d.to_json())
+    write_json(json_path, d.to_json())
     github_output.append({"decision": d.decision, "rebuild": str(d.rebuild).lower(), "cache_id": d.cache_id,
                           "release_tag": d.release_tag})
 
@@ -172,7 +183,8 @@ def record_from_manifest(manifest: dict, url: str) -> dict:
             "last_build": {"fetched_from": url, "release_tag": manifest["release_tag"], "modules": sorted(modules)}}
 
 
-def _write_json(path: Path, data: dict) -> None:
+def write_json(path: Path, data: dict) -> None:
+    """A record or report as sorted, indented JSON, written atomically."""
     atomic_write.write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
@@ -197,12 +209,70 @@ def run_fetch(settings: config.Settings, *, base_url: str | None = None, strict:
         log(f"fetch: pinned to the {len(published['files'])} libraries the producer published at {url}")
     result = fetch.fetch_release(base, want, settings.jit_dir, strict_toolchain=strict_toolchain(settings, strict),
                                  force=force, opts=fetch.FetchOptions.from_env(), log=log)
-    _write_json(settings.jit_dir / RECORD_NAME, record_from_manifest(result.manifest, result.url))
-    _write_json(settings.build_dir / "jit_libs_fetch.json", {
+    write_json(settings.jit_dir / RECORD_NAME, record_from_manifest(result.manifest, result.url))
+    write_json(settings.build_dir / "jit_libs_fetch.json", {
         "status": result.status, "release_tag": result.manifest["release_tag"], "url": result.url,
         "dest": str(result.dest), "files": result.files, "downloaded_bytes": result.downloaded_bytes,
         "seconds": round(result.seconds, 2), "warnings": result.warnings})
     return result
+
+
+# --- what a wheel expects -------------------------------------------------------------------
+
+class JitExpectationError(RuntimeError):
+    """No usable record of the JIT libraries; the message says how to get one."""
+
+
+@dataclass(frozen=True)
+class JitExpectations:
+    source: Path
+    identity: dict
+    entries: dict[str, dict]  # library file name -> {name, size, sha256}
+
+    def entry(self, name: str) -> dict:
+        if name not in self.entries:
+            raise JitExpectationError(
+                f"{name} has no entry in {self.source} (recorded: {', '.join(sorted(self.entries)) or 'none'}); "
+                f"{FIX}")
+        return self.entries[name]
+
+    def check_digest(self, name: str, sha256: str, where: str) -> None:
+        """Raise IntegrityError when `sha256` (of `name` as found at `where`) differs from the record."""
+        want = self.entry(name)["sha256"]
+        if sha256 != want:
+            raise IntegrityError(
+                f"{where}: sha256 {sha256} does not match {want} recorded in {self.source}; the JIT library "
+                f"changed after its record was written. {FIX[0].upper()}{FIX[1:]}.")
+
+    def verify_folder(self, folder: Path, names: list[str]) -> None:
+        """Hash `names` in `folder` (in parallel) against the record; IntegrityError names any difference."""
+        entries = [self.entry(n) for n in names]
+        try:
+            verify_entries(folder, entries)
+        except IntegrityError as e:
+            raise IntegrityError(f"{e} ({self.source}); the JIT library changed after its record was written. "
+                                 f"{FIX[0].upper()}{FIX[1:]}.") from None
+
+
+def expectations(settings: config.Settings, source: Path | None = None) -> JitExpectations:
+    """The expected JIT libraries: `source` when given (a manifest with the same `identity` and `files` fields
+    will do), else the build record in settings.jit_dir, written last, after the libraries."""
+    path = source or settings.jit_dir / RECORD_NAME
+    if not path.is_file():
+        raise JitExpectationError(
+            f"{path} is missing, so the JIT libraries in {settings.jit_dir} have no recorded hashes; {FIX}")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise JitExpectationError(f"{path} is not valid JSON ({e}); {FIX}") from e
+    ident = data.get("identity")
+    if not ident:
+        modules = ", ".join(sorted(data.get("modules", {})))
+        raise JitExpectationError(
+            f"{path}: the JIT libraries ({modules}) come from builds with different identities, so no single "
+            f"build identity can be baked into a wheel; {FIX}")
+    entries = {e["name"]: e for e in data.get("files", [])}
+    return JitExpectations(source=path, identity=ident, entries=entries)
 
 
 # --- verify -------------------------------------------------------------------------------------
@@ -215,7 +285,7 @@ def verify(folder: Path, against: str | None = None, opts: fetch.FetchOptions | 
     lacks, one it lists beyond the table, or a library in the folder it does not list is a difference too.
     Returns (what it was checked against, number of files); raises naming every difference.
     """
-    fix = "; rebuild (`python3 jax_aiter/jit/build_jit.py`) or fetch (`invoke jit.fetch`) to get a good one"
+    fix = f"; {FIX}"
     try:
         if against:
             if "://" in against:
@@ -268,7 +338,6 @@ def errors() -> tuple[type[BaseException], ...]:
     from jatools.jitlibs import publish
     from jatools.native import toolchain
     from jax_aiter.blob import BlobError
-    from jax_aiter.integrity import IntegrityError
 
     return (JitCacheError, publish.PublishError, fetch.FetchError, mf.ManifestError, identity.IdentityError,
             toolchain.ToolchainError, IntegrityError, BlobError, OSError, ValueError)

@@ -9,7 +9,7 @@ This module is also the project's PEP 517/660 build backend (pyproject [build-sy
 
 1. Find every library the variant holds (jatools/wheel/wheel_layout.toml). A missing one
    fails at once with the command that makes it; this never runs build_jit.py.
-2. Verify the JIT libraries' sha256 against their record (jatools/jitlibs/jit_expectations.py).
+2. Verify the JIT libraries' sha256 against their record (jatools/jitlibs/jit_cache.py).
 3. Stage build/wheel_stage/<variant>/ atomically: the Python package, the libraries
    in jax_aiter/_lib/ (hard links when possible), the build identity, and a
    pyproject.toml that makes the staged tree a setuptools project, so
@@ -48,7 +48,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from jatools import atomic_write, config
-from jatools.jitlibs import jit_expectations
+from jatools.jitlibs import jit_cache
 from jatools.wheel import elf, wheel_floor, wheel_members
 from jatools.wheel.wheel_layout import Layout, Variant, python_files, python_packages
 from jatools.wheel.zip_writer import DeterministicZipWriter, WrittenMember
@@ -154,7 +154,7 @@ def default_epoch(root: Path, env: dict[str, str] | None = None) -> int:
     return max(MIN_EPOCH, int(out.stdout.strip())) if out.returncode == 0 and out.stdout.strip() else MIN_EPOCH
 
 
-def build_identity(expectations: jit_expectations.JitExpectations, version: str, variant: Variant,
+def build_identity(expectations: jit_cache.JitExpectations, version: str, variant: Variant,
                    wheel_arch: str | None, native: dict[str, dict] | None = None, base_url: str | None = None) -> dict:
     """The identity baked into the wheel: the JIT libraries' identity plus what this wheel is, the pins
     ({name, size, sha256} of every JIT library of its cache id and of the `native` libraries it ships: the
@@ -421,7 +421,7 @@ def platform_tag(options: BuildOptions, libs: dict[str, Path]) -> tuple[str, str
 
 
 def read_back(wheel: Path, written: list[WrittenMember], jit_members: dict[str, str],
-              expectations: jit_expectations.JitExpectations, jobs: int | None,
+              expectations: jit_cache.JitExpectations, jobs: int | None,
               native: dict[str, dict] | None = None) -> None:
     """Decompress every member of the written file: RECORD digests, JIT libraries against their record and
     `native` ({member: entry}, the umbrella and shims) against theirs."""
@@ -447,7 +447,7 @@ LOCK_NAME = ".wheel_build.lock"
 
 
 def build(settings: config.Settings, options: BuildOptions, layout: Layout | None = None,
-          expectations: jit_expectations.JitExpectations | None = None,
+          expectations: jit_cache.JitExpectations | None = None,
           log: Callable[[str], None] = print) -> BuildResult:
     """Build one wheel; `log` receives plain progress lines (they read the same on a terminal and in CI).
 
@@ -471,7 +471,7 @@ def build(settings: config.Settings, options: BuildOptions, layout: Layout | Non
 
 
 def _build_locked(settings: config.Settings, options: BuildOptions, layout: Layout | None,
-                  expectations: jit_expectations.JitExpectations | None, log: Callable[[str], None]) -> BuildResult:
+                  expectations: jit_cache.JitExpectations | None, log: Callable[[str], None]) -> BuildResult:
     t0 = time.monotonic()
     layout = layout or Layout.load()
     variant = layout.variant(options.variant)
@@ -485,11 +485,11 @@ def _build_locked(settings: config.Settings, options: BuildOptions, layout: Layo
     jit_names = [n for n in variant.libraries if layout.libraries[n].kind == "jit"]
     jit_bytes = sum(libs[n].stat().st_size for n in jit_names)
     try:
-        expectations = expectations or jit_expectations.load(settings)
+        expectations = expectations or jit_cache.expectations(settings)
         log(f"wheel_build: {variant.name} {version}: verifying {len(jit_names)} JIT libraries "
             f"({jit_bytes / 1e6:.1f} MB) against {expectations.source}")
         expectations.verify_folder(settings.jit_dir, jit_names)
-    except jit_expectations.JitExpectationError as e:
+    except jit_cache.JitExpectationError as e:
         raise WheelBuildError(str(e)) from e
     native_names = [n for n in variant.libraries if layout.libraries[n].kind != "jit"]
     native = verify_native(libs, native_names)
@@ -632,7 +632,7 @@ def build_wheel(wheel_directory: str, config_settings: dict | None = None,
     unbuilt_sdist = (settings.root / "PKG-INFO").is_file() and not settings.build_dir.is_dir()  # before build() locks
     try:
         result = build(settings, options, log=_stderr)
-    except (WheelBuildError, IntegrityError, jit_expectations.JitExpectationError, wheel_floor.FloorError) as e:
+    except (WheelBuildError, IntegrityError, jit_cache.JitExpectationError, wheel_floor.FloorError) as e:
         hint = ""
         if unbuilt_sdist:
             hint = (f"\n  {settings.root} is an unpacked sdist with no native build: build the libraries here "
@@ -755,9 +755,9 @@ def main(argv: list[str] | None = None) -> int:
         options = BuildOptions.from_env(args.variant, args.dist or settings.root / "dist", plat_name=args.plat_name,
                                         wheel_arch=args.wheel_arch, level=args.compress_level, jobs=args.jobs,
                                         engine=args.deflate)
-        expectations = jit_expectations.load(settings, args.jit_record) if args.jit_record else None
+        expectations = jit_cache.expectations(settings, args.jit_record) if args.jit_record else None
         result = build(settings, options, expectations=expectations)
-    except (WheelBuildError, IntegrityError, jit_expectations.JitExpectationError, wheel_floor.FloorError,
+    except (WheelBuildError, IntegrityError, jit_cache.JitExpectationError, wheel_floor.FloorError,
             OSError, ValueError) as e:
         print(f"wheel_build: error: {e}", file=sys.stderr)
         return 2

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from invoke import Context, Exit
 
-from jatools.jitlibs import jit_cache, jit_merge
+from jatools.jitlibs import jit_cache, publish
 from jax_aiter import reuse_gate
 from tests.tooling.jit_libs_support import (
     MODULES,
@@ -48,14 +48,14 @@ def paths(tmp_path: Path) -> tuple[Path, Path]:
 
 def test_good_merge_installs_every_library_and_one_record_that_verifies(tmp_path, paths):
     config, dest = paths
-    record = jit_merge.merge(make_shards(tmp_path), dest, config, log=lambda m: None)
+    record = publish.merge(make_shards(tmp_path), dest, config, log=lambda m: None)
     assert record["identity"] == IDENT and sorted(record["modules"]) == sorted(MODULES)
     assert sorted(p.name for p in dest.iterdir()) == sorted([*MODULES.values(), "build_record.json"])
     source, n = jit_cache.verify(dest)
     assert (source, n) == (str(dest / "build_record.json"), len(MODULES))
     assert not list(dest.parent.glob(".aiter_build.merge-*")), "staging folder left behind"
     # a second merge over an existing build tree replaces it in place
-    jit_merge.merge(make_shards(tmp_path), dest, config, log=lambda m: None)
+    publish.merge(make_shards(tmp_path), dest, config, log=lambda m: None)
     assert jit_cache.verify(dest)[1] == len(MODULES)
 
 
@@ -68,7 +68,7 @@ def test_tampered_library_names_shard_file_and_both_hashes(tmp_path, paths):
     data[100] ^= 0xFF
     lib.write_bytes(bytes(data))
     with pytest.raises(jit_cache.JitCacheError) as e:
-        jit_merge.merge(shards, dest, config)
+        publish.merge(shards, dest, config)
     msg = str(e.value)
     assert "shard jit-shard-jit_libs_rocm_mha_fwd" in msg and "libmha_fwd.so" in msg
     assert recorded in msg and hashlib.sha256(bytes(data)).hexdigest() in msg  # both hashes
@@ -79,7 +79,7 @@ def test_gated_field_mismatch_names_shard_field_and_both_values(tmp_path, paths)
     config, dest = paths
     odd = other_identity(IDENT, recipe_hash="c" * 64)
     with pytest.raises(jit_cache.JitCacheError) as e:
-        jit_merge.merge(make_shards(tmp_path, {"mha_bwd": odd}), dest, config)
+        publish.merge(make_shards(tmp_path, {"mha_bwd": odd}), dest, config)
     msg = str(e.value)
     assert "jit-shard-jit_libs_rocm_mha_bwd" in msg and "recipe_hash" in msg
     assert "b" * 64 in msg and "c" * 64 in msg
@@ -91,10 +91,10 @@ def test_toolchain_difference_warns_and_passes_but_strict_fails(tmp_path, paths)
     odd = {**IDENT, "toolchain": {**IDENT["toolchain"], "gpu_compiler_version": "6.4.3"}}
     shards = make_shards(tmp_path, {"rmsnorm_fwd": odd})
     with pytest.raises(jit_cache.JitCacheError, match=r"toolchain gpu_compiler_version: wanted 6\.4\.\d, found 6\.4\.\d"):
-        jit_merge.merge(shards, dest, config, strict=True)
+        publish.merge(shards, dest, config, strict=True)
     assert not dest.exists()
     warnings: list[str] = []
-    record = jit_merge.merge(shards, dest, config, strict=False, log=warnings.append)
+    record = publish.merge(shards, dest, config, strict=False, log=warnings.append)
     assert any("warning" in w and "gpu_compiler_version" in w and "rmsnorm_fwd" in w for w in warnings), warnings
     assert record["identity"] is None  # the modules' identities are not all the same
     assert reuse_gate.cache_id(odd) == IDENT["cache_id"]  # gated fields agree
@@ -104,7 +104,7 @@ def test_toolchain_difference_warns_and_passes_but_strict_fails(tmp_path, paths)
 def test_missing_module_is_named(tmp_path, paths):
     config, dest = paths
     with pytest.raises(jit_cache.JitCacheError, match=r"module mha_bwd is in no shard \(expected libmha_bwd\.so\)"):
-        jit_merge.merge(make_shards(tmp_path, modules=["rmsnorm_fwd", "mha_fwd"]), dest, config)
+        publish.merge(make_shards(tmp_path, modules=["rmsnorm_fwd", "mha_fwd"]), dest, config)
 
 
 def test_duplicate_module_names_both_shards(tmp_path, paths):
@@ -113,7 +113,7 @@ def test_duplicate_module_names_both_shards(tmp_path, paths):
     write_build(shards / "jit-shard-extra", IDENT, {"libmha_fwd.so": 5000})
     with pytest.raises(jit_cache.JitCacheError,
                        match=r"module mha_fwd is in 2 shards: jit-shard-extra, jit-shard-jit_libs_rocm_mha_fwd"):
-        jit_merge.merge(shards, dest, config)
+        publish.merge(shards, dest, config)
 
 
 def test_failed_merge_leaves_the_previous_build_tree(tmp_path, paths):
@@ -124,7 +124,7 @@ def test_failed_merge_leaves_the_previous_build_tree(tmp_path, paths):
     shards = make_shards(tmp_path)
     (shards / "jit-shard-jit_libs_rocm_mha_bwd" / "libmha_bwd.so").write_bytes(b"truncated")
     with pytest.raises(jit_cache.JitCacheError, match="size 9 does not match"):
-        jit_merge.merge(shards, dest, config)
+        publish.merge(shards, dest, config)
     assert snapshot(dest) == before
     assert not list(dest.parent.glob(".aiter_build.merge-*"))
     assert jit_cache.verify(dest)[1] == len(MODULES)

@@ -15,7 +15,7 @@ from invoke import Context, Exit
 from wheel_plant import patch_dynamic_string, rewrite_wheel
 
 import tasks
-from jatools.jitlibs import jit_expectations
+from jatools.jitlibs import jit_cache
 from jatools.wheel import wheel_build, wheel_contents, wheel_floor, zip_writer
 from jatools.wheel.wheel_build import BuildOptions, WheelBuildError, build
 from jax_aiter.integrity import IntegrityError
@@ -97,7 +97,7 @@ def test_read_back_compares_jit_members_with_the_record(wheels, native_build, tm
     with zipfile.ZipFile(src) as zf:
         data = zf.read(member)
     bad = rewrite_wheel(src, tmp_path / src.name, put={member: data + b"\0"})
-    expectations = jit_expectations.load(native_build)
+    expectations = jit_cache.expectations(native_build)
     with pytest.raises(IntegrityError, match=r"librmsnorm_fwd.so: sha256 \w+ does not match \w+ recorded in"):
         wheel_build.read_back(bad, [], {member: "librmsnorm_fwd.so"}, expectations, None)
 
