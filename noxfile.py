@@ -78,19 +78,19 @@ def compile_only(session: nox.Session) -> None:
     session.run("python", "-m", "jatools.native.build", "--compile-only", *session.posargs)
 
 
-# --- test tiers (docs/testing.md): the tiers and their marker expressions live in
-# jatools/testing/tag_filters.py, the runner in jatools/testing/test_tiers.py ---------------------
+# --- test tiers (docs/testing.md): the tiers, their marker expressions and the runner live in
+# jatools/testing/tiers.py ------------------------------------------------------------------------
 
 
 def _build_and_run_tier(session: nox.Session, *tier: str) -> None:
     session.install(*TEST_DEPS, *BUILD_DEPS)
     # The JAX GPU plugin of the platform the tier runs on, at the tests' jax (none on the CPU or with --deps-from).
-    plugins = session.run("python", "-m", "jatools.testing.test_tiers", "--plugin-requirements", *tier,
+    plugins = session.run("python", "-m", "jatools.testing.tiers", "--plugin-requirements", *tier,
                           *session.posargs, silent=True)
     if plugins and plugins.split():
         session.install(*plugins.split())
     session.run("python", "-m", "jatools.native.build")
-    session.run("python", "-m", "jatools.testing.test_tiers", *tier, *session.posargs)
+    session.run("python", "-m", "jatools.testing.tiers", *tier, *session.posargs)
 
 
 @nox.session(python=PY, tags=["tiers"], default=False)

@@ -14,8 +14,8 @@ so a 2-GPU test and 1-GPU tests share a 4-GPU host without waiting for all of it
 tier). With no GPU the command runs unpinned.
 
 Environment: JA_TESTS_PER_GPU (slots per GPU, 1), JA_GPU_SLOT_TIMEOUT (seconds,
-900), JA_GPU_LOCK_DIR (lock folder), JA_GPU_COUNT / JA_GPU_PLATFORM (override
-the count). Exit 75 when no slot frees up in time, 2 on bad usage.
+900), JA_GPU_LOCK_DIR (lock folder), JA_GPU_COUNT (override the count; ROCm GPUs with
+JA_BACKEND=rocm). Exit 75 when no slot frees up in time, 2 on bad usage.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Test-suite wiring: device guards, GPU-slot pinning for xdist workers, flaky-retry report,
-longest-first ordering.
+"""Test-suite wiring: the one pytest plugin (device guards, GPU-slot pinning for xdist workers, the run
+report, longest-first ordering).
 
 The logic lives in jatools (repo-only tooling); see docs/testing.md. Nothing
 here imports JAX: an xdist worker must take its GPU slot before JAX starts.
@@ -12,5 +12,4 @@ _ROOT = str(Path(__file__).resolve().parent.parent)
 if _ROOT not in sys.path:
     sys.path.append(_ROOT)
 
-pytest_plugins = ["jatools.testing.pytest_gpu_slot", "jatools.testing.pytest_guards", "jatools.testing.pytest_flaky_report",
-                  "jatools.testing.pytest_longest_first"]
+pytest_plugins = ["jatools.testing.pytest_plugin"]

@@ -1,6 +1,7 @@
-"""Testing: the tiers and their tag filters, GPU slots, and the pytest plugins the tier runs load.
+"""Testing: the tiers and their tag filters (tiers), GPU slots (gpu_slots), the pytest plugin the runs load
+(pytest_plugin) and the slot speed-up measurement (slot_speedup).
 
 Owns how tests are selected, pinned to GPUs and run. May import: jatools.config, jax_aiter.settings,
-jatools.atomic_write. The pytest plugins import only the standard library and
-their siblings here, so they load fast in every xdist worker.
+jatools.atomic_write. The plugin imports only the standard library and the stdlib-only modules here,
+so it loads fast in every xdist worker.
 """

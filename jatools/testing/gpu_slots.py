@@ -32,11 +32,14 @@ from pathlib import Path
 from jax_aiter import settings
 
 GPU_COUNT_ENV = "JA_GPU_COUNT"          # override: number of GPUs (skips rocminfo / nvidia-smi)
-GPU_PLATFORM_ENV = "JA_GPU_PLATFORM"    # with the override: cuda (default) or rocm
+BACKEND_ENV = "JA_BACKEND"              # with the override: rocm makes them ROCm GPUs (else CUDA)
 PER_GPU_ENV = "JA_TESTS_PER_GPU"        # slots per GPU (default 1)
 LOCK_DIR_ENV = "JA_GPU_LOCK_DIR"        # where the slot locks live (one per host)
 TIMEOUT_ENV = "JA_GPU_SLOT_TIMEOUT"     # seconds to wait for a free slot (default 900)
-HELD_ENV = "JA_GPU_SLOT_HELD"           # set in a pinned process: "<gpu id>:<slot>"
+# How a process uses the slots: 0 never pins, 1 pins a run without xdist too (the pytest plugin), and
+# "<gpu id>:<slot>" (or "<ids>:block") says it is pinned already: pinned_env and block_env set it.
+SLOT_ENV = "JA_GPU_SLOT"
+RECORD_ENV = "JA_GPU_SLOT_RECORD_DIR"   # a pinned pytest process writes <worker>.json there (its slot, devices, times)
 PREALLOCATE_ENV = "XLA_PYTHON_CLIENT_PREALLOCATE"  # set to false in a pinned process unless given
 MEM_FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"  # set when several slots share a GPU
 BLAS_THREADS_ENV = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS")  # 1 in a pinned process unless given
@@ -134,7 +137,8 @@ def _check_pool(var: str, value: str, found: tuple[str, ...], uuids: tuple[str, 
 
 
 def detect(env: dict[str, str] | None = None) -> Gpus:
-    """Count GPUs: JA_GPU_COUNT override, else `rocminfo` gfx agents, else `nvidia-smi -L`.
+    """Count GPUs: JA_GPU_COUNT override (ROCm GPUs when JA_BACKEND=rocm, else CUDA), else `rocminfo` gfx
+    agents, else `nvidia-smi -L`.
 
     A pool already assigned by an orchestrator (ROCR_VISIBLE_DEVICES on ROCm,
     CUDA_VISIBLE_DEVICES on CUDA) is honoured: its ids are the GPUs we may use.
@@ -142,9 +146,7 @@ def detect(env: dict[str, str] | None = None) -> Gpus:
     env = dict(os.environ if env is None else env)
     uuids: tuple[str, ...] = ()
     if env.get(GPU_COUNT_ENV, "").strip():
-        platform = env.get(GPU_PLATFORM_ENV, "cuda").strip() or "cuda"
-        if platform not in POOL_ENV:
-            raise GpuSlotError(f"{GPU_PLATFORM_ENV}={platform!r}; use cuda or rocm")
+        platform = "rocm" if env.get(BACKEND_ENV, "").strip().lower() == "rocm" else "cuda"
         n = settings.from_env(GPU_COUNT_ENV, env)
         found, how = tuple(str(i) for i in range(n)), f"{GPU_COUNT_ENV}={n}"
         if n == 0:
@@ -178,6 +180,12 @@ def detect(env: dict[str, str] | None = None) -> Gpus:
         pool = _check_pool(pool_var, env[pool_var], found, uuids, how)
         return Gpus(platform if pool else "cpu", pool, f"{how}; pool {pool_var}={env[pool_var]!r}")
     return Gpus(platform, found, how)
+
+
+def held(env: dict[str, str] | None = None) -> str | None:
+    """The slot this process is pinned to ("<gpu id>:<slot>", "<ids>:block"), or None when it is not pinned."""
+    value = (os.environ if env is None else env).get(SLOT_ENV, "")
+    return value if ":" in value else None
 
 
 def tests_per_gpu(env: dict[str, str] | None = None) -> int:
@@ -390,7 +398,7 @@ def block_env(block: list[Slot], env: dict[str, str] | None = None) -> dict[str,
         out["HIP_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(ids)))
     else:
         out["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
-    out[HELD_ENV] = f"{','.join(ids)}:block"
+    out[SLOT_ENV] = f"{','.join(ids)}:block"
     return out
 
 
@@ -413,7 +421,7 @@ def pinned_env(slot: Slot, per_gpu: int = 1, env: dict[str, str] | None = None) 
         out.setdefault(key, "1")
     if per_gpu > 1 and MEM_FRACTION_ENV not in out:
         out[MEM_FRACTION_ENV] = f"{0.9 / per_gpu:.2f}"
-    out[HELD_ENV] = f"{slot.gpu}:{slot.slot}"
+    out[SLOT_ENV] = f"{slot.gpu}:{slot.slot}"
     return out
 
 

@@ -2,9 +2,9 @@
 
     python3 ci/measure_slot_speedup.py [--workers 2] [--repeats 1] [--out F] [pytest args]
 
-Both runs use the same pytest command the pr tier uses (jatools.testing.test_tiers.plan),
+Both runs use the same pytest command the pr tier uses (jatools.testing.tiers.plan),
 with retries off. Each worker records its slot and the devices JAX showed it
-(jatools.testing.pytest_gpu_slot), and the run fails unless every worker of the
+(jatools.testing.pytest_plugin), and the run fails unless every worker of the
 N-worker run saw exactly one GPU and no two workers shared one. Untimed
 warm-up rounds go first (--warmup, default 1: the first run after a build
 starts on cold caches and was measured slower; it also records the durations
@@ -35,8 +35,7 @@ import time
 from pathlib import Path
 
 from jatools import atomic_write, config
-from jatools.testing import gpu_slots, test_tiers
-from jatools.testing.pytest_gpu_slot import RECORD_ENV
+from jatools.testing import gpu_slots, tiers
 
 GOAL = 1.8
 
@@ -75,8 +74,8 @@ def phases(records: list[dict], launched: float, ended: float) -> dict | None:
     return {"start": round(first - launched, 2), "tests": round(last - first, 2), "end": round(ended - last, 2)}
 
 
-def timed_run(run: test_tiers.PytestRun, root: Path, records: Path) -> dict:
-    env = {**os.environ, **run.env, RECORD_ENV: str(records)}
+def timed_run(run: tiers.PytestRun, root: Path, records: Path) -> dict:
+    env = {**os.environ, **run.env, gpu_slots.RECORD_ENV: str(records)}
     launched, start = time.time(), time.monotonic()
     proc = subprocess.run(list(run.argv), cwd=root, env=env, capture_output=True, text=True, check=False)
     seconds, ended = time.monotonic() - start, time.time()
@@ -124,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--repeats must be >= 1, --warmup >= 0 and --workers >= 2")
     root = config.REPO_ROOT
     gpus = gpu_slots.detect()
-    platform, why = test_tiers.choose_platform(a.platform, dict(os.environ), gpus)
+    platform, why = tiers.choose_platform(a.platform, dict(os.environ), gpus)
     if platform == "cpu" or gpus.count < a.workers:
         print(f"slot_speedup: needs {a.workers} GPUs, found {gpus.count} ({gpus.how}); run it on the GPU host",
               file=sys.stderr)
@@ -134,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         warmup = r < a.warmup
         label = f"warm-up {r + 1}" if warmup else f"round {r - a.warmup + 1}"
         for n in (a.workers, 1):
-            (run,) = [x for x in test_tiers.plan(a.tier, platform, gpus, pytest_args, workers=n, reruns=0,
-                                                 results_dir=root / test_tiers.RESULTS_DIR) if x.kind == "single"]
+            (run,) = [x for x in tiers.plan(a.tier, platform, gpus, pytest_args, workers=n, reruns=0,
+                                                 results_dir=root / tiers.RESULTS_DIR) if x.kind == "single"]
             print(f"slot_speedup: {label}, {n} worker(s): {run.command_line()}", flush=True)
             with tempfile.TemporaryDirectory(prefix="ja-slots-") as tmp:
                 res = timed_run(run, root, Path(tmp))

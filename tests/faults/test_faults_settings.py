@@ -34,7 +34,7 @@ def _run(args: list[str], **env: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("name, value", [("JA_TEST_RERUNS", "nan"), ("JA_TEST_WORKERS", "-2"),
                                          ("JA_TESTS_PER_GPU", "0")])
 def test_faults_test_tier_runner_names_a_bad_setting(name, value):
-    r = _run(["-m", "jatools.testing.test_tiers", "--dry-run"], **{name: value, "JA_GPU_COUNT": "1"})
+    r = _run(["-m", "jatools.testing.tiers", "--dry-run"], **{name: value, "JA_GPU_COUNT": "1"})
     assert r.returncode == 2 and f"{name}={value!r} is not valid" in r.stderr and "Traceback" not in r.stderr
 
 

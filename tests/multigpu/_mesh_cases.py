@@ -1,7 +1,7 @@
 """Shared pieces of the sharded tests: mesh layouts, shard_map wrapping, comparisons.
 
 Every layout is a pytest param carrying ``multigpu(devices=N)``, so the
-central guard (jatools.testing.pytest_guards) skips it, with the reason printed, on a
+central guard (jatools.testing.pytest_plugin) skips it, with the reason printed, on a
 machine with fewer devices. Activations are [batch, seq, heads, head_dim];
 "batch" and "heads" are the mesh axes they are sharded over.
 """

@@ -19,7 +19,7 @@ from jatools.testing import gpu_slots
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNNER = ROOT / "ci" / "parallel_gpu_execute.py"
-SHOW = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", gpu_slots.HELD_ENV,
+SHOW = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", gpu_slots.SLOT_ENV,
         "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_PREALLOCATE", *gpu_slots.BLAS_THREADS_ENV)
 
 
@@ -100,7 +100,7 @@ def test_counts_from_nvidia_smi_when_rocminfo_finds_none(host):
 
 def test_override_count_skips_the_tools(host):
     env = host()
-    env.update(JA_GPU_COUNT="4", JA_GPU_PLATFORM="rocm")
+    env.update(JA_GPU_COUNT="4", JA_BACKEND="rocm")
     assert gpu_slots.detect(env) == gpu_slots.Gpus("rocm", ("0", "1", "2", "3"), "JA_GPU_COUNT=4")
 
 
@@ -114,7 +114,7 @@ def test_zero_gpus_runs_unpinned_and_passes_the_exit_code_through(host, tmp_path
     r = _run(env, _recorder(tmp_path / "seen.json", code=7))
     assert r.returncode == 7, r.stderr
     seen = json.loads((tmp_path / "seen.json").read_text())
-    assert seen["CUDA_VISIBLE_DEVICES"] == "7" and seen[gpu_slots.HELD_ENV] is None
+    assert seen["CUDA_VISIBLE_DEVICES"] == "7" and seen[gpu_slots.SLOT_ENV] is None
     assert "running unpinned" in r.stderr
     assert not (tmp_path / "locks").exists() or not list((tmp_path / "locks").iterdir())
 
@@ -145,7 +145,7 @@ def test_slot_order_spreads_over_gpus_before_sharing_one(host, tmp_path):
             out = tmp_path / f"seen{k}.json"
             holders.append(_start(env, _recorder(out, hold_s=60)))
             seen.append(_wait_for(out))
-        assert [s[gpu_slots.HELD_ENV] for s in seen] == ["0:0", "1:0", "0:1", "1:1"]
+        assert [s[gpu_slots.SLOT_ENV] for s in seen] == ["0:0", "1:0", "0:1", "1:1"]
         assert [s["CUDA_VISIBLE_DEVICES"] for s in seen] == ["0", "1", "0", "1"]
         assert {s["XLA_PYTHON_CLIENT_MEM_FRACTION"] for s in seen} == {"0.45"}  # two processes share a GPU
         full = _run({**env, "JA_GPU_SLOT_TIMEOUT": "0.5"}, ["true"])
@@ -188,7 +188,7 @@ def test_killed_holder_frees_its_slot(host, tmp_path):
     after = _run({**env, "JA_GPU_SLOT_TIMEOUT": "10"}, _recorder(tmp_path / "after.json"))
     assert after.returncode == 0, after.stderr
     assert time.monotonic() - start < 10
-    assert json.loads((tmp_path / "after.json").read_text())[gpu_slots.HELD_ENV] == "0:0"
+    assert json.loads((tmp_path / "after.json").read_text())[gpu_slots.SLOT_ENV] == "0:0"
 
 
 def test_waiting_command_gets_the_slot_when_it_frees(host, tmp_path):
@@ -231,7 +231,7 @@ def test_exclusive_holds_every_slot_and_leaves_devices_unpinned(host, tmp_path):
     excl = _start(env, _recorder(tmp_path / "excl.json", hold_s=60), "--exclusive")
     try:
         seen = _wait_for(tmp_path / "excl.json")
-        assert seen["CUDA_VISIBLE_DEVICES"] is None and seen[gpu_slots.HELD_ENV] is None
+        assert seen["CUDA_VISIBLE_DEVICES"] is None and seen[gpu_slots.SLOT_ENV] is None
         blocked = _run({**env, "JA_GPU_SLOT_TIMEOUT": "0.3"}, ["true"])
         assert blocked.returncode == 75
     finally:
@@ -252,15 +252,15 @@ def test_a_block_of_two_gpus_shares_a_four_gpu_host_with_single_gpu_commands(hos
     one = _start(env, _recorder(tmp_path / "one.json", hold_s=60))  # GPU 0, slot 0
     procs = [one]
     try:
-        assert _wait_for(tmp_path / "one.json")[gpu_slots.HELD_ENV] == "0:0"
+        assert _wait_for(tmp_path / "one.json")[gpu_slots.SLOT_ENV] == "0:0"
         block = _start(env, _recorder(tmp_path / "block.json", hold_s=60), "--gpus", "2")
         procs.append(block)
         seen = _wait_for(tmp_path / "block.json")
-        assert seen["CUDA_VISIBLE_DEVICES"] == "1,2" and seen[gpu_slots.HELD_ENV] == "1,2:block"  # 0-1 is not free
+        assert seen["CUDA_VISIBLE_DEVICES"] == "1,2" and seen[gpu_slots.SLOT_ENV] == "1,2:block"  # 0-1 is not free
         assert seen["XLA_PYTHON_CLIENT_MEM_FRACTION"] is None  # the block owns its GPUs whole
         for k in range(3):  # single-GPU commands still run: GPU 3 twice, then GPU 0's second slot
             procs.append(_start(env, _recorder(tmp_path / f"s{k}.json", hold_s=60)))
-            assert _wait_for(tmp_path / f"s{k}.json")[gpu_slots.HELD_ENV] == ["3:0", "0:1", "3:1"][k]
+            assert _wait_for(tmp_path / f"s{k}.json")[gpu_slots.SLOT_ENV] == ["3:0", "0:1", "3:1"][k]
         waited = _run({**env, "JA_GPU_SLOT_TIMEOUT": "0.5"}, ["true"], "--gpus", "2")
         assert waited.returncode == gpu_slots.EXIT_NO_SLOT and "no block of 2 free GPU(s)" in waited.stderr
         block.kill()

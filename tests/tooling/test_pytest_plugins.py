@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PLUGINS = ["jatools.testing.pytest_gpu_slot", "jatools.testing.pytest_guards", "jatools.testing.pytest_flaky_report",
-           "jatools.testing.pytest_longest_first"]
+PLUGINS = ["jatools.testing.pytest_plugin"]
 MARKERS = ["gpu", "multigpu", "slow", "cuda_only", "rocm_only"]
 PINNING = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "XLA_FLAGS",
-           "JA_GPU_SLOT", "JA_GPU_SLOT_HELD", "JA_FLAKY_JSON", "PYTEST_XDIST_WORKER", "PYTEST_ADDOPTS",
+           "JA_GPU_SLOT", "JA_FLAKY_JSON", "PYTEST_XDIST_WORKER", "PYTEST_ADDOPTS",
            "PYTEST_DISABLE_PLUGIN_AUTOLOAD",  # a tier run sets it; these suites load xdist as users do
            "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION", "OPENBLAS_NUM_THREADS",
            "MKL_NUM_THREADS", "OMP_NUM_THREADS", "JA_WORKER_FAST_EXIT")
@@ -65,7 +64,7 @@ WHO_AM_I = """
     @pytest.mark.parametrize("i", range(4))
     def test_where(i):
         time.sleep(0.1)
-        rec = {k: os.environ.get(k) for k in ("PYTEST_XDIST_WORKER", "CUDA_VISIBLE_DEVICES", "JA_GPU_SLOT_HELD",
+        rec = {k: os.environ.get(k) for k in ("PYTEST_XDIST_WORKER", "CUDA_VISIBLE_DEVICES", "JA_GPU_SLOT",
                                           "XLA_PYTHON_CLIENT_PREALLOCATE", "OPENBLAS_NUM_THREADS")}
         rec["jax_imported"] = "jax" in sys.modules
         open(os.path.join(os.environ["OUT"], f"{i}.json"), "w").write(json.dumps(rec))
@@ -123,7 +122,7 @@ def test_numpy_imported_before_the_slot_is_a_warning(suite):
 
 def test_single_process_pins_itself_on_request(suite):
     _, recs = _where(suite, gpus=3, JA_GPU_SLOT="1")
-    assert {rec["JA_GPU_SLOT_HELD"] for rec in recs} == {"0:0"}
+    assert {rec["JA_GPU_SLOT"] for rec in recs} == {"0:0"}
 
 
 GUARDED = """
@@ -247,7 +246,7 @@ def test_worker_refuses_only_a_jax_that_already_chose_its_devices(suite, early, 
 
 
 def test_longest_first_order_puts_unknown_tests_at_the_mean_and_keeps_ties_in_collection_order():
-    from jatools.testing.pytest_longest_first import longest_first
+    from jatools.testing.pytest_plugin import longest_first
 
     ids = ["a", "b", "c", "d", "new"]
     assert longest_first(ids, {}) == [0, 1, 2, 3, 4]  # nothing recorded: collection order
@@ -256,7 +255,7 @@ def test_longest_first_order_puts_unknown_tests_at_the_mean_and_keeps_ties_in_co
 
 
 def test_longest_first_for_worksteal_gives_each_worker_a_slice_of_equal_time_longest_first():
-    from jatools.testing.pytest_longest_first import longest_first, slice_sizes
+    from jatools.testing.pytest_plugin import longest_first, slice_sizes
 
     assert slice_sizes(149, 2) == [74, 75] and slice_sizes(10, 3) == [3, 3, 4]  # xdist worksteal's first split
     ids = list("abcdefg")
@@ -403,22 +402,32 @@ def pytest_sessionfinish(session):
 @needs_xdist
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc (Linux)")
 @pytest.mark.parametrize("fast", ["1", "0"])
-def test_a_pinned_worker_exits_once_reported_skipping_only_jaxs_teardown(suite, fast):
+def test_a_pinned_worker_exits_once_reported_skipping_the_exit_handlers(suite, fast):
     """Fast exit (the default): once the worker has reported everything it ends, without waiting for the
-    controller; every other exit handler runs, JAX's backend clean-up and interpreter finalization do not.
-    JA_WORKER_FAST_EXIT=0: the full teardown, after the controller's stop."""
+    controller; no exit handler (JAX's backend clean-up among them) runs, nor interpreter finalization, and
+    what it printed or logged is not lost. JA_WORKER_FAST_EXIT=0: the full teardown, after the controller's stop."""
     pytest.importorskip("jax", reason="the exit handler it skips is JAX's")
     out = suite.tmp / "out"
     out.mkdir()
     (suite.tree / "conftest.py").write_text(WATCH_THE_WORKER.format(plugins=PLUGINS))
-    tests = AT_EXIT + "\n    def test_pid():\n        (OUT / f'pid-{WORKER}').write_text(str(os.getpid()))\n"
+    tests = AT_EXIT + textwrap.indent(textwrap.dedent("""
+        import logging.handlers
+
+        def test_pid():
+            (OUT / f'pid-{WORKER}').write_text(str(os.getpid()))
+            # buffered until the handler is flushed: at logging's shut-down, whichever way the process ends
+            handler = logging.handlers.MemoryHandler(100, target=logging.FileHandler(OUT / f"log-{WORKER}"))
+            logging.getLogger("ja-exit").addHandler(handler)
+            logging.getLogger("ja-exit").warning("logged before the end")
+    """), "    ")
     r = suite(tests, "-n", "1", gpus=1, OUT=str(out), **({} if fast == "1" else {"JA_WORKER_FAST_EXIT": "0"}))
     assert r.returncode == 0 and "2 passed" in r.stdout, r.stdout + r.stderr
     assert "node down" not in r.stdout + r.stderr and "crashed" not in r.stdout + r.stderr
     seen = {p.name: p.read_text() for p in out.iterdir()}
     assert seen["worker-at-teardown"] == ("gone" if fast == "1" else "running")
-    assert seen["atexit-gw0"] == "ran"  # the handlers a test registered still run
-    assert seen["backends-gw0"] == ("alive" if fast == "1" else "cleared")
+    assert seen["log-gw0"] == "logged before the end\n"  # flushed either way
+    assert ("atexit-gw0" in seen) == (fast == "0")  # a handler a test registered runs only in the full teardown
+    assert seen.get("backends-gw0") == (None if fast == "1" else "cleared")  # JAX's clean-up: likewise
     assert ("finalized-gw0" in seen) == (fast == "0")
 
 
@@ -518,7 +527,7 @@ def test_the_warmup_result_is_in_the_slot_record(suite, fake_driver):
     ({"TF_CUDA_PLATFORM_GPU_DEVICE_SCHEDULE": "spin"}, ["cuInit"]),  # XLA sets its own context flags
     ({"JA_GPU_WARMUP": "0"}, []),
     ({"JA_GPU_SLOT": "0"}, []),                                       # unpinned: which GPU would it be?
-    ({"JA_GPU_COUNT": "1", "JA_GPU_PLATFORM": "rocm"}, []),           # CUDA only
+    ({"JA_GPU_COUNT": "1", "JA_BACKEND": "rocm"}, []),                # CUDA only
 ], ids=["xla-context-flags", "switched-off", "unpinned", "rocm"])
 def test_the_warmup_steps_aside(suite, fake_driver, env, expected):
     log = suite.tmp / "driver.log"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from jatools.testing import tag_filters as tf
+from jatools.testing import tiers as tf
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "ci" / "tag_filters_golden.txt"
@@ -70,7 +70,7 @@ def test_tiers_are_composed_from_the_same_table():
 
 def test_unknown_names_list_the_valid_ones():
     with pytest.raises(tf.TagFilterError, match="valid tiers: pr, nightly, multigpu"):
-        tf.tier("weekly")
+        tf.tier_named("weekly")
     with pytest.raises(tf.TagFilterError, match="valid platforms: cpu, cuda, rocm"):
         tf.tag_filter("tpu", "cpu")
     with pytest.raises(tf.TagFilterError, match="unknown marker"):

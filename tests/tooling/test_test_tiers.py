@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from jatools.testing import gpu_slots, tag_filters, test_tiers
+from jatools.testing import gpu_slots, tiers
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = gpu_slots.Gpus("cpu", (), "none")
@@ -18,13 +18,13 @@ TWO_CUDA = gpu_slots.Gpus("cuda", ("0", "1"), "nvidia-smi -L: 2 GPUs")
 
 
 def _plan(tier, platform, gpus, **kw):
-    return test_tiers.plan(tier, platform, gpus, [], env=kw.pop("env", {}), python="py", **kw)
+    return tiers.plan(tier, platform, gpus, [], env=kw.pop("env", {}), python="py", **kw)
 
 
 def test_pr_on_the_cpu_is_one_in_process_run_with_the_tables_expression():
     (run,) = _plan("pr", "cpu", CPU)
-    assert run.expression == tag_filters.tier_runs("pr", "cpu")[0][2].expression()
-    timeout = str(tag_filters.tier("pr").timeout_s)
+    assert run.expression == tiers.tier_runs("pr", "cpu")[0][2].expression()
+    timeout = str(tiers.tier_named("pr").timeout_s)
     assert run.argv == ("py", "-m", "pytest", "-m", run.expression, "-p", "pytest_timeout", "--timeout", timeout)
     assert "-n" not in run.argv and not run.exclusive
     (bare,) = _plan("pr", "cpu", CPU, have_timeout_plugin=False)
@@ -33,7 +33,7 @@ def test_pr_on_the_cpu_is_one_in_process_run_with_the_tables_expression():
 
 def test_pr_on_a_gpu_host_runs_one_xdist_worker_per_slot():
     (run,) = _plan("pr", "cuda", TWO_CUDA)
-    xdist = ("-n", "2", "--dist", "worksteal", "-p", "jatools.testing.pytest_longest_first", "--longest-first")
+    xdist = ("-n", "2", "--dist", "worksteal", "-p", "jatools.testing.pytest_plugin", "--longest-first")
     assert run.argv[-len(xdist):] == xdist and run.config == "single_gpu"
     (run,) = _plan("pr", "cuda", TWO_CUDA, env={"JA_TESTS_PER_GPU": "2"})
     assert ("-n", "4") in zip(run.argv, run.argv[1:])
@@ -41,8 +41,16 @@ def test_pr_on_a_gpu_host_runs_one_xdist_worker_per_slot():
     assert "-n" not in run.argv and run.env["JA_GPU_SLOT"] == "1"  # one process, pinned itself
 
 
+def test_a_process_pinned_already_keeps_its_slot():
+    """Under ci/parallel_gpu_execute.py (JA_GPU_SLOT=<gpu>:<slot>) the tier neither pins again nor unpins."""
+    held = {"JA_GPU_SLOT": "1:0"}
+    (single,) = _plan("pr", "cuda", TWO_CUDA, workers=0, env=held)
+    (multi,) = _plan("multigpu", "cuda", TWO_CUDA, env=held)
+    assert "JA_GPU_SLOT" not in single.env and "JA_GPU_SLOT" not in multi.env
+
+
 def test_more_workers_than_slots_is_refused_before_anything_runs():
-    with pytest.raises(test_tiers.TierError, match="3 workers but only 2 GPU slots"):
+    with pytest.raises(tiers.TierError, match="3 workers but only 2 GPU slots"):
         _plan("pr", "cuda", TWO_CUDA, workers=3)
 
 
@@ -61,7 +69,7 @@ def test_nightly_on_a_gpu_host_is_the_whole_suite_the_cpu_device_tests_included(
         ("host", "not cuda_only and not gpu and not multigpu"),  # the CPU-parameterised cases, slow ones too
         ("multi", "multigpu and not cuda_only")]
     assert [r.kind for r in _plan("nightly", "cpu", CPU)] == ["single", "multi"]  # host == single on the CPU
-    assert {r.argv[r.argv.index("--timeout") + 1] for r in runs} == {str(tag_filters.tier("nightly").timeout_s)}
+    assert {r.argv[r.argv.index("--timeout") + 1] for r in runs} == {str(tiers.tier_named("nightly").timeout_s)}
 
 
 def test_retries_only_when_the_plugin_is_there():
@@ -79,25 +87,24 @@ def test_only_the_plugins_a_run_uses_are_loaded_unless_autoload_is_asked_for():
     (cpu,) = _plan("pr", "cpu", CPU)
     assert cpu.env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] == "1"
     assert [b for a, b in zip(cpu.argv, cpu.argv[1:]) if a == "-p"] == ["pytest_timeout"]  # no xdist, no retries
-    for env in ({"JA_PYTEST_AUTOLOAD": "1"}, {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": ""}):
-        (run,) = _plan("pr", "cuda", TWO_CUDA, reruns=2, env=env)
-        named = [b for a, b in zip(run.argv, run.argv[1:]) if a == "-p"]
-        assert "PYTEST_DISABLE_PLUGIN_AUTOLOAD" not in run.env and named == ["jatools.testing.pytest_longest_first"]
-        assert "--reruns" in run.argv and "-n" in run.argv
+    # Autoload asked for (pytest's own switch set to empty): every installed plugin loads, only ours is named.
+    (run,) = _plan("pr", "cuda", TWO_CUDA, reruns=2, env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": ""})
+    named = [b for a, b in zip(run.argv, run.argv[1:]) if a == "-p"]
+    assert "PYTEST_DISABLE_PLUGIN_AUTOLOAD" not in run.env and named == ["jatools.testing.pytest_plugin"]
+    assert "--reruns" in run.argv and "-n" in run.argv
     # Autoload switched off by the caller: kept, and the plugins the run needs are still named.
-    (run,) = _plan("pr", "cuda", TWO_CUDA, reruns=2, env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "true",
-                                                           "JA_PYTEST_AUTOLOAD": "1"})
+    (run,) = _plan("pr", "cuda", TWO_CUDA, reruns=2, env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "true"})
     assert "PYTEST_DISABLE_PLUGIN_AUTOLOAD" not in run.env
     assert ("-p", "xdist.plugin") in zip(run.argv, run.argv[1:])
     assert ("-p", "pytest_rerunfailures") in zip(run.argv, run.argv[1:])
 
 
 def test_platform_choice_precedence():
-    assert test_tiers.choose_platform("rocm", {"JA_TEST_PLATFORM": "cuda"}, CPU)[0] == "rocm"
-    assert test_tiers.choose_platform(None, {"JA_TEST_PLATFORM": "cuda", "JA_BACKEND": "cpu"}, CPU)[0] == "cuda"
-    assert test_tiers.choose_platform(None, {"JA_BACKEND": "auto"}, TWO_CUDA)[0] == "cuda"
-    with pytest.raises(test_tiers.TierError, match="use one of cpu, cuda, rocm"):
-        test_tiers.choose_platform("tpu", {}, CPU)
+    assert tiers.choose_platform("rocm", {"JA_BACKEND": "cuda"}, CPU)[0] == "rocm"
+    assert tiers.choose_platform(None, {"JA_BACKEND": "cuda"}, CPU)[0] == "cuda"
+    assert tiers.choose_platform(None, {"JA_BACKEND": "auto"}, TWO_CUDA)[0] == "cuda"
+    with pytest.raises(tiers.TierError, match="use one of cpu, cuda, rocm"):
+        tiers.choose_platform("tpu", {}, CPU)
 
 
 TREE = """
@@ -125,14 +132,14 @@ def _tier(tmp_path, *args, tests=TREE, extra_env=None):
     tree = tmp_path / "tree"
     tree.mkdir(exist_ok=True)
     (tree / "pytest.ini").write_text("[pytest]\naddopts = -ra -p no:cacheprovider --strict-markers\nmarkers =\n"
-                                     + "".join(f"    {m}: x\n" for m in tag_filters.MARKERS))
+                                     + "".join(f"    {m}: x\n" for m in tiers.MARKERS))
     (tree / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text().replace(
         "Path(__file__).resolve().parent.parent", repr(str(ROOT))))
     (tree / "test_tree.py").write_text(textwrap.dedent(tests))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JA_", "XLA_FLAGS", "PYTEST_"))}
     env.update(JA_GPU_COUNT="0", PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     env.update(extra_env or {})
-    r = subprocess.run([sys.executable, "-m", "jatools.testing.test_tiers", "--results-dir", str(tmp_path / "res"),
+    r = subprocess.run([sys.executable, "-m", "jatools.testing.tiers", "--results-dir", str(tmp_path / "res"),
                         *args, str(tree)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
     return r, tmp_path / "res"
 
@@ -248,7 +255,7 @@ def test_slot_speedup_runs_warm_ups_first_and_leaves_them_out_of_the_medians(tmp
     tree = tmp_path / "tree"
     tree.mkdir()
     (tree / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider --strict-markers\nmarkers =\n"
-                                     + "".join(f"    {m}: x\n" for m in tag_filters.MARKERS))
+                                     + "".join(f"    {m}: x\n" for m in tiers.MARKERS))
     (tree / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text().replace(
         "Path(__file__).resolve().parent.parent", repr(str(ROOT))))
     (tree / "test_tree.py").write_text("import pytest\n\n\n@pytest.mark.parametrize('i', range(4))\n"
@@ -320,13 +327,12 @@ def test_a_gpu_host_whose_jax_sees_no_gpu_fails_before_any_test_and_names_the_pl
     """The issue's reproduction: a ROCm host (JA_BACKEND=rocm, one GPU) whose JAX has no GPU plugin."""
     pytest.importorskip("jax", reason="the probe asks the real JAX what it sees")
     pytest.importorskip("packaging", reason="the plugin requirements are read with packaging")
-    r, res = _tier(tmp_path, "--tier", "pr", extra_env={"JA_BACKEND": "rocm", "JA_GPU_COUNT": "1",
-                                                       "JA_GPU_PLATFORM": "rocm"})
-    assert r.returncode == test_tiers.EXIT_GPU_UNUSED, r.stdout + r.stderr
+    r, res = _tier(tmp_path, "--tier", "pr", extra_env={"JA_BACKEND": "rocm", "JA_GPU_COUNT": "1"})
+    assert r.returncode == tiers.EXIT_GPU_UNUSED, r.stdout + r.stderr
     result = json.loads((res / "tier-pr.json").read_text())
     assert result["runs"] == [] and result["gpu"]["expected"] == 1  # no test ran on the wrong devices
     (problem,) = result["gpu"]["problems"]
-    plugins = test_tiers.plugin_requirements("rocm")
+    plugins = tiers.plugin_requirements("rocm")
     assert "JAX in" in problem and "sees 0" in problem and " ".join(plugins) in problem
     assert "FAILED: GPUs expected but not used" in r.stdout
 
@@ -380,7 +386,7 @@ def test_gpu_tests_are_counted_per_device_and_a_run_of_none_fails(tmp_path):
     # The same host with every GPU test deselected: the run is green by pytest's count, red by the tier's.
     r, res = _tier(tmp_path, "--tier", "pr", "--platform", "cuda", "--workers", "1", "-m", "not gpu",
                    tests=GPU_TREE, extra_env=env)
-    assert r.returncode == test_tiers.EXIT_GPU_UNUSED, r.stdout + r.stderr
+    assert r.returncode == tiers.EXIT_GPU_UNUSED, r.stdout + r.stderr
     (problem,) = json.loads((res / "tier-pr.json").read_text())["gpu"]["problems"]
     assert "ran 0 GPU tests on a host with 1 GPU(s)" in problem
     r, _ = _tier(tmp_path, "--tier", "pr", "--platform", "cuda", "--workers", "1", "--expect-gpus", "0",

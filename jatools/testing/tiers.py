@@ -1,17 +1,24 @@
-"""Run a test tier: pr, nightly or multigpu, as one or more pytest processes.
+"""Test tiers: which tests a machine runs (one table of pytest marker expressions) and the runner of a tier.
 
-    python3 -m jatools.testing.test_tiers --tier pr [--platform cuda] [--workers N] [--reruns N] [pytest args]
+    python3 -m jatools.testing.tiers --tier pr [--platform cuda] [--workers N] [--reruns N] [pytest args]
     JA_TEST_TIER=nightly bash ci/test.sh
 
-The marker expression of every run comes from jatools.testing.tag_filters (the same
-table ``python3 ci/tag_filters.py`` prints). Single-device runs on a GPU host
-use pytest-xdist, one worker per GPU slot (jatools.testing.pytest_gpu_slot pins each
-worker before JAX starts). Multi-device runs are a separate pytest process:
-unpinned and holding every GPU slot (exclusive) on a GPU host; on the CPU with
-XLA_FLAGS=--xla_force_host_platform_device_count=4 set before JAX starts.
-Each run writes its report JSON (retries, failures classified, GPU tests per device:
-jatools.testing.pytest_flaky_report); the tier writes build/test-results/tier-<tier>.json,
-a one-screen summary, and a table to $GITHUB_STEP_SUMMARY when that is set.
+Tag filters. As XLA composes its ROCm tag filters, a platform has a base list of
+what it must never attempt, and each CI configuration adds its own requirements.
+The tiers (pr / nightly / multigpu) are defined with the same ``Filter`` type, so
+there is one source for every ``pytest -m`` expression CI uses.
+``python3 ci/tag_filters.py`` prints them; ``ci/tag_filters_golden.txt`` holds
+that printout and a test keeps it current.
+
+The runner. A tier is one or more pytest processes. Single-device runs on a GPU
+host use pytest-xdist, one worker per GPU slot (jatools.testing.pytest_plugin
+pins each worker before JAX starts). Multi-device runs are a separate pytest
+process: unpinned and holding every GPU slot (exclusive) on a GPU host; on the
+CPU with XLA_FLAGS=--xla_force_host_platform_device_count=4 set before JAX starts.
+Each run writes its report JSON (retries, failures classified by ``classify``,
+GPU tests per device: the plugin's run report); the tier writes
+build/test-results/tier-<tier>.json, a one-screen summary, and a table to
+$GITHUB_STEP_SUMMARY when that is set.
 
 A GPU run must use its GPUs. Where GPUs are expected (the slot runner's count:
 nvidia-smi, rocminfo, JA_GPU_COUNT or the orchestrator's pool, on a cuda/rocm
@@ -19,7 +26,9 @@ platform; --expect-gpus overrides), the tier first asks the pytest interpreter's
 what it sees and stops, before any test, when it sees fewer GPUs (a missing JAX
 plugin: `nox -s tests` installs it, --plugin-requirements prints it); after the runs
 it fails when a GPU run ran no GPU test. Exit 7 says so. Every test has a time
-limit (pytest-timeout, the tier's timeout_s in jatools.testing.tag_filters).
+limit (pytest-timeout, the tier's ``timeout_s``).
+
+Stdlib only: it runs under the system ``python3`` on any CI runner.
 """
 from __future__ import annotations
 
@@ -27,6 +36,7 @@ import argparse
 import collections
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -35,16 +45,168 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from jatools import atomic_write
-from jatools.testing import gpu_slots, pytest_flaky_report, tag_filters
+from jatools.testing import gpu_slots
 from jax_aiter import settings
 
+MARKERS = ("gpu", "multigpu", "slow", "cuda_only", "rocm_only")
+PLATFORMS = ("cpu", "cuda", "rocm")
+CONFIGS = ("cpu", "single_gpu", "multi_gpu")
+
+
+class TagFilterError(ValueError):
+    """An unknown platform, configuration or tier; the message lists the valid ones."""
+
+
+@dataclass(frozen=True)
+class Filter:
+    """A marker selection: a test must carry every ``require`` marker and no ``exclude`` marker."""
+
+    require: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in (*self.require, *self.exclude) if m not in MARKERS]
+        if unknown:
+            raise TagFilterError(f"unknown marker(s) {', '.join(unknown)}; markers are {', '.join(MARKERS)} "
+                                 "(registered in pyproject.toml [tool.pytest.ini_options])")
+
+    def __add__(self, other: Filter) -> Filter:
+        return Filter(_merge(self.require, other.require), _merge(self.exclude, other.exclude))
+
+    def contradiction(self) -> str | None:
+        """Why this filter can select no test, or None when it can select some."""
+        both = [m for m in self.require if m in self.exclude]
+        return f"requires and excludes {', '.join(both)}" if both else None
+
+    def expression(self) -> str:
+        """The ``pytest -m`` expression ('' selects everything)."""
+        return " and ".join([*self.require, *(f"not {m}" for m in self.exclude)])
+
+
+def _merge(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys((*a, *b)))
+
+
+# What each platform must never attempt (XLA: rocm_tag_filters.sh's base list).
+PLATFORM_BASE: dict[str, Filter] = {
+    "cpu": Filter(exclude=("gpu", "cuda_only", "rocm_only")),
+    "cuda": Filter(exclude=("rocm_only",)),
+    "rocm": Filter(exclude=("cuda_only",)),
+}
+
+# Per-configuration additions (XLA: ci_rocm_cpu / ci_single_gpu / ci_multi_gpu).
+CONFIG_ADDS: dict[str, Filter] = {
+    "cpu": Filter(exclude=("gpu", "multigpu")),
+    "single_gpu": Filter(require=("gpu",), exclude=("multigpu",)),
+    "multi_gpu": Filter(require=("multigpu",)),
+}
+
+
+# Run kinds: "single" the platform's own single-device tests (the GPU selection on a GPU host);
+# "host" the CPU-device tests on a GPU host (on a CPU host they are the single run, so it is dropped);
+# "multi" the multi-device tests.
+RUN_KINDS = ("single", "host", "multi")
+
+
+@dataclass(frozen=True)
+class Tier:
+    """A test tier: one or more pytest runs, each a device kind plus the tier's own selection.
+
+    ``timeout_s`` is pytest-timeout's limit per test (the runner below passes
+    ``--timeout``): a hung test fails as a timeout instead of holding the job until the
+    workflow's own limit.
+    """
+
+    name: str
+    doc: str
+    runs: tuple[tuple[str, Filter], ...]  # (kind: one of RUN_KINDS, tier selection)
+    timeout_s: int
+
+    def __post_init__(self) -> None:
+        bad = [kind for kind, _ in self.runs if kind not in RUN_KINDS]
+        if bad or self.timeout_s <= 0:
+            raise TagFilterError(f"tier {self.name}: run kinds must be {', '.join(RUN_KINDS)} (got {bad}) and "
+                                 f"timeout_s positive (got {self.timeout_s})")
+
+
+TIERS: dict[str, Tier] = {
+    t.name: t
+    for t in (
+        Tier("pr", "every pull request: fast single-device tests", (("single", Filter(exclude=("slow", "multigpu"))),),
+             timeout_s=300),
+        Tier("nightly", "the full suite: single-device run, the CPU-device tests on a GPU host, the multi-device run",
+             (("single", Filter()), ("host", Filter()), ("multi", Filter(require=("multigpu",)))), timeout_s=1200),
+        Tier("multigpu", "the sharded multi-device tests only", (("multi", Filter(require=("multigpu",))),),
+             timeout_s=600),
+    )
+}
+DEFAULT_TIER = "pr"
+
+
+def _check(kind: str, value: str, valid) -> None:
+    if value not in valid:
+        raise TagFilterError(f"unknown {kind} {value!r}; valid {kind}s: {', '.join(valid)}")
+
+
+def tag_filter(platform: str, config: str) -> Filter:
+    """The platform's base list plus the configuration's additions."""
+    _check("platform", platform, PLATFORMS)
+    _check("config", config, CONFIGS)
+    return PLATFORM_BASE[platform] + CONFIG_ADDS[config]
+
+
+def config_for(platform: str, kind: str) -> str:
+    """The configuration a tier's run of this kind uses on this platform."""
+    _check("platform", platform, PLATFORMS)
+    _check("run kind", kind, RUN_KINDS)
+    if kind == "multi":
+        return "multi_gpu"
+    return "cpu" if platform == "cpu" or kind == "host" else "single_gpu"
+
+
+def tier_named(name: str) -> Tier:
+    _check("tier", name, tuple(TIERS))
+    return TIERS[name]
+
+
+def tier_runs(name: str, platform: str) -> list[tuple[str, str, Filter]]:
+    """[(kind, config, filter)] for a tier on a platform: tag filter plus the tier's selection.
+
+    A "host" run on the CPU platform is the single run again, so it is left out there.
+    """
+    return [(kind, config_for(platform, kind), tag_filter(platform, config_for(platform, kind)) + sel)
+            for kind, sel in tier_named(name).runs if not (kind == "host" and platform == "cpu")]
+
+
+def render_table() -> str:
+    """The whole table as text: the golden file's content."""
+    lines = ["# pytest -m expressions by (platform, config): platform base + config additions.",
+             "# Regenerate: python3 ci/tag_filters.py --update-golden", ""]
+    for platform in PLATFORMS:
+        for config in CONFIGS:
+            f = tag_filter(platform, config)
+            note = f"   # selects nothing: {f.contradiction()}" if f.contradiction() else ""
+            lines.append(f"{platform:<5} {config:<10} {f.expression()!r}{note}")
+    lines += ["", "# tiers: the tier's own selection, then each run as materialised per platform", ""]
+    for t in TIERS.values():
+        own = " | ".join(f"{kind}: {sel.expression() or '<all>'!r}" for kind, sel in t.runs)
+        lines.append(f"tier {t.name:<9} {own}   # {t.doc}")
+        lines.append(f"  timeout per test: {t.timeout_s} s")
+        for platform in PLATFORMS:
+            for kind, config, f in tier_runs(t.name, platform):
+                lines.append(f"  {platform:<5} {kind:<6} {config:<10} {f.expression()!r}")
+    return "\n".join(lines) + "\n"
+
+
+# --- the runner ---------------------------------------------------------------------------------
+
 TIER_ENV = "JA_TEST_TIER"
-PLATFORM_ENV = "JA_TEST_PLATFORM"
 WORKERS_ENV = "JA_TEST_WORKERS"
 RERUNS_ENV = "JA_TEST_RERUNS"
-AUTOLOAD_ENV = "JA_PYTEST_AUTOLOAD"  # 1: let pytest load every installed plugin (default: only ours + named)
+REPORT_ENV = "JA_FLAKY_JSON"  # where a pytest process writes its run report (the plugin's RunReport)
+AUTOLOAD_ENV = "PYTEST_DISABLE_PLUGIN_AUTOLOAD"  # pytest's own switch; set to empty, every installed plugin loads
 RESULTS_DIR = Path("build") / "test-results"
-LONGEST_FIRST_PLUGIN = "jatools.testing.pytest_longest_first"
+PLUGIN = "jatools.testing.pytest_plugin"
 CPU_MULTI_DEVICES = 4
 DEFAULT_RERUNS = {"cpu": 0, "cuda": 2, "rocm": 2}  # XLA's single-GPU CI: 3 attempts
 EXIT_GPU_UNUSED = 7  # GPUs were expected and JAX did not see them, or a GPU run ran no GPU test
@@ -84,12 +246,11 @@ class PytestRun:
 
 
 def choose_platform(flag: str | None, env: dict[str, str], gpus: gpu_slots.Gpus) -> tuple[str, str]:
-    """(platform, why): --platform > JA_TEST_PLATFORM > JA_BACKEND (cpu/cuda/rocm) > detected GPUs."""
-    for value, why in ((flag, "--platform"), (env.get(PLATFORM_ENV), PLATFORM_ENV),
-                       (env.get("JA_BACKEND"), "JA_BACKEND")):
+    """(platform, why): --platform > JA_BACKEND (cpu/cuda/rocm) > detected GPUs."""
+    for value, why in ((flag, "--platform"), (env.get(gpu_slots.BACKEND_ENV), gpu_slots.BACKEND_ENV)):
         if value and value != "auto":
-            if value not in tag_filters.PLATFORMS:
-                raise TierError(f"{why}={value!r} is not a platform; use one of {', '.join(tag_filters.PLATFORMS)}")
+            if value not in PLATFORMS:
+                raise TierError(f"{why}={value!r} is not a platform; use one of {', '.join(PLATFORMS)}")
             return value, f"{why}={value}"
     return gpus.platform, f"detected: {gpus.how}"
 
@@ -108,29 +269,28 @@ def plan(tier: str, platform: str, gpus: gpu_slots.Gpus, pytest_args: list[str],
     env = dict(os.environ if env is None else env)
     runs = []
     slots = gpus.count * gpu_slots.tests_per_gpu(env)
-    timeout_s = tag_filters.tier(tier).timeout_s
-    for kind, config, flt in tag_filters.tier_runs(tier, platform):
+    timeout_s = tier_named(tier).timeout_s
+    for kind, config, flt in tier_runs(tier, platform):
         if flt.contradiction():
             raise TierError(f"tier {tier} on {platform}: {config} selects nothing ({flt.contradiction()})")
         expr = flt.expression()
         argv = [python, "-m", "pytest", *(["-m", expr] if expr else [])]
-        over: dict[str, str] = {"JA_FLAKY_JSON": str(results_dir / f"flaky-{tier}-{kind}.json")}
+        over: dict[str, str] = {REPORT_ENV: str(results_dir / f"flaky-{tier}-{kind}.json")}
         # Only the plugins a tier uses are loaded (-p below; ours come from tests/conftest.py). An
         # image's other plugins (hypothesis, cov, jaxtyping, ...) cost each process about a second
         # at start and end, and some import JAX before the worker has taken its GPU slot.
         # A PYTEST_DISABLE_PLUGIN_AUTOLOAD the caller set is kept (pytest reads any non-empty value as on).
-        if "PYTEST_DISABLE_PLUGIN_AUTOLOAD" in env:
-            autoload = not env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"]
-        else:
-            autoload = env.get(AUTOLOAD_ENV) == "1"
-            if not autoload:
-                over["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+        autoload = AUTOLOAD_ENV in env and not env[AUTOLOAD_ENV]
+        if AUTOLOAD_ENV not in env:
+            over[AUTOLOAD_ENV] = "1"
         if reruns and have_rerun_plugin:
             argv += [*([] if autoload else ["-p", "pytest_rerunfailures"]), "--reruns", str(reruns)]
         if have_timeout_plugin:
             argv += [*([] if autoload else ["-p", "pytest_timeout"]), "--timeout", str(timeout_s)]
+        pinned = gpu_slots.held(env)  # a process pinned already (ci/parallel_gpu_execute.py) keeps its slot
         if kind == "multi":
-            over["JA_GPU_SLOT"] = "0"
+            if not pinned:
+                over[gpu_slots.SLOT_ENV] = "0"
             if platform == "cpu":
                 over["XLA_FLAGS"] = _with_cpu_devices(env.get("XLA_FLAGS", ""), CPU_MULTI_DEVICES)
         else:
@@ -144,9 +304,9 @@ def plan(tier: str, platform: str, gpus: gpu_slots.Gpus, pytest_args: list[str],
                 # (by earlier runs' durations): no long test starts last while the other workers idle.
                 # The plugin is named here too, so the flag is known whatever paths the run is given.
                 argv += [*([] if autoload else ["-p", "xdist.plugin"]), "-n", str(n), "--dist", "worksteal",
-                         "-p", LONGEST_FIRST_PLUGIN, "--longest-first"]
-            elif platform != "cpu":
-                over["JA_GPU_SLOT"] = "1"  # no xdist: pin this one process
+                         "-p", PLUGIN, "--longest-first"]
+            elif platform != "cpu" and not pinned:
+                over[gpu_slots.SLOT_ENV] = "1"  # no xdist: pin this one process
         runs.append(PytestRun(kind, config, expr, (*argv, *pytest_args), over,
                               exclusive=kind == "multi" and gpus.count > 0))
     return runs
@@ -171,6 +331,28 @@ def _tee(argv: list[str], root: Path, env: dict[str, str]) -> tuple[int, list[st
     return proc.returncode, list(tail)
 
 
+# (reason, pattern in the failure text), first match wins; no match: a test failure.
+INFRA_PATTERNS = (
+    ("timeout", re.compile(r"Timeout \(>[0-9.]+s\) from pytest-timeout|Failed: Timeout >[0-9.]+s")),
+    ("lock wait exceeded", re.compile(r"no free GPU slot after|could not take every GPU slot")),
+    ("worker crash", re.compile(r"worker '?gw\d+'? crashed|node down: Not properly terminated|"
+                                r"Fatal Python error: (?:Segmentation fault|Aborted)")),
+    ("device lost or out of memory", re.compile(
+        r"RESOURCE_EXHAUSTED|[Oo]ut of memory|OUT_OF_MEMORY|hipErrorOutOfMemory|DEVICE_LOST|[Dd]evice (?:is )?lost|"
+        r"fallen off the bus|hipErrorNoDevice|CUDA_ERROR_NO_DEVICE|no CUDA-capable device|"
+        r"uncorrectable ECC|CUDA_ERROR_ECC_UNCORRECTABLE")),
+)
+COLLECTION = "collection/import error"
+
+
+def classify(text: str, collecting: bool = False) -> tuple[str, str]:
+    """(infrastructure | test, reason) for a failure's text; a collection error is infrastructure."""
+    for reason, pattern in INFRA_PATTERNS:
+        if pattern.search(text):
+            return "infrastructure", reason
+    return ("infrastructure", COLLECTION) if collecting else ("test", "test failure")
+
+
 def run_failure(rc: int, tail: list[str], report: dict | None) -> dict | None:
     """The run-level failure of a pytest process whose test reports do not explain its exit code.
 
@@ -182,7 +364,7 @@ def run_failure(rc: int, tail: list[str], report: dict | None) -> dict | None:
         return None
     if rc == 2 and report and report.get("failure_counts", {}).get("infrastructure"):
         return None  # collection errors, already classified in the report
-    kind, reason = pytest_flaky_report.classify("\n".join(tail))
+    kind, reason = classify("\n".join(tail))
     if kind == "test":
         reason = f"pytest exit {rc} without test reports (interrupted, internal or usage error, or killed)"
     return {"nodeid": "<run>", "when": "run", "class": "infrastructure", "reason": reason,
@@ -193,8 +375,8 @@ def execute(runs: list[PytestRun], gpus: gpu_slots.Gpus, root: Path) -> list[dic
     """Run each pytest process (all of them, even after a failure) and return their results."""
     results = []
     for run in runs:
-        print(f"test_tiers: {run.kind} run ({run.config}): {run.command_line()}", flush=True)
-        Path(run.env["JA_FLAKY_JSON"]).unlink(missing_ok=True)  # an earlier run's report never stands in for this one
+        print(f"tiers: {run.kind} run ({run.config}): {run.command_line()}", flush=True)
+        Path(run.env[REPORT_ENV]).unlink(missing_ok=True)  # an earlier run's report never stands in for this one
         start = time.monotonic()
         try:
             held = []
@@ -207,10 +389,10 @@ def execute(runs: list[PytestRun], gpus: gpu_slots.Gpus, root: Path) -> list[dic
                 for s in held:
                     s.release()
         except gpu_slots.SlotTimeout as e:
-            print(f"test_tiers: {e}", file=sys.stderr)
+            print(f"tiers: {e}", file=sys.stderr)
             rc, tail = gpu_slots.EXIT_NO_SLOT, [str(e)]
         seconds = time.monotonic() - start
-        report = _flaky(Path(run.env["JA_FLAKY_JSON"]))
+        report = _flaky(Path(run.env[REPORT_ENV]))
         results.append({**asdict(run), "rc": rc, "seconds": round(seconds, 2), "flaky": report,
                         "run_failure": run_failure(rc, tail, report)})
     return results
@@ -346,9 +528,9 @@ def summarize(tier: str, platform: str, why: str, results: list[dict], results_d
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python3 -m jatools.testing.test_tiers", description=__doc__,
+    p = argparse.ArgumentParser(prog="python3 -m jatools.testing.tiers", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
-    p.add_argument("--tier", default=None, help=f"{' | '.join(tag_filters.TIERS)} (default: ${TIER_ENV} or pr)")
+    p.add_argument("--tier", default=None, help=f"{' | '.join(TIERS)} (default: ${TIER_ENV} or pr)")
     p.add_argument("--platform", default=None, help="cpu | cuda | rocm (default: detected)")
     p.add_argument("--workers", type=int, default=None, help=f"xdist workers for single-device runs (${WORKERS_ENV}; "
                    "default: one per GPU slot on a GPU host, none on the CPU)")
@@ -369,10 +551,10 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ)
     root = Path(__file__).resolve().parents[2]
     results_dir = (a.results_dir or root / RESULTS_DIR).resolve()
-    tier = a.tier or env.get(TIER_ENV) or tag_filters.DEFAULT_TIER
+    tier = a.tier or env.get(TIER_ENV) or DEFAULT_TIER
     python = a.deps_from or sys.executable
     try:
-        tag_filters.tier(tier)
+        tier_named(tier)
         gpus = gpu_slots.detect(env)
         platform, why = choose_platform(a.platform, env, gpus)
         if a.plugin_requirements:
@@ -396,8 +578,8 @@ def main(argv: list[str] | None = None) -> int:
                          "(pip install pytest-timeout, or `pip install -e . --group test`)")
         runs = plan(tier, platform, gpus, pytest_args, workers, reruns, have["pytest_rerunfailures"], env,
                     python=python, results_dir=results_dir, have_timeout_plugin=have["pytest_timeout"])
-    except (tag_filters.TagFilterError, TierError, ValueError) as e:
-        print(f"test_tiers: {e}", file=sys.stderr)
+    except (TagFilterError, TierError, ValueError) as e:
+        print(f"tiers: {e}", file=sys.stderr)
         return 2
     if a.dry_run:
         for note in notes:
@@ -406,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{run.kind} {run.config}{' exclusive' if run.exclusive else ''}: {run.command_line()}")
         return 0
     if not have["pytest"]:
-        print(f"test_tiers: pytest is not installed for {python}; run `bash scripts/run.sh nox -s tests` "
+        print(f"tiers: pytest is not installed for {python}; run `bash scripts/run.sh nox -s tests` "
               "or pass --deps-from an interpreter with the `test` dependency group", file=sys.stderr)
         return 2
     gpu = {"expected": expect, "how": expect_how, "jax": seen.get("jax"), "problems": []}
