@@ -5,4 +5,4 @@
 # PYTHON picks the interpreter (one with pytest, JAX and the `test` dependency group of pyproject.toml).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-exec "${PYTHON:-python3}" -m jatools.testing.tiers --tier "${JA_TEST_TIER:-pr}" "$@"
+exec "${PYTHON:-python3}" -m jatools.testing.tiers "$@"  # the tier: --tier, else $JA_TEST_TIER, else pr

@@ -1,21 +1,30 @@
 """Project defaults from pyproject.toml ``[tool.jax-aiter]``, overridden by the environment.
 
 Precedence: command-line flags > environment > pyproject defaults. Callers pass
-flags explicitly; this module resolves the other two layers in one place.
+flags explicitly; this module resolves the other two layers in one place. Which
+variable and which pyproject key make each setting is jax_aiter/settings.py's
+table; docs/settings.md is generated from it:
+
+    python3 -m jatools.config --settings-doc > docs/settings.md
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import sys
 import tomllib
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from jax_aiter import settings as registry
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-VALID_BACKENDS = ("auto", "cpu", "cuda", "rocm")
-VALID_SANITIZERS = ("address", "undefined", "leak", "thread")
+VALID_BACKENDS = registry.BY_NAME["JA_BACKEND"].choices
+VALID_SANITIZERS = registry.BY_NAME["JA_SANITIZE"].choices
+JIT_MODES = registry.BY_NAME["JA_JIT_LIBS"].choices
 
 
 def repo_root() -> Path:
@@ -33,6 +42,16 @@ def _pyproject_defaults(root: str) -> dict:
 def defaults(root: Path | None = None) -> dict:
     """The raw ``[tool.jax-aiter]`` table."""
     return dict(_pyproject_defaults(str(root or repo_root())))
+
+
+def setting(name: str, env: dict[str, str] | None = None, root: Path | None = None) -> object:
+    """A setting by its variable: the environment when set and not blank, else its default (the pyproject key
+    jax_aiter/settings.py names for it, else the default that table holds)."""
+    env = os.environ if env is None else env
+    if (env.get(name) or "").strip():
+        return env[name]
+    spec = registry.BY_NAME[name]
+    return defaults(root)[spec.key] if spec.key else spec.default
 
 
 def project_version(root: Path | None = None) -> str:
@@ -81,7 +100,7 @@ def load(backend: str | None = None, gpu_archs: str | None = None, root: Path | 
     env = os.environ if env is None else env
     root = root or repo_root()
     raw = defaults(root)
-    chosen_backend = (backend or env.get("JA_BACKEND") or raw["backend"]).strip().lower()
+    chosen_backend = str(backend or setting("JA_BACKEND", env, root)).strip().lower()
     if chosen_backend not in VALID_BACKENDS:
         raise ValueError(
             f"JA_BACKEND={chosen_backend!r} is not a backend; use one of {', '.join(VALID_BACKENDS)}"
@@ -95,20 +114,19 @@ def load(backend: str | None = None, gpu_archs: str | None = None, root: Path | 
             f"JA_SANITIZE={env.get('JA_SANITIZE')!r}: use a comma list of {', '.join(VALID_SANITIZERS)} "
             "(address and thread exclude each other), e.g. JA_SANITIZE=address,undefined"
         )
-    sym = env.get("AITER_SYMBOL_VISIBLE")
-    build_dir = root / (env.get("JA_BUILD_DIR") or raw["build_dir"])
+    build_dir = root / setting("JA_BUILD_DIR", env, root)
     return Settings(
         root=root,
         backend=chosen_backend,
         gpu_archs=archs or None,
-        symbol_visible=truthy(sym) if sym is not None else bool(raw.get("symbol_visible", False)),
+        symbol_visible=truthy(setting("AITER_SYMBOL_VISIBLE", env, root)),
         umbrella_dir=build_dir / "jax_aiter_build",
         jit_dir=build_dir / "aiter_build",
         build_dir=build_dir,
         kernel_source_dir=root / raw["kernel_source_dir"],
         jit_config=root / raw["jit_config"],
-        ffi_include_dir=root / (env.get("JA_FFI_INCLUDE_DIR") or raw["ffi_include_dir"]),
-        toolchain_strict=truthy(env.get("JA_TOOLCHAIN_STRICT", raw.get("toolchain_strict", False))),
+        ffi_include_dir=root / setting("JA_FFI_INCLUDE_DIR", env, root),
+        toolchain_strict=truthy(setting("JA_TOOLCHAIN_STRICT", env, root)),
         raw=raw,
         sanitize=sanitize,
     )
@@ -121,3 +139,55 @@ def jit_libraries(settings: Settings) -> list[str]:
         return [m["library"] for m in modules.values()]
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"{settings.jit_config} does not give each module's library ({e!r}); fix the op table") from None
+
+
+def _cell(text: object) -> str:
+    return str(text).replace("|", "\\|")
+
+
+def _default_cell(spec: registry.Setting, raw: dict) -> str:
+    """A literal default as code; a default described in words (it has spaces) as it is."""
+    value = raw[spec.key] if spec.key else spec.default
+    if value is None:
+        return ""
+    if spec.kind is not None and not spec.key:
+        value = spec.show(value)
+    text = json.dumps(value) if isinstance(value, (list, bool)) else str(value)
+    return _cell(text if " " in text and not spec.key else f"`{text}`")
+
+
+def settings_doc(root: Path | None = None) -> str:
+    """docs/settings.md: every setting of jax_aiter/settings.py by group, each default from pyproject or the table."""
+    raw = defaults(root)
+    lines = ["# Settings", "",
+             "<!-- Generated from jax_aiter/settings.py by `python3 -m jatools.config --settings-doc > docs/settings.md`;",
+             "     tests/tooling/test_layout.py fails when it is stale. -->", "",
+             "Each setting has one home. Its default is in `pyproject.toml` under `[tool.jax-aiter]` (the key",
+             "column), or, for the settings the installed runtime reads, in `jax_aiter/settings.py`; the",
+             "environment variable overrides the default and a command-line flag overrides both. A blank",
+             "variable counts as unset. Numbers are checked against their range when read: a value outside it",
+             "stops the command with the variable, the value and the range. Settings marked *internal* are set",
+             "by our own processes or by CI; nobody sets them by hand.", ""]
+    for group in registry.GROUPS:
+        lines += [f"## {group[0].upper()}{group[1:]}", "", "| variable | pyproject key | default | accepts | meaning |",
+                  "|---|---|---|---|---|"]
+        for s in (s for s in registry.SETTINGS if s.group == group):
+            meaning = f"*internal*: {s.meaning}" if s.internal else s.meaning
+            lines.append(f"| {f'`{s.name}`' if s.name else ''} | {f'`{s.key}`' if s.key else ''} | "
+                         f"{_default_cell(s, raw)} | {_cell(s.accepted())} | {_cell(meaning)} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python3 -m jatools.config", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--settings-doc", action="store_true", required=True,
+                   help="print docs/settings.md, generated from jax_aiter/settings.py and pyproject.toml")
+    p.parse_args(argv)
+    sys.stdout.write(settings_doc())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -32,7 +32,7 @@ import sys
 from jatools import atomic_write, config, steps
 from jatools.jitlibs import jit_cache
 
-JIT_MODES = ("auto", "build", "take")
+JIT_MODES = config.JIT_MODES
 COMPILE_ONLY = {
     "cuda": {"GPU_ARCHS": "sm_90", "tool": "nvcc", "install": "install the CUDA toolkit (nvcc) or set CUDA_HOME"},
     "rocm": {"GPU_ARCHS": "gfx90a", "tool": "hipcc", "install": "apt-get install hipcc (or install ROCm/TheRock)"},

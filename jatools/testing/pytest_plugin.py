@@ -28,6 +28,7 @@ import pytest
 
 from jatools import atomic_write
 from jatools.testing import gpu_slots, tiers
+from jax_aiter import settings
 
 # --- device guards -----------------------------------------------------------------------------
 # Markers (registered in pyproject.toml): ``gpu`` needs a GPU JAX can see; ``cuda_only`` /
@@ -284,7 +285,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 # the device guards ran on a device: it is counted per device (the pinned GPU of its worker, else the
 # devices the process was given), so the tier can fail a GPU host's run that ran none.
 
-DEFAULT_REPORT = Path("build") / "test-results" / "flaky.json"
+DEFAULT_REPORT = Path(settings.BY_NAME[tiers.REPORT_ENV].default)
 DEVICE_PROPERTY = "ja_device"
 
 

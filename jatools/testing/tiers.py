@@ -140,7 +140,8 @@ TIERS: dict[str, Tier] = {
              timeout_s=600),
     )
 }
-DEFAULT_TIER = "pr"
+TIER_ENV = "JA_TEST_TIER"
+DEFAULT_TIER = settings.BY_NAME[TIER_ENV].default
 
 
 def _check(kind: str, value: str, valid) -> None:
@@ -200,7 +201,6 @@ def render_table() -> str:
 
 # --- the runner ---------------------------------------------------------------------------------
 
-TIER_ENV = "JA_TEST_TIER"
 WORKERS_ENV = "JA_TEST_WORKERS"
 RERUNS_ENV = "JA_TEST_RERUNS"
 REPORT_ENV = "JA_FLAKY_JSON"  # where a pytest process writes its run report (the plugin's RunReport)
