@@ -108,6 +108,8 @@ SETTINGS: tuple[Setting, ...] = (
             accepts="baseline"),
     Setting("JA_GPU_PDL", "runtime", "0: no programmatic dependent launch on CUDA (for A/B benchmarks)",
             accepts="0"),
+    Setting("JA_MHA_FWD_SM90", "runtime", "0: the attention forward skips the Hopper (sm_90a) kernels (read on "
+            "every call, so a test can compare both paths)", accepts="0"),
     # --- tests --------------------------------------------------------------------------------
     Setting("JA_TEST_TIER", "tests", "the tier `bash ci/test.sh` and `nox -s tests` run", default="pr",
             choices=("pr", "nightly", "multigpu")),
@@ -170,6 +172,8 @@ SETTINGS: tuple[Setting, ...] = (
     # --- CI -----------------------------------------------------------------------------------
     Setting("JA_CONTAINER_IMAGE", "CI", "the job's container image, for the environment report",
             accepts="an image reference", internal=True),
+    Setting("JA_ENV_REPORT", "CI", "the environment report ci/build.py wrote first; the later commands of the "
+            "build (the release) take it instead of reporting again", accepts="a file", internal=True),
     Setting("JA_BASE_REV", "CI", "the revision the convergence gate compares with (`${JA_BASE_REV}` in "
             "ci/build.py)", accepts="a git revision", internal=True),
     Setting("JA_RELEASE_TAG", "CI", "the tag a release upload publishes (`${JA_RELEASE_TAG}` in ci/build.py)",
