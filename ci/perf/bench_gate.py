@@ -54,7 +54,8 @@ def cases(results: dict) -> dict[str, float]:
     for r in results.get("decode", []):
         out[f"decode b{r['batch']} hq{r['heads_q']} hkv{r['heads_kv']} sk{r['seq_k']}"] = r["ours_ms"]
     for r in results.get("attention", []):
-        out[f"{r['name']} seq{r['seq']} {'causal' if r['causal'] else 'full'}"] = r["ours_ms"]
+        d = r.get("head_dim", 128)  # the rows before head dims were recorded are head_dim 128
+        out[f"{r['name']}{'' if d == 128 else f' d{d}'} seq{r['seq']} {'causal' if r['causal'] else 'full'}"] = r["ours_ms"]
     return out
 
 
