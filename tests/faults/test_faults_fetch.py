@@ -172,8 +172,9 @@ def test_faults_bad_timeout_flag_is_refused(tmp_path, value):
 def _release_fetch(checkout, base_url: str, monkeypatch) -> subprocess.CompletedProcess:
     """The release's jit stage for `--fetch-jit base_url`, run as the release runs it (a real process)."""
     monkeypatch.setenv("JA_ROOT_DIR", str(checkout))
-    jit = next(s for s in release_job.stages(base_url) if s.name == "jit")
-    argv = jit.argv(release_job.Context(checkout, sys.executable, base_url, {}))
+    jit = next(s for s in release_job.stages(release_job.Context(checkout, sys.executable, base_url, {}))
+               if s.name == "jit")
+    argv = jit.argv()
     env = {**os.environ, **FAST_FETCH_ENV, "JA_ROOT_DIR": str(checkout), "JA_BACKEND": "cpu"}
     return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
 
@@ -206,7 +207,8 @@ def test_faults_release_refuses_a_fetched_set_other_than_the_producers(checkout,
 def test_faults_release_pins_its_fetch_to_the_producers_base_url():
     from jatools import config
 
-    jit = next(s for s in release_job.stages("http://mirror.example") if s.name == "jit")
-    argv = jit.argv(release_job.Context(REPO, sys.executable, "http://mirror.example", {}))
+    jit = next(s for s in release_job.stages(release_job.Context(REPO, sys.executable, "http://mirror.example", {}))
+               if s.name == "jit")
+    argv = jit.argv()
     assert argv[argv.index("--base-url") + 1] == "http://mirror.example"
     assert argv[argv.index("--pins-from") + 1] == config.load().raw["jit_libs_base_url"]
