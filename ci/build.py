@@ -52,7 +52,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from jatools import atomic_write, config, steps
-from jatools.ci import env_report, github_output
+from jatools.ci import env_report
 
 ENV_REPORT = ("invoke", "env-report", "--json-out", env_report.CI_REPORT)
 PLACEHOLDER = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)\}")
@@ -404,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
             event, fork = github_event(dict(os.environ))
             text = json.dumps(matrix(args.matrix, args.event or event, fork))
             print(text)
-            github_output.append({"matrix": text})
+            steps.github_output({"matrix": text})
         else:
             return run_build(get_build(args.build), args.dry_run)
     except BuildError as e:

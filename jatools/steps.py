@@ -184,3 +184,13 @@ def _failure(label: str, rec: Record) -> str:
         lines.append(f"  full log: {rec.log}")
     lines.append(f"  re-run just this step: {rec.rerun}")
     return "\n".join(lines)
+
+
+def github_output(values: dict[str, str], path: str | None = None) -> None:
+    """Append one `name=value` line per entry to `path` (default: $GITHUB_OUTPUT, a GitHub Actions step's
+    outputs file); outside a workflow (the variable unset or empty) nothing is written."""
+    target = path if path is not None else os.environ.get("GITHUB_OUTPUT")
+    if not target:
+        return
+    with open(target, "a") as fh:
+        fh.write("".join(f"{k}={v}\n" for k, v in values.items()))

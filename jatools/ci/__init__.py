@@ -1,4 +1,4 @@
-"""CI plumbing: the environment report, the convergence-decision check, GitHub outputs, retries.
+"""CI plumbing: the environment report and the convergence-decision check.
 
 Small services every stage uses. May import: jatools.config, jatools.atomic_write,
 jatools.native (toolchain identity for the environment report).

@@ -15,8 +15,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from jatools import atomic_write, config
-from jatools.ci import github_output
+from jatools import atomic_write, config, steps
 from jatools.native import identity, jit_build
 from jax_aiter import fetch, reuse_gate
 from jax_aiter import manifest as mf
@@ -114,7 +113,7 @@ def found_identity(settings: config.Settings, want: dict, base_url: str | None, 
 def write_decision(d: Decision, json_path: Path) -> None:
     """The decision as JSON (atomically) and, when set, as `decision=`/`rebuild=` lines in $GITHUB_OUTPUT."""
     write_json(json_path, d.to_json())
-    github_output.append({"decision": d.decision, "rebuild": str(d.rebuild).lower(), "cache_id": d.cache_id,
+    steps.github_output({"decision": d.decision, "rebuild": str(d.rebuild).lower(), "cache_id": d.cache_id,
                           "release_tag": d.release_tag})
 
 
