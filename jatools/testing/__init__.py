@@ -1,5 +1,5 @@
 """Testing: the tiers and their tag filters (tiers), GPU slots (gpu_slots), the pytest plugin the runs load
-(pytest_plugin) and the slot speed-up measurement (slot_speedup).
+(pytest_plugin) and the slot speed-up measurement (tiers.speedup_main).
 
 Owns how tests are selected, pinned to GPUs and run. May import: jatools.config, jax_aiter.settings,
 jatools.atomic_write. The plugin imports only the standard library and the stdlib-only modules here,

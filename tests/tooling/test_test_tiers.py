@@ -210,7 +210,7 @@ def test_ci_test_sh_takes_the_tier_from_the_environment(tmp_path):
 
 
 def test_slot_speedup_pinning_check_names_each_problem():
-    from jatools.testing.slot_speedup import check_pinning
+    from jatools.testing.tiers import check_pinning
 
     good = [{"worker": "gw0", "gpu": "0", "jax_devices": ["cuda:0"]},
             {"worker": "gw1", "gpu": "1", "jax_devices": ["cuda:0"]}]
@@ -223,7 +223,7 @@ def test_slot_speedup_pinning_check_names_each_problem():
 
 
 def test_slot_speedup_splits_each_run_into_start_tests_and_end():
-    from jatools.testing.slot_speedup import phase_summary, phases
+    from jatools.testing.tiers import phase_summary, phases
 
     recs = [{"worker": "gw0", "tests": {"count": 3, "first_start": 110.5, "last_end": 118.0}},
             {"worker": "gw1", "tests": {"count": 2, "first_start": 110.7, "last_end": 118.4}},
@@ -241,7 +241,7 @@ def test_slot_speedup_splits_each_run_into_start_tests_and_end():
 
 
 def test_slot_speedup_gives_each_rounds_own_speedup_in_round_order():
-    from jatools.testing.slot_speedup import round_speedups
+    from jatools.testing.tiers import round_speedups
 
     timed = [{"round": 2, "workers": 2, "seconds": 10.0}, {"round": 2, "workers": 1, "seconds": 15.0},
              {"round": 1, "workers": 2, "seconds": 9.0}, {"round": 1, "workers": 1, "seconds": 18.0}]
