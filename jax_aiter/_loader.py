@@ -26,10 +26,9 @@ import os
 import re
 import struct
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
-from jax_aiter import integrity
+from jax_aiter import integrity, op_table
 from jax_aiter.manifest import MANIFEST_NAME
 
 log = logging.getLogger("jax_aiter")
@@ -38,7 +37,8 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 PACKAGED_LIB_DIR = PACKAGE_DIR / "_lib"
 IDENTITY_FILE = PACKAGE_DIR / "_build_identity.json"
 UMBRELLA = "libjax_aiter.so"
-MHA_JIT_LIBS = ("libmha_fwd.so", "libmha_bwd.so")
+OPS: dict[str, op_table.Op] = op_table.load()  # op name -> FFI targets, shim, JIT libraries (op_table.toml)
+MHA_JIT_LIBS = tuple(op_table.fetched_libraries(OPS).values())  # a lite wheel's user fetches them (jax-aiter-fetch-mha)
 
 
 class LibraryNotFoundError(ImportError):
@@ -52,22 +52,6 @@ class LibraryCheckError(ImportError):
 
 class FfiVersionError(ImportError):
     """A shim was built against an XLA FFI API the installed jaxlib does not support."""
-
-
-@dataclass(frozen=True)
-class OpLibrary:
-    shim: str
-    jit: tuple[str, ...]
-    targets: tuple[tuple[str, str], ...]  # (FFI target name, handler symbol prefix)
-
-
-OPS: dict[str, OpLibrary] = {
-    "rmsnorm_fwd": OpLibrary("rmsnorm_fwd_ja.so", ("librmsnorm_fwd.so",),
-                             (("ja_rmsnorm_fwd", "JaRmsNormFwd"), ("ja_rmsnorm_fwd_add", "JaRmsNormFwdAdd"))),
-    "silu_and_mul": OpLibrary("silu_and_mul_ja.so", (), (("ja_silu_and_mul", "JaSiluAndMul"),)),
-    "mha_fwd": OpLibrary("mha_fwd_ja.so", ("libmha_fwd.so",), (("ja_mha_fwd", "JaMhaFwd"),)),
-    "mha_bwd": OpLibrary("mha_bwd_ja.so", ("libmha_bwd.so",), (("ja_mha_bwd", "JaMhaBwd"),)),
-}
 
 
 def _checkout_dirs() -> list[Path]:
@@ -129,18 +113,15 @@ def _fix(name: str, path: Path | None = None) -> str:
         if path.parent == PACKAGED_LIB_DIR:
             return "reinstall jax-aiter (`pip install --force-reinstall --no-deps jax-aiter`)"
         return f"replace it with the library this jax-aiter was built with, or remove {path}"
-    if name in MHA_JIT_LIBS:
-        fix = ("run `jax-aiter-fetch-mha` to download the attention libraries for this install "
-               "(or install the +full wheel)")
-        if build_identity() is None:
-            fix = "run `python3 jax_aiter/jit/build_jit.py --module mha_fwd,mha_bwd` (or `invoke jit.fetch`)"
-    elif name.endswith("_ja.so"):
-        fix = "run `make ja_mods` (or `nox -s ja_mods`)"
-    elif name == UMBRELLA:
-        fix = "run `make` (or `nox -s umbrella`)"
-    else:
-        fix = f"run `python3 jax_aiter/jit/build_jit.py --module {name[3:-3]}` (or `invoke jit.fetch`)"
-    return fix
+    if name in MHA_JIT_LIBS and build_identity() is not None:
+        return ("run `jax-aiter-fetch-mha` to download the attention libraries for this install "
+                "(or install the +full wheel)")
+    if name == UMBRELLA:
+        return "run `make` (or `nox -s umbrella`)"
+    modules = {lib: m for m, lib in op_table.jit_libraries(OPS).items()}
+    if name in modules:
+        return f"run `python3 jax_aiter/jit/build_jit.py --module {modules[name]}` (or `invoke jit.fetch`)"
+    return "run `make ja_mods` (or `nox -s ja_mods`)"  # a shim
 
 
 _records: dict[Path, dict[str, dict] | str] = {}

@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from jax_aiter import _loader, settings
+from jax_aiter import _loader, op_table, settings
 from jax_aiter.fetch import (
     ENV_BASE_URL,
     ENV_RETRIES,
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             raise FetchError(
                 "this jax-aiter is not an installed wheel (no jax_aiter/_build_identity.json), so there is no "
                 "identity to fetch for; in a source checkout run `invoke jit.fetch` or build the libraries with "
-                "`python3 jax_aiter/jit/build_jit.py --module mha_fwd,mha_bwd`")
+                f"`python3 jax_aiter/jit/build_jit.py --module {','.join(op_table.fetched_libraries(_loader.OPS))}`")
         if identity.get("variant") == "full":
             _log("jax-aiter-fetch-mha: note: this is the +full wheel, which already ships the attention libraries")
         if not args.skip_arch_check:
