@@ -34,7 +34,7 @@ endif
 endif
 ja-config-inputs-changed:
 
-$(CFG): pyproject.toml jatools/native/toolchain.py jatools/config.py
+$(CFG): pyproject.toml jatools/native/toolchain.py jatools/config.py jax_aiter/op_table.toml jax_aiter/op_table.py
 	@$(PYTHON) -m jatools.native.toolchain --emit-make $@ --key '$(CFG_KEY_NOW)'
 
 OBJ := $(BUILD)/obj/$(JA_BACKEND_RESOLVED)
@@ -69,24 +69,19 @@ $(UMBRELLA_DIR)/.%.recorded: | $(UMBRELLA_DIR)/%
 umbrella all: $(UMBRELLA_DIR)/.libjax_aiter.so.recorded
 
 # --- FFI shims ------------------------------------------------------------------
-SHIMS_CORE := rmsnorm_fwd silu_and_mul
-SHIMS_MHA := mha_fwd mha_bwd
-# JIT libraries each shim names in DT_NEEDED.
-JIT_rmsnorm_fwd := rmsnorm_fwd
-JIT_silu_and_mul :=
-JIT_mha_fwd := mha_fwd
-JIT_mha_bwd := mha_bwd
-
+# From the op table (jax_aiter/op_table.toml) through config.mk: SHIMS_CORE and SHIMS_MHA list the ops
+# (csrc/ffi/<op>/), SHIM_<op> names an op's shim library, JIT_<op> the JIT modules it names in DT_NEEDED.
 shim_objs = $(patsubst %.cpp,$(OBJ)/%.o,$(wildcard csrc/ffi/$(1)/*.cpp)) \
   $(if $(HAS_GPU),$(patsubst %.cu,$(OBJ)/%.cu.o,$(wildcard csrc/ffi/$(1)/*.cu)))
 shim_jit = $(foreach j,$(JIT_$(1)),$(JIT_DIR)/lib$(j).so)
+shims = $(foreach s,$(1),$(UMBRELLA_DIR)/$(SHIM_$(s)) $(UMBRELLA_DIR)/.$(SHIM_$(s)).recorded)
 
 define SHIM_RULE
-$(UMBRELLA_DIR)/$(1)_ja.so: $(call shim_objs,$(1)) $(UMBRELLA) $(call shim_jit,$(1)) $(CFG)
+$(UMBRELLA_DIR)/$(SHIM_$(1)): $(call shim_objs,$(1)) $(UMBRELLA) $(call shim_jit,$(1)) $(CFG)
 	@mkdir -p $$(@D)
 	$$(LINK_DRIVER) -o $$@.tmp $(call shim_objs,$(1)) \
 	  $$(LINK_PASS)--no-as-needed -L$(UMBRELLA_DIR) -L$(JIT_DIR) $(foreach j,$(JIT_$(1)),-l$(j)) -ljax_aiter \
-	  $$(LINK_PASS)-soname=$(1)_ja.so $$(LINK_PASS)--enable-new-dtags \
+	  $$(LINK_PASS)-soname=$(SHIM_$(1)) $$(LINK_PASS)--enable-new-dtags \
 	  '$$(LINK_PASS)-rpath=$$$$ORIGIN:$$$$ORIGIN/../aiter_build' $$(LINK_LIBS)
 	@mv -f $$@.tmp $$@
 	$$(RECORD_LINKED)
@@ -98,8 +93,8 @@ jit: umbrella
 	$(PYTHON) -m jatools.native.jit_build $(JIT_ARGS)
 
 .PHONY: ja_mods ja_mods_nomha
-ja_mods_nomha: $(SHIMS_CORE:%=$(UMBRELLA_DIR)/%_ja.so) $(SHIMS_CORE:%=$(UMBRELLA_DIR)/.%_ja.so.recorded)
-ja_mods: ja_mods_nomha $(SHIMS_MHA:%=$(UMBRELLA_DIR)/%_ja.so) $(SHIMS_MHA:%=$(UMBRELLA_DIR)/.%_ja.so.recorded)
+ja_mods_nomha: $(call shims,$(SHIMS_CORE))
+ja_mods: ja_mods_nomha $(call shims,$(SHIMS_MHA))
 
 # A missing JIT library is an error with the command that produces it.
 $(JIT_DIR)/lib%.so:

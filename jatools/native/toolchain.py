@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from jatools import atomic_write, config
+from jax_aiter import op_table
 
 
 class ToolchainError(RuntimeError):
@@ -286,6 +287,12 @@ def make_config(tc: Toolchain, settings: config.Settings, key: str) -> str:
         f"LINK_PASS := {flags['link_pass'][0]}",
         f"LINK_LIBS := {' '.join(flags['libs'])}",
     ]
+    ops = op_table.load(settings.root)
+    lines += [f"# The op table ({op_table.path(settings.root).relative_to(settings.root)}): the shims make builds.",
+              f"SHIMS_CORE := {' '.join(name for name, op in ops.items() if not op.mha)}",
+              f"SHIMS_MHA := {' '.join(name for name, op in ops.items() if op.mha)}"]
+    for name, op in ops.items():
+        lines += [f"SHIM_{name} := {op.shim}", f"JIT_{name} := {' '.join(op.modules)}"]
     for note in tc.how:
         lines.append(f"# {note}")
     return "\n".join(lines) + "\n"
