@@ -114,6 +114,7 @@ from pathlib import Path as _Path
 from jatools import config as _config
 from jatools.jitlibs import jit_cache as _jit_cache
 from jatools.jitlibs import publish as _publish
+from jatools.native import jit_build as _jit_build
 
 
 def _jit_run(name: str, fn, *args, **kwargs):
@@ -150,7 +151,7 @@ def jit_verify(c, dir=None, against=None):
     """Check build/aiter_build against its build record (or a given manifest); names every differing file."""
     settings = _config.load()
     folder = _Path(dir) if dir else settings.jit_dir
-    source, n = _jit_run("verify", _jit_cache.verify, folder, against, expected=_config.jit_libraries(settings))
+    source, n = _jit_run("verify", _jit_cache.verify, folder, against, expected=list(_jit_build.libraries(settings).values()))
     print(f"verify: {n} file(s) in {folder} match {source}")
 
 
@@ -291,7 +292,7 @@ def jit_merge_manifests(c, from_="build/jit-shards", strict=False):
     settings = _config.load()
     folder = _Path(from_)
     _jit_run("merge-manifests", _publish.merge, folder if folder.is_absolute() else _Path.cwd() / folder,
-             settings.jit_dir, settings.jit_config, _jit_cache.strict_toolchain(settings, strict or None))
+             settings.jit_dir, _jit_build.libraries(settings), _jit_cache.strict_toolchain(settings, strict or None))
 
 
 jit.add_task(jit_merge_manifests, "merge-manifests")

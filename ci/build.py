@@ -53,6 +53,7 @@ if str(ROOT) not in sys.path:
 
 from jatools import atomic_write, config, steps
 from jatools.ci import env_report
+from jatools.native import jit_build
 
 ENV_REPORT = ("invoke", "env-report", "--json-out", env_report.CI_REPORT)
 PLACEHOLDER = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)\}")
@@ -185,8 +186,8 @@ class Build:
 
 
 def jit_modules() -> list[str]:
-    """JIT modules from optCompilerConfig.json: the producer builds one shard per module."""
-    return list(json.loads(config.load(env={}).jit_config.read_text())["modules"])
+    """The JIT modules (the op table's, jit_build.libraries): the producer builds one shard per module."""
+    return list(jit_build.libraries(config.load(env={})))
 
 
 # --- the registry ---------------------------------------------------------------------------------

@@ -132,15 +132,6 @@ def load(backend: str | None = None, gpu_archs: str | None = None, root: Path | 
     )
 
 
-def jit_libraries(settings: Settings) -> list[str]:
-    """The JIT libraries the op table names (each module of the JIT config, its `library`), in its order."""
-    try:
-        modules = json.loads(settings.jit_config.read_text())["modules"]
-        return [m["library"] for m in modules.values()]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ValueError(f"{settings.jit_config} does not give each module's library ({e!r}); fix the op table") from None
-
-
 def _cell(text: object) -> str:
     return str(text).replace("|", "\\|")
 

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from jatools import atomic_write, config, steps
-from jatools.native import identity, jit_build
+from jatools.native import jit_build
 from jax_aiter import fetch, reuse_gate
 from jax_aiter import manifest as mf
 from jax_aiter.integrity import (
@@ -280,7 +280,7 @@ def verify(folder: Path, against: str | None = None, opts: fetch.FetchOptions | 
            expected: list[str] | None = None) -> tuple[str, int]:
     """Check `folder` against a manifest (path or URL) or, by default, its build record (else its manifest copy).
 
-    `expected` (the op table's JIT libraries, config.jit_libraries) makes the set strict: a library the record
+    `expected` (the op table's JIT libraries, jit_build.libraries) makes the set strict: a library the record
     lacks, one it lists beyond the table, or a library in the folder it does not list is a difference too.
     Returns (what it was checked against, number of files); raises naming every difference.
     """
@@ -338,5 +338,5 @@ def errors() -> tuple[type[BaseException], ...]:
     from jatools.native import toolchain
     from jax_aiter.blob import BlobError
 
-    return (JitCacheError, publish.PublishError, fetch.FetchError, mf.ManifestError, identity.IdentityError,
+    return (JitCacheError, publish.PublishError, fetch.FetchError, mf.ManifestError,
             toolchain.ToolchainError, IntegrityError, BlobError, OSError, ValueError)

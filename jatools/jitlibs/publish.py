@@ -19,7 +19,7 @@ Before publishing, `merge` joins per-module JIT build shards into one
 build/aiter_build with one build record. The JIT producer builds each module in
 its own CI job (a shard: lib<module>.so plus that job's build_record.json) so
 the hours-long MHA builds run side by side; publishing needs one build: every
-module of optCompilerConfig.json once, bytes as each shard recorded them, and
+JIT module of the op table once, bytes as each shard recorded them, and
 one identity. A shard built from other sources or for other archs would publish
 a wrong library under this release's cache id, so the gated fields must agree;
 the toolchain is advisory, as for reuse. Nothing is installed until every check
@@ -45,6 +45,7 @@ from typing import Protocol
 
 from jatools import config
 from jatools.jitlibs.jit_cache import JitCacheError, write_json
+from jatools.native import jit_build
 from jax_aiter import __version__, blob, fetch, reuse_gate
 from jax_aiter import manifest as mf
 from jax_aiter.integrity import (
@@ -112,7 +113,7 @@ def publishable_identity(record: dict, jit_dir: Path, settings: config.Settings)
             f"the libraries were built from kernel sources with uncommitted changes (revision "
             f"{ident['kernel_source_revision']} plus edits), which no identity describes; commit the changes, "
             "rebuild (`python3 jax_aiter/jit/build_jit.py`) and publish again")
-    configured = json.loads(settings.jit_config.read_text())["modules"]
+    configured = jit_build.libraries(settings)
     missing = sorted(set(configured) - set(record["modules"]))
     if missing:
         raise PublishError(f"modules {', '.join(missing)} are configured but not built; run "
@@ -508,22 +509,21 @@ def check_files(shard: Shard) -> None:
                             + "\n  ".join(problems) + "\nre-run that shard's job (`nox -s jit -- --module <m>`)")
 
 
-def check_modules(shards: list[Shard], config_path: Path) -> dict[str, tuple[Shard, dict]]:
-    """{module: (shard, record entry)}: every configured module exactly once, with its configured library."""
-    wanted = json.loads(config_path.read_text())["modules"]
+def check_modules(shards: list[Shard], wanted: dict[str, str]) -> dict[str, tuple[Shard, dict]]:
+    """{module: (shard, record entry)}: every module of `wanted` ({module: library}) exactly once, with its library."""
     found: dict[str, list[tuple[Shard, dict]]] = {}
     for s in shards:
         for module, entry in s.record["modules"].items():
             found.setdefault(module, []).append((s, entry))
-    problems = [f"module {m} is in no shard (expected {wanted[m]['library']}); add or re-run its shard job "
+    problems = [f"module {m} is in no shard (expected {wanted[m]}); add or re-run its shard job "
                 f"jit_libs_<backend>_{m}" for m in wanted if m not in found]
     problems += [f"module {m} is in {len(v)} shards: {', '.join(s.name for s, _ in v)}; keep one"
                  for m, v in found.items() if len(v) > 1]
-    problems += [f"module {m} (shard {v[0][0].name}) is not in {config_path}" for m, v in found.items()
+    problems += [f"module {m} (shard {v[0][0].name}) is not a JIT module of the op table" for m, v in found.items()
                  if m not in wanted]
-    problems += [f"module {m} (shard {v[0][0].name}): library {v[0][1]['file']['name']}, but {config_path} "
-                 f"says {wanted[m]['library']}" for m, v in found.items()
-                 if m in wanted and v[0][1]["file"]["name"] != wanted[m]["library"]]
+    problems += [f"module {m} (shard {v[0][0].name}): library {v[0][1]['file']['name']}, but the op table "
+                 f"names {wanted[m]}" for m, v in found.items()
+                 if m in wanted and v[0][1]["file"]["name"] != wanted[m]]
     if problems:
         raise JitCacheError("the shards do not make one build:\n  " + "\n  ".join(problems))
     return {m: found[m][0] for m in wanted}
@@ -549,8 +549,9 @@ def check_identities(chosen: dict[str, tuple[Shard, dict]], strict: bool, log: L
     return ref if all(e["identity"] == ref for _, e in chosen.values()) else None
 
 
-def merge(from_dir: Path, dest: Path, config_path: Path, strict: bool = False, log: Log = print) -> dict:
-    """Check every shard, then install the libraries into `dest` and the merged build record last.
+def merge(from_dir: Path, dest: Path, wanted: dict[str, str], strict: bool = False, log: Log = print) -> dict:
+    """Check every shard against `wanted` ({module: library}, jit_build.libraries), then install the libraries
+    into `dest` and the merged build record last.
 
     The copies are not hashed again here: the CI step after this one (`invoke verify`) re-hashes `dest`
     against the merged record.
@@ -558,7 +559,7 @@ def merge(from_dir: Path, dest: Path, config_path: Path, strict: bool = False, l
     shards = find_shards(from_dir)
     for s in shards:
         check_files(s)
-    chosen = check_modules(shards, config_path)
+    chosen = check_modules(shards, wanted)
     ident = check_identities(chosen, strict, log)
     modules = {m: entry for m, (_, entry) in chosen.items()}
     record = {"schema": RECORD_SCHEMA, "identity": ident, "modules": modules,

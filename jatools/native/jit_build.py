@@ -1,15 +1,19 @@
 #!/usr/bin/env python3
 """Build the JIT libraries (librmsnorm_fwd.so, libmha_fwd.so, libmha_bwd.so) into build/aiter_build/.
 
-Driven by jax_aiter/jit/optCompilerConfig.json: each module generates its
-instance sources from kernel templates over its axes (dtype x head_dim x
-causal ...), compiles them in parallel with ninja and links one library.
+The modules are those the op table's ops need (jax_aiter/op_table.toml, which
+derives each library's name); jax_aiter/jit/optCompilerConfig.json says how
+each compiles: each module generates its instance sources from kernel
+templates over its axes (dtype x head_dim x causal ...), compiles them in
+parallel with ninja and links one library.
 Generated sources are rewritten only when their text changes, and ninja tracks
 header dependencies, so touching one template recompiles only the instances
 generated from it. A build record (identity, toolchain, archs, output sha256)
 is written atomically next to the outputs, last.
 
-The recipe hash of the identity is derived from what makes the bytes: the
+The identity (kernel-source revision, archs, recipe hash, backend, FFI API
+version; the toolchain advisory) is derived here, never typed by hand. Its
+recipe hash is derived from what makes the bytes: the
 exact compile and link command lines of every instance (flags, defines,
 archs; the root path and the compiler's location left out) and the content of
 every repository file those compilations read. The files are found by
@@ -41,14 +45,46 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jatools import config
-from jatools.native import identity, toolchain
+from jatools.native import toolchain
+from jax_aiter import op_table
 from jax_aiter.integrity import RECORD_NAME, file_entry, sha256_files
+from jax_aiter.reuse_gate import cache_id
 
 RECORD_SCHEMA = 1
 
 
 class BuildError(RuntimeError):
     pass
+
+
+# --- the modules -------------------------------------------------------------------
+
+def module_table(settings: config.Settings) -> dict[str, dict]:
+    """{module: its compile settings plus `library`}, in the JIT config's order.
+
+    Two files name the modules: the op table says which exist (the modules its ops need) and derives each
+    library's name; the JIT config says how each compiles. A module that one names and the other does
+    not is an error naming both files.
+    """
+    libraries = op_table.jit_libraries(op_table.load(settings.root))
+    configured: dict[str, dict] = json.loads(settings.jit_config.read_text())["modules"]
+    table, cfg = op_table.path(settings.root), settings.jit_config
+    problems = [f"module {m} is needed by the op table {table} but has no compile settings in {cfg}"
+                for m in libraries if m not in configured]
+    problems += [f"module {m} has compile settings in {cfg} but no op in {table} needs it"
+                 for m in configured if m not in libraries]
+    problems += [f"module {m} names `library` in {cfg}, which is derived ({libraries[m]}) and not read"
+                 for m in configured if "library" in configured[m] and m in libraries]
+    if problems:
+        raise op_table.OpTableError("the op table and the JIT config disagree: " + "; ".join(problems)
+                                    + "; add the missing entry or remove the stale one")
+    return {name: {**spec, "library": libraries[name]} for name, spec in configured.items()}
+
+
+def libraries(settings: config.Settings) -> dict[str, str]:
+    """{module: its library} of every JIT module (module_table), in order: what a build, a merge or a
+    publication holds."""
+    return {name: spec["library"] for name, spec in module_table(settings).items()}
 
 
 # --- instance generation --------------------------------------------------------
@@ -347,9 +383,8 @@ def scan_includes(src: str, args, root: Path, texts: dict[str, str], outputs: st
     return seen
 
 
-def recipe(settings: config.Settings, tc: toolchain.Toolchain, modules: dict[str, dict] | None = None
-           ) -> tuple[str, dict[str, str]]:
-    """(recipe hash, {input path: sha256}) of a build of `modules` (default: all) with this toolchain.
+def recipe(settings: config.Settings, tc: toolchain.Toolchain) -> tuple[str, dict[str, str]]:
+    """(recipe hash, {input path: sha256}) of a build of every module with this toolchain.
 
     The hash covers the command line of every compile and of the link, with
     the compiler's location and the checkout's root path left out (they differ
@@ -358,7 +393,7 @@ def recipe(settings: config.Settings, tc: toolchain.Toolchain, modules: dict[str
     the content of every repository file the compilations read.
     """
     root = settings.root
-    modules = modules if modules is not None else json.loads(settings.jit_config.read_text())["modules"]
+    modules = module_table(settings)
     flags = toolchain.compile_flags(tc, settings)
     texts: dict[str, str] = {}
     sources: dict[str, dict[str, list[Path]]] = {}
@@ -394,11 +429,61 @@ def recipe(settings: config.Settings, tc: toolchain.Toolchain, modules: dict[str
     return h.hexdigest(), {p: d for p, d in digests.items() if p not in texts}
 
 
+# --- the identity: what the hard gate for reuse compares ------------------------------------
+
+def kernel_source_revision(root: Path, kernel_dir: Path) -> tuple[str, bool]:
+    """(revision, dirty): `git rev-parse HEAD:<dir>` (a tree id or a submodule commit).
+
+    Outside a git checkout with that folder committed (a source tarball, a copied
+    tree) the revision is a content hash, "content-sha256:<hex>", and the build
+    counts as dirty: it builds and runs, but cannot be published.
+    """
+    rel = kernel_dir.resolve().relative_to(root.resolve()).as_posix()
+    git = lambda *args: subprocess.run(["git", "-C", str(root), *args], check=False, capture_output=True, text=True)
+    out = git("rev-parse", f"HEAD:{rel}")
+    if out.returncode != 0:
+        print(f"identity: `git rev-parse HEAD:{rel}` failed ({out.stderr.strip() or 'not a git checkout'}); "
+              f"using a content hash of {rel} (such a build cannot be published)", file=sys.stderr)
+        return content_revision(kernel_dir), True
+    return out.stdout.strip(), bool(git("status", "--porcelain", "--", rel).stdout.strip())
+
+
+def content_revision(folder: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(q for q in folder.rglob("*") if q.is_file()):
+        h.update(p.relative_to(folder).as_posix().encode() + b"\0" + hashlib.sha256(p.read_bytes()).digest())
+    return "content-sha256:" + h.hexdigest()
+
+
+def derive_identity(settings: config.Settings, tc: toolchain.Toolchain, recipe_hash: str) -> dict:
+    """The build identity, derived at build time and never typed by hand.
+
+    The hard gate for reuse is (kernel-source revision, GPU arch set, recipe hash, backend, FFI API
+    version: jax_aiter.reuse_gate); the toolchain is recorded as advisory provenance.
+    """
+    rev, dirty = kernel_source_revision(settings.root, settings.kernel_source_dir)
+    major, minor = toolchain.ffi_api_version(settings.ffi_include_dir)
+    ident = {
+        "kernel_source_revision": rev,
+        "kernel_source_dirty": dirty,
+        "gpu_archs": sorted(tc.archs),
+        "recipe_hash": recipe_hash,
+        "backend": tc.backend,
+        "ffi_api_version": f"{major}.{minor}",
+        "toolchain": tc.identity(),
+    }
+    ident["cache_id"] = cache_id(ident)
+    return ident
+
+
 def path_filter(settings: config.Settings) -> list[str]:
     """The paths whose change can change a cache id: jit-libs.yml's `paths` (a test keeps the two equal).
 
     The folders of every file a build of any backend reads (two levels deep),
     the code and settings its command lines come from, and the workflow itself.
+    Not the op table's data: the build takes from it only which modules exist,
+    which the JIT config must repeat (module_table), and their library names,
+    which op_table.py derives from the module names.
     """
     root = settings.root
     found: set[str] = set()
@@ -406,7 +491,7 @@ def path_filter(settings: config.Settings) -> list[str]:
         tc = toolchain.Toolchain(backend, cxx="", cxx_version="", gpu_compiler=None if backend == "cpu" else "",
                                  archs=settings.default_archs(backend))
         found |= {"/".join(Path(p).parts[:2]) + "/**" for p in recipe(settings, tc)[1]}
-    code = [Path(m.__file__).resolve().relative_to(root).as_posix() for m in (config, identity, toolchain)]
+    code = [Path(m.__file__).resolve().relative_to(root).as_posix() for m in (config, toolchain, op_table)]
     code.append(Path(__file__).resolve().relative_to(root).as_posix())
     return sorted(found | set(code) | {"pyproject.toml", os.path.relpath(settings.jit_config, root),
                                        ".github/workflows/jit-libs.yml"})
@@ -453,7 +538,7 @@ def checkout_identity(settings: config.Settings) -> tuple[dict, list[str]]:
     """
     try:
         tc = toolchain.detect(settings, check_archs=False)
-        return identity.derive(settings, tc, recipe(settings, tc)[0]), list(tc.how)
+        return derive_identity(settings, tc, recipe(settings, tc)[0]), list(tc.how)
     except toolchain.ToolchainError as e:
         if settings.backend == "auto":
             raise
@@ -462,7 +547,7 @@ def checkout_identity(settings: config.Settings) -> tuple[dict, list[str]]:
             archs = tuple(toolchain.normalise_cuda_arch(a) for a in archs)
         bare = toolchain.Toolchain(settings.backend, cxx="", cxx_version="", archs=tuple(archs),
                                    gpu_compiler="" if settings.backend != "cpu" else None)
-        ident = identity.derive(settings, bare, recipe(settings, bare)[0])
+        ident = derive_identity(settings, bare, recipe(settings, bare)[0])
         ident["toolchain"] = None
         note = (f"toolchain not detected ({e}); identity from JA_BACKEND={settings.backend} and "
                 f"GPU_ARCHS={';'.join(archs) or '(none)'}, toolchain not compared")
@@ -548,8 +633,7 @@ def build(module_names: list[str] | None, jobs: int | None, verbose: bool, log_p
     settings = config.load()
     tc = toolchain.detect(settings)
     flags = toolchain.compile_flags(tc, settings)
-    cfg = json.loads(settings.jit_config.read_text())
-    all_modules: dict[str, dict] = cfg["modules"]
+    all_modules = module_table(settings)
     names = module_names or list(all_modules)
     unknown = [n for n in names if n not in all_modules]
     if unknown:
@@ -567,7 +651,7 @@ def build(module_names: list[str] | None, jobs: int | None, verbose: bool, log_p
     for ph, inc in packages.items():
         print(f"  {PACKAGE_INCLUDES[ph][0]} headers: {inc}")
     recipe_hash, inputs = recipe(settings, tc)  # over every module: one identity for the set
-    ident = identity.derive(settings, tc, recipe_hash)
+    ident = derive_identity(settings, tc, recipe_hash)
     if ident["kernel_source_dirty"]:
         print("  note: the kernel sources have uncommitted changes; this build cannot be published", flush=True)
     start = time.monotonic()
@@ -596,7 +680,7 @@ def build(module_names: list[str] | None, jobs: int | None, verbose: bool, log_p
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="build_jit.py", description=__doc__.splitlines()[0])
-    p.add_argument("--module", help="comma-separated modules (default: all in optCompilerConfig.json)")
+    p.add_argument("--module", help="comma-separated modules (default: every one the op table needs)")
     p.add_argument("--verbose", action="store_true", help="print every compiler command")
     p.add_argument("--log", type=Path, help="append the full compiler output to this file")
     p.add_argument("-j", "--jobs", type=int, help="parallel compile jobs (default: ninja's)")
@@ -604,7 +688,7 @@ def main(argv: list[str] | None = None) -> int:
     modules = [m.strip() for m in args.module.split(",") if m.strip()] if args.module else None
     try:
         build(modules, args.jobs, args.verbose, args.log)
-    except (BuildError, toolchain.ToolchainError, identity.IdentityError, ValueError) as e:
+    except (BuildError, toolchain.ToolchainError, ValueError) as e:
         print(f"build_jit: error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -175,7 +175,7 @@ def git(root: Path, *args: str) -> str:
 
 
 CHECKOUT_FILES = ("pyproject.toml", "README.md", "docs/build.md", "tests/ops/test_rmsnorm.py",
-                  "jax_aiter/jit/optCompilerConfig.json", "csrc/", "third_party/", "jatools/")
+                  "jax_aiter/jit/optCompilerConfig.json", "jax_aiter/op_table.toml", "csrc/", "third_party/", "jatools/")
 
 
 def make_checkout(root: Path) -> Path:

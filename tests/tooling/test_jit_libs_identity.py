@@ -65,6 +65,19 @@ def test_a_module_flag_in_the_jit_config_changes_the_cache_id(checkout):
     assert _cache_id(checkout) != before
 
 
+def test_op_data_in_the_op_table_keeps_the_cache_id(checkout):
+    """The JIT build reads the op table for its module list and library names only; an op's FFI targets, its
+    make target, what the lite wheel fetches and an op without JIT modules do not make the libraries' bytes."""
+    before = _cache_id(checkout)
+    table = checkout / "jax_aiter/op_table.toml"
+    text = table.read_text()
+    edited = (text.replace('ja_silu_and_mul = "JaSiluAndMul"', 'ja_silu_and_mul = "JaSiluAndMul", ja_silu = "JaSilu"')
+              .replace("mha = true, fetched = true", "mha = false") + 'gelu = { targets = { ja_gelu = "JaGelu" } }\n')
+    assert edited.count("mha = false") == 2 and "ja_silu =" in edited
+    table.write_text(edited)
+    assert _cache_id(checkout) == before
+
+
 def test_a_build_setting_in_pyproject_changes_the_cache_id(checkout):
     before = _cache_id(checkout)
     py = checkout / "pyproject.toml"

@@ -40,27 +40,25 @@ def make_shards(root: Path, idents: dict[str, dict] | None = None, modules: list
 
 
 @pytest.fixture
-def paths(tmp_path: Path) -> tuple[Path, Path]:
-    config = tmp_path / "optCompilerConfig.json"
-    config.write_text(json.dumps({"schema": 1, "modules": {m: {"library": lib} for m, lib in MODULES.items()}}))
-    return config, tmp_path / "build" / "aiter_build"
+def paths(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    return dict(MODULES), tmp_path / "build" / "aiter_build"  # the modules the op table names, their libraries
 
 
 def test_good_merge_installs_every_library_and_one_record_that_verifies(tmp_path, paths):
-    config, dest = paths
-    record = publish.merge(make_shards(tmp_path), dest, config, log=lambda m: None)
+    wanted, dest = paths
+    record = publish.merge(make_shards(tmp_path), dest, wanted, log=lambda m: None)
     assert record["identity"] == IDENT and sorted(record["modules"]) == sorted(MODULES)
     assert sorted(p.name for p in dest.iterdir()) == sorted([*MODULES.values(), "build_record.json"])
     source, n = jit_cache.verify(dest)
     assert (source, n) == (str(dest / "build_record.json"), len(MODULES))
     assert not list(dest.parent.glob(".aiter_build.merge-*")), "staging folder left behind"
     # a second merge over an existing build tree replaces it in place
-    publish.merge(make_shards(tmp_path), dest, config, log=lambda m: None)
+    publish.merge(make_shards(tmp_path), dest, wanted, log=lambda m: None)
     assert jit_cache.verify(dest)[1] == len(MODULES)
 
 
 def test_tampered_library_names_shard_file_and_both_hashes(tmp_path, paths):
-    config, dest = paths
+    wanted, dest = paths
     shards = make_shards(tmp_path)
     lib = shards / "jit-shard-jit_libs_rocm_mha_fwd" / "libmha_fwd.so"
     recorded = json.loads((lib.parent / "build_record.json").read_text())["modules"]["mha_fwd"]["file"]["sha256"]
@@ -68,7 +66,7 @@ def test_tampered_library_names_shard_file_and_both_hashes(tmp_path, paths):
     data[100] ^= 0xFF
     lib.write_bytes(bytes(data))
     with pytest.raises(jit_cache.JitCacheError) as e:
-        publish.merge(shards, dest, config)
+        publish.merge(shards, dest, wanted)
     msg = str(e.value)
     assert "shard jit-shard-jit_libs_rocm_mha_fwd" in msg and "libmha_fwd.so" in msg
     assert recorded in msg and hashlib.sha256(bytes(data)).hexdigest() in msg  # both hashes
@@ -76,10 +74,10 @@ def test_tampered_library_names_shard_file_and_both_hashes(tmp_path, paths):
 
 
 def test_gated_field_mismatch_names_shard_field_and_both_values(tmp_path, paths):
-    config, dest = paths
+    wanted, dest = paths
     odd = other_identity(IDENT, recipe_hash="c" * 64)
     with pytest.raises(jit_cache.JitCacheError) as e:
-        publish.merge(make_shards(tmp_path, {"mha_bwd": odd}), dest, config)
+        publish.merge(make_shards(tmp_path, {"mha_bwd": odd}), dest, wanted)
     msg = str(e.value)
     assert "jit-shard-jit_libs_rocm_mha_bwd" in msg and "recipe_hash" in msg
     assert "b" * 64 in msg and "c" * 64 in msg
@@ -87,14 +85,14 @@ def test_gated_field_mismatch_names_shard_field_and_both_values(tmp_path, paths)
 
 
 def test_toolchain_difference_warns_and_passes_but_strict_fails(tmp_path, paths):
-    config, dest = paths
+    wanted, dest = paths
     odd = {**IDENT, "toolchain": {**IDENT["toolchain"], "gpu_compiler_version": "6.4.3"}}
     shards = make_shards(tmp_path, {"rmsnorm_fwd": odd})
     with pytest.raises(jit_cache.JitCacheError, match=r"toolchain gpu_compiler_version: wanted 6\.4\.\d, found 6\.4\.\d"):
-        publish.merge(shards, dest, config, strict=True)
+        publish.merge(shards, dest, wanted, strict=True)
     assert not dest.exists()
     warnings: list[str] = []
-    record = publish.merge(shards, dest, config, strict=False, log=warnings.append)
+    record = publish.merge(shards, dest, wanted, strict=False, log=warnings.append)
     assert any("warning" in w and "gpu_compiler_version" in w and "rmsnorm_fwd" in w for w in warnings), warnings
     assert record["identity"] is None  # the modules' identities are not all the same
     assert reuse_gate.cache_id(odd) == IDENT["cache_id"]  # gated fields agree
@@ -102,29 +100,29 @@ def test_toolchain_difference_warns_and_passes_but_strict_fails(tmp_path, paths)
 
 
 def test_missing_module_is_named(tmp_path, paths):
-    config, dest = paths
+    wanted, dest = paths
     with pytest.raises(jit_cache.JitCacheError, match=r"module mha_bwd is in no shard \(expected libmha_bwd\.so\)"):
-        publish.merge(make_shards(tmp_path, modules=["rmsnorm_fwd", "mha_fwd"]), dest, config)
+        publish.merge(make_shards(tmp_path, modules=["rmsnorm_fwd", "mha_fwd"]), dest, wanted)
 
 
 def test_duplicate_module_names_both_shards(tmp_path, paths):
-    config, dest = paths
+    wanted, dest = paths
     shards = make_shards(tmp_path)
     write_build(shards / "jit-shard-extra", IDENT, {"libmha_fwd.so": 5000})
     with pytest.raises(jit_cache.JitCacheError,
                        match=r"module mha_fwd is in 2 shards: jit-shard-extra, jit-shard-jit_libs_rocm_mha_fwd"):
-        publish.merge(shards, dest, config)
+        publish.merge(shards, dest, wanted)
 
 
 def test_failed_merge_leaves_the_previous_build_tree(tmp_path, paths):
-    config, dest = paths
+    wanted, dest = paths
     write_build(dest, IDENT, seed=7)
     (dest / "build.ninja").write_text("# other build outputs\n")
     before = snapshot(dest)
     shards = make_shards(tmp_path)
     (shards / "jit-shard-jit_libs_rocm_mha_bwd" / "libmha_bwd.so").write_bytes(b"truncated")
     with pytest.raises(jit_cache.JitCacheError, match="size 9 does not match"):
-        publish.merge(shards, dest, config)
+        publish.merge(shards, dest, wanted)
     assert snapshot(dest) == before
     assert not list(dest.parent.glob(".aiter_build.merge-*"))
     assert jit_cache.verify(dest)[1] == len(MODULES)
