@@ -1,7 +1,9 @@
-"""The wheel layout and content policy (jatools/wheel/wheel_layout.toml), read once and shared.
+"""The wheel layout and content policy (jatools/wheel/wheel_layout.toml plus the op table), read once and shared.
 
 The builder decides what to stage from it, and `invoke contents` decides what a
-built wheel must and may hold from it, so the two cannot drift apart.
+built wheel must and may hold from it, so the two cannot drift apart. The op
+libraries (each op's shim and JIT libraries) and which of them a variant that
+fetches leaves out come from the op table (jax_aiter/op_table.toml).
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from jatools import config
+from jax_aiter import op_table
 
 LAYOUT_FILE = Path(__file__).with_name("wheel_layout.toml")
 
@@ -26,7 +29,7 @@ class LibrarySpec:
     name: str
     dir: str  # build folder under the build dir: jax_aiter_build | aiter_build
     kind: str  # umbrella | shim | jit
-    module: str | None = None  # JIT module in optCompilerConfig.json
+    module: str | None = None  # JIT module (the op table's)
     op: str | None = None  # shim's op (csrc/ffi/<op>)
 
     def fix_command(self) -> str:
@@ -60,30 +63,35 @@ class Layout:
     identity_file: str
     libraries: dict[str, LibrarySpec]
     variants: dict[str, Variant]
-    required_files: tuple[str, ...]
+    required_files: tuple[str, ...]  # every file every wheel holds besides libraries and identity (data files too)
+    data_files: tuple[str, ...]  # the package's non-Python files, copied from the checkout
     dist_info_files: tuple[str, ...]
     external: dict[str, tuple[str, ...]]
     runpath_forbidden: tuple[str, ...]
     dropped: tuple[str, ...] = ()  # libraries removed with without(); reported, never silent
 
     @classmethod
-    def load(cls, path: Path = LAYOUT_FILE) -> Layout:
+    def load(cls, path: Path = LAYOUT_FILE, root: Path | None = None) -> Layout:
+        """The layout of `path`, its op libraries from the op table of the checkout at `root` (default: this one)."""
         data = tomllib.loads(path.read_text())
+        ops = op_table.load(root or config.repo_root())
+        dirs = data["op_library_dirs"]
         libs = {name: LibrarySpec(name=name, **spec) for name, spec in data["libraries"].items()}
+        libs |= {lib: LibrarySpec(lib, dirs["jit"], "jit", module=m) for m, lib in op_table.jit_libraries(ops).items()}
+        libs |= {op.shim: LibrarySpec(op.shim, dirs["shim"], "shim", op=name) for name, op in ops.items()}
+        fetched = tuple(op_table.fetched_libraries(ops).values())
         variants = {
-            name: Variant(name, v.get("local_version", ""), tuple(v["libraries"]), tuple(v.get("fetched", ())))
+            name: Variant(name, v["local_version"], tuple(n for n in libs if not (v["fetches"] and n in fetched)),
+                          fetched if v["fetches"] else ())
             for name, v in data["variants"].items()
         }
-        for v in variants.values():
-            unknown = [n for n in (*v.libraries, *v.fetched) if n not in libs]
-            if unknown:
-                raise LayoutError(f"{path}: variant {v.name} names unknown libraries {', '.join(unknown)}")
         return cls(
             lib_dir=data["lib_dir"],
             identity_file=data["identity_file"],
             libraries=libs,
             variants=variants,
-            required_files=tuple(data["files"]["required"]),
+            required_files=(*data["files"]["required"], *data["files"]["data"]),
+            data_files=tuple(data["files"]["data"]),
             dist_info_files=tuple(data["files"]["dist_info"]),
             external={k: tuple(v) for k, v in data["external"].items()},
             runpath_forbidden=tuple(data["runpath"]["forbidden_substrings"]),
