@@ -72,9 +72,10 @@ class Layout:
 
     @classmethod
     def load(cls, path: Path = LAYOUT_FILE, root: Path | None = None) -> Layout:
-        """The layout of `path`, its op libraries from the op table of the checkout at `root` (default: this one)."""
+        """The layout of `path`, its op libraries from the op table of the checkout at `root` (default: the
+        table of the jax_aiter package imported here, as `path` is the file beside this module)."""
         data = tomllib.loads(path.read_text())
-        ops = op_table.load(root or config.repo_root())
+        ops = op_table.load(root)
         dirs = data["op_library_dirs"]
         libs = {name: LibrarySpec(name=name, **spec) for name, spec in data["libraries"].items()}
         libs |= {lib: LibrarySpec(lib, dirs["jit"], "jit", module=m) for m, lib in op_table.jit_libraries(ops).items()}
