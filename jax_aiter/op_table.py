@@ -21,7 +21,7 @@ class OpTableError(ValueError):
 
 
 def library(module: str) -> str:
-    """The file name of JIT module `module`'s library."""
+    """The file name of JIT module `module`'s library (so the linker finds it as -l<module>)."""
     return f"lib{module}.so"
 
 
@@ -29,9 +29,9 @@ def library(module: str) -> str:
 class Op:
     name: str
     targets: tuple[tuple[str, str], ...]  # (FFI target name, handler symbol prefix)
-    modules: tuple[str, ...] = ()  # JIT modules whose libraries the shim needs
-    mha: bool = False  # only `make ja_mods` builds its shim (it needs the MHA JIT libraries)
-    fetched: bool = False  # the lite wheel leaves its JIT libraries out; jax-aiter-fetch-mha downloads them
+    modules: tuple[str, ...]  # JIT modules whose libraries the shim needs
+    mha: bool  # only `make ja_mods` builds its shim (it needs the MHA JIT libraries)
+    fetched: bool  # the lite wheel leaves its JIT libraries out; jax-aiter-fetch-mha downloads them
 
     @property
     def shim(self) -> str:
