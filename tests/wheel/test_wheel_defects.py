@@ -135,12 +135,15 @@ def test_missing_shim_names_make_ja_mods(build_copy, layout, tmp_path):
         build(build_copy, _opts(tmp_path), layout=layout)
 
 
-def test_contents_catches_a_file_missing_from_the_variant(wheels, layout, tmp_path):
+@pytest.mark.parametrize("member", ["jax_aiter/_lib/silu_and_mul_ja.so", "jax_aiter/op_table.toml"])
+def test_contents_catches_a_file_missing_from_the_variant(wheels, layout, tmp_path, member):
     src = wheels["lite"].wheel
-    bad = rewrite_wheel(src, tmp_path / src.name, drop=("jax_aiter/_lib/silu_and_mul_ja.so",))
+    with zipfile.ZipFile(src) as zf:
+        assert member in zf.namelist()
+    bad = rewrite_wheel(src, tmp_path / src.name, drop=(member,))
     report = wheel_contents.check_wheel(bad, layout)
     assert not report.ok
-    assert "jax_aiter/_lib/silu_and_mul_ja.so is missing from the lite wheel" in report.message()
+    assert f"{member} is missing from the lite wheel" in report.message()
 
 
 def test_contents_catches_mha_libraries_in_lite(wheels, layout, tmp_path):
