@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import importlib.metadata
-import json
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ def _cuda(*archs: str) -> toolchain.Toolchain:
 
 
 def _mha_fwd(root: Path) -> dict:
-    return json.loads((root / "jax_aiter/jit/optCompilerConfig.json").read_text())["modules"]["mha_fwd"]
+    return jit_build.module_table(settings_for(root))["mha_fwd"]
 
 
 def test_sm90a_instances_are_built_only_by_a_cuda_build_with_sm_90(checkout):
