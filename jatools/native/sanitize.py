@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jatools import atomic_write, config, steps
-from jatools.native import toolchain
+from jatools.native import jit_build, toolchain
 from jatools.native.build import native_steps
 
 SUPPRESSION_DIR = Path("ci/sanitizers")
@@ -64,9 +64,6 @@ BUILD_DIR = ASAN.build_dir
 SANITIZERS = ASAN.flags
 TEST_PATHS = ("tests/ops",)
 MARKERS = "not gpu and not multigpu and not slow"
-MHA_MODULES = {"mha_fwd", "mha_bwd"}
-
-
 class SanitizeError(RuntimeError):
     """The sanitizer run cannot go on; the message names the step or the missing piece and the fix."""
 
@@ -114,12 +111,6 @@ def runtime_env(root: Path, base: dict[str, str], cxx: str = "g++") -> dict[str,
     return env
 
 
-def shim_target(settings: config.Settings) -> str:
-    """`ja_mods` when the JIT config builds the MHA libraries, else `ja_mods_nomha` (said aloud, not silent)."""
-    modules = set(json.loads(settings.jit_config.read_text())["modules"])
-    return "ja_mods" if MHA_MODULES <= modules else "ja_mods_nomha"
-
-
 def tsan_env(root: Path, base: dict[str, str]) -> dict[str, str]:
     """Environment for the ThreadSanitizer driver: every report aborts, suppressions from the repository."""
     env = dict(base)
@@ -134,7 +125,7 @@ def tsan_driver_command(settings: config.Settings, out: Path) -> list[str]:
     flags = toolchain.compile_flags(tc, settings)
     libs = [settings.jit_dir, settings.umbrella_dir]
     return [tc.cxx, *flags["cxx"], str(TSAN_DRIVER), "-o", str(out), *(f"-L{d}" for d in libs),
-            "-lrmsnorm_fwd", "-lmha_fwd", "-lmha_bwd", "-ljax_aiter", "-fsanitize=thread", "-lpthread",
+            *(f"-l{module}" for module in jit_build.libraries(settings)), "-ljax_aiter", "-fsanitize=thread", "-lpthread",
             *(f"-Wl,-rpath,{d.resolve()}" for d in libs)]
 
 
@@ -142,15 +133,11 @@ def run(pytest_args: list[str], jobs: int, python: str = sys.executable, kind: S
     root = config.repo_root()
     env = build_env(kind=kind)
     settings = config.load(env=env)
-    shims = shim_target(settings)
-    if shims != "ja_mods":
-        print(f"sanitize: {settings.jit_config.name} has no {'/'.join(sorted(MHA_MODULES))} modules; "
-              "building the core shims only (make ja_mods_nomha)", flush=True)
-    # Its own build folder: the sanitizer build is always a producer.
+    # Its own build folder: the sanitizer build is always a producer (of every op: the JIT build refuses a
+    # JIT config that leaves out a module the op table names).
+    shims = "ja_mods"
     todo = native_steps(jit="build", shims=shims, jobs=jobs, env=env, python=python)
     if kind.name == "thread":
-        if shims != "ja_mods":
-            raise SanitizeError("the ThreadSanitizer driver calls the MHA kernels, and the JIT config builds none")
         driver = root / kind.build_dir / "tsan_driver"
         todo += [steps.Step("driver build", lambda: tsan_driver_command(settings, driver), env, root),
                  steps.Step("driver", [str(driver)], tsan_env(root, env), root)]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from jatools import config
-from jatools.native import sanitize, toolchain
+from jatools.native import jit_build, sanitize, toolchain
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -105,15 +105,6 @@ def test_planted_faults_abort_with_a_report(planted_lib: Path, fn: str, report: 
     assert report in r.stderr, r.stderr[-2000:]
 
 
-def test_shim_target_follows_the_jit_config(tmp_path: Path) -> None:
-    settings = config.load(env={}, root=ROOT)
-    cfg = tmp_path / "jit.json"
-    cfg.write_text('{"modules": {"rmsnorm_fwd": {}, "mha_fwd": {}, "mha_bwd": {}}}')
-    assert sanitize.shim_target(settings.__class__(**{**settings.__dict__, "jit_config": cfg})) == "ja_mods"
-    cfg.write_text('{"modules": {"rmsnorm_fwd": {}}}')
-    assert sanitize.shim_target(settings.__class__(**{**settings.__dict__, "jit_config": cfg})) == "ja_mods_nomha"
-
-
 PLANTED_THREADS = r"""
 #include <cstdio>
 #include <cstdlib>
@@ -173,3 +164,6 @@ def test_tsan_builds_into_its_own_tree_and_links_the_driver_against_it() -> None
     cmd = sanitize.tsan_driver_command(settings, Path("out"))
     assert "-fsanitize=thread" in cmd and str(sanitize.TSAN_DRIVER) in cmd
     assert f"-L{settings.jit_dir}" in cmd and "build/sanitize-thread" in str(settings.jit_dir)
+    # every JIT library of the op table, before the umbrella they need
+    linked = [a for a in cmd if a.startswith("-l")]
+    assert linked[:-2] == [f"-l{m}" for m in jit_build.libraries(settings)] and linked[-2:] == ["-ljax_aiter", "-lpthread"]
