@@ -115,14 +115,14 @@ def tests_multigpu(session: nox.Session) -> None:
 @nox.session(python=PY, tags=["test"], default=False)
 def sanitize(session: nox.Session) -> None:
     """CPU libraries built with ASan+UBSan into build/sanitize, then the CPU op tests run against them (pytest args after --)."""
-    session.install(*TEST_DEPS, "ninja")
+    session.install(*TEST_DEPS, *BUILD_DEPS)
     session.run("python", "-m", "jatools.native.sanitize", "--", *session.posargs)
 
 
 @nox.session(python=PY, tags=["test"], default=False)
 def tsan(session: nox.Session) -> None:
     """CPU libraries built with ThreadSanitizer into build/sanitize-thread, then every threaded CPU kernel driven from several threads (ci/sanitizers/tsan_driver.cpp)."""
-    session.install(*TEST_DEPS, "ninja")
+    session.install(*TEST_DEPS, *BUILD_DEPS)
     session.run("python", "-m", "jatools.native.sanitize", "--sanitizer", "thread", *session.posargs)
 
 
