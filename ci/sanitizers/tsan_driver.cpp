@@ -85,13 +85,13 @@ std::vector<Case> cases() {
       std::string tag = causal ? " causal" : "";
       out.push_back({"mha_fwd" + tag, {nq, nl}, [=](std::vector<std::vector<float>>& o) {
                        JaMhaFwdArgs a{0, b, sq, sk, hq, hkv, hd, causal, scale, q->data(), k->data(), v->data(),
-                                      o[0].data(), o[1].data()};
+                                      o[0].data(), o[1].data(), nullptr, 0};  // no workspace: the CPU kernel needs none
                        return ja_mha_fwd_cpu(&a);
                      }});
       // outputs: o, lse (forward, inputs of the backward), dq, dk, dv, then the two workspaces
       out.push_back({"mha_bwd" + tag, {nq, nl, nq, nk, nk, nq, nl}, [=](std::vector<std::vector<float>>& o) {
                        JaMhaFwdArgs f{0, b, sq, sk, hq, hkv, hd, causal, scale, q->data(), k->data(), v->data(),
-                                      o[0].data(), o[1].data()};
+                                      o[0].data(), o[1].data(), nullptr, 0};  // no workspace: the CPU kernel needs none
                        if (const char* e = ja_mha_fwd_cpu(&f)) return e;
                        JaMhaBwdArgs a{0, b, sq, sk, hq, hkv, hd, causal, scale, q->data(), k->data(), v->data(),
                                       o[0].data(), dout->data(), o[1].data(), o[2].data(), o[3].data(),
