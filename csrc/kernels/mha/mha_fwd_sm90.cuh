@@ -20,11 +20,9 @@
 // natural log. Rows and keys past the ends of q, k and v are zero-filled by the TMA
 // unit and masked; out and lse are stored only for rows < seq_q.
 //
-// Measured on the H200 (bench_gpu.py --only attention, bf16, b4 h32 d128, 2026-12-01), fraction
-// of cuDNN's forward in the same run, non-causal / causal: seq 1024 0.94 / 0.94, 4096 1.01 / 1.01,
-// 8192 1.03 / 1.06 (the mma.sync kernel: 0.46-0.57). Left to try: kBlockN = 176 without causal
-// (FA-3's choice at d128), an epilogue through shared memory (16-byte or TMA stores), a
-// persistent grid.
+// Its speed against cuDNN: `python3 benchmarks/gpu/bench_gpu.py --only attention [--head-dim D]` on an
+// H200 (the numbers live in that run's output, not here). Left to try: kBlockN = 176 without causal
+// (FA-3's choice at d128), an epilogue through shared memory (16-byte or TMA stores), a persistent grid.
 //
 // Built only for sm_90a (the gpu_sm90a kind of the mha_fwd module in
 // jax_aiter/jit/optCompilerConfig.json), with the CUTLASS/CuTe headers of the pinned
