@@ -291,6 +291,8 @@ def inflated_build(ctx: Context, build: Path) -> None:
         record["files"] = [entry if f["name"] == name else f for f in record["files"]]
         record["modules"][spec.module]["file"] = entry
     (build / "aiter_build" / jit_cache.RECORD_NAME).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    # The umbrella and shims are hard links of the linked files, so make's record of them holds as it is.
+    os.link(src / "jax_aiter_build" / jit_cache.RECORD_NAME, build / "jax_aiter_build" / jit_cache.RECORD_NAME)
     stamp.write_text(key)
 
 
