@@ -134,7 +134,7 @@ def convergence(session: nox.Session) -> None:
     session.run("python", "ci/convergence/train_tiny.py", "--compare", *session.posargs)
 
 
-# --- wheels (jatools/wheel/wheel_build.py; checks: jatools/wheel/wheel_floor.py, jatools/wheel/wheel_contents.py) ---
+# --- wheels (jatools/wheel/wheel_build.py; checks: jatools/wheel/wheel_checks.py) ---
 WHEEL_DEPS = nox.project.dependency_groups(PYPROJECT, "wheel")
 
 

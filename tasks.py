@@ -194,7 +194,7 @@ ns.add_collection(jit)
 ns.add_task(jit_verify, "verify")
 
 
-# --- wheels: build, symbol floor, content policy (logic in jatools/wheel/) ---------------
+# --- wheels: build, symbol floor, content policy (logic in jatools/wheel/wheel_build.py, wheel_checks.py) ----
 _WHEEL_ARG = {"wheel": "a wheel path, glob or comma-separated list (repeatable); also any number of wheels after "
                       "`--` (invoke floor -- dist/*.whl); none: every wheel in dist/"}
 
@@ -204,48 +204,34 @@ def _wheel_paths(c, wheel: list[str] | str | None) -> list[Path]:
     import shlex
 
     from jatools import config
-    from jatools.wheel import wheel_members
+    from jatools.wheel import wheel_checks
     specs = ([wheel] if isinstance(wheel, str) else list(wheel or [])) + shlex.split(getattr(c, "remainder", "") or "")
     try:
-        return [p for spec in specs or [""] for p in wheel_members.find_wheels(spec, config.repo_root() / "dist")]
-    except wheel_members.WheelReadError as e:
+        return [p for spec in specs or [""] for p in wheel_checks.find_wheels(spec, config.repo_root() / "dist")]
+    except wheel_checks.WheelReadError as e:
         raise Exit(f"error: {e}", code=2) from None
+
+
+def _wheel_checks(c, wheel, checks: list[str]) -> None:
+    from jatools.wheel import wheel_checks
+    ok, failed = wheel_checks.run(checks, _wheel_paths(c, wheel))
+    for line in ok:
+        print(line)
+    if failed:
+        raise Exit("\n".join(failed), code=1)
 
 
 @task(help=_WHEEL_ARG, iterable=["wheel"])
 def floor(c, wheel=None):
     """auditwheel symbol floor: fail when a wheel's platform tag claims an older glibc than its symbols allow."""
-    from jatools.wheel import wheel_floor
-    failures = []
-    for path in _wheel_paths(c, wheel):
-        try:
-            report = wheel_floor.check_wheel(path)
-        except wheel_floor.FloorError as e:
-            failures.append(str(e))
-            continue
-        (print(f"floor: ok {report.message}") if report.ok else failures.append(report.message))
-    if failures:
-        raise Exit("floor: FAIL " + "\nfloor: FAIL ".join(failures), code=1)
+    _wheel_checks(c, wheel, ["floor"])
 
 
 @task(help={**_WHEEL_ARG, "clients": "also run the clients users run (twine check --strict, check-wheel-contents, "
                                      "wheel unpack + pack)"}, iterable=["wheel"])
 def contents(c, wheel=None, clients=False):
     """Wheel content policy: variant files, allowed external libraries, RUNPATHs, RECORD and metadata."""
-    from jatools.wheel import wheel_contents
-    paths = _wheel_paths(c, wheel)
-    reports = wheel_contents.check_wheels(paths)
-    for r in reports:
-        if r.ok:
-            print(f"contents: ok {r.message()}")
-    failed = [r.message() for r in reports if not r.ok]
-    if clients:
-        said = wheel_contents.client_problems(paths)
-        failed += said
-        if not said:
-            print("contents: ok twine check --strict, check-wheel-contents, wheel unpack + pack accept them")
-    if failed:
-        raise Exit("contents: FAIL " + "\ncontents: FAIL ".join(failed), code=1)
+    _wheel_checks(c, wheel, ["contents", "clients"] if clients else ["contents"])
 
 
 @task(help={"variant": "lite or full", "dist": "output folder (default: dist/)",

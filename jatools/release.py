@@ -190,14 +190,14 @@ def stages(ctx: Context) -> list[steps.Step]:
                 up_to_date=lambda v=v: _wheel_up_to_date(ctx, v), artifacts=lambda v=v: _wheel_artifact(ctx, v))
           for v in ("lite", "full")],
         stage("verify", [py, "-m", "invoke", "verify"], "invoke verify"),
-        stage("floor", lambda: [py, "-m", "jatools.wheel.wheel_floor", *_wheels(ctx)],
+        stage("floor", lambda: [py, "-m", "jatools.wheel.wheel_checks", "--floor", *_wheels(ctx)],
               lambda: "invoke floor -- " + wheels()),
-        stage("contents", lambda: [py, "-m", "jatools.wheel.wheel_contents", *_wheels(ctx)],
+        stage("contents", lambda: [py, "-m", "jatools.wheel.wheel_checks", "--contents", *_wheels(ctx)],
               lambda: "invoke contents -- " + wheels()),
         stage("sdist", [py, "-m", WHEEL_BUILDER, "--sdist"],
               "python -m jatools.wheel.wheel_build --sdist  (or python -m build --sdist)", artifacts=sdists),
         # The clients users run must accept every distribution: a candidate none would take is never green.
-        stage("clients", lambda: [py, "-m", "jatools.wheel.wheel_contents", "--clients", *_wheels(ctx),
+        stage("clients", lambda: [py, "-m", "jatools.wheel.wheel_checks", "--clients", *_wheels(ctx),
                                   *map(str, sdists())], lambda: "invoke contents --clients -- " + wheels()),
         stage("validate", lambda: [py, "-m", "jatools.validate.cleanroom", *[a for w in _wheels(ctx) for a in
                                                                              ("--wheel", w)]],

@@ -145,8 +145,6 @@ SETTINGS: tuple[Setting, ...] = (
             "measured symbol floor)", default="the measured symbol floor", accepts="a manylinux tag"),
     _n("SOURCE_DATE_EPOCH", "wheels and validation", "the timestamp of every wheel member", int, 0, 2**32 - 1,
        None, "seconds since 1970"),
-    Setting("", "wheels and validation", "deflate engine of wheel members (--deflate overrides)",
-            key="wheel_deflate", choices=("libdeflate", "zlib")),
     Setting("", "wheels and validation", "libdeflate level of wheel members (--compress-level overrides)",
             key="wheel_compress_level"),
     Setting("", "wheels and validation", "where `invoke jit.publish` uploads (--to overrides): gh[:OWNER/REPO], "

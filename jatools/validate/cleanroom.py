@@ -43,7 +43,7 @@ from jatools import atomic_write, config, steps
 from jatools.jitlibs import publish
 from jatools.validate import cleanroom_env as cenv
 from jatools.validate import wheelhouse
-from jatools.wheel import wheel_record
+from jatools.wheel import wheel_checks
 from jax_aiter import manifest as mf
 from jax_aiter import reuse_gate
 from jax_aiter.integrity import sha256_file, sha256_files
@@ -363,7 +363,7 @@ def _timed(result: WheelResult, name: str, phase: str, fn: Callable[[], tuple[st
     try:
         msg, value = fn()
         ok = True
-    except (wheel_record.RecordError, cenv.CleanRoomError, ValidationError, wheelhouse.WheelhouseError) as e:
+    except (wheel_checks.RecordError, cenv.CleanRoomError, ValidationError, wheelhouse.WheelhouseError) as e:
         msg, ok = str(e), False
     result.checks.append(Check(name, phase, ok, round(time.perf_counter() - start, 3), msg))
     return value if ok else None
@@ -373,7 +373,7 @@ def _stock_smoke(dest: Path, wheel: Path, root: Path) -> None:
     """The files the smoke step reads: the script, the references, the wheel's RECORD."""
     shutil.copy2(SMOKE_SOURCE, dest / SMOKE_SCRIPT)
     shutil.copy2(root / REFERENCE_SOURCE, dest / "reference.py")
-    (dest / RECORD_COPY).write_text(wheel_record.record_text(wheel))
+    (dest / RECORD_COPY).write_text(wheel_checks.read_record_text(wheel))
 
 
 def validate_wheel(wheel: Path, opts: Options, engine: cenv.Probe | None, wh: Path, python: Path,
@@ -385,7 +385,7 @@ def validate_wheel(wheel: Path, opts: Options, engine: cenv.Probe | None, wh: Pa
                          backend, "")
     opts.log(f"cleanroom: {variant}: {wheel.name}")
     if not _timed(result, "wheel-record", "wheel",
-                  lambda: (f"{wheel_record.verify(wheel)} files match the wheel's RECORD", True)):
+                  lambda: (f"{wheel_checks.verify_record(wheel)} files match the wheel's RECORD", True)):
         return result
     release: Path | None = None
     if variant == "lite":

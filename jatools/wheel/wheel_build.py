@@ -17,11 +17,12 @@ This module is also the project's PEP 517/660 build backend (pyproject [build-sy
    reference's route) builds the same wheel for comparison.
 4. Tag: JA_WHEEL_PLAT_NAME when given, else the floor auditwheel's policy assigns
    to the libraries' versioned symbols.
-5. Pack with jatools.wheel.zip_writer (libdeflate or zlib on all cores; fixed order,
+5. Pack with jatools.wheel.zip_writer (libdeflate on all cores; fixed order,
    permissions and timestamps: SOURCE_DATE_EPOCH, else the HEAD commit's time),
    into a temporary file in the dist folder.
-6. Read every member back out of that file: each must hash to its RECORD entry and
-   each JIT library to its record again; only then is it renamed into place.
+6. Read every member back out of that file (jatools.wheel.wheel_checks.scan): each must
+   hash to its RECORD entry and each library to its record again; only then is it
+   renamed into place. `--check` runs the floor and contents checks on that same read.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ import contextlib
 import csv
 import fnmatch
 import gzip
+import importlib.metadata
 import io
 import json
 import os
@@ -40,7 +42,7 @@ import tarfile
 import time
 import tomllib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from packaging.metadata import Metadata, RawMetadata, RFC822Message
@@ -49,7 +51,7 @@ from packaging.utils import canonicalize_name
 
 from jatools import atomic_write, config
 from jatools.jitlibs import jit_cache
-from jatools.wheel import elf, wheel_floor, wheel_members
+from jatools.wheel import wheel_checks
 from jatools.wheel.wheel_layout import Layout, Variant, python_files, python_packages
 from jatools.wheel.zip_writer import DeterministicZipWriter, WrittenMember
 from jax_aiter import settings as numeric
@@ -72,8 +74,7 @@ class BuildOptions:
     dist_dir: Path
     plat_name: str | None = None  # JA_WHEEL_PLAT_NAME
     wheel_arch: str | None = None  # JA_WHEEL_ARCH: the GPU arch the wheel is for, recorded in its identity
-    level: int | None = None  # deflate level; None: pyproject's wheel_compress_level
-    engine: str | None = None  # libdeflate | zlib; None: pyproject's wheel_deflate
+    level: int | None = None  # libdeflate's level; None: pyproject's wheel_compress_level
     jobs: int | None = None
     source_date_epoch: int | None = None  # None: SOURCE_DATE_EPOCH, else the HEAD commit's time
 
@@ -104,6 +105,7 @@ class BuildResult:
     seconds: dict[str, float] = field(default_factory=dict)
     identity: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    scan: wheel_checks.WheelScan | None = field(default=None, repr=False)  # the read-back, for the checks
 
     def summary(self) -> str:
         secs = ", ".join(f"{k} {v:.2f} s" for k, v in self.seconds.items())
@@ -401,7 +403,7 @@ def record_text(members: list[WrittenMember], record_path: str) -> bytes:
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
     for m in members:
-        w.writerow([m.arcname, wheel_members.record_hash(m.sha256), m.size])
+        w.writerow([m.arcname, wheel_checks.record_hash(m.sha256), m.size])
     w.writerow([record_path, "", ""])
     return out.getvalue().encode()
 
@@ -410,37 +412,39 @@ def record_text(members: list[WrittenMember], record_path: str) -> bytes:
 
 def platform_tag(options: BuildOptions, libs: dict[str, Path]) -> tuple[str, str]:
     """(tag, where it came from): JA_WHEEL_PLAT_NAME, else the measured symbol floor."""
-    infos = {name: elf.read_dynamic(p) for name, p in libs.items()}
-    arch = wheel_floor.elf_arch(list(infos.values()))
+    infos = {name: wheel_checks.read_dynamic(p) for name, p in libs.items()}
+    arch = wheel_checks.elf_arch(list(infos.values()))
     if options.plat_name:
-        tag = wheel_floor.normalise_plat_name(options.plat_name)
-        if wheel_floor.arch_of_tag(tag) != arch:
-            raise WheelBuildError(f"JA_WHEEL_PLAT_NAME={options.plat_name} is for {wheel_floor.arch_of_tag(tag)}, "
+        tag = wheel_checks.normalise_plat_name(options.plat_name)
+        if wheel_checks.arch_of_tag(tag) != arch:
+            raise WheelBuildError(f"JA_WHEEL_PLAT_NAME={options.plat_name} is for {wheel_checks.arch_of_tag(tag)}, "
                                   f"but the libraries are {arch}")
         return tag, "JA_WHEEL_PLAT_NAME"
-    return wheel_floor.measure(infos, arch).tag, "measured symbol floor (auditwheel policy)"
+    return wheel_checks.measure(infos, arch).tag, "measured symbol floor (auditwheel policy)"
 
 
 def read_back(wheel: Path, written: list[WrittenMember], jit_members: dict[str, str],
               expectations: jit_cache.JitExpectations, jobs: int | None,
-              native: dict[str, dict] | None = None) -> None:
+              native: dict[str, dict] | None = None) -> wheel_checks.WheelScan:
     """Decompress every member of the written file: RECORD digests, JIT libraries against their record and
-    `native` ({member: entry}, the umbrella and shims) against theirs."""
+    `native` ({member: entry}, the umbrella and shims) against theirs. Returns the scan, for the checks."""
     try:
-        scanned = wheel_members.scan(wheel, workers=jobs)
-    except wheel_members.WheelReadError as e:
+        scanned = wheel_checks.scan(wheel, workers=jobs)
+    except wheel_checks.WheelReadError as e:
         raise IntegrityError(f"reading the new wheel back failed: {e}") from e
+    members = scanned.members
     for member, name in jit_members.items():
-        expectations.check_digest(name, scanned[member].sha256, f"{wheel.name}:{member}")
+        expectations.check_digest(name, members[member].sha256, f"{wheel.name}:{member}")
     for member, entry in (native or {}).items():
-        if scanned[member].sha256 != entry["sha256"]:
-            raise IntegrityError(f"{wheel.name}:{member}: sha256 {scanned[member].sha256} does not match the "
+        if members[member].sha256 != entry["sha256"]:
+            raise IntegrityError(f"{wheel.name}:{member}: sha256 {members[member].sha256} does not match the "
                                  f"{entry['sha256']} recorded when it was linked")
     for m in written:
-        got = scanned[m.arcname]
+        got = members[m.arcname]
         if got.sha256 != m.sha256_hex or got.size != m.size:
             raise IntegrityError(f"{wheel.name}: {m.arcname} reads back as sha256 {got.sha256} ({got.size} bytes), "
                                  f"but {m.sha256_hex} ({m.size} bytes) was written")
+    return scanned
 
 
 PROGRESS_MIN_BYTES = 64 << 20  # members at least this big get a line of their own while packing
@@ -479,7 +483,6 @@ def _build_locked(settings: config.Settings, options: BuildOptions, layout: Layo
     project = _project(settings.root)["project"]
     version = variant.version(project["version"])
     level = options.level or int(settings.raw["wheel_compress_level"])
-    engine = options.engine or settings.raw["wheel_deflate"]
     notes = [f"layout without {', '.join(layout.dropped)}"] if layout.dropped else []
 
     libs = library_sources(settings, layout, variant)
@@ -523,7 +526,7 @@ def _build_locked(settings: config.Settings, options: BuildOptions, layout: Layo
     jit_members = {layout.lib_member(n): n for n in jit_names}
     members = staged_members(stage_dir, layout)
     total = sum(p.stat().st_size for _, p, _ in members)
-    log(f"wheel_build: packing {len(members)} files ({total / 1e6:.1f} MB) with {engine} level {level} on "
+    log(f"wheel_build: packing {len(members)} files ({total / 1e6:.1f} MB) with libdeflate level {level} on "
         f"{options.jobs or os.cpu_count()} threads")
 
     def progress(m: WrittenMember) -> None:
@@ -532,8 +535,7 @@ def _build_locked(settings: config.Settings, options: BuildOptions, layout: Layo
                 f"({time.monotonic() - t_stage:.1f} s into packing)")
 
     try:
-        with open(tmp, "wb") as f, DeterministicZipWriter(f, date_time, level=level, workers=options.jobs,
-                                                          engine=engine) as zw:
+        with open(tmp, "wb") as f, DeterministicZipWriter(f, date_time, level=level, workers=options.jobs) as zw:
             # JIT libraries were just hashed against their record; that digest goes into RECORD
             # unhashed again, and the read-back below proves the zipped bytes have it.
             known = {a: bytes.fromhex(expectations.entry(n)["sha256"]) for a, n in jit_members.items()}
@@ -542,8 +544,8 @@ def _build_locked(settings: config.Settings, options: BuildOptions, layout: Layo
             written = add_dist_info(zw, dist_info, metadata, wheel_text(wheel_tag), project, settings.root, licenses)
         t_pack = time.monotonic()
         log(f"wheel_build: reading {tmp.name} back ({len(written) + 1} members)")
-        read_back(tmp, written, jit_members, expectations, options.jobs,
-                  {layout.lib_member(n): native[n] for n in native_names})
+        scanned = read_back(tmp, written, jit_members, expectations, options.jobs,
+                            {layout.lib_member(n): native[n] for n in native_names})
         os.replace(tmp, wheel)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -552,24 +554,13 @@ def _build_locked(settings: config.Settings, options: BuildOptions, layout: Layo
     result = BuildResult(
         wheel=wheel, variant=variant.name, version=version, platform_tag=tag, tag_source=tag_source,
         bytes_in=sum(m.size for m in written), bytes_out=wheel.stat().st_size, members=len(written) + 1,
-        compression=f"{engine} {_engine_version(engine)} level {level}",
+        compression=f"libdeflate (deflate {importlib.metadata.version('deflate')}) level {level}",
         seconds={"verify": t_verify - t0, "stage": t_stage - t_verify, "pack": t_pack - t_stage,
                  "read_back": t_end - t_pack, "total": t_end - t0},
-        identity=identity, notes=notes,
+        identity=identity, notes=notes, scan=replace(scanned, wheel=wheel),
     )
     _write_report(settings, result)
     return result
-
-
-def _engine_version(engine: str) -> str:
-    """The version that decides the compressed bytes (recorded: rebuilds match only with the same one)."""
-    if engine == "zlib":
-        import zlib
-
-        return zlib.ZLIB_RUNTIME_VERSION
-    from importlib import metadata
-
-    return f"(deflate {metadata.version('deflate')})"
 
 
 def _count(how: dict[str, str]) -> dict[str, int]:
@@ -581,7 +572,8 @@ def _count(how: dict[str, str]) -> dict[str, int]:
 
 def _write_report(settings: config.Settings, result: BuildResult) -> Path:
     path = settings.build_dir / "reports" / f"wheel_{result.variant}.json"
-    data = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(result).items()}
+    data = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(replace(result, scan=None)).items()
+            if k != "scan"}
     atomic_write.write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
     return path
 
@@ -633,7 +625,7 @@ def build_wheel(wheel_directory: str, config_settings: dict | None = None,
     unbuilt_sdist = (settings.root / "PKG-INFO").is_file() and not settings.build_dir.is_dir()  # before build() locks
     try:
         result = build(settings, options, log=_stderr)
-    except (WheelBuildError, IntegrityError, jit_cache.JitExpectationError, wheel_floor.FloorError) as e:
+    except (WheelBuildError, IntegrityError, jit_cache.JitExpectationError, wheel_checks.FloorError) as e:
         hint = ""
         if unbuilt_sdist:
             hint = (f"\n  {settings.root} is an unpacked sdist with no native build: build the libraries here "
@@ -668,7 +660,7 @@ def _editable(wheel_directory: Path, settings: config.Settings) -> str:
     wheel = wheel_directory / f"{dist_name}-{version}-{tag}.whl"
     metadata, _ = metadata_text(project, version, settings.root)
     date_time = time.gmtime(default_epoch(settings.root))[:6]
-    with atomic_write.open_bytes(wheel) as f, DeterministicZipWriter(f, date_time, engine="zlib") as zw:
+    with atomic_write.open_bytes(wheel) as f, DeterministicZipWriter(f, date_time) as zw:
         zw.add_bytes(EDITABLE_PTH, f"{settings.root}\n".encode())
         add_dist_info(zw, dist_info, metadata, wheel_text(tag, purelib=True), project, settings.root,
                       license_files(project, settings.root))
@@ -740,9 +732,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dist", type=Path, default=None, help="output folder (default: <repo>/dist)")
     p.add_argument("--plat-name", help="platform tag (default: JA_WHEEL_PLAT_NAME, else the measured floor)")
     p.add_argument("--wheel-arch", help="GPU arch the wheel is for (default: JA_WHEEL_ARCH)")
-    p.add_argument("--compress-level", type=int, help="deflate level (default: pyproject wheel_compress_level)")
-    p.add_argument("--deflate", choices=["libdeflate", "zlib"], help="deflate engine (default: pyproject "
-                   "wheel_deflate)")
+    p.add_argument("--compress-level", type=int, help="libdeflate's level, 1..12 (default: pyproject "
+                   "wheel_compress_level)")
     p.add_argument("-j", "--jobs", type=int, help="compression threads (default: all cores)")
     p.add_argument("--jit-record", type=Path, help="record or manifest with the JIT libraries' identity and "
                    "{name, size, sha256} files (default: build/aiter_build/build_record.json)")
@@ -754,18 +745,21 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         options = BuildOptions.from_env(args.variant, args.dist or settings.root / "dist", plat_name=args.plat_name,
-                                        wheel_arch=args.wheel_arch, level=args.compress_level, jobs=args.jobs,
-                                        engine=args.deflate)
+                                        wheel_arch=args.wheel_arch, level=args.compress_level, jobs=args.jobs)
         expectations = jit_cache.expectations(settings, args.jit_record) if args.jit_record else None
         result = build(settings, options, expectations=expectations)
-    except (WheelBuildError, IntegrityError, jit_cache.JitExpectationError, wheel_floor.FloorError,
+    except (WheelBuildError, IntegrityError, jit_cache.JitExpectationError, wheel_checks.FloorError,
             OSError, ValueError) as e:
         print(f"wheel_build: error: {e}", file=sys.stderr)
         return 2
     print(result.summary(), flush=True)
-    if args.check:
-        from jatools.wheel import wheel_contents
-        return max(wheel_floor.main([str(result.wheel)]), wheel_contents.main([str(result.wheel)]))
+    if args.check:  # on the read-back's scan: the wheel is not read again
+        ok, failed = wheel_checks.run(["floor", "contents"], [result.scan])
+        for line in ok:
+            print(line, flush=True)
+        for line in failed:
+            print(line, file=sys.stderr)
+        return 1 if failed else 0
     return 0
 
 

@@ -1,25 +1,19 @@
-"""A deterministic zip writer that deflates large members on several threads.
+"""A deterministic zip writer that deflates several members at once with libdeflate.
 
 Why not ``zipfile``: it compresses one member at a time on one core with zlib,
 and a full wheel holds ~2.5 GB of libraries in a few files, so the wheel build
-would take as long as single-threaded zlib deflate of all of them. Two engines:
+would take as long as single-threaded zlib deflate of all of them. Here each
+member is compressed whole by libdeflate (the `deflate` package), from a
+read-only memory map, several members at once on threads (libdeflate releases
+the GIL). Its level 6 stays within a few percent of zlib's level 6 for a
+fraction of the CPU time; its levels 1 to 5 use a faster parser whose output is
+several percent larger. Memory held: the compressed form of the members in flight.
 
-- ``libdeflate`` (the `deflate` package; the default): each member is compressed
-  whole, from a read-only memory map, and several members at once on threads
-  (libdeflate releases the GIL). Its level 6 stays within a few percent of
-  zlib's level 6 for a fraction of the CPU time; its levels 1 to 5 use a faster
-  parser whose output is several percent larger.
-  Memory held: the compressed form of the members in flight.
-- ``zlib`` (standard library, streaming): each member is cut into fixed-size
-  chunks deflated in parallel the way pigz does it: every chunk is primed with
-  the previous 32 KiB as a preset dictionary and ends with a sync flush (the last
-  with a finish), so the concatenation is one ordinary deflate stream.
-
-Either way the output depends only on the inputs and the engine's version
-(libdeflate's output is deterministic for a given version, on every CPU): the
-work split does not depend on the number of threads, timestamps and permissions
-are given by the caller, members are written in the order they are added, and no
-extra fields are written except ZIP64 ones when sizes require them.
+The output depends only on the inputs and libdeflate's version (its output is
+deterministic for a given version, on every CPU): the work split does not depend
+on the number of threads, timestamps and permissions are given by the caller,
+members are written in the order they are added, and no extra fields are
+written except ZIP64 ones when sizes require them.
 """
 from __future__ import annotations
 
@@ -29,19 +23,22 @@ import os
 import stat
 import struct
 import zipfile
-import zlib
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import BinaryIO
 
-CHUNK = 4 << 20  # bytes per parallel deflate job; fixed, so output does not depend on thread count
-WINDOW = 32 << 10  # deflate's window: the preset dictionary of each chunk
+import deflate  # libdeflate's Python bindings
+
 ZIP64_LIMIT = zipfile.ZIP64_LIMIT  # beyond it sizes and offsets move to ZIP64 extra fields
 _U32 = 0xFFFFFFFF
 _UNIX = 3
-LEVELS = {"libdeflate": range(1, 13), "zlib": range(1, 10)}
+LEVELS = range(1, 13)  # libdeflate's compression levels
+# The local file header before each member's data (APPNOTE.TXT 4.3.7): signature, version needed, flags,
+# method, time, date, CRC-32, compressed size, size, name length, extra field length. The checks read it back.
+LOCAL_HEADER = struct.Struct("<4sHHHHHLLLHH")
+LOCAL_HEADER_SIGNATURE = b"PK\x03\x04"
 
 
 @dataclass(frozen=True)
@@ -69,26 +66,8 @@ def dos_date_time(date_time: tuple[int, int, int, int, int, int]) -> tuple[int, 
     return (h << 11) | (mi << 5) | (s // 2), ((y - 1980) << 9) | (mo << 5) | d
 
 
-def _deflate_chunk(data: bytes, zdict: bytes | None, level: int, final: bool) -> bytes:
-    if zdict:
-        c = zlib.compressobj(level, zlib.DEFLATED, -15, 8, zlib.Z_DEFAULT_STRATEGY, zdict)
-    else:
-        c = zlib.compressobj(level, zlib.DEFLATED, -15)
-    return c.compress(data) + c.flush(zlib.Z_FINISH if final else zlib.Z_SYNC_FLUSH)
-
-
-def _libdeflate():
-    try:
-        import deflate  # the `deflate` package: Python bindings for libdeflate
-    except ImportError as e:
-        raise ValueError("the libdeflate engine needs the `deflate` package: pip install 'deflate>=0.7' (it is in "
-                         "the project's `wheel` extra), or choose wheel_deflate = \"zlib\" in pyproject.toml") from e
-    return deflate
-
-
 def _compress_whole(path: str | os.PathLike, level: int, sha256: bytes | None) -> tuple[int, int, bytes, bytes]:
     """(size, crc32, sha256, raw deflate stream) of a whole file, with libdeflate, from a memory map."""
-    deflate = _libdeflate()
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
@@ -103,18 +82,12 @@ class DeterministicZipWriter:
     """Write members to `fileobj` (seekable); call `close()` to write the central directory."""
 
     def __init__(self, fileobj: BinaryIO, date_time: tuple[int, int, int, int, int, int], level: int = 6,
-                 workers: int | None = None, chunk: int = CHUNK, engine: str = "zlib"):
-        if engine not in LEVELS:
-            raise ValueError(f"unknown deflate engine {engine!r}; use one of {', '.join(LEVELS)}")
-        if level not in LEVELS[engine]:
-            raise ValueError(f"{engine} deflate level must be {LEVELS[engine][0]}..{LEVELS[engine][-1]}, got {level}")
-        if engine == "libdeflate":
-            _libdeflate()
-        self._engine = engine
+                 workers: int | None = None):
+        if level not in LEVELS:
+            raise ValueError(f"libdeflate's deflate level must be {LEVELS[0]}..{LEVELS[-1]}, got {level}")
         self._fp = fileobj
         self._time, self._date = dos_date_time(date_time)
         self._level = level
-        self._chunk = chunk
         self._workers = max(1, workers or os.cpu_count() or 1)
         self._pool = ThreadPoolExecutor(max_workers=self._workers) if self._workers > 1 else None
         self._members: list[WrittenMember] = []
@@ -128,24 +101,18 @@ class DeterministicZipWriter:
     # -- members -----------------------------------------------------------------
     def add_bytes(self, arcname: str, data: bytes, mode: int = 0o644) -> WrittenMember:
         offset, zip64 = self._begin(arcname, len(data))
-        if self._engine == "libdeflate":
-            compressed = _libdeflate().deflate_compress(data, self._level)
-        else:
-            compressed = _deflate_chunk(data, None, self._level, final=True)
+        compressed = deflate.deflate_compress(data, self._level)
         self._fp.write(compressed)
-        return self._finish(arcname, mode, offset, zip64, len(data), len(compressed), zlib.crc32(data),
+        return self._finish(arcname, mode, offset, zip64, len(data), len(compressed), deflate.crc32(data),
                             hashlib.sha256(data).digest())
 
     def add_files(self, items: Iterable[tuple[str, str | os.PathLike, int, bytes | None]],
                   on_written: Callable[[WrittenMember], None] | None = None) -> list[WrittenMember]:
-        """Add (arcname, path, mode, known sha256 or None) in order; large members are compressed in parallel."""
+        """Add (arcname, path, mode, known sha256 or None) in order; members are compressed in parallel.
+
+        A known sha256 is a digest the caller already verified for that file; it is used instead of
+        hashing again (the caller must then check what it reads back)."""
         out = []
-        if self._engine == "zlib":
-            for arcname, path, mode, sha256 in items:
-                out.append(self.add_file(arcname, path, mode, sha256))
-                if on_written:
-                    on_written(out[-1])
-            return out
         pending: deque[tuple[str, int, Future | tuple]] = deque()
 
         def write_oldest() -> None:
@@ -167,46 +134,6 @@ class DeterministicZipWriter:
             write_oldest()
         return out
 
-    def add_file(self, arcname: str, path: str | os.PathLike, mode: int = 0o644,
-                 sha256: bytes | None = None) -> WrittenMember:
-        """Stream `path` into the archive; its size must not change while it is read.
-
-        `sha256`: a digest the caller already verified for this file; it is used
-        instead of hashing again (the caller must then check what it reads back).
-        """
-        if self._engine == "libdeflate":
-            return self.add_files([(arcname, path, mode, sha256)])[0]
-        size = os.stat(path).st_size
-        offset, zip64 = self._begin(arcname, size)
-        crc, sha, read, written = 0, (None if sha256 else hashlib.sha256()), 0, 0
-        pending: deque[Future | bytes] = deque()
-        window = 2 * self._workers + 1
-        prev_tail: bytes | None = None
-        with open(path, "rb", buffering=0) as f:
-            while True:
-                data = f.read(self._chunk) if read < size else b""
-                if not data and read < size:
-                    raise OSError(f"{path}: file shrank while it was being zipped ({read} of {size} bytes)")
-                read += len(data)
-                final = read >= size
-                if data or final:
-                    crc = zlib.crc32(data, crc)
-                    if sha:
-                        sha.update(data)
-                    job = (data, prev_tail, self._level, final)
-                    pending.append(self._pool.submit(_deflate_chunk, *job) if self._pool else _deflate_chunk(*job))
-                    prev_tail = data[-WINDOW:] if data else prev_tail
-                while len(pending) >= window or (final and pending):
-                    out = pending.popleft()
-                    out = out.result() if isinstance(out, Future) else out
-                    self._fp.write(out)
-                    written += len(out)
-                if final:
-                    break
-            if f.read(1):
-                raise OSError(f"{path}: file grew while it was being zipped (expected {size} bytes)")
-        return self._finish(arcname, mode, offset, zip64, size, written, crc, sha.digest() if sha else sha256)
-
     # -- headers -----------------------------------------------------------------
     def _begin(self, arcname: str, size: int) -> tuple[int, bool]:
         if self._closed:
@@ -224,9 +151,9 @@ class DeterministicZipWriter:
         extra = struct.pack("<HHQQ", 1, 16, usize, csize) if zip64 else b""
         version = 45 if zip64 else 20
         flags = 0x800 if not name.isascii() else 0
-        return struct.pack(zipfile.structFileHeader, zipfile.stringFileHeader, version, 0, flags,
-                           zipfile.ZIP_DEFLATED, self._time, self._date, crc,
-                           _U32 if zip64 else csize, _U32 if zip64 else usize, len(name), len(extra)) + name + extra
+        return LOCAL_HEADER.pack(LOCAL_HEADER_SIGNATURE, version, flags, zipfile.ZIP_DEFLATED, self._time, self._date,
+                                 crc, _U32 if zip64 else csize, _U32 if zip64 else usize, len(name),
+                                 len(extra)) + name + extra
 
     def _finish(self, arcname: str, mode: int, offset: int, zip64: bool, usize: int, csize: int, crc: int,
                 sha256: bytes) -> WrittenMember:

@@ -8,8 +8,6 @@ layout the tests use, and the session prints which and why.
 """
 from __future__ import annotations
 
-import dataclasses
-import importlib.util
 import json
 import os
 import shutil
@@ -34,15 +32,9 @@ def cpu_env(build_dir: str | Path = TEST_BUILD_DIR) -> dict[str, str]:
     return env
 
 
-HAVE_LIBDEFLATE = importlib.util.find_spec("deflate") is not None
-
-
 def cpu_settings(build_dir: str | Path = TEST_BUILD_DIR) -> config.Settings:
-    """CPU-backend settings for `build_dir`; the zlib engine where the `deflate` package is absent (reported)."""
-    settings = config.load(root=ROOT, env=cpu_env(build_dir))
-    if not HAVE_LIBDEFLATE:
-        settings = dataclasses.replace(settings, raw={**settings.raw, "wheel_deflate": "zlib"})
-    return settings
+    """CPU-backend settings for `build_dir`."""
+    return config.load(root=ROOT, env=cpu_env(build_dir))
 
 
 def unbuildable(layout: Layout, root: Path = ROOT) -> dict[str, str]:
@@ -71,9 +63,6 @@ def layout(request) -> Layout:
     missing = unbuildable(full)
     notes = [f"wheel tests: this checkout cannot build {n} ({why}); the tests use the layout without it"
              for n, why in sorted(missing.items())]
-    if not HAVE_LIBDEFLATE:
-        notes.append("wheel tests: the `deflate` package is not installed, so wheels are packed with the zlib "
-                     "engine (pip install deflate; it is in the test extra)")
     if notes:
         capture = request.config.pluginmanager.get_plugin("capturemanager")
         with capture.global_and_fixture_disabled():

@@ -28,7 +28,7 @@ from wheel_plant import rewrite_wheel
 
 from jatools import config
 from jatools.validate import cleanroom_env, wheelhouse
-from jatools.wheel import wheel_build, wheel_contents, wheel_floor
+from jatools.wheel import wheel_build, wheel_checks
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 RUN_OP = ("import jax.numpy as jnp, jax_aiter, json; y = jax_aiter.silu_and_mul(jnp.ones((2, 8), jnp.float32)); "
@@ -197,9 +197,9 @@ def test_wheel_from_an_unbuilt_sdist_says_how_to_get_the_libraries(sdist, tmp_pa
 
 def test_clients_accept_both_wheels_and_the_sdist(wheels, sdist):
     dists = [wheels["lite"].wheel, wheels["full"].wheel, sdist]
-    assert wheel_contents.client_problems(dists) == []
+    assert wheel_checks.client_problems(dists) == []
     for result in wheels.values():  # auditwheel show's sym_tag is the floor the build measured and tagged
-        report = wheel_floor.check_wheel(result.wheel)
+        report = wheel_checks.check_floor(result.wheel)
         assert report.ok and report.sym_tag == result.platform_tag, report.message
 
 
@@ -212,19 +212,19 @@ def test_clients_reject_what_users_clients_reject(wheels, tmp_path):
     lower = "\n".join(line.split(":", 1)[0].lower() + ":" + line.split(":", 1)[1] if ": " in line and
                       not line.startswith(" ") else line for line in meta.split("\n\n", 1)[0].splitlines())
     old_style = rewrite_wheel(lite, tmp_path / lite.name, put={f"{dist_info}/METADATA": lower.encode() + b"\n"})
-    said = wheel_contents.client_problems([old_style])
+    said = wheel_checks.client_problems([old_style])
     assert any("twine check --strict rejects it" in s and "Metadata-Version" in s for s in said), said
     (tmp_path / "dup").mkdir()
     dup = rewrite_wheel(lite, tmp_path / "dup" / lite.name,
                         put={"jax_aiter/ops/copy_of_init.py": init + b"# a copy\n",
                              "jax_aiter/ops/another_copy.py": init + b"# a copy\n"})
-    said = wheel_contents.client_problems([dup])
+    said = wheel_checks.client_problems([dup])
     assert any("check-wheel-contents rejects it" in s and "W002" in s for s in said), said
 
 
 def test_wheel_unpack_then_pack_gives_the_same_members(wheels):
     for result in wheels.values():
-        assert wheel_contents.repack_problems(result.wheel) == []
+        assert wheel_checks.repack_problems(result.wheel) == []
 
 
 # --- sdist -------------------------------------------------------------------------------------------------
@@ -265,9 +265,9 @@ def test_sdist_rebuilds_into_a_wheel_that_passes_every_check(sdist, build_wheelh
         run(cmd, env, cwd=src)
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "out"), "."], env, cwd=src)
     wheel = only_wheel(tmp_path / "out")
-    assert wheel_contents.check_wheel(wheel).ok
-    assert wheel_floor.check_wheel(wheel).ok
-    assert wheel_contents.client_problems([wheel]) == []
+    assert wheel_checks.check_contents(wheel).ok
+    assert wheel_checks.check_floor(wheel).ok
+    assert wheel_checks.client_problems([wheel]) == []
     venv = fresh_venv(tmp_path / "venv", build_wheelhouse, env)
     run([str(venv / "bin/python"), "-m", "pip", "install", "-q", str(wheel)], env)
     check_op(venv, env, expect_under=venv)

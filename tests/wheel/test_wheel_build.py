@@ -16,7 +16,7 @@ from packaging.utils import parse_wheel_filename
 from wheel.wheelfile import WheelFile
 
 from jatools import config
-from jatools.wheel import wheel_contents, wheel_floor
+from jatools.wheel import wheel_build, wheel_checks
 from jatools.wheel.wheel_build import BuildOptions, WheelBuildError, build
 
 PROJECT_VERSION = config.project_version(ROOT)
@@ -36,8 +36,31 @@ def names(wheel: Path) -> list[str]:
         return zf.namelist()
 
 
+def auditwheel_show(wheel: Path) -> dict:
+    """The real `auditwheel show --json WHEEL`, parsed."""
+    out = subprocess.run([sys.executable, "-m", "auditwheel", "show", "--json", str(wheel)], capture_output=True,
+                         text=True, check=False)
+    assert out.returncode == 0 and "{" in out.stdout, out.stdout + out.stderr
+    return json.loads(out.stdout[out.stdout.index("{"):])
+
+
+def test_floor_is_what_auditwheel_show_measures(wheels):
+    """The floor check computes `auditwheel show`'s sym_tag in process (auditwheel's policy table on the symbol
+    versions its elfutils finds, from the one scan): the same tag and the same versioned symbols, so the two
+    cannot drift apart when auditwheel changes."""
+    for result in wheels.values():
+        shown = auditwheel_show(result.wheel)
+        scanned = wheel_checks.scan(result.wheel)
+        ours: dict[str, set[str]] = {}
+        for member in scanned.members.values():
+            for lib, versions in (member.elf.version_needs if member.elf else {}).items():
+                ours.setdefault(lib, set()).update(versions)
+        assert {lib: sorted(v) for lib, v in ours.items()} == shown["versioned_symbols"]
+        assert wheel_checks.check_floor(scanned).sym_tag == shown["sym_tag"]
+
+
 def test_names_versions_and_tags(wheels):
-    floor = wheel_floor.auditwheel_show(wheels["lite"].wheel)["sym_tag"]
+    floor = auditwheel_show(wheels["lite"].wheel)["sym_tag"]
     for variant, version in (("lite", PROJECT_VERSION), ("full", f"{PROJECT_VERSION}+full")):
         w = wheels[variant].wheel
         assert w.name == f"jax_aiter-{version}-py3-none-{floor}.whl"
@@ -95,10 +118,24 @@ def test_identity_is_baked_in(wheels, native_build):
 
 def test_checks_pass_on_good_wheels(wheels, layout):
     for result in wheels.values():
-        report = wheel_floor.check_wheel(result.wheel)
+        report = wheel_checks.check_floor(result.wheel)
         assert report.ok, report.message
-        contents = wheel_contents.check_wheel(result.wheel, layout)
-        assert contents.ok, contents.message()
+        contents = wheel_checks.check_contents(result.wheel, layout)
+        assert contents.ok, contents.message
+
+
+def test_check_runs_floor_and_contents_on_the_read_back(build_copy, tmp_path, monkeypatch, capsys):
+    """`wheel_build --check` (the nox sessions): the wheel is read once, by the build's read-back, and that
+    scan feeds the floor and contents checks."""
+    for key, value in {**cpu_env(build_copy.build_dir), "SOURCE_DATE_EPOCH": str(EPOCH)}.items():
+        monkeypatch.setenv(key, value)
+    scanned, real_scan = [], wheel_checks.scan
+    monkeypatch.setattr(wheel_checks, "scan", lambda wheel, *a, **k: scanned.append(wheel) or real_scan(wheel, *a, **k))
+    assert wheel_build.main(["--variant", "lite", "--dist", str(tmp_path), "--check"]) == 0
+    out = capsys.readouterr().out
+    wheel = next(tmp_path.glob("*.whl"))
+    assert f"floor: ok {wheel.name}" in out and f"contents: ok {wheel.name}" in out, out
+    assert [w.name for w in scanned] == [f".{wheel.name}.tmp-{os.getpid()}"], "one scan: the read-back's"
 
 
 def test_rebuild_is_byte_identical(wheels, native_build, layout, tmp_path):
@@ -124,9 +161,9 @@ def test_plat_name_is_honoured_and_validated(native_build, layout, tmp_path):
     r = build(native_build, BuildOptions(variant="lite", dist_dir=tmp_path, plat_name="manylinux-2.39-x86_64",
                                          source_date_epoch=EPOCH), layout=layout)
     assert r.wheel.name.endswith("-py3-none-manylinux_2_39_x86_64.whl") and r.tag_source == "JA_WHEEL_PLAT_NAME"
-    report = wheel_floor.check_wheel(r.wheel)
+    report = wheel_checks.check_floor(r.wheel)
     assert report.ok and "stricter than needed" in report.message
-    with pytest.raises(wheel_floor.FloorError, match="not a Linux platform tag"):
+    with pytest.raises(wheel_checks.FloorError, match="not a Linux platform tag"):
         build(native_build, BuildOptions(variant="lite", dist_dir=tmp_path, plat_name="macosx_14_0_arm64"),
               layout=layout)
     with pytest.raises(WheelBuildError, match="for aarch64, but the libraries are x86_64"):

@@ -16,7 +16,7 @@ from wheel_plant import patch_dynamic_string, rewrite_wheel
 
 import tasks
 from jatools.jitlibs import jit_cache
-from jatools.wheel import wheel_build, wheel_contents, wheel_floor, zip_writer
+from jatools.wheel import wheel_build, wheel_checks, zip_writer
 from jatools.wheel.wheel_build import BuildOptions, WheelBuildError, build
 from jax_aiter.integrity import IntegrityError
 
@@ -141,9 +141,9 @@ def test_contents_catches_a_file_missing_from_the_variant(wheels, layout, tmp_pa
     with zipfile.ZipFile(src) as zf:
         assert member in zf.namelist()
     bad = rewrite_wheel(src, tmp_path / src.name, drop=(member,))
-    report = wheel_contents.check_wheel(bad, layout)
+    report = wheel_checks.check_contents(bad, layout)
     assert not report.ok
-    assert f"{member} is missing from the lite wheel" in report.message()
+    assert f"{member} is missing from the lite wheel" in report.message
 
 
 def test_contents_catches_mha_libraries_in_lite(wheels, layout, tmp_path):
@@ -151,9 +151,9 @@ def test_contents_catches_mha_libraries_in_lite(wheels, layout, tmp_path):
     with zipfile.ZipFile(src) as zf:
         elf_bytes = zf.read("jax_aiter/_lib/librmsnorm_fwd.so")
     bad = rewrite_wheel(src, tmp_path / src.name, put={"jax_aiter/_lib/libmha_fwd.so": elf_bytes})
-    report = wheel_contents.check_wheel(bad, layout)
+    report = wheel_checks.check_contents(bad, layout)
     assert "jax_aiter/_lib/libmha_fwd.so must not be in the lite wheel (users fetch it with jax-aiter-fetch-mha)" \
-        in report.message()
+        in report.message
 
 
 def test_contents_catches_stray_files_and_tampering(wheels, layout, tmp_path):
@@ -161,13 +161,13 @@ def test_contents_catches_stray_files_and_tampering(wheels, layout, tmp_path):
     (tmp_path / "a").mkdir()
     stray = rewrite_wheel(src, tmp_path / "a" / src.name,
                           put={"jax_aiter/_lib/build_record.json": b"{}", "notes.txt": b"x"})
-    msg = wheel_contents.check_wheel(stray, layout).message()
+    msg = wheel_checks.check_contents(stray, layout).message
     assert "jax_aiter/_lib/build_record.json is not expected in a wheel" in msg
     assert "notes.txt is not expected in a wheel" in msg
     (tmp_path / "b").mkdir()
     tampered = rewrite_wheel(src, tmp_path / "b" / src.name, put={"jax_aiter/info.py": b"print('hi')\n"},
                              fix_record=False)
-    msg = wheel_contents.check_wheel(tampered, layout).message()
+    msg = wheel_checks.check_contents(tampered, layout).message
     assert "jax_aiter/info.py: RECORD says sha256=" in msg and "altered after it was built" in msg
 
 
@@ -182,9 +182,9 @@ def test_contents_catches_bad_runpath(build_copy, layout, tmp_path, entry, expec
     patch_dynamic_string(build_copy.umbrella_dir / "silu_and_mul_ja.so", "DT_RUNPATH", SHIM_RUNPATH, entry,
                          as_linked=True)
     wheel = build(build_copy, _opts(tmp_path), layout=layout).wheel
-    report = wheel_contents.check_wheel(wheel, layout)
+    report = wheel_checks.check_contents(wheel, layout)
     assert not report.ok
-    assert f"jax_aiter/_lib/silu_and_mul_ja.so: RUNPATH entry {entry!r} {expected}" in report.message()
+    assert f"jax_aiter/_lib/silu_and_mul_ja.so: RUNPATH entry {entry!r} {expected}" in report.message
 
 
 def test_faults_contents_rejects_an_empty_runpath_entry(build_copy, layout, tmp_path):
@@ -192,11 +192,11 @@ def test_faults_contents_rejects_an_empty_runpath_entry(build_copy, layout, tmp_
     patch_dynamic_string(build_copy.umbrella_dir / "silu_and_mul_ja.so", "DT_RUNPATH", SHIM_RUNPATH, ":$ORIGIN",
                          as_linked=True)
     wheel = build(build_copy, _opts(tmp_path), layout=layout).wheel
-    report = wheel_contents.check_wheel(wheel, layout)
+    report = wheel_checks.check_contents(wheel, layout)
     assert not report.ok
     assert ("jax_aiter/_lib/silu_and_mul_ja.so: RUNPATH has an empty entry (':$ORIGIN'), which glibc reads as the "
-            "current directory") in report.message()
-    assert wheel_contents.main([str(wheel)]) != 0
+            "current directory") in report.message
+    assert wheel_checks.main(["--contents", str(wheel)]) != 0
 
 
 def test_faults_shim_without_a_link_record_is_refused(build_copy, layout, tmp_path):
@@ -259,8 +259,6 @@ def test_faults_two_wheel_builds_at_once_take_turns(build_copy, layout, tmp_path
     from conftest import cpu_env
     from filelock import FileLock
 
-    if build_copy.raw.get("wheel_deflate") == "zlib":
-        pytest.skip("needs the deflate package for the command-line build (pip install deflate)")
     env = {**cpu_env(build_copy.build_dir), "SOURCE_DATE_EPOCH": str(EPOCH), "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "jatools.wheel.wheel_build", "--variant", "lite", "--dist", str(tmp_path / "dist")]
     logs = [tmp_path / f"build{i}.log" for i in range(2)]
@@ -273,7 +271,7 @@ def test_faults_two_wheel_builds_at_once_take_turns(build_copy, layout, tmp_path
             time.sleep(0.1)
     assert [p.wait(timeout=600) for p in procs] == [0, 0], [x.read_text() for x in logs]
     wheels = list((tmp_path / "dist").glob("*.whl"))
-    assert len(wheels) == 1 and wheel_contents.check_wheel(wheels[0], layout).ok
+    assert len(wheels) == 1 and wheel_checks.check_contents(wheels[0], layout).ok
     assert not list((tmp_path / "dist").glob(".*.tmp-*"))
 
 
@@ -281,7 +279,7 @@ def test_contents_catches_an_external_library_outside_the_allowlist(build_copy, 
     patch_dynamic_string(build_copy.umbrella_dir / "silu_and_mul_ja.so", "DT_NEEDED", "libm.so.6", "libz.so.1",
                          as_linked=True)
     wheel = build(build_copy, _opts(tmp_path), layout=layout).wheel
-    msg = wheel_contents.check_wheel(wheel, layout).message()
+    msg = wheel_checks.check_contents(wheel, layout).message
     assert "jax_aiter/_lib/silu_and_mul_ja.so needs libz.so.1, which is neither in the wheel nor allowed from " \
            "outside for the cpu backend" in msg
 
@@ -290,7 +288,7 @@ def test_contents_catches_an_external_library_outside_the_allowlist(build_copy, 
 
 def test_floor_catches_manylinux_2_28_with_glibcxx_3_4_29(native_build, layout, tmp_path):
     wheel = build(native_build, _opts(tmp_path, plat_name="manylinux_2_28_x86_64"), layout=layout).wheel
-    report = wheel_floor.check_wheel(wheel)
+    report = wheel_checks.check_floor(wheel)
     assert not report.ok
     msg = report.message
     assert "tagged manylinux_2_28_x86_64, but the versioned symbols need manylinux_2_34_x86_64" in msg
@@ -315,3 +313,13 @@ def test_command_line_reports_errors_with_exit_code_2(tmp_path):
     assert out.returncode == 2
     assert out.stderr.startswith("wheel_build: error: the lite wheel needs libraries that are not built")
     assert "libjax_aiter.so (produce it with: make" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_floor_and_contents_refuse_what_is_not_a_wheel(tmp_path, capsys):
+    """An sdist given to the floor or contents check fails, naming the check that reads it, never passes unread."""
+    sdist = tmp_path / "jax_aiter-0.1.0.tar.gz"
+    sdist.write_bytes(b"not read")
+    assert wheel_checks.main(["--floor", "--contents", str(sdist)]) == 1
+    err = capsys.readouterr().err
+    for check in ("floor", "contents"):
+        assert f"{check}: FAIL jax_aiter-0.1.0.tar.gz is not a wheel; only the clients check an sdist" in err, err
