@@ -4,7 +4,7 @@
 
 Stages, in order: environment report; umbrella; JIT libraries (built, or
 fetched with --fetch-jit, failing on a miss); FFI shims; the lite and full
-wheels; verify, floor and contents; the sdist; the clients users run (twine
+wheels; verify; floor+contents (one scan of each wheel feeds both); the sdist; the clients users run (twine
 check --strict, check-wheel-contents, wheel unpack + pack) on the wheels and
 the sdist; clean-room validation of both wheels. A
 stage whose inputs are unchanged since the last green run is skipped and the
@@ -190,10 +190,10 @@ def stages(ctx: Context) -> list[steps.Step]:
                 up_to_date=lambda v=v: _wheel_up_to_date(ctx, v), artifacts=lambda v=v: _wheel_artifact(ctx, v))
           for v in ("lite", "full")],
         stage("verify", [py, "-m", "invoke", "verify"], "invoke verify"),
-        stage("floor", lambda: [py, "-m", "jatools.wheel.wheel_checks", "--floor", *_wheels(ctx)],
-              lambda: "invoke floor -- " + wheels()),
-        stage("contents", lambda: [py, "-m", "jatools.wheel.wheel_checks", "--contents", *_wheels(ctx)],
-              lambda: "invoke contents -- " + wheels()),
+        # One scan of each wheel feeds both checks (the symbol floor and the content policy).
+        stage("floor+contents", lambda: [py, "-m", "jatools.wheel.wheel_checks", "--floor", "--contents",
+                                         *_wheels(ctx)],
+              lambda: f"invoke floor -- {wheels()}; invoke contents -- {wheels()}"),
         stage("sdist", [py, "-m", WHEEL_BUILDER, "--sdist"],
               "python -m jatools.wheel.wheel_build --sdist  (or python -m build --sdist)", artifacts=sdists),
         # The clients users run must accept every distribution: a candidate none would take is never green.

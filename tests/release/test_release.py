@@ -76,8 +76,8 @@ def report(root: Path) -> dict:
 def test_dry_run_prints_the_plan_and_runs_nothing(scratch):
     out = release(scratch, "--dry-run")
     assert out.returncode == 0, out.stderr
-    for stage in ("env-report", "umbrella", "jit", "ja_mods", "wheel_lite", "wheel_full", "verify", "floor",
-                  "contents", "sdist", "clients", "validate"):
+    for stage in ("env-report", "umbrella", "jit", "ja_mods", "wheel_lite", "wheel_full", "verify",
+                  "floor+contents", "sdist", "clients", "validate"):
         assert stage in out.stdout
     assert not (scratch / "dist/release-report.json").exists()
 
@@ -142,7 +142,7 @@ def test_upload_dry_run_accepts_green_and_refuses_modified_or_stale(scratch):
     ("umbrella", lambda r: _append(r / "csrc/common/errors.cpp", "this does not compile;\n"), "make"),
     ("jit", lambda r: _append(r / "csrc/kernels/rmsnorm/rmsnorm_fwd_cpu.inst.in", "nor does this;\n"),
      "invoke jit.fetch  (or nox -s jit)"),
-    ("floor", None, "invoke floor -- "),
+    ("floor+contents", None, "invoke floor -- "),
 ])
 def test_planted_failure_stops_at_its_stage(scratch, stage, plant, rerun):
     saved = {p: p.read_bytes() for p in (scratch / "csrc/common/errors.cpp",
@@ -150,7 +150,7 @@ def test_planted_failure_stops_at_its_stage(scratch, stage, plant, rerun):
     try:
         if plant:
             plant(scratch)
-        env = {"JA_WHEEL_PLAT_NAME": "manylinux_2_17_x86_64"} if stage == "floor" else {}
+        env = {"JA_WHEEL_PLAT_NAME": "manylinux_2_17_x86_64"} if stage == "floor+contents" else {}
         out = release(scratch, **env)
         assert out.returncode == 1, out.stdout[-3000:]
         assert f"step {stage} failed" in out.stdout and f"re-run just this step: {rerun}" in out.stdout
