@@ -20,8 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from jatools import config
-from jatools.bench import corpus
+import numpy as np
+
+from jatools import atomic_write, config
 from jatools.bench.harness import (
     AnchorMissing,
     Context,
@@ -32,12 +33,167 @@ from jatools.bench.harness import (
     timed,
 )
 from jatools.jitlibs import jit_cache, publish
+from jatools.jitlibs.jit_cache import RECORD_NAME
 from jatools.native import jit_build
 from jatools.validate import cleanroom_env, wheelhouse
 from jatools.wheel import wheel_build
 from jatools.wheel.wheel_layout import Layout
 from jax_aiter import fetch
-from jax_aiter.integrity import file_entry
+from jax_aiter.integrity import file_entry, sha256_files
+
+# --- the generated corpus ----------------------------------------------------------------------
+# Deterministic stand-ins for the production JIT libraries: same sizes, same compressibility, and a
+# build folder of them as build_jit.py leaves it (libraries + build_record.json), for the benchmarks that
+# run the verify / publish / fetch code paths on generated data.
+#
+# The benchmarks must run at production sizes on any machine, without the real
+# GPU libraries (hours to build, gigabytes to download). What matters to the
+# tools being measured is the size of the files and how well they compress, so
+# this generator makes files of the production sizes (167 MB, 1.0 GB, 1.3 GB at
+# scale 1) that zstd level 3 shrinks to between 0.25 and 0.45 of their size, as
+# it does real GPU code objects.
+#
+# How the bytes are made (seeded, so the same scale always gives the same bytes):
+# each file is a sequence of 4 KiB pages, each page one of
+# - code: 8-byte instruction-like words, an opcode from a per-file table of 48
+#   plus an operand that is usually a small register/immediate (3 zero bytes)
+#   and sometimes a random 32-bit literal;
+# - random: incompressible bytes (embedded constants, metadata, compressed data);
+# - zeros: padding and .bss-like runs.
+# The generated files are cached under build/bench/corpus/v<version>-s<scale>/ and
+# reused while (scale, generator version) match; a stamp file, written last,
+# marks a complete corpus.
+
+CORPUS_VERSION = 1  # bump when the bytes this module produces change
+PAGE = 4096
+SEGMENT = 1 << 20  # generated (and written) one MiB at a time
+# name -> size at scale 1 (the production libraries' corpus_sizes)
+CORPUS_SIZES = {"librmsnorm_fwd.so": 167_000_000, "libmha_fwd.so": 1_000_000_000, "libmha_bwd.so": 1_300_000_000}
+PAGE_KINDS = ("code", "random", "zeros")
+PAGE_WEIGHTS = (0.68, 0.12, 0.20)
+SMALL_OPERAND = 0.85  # share of instruction words with a small operand (one of 32 registers)
+CORPUS_STAMP = "corpus.json"
+
+
+@dataclass(frozen=True)
+class Corpus:
+    folder: Path
+    files: dict[str, int]  # name -> size
+
+    @property
+    def paths(self) -> list[Path]:
+        return [self.folder / n for n in self.files]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.files.values())
+
+
+def corpus_sizes(scale: float) -> dict[str, int]:
+    """File corpus_sizes at `scale` (at least one page each, whole pages)."""
+    return {n: max(PAGE, int(s * scale) // PAGE * PAGE) for n, s in CORPUS_SIZES.items()}
+
+
+def _segment(rng: np.random.Generator, opcodes: np.ndarray, n: int) -> bytes:
+    words = n // 8
+    ops = opcodes[rng.integers(0, len(opcodes), words)]
+    small = rng.random(words) < SMALL_OPERAND
+    operand = np.where(small, rng.integers(0, 32, words, dtype=np.uint64),
+                       rng.integers(0, 1 << 32, words, dtype=np.uint64))
+    data = (ops | (operand << np.uint64(32))).view(np.uint8)
+    pages = data.reshape(-1, PAGE)
+    kinds = rng.choice(len(PAGE_KINDS), size=len(pages), p=PAGE_WEIGHTS)
+    rnd = kinds == 1
+    pages[rnd] = rng.integers(0, 256, (int(rnd.sum()), PAGE), dtype=np.uint8)
+    pages[kinds == 2] = 0
+    return data.tobytes()
+
+
+def generate_file(path: Path, size: int, seed: str) -> None:
+    """Write `size` deterministic bytes for `seed` to `path` (atomically)."""
+    rng = np.random.default_rng(list(seed.encode()))
+    opcodes = rng.integers(0, 1 << 32, 48, dtype=np.uint64)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as fh:
+            left = size
+            while left:
+                n = min(SEGMENT, left)
+                fh.write(_segment(rng, opcodes, (n + PAGE - 1) // PAGE * PAGE)[:n])
+                left -= n
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def folder_for(root: Path, scale: float) -> Path:
+    return root / f"v{CORPUS_VERSION}-s{scale:g}"
+
+
+def ensure_corpus(root: Path, scale: float, log=print) -> Corpus:
+    """The corpus for `scale`, generated once and cached under `root`."""
+    folder = folder_for(root, scale)
+    want = corpus_sizes(scale)
+    stamp = folder / CORPUS_STAMP
+    if stamp.is_file() and json.loads(stamp.read_text()).get("files") == want and all(
+            (folder / n).is_file() and (folder / n).stat().st_size == s for n, s in want.items()):
+        return Corpus(folder, want)
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    log(f"bench: generating the corpus for scale {scale:g} ({sum(want.values()) / 1e9:.2f} GB) in {folder}")
+    for name, size in want.items():
+        generate_file(folder / name, size, f"{CORPUS_VERSION}:{name}")
+    atomic_write.write_text(stamp, json.dumps({"version": CORPUS_VERSION, "scale": scale, "files": want}, indent=2) + "\n")
+    return Corpus(folder, want)
+
+
+def zstd3_ratio(data: bytes) -> float:
+    """Compressed / original size at zstd level 3 (the property the generator promises)."""
+    import zstandard
+
+    return len(zstandard.ZstdCompressor(level=3).compress(data)) / len(data)
+
+
+# --- the corpus as a build folder ------------------------------------------------------------------------------------
+def link_tree(src: Corpus, dest: Path) -> list[Path]:
+    """Hard links to the corpus files in `dest` (same bytes and page cache, no copy)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    out = []
+    for path in src.paths:
+        target = dest / path.name
+        if not (target.exists() and os.path.samefile(target, path)):
+            target.unlink(missing_ok=True)
+            os.link(path, target)
+        out.append(target)
+    return out
+
+
+def corpus_digests(c: Corpus) -> dict[str, str]:
+    """{name: sha256} of the corpus files, computed once and kept beside them."""
+    cache = c.folder / "sha256.json"
+    if cache.is_file():
+        return json.loads(cache.read_text())
+    digests = {Path(p).name: d for p, d in sha256_files(c.paths).items()}
+    atomic_write.write_text(cache, json.dumps(digests, indent=2) + "\n")
+    return digests
+
+
+def write_record(folder: Path, c: Corpus, identity: dict) -> dict:
+    """build_record.json (schema 1, build_jit.py's format) for the corpus files linked into `folder`."""
+    digests = corpus_digests(c)
+    module_of = {name: spec.module for name, spec in Layout.load().libraries.items() if spec.kind == "jit"}
+    files = sorted(({"name": n, "size": s, "sha256": digests[n]} for n, s in c.files.items()), key=lambda e: e["name"])
+    modules = {module_of[f["name"]]: {"identity": identity, "instances": 1, "file": f} for f in files}
+    record = {"schema": 1, "identity": identity, "modules": modules, "files": files,
+              "last_build": {"modules": sorted(modules), "seconds": 0.0, "note": "benchmark corpus"}}
+    atomic_write.write_text(folder / RECORD_NAME, json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return record
+
+
+def corpus_of(ctx: Context, scale: float | None = None) -> Corpus:
+    """The corpus at the run's scale (or `scale`), generated once and cached under the run's bench folder."""
+    return ensure_corpus(ctx.corpus_root, ctx.scale if scale is None else scale, ctx.log)
+
 
 
 def measured(name: str, t: Timings, met: bool, nbytes: int, shortfall: list[str], **kw) -> Result:
@@ -72,10 +228,10 @@ def bench_verify(ctx: Context) -> Result:
     single-core OpenSSL sha256 rate measured in the same run).
     """
     require("sha256sum")
-    c = ctx.corpus()
+    c = corpus_of(ctx)
     folder = ctx.work("verify")
-    paths = corpus.link_tree(c, folder)
-    record = corpus.write_record(folder, c, {"cache_id": "bench"})
+    paths = link_tree(c, folder)
+    record = write_record(folder, c, {"cache_id": "bench"})
     want = {f["name"]: f["sha256"] for f in record["files"]}
     out = run_command(["sha256sum", *map(str, paths)])  # warms the page cache and checks the anchor agrees
     got = {line.split()[1].rsplit("/", 1)[1]: line.split()[0] for line in out.stdout.splitlines()}
@@ -106,15 +262,15 @@ def bench_verify(ctx: Context) -> Result:
 
 
 # --- publish ---------------------------------------------------------------------------------------------------------
-def corpus_build(ctx: Context, name: str, scale: float) -> tuple[corpus.Corpus, Path, dict, dict, config.Settings]:
+def corpus_build(ctx: Context, name: str, scale: float) -> tuple[Corpus, Path, dict, dict, config.Settings]:
     """(corpus, jit_dir, identity, build record, settings): the corpus of `scale` as a build folder of `name`'s work,
     with this checkout's identity (CPU backend): what a real publish would carry."""
-    c = ctx.corpus(scale)
+    c = corpus_of(ctx, scale)
     jit_dir = ctx.work(name) / "aiter_build"
-    corpus.link_tree(c, jit_dir)
+    link_tree(c, jit_dir)
     settings = ctx.settings()
     ident = jit_build.checkout_identity(settings)[0]
-    return c, jit_dir, ident, corpus.write_record(jit_dir, c, ident), settings
+    return c, jit_dir, ident, write_record(jit_dir, c, ident), settings
 
 
 def bench_publish(ctx: Context) -> Result:
@@ -269,7 +425,7 @@ def inflated_build(ctx: Context, build: Path) -> None:
     if missing:
         raise AnchorMissing(f"the native CPU build is missing {', '.join(missing)}; build it with `JA_BACKEND=cpu "
                             "make && JA_BACKEND=cpu python3 jax_aiter/jit/build_jit.py && JA_BACKEND=cpu make ja_mods`")
-    c = ctx.corpus()
+    c = corpus_of(ctx)
     record_src = (src / "aiter_build" / jit_cache.RECORD_NAME).read_text()
     stamp = build / "inflated.json"
     key = f"{c.folder}:{sorted(c.files.items())}:{hash(record_src)}"

@@ -32,7 +32,6 @@ from importlib import metadata
 from pathlib import Path
 
 from jatools import atomic_write, config
-from jatools.bench import corpus
 
 BENCH_DIR = Path("build") / "bench"  # under the repository root unless absolute
 Step = Callable[[], object]
@@ -112,8 +111,6 @@ class Context:
     publish_level: int | None = None  # None: the project's jit_libs_zstd_level
     log: Callable[[str], None] = print
 
-    def corpus(self, scale: float | None = None) -> corpus.Corpus:
-        return corpus.ensure(self.corpus_root, self.scale if scale is None else scale, self.log)
 
     def work(self, name: str) -> Path:
         path = self.work_root / name
