@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One call on a CUDA host: build every library for CUDA, run the GPU test set,
-# the sanitizers and the GPU benchmark. Logs and JSON go to OUT (default build/gpu-check).
+# One call on a CUDA host: build every library for CUDA, then run the GPU test set through the
+# pr tier runner. Logs and JSON go to OUT (default build/gpu-check). The sanitizers are
+# ci/gpu/sanitize.sh; the kernel benchmark is benchmarks/gpu/bench_gpu.py.
 #   bash ci/gpu/h200_check.sh [OUT] [--quick]
 set -uo pipefail
 out="${1:-build/gpu-check}"; shift || true
