@@ -2,7 +2,7 @@
 # One call on a CUDA host: build every library for CUDA, then run the GPU test set through the
 # pr tier runner. Logs and JSON go to OUT (default build/gpu-check). The sanitizers are
 # ci/gpu/sanitize.sh; the kernel benchmark is benchmarks/gpu/bench_gpu.py.
-#   bash ci/gpu/h200_check.sh [OUT] [--quick]
+#   bash ci/gpu/h200_check.sh [OUT]
 set -uo pipefail
 out="${1:-build/gpu-check}"; shift || true
 mkdir -p "$out"
