@@ -1,0 +1,403 @@
+// Flash-attention backward for Hopper (sm_90a): warpgroup MMA, Q/dO tiles by TMA.
+//
+// The middle kernel of the backward (dK, dV and the float32 dQ accumulation); the
+// preprocess (delta = rowsum(dO * O), zeroed dq_accum) and the dQ conversion are
+// mha_bwd_gpu.cuh's kernels, unchanged.
+//
+// One block of two warpgroups per (128 keys, kv head, batch); warpgroup w owns key rows
+// [64 w, 64 w + 64) of the tile and keeps their dK and dV (64 x D each, float32) in
+// wgmma accumulators for the whole block. K and V are loaded once by TMA; the block then
+// walks every query head of its GQA group and every 64-row query tile that can see its
+// keys, Q and dO (TMA, two shared-memory stages: tile i + 2 is loaded while tiles i, i + 1
+// are used) with lse and delta read from global memory. Per query tile (keys are the
+// M dimension of the products, as in the mma.sync kernel):
+//   S^T  = K Q^T, dP^T = V dO^T                   wgmma, both operands in shared memory
+//   P^T  = exp2(S^T * scale * log2 e - lse * log2 e), masked to 0
+//   dS^T = P^T * (dP^T - delta)
+//   dV  += P^T dO, dK += dS^T Q                    wgmma, A (P^T, dS^T) from registers
+//   dQ   = dS K (64 x D, split by columns over the warpgroups; dS through shared memory)
+//          added to dq_accum * scale with red.global.add.v2.f32
+// P and dS are rounded to the input dtype before their products (as FlashAttention and
+// the mma.sync kernel do); every product accumulates in float32.
+//
+// Conventions are those of the other backward kernels: bottom-right causal alignment
+// (query i sees key j iff j <= i + seq_k - seq_q), query tiles that see none of the
+// block's keys skipped, rows with no visible key (lse = +inf) contribute 0. Keys and
+// query rows past the ends are zero-filled by TMA and masked.
+#pragma once
+#include "mha/mha_bwd_gpu.cuh"
+#include "mha/mha_fwd_sm90.cuh"
+
+namespace ja {
+namespace mha_sm90 {
+
+template <typename Element_, int D>
+struct BwdTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = D;
+  static constexpr int kBlockM = 64;   // query rows per tile
+  static constexpr int kBlockN = 128;  // keys per block: 2 warpgroups x 64
+  static constexpr int kStages = 2;
+  static constexpr int kThreads = 256;
+  static_assert(D % 64 == 0 && D <= 128, "the backward covers head_dim 64 and 128");
+  static constexpr int BM = kBlockM, BN = kBlockN;
+
+  using TiledMmaSdP = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<BM>, Int<D>>>(), Layout<Shape<_2, _1, _1>>{}));
+  using TiledMmadKV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<D>, Int<BM>>, GMMA::Major::K, GMMA::Major::MN>(),
+      Layout<Shape<_2, _1, _1>>{}));
+  using TiledMmadQ = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<D / 2>, Int<BN>>, GMMA::Major::MN,
+                           GMMA::Major::MN>(),
+      Layout<Shape<_1, _2, _1>>{}));
+
+  using SmemLayoutQ =
+      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<BM>, Int<D>, Int<kStages>>{}));
+  using SmemLayoutQt = decltype(composition(
+      SmemLayoutQ{}, make_layout(Shape<Int<D>, Int<BM>, Int<kStages>>{}, Stride<Int<BM>, _1, Int<BM * D>>{})));
+  using SmemLayoutK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<BN>, Int<D>>{}));
+  using SmemLayoutKt =
+      decltype(composition(SmemLayoutK{}, make_layout(Shape<Int<D>, Int<BN>>{}, Stride<Int<BN>, _1>{})));
+  // dS as the A operand of dQ = dS K: (queries, keys), queries contiguous.
+  using SmemLayoutdS = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, Shape<Int<BM>, Int<BN>>{}));
+
+  using ShapeQKV = Shape<int32_t, int32_t, int32_t, int32_t>;  // (seq, head_dim, heads, batch)
+  using StrideQKV = Stride<int64_t, _1, int64_t, int64_t>;
+  using TmaQ = decltype(make_tma_copy(
+      SM90_TMA_LOAD{},
+      make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}),
+      take<0, 2>(SmemLayoutQ{}), Shape<Int<BM>, Int<D>>{}, _1{}));
+  using TmaK = decltype(make_tma_copy(
+      SM90_TMA_LOAD{},
+      make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}), SmemLayoutK{},
+      Shape<Int<BN>, Int<D>>{}, _1{}));
+
+  static constexpr uint32_t kBytesQ = uint32_t(BM * D * sizeof(Element));
+  static constexpr uint32_t kBytesK = uint32_t(BN * D * sizeof(Element));
+
+  struct SharedStorage {
+    array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q;
+    array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> dO;
+    array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
+    array_aligned<Element, cosize_v<SmemLayoutK>, 1024> v;
+    array_aligned<Element, cosize_v<SmemLayoutdS>, 1024> ds;
+    float lse[kStages][BM];  // lse * log2(e) of the query tile, +inf past seq_q
+    float delta[kStages][BM];
+    cutlass::arch::ClusterTransactionBarrier barrier_kv;
+    cutlass::arch::ClusterTransactionBarrier barrier_q[kStages];
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(kSmemBytes <= 227 * 1024, "MHA backward (sm90) tiles exceed shared memory");
+
+  struct Params {
+    TmaQ tma_q, tma_do;
+    TmaK tma_k, tma_v;
+    ShapeQKV shape_q, shape_k;
+    const float* lse;
+    const float* delta;
+    float* dq_accum;
+    Element* dk;
+    Element* dv;
+    int32_t heads_q, heads_kv, group;
+    float scale, scale_log2;
+  };
+};
+
+template <typename Tr, bool CAUSAL>
+__global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID_CONSTANT typename Tr::Params const p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Element = typename Tr::Element;
+  constexpr int BM = Tr::BM, BN = Tr::BN, D = Tr::kHeadDim;
+  using TileQ = Shape<Int<BM>, Int<D>>;
+  using TileK = Shape<Int<BN>, Int<D>>;
+
+  extern __shared__ __align__(1024) char smem_raw[];
+  auto& ss = *reinterpret_cast<typename Tr::SharedStorage*>(smem_raw);
+
+  const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  const int sq = get<0>(p.shape_q), sk = get<0>(p.shape_k);
+  const int tid = threadIdx.x;
+  const int kv0 = n_block * BN;
+  const int nk = min(BN, sk - kv0);
+
+  // Query tiles per head: causal blocks start at the tile holding the first query that sees key kv0.
+  const int m_begin = CAUSAL ? int(mha_gpu::first_query_for_key(kv0, sq, sk) / BM) : 0;
+  const int m_tiles = (sq + BM - 1) / BM;
+  const int q_tiles = m_tiles > m_begin ? m_tiles - m_begin : 0;
+  const int n_iter = p.group * q_tiles;
+
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Tr::SmemLayoutQ{});
+  Tensor sdO = make_tensor(make_smem_ptr(ss.dO.data()), typename Tr::SmemLayoutQ{});
+  Tensor sQt = make_tensor(make_smem_ptr(ss.q.data()), typename Tr::SmemLayoutQt{});
+  Tensor sdOt = make_tensor(make_smem_ptr(ss.dO.data()), typename Tr::SmemLayoutQt{});
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Tr::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Tr::SmemLayoutK{});
+  Tensor sKt = make_tensor(make_smem_ptr(ss.k.data()), typename Tr::SmemLayoutKt{});
+  Tensor sdS = make_tensor(make_smem_ptr(ss.ds.data()), typename Tr::SmemLayoutdS{});
+
+  Tensor mQ = p.tma_q.get_tma_tensor(p.shape_q);
+  Tensor mdO = p.tma_do.get_tma_tensor(p.shape_q);
+  Tensor mK = p.tma_k.get_tma_tensor(p.shape_k);
+  Tensor mV = p.tma_v.get_tma_tensor(p.shape_k);
+
+  // Issued by thread 0: Q and dO of iteration `it` into stage it % 2.
+  auto load_q = [&](int it) {
+    const int h = hk * p.group + it / q_tiles, m = m_begin + it % q_tiles;
+    const int s = it % 2;
+    Tensor gQ = local_tile(mQ(_, _, h, b), TileQ{}, make_coord(m, _0{}));
+    Tensor gdO = local_tile(mdO(_, _, h, b), TileQ{}, make_coord(m, _0{}));
+    Tensor sQs = sQ(_, _, s);
+    Tensor sdOs = sdO(_, _, s);
+    auto [tQg, tQs] = tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQs), group_modes<0, 2>(gQ));
+    auto [tGg, tGs] = tma_partition(p.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdOs), group_modes<0, 2>(gdO));
+    auto& bar = reinterpret_cast<cutlass::arch::ClusterTransactionBarrier::ValueType&>(ss.barrier_q[s]);
+    ss.barrier_q[s].arrive_and_expect_tx(2 * Tr::kBytesQ);
+    copy(p.tma_q.with(bar, 0), tQg, tQs);
+    copy(p.tma_do.with(bar, 0), tGg, tGs);
+  };
+
+  // Threads [0, 2 BM): lse (log2 domain) and delta of iteration `it` into stage it % 2.
+  auto load_rows = [&](int it) {
+    if (tid >= 2 * BM) return;
+    const int h = hk * p.group + it / q_tiles, q = (m_begin + it % q_tiles) * BM + tid % BM;
+    const int64_t off = (int64_t(b) * p.heads_q + h) * sq + q;
+    if (tid < BM) ss.lse[it % 2][tid] = q < sq ? p.lse[off] * 1.4426950408889634f : INFINITY;
+    else ss.delta[it % 2][tid - BM] = q < sq ? p.delta[off] : 0.0f;
+  };
+  if (n_iter > 0) load_rows(0);
+  if (n_iter > 1) load_rows(1);
+  if (tid == 0) {
+    cute::prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(p.tma_do.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
+    ss.barrier_kv.init(1);
+    ss.barrier_q[0].init(1);
+    ss.barrier_q[1].init(1);
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+  if (tid == 0) {
+    Tensor gK = local_tile(mK(_, _, hk, b), TileK{}, make_coord(n_block, _0{}));
+    Tensor gV = local_tile(mV(_, _, hk, b), TileK{}, make_coord(n_block, _0{}));
+    auto [tKg, tKs] = tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+    auto [tVg, tVs] = tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+    auto& bar = reinterpret_cast<cutlass::arch::ClusterTransactionBarrier::ValueType&>(ss.barrier_kv);
+    ss.barrier_kv.arrive_and_expect_tx(2 * Tr::kBytesK);
+    copy(p.tma_k.with(bar, 0), tKg, tKs);
+    copy(p.tma_v.with(bar, 0), tVg, tVs);
+    if (n_iter > 0) load_q(0);
+    if (n_iter > 1) load_q(1);
+  }
+
+  typename Tr::TiledMmaSdP mma_sdp;
+  typename Tr::TiledMmadKV mma_dkv;
+  typename Tr::TiledMmadQ mma_dq;
+  auto thr_sdp = mma_sdp.get_thread_slice(tid);
+  auto thr_dkv = mma_dkv.get_thread_slice(tid);
+  auto thr_dq = mma_dq.get_thread_slice(tid);
+
+  Tensor tSrK = thr_sdp.partition_fragment_A(sK);    // (MMA, 1, K)
+  Tensor tSrV = thr_sdp.partition_fragment_A(sV);
+  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);    // (MMA, N, K, stage)
+  Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);
+  Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt);  // (MMA, N, K, stage)
+  Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt);
+  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
+  Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);
+
+  Tensor tdVacc = partition_fragment_C(mma_dkv, TileK{});
+  Tensor tdKacc = partition_fragment_C(mma_dkv, TileK{});
+  clear(tdVacc);
+  clear(tdKacc);
+
+  Tensor cS = make_identity_tensor(Shape<Int<BN>, Int<BM>>{});  // (key, query)
+  Tensor tScS = thr_sdp.partition_C(cS);
+  Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
+  constexpr int kRows = decltype(size<0>(tScS_rc))::value;  // keys of this thread
+  constexpr int kCols = decltype(size<1>(tScS_rc))::value;  // queries of this thread
+  Tensor cQ = make_identity_tensor(TileQ{});
+  Tensor tdQcdQ = thr_dq.partition_C(cQ);
+  const float s2 = p.scale_log2;
+
+  __syncthreads();  // lse, delta of the first two tiles
+  ss.barrier_kv.wait(0);
+  CUTLASS_PRAGMA_NO_UNROLL
+  for (int it = 0; it < n_iter; ++it) {
+    const int h = hk * p.group + it / q_tiles, m = m_begin + it % q_tiles;
+    const int q0 = m * BM;
+    const int st = it % 2;
+    // lse (log2 domain; +inf past seq_q gives P = 0) and delta of the tile's rows.
+    const float* lse2 = ss.lse[st];
+    const float* dlt = ss.delta[st];
+    ss.barrier_q[st].wait((it / 2) & 1);
+
+    Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<BN>, Int<BM>>{});
+    Tensor tSrdP = partition_fragment_C(mma_sdp, Shape<Int<BN>, Int<BM>>{});
+    gemm<true, -1>(mma_sdp, tSrK, tSrQ(_, _, _, st), tSrS);
+    gemm<true, -1>(mma_sdp, tSrV, tSrdO(_, _, _, st), tSrdP);
+    warpgroup_wait<1>();
+    Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
+    Tensor dp = make_tensor(tSrdP.data(), acc_rowcol(tSrdP.layout()));
+    // Visible iff key < seq_k, query < seq_q (lse), and (causal) key - query <= q0 + sk - sq - kv0.
+    const int diag = q0 + sk - sq - kv0;
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const int kr = int(get<0>(tScS_rc(r, 0)));
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < kCols; ++c) {
+        const int qr = int(get<1>(tScS_rc(r, c)));
+        float pv = exp2_approx(s(r, c) * s2 - lse2[qr]);
+        if (kr >= nk || (CAUSAL && kr - qr > diag)) pv = 0.0f;
+        s(r, c) = pv;
+      }
+    }
+    warpgroup_wait<0>();
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r)
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < kCols; ++c) dp(r, c) = s(r, c) * (dp(r, c) - dlt[int(get<1>(tScS_rc(r, c)))]);
+
+    // P^T and dS^T rounded to the input dtype, as A operands of dV and dK.
+    constexpr int N = decltype(size(tSrS))::value;
+    Tensor tdVrP = make_tensor<Element>(acc_as_a(tSrS.layout()));
+    Tensor tdKrdS = make_tensor<Element>(acc_as_a(tSrdP.layout()));
+    {
+      cutlass::NumericArrayConverter<Element, float, N> cvt;
+      *reinterpret_cast<cutlass::Array<Element, N>*>(tdVrP.data()) =
+          cvt(*reinterpret_cast<cutlass::Array<float, N> const*>(tSrS.data()));
+      *reinterpret_cast<cutlass::Array<Element, N>*>(tdKrdS.data()) =
+          cvt(*reinterpret_cast<cutlass::Array<float, N> const*>(tSrdP.data()));
+    }
+    // dS (queries x keys) to shared memory for dQ = dS K.
+    {
+      Tensor ds16 = make_tensor(tdKrdS.data(), tSrdP.layout());
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < N; ++i) sdS(int(get<1>(tScS(i))), int(get<0>(tScS(i)))) = ds16(i);
+    }
+    cutlass::arch::fence_view_async_shared();
+    gemm<false, -1>(mma_dkv, tdVrP, tdVrdOt(_, _, _, st), tdVacc);
+    gemm<false, 0>(mma_dkv, tdKrdS, tdKrQt(_, _, _, st), tdKacc);  // P, dS registers free for dQ
+    __syncthreads();  // sdS complete
+
+    Tensor tdQacc = partition_fragment_C(mma_dq, TileQ{});
+    gemm<true, 0>(mma_dq, tdQrdS, tdQrKt, tdQacc);
+    {
+      float* dq = p.dq_accum + ((int64_t(b) * sq + q0) * p.heads_q + h) * D;
+      const int64_t row_stride = int64_t(p.heads_q) * D;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < decltype(size(tdQacc))::value; i += 2) {  // elements i, i + 1: adjacent columns
+        const int qr = int(get<0>(tdQcdQ(i))), col = int(get<1>(tdQcdQ(i)));
+        if (q0 + qr < sq) ja_atomic_add2(dq + qr * row_stride + col, tdQacc(i) * p.scale, tdQacc(i + 1) * p.scale);
+      }
+    }
+    __syncthreads();  // every warpgroup is done with stage st and sdS
+    if (it + 2 < n_iter) {
+      if (tid == 0) load_q(it + 2);
+      load_rows(it + 2);  // read after the next iteration's barriers
+    }
+  }
+
+  // Epilogue: dK * scale and dV rounded to the input dtype, keys < seq_k.
+  Tensor cK = make_identity_tensor(TileK{});
+  Tensor tdKcdK = thr_dkv.partition_C(cK);
+  const int64_t kv_stride = int64_t(p.heads_kv) * D;
+  Element* dk = p.dk + ((int64_t(b) * sk + kv0) * p.heads_kv + hk) * D;
+  Element* dv = p.dv + ((int64_t(b) * sk + kv0) * p.heads_kv + hk) * D;
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < decltype(size(tdKacc))::value; i += 2) {
+    const int kr = int(get<0>(tdKcdK(i))), col = int(get<1>(tdKcdK(i)));
+    if (kr >= nk) continue;
+    cutlass::Array<Element, 2> vk, vv;
+    vk[0] = Element(tdKacc(i) * p.scale);
+    vk[1] = Element(tdKacc(i + 1) * p.scale);
+    vv[0] = Element(tdVacc(i));
+    vv[1] = Element(tdVacc(i + 1));
+    *reinterpret_cast<cutlass::Array<Element, 2>*>(dk + kr * kv_stride + col) = vk;
+    *reinterpret_cast<cutlass::Array<Element, 2>*>(dv + kr * kv_stride + col) = vv;
+  }
+#else
+  __trap();  // built for another target than sm_90a: never launched (the host checks the device)
+#endif
+}
+
+template <typename T, int D, bool CAUSAL>
+const char* mha_bwd_sm90_launch(const JaMhaBwdArgs& a, cudaStream_t stream) {
+  using Tr = BwdTraits<typename CutlassType<T>::type, D>;
+  using Element = typename Tr::Element;
+  const int sq = int(a.seq_q), sk = int(a.seq_k), hq = int(a.heads_q), hkv = int(a.heads_kv), bt = int(a.batch);
+  auto tensor = [&](const void* ptr, int seq, int heads) {
+    return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)), make_shape(seq, int(D), heads, bt),
+                       make_stride(int64_t(heads) * D, _1{}, int64_t(D), int64_t(seq) * heads * D));
+  };
+  using SmemQ = decltype(take<0, 2>(typename Tr::SmemLayoutQ{}));
+  typename Tr::Params p{
+      make_tma_copy(SM90_TMA_LOAD{}, tensor(a.q, sq, hq), SmemQ{}, Shape<Int<Tr::BM>, Int<D>>{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, tensor(a.dout, sq, hq), SmemQ{}, Shape<Int<Tr::BM>, Int<D>>{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, tensor(a.k, sk, hkv), typename Tr::SmemLayoutK{},
+                    Shape<Int<Tr::BN>, Int<D>>{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, tensor(a.v, sk, hkv), typename Tr::SmemLayoutK{},
+                    Shape<Int<Tr::BN>, Int<D>>{}, _1{}),
+      make_shape(sq, int(D), hq, bt),
+      make_shape(sk, int(D), hkv, bt),
+      a.lse,
+      a.delta,
+      a.dq_accum,
+      static_cast<Element*>(a.dk),
+      static_cast<Element*>(a.dv),
+      hq,
+      hkv,
+      hq / hkv,
+      a.scale,
+      a.scale * 1.4426950408889634f};
+  auto kernel = mha_bwd_sm90_kernel<Tr, CAUSAL>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+  if (err != cudaSuccess)
+    return ja_error("mha_bwd (sm90): could not enable %d bytes of shared memory: %s", Tr::kSmemBytes,
+                    cudaGetErrorString(err));
+  const dim3 grid(unsigned((sk + Tr::BN - 1) / Tr::BN), unsigned(hkv), unsigned(bt));
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return ja_error("mha_bwd (sm90): kernel launch failed: %s", cudaGetErrorString(err));
+  return nullptr;
+}
+
+constexpr bool bwd_supported_head_dim(int d) { return d == 64 || d == 128; }
+
+// Runs the whole backward (preprocess, this kernel, dQ conversion) when the Hopper kernel
+// applies: sets *handled and returns the launch status; otherwise leaves *handled = 0 and the
+// caller takes the mma.sync / SIMT path. It does not apply on another device, to empty shapes,
+// to unaligned pointers, or to sizes past int32.
+template <typename T, int D, bool CAUSAL>
+const char* mha_bwd_sm90(const JaMhaBwdArgs& a, void* stream, int* handled) {
+  *handled = 0;
+  const int64_t lim = int64_t(1) << 30;
+  if (a.batch <= 0 || a.seq_q <= 0 || a.seq_k <= 0 || a.heads_q <= 0 || a.heads_kv <= 0) return nullptr;
+  if (a.batch >= 65536 || a.heads_q >= 65536 || a.seq_q >= lim || a.seq_k >= lim) return nullptr;
+  if (a.batch * a.seq_q * a.heads_q * D >= (int64_t(1) << 31)) return nullptr;
+  for (const void* ptr : {a.q, a.k, a.v, a.dout, static_cast<const void*>(a.dk), static_cast<const void*>(a.dv)})
+    if (!mha_gpu::aligned16(ptr)) return nullptr;
+  if (!device_is_sm90()) return nullptr;
+  *handled = 1;
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  using mha_gpu::kThreads;
+  const int64_t q_rows = a.batch * a.seq_q * a.heads_q;
+  const int64_t max_blocks = int64_t(1) << 20;
+  {
+    const int64_t blocks = std::min<int64_t>((q_rows + mha_gpu::kTy - 1) / mha_gpu::kTy, max_blocks);
+    mha_gpu::mha_bwd_preprocess<T, D><<<unsigned(blocks), kThreads, 0, s>>>(a);
+    if (const char* e = mha_gpu::launch_status("mha_bwd (preprocess)")) return e;
+  }
+  if (const char* e = mha_bwd_sm90_launch<T, D, CAUSAL>(a, s)) return e;
+  {
+    const int64_t n = q_rows * D;
+    const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, max_blocks);
+    mha_gpu::mha_bwd_convert_dq<T><<<unsigned(blocks), kThreads, 0, s>>>(a.dq_accum, static_cast<T*>(a.dq), n);
+    if (const char* e = mha_gpu::launch_status("mha_bwd (convert dQ)")) return e;
+  }
+  return nullptr;
+}
+
+}  // namespace mha_sm90
+}  // namespace ja
