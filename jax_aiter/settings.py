@@ -110,6 +110,8 @@ SETTINGS: tuple[Setting, ...] = (
             accepts="0"),
     Setting("JA_MHA_FWD_SM90", "runtime", "0: the attention forward skips the Hopper (sm_90a) kernels (read on "
             "every call, so a test can compare both paths)", accepts="0"),
+    Setting("JA_MHA_BWD_SM90", "runtime", "0: the attention backward skips the Hopper (sm_90a) kernels (read on "
+            "every call, so a test can compare both paths)", accepts="0"),
     # --- tests --------------------------------------------------------------------------------
     Setting("JA_TEST_TIER", "tests", "the tier `bash ci/test.sh` and `nox -s tests` run", default="pr",
             choices=("pr", "nightly", "multigpu")),

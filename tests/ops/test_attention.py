@@ -311,6 +311,61 @@ def test_hopper_forward_is_not_used_for_decode_or_float32(monkeypatch):
     assert _sm90_calls() == before
 
 
+# --- the Hopper backward -----------------------------------------------------------------
+# On an sm_90 device the bfloat16/float16 backward of head dims 64 and 128 runs the wgmma + TMA
+# kernel (csrc/kernels/mha/mha_bwd_sm90.cuh); JA_MHA_BWD_SM90=0 sends the same call to the
+# mma.sync kernel. libmha_bwd.so counts the calls the Hopper kernel handled.
+
+def _sm90_bwd_calls() -> int:
+    from jax_aiter import _loader
+
+    fn = ctypes.CDLL(str(_loader.find_library("libmha_bwd.so"))).ja_mha_bwd_sm90_calls
+    fn.restype = ctypes.c_int64
+    return int(fn())
+
+
+HOPPER_BWD = [(2, 300, 500, 4, 2), (2, 513, 200, 4, 4), (1, 129, 1000, 8, 1), (2, 1000, 1000, 2, 2),
+              (1, 64, 64, 2, 1), (1, 1, 300, 4, 4)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", HOPPER_BWD, ids=lambda s: f"b{s[0]}-sq{s[1]}-sk{s[2]}-hq{s[3]}-hkv{s[4]}")
+def test_hopper_backward_matches_reference_and_fallback(dtype, d, causal, shape, monkeypatch):
+    """The Hopper backward runs where it should (GQA, causal both ways, seq_q != seq_k, odd
+    lengths), its gradients match the float64 reference and the mma.sync fallback
+    (JA_MHA_BWD_SM90=0) within the same bound."""
+    batch, sq, sk, hq, hkv = shape
+    (q, k, v, do), (qe, ke, ve, doe) = make_inputs(sq + d, dtype, batch, sq, sk, hq, hkv, d, "gpu")
+    fwd, bwd = attention._prims(causal, d ** -0.5)
+    o, lse = jax.block_until_ready(jax.jit(fwd)(q, k, v))
+    bwd = jax.jit(bwd)
+    monkeypatch.delenv("JA_MHA_BWD_SM90", raising=False)
+    before = _sm90_bwd_calls()
+    g1 = jax.block_until_ready(bwd(q, k, v, o, do, lse))
+    assert _sm90_bwd_calls() == before + (1 if _is_sm90() else 0)
+    monkeypatch.setenv("JA_MHA_BWD_SM90", "0")
+    g2 = jax.block_until_ready(bwd(q, k, v, o, do, lse))
+    assert _sm90_bwd_calls() == before + (1 if _is_sm90() else 0)
+    _, ref = attention_ref(qe, ke, ve, doe, causal, d ** -0.5)
+    for x1, x2, r in zip(g1[:3], g2[:3], ref):
+        assert x1.dtype == q.dtype and x1.shape == r.shape
+        assert rel_err(x1, r) <= RTOL[dtype] and rel_err(x2, r) <= RTOL[dtype]
+        assert rel_err(x1, f64(x2)) <= RTOL[dtype]
+
+
+@pytest.mark.gpu
+def test_hopper_backward_is_not_used_for_float32_or_other_head_dims(monkeypatch):
+    monkeypatch.delenv("JA_MHA_BWD_SM90", raising=False)
+    before = _sm90_bwd_calls()
+    for dtype, d in (("float32", 128), ("bfloat16", 96)):
+        (q, k, v, do), _ = make_inputs(0, dtype, 1, 70, 90, 4, 2, d, "gpu")
+        jax.block_until_ready(forward_and_grads(q, k, v, do, causal=True))
+    assert _sm90_bwd_calls() == before
+
+
 # --- errors ---------------------------------------------------------------------------
 
 def _arr(shape, dtype=jnp.float32):

@@ -67,3 +67,5 @@ JA_API const char* ja_mha_fwd_gpu(const JaMhaFwdArgs* args, void* stream);
 JA_API int64_t ja_mha_fwd_sm90_calls(void);
 JA_API const char* ja_mha_bwd_cpu(const JaMhaBwdArgs* args);
 JA_API const char* ja_mha_bwd_gpu(const JaMhaBwdArgs* args, void* stream);
+// Calls of ja_mha_bwd_gpu that the sm_90a (wgmma + TMA) backward handled in this process.
+JA_API int64_t ja_mha_bwd_sm90_calls(void);
