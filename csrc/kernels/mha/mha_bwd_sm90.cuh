@@ -8,8 +8,9 @@
 // [64 w, 64 w + 64) of the tile and keeps their dK and dV (64 x D each, float32) in
 // wgmma accumulators for the whole block. K and V are loaded once by TMA; the block then
 // walks every query head of its GQA group and every 64-row query tile that can see its
-// keys, Q and dO (TMA, two shared-memory stages: tile i + 2 is loaded while tiles i, i + 1
-// are used) with lse and delta read from global memory. Per query tile (keys are the
+// keys, Q and dO by TMA through three shared-memory stages (tile i + 2 is loaded while tile i
+// is computed), lse and delta staged in shared memory, dS double-buffered, so one block barrier
+// per tile suffices and one warpgroup's dQ atomics overlap the other's products. Per query tile (keys are the
 // M dimension of the products, as in the mma.sync kernel):
 //   S^T  = K Q^T, dP^T = V dO^T                   wgmma, both operands in shared memory
 //   P^T  = exp2(S^T * scale * log2 e - lse * log2 e), masked to 0
@@ -37,7 +38,7 @@ struct BwdTraits {
   static constexpr int kHeadDim = D;
   static constexpr int kBlockM = 64;   // query rows per tile
   static constexpr int kBlockN = 128;  // keys per block: 2 warpgroups x 64
-  static constexpr int kStages = 2;
+  static constexpr int kStages = 3;
   static constexpr int kThreads = 256;
   static_assert(D % 64 == 0 && D <= 128, "the backward covers head_dim 64 and 128");
   static constexpr int BM = kBlockM, BN = kBlockN;
@@ -81,7 +82,7 @@ struct BwdTraits {
     array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> dO;
     array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
     array_aligned<Element, cosize_v<SmemLayoutK>, 1024> v;
-    array_aligned<Element, cosize_v<SmemLayoutdS>, 1024> ds;
+    array_aligned<Element, cosize_v<SmemLayoutdS>, 1024> ds[2];
     float lse[kStages][BM];  // lse * log2(e) of the query tile, +inf past seq_q
     float delta[kStages][BM];
     cutlass::arch::ClusterTransactionBarrier barrier_kv;
@@ -108,7 +109,7 @@ template <typename Tr, bool CAUSAL>
 __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID_CONSTANT typename Tr::Params const p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Element = typename Tr::Element;
-  constexpr int BM = Tr::BM, BN = Tr::BN, D = Tr::kHeadDim;
+  constexpr int BM = Tr::BM, BN = Tr::BN, D = Tr::kHeadDim, kStages = Tr::kStages;
   using TileQ = Shape<Int<BM>, Int<D>>;
   using TileK = Shape<Int<BN>, Int<D>>;
 
@@ -134,17 +135,18 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
   Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Tr::SmemLayoutK{});
   Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Tr::SmemLayoutK{});
   Tensor sKt = make_tensor(make_smem_ptr(ss.k.data()), typename Tr::SmemLayoutKt{});
-  Tensor sdS = make_tensor(make_smem_ptr(ss.ds.data()), typename Tr::SmemLayoutdS{});
+  Tensor sdS = make_tensor(make_smem_ptr(ss.ds[0].data()), typename Tr::SmemLayoutdS{});
+  Tensor sdS1 = make_tensor(make_smem_ptr(ss.ds[1].data()), typename Tr::SmemLayoutdS{});
 
   Tensor mQ = p.tma_q.get_tma_tensor(p.shape_q);
   Tensor mdO = p.tma_do.get_tma_tensor(p.shape_q);
   Tensor mK = p.tma_k.get_tma_tensor(p.shape_k);
   Tensor mV = p.tma_v.get_tma_tensor(p.shape_k);
 
-  // Issued by thread 0: Q and dO of iteration `it` into stage it % 2.
+  // Issued by thread 0: Q and dO of iteration `it` into stage it % kStages.
   auto load_q = [&](int it) {
     const int h = hk * p.group + it / q_tiles, m = m_begin + it % q_tiles;
-    const int s = it % 2;
+    const int s = it % kStages;
     Tensor gQ = local_tile(mQ(_, _, h, b), TileQ{}, make_coord(m, _0{}));
     Tensor gdO = local_tile(mdO(_, _, h, b), TileQ{}, make_coord(m, _0{}));
     Tensor sQs = sQ(_, _, s);
@@ -157,13 +159,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
     copy(p.tma_do.with(bar, 0), tGg, tGs);
   };
 
-  // Threads [0, 2 BM): lse (log2 domain) and delta of iteration `it` into stage it % 2.
+  // Threads [0, 2 BM): lse (log2 domain) and delta of iteration `it` into stage it % kStages.
   auto load_rows = [&](int it) {
     if (tid >= 2 * BM) return;
     const int h = hk * p.group + it / q_tiles, q = (m_begin + it % q_tiles) * BM + tid % BM;
     const int64_t off = (int64_t(b) * p.heads_q + h) * sq + q;
-    if (tid < BM) ss.lse[it % 2][tid] = q < sq ? p.lse[off] * 1.4426950408889634f : INFINITY;
-    else ss.delta[it % 2][tid - BM] = q < sq ? p.delta[off] : 0.0f;
+    if (tid < BM) ss.lse[it % kStages][tid] = q < sq ? p.lse[off] * 1.4426950408889634f : INFINITY;
+    else ss.delta[it % kStages][tid - BM] = q < sq ? p.delta[off] : 0.0f;
   };
   if (n_iter > 0) load_rows(0);
   if (n_iter > 1) load_rows(1);
@@ -173,8 +175,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
     cute::prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
     ss.barrier_kv.init(1);
-    ss.barrier_q[0].init(1);
-    ss.barrier_q[1].init(1);
+    for (int i = 0; i < kStages; ++i) ss.barrier_q[i].init(1);
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
@@ -205,6 +206,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
   Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt);  // (MMA, N, K, stage)
   Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt);
   Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
+  Tensor tdQrdS1 = thr_dq.partition_fragment_A(sdS1);
   Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);
 
   Tensor tdVacc = partition_fragment_C(mma_dkv, TileK{});
@@ -227,11 +229,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
   for (int it = 0; it < n_iter; ++it) {
     const int h = hk * p.group + it / q_tiles, m = m_begin + it % q_tiles;
     const int q0 = m * BM;
-    const int st = it % 2;
+    const int st = it % kStages;
+    Tensor sdSb = make_tensor(make_smem_ptr(ss.ds[it % 2].data()), typename Tr::SmemLayoutdS{});
     // lse (log2 domain; +inf past seq_q gives P = 0) and delta of the tile's rows.
     const float* lse2 = ss.lse[st];
     const float* dlt = ss.delta[st];
-    ss.barrier_q[st].wait((it / 2) & 1);
+    ss.barrier_q[st].wait((it / kStages) & 1);
 
     Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<BN>, Int<BM>>{});
     Tensor tSrdP = partition_fragment_C(mma_sdp, Shape<Int<BN>, Int<BM>>{});
@@ -274,15 +277,22 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
     {
       Tensor ds16 = make_tensor(tdKrdS.data(), tSrdP.layout());
       CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < N; ++i) sdS(int(get<1>(tScS(i))), int(get<0>(tScS(i)))) = ds16(i);
+      for (int i = 0; i < N; ++i) sdSb(int(get<1>(tScS(i))), int(get<0>(tScS(i)))) = ds16(i);
     }
     cutlass::arch::fence_view_async_shared();
     gemm<false, -1>(mma_dkv, tdVrP, tdVrdOt(_, _, _, st), tdVacc);
     gemm<false, 0>(mma_dkv, tdKrdS, tdKrQt(_, _, _, st), tdKacc);  // P, dS registers free for dQ
-    __syncthreads();  // sdS complete
+    // dS complete; every warpgroup is done with iteration it - 1: its Q/dO stage
+    // ((it + 2) % 3), its lse/delta slot and dS buffer ((it + 1) % 2) may be refilled.
+    __syncthreads();
+    if (it + 2 < n_iter) {
+      if (tid == 0) load_q(it + 2);
+      load_rows(it + 2);  // read at iteration it + 2, after iteration it + 1's barrier
+    }
 
     Tensor tdQacc = partition_fragment_C(mma_dq, TileQ{});
-    gemm<true, 0>(mma_dq, tdQrdS, tdQrKt, tdQacc);
+    if (it % 2 == 0) gemm<true, 0>(mma_dq, tdQrdS, tdQrKt, tdQacc);
+    else gemm<true, 0>(mma_dq, tdQrdS1, tdQrKt, tdQacc);
     {
       float* dq = p.dq_accum + ((int64_t(b) * sq + q0) * p.heads_q + h) * D;
       const int64_t row_stride = int64_t(p.heads_q) * D;
@@ -291,11 +301,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
         const int qr = int(get<0>(tdQcdQ(i))), col = int(get<1>(tdQcdQ(i)));
         if (q0 + qr < sq) ja_atomic_add2(dq + qr * row_stride + col, tdQacc(i) * p.scale, tdQacc(i + 1) * p.scale);
       }
-    }
-    __syncthreads();  // every warpgroup is done with stage st and sdS
-    if (it + 2 < n_iter) {
-      if (tid == 0) load_q(it + 2);
-      load_rows(it + 2);  // read after the next iteration's barriers
     }
   }
 
