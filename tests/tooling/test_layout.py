@@ -28,7 +28,9 @@ SETTINGS_DOC = ROOT / "docs" / "settings.md"
 # Where settings are read: the runtime, the tooling, CI scripts, the session and task files, make.
 READERS = ("jax_aiter", "jatools", "ci", "scripts", "noxfile.py", "tasks.py", "Makefile")
 SETTING_NAME = re.compile(r"\b(JA_[A-Z0-9_]*[A-Z0-9]|JAX_AITER_[A-Z0-9_]*[A-Z0-9]|AITER_[A-Z_]*[A-Z]|GPU_ARCHS)\b")
-NATIVE_READ = re.compile(r'getenv\("([A-Z0-9_]+)"\)')  # what the native libraries read
+# What the native libraries read: every string literal of a variable's shape (getenv's argument, or a name
+# passed on to it, as mha_dispatch_entries.inc does with JA_MHA_SM90_OFF).
+NATIVE_READ = re.compile(r'"((?:JA_|JAX_AITER_|AITER_)[A-Z0-9_]+)"')
 # Names of that shape that are no environment variable.
 NOT_SETTINGS = {"JA_BACKEND_RESOLVED": "the make variable jatools/native/toolchain.py writes into build/config.mk",
                 "JA_INSTANCE": "the macro jatools/native/jit_build.py writes into generated instance sources"}

@@ -5,7 +5,11 @@
 // head_dim, causal) rows); the entry points look the request up in it.
 #pragma once
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -35,18 +39,42 @@ std::string mha_head_dims(const MhaInstance<Fn> (&table)[N], DType dtype) {
   return out.empty() ? "none" : out;
 }
 
+// Whether table entry e is the instance for args (dtype, head_dim, causal).
+template <typename Fn, typename Args>
+bool mha_matches(const MhaInstance<Fn>& e, const Args& a) {
+  return e.fn && int(e.dtype) == a.dtype && e.head_dim == a.head_dim && e.causal == (a.causal != 0);
+}
+
 // Calls the instance matching args (dtype, head_dim, causal) with (&args, extra...).
 template <typename Fn, size_t N, typename Args, typename... Extra>
 const char* mha_dispatch(const char* op, const char* backend, const MhaInstance<Fn> (&table)[N], const Args& a,
                          Extra... extra) {
   for (const auto& e : table)
-    if (int(e.dtype) == a.dtype && e.head_dim == a.head_dim && e.causal == (a.causal != 0))
-      return e.fn(&a, extra...);
+    if (mha_matches(e, a)) return e.fn(&a, extra...);
   const DType dt = DType(a.dtype);
   const bool known = a.dtype >= 0 && a.dtype <= int(DType::kF16);
   return ja_error("%s: no %s instance for dtype %s, head_dim %lld, causal %d in this build; supported head dims: %s",
                   op, backend, known ? dtype_name(dt) : "unknown", (long long)a.head_dim, a.causal,
                   mha_head_dims(table, dt).c_str());
+}
+
+// Asks the instance matching args in a table of instances that may decline (the sm_90a kernels:
+// fn(&args, stream, &handled)) first, unless the environment variable off_env is "0" (read on every
+// call, so a test can compare both paths in one process). True, with the instance's status in *err,
+// when it handled the call (counted in calls); false when none matched or it declined.
+template <typename Fn, size_t N, typename Args>
+bool mha_try_first(const MhaInstance<Fn> (&table)[N], const char* off_env, std::atomic<int64_t>& calls,
+                   const Args& a, void* stream, const char** err) {
+  const char* env = std::getenv(off_env);
+  if (env && std::strcmp(env, "0") == 0) return false;
+  for (const auto& e : table) {
+    if (!mha_matches(e, a)) continue;
+    int handled = 0;
+    *err = e.fn(&a, stream, &handled);
+    if (handled) calls.fetch_add(1, std::memory_order_relaxed);
+    return handled != 0;
+  }
+  return false;
 }
 
 }  // namespace ja
