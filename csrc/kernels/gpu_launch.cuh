@@ -46,28 +46,46 @@ inline int& pdl_force() {
   return force;
 }
 
-inline bool pdl_enabled() {
 #if defined(JA_GPU_CUDA)
-  if (pdl_force() >= 0) return pdl_force() == 1;
-  static std::atomic<int> cache[64];  // per device: 0 unknown, 1 off, 2 on
+// The current device, or -1 when it cannot be read (the error is cleared: no launch check sees it).
+inline int current_device() {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) {
     (void)cudaGetLastError();
-    return false;
+    return -1;
   }
+  return dev;
+}
+
+// query(dev), computed once per device into cache (one slot per device; devices past 64 share slot 0).
+// query must not return 0: a slot holding 0 is not known yet.
+template <typename Query>
+int per_device(std::atomic<int> (&cache)[64], int dev, Query query) {
   const int slot = dev >= 0 && dev < 64 ? dev : 0;
   int v = cache[slot].load(std::memory_order_relaxed);
   if (v == 0) {
-    const char* env = std::getenv("JA_GPU_PDL");
-    int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-      (void)cudaGetLastError();
-      major = 0;
-    }
-    v = (major >= 9 && !(env && std::strcmp(env, "0") == 0)) ? 2 : 1;
+    v = query(dev);
     cache[slot].store(v, std::memory_order_relaxed);
   }
-  return v == 2;
+  return v;
+}
+#endif
+
+inline bool pdl_enabled() {
+#if defined(JA_GPU_CUDA)
+  if (pdl_force() >= 0) return pdl_force() == 1;
+  static std::atomic<int> cache[64];  // per device: 1 off, 2 on
+  const int dev = current_device();
+  if (dev < 0) return false;
+  return per_device(cache, dev, [](int d) {
+           const char* env = std::getenv("JA_GPU_PDL");
+           int major = 0;
+           if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d) != cudaSuccess) {
+             (void)cudaGetLastError();
+             major = 0;
+           }
+           return (major >= 9 && !(env && std::strcmp(env, "0") == 0)) ? 2 : 1;
+         }) == 2;
 #else
   return false;
 #endif

@@ -92,17 +92,15 @@ inline bool decode_applies(const JaMhaFwdArgs& a) {
 // Multiprocessors of the current device (cached per device).
 inline int multiprocessors() {
   static std::atomic<int> cache[64];
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) dev = 0;
-  const int slot = dev >= 0 && dev < 64 ? dev : 0;
-  int n = cache[slot].load(std::memory_order_relaxed);
-  if (n > 0) return n;
-  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) {
-    (void)cudaGetLastError();  // leave no sticky error for the launch check
-    n = 108;
-  }
-  cache[slot].store(n, std::memory_order_relaxed);
-  return n;
+  const int dev = ja::current_device();
+  return ja::per_device(cache, dev < 0 ? 0 : dev, [](int d) {
+    int n = 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, d) != cudaSuccess || n <= 0) {
+      (void)cudaGetLastError();  // leave no sticky error for the launch check
+      n = 108;
+    }
+    return n;
+  });
 }
 
 struct DecodePlan {
@@ -399,21 +397,18 @@ template <typename T, int D, bool CAUSAL>
 int64_t decode_slots() {
   using Tl = DecodeTiles<T, D>;
   static std::atomic<int> cache[64];
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) dev = 0;
-  const int slot = dev >= 0 && dev < 64 ? dev : 0;
-  int per_sm = cache[slot].load(std::memory_order_relaxed);
-  if (per_sm <= 0) {
+  const int dev = ja::current_device();
+  const int per_sm = ja::per_device(cache, dev < 0 ? 0 : dev, [](int) {
     auto kernel = mha_decode_kernel<T, D, CAUSAL>;
     if (Tl::kSmemBytes > kSmemBudget) (void)ja_func_set_max_dynamic_smem(kernel, Tl::kSmemBytes);
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Tl::kThreads, Tl::kSmemBytes) !=
-            cudaSuccess ||
-        per_sm <= 0) {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Tl::kThreads, Tl::kSmemBytes) != cudaSuccess ||
+        n <= 0) {
       (void)cudaGetLastError();  // no sticky error for the launch check; the launch reports a real failure
-      per_sm = 1;
+      n = 1;
     }
-    cache[slot].store(per_sm, std::memory_order_relaxed);
-  }
+    return n;
+  });
   return int64_t(per_sm) * multiprocessors();
 }
 

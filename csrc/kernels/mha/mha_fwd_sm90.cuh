@@ -465,25 +465,18 @@ const char* mha_fwd_sm90_launch(const JaMhaFwdArgs& a, cudaStream_t stream) {
 
 // Whether the current device runs the sm_90a instances (compute capability 9.0; cached per device).
 inline bool device_is_sm90() {
-  static std::atomic<int> cache[64];  // 0 unknown, 1 no, 2 yes
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  const int slot = dev >= 0 && dev < 64 ? dev : 0;
-  int v = cache[slot].load(std::memory_order_relaxed);
-  if (v == 0) {
-    int major = 0, minor = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-      (void)cudaGetLastError();
-      major = minor = 0;
-    }
-    v = major == 9 && minor == 0 ? 2 : 1;
-    cache[slot].store(v, std::memory_order_relaxed);
-  }
-  return v == 2;
+  static std::atomic<int> cache[64];  // 1 no, 2 yes
+  const int dev = ja::current_device();
+  if (dev < 0) return false;
+  return ja::per_device(cache, dev, [](int d) {
+           int major = 0, minor = 0;
+           if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d) != cudaSuccess ||
+               cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, d) != cudaSuccess) {
+             (void)cudaGetLastError();
+             major = minor = 0;
+           }
+           return major == 9 && minor == 0 ? 2 : 1;
+         }) == 2;
 }
 
 // Runs the Hopper kernel when it applies: sets *handled and returns the launch status;
