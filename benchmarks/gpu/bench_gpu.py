@@ -71,7 +71,8 @@ def build_timer() -> ctypes.CDLL:
     lib.ja_bench_elapsed_ms.restype = ctypes.c_float
     lib.ja_bench_elapsed_ms.argtypes = [ctypes.c_int64, ctypes.c_int64]
     platform_name = {"cuda": "CUDA", "rocm": "ROCM"}[tc.backend]
-    for target, sym in (("ja_bench_record", "JaBenchRecord"), ("ja_bench_copy", "JaBenchCopy")):
+    for target, sym in (("ja_bench_record", "JaBenchRecord"), ("ja_bench_copy", "JaBenchCopy"),
+                        ("ja_bench_spin", "JaBenchSpin")):
         jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, sym)), platform=platform_name)
     return lib
 
@@ -79,6 +80,11 @@ def build_timer() -> ctypes.CDLL:
 def _record(token, deps, slot):
     return jax.ffi.ffi_call("ja_bench_record", jax.ShapeDtypeStruct((), jnp.int32), has_side_effect=True)(
         token, *deps, slot=np.int64(slot))
+
+
+def spin(token, cycles):
+    return jax.ffi.ffi_call("ja_bench_spin", jax.ShapeDtypeStruct((), jnp.int32), has_side_effect=True)(
+        token, cycles=np.int64(cycles))
 
 
 def memcpy(x):
@@ -92,6 +98,11 @@ def memcpy(x):
 # case before them in L2 (--warm-l2 keeps that old behaviour).
 FLUSH_BYTES = 256 << 20
 _flush = {"on": True}
+# --gpu-ahead: one GPU thread spins this many clock cycles (~200 us) before each start event, so the
+# host has enqueued the case before the GPU reaches it: a case's time is then GPU time alone, with no
+# host launch latency in it (at small shapes the two can differ).
+_spin = {"cycles": 0}
+GPU_AHEAD_CYCLES = 400_000
 
 
 def time_cases(lib, cases: dict, input_sets: list, reps: int) -> dict[str, list[float]]:
@@ -121,6 +132,8 @@ def time_cases(lib, cases: dict, input_sets: list, reps: int) -> dict[str, list[
                 else:
                     tree, token = jax.lax.optimization_barrier((prepare(*sets[r % len(sets)]), token))
                 slot = base + 2 * (r * len(names) + c)
+                if _spin["cycles"]:
+                    token = spin(token, _spin["cycles"])
                 token = _record(token, [], slot)
                 tree, token = jax.lax.optimization_barrier((tree, token))
                 token = _record(token, jax.tree_util.tree_leaves(fn(tree)), slot + 1)
@@ -449,6 +462,8 @@ def main(argv=None) -> int:
                    help="attention head dims (repeatable; default 128)")
     p.add_argument("--warm-l2", action="store_true", help="no L2 flush before each timed case (the cases of a "
                    "repetition share inputs, so later ones may read them from L2)")
+    p.add_argument("--gpu-ahead", action="store_true", help="a ~200 us GPU spin before each timed case, so host "
+                   "launch latency cannot enter a case's time")
     p.add_argument("--out", type=Path, default=ROOT / "build/bench/gpu.json")
     p.add_argument("--gate", action="store_true", help="then gate the JSON against the committed baseline of this "
                    "GPU model (ci/perf/bench_gate.py; exit 1 names each regression)")
@@ -458,6 +473,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"bench_gpu: JAX sees no GPU (devices: {devs}); run on a GPU host")
     lib = build_timer()
     _flush["on"] = not args.warm_l2
+    _spin["cycles"] = GPU_AHEAD_CYCLES if args.gpu_ahead else 0
     only = set(args.only or ["copy", "memory", "chain", "decode", "attention"])
     shapes = [tuple(int(v) for v in sh.lower().split("x")) for sh in args.shape] or None
     start = time.time()
@@ -465,7 +481,8 @@ def main(argv=None) -> int:
     copy = bench_copy(lib, args.reps)
     results = {"machine": {"device": devs[0].device_kind, "jax": jax.__version__, "python": platform.python_version(),
                            "host": platform.node(), "gpu_before": provenance_before},
-               "l2_flush_bytes": FLUSH_BYTES if _flush["on"] else 0, "reps": args.reps,
+               "l2_flush_bytes": FLUSH_BYTES if _flush["on"] else 0, "gpu_ahead_cycles": _spin["cycles"],
+               "reps": args.reps,
                "copy": copy, "memory_bound": [], "chains": [], "decode": [], "attention": []}
     if "memory" in only:
         results["memory_bound"] = bench_memory_bound(lib, args.reps, copy["GBps"], args.quick, shapes)

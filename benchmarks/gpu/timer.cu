@@ -5,6 +5,8 @@
 // lax.optimization_barrier with a kernel's inputs, so the kernel runs after
 // the start event, and passes every output as a dep of the stop event.
 // ja_bench_copy(x) -> y: a device-to-device memcpy, the copy-bandwidth ceiling.
+// ja_bench_spin(token) -> token: one GPU thread busy for `cycles` clock cycles, so the GPU is
+// still working when the host enqueues what follows (the host gets ahead of the GPU).
 // ja_bench_elapsed_ms(a, b): milliseconds between two recorded events.
 #include <mutex>
 #include <vector>
@@ -42,11 +44,28 @@ static ffi::Error copy(ja_stream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::An
   return ffi::Error::Success();
 }
 
+JA_GLOBAL void spin_kernel(long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+}
+
+static ffi::Error spin(ja_stream_t stream, ffi::AnyBuffer token, ffi::Result<ffi::AnyBuffer> token_out,
+                       int64_t cycles) {
+  spin_kernel<<<1, 1, 0, stream>>>(cycles);
+  if (ja_get_last_error() != ja_success) return ffi::Error::Internal("ja_bench_spin: launch failed");
+  return ffi::Error::Success();
+}
+
 JA_FFI_HANDLER(JaBenchRecord);
+JA_FFI_HANDLER(JaBenchSpin);
 JA_FFI_HANDLER(JaBenchCopy);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaBenchRecord, record,
                               ffi::Ffi::Bind().Ctx<ffi::PlatformStream<ja_stream_t>>().Arg<ffi::AnyBuffer>()
                                   .RemainingArgs().Ret<ffi::AnyBuffer>().Attr<int64_t>("slot"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaBenchSpin, spin,
+                              ffi::Ffi::Bind().Ctx<ffi::PlatformStream<ja_stream_t>>().Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>().Attr<int64_t>("cycles"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaBenchCopy, copy,
                               ffi::Ffi::Bind().Ctx<ffi::PlatformStream<ja_stream_t>>().Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>());
