@@ -11,22 +11,16 @@ The table lives in jatools/testing/tiers.py; this script only prints it.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from jatools import atomic_write
 from jatools.testing import tiers as tf
 
 GOLDEN = ROOT / "ci" / "tag_filters_golden.txt"
-
-
-def write_golden(path: Path = GOLDEN) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(tf.render_table())
-    os.replace(tmp, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     try:
         if a.update_golden:
-            write_golden()
+            atomic_write.write_text(GOLDEN, tf.render_table())
             print(f"wrote {GOLDEN}")
         elif a.all:
             sys.stdout.write(tf.render_table())

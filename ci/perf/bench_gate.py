@@ -4,20 +4,17 @@
     python3 ci/perf/bench_gate.py build/bench/gpu.json             # gate (exit 1 names each regression)
     python3 ci/perf/bench_gate.py --make-baseline RUN1.json RUN2.json [RUN3.json ...]
 
-The benchmark (benchmarks/gpu/bench_gpu.py; `nox -s bench -- gpu --quick --gate` runs both)
-times every case as a median of device-side events; our kernel's time (``ours_ms``) is
-gated. Baselines live in ci/perf/baselines/<gpu model>.json (e.g. nvidia-h200.json, from
-the JSON's ``machine.device``). A baseline is made from two or more runs of the same
-benchmark command on that GPU: each case keeps the median of their times and a noise band,
-``max(floor, 3 x the relative spread between the runs)``, so a case that moved more than
-its band between two honest runs is not gated tighter than that. A case slower than
-baseline x (1 + band) fails the gate and is named, with both times; a case of the
-baseline missing from the results fails too (the benchmark's cases changed: make a new
-baseline). Cases new in the results are listed and not gated.
+The benchmark (benchmarks/gpu/bench_gpu.py; `nox -s bench -- gpu --quick --gate` runs both) times every
+case as a median of device-side events; our kernel's time (``ours_ms``) is gated against
+ci/perf/baselines/<gpu model>.json (e.g. nvidia-h200.json, from the JSON's ``machine.device``). A
+baseline is made from two or more runs of the same benchmark command on that GPU: each case keeps the
+median of their times and a noise band, ``max(floor, 3 x the relative spread between the runs)``. A case
+slower than baseline x (1 + band) fails the gate and is named, with both times; a case of the baseline
+missing from the results fails too (the cases changed: make a new baseline); new cases are listed, not gated.
 
-Exit codes: 0 passed, 1 a regression, 2 input problem (no baseline for this GPU model,
-unreadable JSON). A markdown table goes to $GITHUB_STEP_SUMMARY when set. Standard
-library only: it runs on any CI runner.
+Exit codes: 0 passed, 1 a regression, 2 input problem (no baseline for this GPU model, unreadable JSON).
+A markdown table goes to $GITHUB_STEP_SUMMARY when set. Standard library (and jatools.atomic_write) only:
+it runs on any CI runner.
 """
 from __future__ import annotations
 
@@ -30,6 +27,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from jatools import atomic_write
+
 BASELINES = ROOT / "ci" / "perf" / "baselines"
 SCHEMA = 1
 FLOOR_PCT = 5.0
@@ -131,11 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         runs = [load(r) for r in a.results]
         if a.make_baseline:
             base = make_baseline(runs, [str(r) for r in a.results])
-            out = a.baselines / f"{model_slug(base['device'])}.json"
-            out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = out.with_name(out.name + ".tmp")
-            tmp.write_text(json.dumps(base, indent=1) + "\n")
-            os.replace(tmp, out)
+            out = atomic_write.write_text(a.baselines / f"{model_slug(base['device'])}.json",
+                                          json.dumps(base, indent=1) + "\n")
             print(f"bench_gate: wrote {out} ({len(base['cases'])} cases)")
             return EXIT_OK
         if len(runs) != 1:

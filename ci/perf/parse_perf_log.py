@@ -5,34 +5,28 @@ Step lines look like (any prefix before ``completed step`` is ignored)::
 
     completed step: 41, seconds: 1.512, TFLOP/s/device: 402.7, Tokens/s/device: 5421.9, total_weights: 65536, loss: 3.117
 
-The summary covers a tail window (the last ``--window`` distinct steps; early
-steps include compilation and warm-up): mean TFLOP/s/device, mean seconds per
-step, mean tokens/s/device, mean and final loss, steps seen. When a step number
-appears twice (a restarted run), the later line wins and the repeat is reported.
-Lines whose loss is nan or inf are counted and listed, never dropped silently;
-loss means cover the finite values only, and a non-finite loss inside the
-window fails the gate.
+The summary covers a tail window (the last ``--window`` distinct steps; early steps include compilation
+and warm-up): mean TFLOP/s/device, seconds per step and tokens/s/device, mean and final loss, steps seen.
+A step number seen twice (a restarted run) keeps its later line and the repeat is reported. nan/inf losses
+are counted and listed, never dropped silently; loss means cover the finite values only.
 
-With ``--baseline FILE`` (a summary JSON written earlier by this script) the
-run is compared: throughput change and loss drift in percent. ``--gate`` turns
-the comparison into a verdict: a throughput drop larger than ``--max-drop-pct``
-or a non-finite loss in the window fails; a loss drift larger than
-``--loss-warn-pct`` only warns. A markdown table goes to ``$GITHUB_STEP_SUMMARY``
-when set (and to ``--markdown FILE``); the JSON summary goes to stdout and
-``--json-out FILE``.
+With ``--baseline FILE`` (a summary JSON this script wrote earlier) the run is compared: throughput change
+and loss drift in percent. ``--gate`` turns that into a verdict: a throughput drop beyond ``--max-drop-pct``
+or a non-finite loss in the window fails; a loss drift beyond ``--loss-warn-pct`` only warns. A markdown
+table goes to ``$GITHUB_STEP_SUMMARY`` when set (and ``--markdown FILE``); the JSON summary to stdout (and
+``--json-out FILE``).
 
-Exit codes:
-    0  summary written; gate passed (or no --gate)
-    1  gate failed (throughput drop beyond the limit, or non-finite loss in the window)
-    2  input problem: log missing or unreadable, no step lines, baseline missing/invalid,
-       --gate without --baseline, bad arguments
+Exit codes: 0 summary written, gate passed (or no --gate); 1 gate failed (throughput drop beyond the limit,
+or non-finite loss in the window); 2 input problem (log missing or unreadable, no step lines, baseline
+missing or invalid, --gate without --baseline, bad arguments).
 
-Standard library only, so it runs on any CI runner:
+Standard library (and jatools.atomic_write) only, so it runs on any CI runner:
     python3 ci/perf/parse_perf_log.py LOG [--window 20] [--baseline B.json] [--gate]
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import math
 import os
@@ -41,16 +35,20 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from jatools import atomic_write
+
 SCHEMA = 1
 EXIT_OK, EXIT_GATE_FAILED, EXIT_INPUT = 0, 1, 2
-DEFAULT_WINDOW = 20
-DEFAULT_MAX_DROP_PCT = 5.0
-DEFAULT_LOSS_WARN_PCT = 2.0
 
 STEP_RE = re.compile(r"completed step:\s*(\d+)\s*,(.*)$")
 FIELD_RE = re.compile(r"\s*([A-Za-z][\w/ .-]*?)\s*:\s*([^,]+?)\s*(?:,|$)")
 # Keys as MaxText prints them -> our field names.
 FIELDS = {"seconds": "seconds", "tflop/s/device": "tflops", "tokens/s/device": "tokens", "loss": "loss"}
+# The summary's means (their order is the JSON's and the table's) -> field, and the table's label.
+MEANS = {"mean_tflops_per_device": ("tflops", "mean TFLOP/s/device"), "mean_seconds": ("seconds", "mean seconds/step"),
+         "mean_tokens_per_device": ("tokens", "mean Tokens/s/device"), "mean_loss": ("loss", "mean loss")}
 
 
 class InputError(ValueError):
@@ -60,7 +58,6 @@ class InputError(ValueError):
 @dataclass
 class Step:
     step: int
-    line_no: int
     seconds: float | None = None
     tflops: float | None = None
     tokens: float | None = None
@@ -75,22 +72,18 @@ class ParsedLog:
     repeated_steps: list[int] = field(default_factory=list)
 
 
-def _number(text: str) -> float | None:
-    try:
-        return float(text)  # accepts nan, inf, -inf
-    except ValueError:
-        return None
-
-
-def parse_line(line: str, line_no: int) -> Step | None:
+def parse_line(line: str) -> Step | None:
     m = STEP_RE.search(line)
     if not m:
         return None
-    step = Step(int(m.group(1)), line_no)
+    step = Step(int(m.group(1)))
     for key, value in FIELD_RE.findall(m.group(2)):
         name = FIELDS.get(key.strip().lower())
         if name:
-            setattr(step, name, _number(value))
+            try:
+                setattr(step, name, float(value))  # accepts nan, inf, -inf
+            except ValueError:
+                setattr(step, name, None)
             if name == "loss":
                 step.loss_text = value.strip()
     return step
@@ -104,21 +97,13 @@ def parse_log(path: Path) -> ParsedLog:
         raise InputError(f"log {path} does not exist; pass the training job's log file") from None
     except OSError as e:
         raise InputError(f"cannot read log {path}: {e}") from None
-    by_step: dict[int, Step] = {}
-    repeated: list[int] = []
-    parsed = 0
-    for no, line in enumerate(text.splitlines(), 1):
-        step = parse_line(line, no)
-        if step is None:
-            continue
-        parsed += 1
-        if step.step in by_step:
-            repeated.append(step.step)
-        by_step[step.step] = step
+    steps = [s for line in text.splitlines() if (s := parse_line(line))]
+    by_step = {s.step: s for s in steps}  # the later line wins
     if not by_step:
         raise InputError(f"no step lines in {path} (expected lines containing 'completed step: N, seconds: S, "
                          "TFLOP/s/device: T, ... loss: L'); did the training job start?")
-    return ParsedLog(sorted(by_step.values(), key=lambda s: s.step), parsed, sorted(set(repeated)))
+    repeated = sorted(n for n, count in collections.Counter(s.step for s in steps).items() if count > 1)
+    return ParsedLog(sorted(by_step.values(), key=lambda s: s.step), len(steps), repeated)
 
 
 def _mean(values: list[float]) -> float | None:
@@ -133,8 +118,7 @@ def summarise(parsed: ParsedLog, window: int, log_name: str) -> dict:
     if window < 1:
         raise InputError(f"--window must be at least 1, got {window}")
     tail = parsed.steps[-window:]
-    nonfinite = [s for s in parsed.steps if s.loss is not None and not math.isfinite(s.loss)]
-    tail_nonfinite = [s for s in tail if s.loss is not None and not math.isfinite(s.loss)]
+    nonfinite = [s.step for s in parsed.steps if s.loss is not None and not math.isfinite(s.loss)]
     last = parsed.steps[-1]
     return {
         "schema": SCHEMA,
@@ -145,14 +129,11 @@ def summarise(parsed: ParsedLog, window: int, log_name: str) -> dict:
         "final_step": last.step,
         "repeated_steps": parsed.repeated_steps,
         "window": {"requested": window, "steps": len(tail), "first_step": tail[0].step, "last_step": tail[-1].step},
-        "mean_tflops_per_device": _mean([s.tflops for s in tail if _finite(s.tflops)]),
-        "mean_seconds": _mean([s.seconds for s in tail if _finite(s.seconds)]),
-        "mean_tokens_per_device": _mean([s.tokens for s in tail if _finite(s.tokens)]),
-        "mean_loss": _mean([s.loss for s in tail if _finite(s.loss)]),
+        **{key: _mean([v for s in tail if _finite(v := getattr(s, name))]) for key, (name, _) in MEANS.items()},
         "final_loss": last.loss if _finite(last.loss) else None,
         "final_loss_text": last.loss_text,
-        "nonfinite_loss": {"count": len(nonfinite), "steps": [s.step for s in nonfinite],
-                           "in_window": len(tail_nonfinite)},
+        "nonfinite_loss": {"count": len(nonfinite), "steps": nonfinite,
+                           "in_window": sum(s.step in nonfinite for s in tail)},
     }
 
 
@@ -198,27 +179,16 @@ def compare(summary: dict, baseline: dict, max_drop_pct: float, loss_warn_pct: f
 
 
 def _fmt(v, digits: int = 3) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.{digits}f}"
-    return str(v)
+    return "-" if v is None else f"{v:.{digits}f}" if isinstance(v, float) else str(v)
 
 
 def markdown(summary: dict, baseline: dict | None, comparison: dict | None, gated: bool) -> str:
     """A table for the job summary page; the verdict line says gated or report-only."""
     base = baseline or {}
-    rows = [
-        ("mean TFLOP/s/device", summary["mean_tflops_per_device"], base.get("mean_tflops_per_device"),
-         comparison and comparison["throughput_change_pct"]),
-        ("mean seconds/step", summary["mean_seconds"], base.get("mean_seconds"),
-         comparison and _pct(summary["mean_seconds"], base.get("mean_seconds"))),
-        ("mean Tokens/s/device", summary["mean_tokens_per_device"], base.get("mean_tokens_per_device"),
-         comparison and _pct(summary["mean_tokens_per_device"], base.get("mean_tokens_per_device"))),
-        ("mean loss", summary["mean_loss"], base.get("mean_loss"), comparison and comparison["loss_drift_pct"]),
-        ("final loss", summary["final_loss"] if summary["final_loss"] is not None else summary["final_loss_text"],
-         base.get("final_loss"), None),
-    ]
+    rows = [(label, summary[key], base.get(key), _pct(summary[key], base.get(key)) if comparison else None)
+            for key, (_, label) in MEANS.items()]
+    rows.append(("final loss", summary["final_loss"] if summary["final_loss"] is not None
+                 else summary["final_loss_text"], base.get("final_loss"), None))
     w = summary["window"]
     lines = [f"### Perf log: {summary['log']}", "",
              f"Window: steps {w['first_step']}..{w['last_step']} ({w['steps']} of {summary['steps_seen']} seen); "
@@ -226,36 +196,26 @@ def markdown(summary: dict, baseline: dict | None, comparison: dict | None, gate
              + (f" (steps {summary['nonfinite_loss']['steps']})" if summary["nonfinite_loss"]["count"] else ""),
              "", "| metric | this run | baseline | change % |", "|---|---:|---:|---:|"]
     for name, cur, b, change in rows:
-        lines.append(f"| {name} | {_fmt(cur)} | {_fmt(b)} | {_fmt(change, 2) if change is not None else '-'} |")
+        lines.append(f"| {name} | {_fmt(cur)} | {_fmt(b)} | {_fmt(change, 2)} |")
     if comparison:
-        lines.append("")
-        for f in comparison["failures"]:
-            lines.append(f"- :x: {f}")
-        for wmsg in comparison["warnings"]:
-            lines.append(f"- :warning: {wmsg}")
+        lines += ["", *(f"- :x: {f}" for f in comparison["failures"]),
+                  *(f"- :warning: {wmsg}" for wmsg in comparison["warnings"])]
         verdict = ("FAILED" if comparison["failures"] else "passed") if gated else "report only (no --gate)"
         lines.append(f"\n**Gate: {verdict}**")
     return "\n".join(lines) + "\n"
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def run(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="parse_perf_log.py", description=__doc__.splitlines()[0],
                                 epilog="exit codes: 0 ok, 1 gate failed, 2 input problem")
     p.add_argument("log", type=Path, help="training log with 'completed step: N, ...' lines")
-    p.add_argument("--window", type=int, default=DEFAULT_WINDOW, help=f"tail steps summarised (default {DEFAULT_WINDOW})")
+    p.add_argument("--window", type=int, default=20, help="tail steps summarised (default %(default)s)")
     p.add_argument("--baseline", type=Path, help="summary JSON of a reference run to compare with")
     p.add_argument("--gate", action="store_true", help="exit 1 when the comparison fails (needs --baseline)")
-    p.add_argument("--max-drop-pct", type=float, default=DEFAULT_MAX_DROP_PCT,
-                   help=f"largest allowed throughput drop in percent (default {DEFAULT_MAX_DROP_PCT:g})")
-    p.add_argument("--loss-warn-pct", type=float, default=DEFAULT_LOSS_WARN_PCT,
-                   help=f"mean-loss drift in percent that warns (default {DEFAULT_LOSS_WARN_PCT:g})")
+    p.add_argument("--max-drop-pct", type=float, default=5.0,
+                   help="largest allowed throughput drop in percent (default %(default)g)")
+    p.add_argument("--loss-warn-pct", type=float, default=2.0,
+                   help="mean-loss drift in percent that warns (default %(default)g)")
     p.add_argument("--json-out", type=Path, help="also write the JSON summary here")
     p.add_argument("--markdown", type=Path, help="also write the markdown table here")
     try:
@@ -276,10 +236,10 @@ def run(argv: list[str] | None = None) -> int:
     text = json.dumps(result, indent=2)
     print(text)
     if args.json_out:
-        _write_atomic(args.json_out, text + "\n")
+        atomic_write.write_text(args.json_out, text + "\n")
     md = markdown(summary, baseline, comparison, args.gate)
     if args.markdown:
-        _write_atomic(args.markdown, md)
+        atomic_write.write_text(args.markdown, md)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
         with open(step_summary, "a") as f:

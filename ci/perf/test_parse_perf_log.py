@@ -82,7 +82,7 @@ class ParseTests(PerfLogCase):
         self.assertAlmostEqual(s["mean_tflops_per_device"], 200.0)
 
     def test_line_without_prefix_and_extra_fields(self) -> None:
-        step = ppl.parse_line("completed step: 7, seconds: 0.5, TFLOP/s/device: 12.5, loss: 2.25, perplexity: 9.4", 1)
+        step = ppl.parse_line("completed step: 7, seconds: 0.5, TFLOP/s/device: 12.5, loss: 2.25, perplexity: 9.4")
         self.assertEqual((step.step, step.seconds, step.tflops, step.loss), (7, 0.5, 12.5, 2.25))
         self.assertIsNone(step.tokens)
 
