@@ -1,55 +1,40 @@
 #!/usr/bin/env python3
 r"""jax-aiter's CI driver: every CI build is data, and its commands are derived from that data.
 
-Each build (a CI job) is a frozen dataclass in one registry: where it runs
-(runner label, container, GPU count), the environment it sets, and its steps,
-each a named nox session or invoke task from the project's command-line
-contract (docs/ci.md). The commands are materialised from the data, so the
-workflows stay free of logic: a job checks out the code and calls
-``python3 ci/build.py --build NAME``. After XLA's build_tools/ci/build.py:
-
-* every build starts with ``invoke env-report`` (what machine, GPUs, compilers),
-  and every later command finds it through ``JA_ENV_REPORT`` (the release takes it
-  instead of reporting again);
-* a nox session's dependencies are installed first in a separate
-  ``--install-only`` pass, then the session runs with ``-R`` (reuse the
-  environment, no install), as XLA separates its dependency-fetching
-  ``--nobuild`` pass from the real build; nothing here retries: the installers
-  and the JIT-library fetch retry transient network errors themselves (one
-  layer), and a cache miss fails at once;
-* the commands run through the one step runner (jatools/steps.py);
-* ``--dump_commands`` prints every build's commands; ``ci/golden_commands.txt``
-  holds that output, and a test fails (naming the command below) when it is stale.
-
-Regenerate the golden file after changing a build:
-  PYTHONDONTWRITEBYTECODE=1 python3 ci/build.py --dump_commands > ci/golden_commands.txt
+Each build (a CI job) is a frozen dataclass in one registry: where it runs (runner label, container, GPU
+count), the environment it sets, and its steps, each a nox session or invoke task of the command-line
+contract (docs/ci.md). A workflow job only checks out the code and calls ``python3 ci/build.py --build NAME``.
+After XLA's build_tools/ci/build.py: every build starts with ``invoke env-report``, and every later command
+finds that report through ``JA_ENV_REPORT`` (the release takes it instead of reporting again); a nox
+session's dependencies are installed in a separate ``--install-only`` pass, then it runs with ``-R`` (no
+install). Nothing here retries: the installers and the JIT-library fetch retry transient network errors
+themselves, and a cache miss fails at once. Commands run through the one step runner (jatools/steps.py).
+Values only CI knows (a release tag, a base revision) appear as ``${NAME}`` and are taken from the
+environment when the build runs; a missing one stops the build before any command runs. Standard library
+and jatools only: this runs before any virtual environment exists.
 
     python3 ci/build.py --list                 # builds, grouped, with runner and description
-    python3 ci/build.py --build pr_cpu         # run one build
-    python3 ci/build.py --build pr_cpu --dry_run
+    python3 ci/build.py --build pr_cpu [--dry_run]
     python3 ci/build.py --matrix pr --event pull_request   # a workflow's matrix (JSON, also to $GITHUB_OUTPUT)
-
-Values only CI knows (a release tag, a base revision) appear as ``${NAME}`` and
-are taken from the environment when the build runs; a missing one stops the
-build before any command runs. Standard library only: this runs before any
-virtual environment exists.
+    python3 ci/build.py --dump_commands        # every build's commands; ci/golden_commands.txt holds them
+Regenerate the golden file (a test fails when it is stale) after changing a build:
+    PYTHONDONTWRITEBYTECODE=1 python3 ci/build.py --dump_commands > ci/golden_commands.txt
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import os
 import re
 import shlex
 import sys
-from collections.abc import Iterable
 from pathlib import Path
 from typing import ClassVar
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))
 
 from jatools import atomic_write, config, steps
 from jatools.ci import env_report
@@ -58,8 +43,6 @@ from jatools.native import jit_build
 ENV_REPORT = ("invoke", "env-report", "--json-out", env_report.CI_REPORT)
 PLACEHOLDER = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)\}")
 
-
-# --- where builds run -----------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class Runner:
@@ -100,11 +83,8 @@ CUDA_ENV = (("JA_BACKEND", "cuda"), ("GPU_ARCHS", "sm_90"))
 CPU_ENV = (("JA_BACKEND", "cpu"),)
 
 
-# --- what builds run ------------------------------------------------------------------------------
-
-def _env_prefix(env: Iterable[tuple[str, str]]) -> list[str]:
-    pairs = [f"{k}={v}" for k, v in env]
-    return ["env", *pairs] if pairs else []
+def _env_prefix(env: tuple[tuple[str, str], ...]) -> list[str]:
+    return ["env", *(f"{k}={v}" for k, v in env)] if env else []
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +101,7 @@ class Nox:
         if self.installs and self.session not in installed:
             installed.add(self.session)
             cmds.append([*_env_prefix(build_env), "nox", "-s", self.session, "--install-only"])
-        run = ["nox", "-R", "-s", self.session] if self.installs else ["nox", "-s", self.session]
+        run = ["nox", *(["-R"] if self.installs else []), "-s", self.session]
         cmds.append([*_env_prefix((*build_env, *self.env)), *run, *(["--", *self.posargs] if self.posargs else [])])
         return cmds
 
@@ -138,9 +118,6 @@ class Invoke:
         return [[*_env_prefix((*build_env, *self.env)), "invoke", self.task, *self.args]]
 
 
-Step = Nox | Invoke
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Build:
     """One CI build. Registering is a side effect of construction, as in XLA's build.py."""
@@ -151,7 +128,7 @@ class Build:
     group: str
     description: str
     runner: Runner
-    steps: tuple[Step, ...]
+    steps: tuple[Nox | Invoke, ...]
     env: tuple[tuple[str, str], ...] = ()
     timeout_minutes: int = 60
     events: tuple[str, ...] = ()  # the GitHub events that run it (empty: every event of its workflow)
@@ -189,8 +166,6 @@ def jit_modules() -> list[str]:
     """The JIT modules (the op table's, jit_build.libraries): the producer builds one shard per module."""
     return list(jit_build.libraries(config.load(env={})))
 
-
-# --- the registry ---------------------------------------------------------------------------------
 
 PR_TIER = (("JA_TEST_TIER", "pr"),)
 # The release base URL is JA_FETCH_BASE_URL (the workflows set it; fetch, decide and the lite wheel read it).
@@ -284,19 +259,13 @@ Build(name="release_upload", group="release", runner=UBUNTU, timeout_minutes=30,
       steps=(Invoke("release.upload", ("--tag", "${JA_RELEASE_TAG}")),))
 
 
-# --- command line ---------------------------------------------------------------------------------
-
 class BuildError(RuntimeError):
-    pass
+    """A build, group or CI value that does not exist: exit 2."""
 
 
 def dump_commands() -> str:
-    out = []
-    for name, build in Build.all_builds().items():
-        out.append(f"# BEGIN {name}")
-        out += [shlex.join(cmd) for cmd in build.commands()]
-        out.append(f"# END {name}")
-    return "\n".join(out) + "\n"
+    return "".join(f"# BEGIN {name}\n" + "".join(shlex.join(c) + "\n" for c in build.commands()) + f"# END {name}\n"
+                   for name, build in Build.all_builds().items())
 
 
 def get_build(name: str) -> Build:
@@ -313,38 +282,32 @@ def substitute(cmd: list[str], env: dict[str, str]) -> list[str]:
 
 def run_build(build: Build, dry_run: bool = False, env: dict[str, str] | None = None) -> int:
     """Run the build's commands in order from the repository root; stop at the first failure.
-
-    Every command after the first is told where the environment report is (JA_ENV_REPORT), so a step that
-    would report the environment again (the release) takes that report instead.
-    """
+    Every command is told where the environment report is (JA_ENV_REPORT); build/ci/<build>.json records them."""
     env = dict(os.environ if env is None else env)
     missing = [p for p in build.placeholders() if not env.get(p)]
     if missing and not dry_run:
         raise BuildError(f"build {build.name} needs {', '.join(missing)} in the environment "
                          "(the workflow sets them; see docs/ci.md)")
     env[env_report.CI_REPORT_VAR] = str(ROOT / env_report.CI_REPORT)
-    todo = []
-    for i, cmd in enumerate(build.commands(), 1):
-        argv = cmd if dry_run else substitute(cmd, env)
-        todo.append(steps.Step(str(i), argv, env, ROOT, rerun=f"(from the repository root) {shlex.join(argv)}"))
+    argvs = [cmd if dry_run else substitute(cmd, env) for cmd in build.commands()]
+    todo = [steps.Step(str(i), argv, env, ROOT, rerun=f"(from the repository root) {shlex.join(argv)}")
+            for i, argv in enumerate(argvs, 1)]
+    code = 0
     try:
         records = steps.run(todo, f"ci/build.py {build.name}", groups=bool(env.get("GITHUB_ACTIONS")),
                             dry_run=dry_run)
     except steps.StepFailed as e:
-        _write_summary(build, e.records)
+        records, code = e.records, e.record.exit or 1
         print(e, file=sys.stderr)
-        return e.record.exit or 1
-    if not dry_run:
-        _write_summary(build, records)
-        print(f"ci/build.py: build {build.name} passed: {len(records)} commands, "
-              f"{sum(r.seconds for r in records):.1f} s (build/ci/{build.name}.json)", flush=True)
-    return 0
-
-
-def _write_summary(build: Build, records: list[steps.Record]) -> None:
+    if dry_run:
+        return code
     commands = [{"command": r.command, "exit": r.exit, "seconds": r.seconds} for r in records if r.result != "not run"]
     atomic_write.write_text(ROOT / "build" / "ci" / f"{build.name}.json",
                             json.dumps({"build": build.name, "commands": commands}, indent=2) + "\n")
+    if not code:
+        print(f"ci/build.py: build {build.name} passed: {len(records)} commands, "
+              f"{sum(r.seconds for r in records):.1f} s (build/ci/{build.name}.json)", flush=True)
+    return code
 
 
 def github_event(env: dict[str, str]) -> tuple[str | None, bool]:
@@ -360,11 +323,8 @@ def github_event(env: dict[str, str]) -> tuple[str | None, bool]:
 
 
 def matrix(group: str, event: str | None = None, fork: bool = False) -> dict:
-    """A GitHub matrix of the group's builds: every entry says where and how it runs.
-
-    With `event`, only the builds that event runs; for a pull request from a
-    fork, no build on a self-hosted GPU runner (they never run a fork's code).
-    """
+    """A GitHub matrix of the group's builds, each entry saying where and how it runs. With `event`, only the
+    builds that event runs; for a fork's pull request, none on a self-hosted GPU runner (never a fork's code)."""
     builds = [b for b in Build.all_builds().values() if b.group == group]
     if not builds:
         groups = sorted({b.group for b in Build.all_builds().values()})
@@ -377,12 +337,12 @@ def matrix(group: str, event: str | None = None, fork: bool = False) -> dict:
 
 def list_builds() -> str:
     lines = []
-    for group in sorted({b.group for b in Build.all_builds().values()}):
+    by_group = sorted(Build.all_builds().values(), key=lambda b: b.group)
+    for group, builds in itertools.groupby(by_group, key=lambda b: b.group):
         lines.append(f"{group}:")
-        for b in Build.all_builds().values():
-            if b.group == group:
-                where = b.runner.label + (f" [{b.runner.container}]" if b.runner.container else "")
-                lines.append(f"  {b.name:<28} {where}\n  {'':<28} {b.description}")
+        for b in builds:
+            where = b.runner.label + (f" [{b.runner.container}]" if b.runner.container else "")
+            lines.append(f"  {b.name:<28} {where}\n  {'':<28} {b.description}")
     return "\n".join(lines)
 
 
