@@ -35,17 +35,6 @@ def _say(msg: str) -> None:
     print(f"parallel_gpu_execute: {msg}", file=sys.stderr, flush=True)
 
 
-def _exec(cmd: list[str], env: dict[str, str], fds: list[int]) -> int:
-    for fd in fds:
-        os.set_inheritable(fd, True)  # the command holds the lock from here on
-    try:
-        os.execvpe(cmd[0], cmd, env)
-    except OSError as e:
-        _say(f"cannot run {cmd[0]!r}: {e}")
-        return 127
-    return 0  # not reached
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--exclusive", action="store_true", help="hold every slot of every GPU; leave devices unpinned")
@@ -58,42 +47,40 @@ def main(argv: list[str] | None = None) -> int:
     cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
     if not cmd:
         p.error("give the command to run after --")
+    held, env = [], dict(os.environ)
     try:
         gpus = gpu_slots.detect()
         per_gpu = gpu_slots.tests_per_gpu()
         timeout = a.timeout if a.timeout is not None else gpu_slots.timeout_from_env()
-    except ValueError as e:
-        _say(str(e))
-        return 2
-    note = f"pid {os.getpid()}: {shlex.join(cmd)[:200]}"
-    if gpus.count == 0:
-        _say(f"{gpus.how}; running unpinned: {shlex.join(cmd)}")
-        return _exec(cmd, dict(os.environ), [])
-    try:
-        if a.exclusive:
-            slots = gpu_slots.acquire_all(gpus, per_gpu, timeout=timeout, note=note)
+        note = f"pid {os.getpid()}: {shlex.join(cmd)[:200]}"
+        if gpus.count == 0:
+            _say(f"{gpus.how}; running unpinned: {shlex.join(cmd)}")
+        elif a.exclusive:
+            held = gpu_slots.acquire_all(gpus, per_gpu, timeout=timeout, note=note)
             _say(f"exclusive: all {gpus.count} GPU(s) x {per_gpu} slot(s) ({gpus.how}), unpinned")
-            return _exec(cmd, dict(os.environ), [s.fd for s in slots])
-        if a.gpus != 1:
-            block = gpu_slots.acquire_block(gpus, a.gpus, per_gpu, timeout=timeout, note=note)
-            env = gpu_slots.block_env(block)
-            _say(f"block of {a.gpus} GPU(s) ({gpus.how}) {_shown(env)}")
-            return _exec(cmd, env, [s.fd for s in block])
-        slot = gpu_slots.acquire(gpus, per_gpu, timeout=timeout, note=note)
+        else:
+            if a.gpus != 1:
+                held = gpu_slots.acquire_block(gpus, a.gpus, per_gpu, timeout=timeout, note=note)
+                env, where = gpu_slots.block_env(held), f"block of {a.gpus} GPU(s)"
+            else:
+                held = [gpu_slots.acquire(gpus, per_gpu, timeout=timeout, note=note)]
+                env, where = gpu_slots.pinned_env(held[0], per_gpu), f"GPU {held[0].gpu} slot {held[0].slot}"
+            shown = " ".join(f"{k}={env[k]}" for k in ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+                                                       "HIP_VISIBLE_DEVICES") if k in env)
+            _say(f"{where} ({gpus.how}) {shown}")
     except gpu_slots.SlotTimeout as e:
         _say(str(e))
         return gpu_slots.EXIT_NO_SLOT
-    except ValueError as e:  # a block larger than the host; a lock folder or lock that cannot be trusted
+    except ValueError as e:  # bad settings; a block larger than the host; a lock folder or lock that cannot be trusted
         _say(str(e))
         return 2
-    env = gpu_slots.pinned_env(slot, per_gpu)
-    _say(f"GPU {slot.gpu} slot {slot.slot} ({gpus.how}) {_shown(env)}")
-    return _exec(cmd, env, [slot.fd])
-
-
-def _shown(env: dict[str, str]) -> str:
-    return " ".join(f"{k}={env[k]}" for k in ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
-                    if k in env)
+    for slot in held:
+        os.set_inheritable(slot.fd, True)  # the command holds the lock from here on
+    try:
+        os.execvpe(cmd[0], cmd, env)
+    except OSError as e:
+        _say(f"cannot run {cmd[0]!r}: {e}")
+    return 127
 
 
 if __name__ == "__main__":
