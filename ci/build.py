@@ -1,24 +1,18 @@
 #!/usr/bin/env python3
 r"""jax-aiter's CI driver: every CI build is data, and its commands are derived from that data.
 
-Each build (a CI job) is a frozen dataclass in one registry: where it runs (runner label, container, GPU
-count), the environment it sets, and its steps, each a nox session or invoke task of the command-line
-contract (docs/ci.md). A workflow job only checks out the code and calls ``python3 ci/build.py --build NAME``.
-After XLA's build_tools/ci/build.py: every build starts with ``invoke env-report``, and every later command
-finds that report through ``JA_ENV_REPORT`` (the release takes it instead of reporting again); a nox
-session's dependencies are installed in a separate ``--install-only`` pass, then it runs with ``-R`` (no
-install). Nothing here retries: the installers and the JIT-library fetch retry transient network errors
-themselves, and a cache miss fails at once. Commands run through the one step runner (jatools/steps.py).
-Values only CI knows (a release tag, a base revision) appear as ``${NAME}`` and are taken from the
-environment when the build runs; a missing one stops the build before any command runs. Standard library
-and jatools only: this runs before any virtual environment exists.
+Each build (a CI job) is a frozen dataclass in one registry (after XLA's build_tools/ci/build.py): where it
+runs (runner label, container, GPU count), the environment it sets, and its steps, each a nox session or
+invoke task of the command-line contract. The commands run through the one step runner (jatools/steps.py);
+``${NAME}`` values (a release tag, a base revision) come from the CI environment when the build runs, and a
+missing one stops the build before any command runs. The rules the commands follow (env-report first,
+``--install-only`` then ``-R``, no retry of ours): docs/ci.md. Standard library and jatools only: this runs
+before any virtual environment exists.
 
     python3 ci/build.py --list                 # builds, grouped, with runner and description
     python3 ci/build.py --build pr_cpu [--dry_run]
     python3 ci/build.py --matrix pr --event pull_request   # a workflow's matrix (JSON, also to $GITHUB_OUTPUT)
-    python3 ci/build.py --dump_commands        # every build's commands; ci/golden_commands.txt holds them
-Regenerate the golden file (a test fails when it is stale) after changing a build:
-    PYTHONDONTWRITEBYTECODE=1 python3 ci/build.py --dump_commands > ci/golden_commands.txt
+    PYTHONDONTWRITEBYTECODE=1 python3 ci/build.py --dump_commands > ci/golden_commands.txt  # after changing a build
 """
 from __future__ import annotations
 
@@ -313,13 +307,11 @@ def run_build(build: Build, dry_run: bool = False, env: dict[str, str] | None = 
 def github_event(env: dict[str, str]) -> tuple[str | None, bool]:
     """(event name, from a fork) of the running GitHub workflow; (None, False) outside GitHub Actions."""
     event = env.get("GITHUB_EVENT_NAME") or None
-    fork = False
-    if event == "pull_request" and env.get("GITHUB_EVENT_PATH"):
-        with open(env["GITHUB_EVENT_PATH"], "rb") as f:
-            payload = json.loads(f.read(1 << 20))
-        fork = payload.get("pull_request", {}).get("head", {}).get("repo", {}).get("full_name") != env.get(
-            "GITHUB_REPOSITORY")
-    return event, fork
+    if event != "pull_request" or not env.get("GITHUB_EVENT_PATH"):
+        return event, False
+    with open(env["GITHUB_EVENT_PATH"], "rb") as f:
+        head = json.loads(f.read(1 << 20)).get("pull_request", {}).get("head", {}).get("repo", {})
+    return event, head.get("full_name") != env.get("GITHUB_REPOSITORY")
 
 
 def matrix(group: str, event: str | None = None, fork: bool = False) -> dict:

@@ -94,10 +94,10 @@ def make_baseline(runs: list[dict], sources: list[str]) -> dict:
 def gate(results: dict, baseline: dict) -> dict:
     """Compare one run with the baseline: regressions (named), missing and new cases."""
     got = cases(results)
-    rows, regressions, missing = [], [], []
+    rows, regressions = [], []
+    missing = [name for name in baseline["cases"] if name not in got]
     for name, base in baseline["cases"].items():
-        if name not in got:
-            missing.append(name)
+        if name in missing:
             continue
         change = 100.0 * (got[name] - base["ms"]) / base["ms"]
         bad = change > base["band_pct"]

@@ -5,21 +5,16 @@ Step lines look like (any prefix before ``completed step`` is ignored)::
 
     completed step: 41, seconds: 1.512, TFLOP/s/device: 402.7, Tokens/s/device: 5421.9, total_weights: 65536, loss: 3.117
 
-The summary covers a tail window (the last ``--window`` distinct steps; early steps include compilation
-and warm-up): mean TFLOP/s/device, seconds per step and tokens/s/device, mean and final loss, steps seen.
-A step number seen twice (a restarted run) keeps its later line and the repeat is reported. nan/inf losses
-are counted and listed, never dropped silently; loss means cover the finite values only.
+The summary covers the last ``--window`` distinct steps (early ones include compilation and warm-up). A
+repeated step (a restarted run) keeps its later line and is reported; nan/inf losses are counted and listed,
+never dropped silently, and loss means cover the finite values. ``--baseline`` (a summary this script wrote
+with ``--json-out``) compares throughput and loss; ``--gate`` then fails on a throughput drop beyond
+``--max-drop-pct`` or a non-finite loss in the window (a loss drift beyond ``--loss-warn-pct`` only warns).
+The markdown table goes to ``$GITHUB_STEP_SUMMARY`` when set (and ``--markdown``), the JSON summary to stdout
+(and ``--json-out``); docs/ci.md has the details.
 
-With ``--baseline FILE`` (a summary JSON this script wrote earlier) the run is compared: throughput change
-and loss drift in percent. ``--gate`` turns that into a verdict: a throughput drop beyond ``--max-drop-pct``
-or a non-finite loss in the window fails; a loss drift beyond ``--loss-warn-pct`` only warns. A markdown
-table goes to ``$GITHUB_STEP_SUMMARY`` when set (and ``--markdown FILE``); the JSON summary to stdout (and
-``--json-out FILE``).
-
-Exit codes: 0 summary written, gate passed (or no --gate); 1 gate failed (throughput drop beyond the limit,
-or non-finite loss in the window); 2 input problem (log missing or unreadable, no step lines, baseline
-missing or invalid, --gate without --baseline, bad arguments).
-
+Exit codes: 0 ok (gate passed, or no --gate); 1 gate failed; 2 input problem (log missing or unreadable, no
+step lines, baseline missing or invalid, --gate without --baseline, bad arguments).
 Standard library (and jatools.atomic_write) only, so it runs on any CI runner:
     python3 ci/perf/parse_perf_log.py LOG [--window 20] [--baseline B.json] [--gate]
 """
@@ -32,7 +27,7 @@ import math
 import os
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -69,7 +64,7 @@ class Step:
 class ParsedLog:
     steps: list[Step]
     lines_parsed: int
-    repeated_steps: list[int] = field(default_factory=list)
+    repeated_steps: list[int]
 
 
 def parse_line(line: str) -> Step | None:
@@ -120,21 +115,13 @@ def summarise(parsed: ParsedLog, window: int, log_name: str) -> dict:
     tail = parsed.steps[-window:]
     nonfinite = [s.step for s in parsed.steps if s.loss is not None and not math.isfinite(s.loss)]
     last = parsed.steps[-1]
-    return {
-        "schema": SCHEMA,
-        "log": log_name,
-        "lines_parsed": parsed.lines_parsed,
-        "steps_seen": len(parsed.steps),
-        "first_step": parsed.steps[0].step,
-        "final_step": last.step,
-        "repeated_steps": parsed.repeated_steps,
-        "window": {"requested": window, "steps": len(tail), "first_step": tail[0].step, "last_step": tail[-1].step},
-        **{key: _mean([v for s in tail if _finite(v := getattr(s, name))]) for key, (name, _) in MEANS.items()},
-        "final_loss": last.loss if _finite(last.loss) else None,
-        "final_loss_text": last.loss_text,
-        "nonfinite_loss": {"count": len(nonfinite), "steps": nonfinite,
-                           "in_window": sum(s.step in nonfinite for s in tail)},
-    }
+    return {"schema": SCHEMA, "log": log_name, "lines_parsed": parsed.lines_parsed, "steps_seen": len(parsed.steps),
+            "first_step": parsed.steps[0].step, "final_step": last.step, "repeated_steps": parsed.repeated_steps,
+            "window": {"requested": window, "steps": len(tail), "first_step": tail[0].step, "last_step": tail[-1].step},
+            **{key: _mean([v for s in tail if _finite(v := getattr(s, name))]) for key, (name, _) in MEANS.items()},
+            "final_loss": last.loss if _finite(last.loss) else None, "final_loss_text": last.loss_text,
+            "nonfinite_loss": {"count": len(nonfinite), "steps": nonfinite,
+                               "in_window": sum(s.step in nonfinite for s in tail)}}
 
 
 def load_baseline(path: Path) -> dict:
@@ -195,8 +182,7 @@ def markdown(summary: dict, baseline: dict | None, comparison: dict | None, gate
              f"non-finite loss lines: {summary['nonfinite_loss']['count']}"
              + (f" (steps {summary['nonfinite_loss']['steps']})" if summary["nonfinite_loss"]["count"] else ""),
              "", "| metric | this run | baseline | change % |", "|---|---:|---:|---:|"]
-    for name, cur, b, change in rows:
-        lines.append(f"| {name} | {_fmt(cur)} | {_fmt(b)} | {_fmt(change, 2)} |")
+    lines += [f"| {name} | {_fmt(cur)} | {_fmt(b)} | {_fmt(change, 2)} |" for name, cur, b, change in rows]
     if comparison:
         lines += ["", *(f"- :x: {f}" for f in comparison["failures"]),
                   *(f"- :warning: {wmsg}" for wmsg in comparison["warnings"])]
@@ -218,10 +204,7 @@ def run(argv: list[str] | None = None) -> int:
                    help="mean-loss drift in percent that warns (default %(default)g)")
     p.add_argument("--json-out", type=Path, help="also write the JSON summary here")
     p.add_argument("--markdown", type=Path, help="also write the markdown table here")
-    try:
-        args = p.parse_args(argv)
-    except SystemExit as e:  # argparse exits 2 on bad arguments, matching EXIT_INPUT
-        return int(e.code or 0)
+    args = p.parse_args(argv)  # bad arguments: argparse exits 2, which is EXIT_INPUT
     try:
         if args.gate and not args.baseline:
             raise InputError("--gate needs --baseline FILE (a summary JSON from a reference run)")
@@ -233,13 +216,11 @@ def run(argv: list[str] | None = None) -> int:
     comparison = compare(summary, baseline, args.max_drop_pct, args.loss_warn_pct) if baseline else None
     result = {**summary, "baseline": str(args.baseline) if args.baseline else None, "comparison": comparison,
               "gated": args.gate}
-    text = json.dumps(result, indent=2)
+    text, md = json.dumps(result, indent=2), markdown(summary, baseline, comparison, args.gate)
     print(text)
-    if args.json_out:
-        atomic_write.write_text(args.json_out, text + "\n")
-    md = markdown(summary, baseline, comparison, args.gate)
-    if args.markdown:
-        atomic_write.write_text(args.markdown, md)
+    for path, content in ((args.json_out, text + "\n"), (args.markdown, md)):
+        if path:
+            atomic_write.write_text(path, content)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
         with open(step_summary, "a") as f:
@@ -250,12 +231,9 @@ def run(argv: list[str] | None = None) -> int:
     for wmsg in (comparison or {}).get("warnings", []):
         print(f"::warning::{wmsg}" if os.environ.get("GITHUB_ACTIONS") else f"parse_perf_log: warning: {wmsg}",
               file=sys.stderr)
-    if comparison and comparison["failures"]:
-        for fmsg in comparison["failures"]:
-            print(f"parse_perf_log: {'FAIL' if args.gate else 'would fail'}: {fmsg}", file=sys.stderr)
-        if args.gate:
-            return EXIT_GATE_FAILED
-    return EXIT_OK
+    for fmsg in (comparison or {}).get("failures", []):
+        print(f"parse_perf_log: {'FAIL' if args.gate else 'would fail'}: {fmsg}", file=sys.stderr)
+    return EXIT_GATE_FAILED if args.gate and comparison and comparison["failures"] else EXIT_OK
 
 
 if __name__ == "__main__":
