@@ -9,12 +9,12 @@ from pathlib import Path
 
 from invoke import Collection, Exit, task
 
-ns = Collection()
+from jatools import config
+from jatools.jitlibs import jit_cache, publish
+from jatools.native import jit_build
 
-# --- CI: environment report, convergence gate, validation image -------------------------------
-# Logic: jatools/ci/env_report.py, jatools/ci/convergence.py, jatools/validate/cleanroom_env.py (see docs/ci.md).
 
-
+# --- CI: jatools/ci/env_report.py, jatools/ci/convergence.py, jatools/validate/cleanroom_env.py (docs/ci.md)
 @task(help={"json": "print JSON instead of text", "json_out": "also write the JSON report to this file",
             "python": "report the jax packages of this interpreter (default: the one running invoke)"})
 def env_report(c, json=False, json_out="", python=""):
@@ -27,7 +27,6 @@ def env_report(c, json=False, json_out="", python=""):
             "head": "revision under test (default HEAD)", "json_out": "also write the verdict as JSON here"})
 def convergence_check(c, base, head="HEAD", json_out=""):
     """Fail when a numerics change (ci/convergence_paths.toml) has no `Convergence:` decision trailer."""
-    from jatools import config
     from jatools.ci import convergence
     try:
         verdict = convergence.check(config.repo_root(), base, head)
@@ -54,22 +53,16 @@ def image_publish(c, variant="", push=False, dry_run=False):
         raise Exit(f"image.publish: error: {e}", code=2)
 
 
-ns.add_task(env_report, name="env-report")
-ns.add_task(convergence_check, name="convergence-check")
-ns.add_collection(Collection("image", publish=image_publish))
-
-
-# --- clean-room validation -----------------------------------------------------------------
-# Logic: jatools/validate/cleanroom.py (and cleanroom_env.py, cleanroom_smoke.py, wheelhouse.py); see docs/validation.md.
-@task(help={"variant": "lite or full (default: every wheel in dist/)", "wheel": "a wheel to validate (repeatable)",
+# --- clean-room validation: jatools/validate/ (cleanroom*.py, wheelhouse.py; docs/validation.md)
+@task(default=True, iterable=["wheel"],
+      help={"variant": "lite or full (default: every wheel in dist/)", "wheel": "a wheel to validate (repeatable)",
             "engine": "auto (a container when an engine answers), none, docker or podman",
             "installer": "auto (uv when installed), uv, or pip (plain venv + pip)",
             "wheelhouse": "offline wheelhouse (default: JA_WHEELHOUSE or build/wheelhouse)",
             "no_fill": "fail instead of filling a cold wheelhouse from the package index",
             "release": "folder holding jit-libs-<cache-id>/ for the lite wheel's fetch (default: this checkout's)",
             "report": "JSON report (default: build/validate/report.json)", "keep": "keep each clean room",
-            "deps_from": "use the packages installed for this Python (an offline GPU host's JAX) as the dependencies"},
-      iterable=["wheel"])
+            "deps_from": "use the packages installed for this Python (an offline GPU host's JAX) as the dependencies"})
 def validate_run(c, variant="", wheel=None, engine="auto", installer="auto", wheelhouse="", no_fill=False,
                  release="", report="", keep=False, deps_from=""):
     """Install each wheel in a clean room (no index, no checkout) and run the smoke tests; summary + JSON report."""
@@ -91,7 +84,6 @@ def validate_run(c, variant="", wheel=None, engine="auto", installer="auto", whe
             "path": "wheelhouse folder (default: JA_WHEELHOUSE or build/wheelhouse)"}, iterable=["gpu"])
 def validate_wheelhouse(c, gpu=None, path=""):
     """Fill the offline wheelhouse once from the package index (jax/jaxlib at the floor, deps, fetch extra, build backend)."""
-    from jatools import config
     from jatools.validate import cleanroom_env, wheelhouse
     root = config.repo_root()
     try:
@@ -102,25 +94,11 @@ def validate_wheelhouse(c, gpu=None, path=""):
         raise Exit(f"validate.wheelhouse: error: {e}", code=2)
 
 
-_validate = Collection("validate")
-_validate.add_task(validate_run, name="run", default=True)
-_validate.add_task(validate_wheelhouse, name="wheelhouse")
-ns.add_collection(_validate)
-
-# --- JIT-library transport: jit.fetch / jit.publish / jit.verify / jit.decide, and `invoke verify` ---------
-# (logic in jatools/jitlibs/jit_cache.py and jatools/jitlibs/publish.py; docs/jit-libs.md)
-from pathlib import Path as _Path
-
-from jatools import config as _config
-from jatools.jitlibs import jit_cache as _jit_cache
-from jatools.jitlibs import publish as _publish
-from jatools.native import jit_build as _jit_build
-
-
+# --- JIT-library transport and the producer's shard merge: jatools/jitlibs/{jit_cache,publish}.py (docs/jit-libs.md)
 def _jit_run(name: str, fn, *args, **kwargs):
     try:
         return fn(*args, **kwargs)
-    except _jit_cache.errors() as e:
+    except jit_cache.errors() as e:
         raise Exit(f"jit.{name}: error: {e}", code=1) from None
 
 
@@ -130,7 +108,7 @@ def _jit_run(name: str, fn, *args, **kwargs):
                          "pyproject jit_libs_base_url)"})
 def jit_fetch(c, base_url=None, strict=False, force=False, pins_from=None):
     """Fetch this checkout's JIT libraries (release jit-libs-<cache-id>) into build/aiter_build; a miss fails."""
-    _jit_run("fetch", _jit_cache.run_fetch, _config.load(), base_url=base_url, strict=strict or None, force=force,
+    _jit_run("fetch", jit_cache.run_fetch, config.load(), base_url=base_url, strict=strict or None, force=force,
              pins_from=pins_from)
 
 
@@ -139,19 +117,20 @@ def jit_fetch(c, base_url=None, strict=False, force=False, pins_from=None):
             "stage-only": "compress, verify and write the manifest without uploading"})
 def jit_publish(c, to=None, level=None, window_log=None, asset_limit=None, stage_only=False):
     """Publish build/aiter_build as jit-libs-<cache-id>: zstd, verify, split, upload, manifest last."""
-    settings = _config.load()
+    settings = config.load()
     ints = {k: int(v) for k, v in {"level": level, "window_log": window_log, "asset_limit": asset_limit}.items()
             if v is not None}
-    _jit_run("publish", _publish.publish, settings, to or settings.raw["jit_libs_publish_to"], stage_only=stage_only,
-             runner=_publish.invoke_runner(c), **ints)
+    _jit_run("publish", publish.publish, settings, to or settings.raw["jit_libs_publish_to"], stage_only=stage_only,
+             runner=publish.invoke_runner(c), **ints)
 
 
 @task(help={"dir": "folder to check (default build/aiter_build)", "against": "manifest or record (path or URL)"})
 def jit_verify(c, dir=None, against=None):
     """Check build/aiter_build against its build record (or a given manifest); names every differing file."""
-    settings = _config.load()
-    folder = _Path(dir) if dir else settings.jit_dir
-    source, n = _jit_run("verify", _jit_cache.verify, folder, against, expected=list(_jit_build.libraries(settings).values()))
+    settings = config.load()
+    folder = Path(dir) if dir else settings.jit_dir
+    source, n = _jit_run("verify", jit_cache.verify, folder, against,
+                         expected=list(jit_build.libraries(settings).values()))
     print(f"verify: {n} file(s) in {folder} match {source}")
 
 
@@ -159,9 +138,9 @@ def jit_verify(c, dir=None, against=None):
             "strict": "a toolchain difference means rebuild", "json-out": "decision JSON path"})
 def jit_decide(c, base_url=None, against=None, strict=False, json_out=None):
     """Reuse or rebuild the JIT libraries? Prints every reason; JSON file; decision=/rebuild= in $GITHUB_OUTPUT."""
-    _jit_run("decide", _jit_cache.run_decide, _config.load(), base_url=base_url,
-             against=_Path(against) if against else None, strict=strict or None,
-             json_path=_Path(json_out) if json_out else None)
+    _jit_run("decide", jit_cache.run_decide, config.load(), base_url=base_url,
+             against=Path(against) if against else None, strict=strict or None,
+             json_path=Path(json_out) if json_out else None)
 
 
 @task
@@ -169,9 +148,7 @@ def jit_identity(c):
     """Print this checkout's JIT build identity (cache id and the gated fields) as JSON."""
     import json
 
-    from jatools.native import jit_build
-
-    ident, notes = _jit_run("identity", jit_build.checkout_identity, _config.load())
+    ident, notes = _jit_run("identity", jit_build.checkout_identity, config.load())
     for n in notes:
         print(f"note: {n}")
     print(json.dumps(ident, indent=2, sort_keys=True))
@@ -180,41 +157,37 @@ def jit_identity(c):
 @task(help={"manifest": "manifest path or URL"})
 def jit_show(c, manifest):
     """Validate and summarise a JIT-library manifest (path or URL)."""
-    print("\n".join(_jit_run("show", _jit_cache.show, manifest)))
+    print("\n".join(_jit_run("show", jit_cache.show, manifest)))
 
 
-jit = Collection("jit")
-jit.add_task(jit_identity, "identity")
-jit.add_task(jit_show, "show")
-jit.add_task(jit_fetch, "fetch")
-jit.add_task(jit_publish, "publish")
-jit.add_task(jit_verify, "verify")
-jit.add_task(jit_decide, "decide")
-ns.add_collection(jit)
-ns.add_task(jit_verify, "verify")
+@task(name="merge-manifests", help={"from": "folder holding the downloaded shard artifacts (each: lib*.so + "
+                                    "build_record.json)", "strict": "a toolchain difference between shards fails too"})
+def jit_merge_manifests(c, from_="build/jit-shards", strict=False):
+    """Join per-module JIT shards into build/aiter_build: re-hash, one identity, every module once, record last."""
+    settings = config.load()
+    folder = Path(from_)
+    _jit_run("merge-manifests", publish.merge, folder if folder.is_absolute() else Path.cwd() / folder,
+             settings.jit_dir, jit_build.libraries(settings), jit_cache.strict_toolchain(settings, strict or None))
 
 
-# --- wheels: build, symbol floor, content policy (logic in jatools/wheel/wheel_build.py, wheel_checks.py) ----
+
+# --- wheels: build, symbol floor, content policy: jatools/wheel/{wheel_build,wheel_checks}.py
 _WHEEL_ARG = {"wheel": "a wheel path, glob or comma-separated list (repeatable); also any number of wheels after "
                       "`--` (invoke floor -- dist/*.whl); none: every wheel in dist/"}
 
 
-def _wheel_paths(c, wheel: list[str] | str | None) -> list[Path]:
-    """-w values and the words after `--` (invoke has no variable positional arguments, pyinvoke/invoke#132)."""
+def _wheel_checks(c, wheel: list[str] | str | None, checks: list[str]) -> None:
+    """Run `checks` on the -w wheels and the words after `--` (invoke has no variable positional arguments,
+    pyinvoke/invoke#132)."""
     import shlex
 
-    from jatools import config
     from jatools.wheel import wheel_checks
     specs = ([wheel] if isinstance(wheel, str) else list(wheel or [])) + shlex.split(getattr(c, "remainder", "") or "")
     try:
-        return [p for spec in specs or [""] for p in wheel_checks.find_wheels(spec, config.repo_root() / "dist")]
+        paths = [p for spec in specs or [""] for p in wheel_checks.find_wheels(spec, config.repo_root() / "dist")]
     except wheel_checks.WheelReadError as e:
         raise Exit(f"error: {e}", code=2) from None
-
-
-def _wheel_checks(c, wheel, checks: list[str]) -> None:
-    from jatools.wheel import wheel_checks
-    ok, failed = wheel_checks.run(checks, _wheel_paths(c, wheel))
+    ok, failed = wheel_checks.run(checks, paths)
     for line in ok:
         print(line)
     if failed:
@@ -240,22 +213,13 @@ def contents(c, wheel=None, clients=False):
 def wheel_build(c, variant, dist="", plat_name="", check=False):
     """Build the lite or full wheel from the build tree (never runs build_jit.py)."""
     from jatools.wheel import wheel_build as wb
-    argv = ["--variant", variant] + (["--dist", dist] if dist else []) + (["--plat-name", plat_name] if plat_name else [])
-    code = wb.main(argv + (["--check"] if check else []))
+    code = wb.main(["--variant", variant, *(["--dist", dist] if dist else []),
+                    *(["--plat-name", plat_name] if plat_name else []), *(["--check"] if check else [])])
     if code:
         raise Exit(f"wheel.build: the {variant} wheel failed (exit {code}); see the messages above", code=code)
 
 
-_wheel_ns = Collection("wheel")
-_wheel_ns.add_task(floor)
-_wheel_ns.add_task(contents)
-_wheel_ns.add_task(wheel_build, name="build")
-ns.add_collection(_wheel_ns)
-ns.add_task(floor)
-ns.add_task(contents)
-
-
-# --- release upload (jatools/release.py): only a green report for this commit, wheels unchanged ----------
+# --- release upload (jatools/release.py): only a green report for this commit, wheels unchanged
 @task(help={"tag": "release tag to upload to", "to": "gh (GitHub release, both wheels) or pypi (lite wheel, twine)",
             "dry_run": "check the report and print the upload commands only"})
 def release_upload(c, tag, to="gh", dry_run=False):
@@ -267,18 +231,10 @@ def release_upload(c, tag, to="gh", dry_run=False):
         raise Exit(f"release.upload: refused: {e}", code=1)
 
 
-ns.add_collection(Collection("release", upload=release_upload))
 
-
-# --- JIT producer: join the per-module shards (jatools/jitlibs/publish.py, merge; docs/jit-libs.md) ---------
-@task(name="merge-manifests", help={"from": "folder holding the downloaded shard artifacts (each: lib*.so + "
-                                    "build_record.json)", "strict": "a toolchain difference between shards fails too"})
-def jit_merge_manifests(c, from_="build/jit-shards", strict=False):
-    """Join per-module JIT shards into build/aiter_build: re-hash, one identity, every module once, record last."""
-    settings = _config.load()
-    folder = _Path(from_)
-    _jit_run("merge-manifests", _publish.merge, folder if folder.is_absolute() else _Path.cwd() / folder,
-             settings.jit_dir, _jit_build.libraries(settings), _jit_cache.strict_toolchain(settings, strict or None))
-
-
-jit.add_task(jit_merge_manifests, "merge-manifests")
+ns = Collection(env_report, convergence_check, floor, contents, verify=jit_verify,
+                image=Collection(publish=image_publish),
+                validate=Collection(run=validate_run, wheelhouse=validate_wheelhouse),
+                jit=Collection(identity=jit_identity, show=jit_show, fetch=jit_fetch, publish=jit_publish,
+                               verify=jit_verify, decide=jit_decide, merge_manifests=jit_merge_manifests),
+                wheel=Collection(floor, contents, build=wheel_build), release=Collection(upload=release_upload))
