@@ -326,7 +326,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
       if (wg_leader) {
         Tensor gdQ = local_tile(mdQ(_, _, h, b), Shape<Int<BM>, Int<D / 2>>{}, make_coord(m, wg));
         Tensor sdQh = local_tile(sdQ, Shape<Int<BM>, Int<D / 2>>{}, make_coord(_0{}, wg));
-        auto [tdQg, tdQs] = tma_partition(p.tma_dq, _0{}, Layout<_1>{}, group_modes<0, 2>(sdQh), group_modes<0, 2>(gdQ));
+        auto [tdQg, tdQs] =
+            tma_partition(p.tma_dq, _0{}, Layout<_1>{}, group_modes<0, 2>(sdQh), group_modes<0, 2>(gdQ));
         copy(p.tma_dq, tdQs, tdQg);
         tma_store_arrive();
       }
