@@ -1,8 +1,8 @@
 // Flash-attention backward for Hopper (sm_90a): warpgroup MMA, Q/dO tiles by TMA.
 //
 // The middle kernel of the backward (dK, dV and the float32 dQ accumulation); the
-// preprocess (delta = rowsum(dO * O), zeroed dq_accum) and the dQ conversion are
-// mha_bwd_gpu.cuh's kernels, unchanged.
+// preprocess (delta = rowsum(dO * O), zeroed dq_accum) is mha_bwd_gpu.cuh's kernel, the dQ
+// conversion its kernel four elements a thread (the same rounding).
 //
 // One block of two warpgroups per (128 keys, kv head, batch); warpgroup w owns key rows
 // [64 w, 64 w + 64) of the tile and keeps their dK and dV (64 x D each, float32) in
@@ -10,14 +10,16 @@
 // walks every query head of its GQA group and every 64-row query tile that can see its
 // keys, Q and dO by TMA through three shared-memory stages (tile i + 2 is loaded while tile i
 // is computed), lse and delta staged in shared memory, dS double-buffered, so one block barrier
-// per tile suffices and one warpgroup's dQ atomics overlap the other's products. Per query tile (keys are the
-// M dimension of the products, as in the mma.sync kernel):
+// per tile suffices. Per query tile (keys are the M dimension of the products, as in the
+// mma.sync kernel):
 //   S^T  = K Q^T, dP^T = V dO^T                   wgmma, both operands in shared memory
 //   P^T  = exp2(S^T * scale * log2 e - lse * log2 e), masked to 0
 //   dS^T = P^T * (dP^T - delta)
 //   dV  += P^T dO, dK += dS^T Q                    wgmma, A (P^T, dS^T) from registers
-//   dQ   = dS K (64 x D, split by columns over the warpgroups; dS through shared memory)
-//          added to dq_accum * scale with red.global.add.v2.f32
+//   dQ   = dS K (64 x D, split by columns over the warpgroups; dS through shared memory,
+//          stored by stmatrix)
+//          times scale, through shared memory, added to dq_accum by a TMA reduce-add per
+//          warpgroup (issued in order dV, dQ, dK: dQ goes out while dK runs)
 // P and dS are rounded to the input dtype before their products (as FlashAttention and
 // the mma.sync kernel do); every product accumulates in float32.
 //
@@ -62,6 +64,13 @@ struct BwdTraits {
       decltype(composition(SmemLayoutK{}, make_layout(Shape<Int<D>, Int<BN>>{}, Stride<Int<BN>, _1>{})));
   // dS as the A operand of dQ = dS K: (queries, keys), queries contiguous.
   using SmemLayoutdS = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, Shape<Int<BM>, Int<BN>>{}));
+  // The same memory as (keys, queries), the accumulator's shape, for the stmatrix store of dS.
+  using SmemLayoutdSt =
+      decltype(composition(SmemLayoutdS{}, make_layout(Shape<Int<BN>, Int<BM>>{}, Stride<Int<BM>, _1>{})));
+  // dQ * scale (float32) of a query tile, (queries, head_dim); warpgroup w's columns [w D/2, (w + 1) D/2)
+  // are the contiguous half w, added to dq_accum by one TMA reduce-add.
+  using SmemLayoutdQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<float>{}, Shape<Int<BM>, Int<D>>{}));
+  using SmemLayoutdQh = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<float>{}, Shape<Int<BM>, Int<D / 2>>{}));
 
   using ShapeQKV = Shape<int32_t, int32_t, int32_t, int32_t>;  // (seq, head_dim, heads, batch)
   using StrideQKV = Stride<int64_t, _1, int64_t, int64_t>;
@@ -73,6 +82,9 @@ struct BwdTraits {
       SM90_TMA_LOAD{},
       make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}), SmemLayoutK{},
       Shape<Int<BN>, Int<D>>{}, _1{}));
+  using TmadQ = decltype(make_tma_copy(
+      SM90_TMA_REDUCE_ADD{}, make_tensor(make_gmem_ptr(static_cast<float*>(nullptr)), ShapeQKV{}, StrideQKV{}),
+      SmemLayoutdQh{}, Shape<Int<BM>, Int<D / 2>>{}, _1{}));
 
   static constexpr uint32_t kBytesQ = uint32_t(BM * D * sizeof(Element));
   static constexpr uint32_t kBytesK = uint32_t(BN * D * sizeof(Element));
@@ -83,6 +95,7 @@ struct BwdTraits {
     array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
     array_aligned<Element, cosize_v<SmemLayoutK>, 1024> v;
     array_aligned<Element, cosize_v<SmemLayoutdS>, 1024> ds[2];
+    array_aligned<float, cosize_v<SmemLayoutdQ>, 1024> dq;
     float lse[kStages][BM];  // lse * log2(e) of the query tile, +inf past seq_q
     float delta[kStages][BM];
     cutlass::arch::ClusterTransactionBarrier barrier_kv;
@@ -94,6 +107,7 @@ struct BwdTraits {
   struct Params {
     TmaQ tma_q, tma_do;
     TmaK tma_k, tma_v;
+    TmadQ tma_dq;
     ShapeQKV shape_q, shape_k;
     const float* lse;
     const float* delta;
@@ -174,6 +188,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
     cute::prefetch_tma_descriptor(p.tma_do.get_tma_descriptor());
     cute::prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(p.tma_dq.get_tma_descriptor());
     ss.barrier_kv.init(1);
     for (int i = 0; i < kStages; ++i) ss.barrier_q[i].init(1);
     cutlass::arch::fence_barrier_init();
@@ -198,6 +213,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
   auto thr_sdp = mma_sdp.get_thread_slice(tid);
   auto thr_dkv = mma_dkv.get_thread_slice(tid);
   auto thr_dq = mma_dq.get_thread_slice(tid);
+  auto r2s_ds = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
+  auto thr_r2s_ds = r2s_ds.get_thread_slice(tid);
 
   Tensor tSrK = thr_sdp.partition_fragment_A(sK);    // (MMA, 1, K)
   Tensor tSrV = thr_sdp.partition_fragment_A(sV);
@@ -219,8 +236,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
   Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
   constexpr int kRows = decltype(size<0>(tScS_rc))::value;  // keys of this thread
   constexpr int kCols = decltype(size<1>(tScS_rc))::value;  // queries of this thread
-  Tensor cQ = make_identity_tensor(TileQ{});
-  Tensor tdQcdQ = thr_dq.partition_C(cQ);
+  const int wg = tid / 128;
+  const bool wg_leader = tid % 128 == 0;  // issues its warpgroup's dQ reduce-add
+  Tensor sdQ = make_tensor(make_smem_ptr(ss.dq.data()), typename Tr::SmemLayoutdQ{});
+  Tensor tdQsdQ = thr_dq.partition_C(sdQ);
+  Tensor mdQ = p.tma_dq.get_tma_tensor(p.shape_q);
   const float s2 = p.scale_log2;
 
   __syncthreads();  // lse, delta of the first two tiles
@@ -230,7 +250,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
     const int h = hk * p.group + it / q_tiles, m = m_begin + it % q_tiles;
     const int q0 = m * BM;
     const int st = it % kStages;
-    Tensor sdSb = make_tensor(make_smem_ptr(ss.ds[it % 2].data()), typename Tr::SmemLayoutdS{});
     // lse (log2 domain; +inf past seq_q gives P = 0) and delta of the tile's rows.
     const float* lse2 = ss.lse[st];
     const float* dlt = ss.delta[st];
@@ -273,36 +292,50 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
       *reinterpret_cast<cutlass::Array<Element, N>*>(tdKrdS.data()) =
           cvt(*reinterpret_cast<cutlass::Array<float, N> const*>(tSrdP.data()));
     }
-    // dS (queries x keys) to shared memory for dQ = dS K.
+    // dS (queries x keys) to shared memory for dQ = dS K, by stmatrix (8 x 8 tiles, queries contiguous).
     {
+      Tensor sdStb = make_tensor(make_smem_ptr(ss.ds[it % 2].data()), typename Tr::SmemLayoutdSt{});
       Tensor ds16 = make_tensor(tdKrdS.data(), tSrdP.layout());
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < N; ++i) sdSb(int(get<1>(tScS(i))), int(get<0>(tScS(i)))) = ds16(i);
+      copy(r2s_ds, thr_r2s_ds.retile_S(ds16), thr_r2s_ds.partition_D(sdStb));
     }
     cutlass::arch::fence_view_async_shared();
     gemm<false, -1>(mma_dkv, tdVrP, tdVrdOt(_, _, _, st), tdVacc);
-    gemm<false, 0>(mma_dkv, tdKrdS, tdKrQt(_, _, _, st), tdKacc);  // P, dS registers free for dQ
+    if (wg_leader) tma_store_wait<0>();  // the previous tile's dQ has left shared memory
     // dS complete; every warpgroup is done with iteration it - 1: its Q/dO stage
-    // ((it + 2) % 3), its lse/delta slot and dS buffer ((it + 1) % 2) may be refilled.
+    // ((it + 2) % 3), its lse/delta slot and dS buffer ((it + 1) % 2) may be refilled;
+    // the dQ tile in shared memory may be overwritten.
     __syncthreads();
     if (it + 2 < n_iter) {
       if (tid == 0) load_q(it + 2);
       load_rows(it + 2);  // read at iteration it + 2, after iteration it + 1's barrier
     }
 
+    // dQ (waits for dV), then dK, which runs while dQ goes out.
     Tensor tdQacc = partition_fragment_C(mma_dq, TileQ{});
-    if (it % 2 == 0) gemm<true, 0>(mma_dq, tdQrdS, tdQrKt, tdQacc);
-    else gemm<true, 0>(mma_dq, tdQrdS1, tdQrKt, tdQacc);
+    if (it % 2 == 0) gemm<true, 1>(mma_dq, tdQrdS, tdQrKt, tdQacc);
+    else gemm<true, 1>(mma_dq, tdQrdS1, tdQrKt, tdQacc);
+    gemm<false, 1>(mma_dkv, tdKrdS, tdKrQt(_, _, _, st), tdKacc);
     {
-      float* dq = p.dq_accum + ((int64_t(b) * sq + q0) * p.heads_q + h) * D;
-      const int64_t row_stride = int64_t(p.heads_q) * D;
+      // dQ * scale to shared memory; each warpgroup's leader adds its half to dq_accum with one
+      // TMA reduce-add (float32 adds in L2, as the atomics did; rows past seq_q are clipped).
       CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < decltype(size(tdQacc))::value; i += 2) {  // elements i, i + 1: adjacent columns
-        const int qr = int(get<0>(tdQcdQ(i))), col = int(get<1>(tdQcdQ(i)));
-        if (q0 + qr < sq) ja_atomic_add2(dq + qr * row_stride + col, tdQacc(i) * p.scale, tdQacc(i + 1) * p.scale);
+      for (int i = 0; i < decltype(size(tdQacc))::value; i += 2)  // elements i, i + 1: adjacent columns
+        *reinterpret_cast<float2*>(&tdQsdQ(i)) = make_float2(tdQacc(i) * p.scale, tdQacc(i + 1) * p.scale);
+      cutlass::arch::fence_view_async_shared();
+      cutlass::arch::NamedBarrier::sync(128, 1 + wg);
+      if (wg_leader) {
+        Tensor gdQ = local_tile(mdQ(_, _, h, b), Shape<Int<BM>, Int<D / 2>>{}, make_coord(m, wg));
+        Tensor sdQh = local_tile(sdQ, Shape<Int<BM>, Int<D / 2>>{}, make_coord(_0{}, wg));
+        auto [tdQg, tdQs] =
+            tma_partition(p.tma_dq, _0{}, Layout<_1>{}, group_modes<0, 2>(sdQh), group_modes<0, 2>(gdQ));
+        copy(p.tma_dq, tdQs, tdQg);
+        tma_store_arrive();
       }
     }
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tdKacc);
   }
+  if (wg_leader) tma_store_wait<0>();
 
   // Epilogue: dK * scale and dV rounded to the input dtype, keys < seq_k.
   Tensor cK = make_identity_tensor(TileK{});
@@ -344,6 +377,10 @@ const char* mha_bwd_sm90_launch(const JaMhaBwdArgs& a, cudaStream_t stream) {
                     Shape<Int<Tr::BN>, Int<D>>{}, _1{}),
       make_tma_copy(SM90_TMA_LOAD{}, tensor(a.v, sk, hkv), typename Tr::SmemLayoutK{},
                     Shape<Int<Tr::BN>, Int<D>>{}, _1{}),
+      make_tma_copy(SM90_TMA_REDUCE_ADD{},
+                    make_tensor(make_gmem_ptr(a.dq_accum), make_shape(sq, int(D), hq, bt),
+                                make_stride(int64_t(hq) * D, _1{}, int64_t(D), int64_t(sq) * hq * D)),
+                    typename Tr::SmemLayoutdQh{}, Shape<Int<Tr::BM>, Int<D / 2>>{}, _1{}),
       make_shape(sq, int(D), hq, bt),
       make_shape(sk, int(D), hkv, bt),
       a.lse,
@@ -368,6 +405,23 @@ const char* mha_bwd_sm90_launch(const JaMhaBwdArgs& a, cudaStream_t stream) {
   return nullptr;
 }
 
+// mha_bwd_convert_dq four elements a thread (n4 = elements / 4, dq 8-byte aligned): the same
+// rounding of each element, fewer and wider accesses.
+template <typename T>
+__global__ void __launch_bounds__(256) convert_dq4(const float4* acc, T* dq, int64_t n4) {
+  for (int64_t i = int64_t(blockIdx.x) * 256 + threadIdx.x; i < n4; i += int64_t(gridDim.x) * 256) {
+    const float4 v = acc[i];
+    struct alignas(8) Four {
+      T e[4];
+    } o;
+    o.e[0] = from_f32<T>(v.x);
+    o.e[1] = from_f32<T>(v.y);
+    o.e[2] = from_f32<T>(v.z);
+    o.e[3] = from_f32<T>(v.w);
+    reinterpret_cast<Four*>(dq)[i] = o;
+  }
+}
+
 constexpr bool bwd_supported_head_dim(int d) { return d == 64 || d == 128; }
 
 // Runs the whole backward (preprocess, this kernel, dQ conversion) when the Hopper kernel
@@ -381,7 +435,8 @@ const char* mha_bwd_sm90(const JaMhaBwdArgs& a, void* stream, int* handled) {
   if (a.batch <= 0 || a.seq_q <= 0 || a.seq_k <= 0 || a.heads_q <= 0 || a.heads_kv <= 0) return nullptr;
   if (a.batch >= 65536 || a.heads_q >= 65536 || a.seq_q >= lim || a.seq_k >= lim) return nullptr;
   if (a.batch * a.seq_q * a.heads_q * D >= (int64_t(1) << 31)) return nullptr;
-  for (const void* ptr : {a.q, a.k, a.v, a.dout, static_cast<const void*>(a.dk), static_cast<const void*>(a.dv)})
+  for (const void* ptr : {a.q, a.k, a.v, a.dout, static_cast<const void*>(a.dk), static_cast<const void*>(a.dv),
+                          static_cast<const void*>(a.dq_accum)})
     if (!mha_gpu::aligned16(ptr)) return nullptr;
   if (!device_is_sm90()) return nullptr;
   *handled = 1;
@@ -396,9 +451,15 @@ const char* mha_bwd_sm90(const JaMhaBwdArgs& a, void* stream, int* handled) {
   }
   if (const char* e = mha_bwd_sm90_launch<T, D, CAUSAL>(a, s)) return e;
   {
-    const int64_t n = q_rows * D;
-    const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, max_blocks);
-    mha_gpu::mha_bwd_convert_dq<T><<<unsigned(blocks), kThreads, 0, s>>>(a.dq_accum, static_cast<T*>(a.dq), n);
+    const int64_t n = q_rows * D;  // a multiple of 4; dq_accum is 16-byte aligned
+    if ((reinterpret_cast<uintptr_t>(a.dq) & 7u) == 0) {
+      const int64_t blocks = std::min<int64_t>((n / 4 + 255) / 256, max_blocks);
+      convert_dq4<T><<<unsigned(blocks), 256, 0, s>>>(reinterpret_cast<const float4*>(a.dq_accum),
+                                                      static_cast<T*>(a.dq), n / 4);
+    } else {
+      const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, max_blocks);
+      mha_gpu::mha_bwd_convert_dq<T><<<unsigned(blocks), kThreads, 0, s>>>(a.dq_accum, static_cast<T*>(a.dq), n);
+    }
     if (const char* e = mha_gpu::launch_status("mha_bwd (convert dQ)")) return e;
   }
   return nullptr;
