@@ -28,7 +28,9 @@ from jax_aiter.integrity import (
 )
 
 Log = Callable[[str], None]
-FIX = "rebuild the JIT libraries with `python3 jax_aiter/jit/build_jit.py` or fetch published ones with `invoke jit.fetch`"
+FIX = ("rebuild the JIT libraries with `python3 jax_aiter/jit/build_jit.py` or fetch published ones with "
+       "`invoke jit.fetch`")
+CHANGED = f"the JIT library changed after its record was written. {FIX[0].upper()}{FIX[1:]}."
 
 
 class JitCacheError(RuntimeError):
@@ -110,40 +112,30 @@ def found_identity(settings: config.Settings, want: dict, base_url: str | None, 
     return manifest["identity"], url
 
 
-def write_decision(d: Decision, json_path: Path) -> None:
-    """The decision as JSON (atomically) and, when set, as `decision=`/`rebuild=` lines in $GITHUB_OUTPUT."""
-    write_json(json_path, d.to_json())
-    steps.github_output({"decision": d.decision, "rebuild": str(d.rebuild).lower(), "cache_id": d.cache_id,
-                          "release_tag": d.release_tag})
-
-
 def run_decide(settings: config.Settings, *, base_url: str | None = None, against: Path | None = None,
                strict: bool | None = None, json_path: Path | None = None, log: Log = print) -> Decision:
+    """Decide, log why, and write the decision as JSON (atomically) and, when set, as `decision=`/`rebuild=`
+    lines in $GITHUB_OUTPUT."""
     want, notes = jit_build.checkout_identity(settings)
     for n in notes:
         log(f"decide: {n}")
-    opts = fetch.FetchOptions.from_env()
-    found, source = found_identity(settings, want, base_url, against, opts, log)
+    found, source = found_identity(settings, want, base_url, against, fetch.FetchOptions.from_env(), log)
     d = decide(want, found, source, strict_toolchain(settings, strict))
     log(f"decide: {d.decision} ({d.release_tag})")
-    for r in d.reasons:
-        log(f"  reason: {r}")
-    for w in d.warnings:
-        log(f"  warning: {w}")
-    write_decision(d, json_path or settings.build_dir / "jit_libs_decision.json")
+    for line in [f"  reason: {r}" for r in d.reasons] + [f"  warning: {w}" for w in d.warnings]:
+        log(line)
+    write_json(json_path or settings.build_dir / "jit_libs_decision.json", d.to_json())
+    steps.github_output({"decision": d.decision, "rebuild": str(d.rebuild).lower(), "cache_id": d.cache_id,
+                          "release_tag": d.release_tag})
     return d
 
 
 def require_built(settings: config.Settings, strict: bool | None = None) -> Decision:
-    """A consumer's check: build/aiter_build holds this checkout's JIT libraries, intact, or this fails at once.
-
-    Nothing is compiled and nothing is fetched here: the message names the cache
-    id, why the libraries there do not do, and the producer that makes them.
-    """
+    """A consumer's check: build/aiter_build holds this checkout's JIT libraries, intact, or this fails at once
+    (nothing is built or fetched), naming the cache id, why the libraries there do not do, and the producer."""
     record = settings.jit_dir / RECORD_NAME
-    lines: list[str] = []
-    d = run_decide(settings, against=record if record.is_file() else None, strict=strict, log=lines.append) \
-        if record.is_file() else decide(jit_build.checkout_identity(settings)[0], None, str(record))
+    d = run_decide(settings, against=record, strict=strict, log=lambda m: None) if record.is_file() \
+        else decide(jit_build.checkout_identity(settings)[0], None, str(record))
     if d.rebuild:
         raise JitCacheError(
             f"no JIT libraries for cache id {d.cache_id} in {settings.jit_dir} ({'; '.join(d.reasons)}). "
@@ -200,14 +192,15 @@ def run_fetch(settings: config.Settings, *, base_url: str | None = None, strict:
         raise JitCacheError(
             f"the kernel sources ({settings.kernel_source_dir}) have uncommitted changes, so no published release "
             "matches them; commit them, or build locally with `python3 jax_aiter/jit/build_jit.py`")
-    base = default_base_url(settings, base_url)
+    base, opts = default_base_url(settings, base_url), fetch.FetchOptions.from_env()
+    strict = strict_toolchain(settings, strict)
     if pins_from and fetch.as_url(pins_from) != fetch.as_url(base):
-        published, url = fetch.read_manifest(pins_from, want["cache_id"], fetch.FetchOptions.from_env(), log)
-        fetch.check_identity(want, published, url, strict_toolchain(settings, strict))
+        published, url = fetch.read_manifest(pins_from, want["cache_id"], opts, log)
+        fetch.check_identity(want, published, url, strict)
         want = {**want, "pins": mf.raw_entries(published["files"])}
         log(f"fetch: pinned to the {len(published['files'])} libraries the producer published at {url}")
-    result = fetch.fetch_release(base, want, settings.jit_dir, strict_toolchain=strict_toolchain(settings, strict),
-                                 force=force, opts=fetch.FetchOptions.from_env(), log=log)
+    result = fetch.fetch_release(base, want, settings.jit_dir, strict_toolchain=strict, force=force, opts=opts,
+                                 log=log)
     write_json(settings.jit_dir / RECORD_NAME, record_from_manifest(result.manifest, result.url))
     write_json(settings.build_dir / "jit_libs_fetch.json", {
         "status": result.status, "release_tag": result.manifest["release_tag"], "url": result.url,
@@ -239,9 +232,7 @@ class JitExpectations:
         """Raise IntegrityError when `sha256` (of `name` as found at `where`) differs from the record."""
         want = self.entry(name)["sha256"]
         if sha256 != want:
-            raise IntegrityError(
-                f"{where}: sha256 {sha256} does not match {want} recorded in {self.source}; the JIT library "
-                f"changed after its record was written. {FIX[0].upper()}{FIX[1:]}.")
+            raise IntegrityError(f"{where}: sha256 {sha256} does not match {want} recorded in {self.source}; {CHANGED}")
 
     def verify_folder(self, folder: Path, names: list[str]) -> None:
         """Hash `names` in `folder` (in parallel) against the record; IntegrityError names any difference."""
@@ -249,8 +240,7 @@ class JitExpectations:
         try:
             verify_entries(folder, entries)
         except IntegrityError as e:
-            raise IntegrityError(f"{e} ({self.source}); the JIT library changed after its record was written. "
-                                 f"{FIX[0].upper()}{FIX[1:]}.") from None
+            raise IntegrityError(f"{e} ({self.source}); {CHANGED}") from None
 
 
 def expectations(settings: config.Settings, source: Path | None = None) -> JitExpectations:
@@ -276,38 +266,28 @@ def expectations(settings: config.Settings, source: Path | None = None) -> JitEx
 
 # --- verify -------------------------------------------------------------------------------------
 
-def verify(folder: Path, against: str | None = None, opts: fetch.FetchOptions | None = None,
-           expected: list[str] | None = None) -> tuple[str, int]:
-    """Check `folder` against a manifest (path or URL) or, by default, its build record (else its manifest copy).
-
-    `expected` (the op table's JIT libraries, jit_build.libraries) makes the set strict: a library the record
-    lacks, one it lists beyond the table, or a library in the folder it does not list is a difference too.
-    Returns (what it was checked against, number of files); raises naming every difference.
-    """
-    fix = f"; {FIX}"
+def verify(folder: Path, against: str | None = None, expected: list[str] | None = None) -> tuple[str, int]:
+    """Check `folder` against a manifest (path or URL) or, by default, its build record (else its manifest copy);
+    (what it was checked against, number of files), or an error naming every difference. `expected` (the op
+    table's JIT libraries) makes the set strict: a table library the record lacks, a listed one the table
+    lacks, or a library in the folder it does not list differs too."""
     try:
-        if against:
-            if "://" in against:
-                data, source = fetch.fetch_bytes(against, opts or fetch.FetchOptions.from_env()), against
-                obj = json.loads(data)
-                if obj.get("kind") != mf.KIND:
-                    raise JitCacheError(f"{against} is not a JIT-library manifest")
-                entries = mf.raw_entries(mf.validate(obj, source)["files"])
-            else:
-                source = against
-                kind = _json_kind(Path(against))
-                entries = (mf.raw_entries(mf.parse(Path(against).read_bytes(), source)["files"]) if kind == mf.KIND
-                           else list(read_record(Path(against), fix).values()))
-        elif (folder / RECORD_NAME).is_file():
-            source = str(folder / RECORD_NAME)
-            entries = list(read_record(folder / RECORD_NAME, fix).values())
-        elif (folder / mf.MANIFEST_NAME).is_file():
-            source = str(folder / mf.MANIFEST_NAME)
-            entries = mf.raw_entries(mf.parse((folder / mf.MANIFEST_NAME).read_bytes(), source)["files"])
+        if against and "://" in against:
+            source = against
+            entries = mf.raw_entries(mf.parse(fetch.fetch_bytes(against, fetch.FetchOptions.from_env()),
+                                              source)["files"])
         else:
-            raise JitCacheError(f"{folder} has neither {RECORD_NAME} nor {mf.MANIFEST_NAME}: nothing to verify "
-                                "against; build (`python3 jax_aiter/jit/build_jit.py`) or fetch (`invoke jit.fetch`) "
-                                "first")
+            path = Path(against) if against else next(
+                (folder / n for n in (RECORD_NAME, mf.MANIFEST_NAME) if (folder / n).is_file()), None)
+            if path is None:
+                raise JitCacheError(f"{folder} has neither {RECORD_NAME} nor {mf.MANIFEST_NAME}: nothing to verify "
+                                    "against; build (`python3 jax_aiter/jit/build_jit.py`) or fetch "
+                                    "(`invoke jit.fetch`) first")
+            source = against or str(path)
+            # A given file is read as what it says it is; the folder's own files by their names.
+            manifest = _json_kind(path) == mf.KIND if against else path.name == mf.MANIFEST_NAME
+            entries = (mf.raw_entries(mf.parse(path.read_bytes(), source)["files"]) if manifest
+                       else list(read_record(path, f"; {FIX}").values()))
     except (IntegrityError, mf.ManifestError, ValueError) as e:
         raise JitCacheError(str(e)) from None
     problems = []

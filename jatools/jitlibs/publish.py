@@ -3,9 +3,8 @@
 Order of work, so that nothing half-made is ever visible:
 1. check the build: one identity for all modules, a clean kernel tree, every
    configured module built, bytes equal to the build record;
-2. compress each library with zstd (long-distance matching, all cores) into
-   parts of at most the per-asset limit, hashing each part and the whole blob
-   as it is written;
+2. compress each library with zstd (long-distance matching, all cores), split
+   into parts of at most the per-asset limit, and hash each part and the blob;
 3. prove each blob by decompressing it and re-hashing the output;
 4. write the manifest (in a staging folder that appears by one rename);
 5. upload the parts, then the manifest last; a release whose manifest exists
@@ -13,22 +12,20 @@ Order of work, so that nothing half-made is ever visible:
 
 The upload target is swappable: a folder, a file:// URL, an HTTP(S) server that
 takes PUT, or a GitHub release (`gh release upload`, run through a runner the
-caller may replace, e.g. invoke's context).
+caller may replace, e.g. invoke's context). Each has a `description`,
+`existing_manifest()` (the published manifest, else None) and `upload(paths)`
+(called for the parts, then for the manifest alone).
 
-Before publishing, `merge` joins per-module JIT build shards into one
-build/aiter_build with one build record. The JIT producer builds each module in
-its own CI job (a shard: lib<module>.so plus that job's build_record.json) so
-the hours-long MHA builds run side by side; publishing needs one build: every
-JIT module of the op table once, bytes as each shard recorded them, and
-one identity. A shard built from other sources or for other archs would publish
-a wrong library under this release's cache id, so the gated fields must agree;
-the toolchain is advisory, as for reuse. Nothing is installed until every check
-passes; the merged record is moved in last, so a failed or interrupted merge
-leaves the previous build tree.
+Before publishing, `merge` joins the JIT producer's per-module shards (CI jobs
+that each build one lib<module>.so with its build_record.json, so the hours-long
+MHA builds run side by side) into one build/aiter_build: every JIT module of the
+op table once, bytes as each shard recorded them, the gated identity fields equal
+(a shard from other sources or archs would publish a wrong library under this
+cache id; the toolchain is advisory, as for reuse). The merged record is moved in
+last, after every check, so a failed or interrupted merge leaves the previous tree.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shlex
@@ -41,7 +38,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
 
 from jatools import config
 from jatools.jitlibs.jit_cache import JitCacheError, write_json
@@ -52,6 +48,7 @@ from jax_aiter.integrity import (
     RECORD_NAME,
     IntegrityError,
     diff_entries,
+    file_entry,
     verify_entries,
 )
 from jax_aiter.progress import Progress
@@ -128,61 +125,6 @@ def publishable_identity(record: dict, jit_dir: Path, settings: config.Settings)
 
 # --- compression ----------------------------------------------------------------------
 
-class _PartWriter:
-    """A write sink that splits the compressed stream into parts of at most `limit` bytes.
-
-    Parts are named `<name>.partNNN`; a blob that fits in one part is renamed to
-    `<name>` when it is closed, so the common case has one plainly named asset.
-    """
-
-    def __init__(self, folder: Path, name: str, limit: int):
-        self.folder, self.name, self.limit = folder, name, limit
-        self.parts: list[dict] = []
-        self.whole = hashlib.sha256()
-        self._fh = None
-        self._hash = hashlib.sha256()
-        self._size = 0
-
-    def _roll(self) -> None:
-        self._close_part()
-        part = f"{self.name}.part{len(self.parts):03d}"
-        self._fh = open(self.folder / part, "wb")  # noqa: SIM115 (held across writes; closed by _close_part)
-        self._hash = hashlib.sha256()
-        self._size = 0
-        self.parts.append({"name": part})
-
-    def _close_part(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self.parts[-1].update(size=self._size, sha256=self._hash.hexdigest())
-            self._fh = None
-
-    def write(self, data) -> int:
-        view = memoryview(data)
-        total = len(view)
-        while len(view):
-            if self._fh is None or self._size >= self.limit:
-                self._roll()
-            chunk = view[:self.limit - self._size]
-            self._fh.write(chunk)
-            self._hash.update(chunk)
-            self.whole.update(chunk)
-            self._size += len(chunk)
-            view = view[len(chunk):]
-        return total
-
-    def close(self) -> dict:
-        """The compressed entry: {name, size, sha256, parts: [{name, size, sha256}, ...]}."""
-        if not self.parts:
-            self._roll()
-        self._close_part()
-        if len(self.parts) == 1:
-            os.replace(self.folder / self.parts[0]["name"], self.folder / self.name)
-            self.parts[0]["name"] = self.name
-        return {"name": self.name, "size": sum(p["size"] for p in self.parts), "sha256": self.whole.hexdigest(),
-                "parts": self.parts}
-
-
 class _CountingReader:
     """A file reader that reports how much has been read (compression progress)."""
 
@@ -197,17 +139,33 @@ class _CountingReader:
 
 def compress(src: Path, out_dir: Path, comp: Compression, asset_limit: int,
              advance: Callable[[int], None] = lambda n: None) -> dict:
-    """Compress `src` to `<name>.zst` in `out_dir`, split into `.partNNN` files when over `asset_limit`."""
+    """Compress `src` to `<name>.zst` in `out_dir`: {name, size, sha256, parts: [{name, size, sha256}, ...]}.
+
+    A blob over `asset_limit` is split into `<name>.partNNN` files; one that fits stays one plainly named asset.
+    """
     zstd = blob.zstd_module()
     size = src.stat().st_size
     params = zstd.ZstdCompressionParameters.from_level(
         comp.level, source_size=size, window_log=comp.window_log, enable_ldm=comp.long_distance_matching,
         threads=comp.threads)
-    writer = _PartWriter(out_dir, src.name + ".zst", asset_limit)
-    with open(src, "rb") as fh:
-        zstd.ZstdCompressor(compression_params=params).copy_stream(_CountingReader(fh, advance), writer, size=size,
+    dest = out_dir / f"{src.name}.zst"
+    with open(src, "rb") as fh, open(dest, "wb") as out:
+        zstd.ZstdCompressor(compression_params=params).copy_stream(_CountingReader(fh, advance), out, size=size,
                                                                    read_size=4 << 20, write_size=4 << 20)
-    return writer.close()
+    whole = file_entry(dest)
+    if whole["size"] <= asset_limit:
+        return {**whole, "parts": [dict(whole)]}
+    parts = []
+    with open(dest, "rb") as fh:
+        for i in range(-(-whole["size"] // asset_limit)):
+            part = out_dir / f"{dest.name}.part{i:03d}"
+            with open(part, "wb") as out:
+                left = asset_limit
+                while left and (n := os.sendfile(out.fileno(), fh.fileno(), None, left)):
+                    left -= n
+            parts.append(file_entry(part))
+    dest.unlink()
+    return {**whole, "parts": parts}
 
 
 def verify_blob(out_dir: Path, raw: dict, comp: Compression) -> None:
@@ -226,11 +184,9 @@ def _complete_stage(folder: Path, ident: dict, raw: list[dict], comp: Compressio
     """The manifest of an earlier, complete staging of exactly these libraries (so a failed upload can be
     retried without compressing again), or None."""
     done = folder / mf.MANIFEST_NAME
-    if not done.is_file():
-        return None
     try:
         staged = mf.parse(done.read_bytes(), str(done))
-    except mf.ManifestError:
+    except (OSError, mf.ManifestError):
         return None
     if (staged["identity"] != ident or mf.raw_entries(staged["files"]) != raw
             or staged["compression"] != comp.describe() or staged.get("asset_limit") != asset_limit):
@@ -270,12 +226,10 @@ def stage(record: dict, ident: dict, jit_dir: Path, stage_root: Path, comp: Comp
                     f"({100 * c['size'] / max(entry['size'], 1):.1f}%, {len(c['parts'])} part(s)) in {took:.1f} s "
                     f"({entry['size'] / 1e6 / max(took, 1e-9):.0f} MB/s); decompressed and verified")
                 files.append(entry)
-        manifest = {
-            "kind": mf.KIND, "schema": mf.SCHEMA, "release_tag": tag, "identity": ident,
-            "compression": comp.describe(), "asset_limit": asset_limit, "files": files,
-            "created_utc": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "producer": {"jax_aiter_version": __version__, "tool": "jatools.jitlibs.publish"},
-        }
+        manifest = {"kind": mf.KIND, "schema": mf.SCHEMA, "release_tag": tag, "identity": ident,
+                    "compression": comp.describe(), "asset_limit": asset_limit, "files": files,
+                    "created_utc": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    "producer": {"jax_aiter_version": __version__, "tool": "jatools.jitlibs.publish"}}
         mf.validate(manifest, "the new manifest")
         (tmp / mf.MANIFEST_NAME).write_text(mf.dumps(manifest))
         shutil.rmtree(folder, ignore_errors=True)
@@ -287,16 +241,6 @@ def stage(record: dict, ident: dict, jit_dir: Path, stage_root: Path, comp: Comp
 
 
 # --- upload targets ---------------------------------------------------------------------
-
-class Target(Protocol):
-    description: str
-
-    def existing_manifest(self) -> bytes | None:
-        """The release's manifest if it is already published, else None."""
-
-    def upload(self, paths: list[Path]) -> None:
-        """Upload files as release assets (called for the parts, then for the manifest alone)."""
-
 
 class FolderTarget:
     """A folder (or file:// URL): `<folder>/<tag>/<asset>`, each written to a temporary name and renamed."""
@@ -325,9 +269,8 @@ class HttpTarget:
     """An HTTP(S) server that stores what is PUT to `<base>/<tag>/<asset>` (an artifact store, a test server)."""
 
     def __init__(self, base_url: str, tag: str, opts: fetch.FetchOptions):
-        self.url = f"{base_url.rstrip('/')}/{tag}"
+        self.url = self.description = f"{base_url.rstrip('/')}/{tag}"
         self.opts = opts
-        self.description = self.url
 
     def existing_manifest(self) -> bytes | None:
         try:
@@ -400,15 +343,14 @@ class GhReleaseTarget:
                                "manifest yet, so consumers ignore it; run the publish again")
 
 
-def target_for(spec: str, tag: str, runner: Runner | None = None, notes: str = "",
-               opts: fetch.FetchOptions | None = None) -> Target:
+def target_for(spec: str, tag: str, runner: Runner | None = None,
+               notes: str = "") -> FolderTarget | HttpTarget | GhReleaseTarget:
     """`gh` or `gh:OWNER/REPO`, an http(s):// URL, a file:// URL, or a folder."""
     if spec == "gh" or spec.startswith("gh:"):
         return GhReleaseTarget(tag, spec[3:] or None, runner or subprocess_runner, notes)
     if spec.startswith(("http://", "https://")):
-        return HttpTarget(spec, tag, opts or fetch.FetchOptions.from_env())
-    url = fetch.as_url(spec)
-    return FolderTarget(Path(urllib.request.url2pathname(url[len("file://"):])), tag)
+        return HttpTarget(spec, tag, fetch.FetchOptions.from_env())
+    return FolderTarget(Path(urllib.request.url2pathname(fetch.as_url(spec)[len("file://"):])), tag)
 
 
 # --- the whole step -----------------------------------------------------------------------
@@ -426,18 +368,16 @@ def publish(settings: config.Settings, to: str, *, level: int | None = None, win
     limit = asset_limit or int(settings.raw["jit_libs_asset_limit"])
     notes = "jax-aiter JIT libraries. Identity:\n\n```json\n" + json.dumps(ident, indent=2, sort_keys=True) + "\n```"
     target = None if stage_only else target_for(to, tag, runner, notes)
-    if target is not None:
-        existing = target.existing_manifest()
-        if existing is not None:
-            have = mf.parse(existing, f"{target.description}/{mf.MANIFEST_NAME}")
-            ours = sorted(record["files"], key=lambda f: f["name"])
-            if mf.raw_entries(have["files"]) == mf.raw_entries(ours):
-                log(f"publish: {tag} is already published at {target.description} with these exact libraries")
-                return {"release_tag": tag, "target": target.description, "status": "already-published"}
-            raise PublishError(
-                f"{tag} is already published at {target.description} with other bytes; releases are immutable "
-                "(consumers may have fetched it). Its libraries have the same identity, so reuse them "
-                "(`invoke jit.fetch`) instead of publishing")
+    existing = target.existing_manifest() if target else None
+    if existing is not None:
+        have = mf.parse(existing, f"{target.description}/{mf.MANIFEST_NAME}")
+        if mf.raw_entries(have["files"]) == mf.raw_entries(sorted(record["files"], key=lambda f: f["name"])):
+            log(f"publish: {tag} is already published at {target.description} with these exact libraries")
+            return {"release_tag": tag, "target": target.description, "status": "already-published"}
+        raise PublishError(
+            f"{tag} is already published at {target.description} with other bytes; releases are immutable "
+            "(consumers may have fetched it). Its libraries have the same identity, so reuse them "
+            "(`invoke jit.fetch`) instead of publishing")
     stage_root = settings.build_dir / "jit-libs-publish"
     manifest, folder = stage(record, ident, jit_dir, stage_root, comp, limit, log)
     assets = [folder / p["name"] for f in manifest["files"] for p in f["compressed"]["parts"]]
@@ -447,13 +387,11 @@ def publish(settings: config.Settings, to: str, *, level: int | None = None, win
         target.upload([folder / mf.MANIFEST_NAME])  # last: its presence marks the release complete
     raw_total = sum(f["size"] for f in manifest["files"])
     comp_total = sum(f["compressed"]["size"] for f in manifest["files"])
-    summary = {
-        "release_tag": tag, "status": "staged" if stage_only else "published",
-        "target": target.description if target else None, "staged": str(folder),
-        "files": len(manifest["files"]), "assets": len(assets), "raw_bytes": raw_total,
-        "compressed_bytes": comp_total, "seconds": round(time.monotonic() - start, 2),
-        "compression": comp.describe(),
-    }
+    summary = {"release_tag": tag, "status": "staged" if stage_only else "published",
+               "target": target.description if target else None, "staged": str(folder),
+               "files": len(manifest["files"]), "assets": len(assets), "raw_bytes": raw_total,
+               "compressed_bytes": comp_total, "seconds": round(time.monotonic() - start, 2),
+               "compression": comp.describe()}
     (stage_root / f"{tag}-summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     log(f"publish: {tag} {summary['status']}" + (f" to {summary['target']}" if target else f" in {folder}")
         + f": {len(manifest['files'])} library file(s), {raw_total / 1e6:.1f} MB -> {comp_total / 1e6:.1f} MB in "
@@ -531,9 +469,7 @@ def check_modules(shards: list[Shard], wanted: dict[str, str]) -> dict[str, tupl
 
 def check_identities(chosen: dict[str, tuple[Shard, dict]], strict: bool, log: Log) -> dict | None:
     """Gated fields equal across modules (reuse_gate.compare); toolchain differences warn unless strict.
-
-    Returns the common identity when every module's identity is the same, else None.
-    """
+    Returns the common identity when every module's identity is the same, else None."""
     (ref_module, (ref_shard, ref_entry)), *rest = chosen.items()
     ref = ref_entry["identity"]
     problems = []
@@ -551,11 +487,7 @@ def check_identities(chosen: dict[str, tuple[Shard, dict]], strict: bool, log: L
 
 def merge(from_dir: Path, dest: Path, wanted: dict[str, str], strict: bool = False, log: Log = print) -> dict:
     """Check every shard against `wanted` ({module: library}, jit_build.libraries), then install the libraries
-    into `dest` and the merged build record last.
-
-    The copies are not hashed again here: the CI step after this one (`invoke verify`) re-hashes `dest`
-    against the merged record.
-    """
+    into `dest` and the merged build record last (not hashed again: `invoke verify`, the next CI step, does)."""
     shards = find_shards(from_dir)
     for s in shards:
         check_files(s)
@@ -571,12 +503,10 @@ def merge(from_dir: Path, dest: Path, wanted: dict[str, str], strict: bool = Fal
     staging = dest.parent / f".{dest.name}.merge-{os.getpid()}"
     staging.mkdir()
     try:
-        names = []
         for shard, entry in chosen.values():
-            names.append(entry["file"]["name"])
-            shutil.copy2(shard.folder / entry["file"]["name"], staging / entry["file"]["name"])
+            shutil.copy2(shard.folder / entry["file"]["name"], staging)
         write_json(staging / RECORD_NAME, record)
-        fetch.install_staged(staging, dest, names, last=RECORD_NAME)
+        fetch.install_staged(staging, dest, [e["name"] for e in record["files"]], last=RECORD_NAME)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     log(f"merge-manifests: {len(modules)} module(s) from {len(shards)} shard(s) installed into {dest}"

@@ -1,24 +1,22 @@
 """Clean-room validation: prove each wheel works on a machine that has never seen the source tree.
 
 For every wheel: its bytes are checked against its RECORD; a fresh environment
-is made (a container from the validation image when an engine answers, else a
-venv in a temporary folder outside the checkout; jatools/validate/cleanroom_env.py);
-the wheel and its dependencies are installed from the local wheelhouse with no
-package index reachable; then the shipped smoke tests run from outside the
-checkout in isolated mode (jatools/validate/cleanroom_smoke.py). A lite wheel must
-refuse attention naming `jax-aiter-fetch-mha`, fetch the attention libraries from a
-release served on 127.0.0.1 (built from this checkout's published JIT libraries),
-and then run attention; a full wheel runs everything without a fetch.
+is made (jatools/validate/cleanroom_env.py: a container of the validation image
+when an engine answers, else a venv outside the checkout); the wheel and its
+dependencies are installed from the local wheelhouse with no package index
+reachable; then the shipped smoke tests (jatools/validate/cleanroom_smoke.py)
+run from outside the checkout in isolated mode. A lite wheel fetches its
+attention libraries from a release of this checkout's JIT libraries served on
+127.0.0.1.
 
-The steps of one wheel are data (`plan`): the same list runs locally, with the
-room's scrubbed environment, or inside the validation image through `<engine>
-exec`; paths are as the room's processes see them (a `Layout`), so one plan
-describes both. The one step runner (jatools/steps.py) runs and times them, with
-a log per step in the room; each becomes a check in the report: per wheel, per
-check, pass or fail and time, as one screen of text and as JSON (default
-build/validate/report.json). The JSON names each wheel by file name and sha256,
-so a wheel changed after validation no longer matches its report (`covers`, which
-the release job reads). `invoke validate` and scripts/validate_wheel.sh call `main`.
+The steps of one wheel are data (`plan`), with paths as the room's processes
+see them (a `Layout`), so one plan runs both locally, in the room's scrubbed
+environment, and through `<engine> exec`. jatools/steps.py runs and times them,
+a log per step in the room; each becomes a check of the report (one screen of
+text, and JSON, default build/validate/report.json). The JSON names each wheel
+by file name and sha256, so a wheel changed after validation no longer matches
+its report (`covers`, which the release job reads). `invoke validate` and
+scripts/validate_wheel.sh call `main`.
 """
 from __future__ import annotations
 
@@ -112,11 +110,8 @@ class WheelResult:
         return bool(self.checks) and all(c.ok for c in self.checks)
 
     def phase_seconds(self) -> dict[str, float]:
-        out = {p: 0.0 for p in PHASES}
-        for c in self.checks:
-            out[c.phase] += c.seconds
-        out["total"] = sum(out[p] for p in PHASES)
-        return {k: round(v, 2) for k, v in out.items()}
+        out = {p: sum(c.seconds for c in self.checks if c.phase == p) for p in PHASES}
+        return {k: round(v, 2) for k, v in {**out, "total": sum(out.values())}.items()}
 
 
 @dataclass
@@ -150,28 +145,21 @@ class Report:
         lines = [f"clean-room validation ({self.route_note})"]
         for r in self.results:
             ph = r.phase_seconds()
-            lines.append("")
-            lines.append(f"{r.variant:<5} {r.wheel}  [{r.route}]")
+            lines += ["", f"{r.variant:<5} {r.wheel}  [{r.route}]"]
             for c in r.checks:
                 text = f"  {'pass' if c.ok else 'FAIL'}  {c.name:<24} {c.seconds:7.2f} s  {c.message}"
                 lines.append(text[:width] if c.ok else text)  # a failure is shown whole
-            for n in r.notes:
-                lines.append(f"  note  {n}"[:width])
+            lines += [f"  note  {n}"[:width] for n in r.notes]
             lines.append(f"  {'PASS' if r.ok else 'FAIL'}  {r.variant}: environment {ph['environment']:.1f} s, "
                          f"install {ph['install']:.1f} s, smoke {ph['smoke']:.1f} s, total {ph['total']:.1f} s")
-        verdict = "PASS" if self.ok else "FAIL"
-        lines.append("")
-        lines.append(f"{verdict}: {sum(r.ok for r in self.results)} of {len(self.results)} wheel(s) validated "
-                     f"in {self.seconds:.1f} s")
+        lines += ["", (f"{'PASS' if self.ok else 'FAIL'}: {sum(r.ok for r in self.results)} of "
+                       f"{len(self.results)} wheel(s) validated in {self.seconds:.1f} s")]
         return "\n".join(lines)
 
 
 def covers(path: Path, wheels: list[Path]) -> bool:
-    """Whether the report at `path` shows every one of `wheels` (same name and sha256) validated and passing.
-
-    For callers that skip an up-to-date validation (the release job): a wheel
-    rebuilt or edited since has another sha256 and is validated again.
-    """
+    """Whether the report at `path` shows every one of `wheels` (same name and sha256) validated and passing:
+    the release job skips an up-to-date validation, and a wheel changed since has another sha256."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError):
@@ -234,26 +222,25 @@ def wheel_identity(wheel: Path) -> dict:
 # --- the release a lite wheel fetches from ---------------------------------------------
 
 def release_folder(root: Path, cache_id: str, given: Path | None, log: Log) -> Path:
-    """A folder holding jit-libs-<cache_id>/ with its manifest: --release, else this checkout's staged publish.
-
-    Staging (`invoke jit.publish --stage-only`: compress, verify, manifest) happens
-    only when this checkout has not staged that release yet.
-    """
+    """A folder holding jit-libs-<cache_id>/ with its manifest: --release, else this checkout's staged publish
+    (`invoke jit.publish --stage-only`, run here when this checkout has not staged that release yet)."""
     tag = reuse_gate.release_tag(cache_id)
+    holds = lambda folder: (folder / tag / mf.MANIFEST_NAME).is_file()
     if given is not None:
-        if not (given / tag / mf.MANIFEST_NAME).is_file():
-            raise ValidationError(f"{given} holds no {tag}/{mf.MANIFEST_NAME}; pass the folder that `invoke jit.publish "
-                                  f"--to DIR` wrote, for the lite wheel's cache id {cache_id}")
+        if not holds(given):
+            raise ValidationError(f"{given} holds no {tag}/{mf.MANIFEST_NAME}; pass the folder that `invoke "
+                                  f"jit.publish --to DIR` wrote, for the lite wheel's cache id {cache_id}")
         return given
     settings = config.load(root=root)
     staged = settings.build_dir / "jit-libs-publish"  # where jatools.jitlibs.publish stages a release
-    if not (staged / tag / mf.MANIFEST_NAME).is_file():
+    if not holds(staged):
         log(f"cleanroom: staging this checkout's JIT libraries as {tag} (the lite wheel fetches them)")
         try:
             publish.publish(settings, "stage-only", stage_only=True, log=log)
         except publish.PublishError as e:
-            raise ValidationError(f"cannot stage this checkout's JIT libraries for the lite wheel's fetch: {e}") from None
-    if not (staged / tag / mf.MANIFEST_NAME).is_file():
+            raise ValidationError(f"cannot stage this checkout's JIT libraries for the lite wheel's fetch: {e}") \
+                from None
+    if not holds(staged):
         have = sorted(p.name for p in staged.glob(f"{reuse_gate.TAG_PREFIX}*") if p.is_dir())
         raise ValidationError(
             f"the lite wheel needs the JIT libraries of cache id {cache_id}, but this checkout's build/aiter_build "
@@ -284,11 +271,8 @@ class Layout:
 
 def plan(layout: Layout, installer: cenv.Installer, variant: str, pins: list[str]) -> list[steps.Step]:
     """Every step for one wheel. `pins` (e.g. jax==0.11.0) keep the resolver at the versions under test.
-
-    With `layout.host_deps` the venv sees those folders' installed packages (an offline GPU host's JAX
-    and its plugin), and the installer adds only the wheel and what they lack. A lite wheel's smoke step
-    serves `layout.release` on 127.0.0.1 and fetches from it.
-    """
+    With `layout.host_deps` the venv sees those folders' installed packages (an offline GPU host's JAX and
+    plugin), and the installer adds only the wheel and what they lack."""
     py = f"{layout.venv}/bin/python"
     todo = [("venv", installer.create(layout.python, layout.venv))]
     if layout.host_deps:
@@ -359,30 +343,20 @@ def run_plan(todo: list[steps.Step], variant: str, room: cenv.Room, result: Whee
 def _timed(result: WheelResult, name: str, phase: str, fn: Callable[[], tuple[str, object]]):
     """Run fn as one check; its (message, value) on success, None (a failed check recorded) on a known error."""
     start = time.perf_counter()
-    value = None
     try:
-        msg, value = fn()
-        ok = True
+        (msg, value), ok = fn(), True
     except (wheel_checks.RecordError, cenv.CleanRoomError, ValidationError, wheelhouse.WheelhouseError) as e:
-        msg, ok = str(e), False
+        msg, value, ok = str(e), None, False
     result.checks.append(Check(name, phase, ok, round(time.perf_counter() - start, 3), msg))
-    return value if ok else None
-
-
-def _stock_smoke(dest: Path, wheel: Path, root: Path) -> None:
-    """The files the smoke step reads: the script, the references, the wheel's RECORD."""
-    shutil.copy2(SMOKE_SOURCE, dest / SMOKE_SCRIPT)
-    shutil.copy2(root / REFERENCE_SOURCE, dest / "reference.py")
-    (dest / RECORD_COPY).write_text(wheel_checks.read_record_text(wheel))
+    return value
 
 
 def validate_wheel(wheel: Path, opts: Options, engine: cenv.Probe | None, wh: Path, python: Path,
                    pins: list[str], host: HostDeps | None = None) -> WheelResult:
-    variant = wheel_variant(wheel)
-    ident = wheel_identity(wheel)
+    variant, ident = wheel_variant(wheel), wheel_identity(wheel)
     backend = ident.get("backend", "cpu")
-    result = WheelResult(wheel.name, sha256_file(wheel), variant, str(parse_wheel_filename(wheel.name)[1]),
-                         backend, "")
+    result = WheelResult(wheel.name, sha256_file(wheel), variant, str(parse_wheel_filename(wheel.name)[1]), backend,
+                         "")
     opts.log(f"cleanroom: {variant}: {wheel.name}")
     if not _timed(result, "wheel-record", "wheel",
                   lambda: (f"{wheel_checks.verify_record(wheel)} files match the wheel's RECORD", True)):
@@ -397,8 +371,10 @@ def validate_wheel(wheel: Path, opts: Options, engine: cenv.Probe | None, wh: Pa
         if release is None:
             return result
     room = cenv.Room.create(opts.root, reusable=not opts.keep)
-    try:
-        _stock_smoke(room.smoke, wheel, opts.root)
+    try:  # the files the smoke step reads: the script, the references, the wheel's RECORD
+        shutil.copy2(SMOKE_SOURCE, room.smoke / SMOKE_SCRIPT)
+        shutil.copy2(opts.root / REFERENCE_SOURCE, room.smoke / "reference.py")
+        (room.smoke / RECORD_COPY).write_text(wheel_checks.read_record_text(wheel))
         if engine is None:
             _engine_free(result, room, opts, wheel, wh, python, pins, release, host)
         else:
@@ -422,11 +398,8 @@ class HostDeps:
 
 
 def host_dependencies(python: Path) -> HostDeps:
-    """What `python` holds; an error when it has no JAX.
-
-    For `--deps-from`: an offline GPU host whose JAX and GPU plugin are installed (a wheelhouse
-    cannot be filled there), so the clean room uses them instead of the wheelhouse's floor pins.
-    """
+    """What `python` holds, or an error when it has no JAX. For `--deps-from`: an offline GPU host (where no
+    wheelhouse can be filled) whose installed JAX and plugin replace the wheelhouse's floor pins."""
     code = ("import json, site, importlib.metadata as m\n"
             "def v(n):\n try: return m.version(n)\n except m.PackageNotFoundError: return None\n"
             "names = ['jax', 'jaxlib'] + sorted({d.metadata['Name'] for d in m.distributions() "
@@ -461,13 +434,13 @@ def _engine_free(result: WheelResult, room: cenv.Room, opts: Options, wheel: Pat
     gpu = cenv.host_gpu(result.backend)
     result.notes.append(f"GPU: {gpu} present, the smoke tests also run on the GPU" if gpu else
                         f"GPU: none of backend {result.backend} on this host; CPU only")
-    gpu_backend = result.backend if gpu else None
     # pip compiles bytecode while it installs; with uv, the dependencies' bytecode is kept between rooms.
     pycache = cenv.bytecode_cache(wh / ".pycache", room) if installer.kind == "uv" and room.lock else None
     layout = Layout(python=str(python), venv=str(room.venv), work=str(room.work), smoke=str(room.smoke),
                     out=str(room.tmp), wheel=str(wheel.resolve()), wheelhouse=str(wh),
                     release=str(release) if release else None, checkout=str(opts.root),
-                    pycache=str(pycache) if pycache else None, gpu=gpu_backend, host_deps=host.paths if host else ())
+                    pycache=str(pycache) if pycache else None, gpu=result.backend if gpu else None,
+                    host_deps=host.paths if host else ())
     env = cenv.clean_env(room, installer)
     todo = [dataclasses.replace(s, cwd=room.work, env=env) for s in plan(layout, installer, result.variant, pins)]
     run_plan(todo, result.variant, room, result, opts.log)

@@ -11,22 +11,19 @@ every config file and index, and proxies that refuse every connection except to
 quietly reaching PyPI. Only the variables that select GPUs pass through.
 
 The container path: an engine counts only when its daemon answers (`docker
-info`), not when its client is installed: a client without a daemon (this
-project's build machine) is reported, and validation takes the engine-free path.
-The image is used when present, else pulled, else built locally, and the log says
-which and why. The wheel, the smoke files and the release are mounted read-only;
-the container runs with no network (the release server listens on the
-container's own 127.0.0.1), as the image's non-root user with HOME and
-XDG_CACHE_HOME under /tmp, and with the GPU flags of the wheel's backend when this
-host has such a GPU.
+info`); a client without a daemon takes the engine-free path, and says so. The
+image is used when present, else pulled, else built locally (the log says which).
+The container gets the wheel, smoke files and release read-only, no network (the
+release server listens on its own 127.0.0.1), the image's non-root user with
+HOME and XDG_CACHE_HOME under /tmp, and the GPU flags of the wheel's backend
+when this host has such a GPU.
 
 The validation image's tag is derived from the recipe, never typed: ``v`` + the
 first 12 hex of the sha256 of ``docker/validation/Dockerfile.lite``, plus
-``-<variant>`` for a variant. Editing the Dockerfile therefore names a new image,
-and the validation-image workflow publishes it on the next push instead of
-validating against a stale environment. Variants are the Dockerfile's
-``base-<variant>`` stages, read from the file itself so the list cannot drift from
-the recipe. ``ci/validation_image_id.sh`` prints the tag (this module's `main`).
+``-<variant>`` for a variant, so editing the Dockerfile names a new image (the
+validation-image workflow publishes it on the next push). Variants are the
+Dockerfile's ``base-<variant>`` stages, read from the file itself so the list
+cannot drift from the recipe. ``ci/validation_image_id.sh`` prints the tag (this module's `main`).
 """
 from __future__ import annotations
 
@@ -78,11 +75,12 @@ def find_python(version: str, env: dict[str, str] | None = None) -> Path:
         return Path(env["JA_VALIDATE_PYTHON"])
     if f"{sys.version_info[0]}.{sys.version_info[1]}" == version:
         return Path(getattr(sys, "_base_executable", sys.executable)).resolve()
-    candidates = [shutil.which(f"python{version}")]
     pyenv_root = Path(env.get("PYENV_ROOT") or Path.home() / ".pyenv")
-    candidates += sorted(str(p) for p in pyenv_root.glob(f"versions/{version}*/bin/python{version}"))
+    candidates = [shutil.which(f"python{version}"),
+                  *sorted(str(p) for p in pyenv_root.glob(f"versions/{version}*/bin/python{version}"))]
     for cand in filter(None, candidates):
-        out = subprocess.run([cand, "-c", "import sys; print(sys.executable)"], check=False, capture_output=True, text=True)
+        out = subprocess.run([cand, "-c", "import sys; print(sys.executable)"], check=False, capture_output=True,
+                             text=True)
         if out.returncode == 0 and out.stdout.strip():
             return Path(out.stdout.strip())
     raise CleanRoomError(f"no Python {version} found for the clean room (JAX needs it); install it "
@@ -92,8 +90,7 @@ def find_python(version: str, env: dict[str, str] | None = None) -> Path:
 
 def find_uv() -> Path | None:
     """uv on PATH, else the one the `uv` Python package ships, else None."""
-    found = shutil.which("uv")
-    if found:
+    if found := shutil.which("uv"):
         return Path(found)
     try:
         import uv  # type: ignore[import-not-found]
@@ -152,50 +149,26 @@ def host_gpu(backend: str, dev: Path = Path("/dev")) -> Path | None:
 
 
 def inside(path: Path, root: Path) -> bool:
-    try:
-        path.resolve().relative_to(root.resolve())
-        return True
-    except ValueError:
-        return False
+    return path.resolve().is_relative_to(root.resolve())
 
 
 @dataclass(frozen=True)
 class Room:
     """The folders of one clean room, all under one temporary folder outside the checkout.
 
-    A reusable room sits at a fixed path (`<tmp>/ja-cleanroom-<uid>/slot<N>`, held
-    by a lock), so the bytecode of the dependencies can be kept between rooms (see
-    `bytecode_cache`). It stays after use and is moved aside when the slot is next
-    claimed, then deleted in the background (a non-daemon thread, so it finishes
-    before the process exits). A kept room (--keep) gets a unique path.
+    A reusable room sits at a fixed path (`<tmp>/ja-cleanroom-<uid>/slot<N>`, held by a lock), so the
+    dependencies' bytecode can be kept (`bytecode_cache`); it is moved aside when the slot is next claimed
+    and deleted by a non-daemon thread. A kept room (--keep) gets a unique path.
     """
 
     root: Path
     lock: object | None = field(default=None, compare=False, repr=False)
-
-    @property
-    def venv(self) -> Path:
-        return self.root / "venv"
-
-    @property
-    def home(self) -> Path:
-        return self.root / "home"
-
-    @property
-    def cache(self) -> Path:
-        return self.root / "home" / ".cache"
-
-    @property
-    def work(self) -> Path:
-        return self.root / "work"
-
-    @property
-    def smoke(self) -> Path:
-        return self.root / "smoke"
-
-    @property
-    def tmp(self) -> Path:
-        return self.root / "tmp"
+    venv = property(lambda self: self.root / "venv")
+    home = property(lambda self: self.root / "home")
+    cache = property(lambda self: self.root / "home" / ".cache")
+    work = property(lambda self: self.root / "work")
+    smoke = property(lambda self: self.root / "smoke")
+    tmp = property(lambda self: self.root / "tmp")
 
     @classmethod
     def create(cls, checkout: Path, base: Path | None = None, reusable: bool = False) -> Room:
@@ -239,20 +212,14 @@ def _empty_trash(parent: Path) -> None:
 def bytecode_cache(prefix: Path, room: Room) -> Path:
     """The `-X pycache_prefix` folder for `room`, with everything but the dependencies' bytecode removed.
 
-    A fresh venv compiles every module JAX imports on first use (seconds). With a
-    fixed room path, the bytecode of the dependencies (files hard-linked from
-    uv's cache, checked by CPython against their size and mtime) is reused; the
-    wheel under test (jax_aiter) and everything outside site-packages are always
-    compiled afresh.
+    A fresh venv compiles every module JAX imports on first use (seconds); with a fixed room path the
+    dependencies' bytecode (their files hard-linked from uv's cache, so size and mtime match) is reused.
     """
     mirror = prefix / room.root.relative_to(room.root.anchor)
-    if mirror.is_dir():
-        for child in mirror.iterdir():
-            if child.name != "venv":
-                shutil.rmtree(child, ignore_errors=True)
-        for site in mirror.glob("venv/lib/python*/site-packages"):
-            for ours in site.glob("jax_aiter*"):
-                shutil.rmtree(ours, ignore_errors=True)
+    stale = [c for c in mirror.iterdir() if c.name != "venv"] if mirror.is_dir() else []
+    stale += mirror.glob("venv/lib/python*/site-packages/jax_aiter*")
+    for child in stale:
+        shutil.rmtree(child, ignore_errors=True)
     prefix.mkdir(parents=True, exist_ok=True)
     return prefix
 
@@ -260,23 +227,14 @@ def bytecode_cache(prefix: Path, room: Room) -> Path:
 def clean_env(room: Room, installer: Installer, source: dict[str, str] | None = None) -> dict[str, str]:
     """The whole environment of every process in the room (an allow-list, see the module docstring)."""
     source = os.environ if source is None else source
-    env = {
-        "PATH": f"{room.venv}/bin:/usr/local/bin:/usr/bin:/bin",
-        "HOME": str(room.home),
-        "XDG_CACHE_HOME": str(room.cache),
-        "TMPDIR": str(room.tmp),
-        "LANG": "C.UTF-8",
-        "LC_ALL": "C.UTF-8",
-        "PIP_CONFIG_FILE": os.devnull,
-        "PIP_NO_INDEX": "1",
-        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-        "PYTHONNOUSERSITE": "1",
-        "http_proxy": DEAD_PROXY, "https_proxy": DEAD_PROXY, "HTTP_PROXY": DEAD_PROXY, "HTTPS_PROXY": DEAD_PROXY,
-        "no_proxy": "127.0.0.1,localhost", "NO_PROXY": "127.0.0.1,localhost",
-        "CI": source.get("CI", ""),  # progress output: plain lines in CI logs
-    }
-    env.update(installer.env())
-    env.update({k: source[k] for k in GPU_PASSTHROUGH if k in source})
+    env = {"PATH": f"{room.venv}/bin:/usr/local/bin:/usr/bin:/bin", "HOME": str(room.home),
+           "XDG_CACHE_HOME": str(room.cache), "TMPDIR": str(room.tmp), "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
+           "PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+           "PYTHONNOUSERSITE": "1", **dict.fromkeys(("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"),
+                                                     DEAD_PROXY),
+           **dict.fromkeys(("no_proxy", "NO_PROXY"), "127.0.0.1,localhost"),
+           "CI": source.get("CI", ""),  # progress output: plain lines in CI logs
+           **installer.env(), **{k: source[k] for k in GPU_PASSTHROUGH if k in source}}
     return {k: v for k, v in env.items() if v != ""}
 
 
@@ -289,10 +247,6 @@ def remove(room: Room) -> None:
 
 
 # --- the container path -------------------------------------------------------------
-
-def _run(cmd: Sequence[str], timeout: float | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(list(cmd), check=False, capture_output=True, text=True, timeout=timeout)
-
 
 @dataclass(frozen=True)
 class Probe:
@@ -307,8 +261,9 @@ def probe(engine: str, run: Run | None = None, which: Callable[[str], str | None
     path = which(engine)
     if path is None:
         return Probe(engine, None, False, f"{engine} is not installed")
+    run = run or (lambda c: subprocess.run(list(c), check=False, capture_output=True, text=True, timeout=20))
     try:
-        out = (run or (lambda c: _run(c, timeout=20)))([path, "info", "--format", INFO_FORMAT[engine]])
+        out = run([path, "info", "--format", INFO_FORMAT[engine]])
     except subprocess.TimeoutExpired:
         return Probe(engine, path, False, f"`{engine} info` did not answer within 20 s")
     if out.returncode == 0 and out.stdout.strip():
@@ -345,14 +300,13 @@ def gpu_flags(backend: str, dev: Path = Path("/dev")) -> tuple[list[str], str]:
     if node is None:
         return [], ("CPU wheel: no GPU flags" if backend not in ("rocm", "cuda") else
                     f"no {backend} device on this host: the wheel is validated on the CPU only")
-    if backend == "rocm":
-        gids = sorted({os.stat(n).st_gid for n in [node, *sorted((dev / "dri").glob("*"))]})
-        flags = ["--device", "/dev/kfd", "--device", "/dev/dri"]
-        for gid in gids:
-            flags += ["--group-add", str(gid)]
-        return flags + ["--ipc=host", f"--shm-size={SHM_SIZE}", "--security-opt", "seccomp=unconfined"], \
-            f"ROCm devices {node} and {dev / 'dri'} (groups {', '.join(map(str, gids))})"
-    return ["--gpus", "all", "--ipc=host", f"--shm-size={SHM_SIZE}"], "NVIDIA GPUs (--gpus all)"
+    shared = ["--ipc=host", f"--shm-size={SHM_SIZE}"]
+    if backend == "cuda":
+        return ["--gpus", "all", *shared], "NVIDIA GPUs (--gpus all)"
+    gids = sorted({os.stat(n).st_gid for n in [node, *sorted((dev / "dri").glob("*"))]})
+    groups = [a for gid in gids for a in ("--group-add", str(gid))]
+    return (["--device", "/dev/kfd", "--device", "/dev/dri", *groups, *shared, "--security-opt", "seccomp=unconfined"],
+            f"ROCm devices {node} and {dev / 'dri'} (groups {', '.join(map(str, gids))})")
 
 
 def acquire_image(engine: str, ref: str, build_args: list[str], run: Run, log: Callable[[str], None]) -> str:
@@ -381,14 +335,9 @@ class Mounts:
     release: Path | None
 
     def flags(self) -> list[str]:
-        pairs = [(self.wheel, f"{MOUNT}/wheel/{self.wheel.name}", "ro"), (self.smoke, f"{MOUNT}/smoke", "ro"),
-                 (self.out, f"{MOUNT}/out", "rw")]
-        if self.release is not None:
-            pairs.append((self.release, f"{MOUNT}/release", "ro"))
-        out = []
-        for host, inside, mode in pairs:
-            out += ["--volume", f"{host.resolve()}:{inside}:{mode}"]
-        return out
+        pairs = [(self.wheel, f"wheel/{self.wheel.name}", "ro"), (self.smoke, "smoke", "ro"), (self.out, "out", "rw"),
+                 *([(self.release, "release", "ro")] if self.release is not None else [])]
+        return [a for host, at, mode in pairs for a in ("--volume", f"{host.resolve()}:{MOUNT}/{at}:{mode}")]
 
 
 def start_command(engine: str, ref: str, name: str, mounts: Mounts, gpu: list[str]) -> list[str]:
@@ -416,11 +365,6 @@ def dockerfile(root: Path | None = None) -> Path:
     return path
 
 
-def recipe_hash(root: Path | None = None) -> str:
-    """First 12 hex of the Dockerfile's sha256 (the whole recipe lives in that one file)."""
-    return sha256_file(dockerfile(root))[:TAG_HEX]
-
-
 def variants(root: Path | None = None) -> tuple[str, ...]:
     """The variants the Dockerfile defines, as its ``FROM ... AS base-<variant>`` stages."""
     text = dockerfile(root).read_text()
@@ -430,18 +374,12 @@ def variants(root: Path | None = None) -> tuple[str, ...]:
     return found
 
 
-def _check_variant(variant: str, root: Path | None) -> None:
-    known = variants(root)
-    if variant not in known:
-        raise CleanRoomError(f"unknown validation image variant {variant!r}; {DOCKERFILE} defines {', '.join(known)}")
-
-
 def image_tag(variant: str | None = None, root: Path | None = None) -> str:
-    """``v<hash12>`` (the recipe) or ``v<hash12>-<variant>`` (one built image)."""
-    if variant is None:
-        return f"v{recipe_hash(root)}"
-    _check_variant(variant, root)
-    return f"v{recipe_hash(root)}-{variant}"
+    """``v<hash12>`` (the recipe: the Dockerfile's sha256) or ``v<hash12>-<variant>`` (one built image)."""
+    if variant is not None and variant not in (known := variants(root)):
+        raise CleanRoomError(f"unknown validation image variant {variant!r}; {DOCKERFILE} defines {', '.join(known)}")
+    tag = f"v{sha256_file(dockerfile(root))[:TAG_HEX]}"
+    return tag if variant is None else f"{tag}-{variant}"
 
 
 def repository(root: Path | None = None, env: dict[str, str] | None = None) -> str:

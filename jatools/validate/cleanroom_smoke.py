@@ -1,19 +1,17 @@
 """Clean-room smoke tests: shipped into a fresh environment and run there, never imported by the repo.
 
 The clean room (jatools/validate/cleanroom.py) copies this file, next to tests/ops/reference.py
-(the float64 references the op tests use), into a folder outside the checkout and
-runs it with the environment's interpreter in isolated mode (`python -I`), from a
-working directory outside the checkout. It imports only the standard library,
-NumPy, JAX and the *installed* jax_aiter, so it proves what a user of the wheel
-gets, not what the source tree provides.
+(the op tests' float64 references), into a folder outside the checkout and runs it in isolated
+mode (`python -I`) from outside the checkout. It imports only the standard library, NumPy, JAX
+and the *installed* jax_aiter, so it proves what a user of the wheel gets.
 
 In order: isolation, installed bytes, identity, each library loading on its own,
-the core ops on every device; then attention. A full wheel runs it at once. A
-lite wheel must first refuse it naming `jax-aiter-fetch-mha`; the script then
-runs that command against the release folder the clean room hands it (--release),
-which it serves on 127.0.0.1 from a thread, and runs attention in this same
-process, as a user who fetches after the first error would. Last, where every jax-aiter library in the process
-was mapped from (/proc/self/maps): only the install and the fetch cache are allowed.
+the core ops on every device; then attention. A lite wheel must first refuse it
+naming `jax-aiter-fetch-mha`, then runs that command against the release folder
+it is handed (--release, served on 127.0.0.1 from a thread) and runs attention in
+this process, as a user who fetches after the first error would. Last, where each
+jax-aiter library in the process was mapped from (/proc/self/maps): only the
+install and the fetch cache are allowed.
 
 Results go to --out as JSON, a list of {check, ok, seconds, message}; the exit
 status is 0 when every check passed.
@@ -22,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 import base64
-import binascii
+import contextlib
 import csv
 import functools
 import http.server
@@ -39,7 +37,7 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-HOST_DEPS_PTH = "ja-host-deps.pth"  # jatools.validate.cleanroom writes it for --deps-from (this script imports no jatools)
+HOST_DEPS_PTH = "ja-host-deps.pth"  # jatools.validate.cleanroom writes it for --deps-from (no jatools import here)
 
 DIST = "jax-aiter"
 FETCH_COMMAND = "jax-aiter-fetch-mha"
@@ -64,13 +62,7 @@ class CheckFailed(AssertionError):
 
 
 def _inside(path: Path, root: Path | None) -> bool:
-    if root is None:
-        return False
-    try:
-        path.resolve().relative_to(root.resolve())
-        return True
-    except ValueError:
-        return False
+    return root is not None and path.resolve().is_relative_to(root.resolve())
 
 
 class Smoke:
@@ -87,8 +79,7 @@ class Smoke:
     def run(self, name: str, fn, *a) -> bool:
         start = time.perf_counter()
         try:
-            note = fn(*a)
-            ok, message = True, note or ""
+            ok, message = True, fn(*a) or ""
         except CheckFailed as e:
             ok, message = False, str(e)
         except Exception as e:  # noqa: BLE001  (an unexpected error is a failure that names itself)
@@ -115,61 +106,35 @@ class Smoke:
 
     # --- where things come from ----------------------------------------------------------
 
-    def allowed_roots(self) -> list[Path]:
-        roots = [self.purelib, self.platlib]
-        cache = self.fetch_cache()
-        if cache is not None:
-            roots.append(cache)
-        return roots
-
-    def fetch_cache(self) -> Path | None:
+    def packaged_libraries(self) -> list[Path]:
         from jax_aiter import _loader
 
-        return _loader.fetch_cache_dir()
-
-    def lib_dir(self) -> Path:
-        from jax_aiter import _loader
-
-        return _loader.PACKAGED_LIB_DIR
+        return sorted(_loader.PACKAGED_LIB_DIR.glob("*.so*"))
 
     def our_library_names(self) -> set[str]:
         from jax_aiter import _loader
 
-        names = {_loader.UMBRELLA, *_loader.MHA_JIT_LIBS}
-        for spec in _loader.OPS.values():
-            names.add(spec.shim)
-            names.update(spec.jit)
-        if self.lib_dir().is_dir():
-            names.update(p.name for p in self.lib_dir().glob("*.so*"))
-        return names
-
-    def where(self, path: Path) -> str:
-        if _inside(path, self.checkout):
-            return f"the checkout {self.checkout}"
-        return "outside the install and the fetch cache"
+        return {_loader.UMBRELLA, *_loader.MHA_JIT_LIBS, *(p.name for p in self.packaged_libraries()),
+                *(lib for spec in _loader.OPS.values() for lib in (spec.shim, *spec.jit))}
 
     def check_origins(self, mapped: list[str], context: str) -> list[str]:
+        """Where each of our libraries in `mapped` came from, when that is not the install or the fetch cache."""
+        from jax_aiter import _loader
+
         ours = self.our_library_names()
-        roots = self.allowed_roots()
-        bad = []
-        for m in mapped:
-            p = Path(m)
-            if p.name in ours and not any(_inside(p, r) for r in roots):
-                bad.append(f"{p.name} was loaded from {p} ({self.where(p)}){context}")
-        return bad
+        roots = [self.purelib, self.platlib, _loader.fetch_cache_dir()]
+        where = {True: f"the checkout {self.checkout}", False: "outside the install and the fetch cache"}
+        return [f"{p.name} was loaded from {p} ({where[_inside(p, self.checkout)]}){context}"
+                for p in map(Path, mapped) if p.name in ours and not any(_inside(p, r) for r in roots)]
 
     # --- checks --------------------------------------------------------------------------
 
     def isolation(self) -> str:
-        problems = []
-        if not sys.flags.isolated:
-            problems.append("the interpreter is not in isolated mode (run it with `python -I`)")
-        cwd = Path.cwd()
-        if _inside(cwd, self.checkout):
+        problems = [] if sys.flags.isolated else ["the interpreter is not in isolated mode (run it with `python -I`)"]
+        if _inside(cwd := Path.cwd(), self.checkout):
             problems.append(f"the working directory {cwd} is inside the checkout")
-        for entry in sys.path:
-            if entry and _inside(Path(entry), self.checkout):
-                problems.append(f"sys.path holds {entry}, inside the checkout{self.pth_source(entry)}")
+        problems += [f"sys.path holds {entry}, inside the checkout{self.pth_source(entry)}" for entry in sys.path
+                     if entry and _inside(Path(entry), self.checkout)]
         import jax_aiter
 
         where = Path(jax_aiter.__file__).resolve()
@@ -199,25 +164,22 @@ class Smoke:
         from jax_aiter.integrity import sha256_files
 
         dist = metadata.distribution(DIST)
-        rows = list(csv.reader(io.StringIO(Path(self.args.record).read_text())))
-        want: dict[Path, tuple[str, int]] = {}
-        for row in rows:
+        want: dict[Path, str] = {}
+        for row in csv.reader(io.StringIO(Path(self.args.record).read_text())):
             if len(row) < 3 or not row[1]:
                 continue  # RECORD lists itself without a hash
-            path, digest, size = row[0], row[1], row[2]
-            if ".data/" in path.split("/", 1)[0] + "/" or path.split("/", 1)[0].endswith(".data"):
+            if row[0].split("/", 1)[0].endswith(".data"):
                 continue  # scripts/data are rewritten by the installer
-            algo, _, b64 = digest.partition("=")
+            algo, _, b64 = row[1].partition("=")
             if algo != "sha256":
-                raise CheckFailed(f"RECORD entry {path} uses {algo}, not sha256")
-            hexd = binascii.hexlify(base64.urlsafe_b64decode(b64 + "=" * (-len(b64) % 4))).decode()
-            want[Path(dist.locate_file(path))] = (hexd, int(size) if size else -1)
+                raise CheckFailed(f"RECORD entry {row[0]} uses {algo}, not sha256")
+            want[Path(dist.locate_file(row[0]))] = base64.urlsafe_b64decode(b64 + "=" * (-len(b64) % 4)).hex()
         missing = [str(p) for p in want if not p.is_file()]
         if missing:
             raise CheckFailed(f"{len(missing)} file(s) of the wheel were not installed: {', '.join(missing[:5])}")
         got = sha256_files(list(want))
         wrong = [f"{p.name} (sha256 {got[str(p)][:12]}..., RECORD says {h[:12]}...)"
-                 for p, (h, _) in want.items() if got[str(p)] != h]
+                 for p, h in want.items() if got[str(p)] != h]
         if wrong:
             raise CheckFailed(f"installed bytes differ from the wheel's RECORD: {', '.join(wrong[:5])}")
         return f"{len(want)} files match the wheel's RECORD"
@@ -240,16 +202,13 @@ class Smoke:
             raise CheckFailed(f"{_loader.IDENTITY_FILE.name}: " + "; ".join(problems))
         return f"{version} {ident['variant']} cache_id={ident['cache_id']} backend={ident.get('backend', '?')}"
 
-    def packaged_libraries(self) -> list[Path]:
-        return sorted(self.lib_dir().glob("*.so*")) if self.lib_dir().is_dir() else []
-
     def load_alone(self) -> str:
         """Each packaged library loads as the first of ours in a fresh process, deps found inside the install."""
         from jax_aiter import _loader
 
         libs = self.packaged_libraries()
         if not libs:
-            raise CheckFailed(f"the wheel ships no libraries in {self.lib_dir()}")
+            raise CheckFailed(f"the wheel ships no libraries in {_loader.PACKAGED_LIB_DIR}")
         packaged = {p.name for p in libs}
         # In a lite wheel the MHA shims need the fetched MHA libraries; nothing else may be absent.
         fetched = set(_loader.MHA_JIT_LIBS) if self.args.variant == "lite" else set()
@@ -272,17 +231,14 @@ class Smoke:
             problems = [msg for msgs in pool.map(one, todo) for msg in msgs]
         if problems:
             raise CheckFailed("; ".join(problems))
-        note = f"{len(todo)} libraries"
-        if deferred:
-            note += f" ({', '.join(sorted(deferred))} need the fetched libraries; the attention check covers them)"
-        return note
+        later = f" ({', '.join(sorted(deferred))} need the fetched libraries; the attention check covers them)"
+        return f"{len(todo)} libraries" + (later if deferred else "")
 
     def library_origins(self) -> str:
         with open("/proc/self/maps") as f:
             fields = [line.split(None, 5) for line in f]
         mapped = sorted({x[5].strip() for x in fields if len(x) == 6 and x[5].startswith("/")})
-        ours = self.our_library_names()
-        used = [m for m in mapped if Path(m).name in ours]
+        used = [m for m in mapped if Path(m).name in self.our_library_names()]
         if not used:
             raise CheckFailed("no jax-aiter library is loaded in this process; the ops cannot have run through them")
         bad = self.check_origins(mapped, "")
@@ -308,18 +264,15 @@ class Smoke:
         done = []
         with jax.default_device(device):
             for dtype in (jnp.float32, jnp.bfloat16):
-                x = ref.random((4, 256), dtype, 1)
-                r = ref.random((4, 256), dtype, 2)
-                w = ref.random((256,), dtype, 3)
+                x, r, w, h = (ref.random(shape, dtype, seed) for seed, shape in
+                              enumerate(((4, 256), (4, 256), (256,), (4, 2 * 128)), 1))
                 what = f"{jnp.dtype(dtype).name} on {device.platform}"
-                ref.assert_close(jax.jit(lambda x, w: ja.rms_norm(x, w, 1e-6))(x, w), ref.rms_norm_ref(x, w, 1e-6), dtype,
-                                 what=f"rms_norm {what}")
+                rms = jax.jit(lambda x, w: ja.rms_norm(x, w, 1e-6))(x, w)
+                ref.assert_close(rms, ref.rms_norm_ref(x, w, 1e-6), dtype, what=f"rms_norm {what}")
                 out, summed = jax.jit(lambda x, r, w: ja.rms_norm_with_add(x, r, w, 1e-6))(x, r, w)
-                s = ref.f64(x) + ref.f64(r)
-                ref.assert_close(summed, s, dtype, what=f"rms_norm_with_add (sum) {what}")
+                ref.assert_close(summed, ref.f64(x) + ref.f64(r), dtype, what=f"rms_norm_with_add (sum) {what}")
                 ref.assert_close(out, ref.rms_norm_ref(jnp.asarray(summed), w, 1e-6), dtype,
                                  what=f"rms_norm_with_add {what}")
-                h = ref.random((4, 2 * 128), dtype, 4)
                 ref.assert_close(jax.jit(ja.silu_and_mul)(h), ref.silu_and_mul_ref(h), dtype,
                                  what=f"silu_and_mul {what}")
                 done.append(jnp.dtype(dtype).name)
@@ -373,24 +326,19 @@ class Smoke:
 
         found = []
         for name in _loader.MHA_JIT_LIBS:
-            try:
+            with contextlib.suppress(_loader.LibraryNotFoundError):
                 found.append(str(_loader.find_library(name)))
-            except _loader.LibraryNotFoundError:
-                pass
         return ", ".join(found) or "found nowhere the loader looks"
 
     def devices(self) -> list:
-        """The CPU, plus the first GPU when JAX sees one (required with --expect-gpu)."""
+        """(tag, device): the CPU, plus the first GPU when JAX sees one (required with --expect-gpu)."""
         import jax
 
-        devs = [jax.devices("cpu")[0]]
         try:
             gpus = [d for d in jax.devices() if d.platform != "cpu"]
         except RuntimeError:
             gpus = []
-        if gpus:
-            devs.append(gpus[0])
-        return devs
+        return [("cpu", jax.devices("cpu")[0]), *(("gpu", g) for g in gpus[:1])]
 
     def gpu_visible(self) -> str:
         import jax
@@ -433,20 +381,16 @@ class Smoke:
         if self.args.expect_gpu:
             self.run("gpu-visible", self.gpu_visible)
         devices = self.devices()
-        for dev in devices:
-            self.run(f"core-ops[{self.tag(dev)}]", self.core_ops, dev)
+        for tag, dev in devices:
+            self.run(f"core-ops[{tag}]", self.core_ops, dev)
         if self.args.variant == "lite":
             self.run("attention-needs-fetch", self.attention_needs_fetch)
             if not self.run("fetch", self.fetch):
                 self.run("library-origin", self.library_origins)
                 return
-        for dev in devices:
-            self.run(f"attention[{self.tag(dev)}]", self.attention, dev)
+        for tag, dev in devices:
+            self.run(f"attention[{tag}]", self.attention, dev)
         self.run("library-origin", self.library_origins)
-
-    @staticmethod
-    def tag(device) -> str:
-        return "gpu" if device.platform != "cpu" else "cpu"
 
 
 def main(argv: list[str] | None = None) -> int:

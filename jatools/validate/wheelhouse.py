@@ -1,17 +1,14 @@
 """The offline wheelhouse the clean room installs from: filled once from the package index, then reused.
 
-Validation must prove a wheel installs with no package index reachable, and it
-must be quick enough to run on every release candidate, so every dependency
-wheel is downloaded once (`invoke validate.wheelhouse`) into a folder
-(default build/wheelhouse) and later installs use `--no-index --find-links`.
+Every dependency wheel is downloaded once (`invoke validate.wheelhouse`) into a
+folder (default build/wheelhouse); installs then use `--no-index --find-links`,
+so validation proves an offline install and stays quick.
 
-What goes in is derived from pyproject.toml, never listed twice: the project's
-dependencies plus its `fetch` extra (the lite wheel's `jax-aiter-fetch-mha`
-needs it), with the packages named in `[tool.jax-aiter] validation_floor`
-(jax, jaxlib) pinned to the lowest version the wheel declares, because that is
-the oldest release we claim to support and the one the FFI shims are built
-against. GPU hosts add the JAX plugin for their backend
-(`validation_plugins_<backend>`, pinned to the same floor).
+What goes in is derived from pyproject.toml: the dependencies plus the `fetch`
+extra (for `jax-aiter-fetch-mha`), with the `[tool.jax-aiter] validation_floor`
+packages (jax, jaxlib) pinned to the lowest version the wheel declares: the
+oldest release we support and the one the FFI shims are built against. GPU
+hosts add their backend's JAX plugin (`validation_plugins_<backend>`, same pin).
 
 A stamp (wheelhouse.json: requirements, Python, files with size and sha256) is
 written last; a wheelhouse is warm when its stamp covers what is wanted and
@@ -52,13 +49,6 @@ def location(root: Path | None = None, flag: str | Path | None = None, env: dict
     return path if path.is_absolute() else root / path
 
 
-def _floor(req: Requirement) -> str | None:
-    for spec in req.specifier:
-        if spec.operator in (">=", "==", "~="):
-            return spec.version
-    return None
-
-
 def requirements(root: Path | None = None, backends: tuple[str, ...] = (), build: bool = False) -> list[str]:
     """What the wheelhouse must hold, as pip requirement strings (sorted, no duplicates); with `build`, also the
     build backend's [build-system].requires, so the front-ends build and install offline from it."""
@@ -66,17 +56,15 @@ def requirements(root: Path | None = None, backends: tuple[str, ...] = (), build
     with open(root / "pyproject.toml", "rb") as f:
         data = tomllib.load(f)
     project = data["project"]
-    raw = config.defaults(root)
-    floor_pinned = {name.lower() for name in raw.get("validation_floor", [])}
-    reqs = [Requirement(r) for r in project.get("dependencies", [])]
-    reqs += [Requirement(r) for r in project.get("optional-dependencies", {}).get("fetch", [])]
-    reqs += [Requirement(r) for r in data.get("build-system", {}).get("requires", [])] if build else []
+    floor_pinned = {name.lower() for name in config.defaults(root).get("validation_floor", [])}
+    reqs = [*project.get("dependencies", []), *project.get("optional-dependencies", {}).get("fetch", []),
+            *(data.get("build-system", {}).get("requires", []) if build else [])]
     out: dict[str, str] = {}
     floors: dict[str, str] = {}
-    for req in reqs:
+    for req in map(Requirement, reqs):
         name = req.name.lower()
         if name in floor_pinned:
-            low = _floor(req)
+            low = next((s.version for s in req.specifier if s.operator in (">=", "==", "~=")), None)
             if low is None:
                 raise WheelhouseError(f"pyproject.toml: dependency {req} has no lower bound, so the clean room "
                                       "cannot install its floor; give it one (e.g. >=X.Y)")
@@ -91,11 +79,8 @@ def requirements(root: Path | None = None, backends: tuple[str, ...] = (), build
 
 
 def plugin_requirements(backend: str, version: str | None, root: Path | None = None) -> list[str]:
-    """The JAX GPU plugin of a backend (`validation_plugins_<backend>`), pinned to `version` (jax's own).
-
-    One list for both consumers: the clean room pins it to the jax floor, the test sessions
-    to the jax their `test` dependency group pins (test_jax_version).
-    """
+    """The JAX GPU plugin of a backend (`validation_plugins_<backend>`), pinned to `version`: the jax floor
+    for the clean room, the `test` group's jax pin (test_jax_version) for the test sessions."""
     raw = config.defaults(root or config.repo_root())
     key = f"validation_plugins_{backend}"
     if key not in raw:
@@ -108,11 +93,10 @@ def test_jax_version(root: Path | None = None) -> str:
     """The jax version the `test` dependency group pins (jax==X): the one the test sessions install."""
     with open((root or config.repo_root()) / "pyproject.toml", "rb") as f:
         group = tomllib.load(f).get("dependency-groups", {}).get("test", [])
-    for r in group:
-        req = Requirement(r) if isinstance(r, str) else None  # {include-group = ...} entries pin nothing here
-        pins = [s.version for s in req.specifier if s.operator == "=="] if req else []
-        if req and req.name.lower() == "jax" and pins:
-            return pins[0]
+    reqs = [Requirement(r) for r in group if isinstance(r, str)]  # {include-group = ...} entries pin nothing here
+    pins = [s.version for req in reqs if req.name.lower() == "jax" for s in req.specifier if s.operator == "=="]
+    if pins:
+        return pins[0]
     raise WheelhouseError("pyproject.toml: the `test` dependency group pins no jax version (jax==X); the GPU "
                           "plugin must match it exactly, so pin it there")
 
@@ -125,23 +109,17 @@ class Status:
     stamp: dict | None
 
 
-def _read_stamp(path: Path) -> dict | None:
+def status(path: Path, wanted: list[str], python_tag: str) -> Status:
+    """Warm when the stamp covers `wanted` for this Python and every stamped file is present at its size."""
     try:
         stamp = json.loads((path / STAMP).read_text())
     except (OSError, ValueError):
-        return None
-    return stamp if isinstance(stamp, dict) and stamp.get("schema") == SCHEMA else None
-
-
-def status(path: Path, wanted: list[str], python_tag: str) -> Status:
-    """Warm when the stamp covers `wanted` for this Python and every stamped file is present at its size."""
-    stamp = _read_stamp(path)
-    if stamp is None:
+        stamp = None
+    if not isinstance(stamp, dict) or stamp.get("schema") != SCHEMA:
         return Status(path, False, f"{path} has no {STAMP} (never filled, or a fill was interrupted)", None)
     missing = sorted(set(wanted) - set(stamp.get("requirements", [])))
     if missing:
-        return Status(path, False, f"{path} was filled for other requirements; it lacks {', '.join(missing)}",
-                      stamp)
+        return Status(path, False, f"{path} was filled for other requirements; it lacks {', '.join(missing)}", stamp)
     if stamp.get("python") != python_tag:
         return Status(path, False, f"{path} holds wheels for Python {stamp.get('python')}, not {python_tag}", stamp)
     for f in stamp.get("files", []):
@@ -164,10 +142,8 @@ def fill(path: Path, wanted: list[str], python: str | Path, log: Log = print,
          run: Callable[[list[str]], subprocess.CompletedProcess] | None = None) -> Status:
     """Download `wanted` and their dependencies as binary wheels; afterwards `path` holds exactly that set.
 
-    pip resolves into a temporary folder beside `path` (wheels already in `path`
-    are offered through --find-links, so they are copied, not downloaded again);
-    then new wheels are moved in, wheels the resolution no longer needs are
-    removed, and the stamp is written last. An interrupted fill leaves no stamp.
+    pip resolves into a temporary folder beside `path` (offered the wheels already there through
+    --find-links); new wheels are moved in, stale ones removed, the stamp written last.
     """
     tag = python_tag(python)
     path.mkdir(parents=True, exist_ok=True)
