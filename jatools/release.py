@@ -177,13 +177,14 @@ def stages(ctx: Context) -> list[steps.Step]:
 
 
 def _stage_report(rec: steps.Record, ctx: Context) -> dict:
-    wheel = rec.result in GREEN and rec.name.startswith("wheel_")
+    green_wheel = rec.result in GREEN and rec.name.startswith("wheel_")
     digests = sha256_files(rec.artifacts)
     return {"name": rec.name, "result": rec.result, "seconds": rec.seconds, "command": rec.command,
             "rerun": rec.rerun,
             "artifacts": [{"path": os.path.relpath(p, ctx.root), "sha256": digests[str(p)], "size": p.stat().st_size}
                           for p in rec.artifacts],
-            "fingerprint": ctx.fingerprints.get(rec.name.removeprefix("wheel_")) if wheel else None, "note": rec.note}
+            "fingerprint": ctx.fingerprints.get(rec.name.removeprefix("wheel_")) if green_wheel else None,
+            "note": rec.note}
 
 
 def run(fetch_jit: str | None = None, dry_run: bool = False, root: Path | None = None) -> int:

@@ -176,9 +176,7 @@ def _toml_value(v) -> str:
         return "{ " + ", ".join(f"{json.dumps(k)} = {_toml_value(x)}" for k, x in v.items()) + " }"
     if isinstance(v, list):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return json.dumps(v)
+    return json.dumps(v)  # strings, numbers, true/false are written as TOML writes them
 
 
 def anchor_pyproject(project: dict, version: str, packages: list[str], layout: Layout) -> str:
