@@ -2,17 +2,10 @@
 
     python -m jatools.release [--fetch-jit URL] [--dry-run]      (nox -s release)
 
-Stages, in order: environment report; umbrella; JIT libraries (built, or
-fetched with --fetch-jit, failing on a miss); FFI shims; the lite and full
-wheels; verify; floor+contents (one scan of each wheel feeds both); the sdist; the clients users run (twine
-check --strict, check-wheel-contents, wheel unpack + pack) on the wheels and
-the sdist; clean-room validation of both wheels. A
-stage whose inputs are unchanged since the last green run is skipped and the
-summary says so (make's own -q for the native targets, input fingerprints for
-the wheels, the validation report's wheel hashes for validation). The first
-failing stage stops the run with its cause and the command that re-runs just
-that stage. Ends with a one-screen summary and dist/release-report.json, which
-`invoke release.upload` requires.
+The stages are `stages()`; the JIT libraries are built, or fetched with --fetch-jit (a miss fails). A stage
+whose inputs are unchanged since the last green run is skipped, and the summary says so. The first failing
+stage stops the run with its cause and the command that re-runs just that stage. Ends with a one-screen
+summary and dist/release-report.json, which `invoke release.upload` requires.
 """
 from __future__ import annotations
 
@@ -35,7 +28,10 @@ from jax_aiter.integrity import sha256_file, sha256_files
 REPORT = "dist/release-report.json"
 SCHEMA = 1
 WHEEL_BUILDER = "jatools.wheel.wheel_build"  # the module the wheel stages run (its imports decide the bytes too)
+CHECKER = "jatools.wheel.wheel_checks"
 LOG_DIR = "build/release"  # one log per stage
+GREEN = ("ok", "up-to-date")  # the results of a stage that passed
+VARIANTS = ("lite", "full")
 
 
 class ReleaseError(RuntimeError):
@@ -51,12 +47,6 @@ class Context:
     wheels: dict[str, Path] = field(default_factory=dict)
     code: list[Path] | None = None  # the wheel builder's code inputs, found once per run
     fingerprints: dict[str, str] = field(default_factory=dict)  # per wheel variant, of its inputs
-
-    def prev_stage(self, name: str) -> dict | None:
-        for s in self.previous.get("stages", []):
-            if s["name"] == name:
-                return s
-        return None
 
 
 def _git(root: Path, *args: str) -> str:
@@ -79,13 +69,9 @@ _PROBE = ("import importlib, json, sys; importlib.import_module(sys.argv[1]); "
 
 
 def code_inputs(root: Path, module: str, python: str = sys.executable) -> list[Path]:
-    """What a stage's code is made of: every source file of this checkout that importing `module` loads,
-    the data files beside them (a layout table), the packaged runtime, and pyproject.toml.
-
-    Derived by importing the module in a fresh interpreter, not from a hand list: a module that decides a
-    wheel's bytes or tag (the floor check, the ELF reader, the settings) cannot be left out of the
-    fingerprint by forgetting to list it.
-    """
+    """What a stage's code is made of: every source file of this checkout that importing `module` (in a fresh
+    interpreter, not a hand list, so none can be forgotten) loads, the data files beside them (a layout table),
+    the packaged runtime, pyproject.toml and the files METADATA is made of (the readme, the licenses)."""
     out = subprocess.run([python, "-c", _PROBE, module], cwd=root, capture_output=True, text=True, check=True,
                          env={**os.environ, "JA_ROOT_DIR": str(root), "PYTHONPATH": str(root)})
     files: set[Path] = set()
@@ -96,15 +82,15 @@ def code_inputs(root: Path, module: str, python: str = sys.executable) -> list[P
             files.update(q for q in p.parent.iterdir() if q.is_file() and q.suffix not in (".py", ".pyc"))
     files.update(q for q in (root / "jax_aiter").rglob("*") if q.is_file() and "__pycache__" not in q.parts)
     files.add(root / "pyproject.toml")
-    with open(root / "pyproject.toml", "rb") as f:  # the files METADATA is made of: the readme, the licenses
-        project = tomllib.load(f)["project"]
+    project = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     readme = project.get("readme")
     for pattern in ([readme] if isinstance(readme, str) else []) + list(project.get("license-files", [])):
         files.update(q for q in root.glob(pattern) if q.is_file())
     return sorted(files)
 
 
-def _wheel_fingerprint(ctx: Context, variant: str) -> str:
+def _wheel_up_to_date(ctx: Context, variant: str) -> str | None:
+    """Why the wheel need not be built again; its inputs' fingerprint is kept for the report either way."""
     settings = config.load()
     libs = sorted(settings.umbrella_dir.glob("*.so")) + sorted(settings.jit_dir.glob("lib*.so"))
     h = hashlib.sha256(variant.encode())
@@ -115,18 +101,12 @@ def _wheel_fingerprint(ctx: Context, variant: str) -> str:
     for key in ("JA_WHEEL_PLAT_NAME", "JA_WHEEL_ARCH", "SOURCE_DATE_EPOCH"):
         h.update(f"{key}={os.environ.get(key, '')}".encode())
     h.update(commit_state(ctx.root)[0].encode())
-    return h.hexdigest()
-
-
-def _wheel_up_to_date(ctx: Context, variant: str) -> str | None:
-    """Why the wheel need not be built again; its inputs' fingerprint is kept for the report either way."""
-    fp = ctx.fingerprints[variant] = _wheel_fingerprint(ctx, variant)
-    prev = ctx.prev_stage(f"wheel_{variant}")
-    if not prev or prev["result"] not in ("ok", "up-to-date") or not prev.get("artifacts"):
+    fp = ctx.fingerprints[variant] = h.hexdigest()
+    prev = next((s for s in ctx.previous.get("stages", []) if s["name"] == f"wheel_{variant}"), None)
+    if not prev or prev["result"] not in GREEN or not prev.get("artifacts"):
         return None
-    art = prev["artifacts"][0]
-    path = ctx.root / art["path"]
-    if prev.get("fingerprint") != fp or not path.is_file() or sha256_file(path) != art["sha256"]:
+    path, want = ctx.root / prev["artifacts"][0]["path"], prev["artifacts"][0]["sha256"]
+    if prev.get("fingerprint") != fp or not path.is_file() or sha256_file(path) != want:
         return None
     ctx.wheels[variant] = path
     return "inputs unchanged since the last green run; the wheel still matches its hash"
@@ -140,90 +120,77 @@ def _wheel_artifact(ctx: Context, variant: str) -> list[Path]:
 
 
 def _wheels(ctx: Context) -> list[str]:
-    return [str(ctx.wheels[v]) for v in ("lite", "full")]
+    return [str(ctx.wheels[v]) for v in VARIANTS]
 
 
 def _validated(ctx: Context) -> str | None:
     from jatools.validate import cleanroom
-    wheels = [ctx.wheels[v] for v in ("lite", "full")]
-    covered = cleanroom.covers(cleanroom.report_path(ctx.root), wheels)
+    covered = cleanroom.covers(cleanroom.report_path(ctx.root), [ctx.wheels[v] for v in VARIANTS])
     return "both wheels (same sha256) already passed validation" if covered else None
-
-
-def _env_reported() -> str | None:
-    path = env_report.written_by_ci()
-    return f"the CI driver reported this job's environment first ({path})" if path else None
 
 
 def stages(ctx: Context) -> list[steps.Step]:
     """The release's stages, in order; a command that names wheels is read when its stage starts."""
     py = ctx.python
-    libs = lambda: sorted(config.load().jit_dir.glob("lib*.so"))
 
     def stage(name: str, argv, rerun, **kw) -> steps.Step:
         return steps.Step(name, argv, cwd=ctx.root, log=ctx.root / LOG_DIR / f"{name}.log", rerun=rerun, **kw)
 
     if ctx.fetch_jit:
-        jit = stage("jit", lambda: [py, "-m", "invoke", "jit.fetch", "--base-url", ctx.fetch_jit, "--pins-from",
-                                    config.load().raw["jit_libs_base_url"]],
-                    f"invoke jit.fetch --base-url {ctx.fetch_jit}", artifacts=libs)
+        jit = (lambda: [py, "-m", "invoke", "jit.fetch", "--base-url", ctx.fetch_jit, "--pins-from",
+                        config.load().raw["jit_libs_base_url"]], f"invoke jit.fetch --base-url {ctx.fetch_jit}")
     elif native_build.jit_mode(None, dict(os.environ)) == "build":
-        jit = stage("jit", [py, "-m", "jatools.native.jit_build"],
-                    "nox -s jit  (or make jit, python3 jax_aiter/jit/build_jit.py)", artifacts=libs)
+        jit = ([py, "-m", "jatools.native.jit_build"], "nox -s jit  (or make jit, python3 jax_aiter/jit/build_jit.py)")
     else:  # a consumer (CI=true or JA_JIT_LIBS=take): never builds, fails at once on a miss
-        jit = stage("jit", [py, "-m", "jatools.native.build", "--check-taken"], "invoke jit.fetch  (or nox -s jit)",
-                    artifacts=libs)
+        jit = ([py, "-m", "jatools.native.build", "--check-taken"], "invoke jit.fetch  (or nox -s jit)")
     wheels = lambda: " ".join(_wheels(ctx))
     sdists = lambda: sorted((ctx.root / "dist").glob("*.tar.gz"))
     return [
         stage("env-report", [py, "-m", "jatools.ci.env_report", "--json-out", "dist/env-report.json"],
-              "invoke env-report", up_to_date=_env_reported,
+              "invoke env-report", up_to_date=lambda: (f"the CI driver reported this job's environment first ({p})"
+                                                       if (p := env_report.written_by_ci()) else None),
               artifacts=lambda: [env_report.written_by_ci() or ctx.root / "dist/env-report.json"]),
-        stage("umbrella", ["make", "umbrella"], "make  (or nox -s umbrella)", up_to_date=lambda: _make_q(ctx, "umbrella"),
+        stage("umbrella", ["make", "umbrella"], "make  (or nox -s umbrella)",
+              up_to_date=lambda: _make_q(ctx, "umbrella"),
               artifacts=lambda: [config.load().umbrella_dir / "libjax_aiter.so"]),
-        jit,
+        stage("jit", *jit, artifacts=lambda: sorted(config.load().jit_dir.glob("lib*.so"))),
         stage("ja_mods", ["make", "ja_mods"], "make ja_mods  (or nox -s ja_mods)",
               up_to_date=lambda: _make_q(ctx, "ja_mods"),
               artifacts=lambda: sorted(config.load().umbrella_dir.glob("*_ja.so"))),
         *[stage(f"wheel_{v}", [py, "-m", WHEEL_BUILDER, "--variant", v],
                 f"nox -s wheel_{v}  (or bash scripts/build_wheel.sh --variant {v})",
                 up_to_date=lambda v=v: _wheel_up_to_date(ctx, v), artifacts=lambda v=v: _wheel_artifact(ctx, v))
-          for v in ("lite", "full")],
+          for v in VARIANTS],
         stage("verify", [py, "-m", "invoke", "verify"], "invoke verify"),
         # One scan of each wheel feeds both checks (the symbol floor and the content policy).
-        stage("floor+contents", lambda: [py, "-m", "jatools.wheel.wheel_checks", "--floor", "--contents",
-                                         *_wheels(ctx)],
+        stage("floor+contents", lambda: [py, "-m", CHECKER, "--floor", "--contents", *_wheels(ctx)],
               lambda: f"invoke floor -- {wheels()}; invoke contents -- {wheels()}"),
         stage("sdist", [py, "-m", WHEEL_BUILDER, "--sdist"],
               "python -m jatools.wheel.wheel_build --sdist  (or python -m build --sdist)", artifacts=sdists),
         # The clients users run must accept every distribution: a candidate none would take is never green.
-        stage("clients", lambda: [py, "-m", "jatools.wheel.wheel_checks", "--clients", *_wheels(ctx),
-                                  *map(str, sdists())], lambda: "invoke contents --clients -- " + wheels()),
+        stage("clients", lambda: [py, "-m", CHECKER, "--clients", *_wheels(ctx), *map(str, sdists())],
+              lambda: "invoke contents --clients -- " + wheels()),
         stage("validate", lambda: [py, "-m", "jatools.validate.cleanroom", *[a for w in _wheels(ctx) for a in
                                                                              ("--wheel", w)]],
               "invoke validate  (or bash scripts/validate_wheel.sh WHEEL)", up_to_date=lambda: _validated(ctx)),
     ]
 
 
-def _artifacts(paths: list[Path], root: Path) -> list[dict]:
-    digests = sha256_files(paths)
-    return [{"path": os.path.relpath(p, root), "sha256": digests[str(p)], "size": p.stat().st_size} for p in paths]
-
-
 def _stage_report(rec: steps.Record, ctx: Context) -> dict:
-    done = rec.result in ("ok", "up-to-date")
-    fingerprint = ctx.fingerprints.get(rec.name.removeprefix("wheel_")) if done and rec.name.startswith("wheel_") \
-        else None
+    green_wheel = rec.result in GREEN and rec.name.startswith("wheel_")
+    digests = sha256_files(rec.artifacts)
     return {"name": rec.name, "result": rec.result, "seconds": rec.seconds, "command": rec.command,
-            "rerun": rec.rerun, "artifacts": _artifacts(rec.artifacts, ctx.root), "fingerprint": fingerprint,
+            "rerun": rec.rerun,
+            "artifacts": [{"path": os.path.relpath(p, ctx.root), "sha256": digests[str(p)], "size": p.stat().st_size}
+                          for p in rec.artifacts],
+            "fingerprint": ctx.fingerprints.get(rec.name.removeprefix("wheel_")) if green_wheel else None,
             "note": rec.note}
 
 
 def run(fetch_jit: str | None = None, dry_run: bool = False, root: Path | None = None) -> int:
     root = root or config.repo_root()
     report_path = root / REPORT
-    previous = json.loads(report_path.read_text()) if report_path.is_file() else {}
-    ctx = Context(root, sys.executable, fetch_jit, previous)
+    ctx = Context(root, sys.executable, fetch_jit, json.loads(report_path.read_text()) if report_path.is_file() else {})
     plan = stages(ctx)
     if dry_run:
         print("release plan (dry run; nothing is run):")
@@ -237,7 +204,7 @@ def run(fetch_jit: str | None = None, dry_run: bool = False, root: Path | None =
         records = e.records
         print(f"\n{e}", flush=True)
     results = [_stage_report(r, ctx) for r in records]
-    ok = all(r.result in ("ok", "up-to-date") for r in records)
+    ok = all(r.result in GREEN for r in records)
     report = {
         "schema": SCHEMA, "kind": "jax-aiter-release", "commit": commit, "dirty": dirty,
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
@@ -261,17 +228,14 @@ def summary(report: dict) -> str:
     return "\n".join(lines)
 
 
-# --- upload ---------------------------------------------------------------------------------------
-
 def check_uploadable(root: Path) -> dict:
     """The report, if it shows every stage green for this commit and the wheels unchanged; else ReleaseError."""
-    path = root / REPORT
-    if not path.is_file():
+    if not (root / REPORT).is_file():
         raise ReleaseError(f"no {REPORT}; run `nox -s release` first")
-    report = json.loads(path.read_text())
+    report = json.loads((root / REPORT).read_text())
     if report.get("kind") != "jax-aiter-release" or report.get("schema") != SCHEMA:
         raise ReleaseError(f"{REPORT} is not a release report of schema {SCHEMA}; run `nox -s release` again")
-    bad = [s["name"] for s in report["stages"] if s["result"] not in ("ok", "up-to-date")]
+    bad = [s["name"] for s in report["stages"] if s["result"] not in GREEN]
     if not report.get("ok") or bad:
         raise ReleaseError(f"the release report is not green (stages {', '.join(bad)}); fix them and run "
                            "`nox -s release`")
@@ -283,54 +247,36 @@ def check_uploadable(root: Path) -> dict:
         raise ReleaseError("the release was built from (or the checkout now has) uncommitted changes; commit them "
                            "and run `nox -s release`")
     for w in report["wheels"]:
-        p = root / w["path"]
-        if not p.is_file():
+        if not (root / w["path"]).is_file():
             raise ReleaseError(f"{w['path']} is missing; run `nox -s release`")
-        got = sha256_file(p)
-        if got != w["sha256"]:
+        if (got := sha256_file(root / w["path"])) != w["sha256"]:
             raise ReleaseError(f"{w['path']} changed since the release run: sha256 {got} != reported {w['sha256']}")
     return report
 
 
-def tag_commit(root: Path, tag: str) -> str:
-    """The commit `tag` names in this checkout; ReleaseError when there is no such tag."""
-    cp = subprocess.run(["git", "-C", str(root), "rev-parse", "--verify", "--quiet", f"refs/tags/{tag}^{{commit}}"],
-                        capture_output=True, text=True, check=False)
-    if cp.returncode != 0:
-        raise ReleaseError(f"there is no tag {tag!r} in this checkout; a release uploads to a tag that names the "
-                           f"built and validated commit: git tag {tag} <commit> && git push origin {tag}")
-    return cp.stdout.strip()
-
-
-def upload_commands(report: dict, tag: str, to: str, create: bool = False) -> list[list[str]]:
-    """The upload; for a GitHub release missing so far (`create`), its creation first, on the existing tag."""
-    wheels = [w["path"] for w in report["wheels"]]
-    if to == "pypi":
-        return [["twine", "upload", *[w for w in wheels if "+full" not in w]]]
-    notes = f"jax-aiter {tag}: wheels built and validated from {report['commit']} (dist/release-report.json)"
-    make = [["gh", "release", "create", tag, "--verify-tag", "--title", tag, "--notes", notes]] if create else []
-    return [*make, ["gh", "release", "upload", tag, *wheels, "--clobber"]]  # --clobber: a re-run replaces, not fails
-
-
 def upload(tag: str, to: str = "gh", dry_run: bool = False, root: Path | None = None) -> list[list[str]]:
     """Upload the validated wheels: only a green report for HEAD, and only to a tag that names that commit.
-
-    Idempotent: the GitHub release is created when missing, and a re-run replaces the assets.
-    """
+    Idempotent: the GitHub release is created when missing, and a re-run replaces the assets."""
     root = root or config.repo_root()
     report = check_uploadable(root)
-    tagged = tag_commit(root, tag)
+    if not (tagged := _git(root, "rev-parse", "--verify", "--quiet", f"refs/tags/{tag}^{{commit}}")):
+        raise ReleaseError(f"there is no tag {tag!r} in this checkout; a release uploads to a tag that names the "
+                           f"built and validated commit: git tag {tag} <commit> && git push origin {tag}")
     if tagged != report["commit"]:
         raise ReleaseError(f"tag {tag} names commit {tagged[:12]}, but the wheels were built and validated from "
                            f"{report['commit'][:12]}; move the tag to the validated commit or run `nox -s release` "
                            f"at {tagged[:12]}")
-    create = False
-    if to == "gh":
-        if dry_run:
+    wheels = [w["path"] for w in report["wheels"]]
+    if to == "pypi":
+        cmds = [["twine", "upload", *[w for w in wheels if "+full" not in w]]]
+    else:  # the GitHub release is created on the existing tag when missing; --clobber: a re-run replaces, not fails
+        if dry_run and to == "gh":
             print(f"dry run: gh release view {tag}  (created below when missing)", flush=True)
-        create = dry_run or subprocess.run(["gh", "release", "view", tag], cwd=root, capture_output=True,
-                                           check=False).returncode != 0
-    cmds = upload_commands(report, tag, to, create)
+        create = to == "gh" and (dry_run or subprocess.run(["gh", "release", "view", tag], cwd=root,
+                                                           capture_output=True, check=False).returncode != 0)
+        notes = f"jax-aiter {tag}: wheels built and validated from {report['commit']} (dist/release-report.json)"
+        cmds = [["gh", "release", "create", tag, "--verify-tag", "--title", tag, "--notes", notes]] if create else []
+        cmds.append(["gh", "release", "upload", tag, *wheels, "--clobber"])
     for cmd in cmds:
         print(("dry run: " if dry_run else "$ ") + " ".join(cmd), flush=True)
         if not dry_run:

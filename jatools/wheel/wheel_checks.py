@@ -2,23 +2,10 @@
 
     python -m jatools.wheel.wheel_checks [--floor] [--contents] [--clients] DIST...   (none given: floor + contents)
 
-`scan` opens the zip once and reads, inflates (libdeflate, from a memory map) and
-hashes each member once, several members at once on threads (the inflater and
-hashlib release the GIL); from that one read it keeps the bytes of the small
-members (metadata, modules) and parses each ELF member's dynamic section and
-symbol versions with pyelftools. Every check runs on a scan, so the checks of
-one command inflate a wheel once: the wheel build's read-back (whose scan
-`--check` reuses), `invoke contents`, `invoke floor` and the clean room's RECORD
-check (`verify_record`).
-
-The floor is auditwheel's own computation of `auditwheel show`'s `sym_tag`: its
-policy table (`WheelPolicies.versioned_symbols_policy`) over the symbol versions
-its `elfutils` finds in the wheel's libraries (tests/wheel/test_wheel_build.py
-compares the two on built wheels, so they cannot drift). `overall_tag` also
-counts GPU runtime libraries outside auditwheel's allowlist, which makes it
-`linux_*` for every GPU wheel, so it is not used. A failure names the symbol
-versions above the claimed tag and the libraries that import them, which
-auditwheel does not say.
+`scan` reads, inflates (libdeflate) and hashes each member once, on threads, keeping the small members' bytes
+and each library's dynamic section and symbol versions (pyelftools); every check runs on a scan, so one command
+inflates a wheel once. The floor is auditwheel's own `sym_tag` (why not `overall_tag`: docs/wheels.md); a
+failure names the symbol versions above the claimed tag and the libraries that import them.
 """
 from __future__ import annotations
 
@@ -42,7 +29,7 @@ import tempfile
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 import deflate
@@ -61,31 +48,28 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion
 
-from jatools.wheel.wheel_layout import Layout, LayoutError, Variant, python_packages
+from jatools.wheel.wheel_layout import Layout, LayoutError, python_packages
 from jatools.wheel.zip_writer import LOCAL_HEADER, LOCAL_HEADER_SIGNATURE
 
 ELF_MAGIC = b"\x7fELF"
 ORIGIN_TOKENS = ("$ORIGIN", "${ORIGIN}")
+REBUILD = "`bash scripts/build_wheel.sh --variant lite|full`"
 
 
 class WheelReadError(RuntimeError):
     """The wheel cannot be read as a zip, or a member cannot be read back."""
 
 
-# --- ELF: what the dynamic loader sees in a library -------------------------------------------------------
-
 @dataclass(frozen=True)
 class ElfDynamic:
-    """The dynamic-linking facts of one ELF file (auditwheel only reports them summed over the whole wheel,
-    so that a failure can name the library at fault)."""
-
+    """The dynamic-linking facts of one ELF file (auditwheel sums them over the wheel; a failure names the library)."""
     machine: str
     soname: str | None
     needed: tuple[str, ...]
     rpath: tuple[str, ...]
     runpath: tuple[str, ...]
     # {needed library: sorted version names} as auditwheel counts them, e.g. {"libstdc++.so.6": ["GLIBCXX_3.4.29"]}
-    version_needs: dict[str, list[str]] = field(default_factory=dict)
+    version_needs: dict[str, list[str]]
 
 
 def read_dynamic(path: str | Path, stream: BinaryIO | _ReadOnlyView | None = None) -> ElfDynamic:
@@ -93,24 +77,18 @@ def read_dynamic(path: str | Path, stream: BinaryIO | _ReadOnlyView | None = Non
     try:
         with contextlib.ExitStack() as stack:
             elf = ELFFile(stream or stack.enter_context(open(path, "rb")))
-            soname, needed, rpath, runpath = None, [], [], []
-            for section in elf.iter_sections():
-                if not isinstance(section, DynamicSection):
-                    continue
-                for tag in section.iter_tags():
-                    if tag.entry.d_tag == "DT_NEEDED":
-                        needed.append(tag.needed)
-                    elif tag.entry.d_tag == "DT_SONAME":
-                        soname = tag.soname
-                    elif tag.entry.d_tag == "DT_RPATH":
-                        rpath += tag.rpath.split(":")  # empty entries kept: the contents check rejects them
-                    elif tag.entry.d_tag == "DT_RUNPATH":
-                        runpath += tag.runpath.split(":")
+            tags = [t for s in elf.iter_sections() if isinstance(s, DynamicSection) for t in s.iter_tags()]
+
+            def values(d_tag: str) -> list[str]:
+                return [getattr(t, d_tag[3:].lower()) for t in tags if t.entry.d_tag == d_tag]
+
+            # RPATH/RUNPATH entries as written, empty ones kept: the contents check rejects them.
+            rpath, runpath = (tuple(e for v in values(d) for e in v.split(":")) for d in ("DT_RPATH", "DT_RUNPATH"))
             versions: dict[str, set[str]] = {}
             for lib, version in elf_find_versioned_symbols(elf):
                 versions.setdefault(lib, set()).add(version)
-            return ElfDynamic(elf["e_machine"], soname, tuple(needed), tuple(rpath), tuple(runpath),
-                              {lib: sorted(v) for lib, v in sorted(versions.items())})
+            return ElfDynamic(elf["e_machine"], (values("DT_SONAME") or [None])[-1], tuple(values("DT_NEEDED")),
+                              rpath, runpath, {lib: sorted(v) for lib, v in sorted(versions.items())})
     except (ELFError, OSError) as e:
         raise ValueError(f"{path}: not a readable ELF shared library ({e})") from e
 
@@ -135,20 +113,6 @@ class _ReadOnlyView:
         return out
 
 
-def resolve_in_tree(member_dir: str, entry: str) -> str | None:
-    """Where an $ORIGIN entry of a file in `member_dir` points, as a path relative to the tree root.
-
-    Returns None for entries that are not $ORIGIN-relative, and a path starting
-    with '..' for entries that leave the tree.
-    """
-    for token in ORIGIN_TOKENS:
-        if entry == token or entry.startswith(token + "/"):
-            return posixpath.normpath(posixpath.join(member_dir, entry[len(token) + 1:]))
-    return None
-
-
-# --- the scan: every member read, inflated and hashed once ------------------------------------------------
-
 @dataclass(frozen=True)
 class Member:
     name: str
@@ -157,14 +121,6 @@ class Member:
     data: bytes | None = None  # a non-ELF member's bytes (metadata, modules); None for a library
     elf: ElfDynamic | None = None
     elf_error: str | None = None  # ELF magic, but not a readable ELF file
-
-    @property
-    def is_elf(self) -> bool:
-        return self.data is None
-
-    @property
-    def record_hash(self) -> str:
-        return record_hash(bytes.fromhex(self.sha256))
 
 
 @dataclass(frozen=True)
@@ -201,17 +157,6 @@ def _inflate(zf: zipfile.ZipFile, mm: mmap.mmap, info: zipfile.ZipInfo) -> bytes
     return data
 
 
-def _read_member(zf: zipfile.ZipFile, mm: mmap.mmap, info: zipfile.ZipInfo) -> Member:
-    data = _inflate(zf, mm, info)
-    digest = hashlib.sha256(data).hexdigest()
-    if data[:4] != ELF_MAGIC:
-        return Member(info.filename, len(data), digest, bytes(data))
-    try:
-        return Member(info.filename, len(data), digest, elf=read_dynamic(info.filename, _ReadOnlyView(data)))
-    except ValueError as e:
-        return Member(info.filename, len(data), digest, elf_error=str(e))
-
-
 def scan(wheel: Path, workers: int | None = None) -> WheelScan:
     """Read every member of `wheel` once; WheelReadError names an unreadable file or a corrupt member."""
     try:
@@ -221,7 +166,14 @@ def scan(wheel: Path, workers: int | None = None) -> WheelScan:
 
             def one(info: zipfile.ZipInfo) -> Member:
                 try:
-                    return _read_member(zf, mm, info)
+                    data = _inflate(zf, mm, info)
+                    name, size, digest = info.filename, len(data), hashlib.sha256(data).hexdigest()
+                    if data[:4] != ELF_MAGIC:
+                        return Member(name, size, digest, bytes(data))
+                    try:
+                        return Member(name, size, digest, elf=read_dynamic(name, _ReadOnlyView(data)))
+                    except ValueError as e:
+                        return Member(name, size, digest, elf_error=str(e))
                 except (zipfile.BadZipFile, deflate.DeflateError, EOFError, OSError, struct.error) as e:
                     raise WheelReadError(f"{wheel.name}: member {info.filename} cannot be read back ({e})") from e
 
@@ -235,24 +187,17 @@ def scan(wheel: Path, workers: int | None = None) -> WheelScan:
 
 
 def find_wheels(spec: str, dist_dir: Path) -> list[Path]:
-    """Wheels named by `spec`: paths or globs, comma-separated; empty means every wheel in `dist_dir`.
-
-    One spec may name several (`invoke floor -w 'dist/*.whl'`, `invoke floor -w a.whl,b.whl`).
-    """
+    """Wheels named by `spec`: paths or globs, comma-separated (`invoke floor -w 'dist/*.whl'`, `-w a.whl,b.whl`);
+    empty means every wheel in `dist_dir`."""
     parts = [p.strip() for p in spec.split(",") if p.strip()] if spec else [str(dist_dir / "*.whl")]
-    found: list[Path] = []
-    for part in parts:
-        matches = sorted(glob.glob(part)) if any(c in part for c in "*?[") else [part]
-        found += [Path(m) for m in matches]
+    found = [Path(m) for part in parts for m in (sorted(glob.glob(part)) if any(c in part for c in "*?[") else [part])]
     missing = [str(p) for p in found if not p.is_file()]
     if missing or not found:
         where = ", ".join(missing) if missing else (spec or str(dist_dir / "*.whl"))
         raise WheelReadError(f"no wheel at {where}; build one with `nox -s wheel_lite` / `nox -s wheel_full` "
-                             f"(or `bash scripts/build_wheel.sh --variant lite|full`)")
+                             f"(or {REBUILD})")
     return found
 
-
-# --- RECORD -------------------------------------------------------------------------------------------------
 
 class RecordError(RuntimeError):
     """The wheel's bytes differ from its RECORD; the message names the files."""
@@ -260,17 +205,13 @@ class RecordError(RuntimeError):
 
 def record_problems(scanned: WheelScan) -> list[str]:
     """How the members differ from RECORD (every member listed with its hash and size, nothing else listed).
-
-    Installers (pip, uv) do not compare a wheel's files with its RECORD, so a file
-    changed after the wheel was built would install silently."""
+    Installers (pip, uv) do not compare them, so a file changed after the build would install silently."""
     record_path = f"{dist_info_dir(scanned.wheel)}/RECORD"
     record = scanned.members.get(record_path)
     if record is None or record.data is None:
         return [f"{record_path} is missing"]
     rows: dict[str, tuple[str, str]] = {}
-    for row in csv.reader(io.StringIO(record.data.decode("utf-8"))):
-        if not row:
-            continue
+    for row in filter(None, csv.reader(io.StringIO(record.data.decode("utf-8")))):
         if len(row) != 3:
             return [f"malformed RECORD row {row!r}"]
         if row[0] in rows:
@@ -278,17 +219,15 @@ def record_problems(scanned: WheelScan) -> list[str]:
         rows[row[0]] = (row[1], row[2])
     problems = []
     for name, got in scanned.members.items():
+        got_hash = record_hash(bytes.fromhex(got.sha256))
         if name == record_path:
             continue
         if name not in rows:
             problems.append(f"{name} is in the zip but not in RECORD")
-            continue
-        want_hash, want_size = rows[name]
-        if want_hash != got.record_hash or want_size != str(got.size):
-            problems.append(f"{name}: RECORD says {want_hash} ({want_size} bytes), the member is "
-                            f"{got.record_hash} ({got.size} bytes); the wheel was altered after it was built")
-    problems += [f"RECORD lists {name}, which is not in the wheel" for name in rows if name not in scanned.members]
-    return problems
+        elif rows[name] != (got_hash, str(got.size)):
+            problems.append(f"{name}: RECORD says {rows[name][0]} ({rows[name][1]} bytes), the member is "
+                            f"{got_hash} ({got.size} bytes); the wheel was altered after it was built")
+    return problems + [f"RECORD lists {n}, which is not in the wheel" for n in rows if n not in scanned.members]
 
 
 def read_record_text(wheel: Path) -> str:
@@ -297,18 +236,16 @@ def read_record_text(wheel: Path) -> str:
         return zf.read(f"{dist_info_dir(wheel)}/RECORD").decode()
 
 
-def verify_record(wheel: Path, workers: int | None = None) -> int:
+def verify_record(wheel: Path) -> int:
     """Raise RecordError unless every member matches RECORD and RECORD lists only members; return the count.
-
     The clean room refuses such a wheel before making an environment."""
     try:
-        scanned = scan(wheel, workers)
+        scanned = scan(wheel)
     except WheelReadError as e:
-        raise RecordError(f"{e}; rebuild the wheel (`bash scripts/build_wheel.sh --variant lite|full`)") from None
-    problems = record_problems(scanned)
-    if problems:
+        raise RecordError(f"{e}; rebuild the wheel ({REBUILD})") from None
+    if problems := record_problems(scanned):
         raise RecordError(f"{wheel.name} does not match its RECORD: {'; '.join(problems[:6])}. Rebuild the "
-                          "wheel (`bash scripts/build_wheel.sh --variant lite|full`) instead of editing it")
+                          f"wheel ({REBUILD}) instead of editing it")
     return len(scanned.members)
 
 
@@ -338,170 +275,131 @@ class ContentsReport:
         return f"{self.wheel}: " + "".join(f"\n  - {p}" for p in self.problems)
 
 
-def _check_dist_info(report: ContentsReport, scanned: WheelScan, dist_info: str, layout: Layout, name: str,
-                     version: str, tags: set[str]) -> None:
-    files = {n[len(dist_info) + 1:]: m.data for n, m in scanned.members.items() if n.startswith(dist_info + "/")}
-    expected = set(layout.dist_info_files)
-    if files.get("METADATA") is not None:
-        try:
-            meta = Metadata.from_email(files["METADATA"], validate=True)
-            if canonicalize_name(meta.name) != canonicalize_name(name) or str(meta.version) != version:
-                report.problems.append(f"METADATA names {meta.name} {meta.version}, the file name {name} {version}")
-            # PEP 639: each License-File is in the dist-info's licenses/ folder.
-            expected |= {f"licenses/{f}" for f in meta.license_files or []}
-        except Exception as e:  # noqa: BLE001 - packaging raises an ExceptionGroup of InvalidMetadata
-            errors = getattr(e, "exceptions", [e])
-            report.problems.append("METADATA is invalid: " + "; ".join(str(x) for x in errors))
-    for missing in sorted(expected - set(files)):
-        report.problems.append(f"{dist_info}/{missing} is missing")
-    for extra in sorted(set(files) - expected):
-        report.problems.append(f"{dist_info}/{extra} is not expected in the dist-info")
-    if files.get("WHEEL") is not None:
-        msg = email.parser.Parser().parsestr(files["WHEEL"].decode("utf-8"))
-        if msg.get("Wheel-Version") != "1.0":
-            report.problems.append(f"WHEEL: Wheel-Version is {msg.get('Wheel-Version')!r}, expected '1.0'")
-        if (msg.get("Root-Is-Purelib") or "").lower() != "false":
-            report.problems.append("WHEEL: Root-Is-Purelib must be false (the wheel holds native libraries)")
-        wheel_tags = set(msg.get_all("Tag") or [])
-        if wheel_tags != tags:
-            report.problems.append(f"WHEEL: Tag {sorted(wheel_tags)} differs from the file name's {sorted(tags)}")
-
-
-def _check_files(report: ContentsReport, names: list[str], layout: Layout, variant: Variant, dist_info: str) -> None:
-    required = list(layout.required_files) + [layout.identity_file] + [layout.lib_member(n) for n in variant.libraries]
-    for r in required:
-        if r not in names:
-            report.problems.append(f"{r} is missing from the {variant.name} wheel (jatools/wheel/wheel_layout.toml "
-                                   f"requires it)")
-    not_here = [layout.lib_member(n) for n in layout.libraries if n not in variant.libraries]
-    py_dirs = {p.replace(".", "/") for p in python_packages()}
-    for name in names:
-        if name.startswith(dist_info + "/") or name in required:
-            continue
-        if name in not_here:
-            report.problems.append(f"{name} must not be in the {variant.name} wheel"
-                                   + (" (users fetch it with jax-aiter-fetch-mha)"
-                                      if posixpath.basename(name) in variant.fetched else ""))
-        elif not (name.endswith(".py") and posixpath.dirname(name) in py_dirs):
-            report.problems.append(f"{name} is not expected in a wheel (not a library of the variant, not a module "
-                                   f"of the packages pyproject lists)")
-
-
-def _check_identity(report: ContentsReport, scanned: WheelScan, layout: Layout, variant: Variant,
-                    version: str) -> dict | None:
-    member = scanned.members.get(layout.identity_file)
-    if member is None:
-        return None  # reported as a missing file
-    try:
-        ident = json.loads(member.data or b"")
-    except json.JSONDecodeError as e:
-        report.problems.append(f"{layout.identity_file} is not valid JSON ({e})")
-        return None
-    missing = [k for k in IDENTITY_KEYS if k not in ident]
-    if missing:
-        report.problems.append(f"{layout.identity_file} lacks {', '.join(missing)}")
-    if ident.get("version") != version:
-        report.problems.append(f"{layout.identity_file} says version {ident.get('version')}, the wheel is {version}")
-    if ident.get("variant") != variant.name:
-        report.problems.append(f"{layout.identity_file} says variant {ident.get('variant')}, the version's local "
-                               f"label makes it {variant.name}")
-    if ident.get("backend") not in BACKENDS:
-        report.problems.append(f"{layout.identity_file}: backend {ident.get('backend')!r} is not one of "
-                               f"{', '.join(BACKENDS)}")
-    return ident
-
-
-def _check_elves(report: ContentsReport, scanned: WheelScan, layout: Layout, variant: Variant, backend: str) -> None:
-    names = list(scanned.members)
-    in_wheel = {posixpath.basename(n) for n in names if n.startswith(layout.lib_dir + "/")}
-    dirs = {d for n in names for d in _parents(n)} | {""}
-    for lib in variant.libraries:
-        member = scanned.members.get(layout.lib_member(lib))
-        if member is not None and not member.is_elf:
-            report.problems.append(f"{member.name} is not an ELF shared library")
-    for member, m in sorted(scanned.members.items()):
-        if m.elf_error:
-            report.problems.append(m.elf_error)
-        if m.elf is None:
-            continue
-        info, base = m.elf, posixpath.basename(member)
-        if posixpath.dirname(member) != layout.lib_dir:
-            report.problems.append(f"{member} is a native library outside {layout.lib_dir}/")
-        if info.soname and info.soname != base:
-            report.problems.append(f"{member}: SONAME {info.soname} differs from its file name; other libraries "
-                                   f"find it by that name")
-        for dep in info.needed:
-            if dep in in_wheel or layout.external_allowed(dep, backend) or dep in variant.fetched:
-                continue
-            report.problems.append(
-                f"{member} needs {dep}, which is neither in the wheel nor allowed from outside for the {backend} "
-                f"backend (allowlist in jatools/wheel/wheel_layout.toml [external])")
-        for kind, entries in (("RPATH", info.rpath), ("RUNPATH", info.runpath)):
-            for entry in entries:
-                bad = [s for s in layout.runpath_forbidden if s in entry]
-                target = resolve_in_tree(posixpath.dirname(member), entry)
-                if not entry:
-                    report.problems.append(f"{member}: {kind} has an empty entry ({':'.join(entries)!r}), which glibc "
-                                           f"reads as the current directory: a library would load from wherever "
-                                           f"Python runs. Remove the stray ':' from the link line and rebuild")
-                elif bad:
-                    report.problems.append(f"{member}: {kind} entry {entry!r} names {bad[0]}; TheRock resolves its "
-                                           f"runtime through ldconfig, never that folder. Remove it from the link "
-                                           f"line and rebuild")
-                elif target is None:
-                    report.problems.append(f"{member}: {kind} entry {entry!r} is not relative to $ORIGIN (a "
-                                           f"build-machine path); link with -rpath '$ORIGIN' only and rebuild")
-                elif target == ".." or target.startswith("../"):
-                    report.problems.append(f"{member}: {kind} entry {entry!r} points outside the wheel ({target})")
-                elif target not in dirs:
-                    report.notes.append(f"{member}: {kind} entry {entry!r} names {target}/, which the wheel does "
-                                        f"not have (a build-tree folder; harmless, the loader ignores it)")
-
-
-def _parents(path: str) -> list[str]:
-    out = []
-    d = posixpath.dirname(path)
-    while d:
-        out.append(d)
-        d = posixpath.dirname(d)
-    return out
-
-
 def check_contents(wheel: Path | WheelScan, layout: Layout | None = None) -> ContentsReport:
     """The content policy on a wheel (scanned here unless given as a scan)."""
     path = wheel.wheel if isinstance(wheel, WheelScan) else wheel
     layout = layout or Layout.load()
     report = ContentsReport(path.name)
+    problems = report.problems
     try:
         name, version, _, tags = parse_wheel_filename(path.name)
-    except (InvalidWheelFilename, InvalidVersion) as e:
-        report.problems.append(f"not a valid wheel file name ({e})")
-        return report
-    for t in tags:
-        if t.interpreter != "py3" or t.abi != "none" or t.platform == "any":
-            report.problems.append(f"tag {t} should be py3-none-<platform>: the libraries are loaded with ctypes, "
-                                   f"not as CPython extensions, and they are platform-specific")
-    try:
+        problems += [f"tag {t} should be py3-none-<platform>: the libraries are loaded with ctypes, not as CPython "
+                     f"extensions, and they are platform-specific" for t in tags
+                     if t.interpreter != "py3" or t.abi != "none" or t.platform == "any"]
         variant = layout.variant_for_version(str(version))
-    except LayoutError as e:
-        report.problems.append(str(e))
-        return report
-    report.variant = variant.name
-    try:
+        report.variant = variant.name
         scanned = wheel if isinstance(wheel, WheelScan) else scan(wheel)
-    except WheelReadError as e:
-        report.problems.append(str(e))
+    except (InvalidWheelFilename, InvalidVersion) as e:
+        problems.append(f"not a valid wheel file name ({e})")
         return report
+    except (LayoutError, WheelReadError) as e:
+        problems.append(str(e))
+        return report
+    if dupes := sorted({n for n in scanned.names if scanned.names.count(n) > 1}):
+        problems.append(f"members stored twice: {', '.join(dupes)}")
+    problems += record_problems(scanned)
+
+    # The dist-info: its files, METADATA and WHEEL against the file name.
     dist_info = dist_info_dir(path)
-    dupes = sorted({n for n in scanned.names if scanned.names.count(n) > 1})
-    if dupes:
-        report.problems.append(f"members stored twice: {', '.join(dupes)}")
-    report.problems += record_problems(scanned)
-    _check_dist_info(report, scanned, dist_info, layout, str(name), str(version), {str(t) for t in tags})
-    _check_files(report, list(scanned.names), layout, variant, dist_info)
-    ident = _check_identity(report, scanned, layout, variant, str(version))
-    _check_elves(report, scanned, layout, variant, (ident or {}).get("backend", "cpu"))
-    report.problems = list(dict.fromkeys(report.problems))  # a missing RECORD is a missing file and no RECORD
+    files = {n[len(dist_info) + 1:]: m.data for n, m in scanned.members.items() if n.startswith(dist_info + "/")}
+    expected = set(layout.dist_info_files)
+    if files.get("METADATA") is not None:
+        try:
+            meta = Metadata.from_email(files["METADATA"], validate=True)
+            if canonicalize_name(meta.name) != canonicalize_name(name) or str(meta.version) != str(version):
+                problems.append(f"METADATA names {meta.name} {meta.version}, the file name {name} {version}")
+            expected |= {f"licenses/{f}" for f in meta.license_files or []}  # PEP 639: in the dist-info's licenses/
+        except Exception as e:  # noqa: BLE001 - packaging raises an ExceptionGroup of InvalidMetadata
+            problems.append("METADATA is invalid: " + "; ".join(str(x) for x in getattr(e, "exceptions", [e])))
+    problems += [f"{dist_info}/{missing} is missing" for missing in sorted(expected - set(files))]
+    problems += [f"{dist_info}/{extra} is not expected in the dist-info" for extra in sorted(set(files) - expected)]
+    if files.get("WHEEL") is not None:
+        msg = email.parser.Parser().parsestr(files["WHEEL"].decode("utf-8"))
+        if msg.get("Wheel-Version") != "1.0":
+            problems.append(f"WHEEL: Wheel-Version is {msg.get('Wheel-Version')!r}, expected '1.0'")
+        if (msg.get("Root-Is-Purelib") or "").lower() != "false":
+            problems.append("WHEEL: Root-Is-Purelib must be false (the wheel holds native libraries)")
+        if (wheel_tags := set(msg.get_all("Tag") or [])) != {str(t) for t in tags}:
+            problems.append(f"WHEEL: Tag {sorted(wheel_tags)} differs from the file name's {sorted(map(str, tags))}")
+
+    # The files: the variant's, none it leaves out, nothing else but the modules of the packages.
+    required = [*layout.required_files, layout.identity_file, *map(layout.lib_member, variant.libraries)]
+    problems += [f"{r} is missing from the {variant.name} wheel (jatools/wheel/wheel_layout.toml requires it)"
+                 for r in required if r not in scanned.names]
+    not_here = [layout.lib_member(n) for n in layout.libraries if n not in variant.libraries]
+    py_dirs = {p.replace(".", "/") for p in python_packages()}
+    for n in scanned.names:
+        if n.startswith(dist_info + "/") or n in required:
+            continue
+        if n in not_here:
+            fetched = posixpath.basename(n) in variant.fetched
+            problems.append(f"{n} must not be in the {variant.name} wheel"
+                            + (" (users fetch it with jax-aiter-fetch-mha)" if fetched else ""))
+        elif not (n.endswith(".py") and posixpath.dirname(n) in py_dirs):
+            problems.append(f"{n} is not expected in a wheel (not a library of the variant, not a module of the "
+                            f"packages pyproject lists)")
+
+    # The identity file (a missing one is reported as a missing file).
+    f, ident = layout.identity_file, None
+    try:
+        ident = json.loads(scanned.members[f].data or b"") if f in scanned.members else None
+    except json.JSONDecodeError as e:
+        problems.append(f"{f} is not valid JSON ({e})")
+    if ident is not None:
+        missing = [k for k in IDENTITY_KEYS if k not in ident]
+        problems += [problem for bad, problem in (
+            (missing, f"{f} lacks {', '.join(missing)}"),
+            (ident.get("version") != str(version), f"{f} says version {ident.get('version')}, the wheel is {version}"),
+            (ident.get("variant") != variant.name,
+             f"{f} says variant {ident.get('variant')}, the version's local label makes it {variant.name}"),
+            (ident.get("backend") not in BACKENDS,
+             f"{f}: backend {ident.get('backend')!r} is not one of {', '.join(BACKENDS)}")) if bad]
+
+    # The libraries: ELF files in the library folder, named by their SONAME, needing only what the wheel has or
+    # the backend allows, looking only inside the wheel.
+    backend, names = (ident or {}).get("backend", "cpu"), list(scanned.members)
+    in_wheel = {posixpath.basename(n) for n in names if n.startswith(layout.lib_dir + "/")}
+    dirs = {str(d) for n in names for d in PurePosixPath(n).parents if d.parts}  # the folders the wheel has
+    for lib in variant.libraries:
+        if (member := scanned.members.get(layout.lib_member(lib))) is not None and member.data is not None:
+            problems.append(f"{member.name} is not an ELF shared library")
+    for member, m in sorted(scanned.members.items()):
+        if m.elf_error:
+            problems.append(m.elf_error)
+        if m.elf is None:
+            continue
+        info, folder = m.elf, posixpath.dirname(member)
+        if folder != layout.lib_dir:
+            problems.append(f"{member} is a native library outside {layout.lib_dir}/")
+        if info.soname and info.soname != posixpath.basename(member):
+            problems.append(f"{member}: SONAME {info.soname} differs from its file name; other libraries find it by "
+                            f"that name")
+        problems += [f"{member} needs {dep}, which is neither in the wheel nor allowed from outside for the {backend} "
+                     f"backend (allowlist in jatools/wheel/wheel_layout.toml [external])" for dep in info.needed
+                     if not (dep in in_wheel or layout.external_allowed(dep, backend) or dep in variant.fetched)]
+        for kind, entries in (("RPATH", info.rpath), ("RUNPATH", info.runpath)):
+            for entry in entries:
+                bad = [s for s in layout.runpath_forbidden if s in entry]
+                token = next((t for t in ORIGIN_TOKENS if entry == t or entry.startswith(t + "/")), None)
+                # Where an $ORIGIN entry points in the wheel ('..': outside it); None: not $ORIGIN-relative.
+                target = token and posixpath.normpath(posixpath.join(folder, entry[len(token) + 1:]))
+                where = f"{member}: {kind} entry {entry!r}"
+                if not entry:
+                    problems.append(f"{member}: {kind} has an empty entry ({':'.join(entries)!r}), which glibc reads "
+                                    f"as the current directory: a library would load from wherever Python runs. "
+                                    f"Remove the stray ':' from the link line and rebuild")
+                elif bad:
+                    problems.append(f"{where} names {bad[0]}; TheRock resolves its runtime through ldconfig, never "
+                                    f"that folder. Remove it from the link line and rebuild")
+                elif target is None:
+                    problems.append(f"{where} is not relative to $ORIGIN (a build-machine path); link with -rpath "
+                                    f"'$ORIGIN' only and rebuild")
+                elif target == ".." or target.startswith("../"):
+                    problems.append(f"{where} points outside the wheel ({target})")
+                elif target not in dirs:
+                    report.notes.append(f"{where} names {target}/, which the wheel does not have (a build-tree "
+                                        f"folder; harmless, the loader ignores it)")
+    report.problems = list(dict.fromkeys(problems))  # a missing RECORD is a missing file and no RECORD
     return report
 
 
@@ -519,22 +417,18 @@ class FloorError(RuntimeError):
 
 
 def _match_tag(tag: str) -> re.Match:
-    m = _TAG.match(tag)
-    if not m:
+    if not (m := _TAG.match(tag)):
         raise FloorError(f"{tag!r} is not a Linux platform tag pip accepts (e.g. manylinux_2_34_x86_64)")
     return m
 
 
 def glibc_of_tag(tag: str) -> tuple[int, int] | None:
     """(major, minor) glibc a manylinux platform tag promises; None for `linux_*` (which promises nothing)."""
-    m = _match_tag(tag)
-    family = m.group("family")
-    if family == "linux":
-        return None
-    if family in LEGACY_MANYLINUX:
-        return LEGACY_MANYLINUX[family]
+    family = (m := _match_tag(tag)).group("family")
     if family.startswith("musllinux"):
         raise FloorError(f"{tag}: musllinux tags are not for these glibc-linked libraries")
+    if family == "linux" or family in LEGACY_MANYLINUX:
+        return LEGACY_MANYLINUX.get(family)
     return int(m.group("major")), int(m.group("minor"))
 
 
@@ -542,20 +436,12 @@ def arch_of_tag(tag: str) -> str:
     return _match_tag(tag).group("arch")
 
 
-def normalise_plat_name(name: str) -> str:
-    """JA_WHEEL_PLAT_NAME as bdist_wheel normalises it (`-` and `.` become `_`), checked to be a Linux tag."""
-    tag = name.strip().replace("-", "_").replace(".", "_")
-    glibc_of_tag(tag)
-    return tag
-
-
 def elf_arch(libs: list[ElfDynamic]) -> str:
     machines = {lib.machine for lib in libs}
     if len(machines) != 1:
         raise FloorError(f"the libraries are for several machines ({', '.join(sorted(machines))}); one wheel "
                          f"holds one architecture")
-    machine = machines.pop()
-    if machine not in ELF_MACHINES:
+    if (machine := machines.pop()) not in ELF_MACHINES:
         raise FloorError(f"no Linux wheel tag for ELF machine {machine}")
     return ELF_MACHINES[machine]
 
@@ -567,19 +453,9 @@ class SymbolNeed:
     libraries: tuple[str, ...]  # the wheel's libraries that import it
 
 
-@dataclass(frozen=True)
-class Floor:
-    tag: str  # oldest tag the symbols allow, e.g. manylinux_2_34_x86_64 (linux_x86_64: none)
-    needs: tuple[SymbolNeed, ...] = field(default_factory=tuple)
-
-    def above(self, glibc: tuple[int, int]) -> list[SymbolNeed]:
-        """Symbol versions a claim of `glibc` cannot satisfy."""
-        return [n for n in self.needs if n.first_tag is None or glibc_of_tag(n.first_tag) > glibc]
-
-
-def measure(libs: dict[str, ElfDynamic], arch: str | None = None) -> Floor:
-    """The floor of these libraries ({name in wheel: dynamic info}) by auditwheel's policy table."""
-    arch = arch or elf_arch(list(libs.values()))
+def measure(libs: dict[str, ElfDynamic], arch: str) -> tuple[str, tuple[SymbolNeed, ...]]:
+    """The floor of these libraries ({name in wheel: dynamic info}, all for `arch`) by auditwheel's policy table:
+    the oldest tag their symbols allow (e.g. manylinux_2_34_x86_64; linux_x86_64: none) and what needs it."""
     policies = WheelPolicies(libc=Libc.GLIBC, arch=Architecture(arch))
     by_version: dict[str, set[str]] = {}
     versioned: dict[str, set[str]] = {}
@@ -593,10 +469,10 @@ def measure(libs: dict[str, ElfDynamic], arch: str | None = None) -> Floor:
     for version, names in sorted(by_version.items()):
         prefix, _, number = version.partition("_")
         first = next((p.name for p in ordered if number in p.symbol_versions.get(prefix, ())), None)
-        if first is None and not any(prefix in p.symbol_versions for p in ordered):
-            continue  # a symbol family no policy constrains (e.g. a GPU runtime's own versions)
-        needs.append(SymbolNeed(version, first, tuple(sorted(names))))
-    return Floor(policies.versioned_symbols_policy(versioned).name, tuple(needs))
+        # Skipped: a symbol family no policy constrains (e.g. a GPU runtime's own versions).
+        if first is not None or any(prefix in p.symbol_versions for p in ordered):
+            needs.append(SymbolNeed(version, first, tuple(sorted(names))))
+    return policies.versioned_symbols_policy(versioned).name, tuple(needs)
 
 
 @dataclass(frozen=True)
@@ -618,12 +494,11 @@ def check_floor(wheel: Path | WheelScan) -> FloorReport:
         raise FloorError(str(e)) from e
     name = scanned.wheel.name
     claimed = tuple(sorted({t.platform for t in tags}))
-    libs = {posixpath.basename(n): m.elf for n, m in scanned.members.items() if m.elf is not None}
-    if not libs:
+    if not (libs := {posixpath.basename(n): m.elf for n, m in scanned.members.items() if m.elf is not None}):
         raise FloorError(f"{name}: no ELF library in the wheel, so no symbol floor to check it against")
     arch = elf_arch(list(libs.values()))
-    floor = measure(libs, arch)
-    sym_tag, floor_glibc = floor.tag, glibc_of_tag(floor.tag)
+    sym_tag, needs = measure(libs, arch)
+    floor_glibc = glibc_of_tag(sym_tag)
     problems = []
     for tag in claimed:
         if tag == "any":
@@ -633,20 +508,18 @@ def check_floor(wheel: Path | WheelScan) -> FloorReport:
         if arch_of_tag(tag) != arch:
             problems.append(f"{tag}: the libraries are {arch}, the tag says {arch_of_tag(tag)}")
         elif glibc is not None and (floor_glibc is None or glibc < floor_glibc):
-            detail = "; ".join(
-                f"{n.version} (needs {n.first_tag or 'a glibc newer than any manylinux policy'}) "
-                f"from {', '.join(n.libraries)}" for n in floor.above(glibc)) or "see `auditwheel show` for the symbols"
+            above = [n for n in needs if n.first_tag is None or glibc_of_tag(n.first_tag) > glibc]
+            detail = "; ".join(f"{n.version} (needs {n.first_tag or 'a glibc newer than any manylinux policy'}) from "
+                               f"{', '.join(n.libraries)}" for n in above) or "see `auditwheel show` for the symbols"
             problems.append(
                 f"tagged {tag}, but the versioned symbols need {sym_tag}: {detail}. Fix: tag it {sym_tag} "
                 f"(unset JA_WHEEL_PLAT_NAME to use the measured floor, or set it to {sym_tag}), or build the "
                 f"libraries with an older toolchain")
-    if problems:
-        return FloorReport(name, claimed, sym_tag, False, f"{name}: " + " | ".join(problems), floor.needs)
-    stricter = floor_glibc is not None and all((glibc_of_tag(t) or (0, 0)) > floor_glibc for t in claimed)
+    stricter = not problems and floor_glibc is not None and all((glibc_of_tag(t) or (0, 0)) > floor_glibc
+                                                                for t in claimed)
     note = f" (stricter than needed: {sym_tag} would do)" if stricter else ""
-    return FloorReport(name, claimed, sym_tag, True,
-                       f"{name}: tag {', '.join(claimed)} is not older than the symbol floor {sym_tag}{note}",
-                       floor.needs)
+    message = " | ".join(problems) or f"tag {', '.join(claimed)} is not older than the symbol floor {sym_tag}{note}"
+    return FloorReport(name, claimed, sym_tag, not problems, f"{name}: {message}", needs)
 
 
 # --- the clients users run: each must accept every distribution we publish ----------------------------
@@ -668,17 +541,14 @@ def _client(argv: list[str], what: str) -> str | None:
 
 def repack_problems(wheel: Path) -> list[str]:
     """`wheel unpack` then `wheel pack`: the same file name, members and bytes (RECORD rows as a set)."""
-    problems = []
     with tempfile.TemporaryDirectory(prefix="ja-repack-") as tmp:
         said = _client(["-m", "wheel", "unpack", "-d", f"{tmp}/u", str(wheel)], "wheel unpack")
         unpacked = next(Path(tmp, "u").glob("*"), None) if said is None else None
         Path(tmp, "p").mkdir()
-        said = said or _client(["-m", "wheel", "pack", "-d", f"{tmp}/p", str(unpacked)], "wheel pack")
-        if said:
+        if said := said or _client(["-m", "wheel", "pack", "-d", f"{tmp}/p", str(unpacked)], "wheel pack"):
             return [f"{wheel.name}: {said}"]
         again = next(Path(tmp, "p").glob("*.whl"))
-        if again.name != wheel.name:
-            problems.append(f"{wheel.name}: `wheel pack` names it {again.name}")
+        problems = [f"{wheel.name}: `wheel pack` names it {again.name}"] if again.name != wheel.name else []
         with zipfile.ZipFile(wheel) as a, zipfile.ZipFile(again) as b:
             ours, theirs = sorted(a.namelist()), sorted(b.namelist())
             if ours != theirs:
@@ -696,15 +566,11 @@ def client_problems(dists: list[Path]) -> list[str]:
     """What the clients users run say about these wheels/sdists: `twine check --strict` (all),
     `check-wheel-contents` and `wheel unpack` + `wheel pack` (wheels). Empty: every client accepts them."""
     wheels = [d for d in dists if d.suffix == ".whl"]
-    problems = [p for p in [_client(["-m", "twine", "check", "--strict", *map(str, dists)], "twine check --strict")]
-                if p]
+    said = [_client(["-m", "twine", "check", "--strict", *map(str, dists)], "twine check --strict")]
     if wheels:
         ignore = ["--ignore", ",".join(CHECK_WHEEL_CONTENTS_IGNORE)] if CHECK_WHEEL_CONTENTS_IGNORE else []
-        said = _client(["-m", "check_wheel_contents", *ignore, *map(str, wheels)], "check-wheel-contents")
-        problems += [said] if said else []
-    for w in wheels:
-        problems += repack_problems(w)
-    return problems
+        said.append(_client(["-m", "check_wheel_contents", *ignore, *map(str, wheels)], "check-wheel-contents"))
+    return [s for s in said if s] + [p for w in wheels for p in repack_problems(w)]
 
 
 # --- the one door: `invoke floor|contents`, `python -m jatools.wheel.wheel_checks`, `wheel_build --check` -------
@@ -712,7 +578,7 @@ def client_problems(dists: list[Path]) -> list[str]:
 CHECKS = ("floor", "contents", "clients")
 
 
-def run(checks: list[str], dists: list[Path | WheelScan], layout: Layout | None = None) -> tuple[list[str], list[str]]:
+def run(checks: list[str], dists: list[Path | WheelScan]) -> tuple[list[str], list[str]]:
     """Run `checks` (CHECKS) on `dists`, each wheel scanned once for floor and contents together (a scan given
     is used as it is); return the lines `<check>: ok ...` and the lines `<check>: FAIL ...`."""
     ok: list[str] = []
@@ -732,23 +598,29 @@ def run(checks: list[str], dists: list[Path | WheelScan], layout: Layout | None 
             for check in scanned_checks:
                 say(check, False, str(e))
             continue
-        if "floor" in checks:
+        for check in scanned_checks:
             try:
-                floor = check_floor(scanned)
-                say("floor", floor.ok, floor.message)
+                report = check_floor(scanned) if check == "floor" else check_contents(scanned)
+                say(check, report.ok, report.message)
             except FloorError as e:
-                say("floor", False, str(e))
-        if "contents" in checks:
-            contents = check_contents(scanned, layout)
-            say("contents", contents.ok, contents.message)
+                say(check, False, str(e))
     if "clients" in checks:
-        problems = client_problems(paths)
-        for problem in problems:
+        for problem in (problems := client_problems(paths)):
             say("clients", False, problem)
         if not problems:
             say("clients", True, "twine check --strict, check-wheel-contents, wheel unpack + pack accept "
                                  + ", ".join(p.name for p in paths))
     return ok, failed
+
+
+def run_and_print(checks: list[str], dists: list[Path | WheelScan]) -> int:
+    """`run`: the ok lines on stdout, the failures on stderr; the exit code (1: a check failed)."""
+    ok, failed = run(checks, dists)
+    for line in ok:
+        print(line, flush=True)
+    for line in failed:
+        print(line, file=sys.stderr)
+    return 1 if failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -759,13 +631,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", action="store_true", help="the clients users run: twine check --strict, "
                    "check-wheel-contents, wheel unpack + pack")
     args = p.parse_args(argv)
-    checks = [c for c in CHECKS if getattr(args, c)] or ["floor", "contents"]
-    ok, failed = run(checks, args.dists)
-    for line in ok:
-        print(line)
-    for line in failed:
-        print(line, file=sys.stderr)
-    return 1 if failed else 0
+    return run_and_print([c for c in CHECKS if getattr(args, c)] or ["floor", "contents"], args.dists)
 
 
 if __name__ == "__main__":

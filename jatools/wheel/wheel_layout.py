@@ -1,9 +1,8 @@
 """The wheel layout and content policy (jatools/wheel/wheel_layout.toml plus the op table), read once and shared.
 
-The builder decides what to stage from it, and `invoke contents` decides what a
-built wheel must and may hold from it, so the two cannot drift apart. The op
-libraries (each op's shim and JIT libraries) and which of them a variant that
-fetches leaves out come from the op table (jax_aiter/op_table.toml).
+The builder decides what to stage from it and `invoke contents` what a built wheel must and may hold, so the
+two cannot drift apart. The op libraries (each op's shim and JIT libraries), and which of them a variant that
+fetches leaves out, come from the op table (jax_aiter/op_table.toml).
 """
 from __future__ import annotations
 
@@ -36,10 +35,8 @@ class LibrarySpec:
         """The command that produces this library, for error messages."""
         if self.kind == "jit":
             return (f"python3 jax_aiter/jit/build_jit.py --module {self.module} (or fetch published ones: "
-                    f"invoke jit.fetch)")
-        if self.kind == "shim":
-            return "make ja_mods (or nox -s ja_mods)"
-        return "make (or nox -s umbrella)"
+                    "invoke jit.fetch)")
+        return "make ja_mods (or nox -s ja_mods)" if self.kind == "shim" else "make (or nox -s umbrella)"
 
 
 @dataclass(frozen=True)
@@ -51,10 +48,9 @@ class Variant:
 
     def version(self, public: str) -> str:
         """The distribution version: the public one, plus the local label when the variant has one."""
-        v = Version(public)
-        if v.local:
+        if Version(public).local:
             raise LayoutError(f"the project version {public!r} already has a local label")
-        return str(Version(f"{public}+{self.local_version}")) if self.local_version else str(v)
+        return str(Version(f"{public}+{self.local_version}" if self.local_version else public))
 
 
 @dataclass(frozen=True)
@@ -71,32 +67,23 @@ class Layout:
     dropped: tuple[str, ...] = ()  # libraries removed with without(); reported, never silent
 
     @classmethod
-    def load(cls, path: Path = LAYOUT_FILE, root: Path | None = None) -> Layout:
-        """The layout of `path`, its op libraries from the op table of the checkout at `root` (default: the
-        table of the jax_aiter package imported here, as `path` is the file beside this module)."""
-        data = tomllib.loads(path.read_text())
+    def load(cls, root: Path | None = None) -> Layout:
+        """The layout, its op libraries from the op table of the checkout at `root` (default: the table of the
+        jax_aiter package imported here)."""
+        data = tomllib.loads(LAYOUT_FILE.read_text())
         ops = op_table.load(root)
-        dirs = data["op_library_dirs"]
+        dirs, files = data["op_library_dirs"], data["files"]
         libs = {name: LibrarySpec(name=name, **spec) for name, spec in data["libraries"].items()}
         libs |= {lib: LibrarySpec(lib, dirs["jit"], "jit", module=m) for m, lib in op_table.jit_libraries(ops).items()}
         libs |= {op.shim: LibrarySpec(op.shim, dirs["shim"], "shim", op=name) for name, op in ops.items()}
         fetched = tuple(op_table.fetched_libraries(ops).values())
-        variants = {
-            name: Variant(name, v["local_version"], tuple(n for n in libs if not (v["fetches"] and n in fetched)),
-                          fetched if v["fetches"] else ())
-            for name, v in data["variants"].items()
-        }
-        return cls(
-            lib_dir=data["lib_dir"],
-            identity_file=data["identity_file"],
-            libraries=libs,
-            variants=variants,
-            required_files=(*data["files"]["required"], *data["files"]["data"]),
-            data_files=tuple(data["files"]["data"]),
-            dist_info_files=tuple(data["files"]["dist_info"]),
-            external={k: tuple(v) for k, v in data["external"].items()},
-            runpath_forbidden=tuple(data["runpath"]["forbidden_substrings"]),
-        )
+        variants = {}
+        for name, v in data["variants"].items():
+            out = fetched if v["fetches"] else ()
+            variants[name] = Variant(name, v["local_version"], tuple(n for n in libs if n not in out), out)
+        return cls(data["lib_dir"], data["identity_file"], libs, variants, (*files["required"], *files["data"]),
+                   tuple(files["data"]), tuple(files["dist_info"]), {k: tuple(v) for k, v in data["external"].items()},
+                   tuple(data["runpath"]["forbidden_substrings"]))
 
     def variant(self, name: str) -> Variant:
         try:
@@ -136,8 +123,5 @@ def python_packages(root: Path | None = None) -> list[str]:
 def python_files(root: Path | None = None) -> list[str]:
     """Every *.py file of those packages, as wheel member paths, sorted."""
     root = root or config.repo_root()
-    out = []
-    for pkg in python_packages(root):
-        pkg_dir = root / pkg.replace(".", "/")
-        out += [p.relative_to(root).as_posix() for p in pkg_dir.glob("*.py") if p.is_file()]
-    return sorted(out)
+    return sorted(p.relative_to(root).as_posix() for pkg in python_packages(root)
+                  for p in (root / pkg.replace(".", "/")).glob("*.py") if p.is_file())

@@ -1,22 +1,15 @@
 """A deterministic zip writer that deflates several members at once with libdeflate.
 
-Why not ``zipfile``: it compresses one member at a time on one core with zlib,
-and a full wheel holds ~2.5 GB of libraries in a few files, so the wheel build
-would take as long as single-threaded zlib deflate of all of them. Here each
-member is compressed whole by libdeflate (the `deflate` package), from a
-read-only memory map, several members at once on threads (libdeflate releases
-the GIL). Its level 6 stays within a few percent of zlib's level 6 for a
-fraction of the CPU time; its levels 1 to 5 use a faster parser whose output is
-several percent larger. Memory held: the compressed form of the members in flight.
-
-The output depends only on the inputs and libdeflate's version (its output is
-deterministic for a given version, on every CPU): the work split does not depend
-on the number of threads, timestamps and permissions are given by the caller,
-members are written in the order they are added, and no extra fields are
-written except ZIP64 ones when sizes require them.
+Not ``zipfile``, which deflates one member at a time on one core with zlib (a full wheel holds ~2.5 GB of
+libraries in a few files): each member is compressed whole by libdeflate (the `deflate` package, which releases
+the GIL) from a read-only memory map, several at once on threads. Memory held: the compressed form of the
+members in flight. The output depends only on the inputs and libdeflate's version: not on the thread count;
+timestamps and permissions come from the caller, members are written in the order added, and the only extra
+fields are ZIP64 ones, when needed.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import mmap
 import os
@@ -33,7 +26,6 @@ import deflate  # libdeflate's Python bindings
 
 ZIP64_LIMIT = zipfile.ZIP64_LIMIT  # beyond it sizes and offsets move to ZIP64 extra fields
 _U32 = 0xFFFFFFFF
-_UNIX = 3
 LEVELS = range(1, 13)  # libdeflate's compression levels
 # The local file header before each member's data (APPNOTE.TXT 4.3.7): signature, version needed, flags,
 # method, time, date, CRC-32, compressed size, size, name length, extra field length. The checks read it back.
@@ -44,7 +36,6 @@ LOCAL_HEADER_SIGNATURE = b"PK\x03\x04"
 @dataclass(frozen=True)
 class WrittenMember:
     """What was written for one member; `sha256` is the raw digest (RECORD wants it base64)."""
-
     arcname: str
     size: int
     compressed_size: int
@@ -58,24 +49,17 @@ class WrittenMember:
         return self.sha256.hex()
 
 
-def dos_date_time(date_time: tuple[int, int, int, int, int, int]) -> tuple[int, int]:
-    """(dos time, dos date) for a (Y, M, D, h, m, s) tuple; years before 1980 are not representable."""
-    y, mo, d, h, mi, s = date_time
-    if y < 1980:
-        raise ValueError(f"zip timestamps start in 1980; got {date_time}")
-    return (h << 11) | (mi << 5) | (s // 2), ((y - 1980) << 9) | (mo << 5) | d
-
-
 def _compress_whole(path: str | os.PathLike, level: int, sha256: bytes | None) -> tuple[int, int, bytes, bytes]:
     """(size, crc32, sha256, raw deflate stream) of a whole file, with libdeflate, from a memory map."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0:
-            return 0, 0, sha256 or hashlib.sha256(b"").digest(), deflate.deflate_compress(b"", level)
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            crc = deflate.crc32(mm)
-            digest = sha256 or hashlib.sha256(mm).digest()
-            return size, crc, digest, deflate.deflate_compress(mm, level)
+    with open(path, "rb") as f, (mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if os.fstat(f.fileno()).st_size
+                                 else contextlib.nullcontext(b"")) as data:  # an empty file cannot be mapped
+        crc, digest = deflate.crc32(data), sha256 or hashlib.sha256(data).digest()
+        return len(data), crc, digest, deflate.deflate_compress(data, level)
+
+
+def _name_version_flags(arcname: str, zip64: bool) -> tuple[bytes, int, int]:
+    name = arcname.encode("utf-8")
+    return name, 45 if zip64 else 20, 0 if name.isascii() else 0x800
 
 
 class DeterministicZipWriter:
@@ -85,9 +69,11 @@ class DeterministicZipWriter:
                  workers: int | None = None):
         if level not in LEVELS:
             raise ValueError(f"libdeflate's deflate level must be {LEVELS[0]}..{LEVELS[-1]}, got {level}")
-        self._fp = fileobj
-        self._time, self._date = dos_date_time(date_time)
-        self._level = level
+        y, mo, d, h, mi, s = date_time
+        if y < 1980:
+            raise ValueError(f"zip timestamps start in 1980; got {date_time}")
+        self._time, self._date = (h << 11) | (mi << 5) | (s // 2), ((y - 1980) << 9) | (mo << 5) | d
+        self._fp, self._level = fileobj, level
         self._workers = max(1, workers or os.cpu_count() or 1)
         self._pool = ThreadPoolExecutor(max_workers=self._workers) if self._workers > 1 else None
         self._members: list[WrittenMember] = []
@@ -98,13 +84,9 @@ class DeterministicZipWriter:
     def members(self) -> list[WrittenMember]:
         return list(self._members)
 
-    # -- members -----------------------------------------------------------------
     def add_bytes(self, arcname: str, data: bytes, mode: int = 0o644) -> WrittenMember:
-        offset, zip64 = self._begin(arcname, len(data))
-        compressed = deflate.deflate_compress(data, self._level)
-        self._fp.write(compressed)
-        return self._finish(arcname, mode, offset, zip64, len(data), len(compressed), deflate.crc32(data),
-                            hashlib.sha256(data).digest())
+        return self._write(arcname, mode, len(data), deflate.crc32(data), hashlib.sha256(data).digest(),
+                           deflate.deflate_compress(data, self._level))
 
     def add_files(self, items: Iterable[tuple[str, str | os.PathLike, int, bytes | None]],
                   on_written: Callable[[WrittenMember], None] | None = None) -> list[WrittenMember]:
@@ -117,10 +99,7 @@ class DeterministicZipWriter:
 
         def write_oldest() -> None:
             arcname, mode, job = pending.popleft()
-            size, crc, digest, data = job.result() if isinstance(job, Future) else job
-            offset, zip64 = self._begin(arcname, size)
-            self._fp.write(data)
-            out.append(self._finish(arcname, mode, offset, zip64, size, len(data), crc, digest))
+            out.append(self._write(arcname, mode, *(job.result() if isinstance(job, Future) else job)))
             if on_written:
                 on_written(out[-1])
 
@@ -134,8 +113,7 @@ class DeterministicZipWriter:
             write_oldest()
         return out
 
-    # -- headers -----------------------------------------------------------------
-    def _begin(self, arcname: str, size: int) -> tuple[int, bool]:
+    def _write(self, arcname: str, mode: int, size: int, crc: int, sha256: bytes, compressed: bytes) -> WrittenMember:
         if self._closed:
             raise ValueError("zip writer is closed")
         if arcname in self._names:
@@ -144,13 +122,12 @@ class DeterministicZipWriter:
         offset = self._fp.tell()
         zip64 = size * 1.05 > ZIP64_LIMIT  # deflate may grow incompressible data slightly
         self._fp.write(self._local_header(arcname, 0, 0, 0, zip64))
-        return offset, zip64
+        self._fp.write(compressed)
+        return self._finish(arcname, mode, offset, zip64, size, len(compressed), crc, sha256)
 
     def _local_header(self, arcname: str, crc: int, csize: int, usize: int, zip64: bool) -> bytes:
-        name = arcname.encode("utf-8")
+        name, version, flags = _name_version_flags(arcname, zip64)
         extra = struct.pack("<HHQQ", 1, 16, usize, csize) if zip64 else b""
-        version = 45 if zip64 else 20
-        flags = 0x800 if not name.isascii() else 0
         return LOCAL_HEADER.pack(LOCAL_HEADER_SIGNATURE, version, flags, zipfile.ZIP_DEFLATED, self._time, self._date,
                                  crc, _U32 if zip64 else csize, _U32 if zip64 else usize, len(name),
                                  len(extra)) + name + extra
@@ -163,24 +140,18 @@ class DeterministicZipWriter:
         self._fp.seek(offset)
         self._fp.write(self._local_header(arcname, crc, csize, usize, zip64))
         self._fp.seek(end)
-        member = WrittenMember(arcname, usize, csize, crc, sha256, offset, mode)
-        self._members.append(member)
-        return member
+        self._members.append(WrittenMember(arcname, usize, csize, crc, sha256, offset, mode))
+        return self._members[-1]
 
     def _central_entry(self, m: WrittenMember) -> bytes:
-        name = m.arcname.encode("utf-8")
         big = [v for v in (m.size, m.compressed_size, m.offset) if v > ZIP64_LIMIT]
+        name, version, flags = _name_version_flags(m.arcname, bool(big))
         extra = struct.pack(f"<HH{len(big)}Q", 1, 8 * len(big), *big) if big else b""
-        version = 45 if big else 20
-        flags = 0x800 if not name.isascii() else 0
+        csize, size, offset = (_U32 if v > ZIP64_LIMIT else v for v in (m.compressed_size, m.size, m.offset))
         return struct.pack(
-            zipfile.structCentralDir, zipfile.stringCentralDir, version, _UNIX, version, 0, flags,
-            zipfile.ZIP_DEFLATED, self._time, self._date, m.crc32,
-            _U32 if m.compressed_size > ZIP64_LIMIT else m.compressed_size,
-            _U32 if m.size > ZIP64_LIMIT else m.size,
-            len(name), len(extra), 0, 0, 0, (stat.S_IFREG | m.mode) << 16,
-            _U32 if m.offset > ZIP64_LIMIT else m.offset,
-        ) + name + extra
+            zipfile.structCentralDir, zipfile.stringCentralDir, version, 3, version, 0, flags,  # 3: made on Unix
+            zipfile.ZIP_DEFLATED, self._time, self._date, m.crc32, csize, size, len(name), len(extra), 0, 0, 0,
+            (stat.S_IFREG | m.mode) << 16, offset) + name + extra
 
     def close(self) -> None:
         if self._closed:
@@ -210,4 +181,3 @@ class DeterministicZipWriter:
             self.close()
         elif self._pool:
             self._pool.shutdown(cancel_futures=True)
-
