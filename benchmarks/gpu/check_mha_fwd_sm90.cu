@@ -21,24 +21,7 @@
 
 #include "mha/mha_fwd_gpu.cuh"
 #include "mha/mha_fwd_sm90.cuh"
-
-extern "C" const char* ja_error(const char* fmt, ...) {
-  static char buf[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  return buf;
-}
-
-#define CK(x)                                                                                 \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(2);                                                                           \
-    }                                                                                         \
-  } while (0)
+#include "harness.cuh"
 
 __device__ float ld(const uint16_t* p, int64_t i, bool bf) {
   const uint16_t u = p[i];

@@ -33,26 +33,10 @@
 #include <vector>
 
 #include "mha/mha_fwd_gpu.cuh"
-
-#define CK(x)                                                                                   \
-  do {                                                                                          \
-    cudaError_t e_ = (x);                                                                       \
-    if (e_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                             \
-    }                                                                                           \
-  } while (0)
+#include "harness.cuh"
 
 using T = ja::bf16_t;
 constexpr int D = 128;
-
-__global__ void fill(T* p, int64_t n, uint32_t seed) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-    h ^= h >> 15; h *= 2246822519u; h ^= h >> 13; h *= 3266489917u; h ^= h >> 16;
-    p[i] = ja::from_f32<T>((float(h & 0xffff) / 65535.0f - 0.5f) * 4.0f);
-  }
-}
 
 __global__ void empty_kernel() {}
 
@@ -141,9 +125,9 @@ int check_shapes(Entry lib_entry, cudaStream_t s) {
     const int64_t ws_bytes = c.b * units * 64 * 16 * (D + 1) * 4;
     CK(cudaMalloc(&q, nq * sizeof(T))); CK(cudaMalloc(&k, nkv * sizeof(T))); CK(cudaMalloc(&v, nkv * sizeof(T)));
     CK(cudaMalloc(&o, nq * sizeof(T))); CK(cudaMalloc(&lse, nl * 4)); CK(cudaMalloc(&ws, ws_bytes));
-    fill<<<64, 256, 0, s>>>(q, nq, 7u + c.sk);
-    fill<<<64, 256, 0, s>>>(k, nkv, 8u + c.sk);
-    fill<<<64, 256, 0, s>>>(v, nkv, 9u + c.sk);
+    fill_random<<<64, 256, 0, s>>>(q, nq, 7u + c.sk);
+    fill_random<<<64, 256, 0, s>>>(k, nkv, 8u + c.sk);
+    fill_random<<<64, 256, 0, s>>>(v, nkv, 9u + c.sk);
     JaMhaFwdArgs a{};
     a.dtype = int32_t(ja::DType::kBF16);
     a.batch = c.b, a.seq_q = c.sq, a.seq_k = c.sk, a.heads_q = c.hq, a.heads_kv = c.hkv, a.head_dim = D;
@@ -283,9 +267,9 @@ int main(int argc, char** argv) {
       CK(cudaMalloc(&v[i], nkv * sizeof(T)));
       CK(cudaMalloc(&o[i], nq * sizeof(T)));
       CK(cudaMalloc(&lse[i], c.b * c.hq * sizeof(float)));
-      fill<<<1024, 256, 0, s>>>(q[i], nq, 11u + i);
-      fill<<<4096, 256, 0, s>>>(k[i], nkv, 101u + i);
-      fill<<<4096, 256, 0, s>>>(v[i], nkv, 202u + i);
+      fill_random<<<1024, 256, 0, s>>>(q[i], nq, 11u + i);
+      fill_random<<<4096, 256, 0, s>>>(k[i], nkv, 101u + i);
+      fill_random<<<4096, 256, 0, s>>>(v[i], nkv, 202u + i);
     }
     const int64_t ws_py = python_ws_bytes(c);
     void* ws;
@@ -304,7 +288,7 @@ int main(int argc, char** argv) {
       CK(cudaMemcpyAsync(v[i], k[i], nkv * sizeof(T), cudaMemcpyDeviceToDevice, s));
     }, sets, &b2b);
     // (the copy overwrote v with k: refill before the checks)
-    for (int i = 0; i < sets; ++i) fill<<<4096, 256, 0, s>>>(v[i], nkv, 202u + i);
+    for (int i = 0; i < sets; ++i) fill_random<<<4096, 256, 0, s>>>(v[i], nkv, 202u + i);
     const float read_us = time_us([&](int i) {
       read_kernel<<<132 * 8, 256, 0, s>>>(reinterpret_cast<const uint4*>(k[i]), nkv * sizeof(T) / 16, sink);
       read_kernel<<<132 * 8, 256, 0, s>>>(reinterpret_cast<const uint4*>(v[i]), nkv * sizeof(T) / 16, sink);

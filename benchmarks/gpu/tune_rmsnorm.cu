@@ -27,26 +27,10 @@
 
 #include "activation/silu_and_mul_gpu.cuh"
 #include "rmsnorm/rmsnorm_gpu.cuh"
-
-#define CK(x)                                                                                   \
-  do {                                                                                          \
-    cudaError_t e_ = (x);                                                                       \
-    if (e_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                             \
-    }                                                                                           \
-  } while (0)
+#include "harness.cuh"
 
 using T = ja::bf16_t;
 constexpr int kSets = 4;
-
-__global__ void fill(T* p, int64_t n, uint32_t seed) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-    h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
-    p[i] = ja::from_f32<T>((float(h & 0xffff) / 65535.0f - 0.5f) * 4.0f);
-  }
-}
 
 // Reads n 16-byte vectors (the L2 flush): leaves L2 full of clean lines of this buffer.
 __global__ void flush_kernel(const uint4* p, int64_t n, uint32_t* sink) {
@@ -130,12 +114,12 @@ int main(int argc, char** argv) {
       CK(cudaMalloc(&r[i], n * sizeof(T)));
       CK(cudaMalloc(&o[i], n * sizeof(T)));
       CK(cudaMalloc(&ro[i], n * sizeof(T)));
-      fill<<<1024, 256, 0, s>>>(x[i], n, 17u + i);
-      fill<<<1024, 256, 0, s>>>(r[i], n, 91u + i);
+      fill_random<<<1024, 256, 0, s>>>(x[i], n, 17u + i);
+      fill_random<<<1024, 256, 0, s>>>(r[i], n, 91u + i);
     }
     CK(cudaMalloc(&w, c.hidden * sizeof(T)));
     CK(cudaMalloc(&ref, n * sizeof(T)));
-    fill<<<64, 256, 0, s>>>(w, c.hidden, 5u);
+    fill_random<<<64, 256, 0, s>>>(w, c.hidden, 5u);
     auto args = [&](int i) {
       JaRmsNormArgs a{};
       a.rows = c.rows, a.hidden = c.hidden, a.x = x[i], a.weight = w, a.out = o[i], a.eps = 1e-6f;
@@ -235,7 +219,7 @@ int main(int argc, char** argv) {
       for (int i = 0; i < kSets; ++i) {
         CK(cudaMalloc(&x[i], 2 * n * sizeof(T)));
         CK(cudaMalloc(&o[i], n * sizeof(T)));
-        fill<<<1024, 256, 0, s>>>(x[i], 2 * n, 33u + i);
+        fill_random<<<1024, 256, 0, s>>>(x[i], 2 * n, 33u + i);
       }
       auto args = [&](int i) {
         JaSiluAndMulArgs a{};
