@@ -37,7 +37,6 @@ BENCH_DIR = Path("build") / "bench"  # under the repository root unless absolute
 Step = Callable[[], object]
 
 
-# --- results ---------------------------------------------------------------------------------------------------------
 @dataclass
 class Result:
     name: str
@@ -56,9 +55,7 @@ class Result:
     @property
     def ratio(self) -> float | None:
         """anchor / ours: how many times faster ours is."""
-        if self.ours_s and self.anchor_s:
-            return self.anchor_s / self.ours_s
-        return None
+        return self.anchor_s / self.ours_s if self.ours_s and self.anchor_s else None
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -72,7 +69,6 @@ def not_run(name: str, goal: str, why: str) -> Result:
     return Result(name, None, None, goal, None, error=why)
 
 
-# --- timing ----------------------------------------------------------------------------------------------------------
 @dataclass
 class Timings:
     ours: list[float] = field(default_factory=list)
@@ -98,7 +94,6 @@ def timed(fn: Step) -> float:
     return time.perf_counter() - start
 
 
-# --- the context a benchmark runs in ---------------------------------------------------------------------------------
 @dataclass
 class Context:
     root: Path
@@ -110,7 +105,6 @@ class Context:
     publish_fraction: float = 0.1
     publish_level: int | None = None  # None: the project's jit_libs_zstd_level
     log: Callable[[str], None] = print
-
 
     def work(self, name: str) -> Path:
         path = self.work_root / name
@@ -141,7 +135,7 @@ class Context:
         return t
 
 
-# --- the anchor tools (the reference's commands): where they are, their versions, how to install one ----------------
+# The anchor tools (the reference's commands): how to install one, and the versions the JSON records.
 INSTALL = {"sha256sum": "apt-get install -y coreutils", "nox": "pip install nox"}  # else apt-get install -y NAME
 TOOLS = ("zstd", "curl", "sha256sum", "openssl", "make", "nox", "ninja", "g++", "uv")  # versions in the JSON
 PACKAGES = ("zstandard", "numpy", "nox", "invoke", "pip", "setuptools", "wheel", "uv", "auditwheel")
@@ -155,8 +149,8 @@ def require(*names: str) -> None:
     """AnchorMissing naming every tool of `names` that is not installed, and how to install it."""
     missing = [n for n in names if shutil.which(n) is None]
     if missing:
-        raise AnchorMissing("; ".join(f"{n} is not installed (install it with `{INSTALL.get(n, f'apt-get install -y {n}')}`)"
-                                      for n in missing))
+        raise AnchorMissing("; ".join(f"{n} is not installed (install it with "
+                                      f"`{INSTALL.get(n, f'apt-get install -y {n}')}`)" for n in missing))
 
 
 def tool_version(cmd: list[str]) -> str | None:
@@ -198,7 +192,6 @@ def _package_version(pkg: str) -> str | None:
         return None
 
 
-# --- the report ------------------------------------------------------------------------------------------------------
 def _fmt_s(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f} s"
 
@@ -223,7 +216,6 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
-# --- the runner ------------------------------------------------------------------------------------------------------
 def benchmarks() -> dict:
     """name -> cases.Case, in the issue's order (imported here: cases imports this module)."""
     from jatools.bench.cases import BENCHMARKS
@@ -244,12 +236,11 @@ def run_one(name: str, ctx: Context) -> Result:
         return not_run(name, case.goal, f"{type(e).__name__}: {e}")
 
 
-def run_gpu(args: list[str], root: Path) -> int:
-    """Pass-through to the GPU kernel benchmark (benchmarks/gpu/bench_gpu.py)."""
-    return subprocess.call([sys.executable, str(root / "benchmarks/gpu/bench_gpu.py"), *args], cwd=root)
-
-
-def parse(argv: list[str]) -> argparse.Namespace:
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    root = config.repo_root()
+    if argv[:1] == ["gpu"]:  # pass-through to the GPU kernel benchmark
+        return subprocess.call([sys.executable, str(root / "benchmarks/gpu/bench_gpu.py"), *argv[1:]], cwd=root)
     p = argparse.ArgumentParser(prog="python -m jatools.bench", description=__doc__.splitlines()[0])
     p.add_argument("--only", action="append", default=[], help=f"benchmark(s) to run: {', '.join(benchmarks())}")
     p.add_argument("--scale", type=float, default=1.0, help="corpus scale (1: production sizes)")
@@ -260,15 +251,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=3, help="timed runs of each side (the figure is their median)")
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
     p.add_argument("--out", type=Path, default=None, help="results JSON (default build/bench/results.json)")
-    return p.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    root = config.repo_root()
-    if argv[:1] == ["gpu"]:
-        return run_gpu(argv[1:], root)
-    args = parse(argv)
+    args = p.parse_args(argv)
     known = benchmarks()
     names = [n for spec in args.only for n in spec.split(",") if n] or list(known)
     unknown = sorted(set(names) - set(known))
@@ -277,8 +260,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     bench_dir = root / BENCH_DIR
     ctx = Context(root=root, scale=args.scale, runs=max(1, args.runs), warmup=max(0, args.warmup),
-                  work_root=bench_dir / "work", corpus_root=bench_dir / "corpus", publish_fraction=args.publish_fraction,
-                  publish_level=args.publish_level, log=lambda m: print(m, flush=True))
+                  work_root=bench_dir / "work", corpus_root=bench_dir / "corpus",
+                  publish_fraction=args.publish_fraction, publish_level=args.publish_level,
+                  log=lambda m: print(m, flush=True))
     facts = machine_facts()
     start = time.monotonic()
     results = []
