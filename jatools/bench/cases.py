@@ -277,7 +277,8 @@ FETCH_STAGE_LEVEL = 3
 
 @contextlib.contextmanager
 def http_server(folder: Path):
-    """`python -m http.server` on 127.0.0.1 serving `folder`; yields its base URL."""
+    """`python -m http.server` on 127.0.0.1 serving `folder` (its own process: no GIL shared with the client
+    being timed); yields its base URL."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -300,14 +301,9 @@ def http_server(folder: Path):
 
 
 def bench_fetch(ctx: Context) -> Result:
-    """fetch: download from an HTTP server on 127.0.0.1, decompress, verify and install the published
-    assets by the fetch client (jax_aiter.fetch.fetch_release: `invoke jit.fetch`, `jax-aiter-fetch-mha`),
-    against `curl` + `zstd -d` + `sha256sum -c` in sequence.
-
-    The release is staged once at level FETCH_STAGE_LEVEL (decompression speed hardly depends on the level,
-    and level 19 would spend minutes making the input). The server runs in its own process, so it does not
-    share a GIL with the client being timed.
-    """
+    """fetch: download (http_server), decompress, verify and install the published assets by the fetch client
+    (jax_aiter.fetch.fetch_release) against `curl` + `zstd -d` + `sha256sum -c` in sequence. The release is
+    staged at FETCH_STAGE_LEVEL: decompression hardly depends on the level, and 19 would take minutes."""
     require("curl", "zstd", "sha256sum")
     work = ctx.work("fetch")
     serve = work / "serve"
@@ -352,12 +348,8 @@ WHEEL_EPOCH = 1700000000
 
 
 def inflated_build(ctx: Context, build: Path) -> None:
-    """build/ of this checkout, with the JIT libraries grown to corpus size, under `build`.
-
-    The corpus bytes are appended to the CPU build's JIT libraries, which keeps each a valid ELF file (the
-    symbol floor is measured from the same dynamic section) at the production size; a build record is
-    written for them, as build_jit.py would. The other libraries are hard links.
-    """
+    """build/ of this checkout under `build`: the corpus appended to each JIT library (still a valid ELF file,
+    whose symbol floor is measured as before) with a build record for them; the other libraries hard links."""
     src = ctx.settings().build_dir
     layout = Layout.load()
     missing = [str(src / spec.dir / name) for name, spec in layout.libraries.items()
@@ -481,13 +473,9 @@ def instance_objects(build: Path) -> dict[str, int]:
 
 
 def bench_incremental(ctx: Context) -> Result:
-    """incremental: editing one kernel template recompiles only the instances generated from it.
-
-    In a scratch copy of the repository (tests/build/scratch.py, JA_BACKEND=cpu): a cold `build_jit.py`
-    (the anchor, timed once: it costs minutes), then, per run, one edit to the CPU template of
-    INCREMENTAL_MODULE and a rebuild (ours). Rebuilt instances are counted from the object files whose
-    mtime changed.
-    """
+    """incremental: in a scratch copy of the repository (JA_BACKEND=cpu), a cold `build_jit.py` (the anchor, timed
+    once), then per run one edit to INCREMENTAL_MODULE's CPU template and a rebuild (ours), which must recompile
+    only that template's instances (the object files whose mtime changed)."""
     sys.path.insert(0, str(ctx.root))
     from tests.build.scratch import env_for, make_scratch
 
@@ -534,13 +522,9 @@ VALIDATE_LIMIT_S = 20.0
 
 
 def bench_validate(ctx: Context) -> Result:
-    """validate: `invoke validate --variant lite` (jatools.validate.cleanroom, engine-free, default installer)
-    with a warm wheelhouse, against the plain route (`--installer pip`: `python -m venv` + `pip install`
-    of the same wheels from the same wheelhouse, same smoke tests).
-
-    Setup, untimed: the lite wheel is built from this checkout's CPU build, and the wheelhouse is filled
-    once if it is cold (that needs the package index).
-    """
+    """validate: `invoke validate --variant lite` (engine-free, default installer) with a warm wheelhouse against
+    `--installer pip` (`python -m venv` + `pip install`, same wheels and smoke tests). Untimed setup: the lite
+    wheel from this checkout's CPU build, and the wheelhouse filled once if it is cold."""
     work = ctx.work("validate")
     dist = work / "dist"
     clear(dist)

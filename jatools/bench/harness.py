@@ -3,15 +3,11 @@
     python -m jatools.bench [--only NAME[,NAME]] [--scale F] [--runs N] [--warmup N] [--out PATH]
     python -m jatools.bench gpu [bench_gpu.py args]   # the GPU kernel benchmark (a GPU host)
 
-Each benchmark (one function in jatools/bench/cases.py, registered in its
-BENCHMARKS table) times our code path and the reference's command (the anchor)
-on the same data and returns a Result that says whether the goal was met and,
-if not, by how much. This module holds what they share: the Result and the
-Context, the timing, the anchor tools, the table, the JSON and the command line.
-
-Timing: ours and the anchor alternate run by run, after a warm-up; the figure
-is the median. Alternating puts both under the same background load (this
-machine is shared), so a burst of load slows both rather than one.
+Each benchmark (one function in jatools/bench/cases.py, registered in its BENCHMARKS table) times our
+code path and the reference's command (the anchor) on the same data and returns a Result that says
+whether the goal was met and, if not, by how much. This module holds what they share: the Result and the
+Context, the timing (alternating, docs/benchmarks.md), the anchor tools, the table, the JSON and the
+command line.
 """
 from __future__ import annotations
 
@@ -115,12 +111,10 @@ class Context:
         """The project's settings for the CPU backend (the benchmarks' build), `env` over the environment."""
         return config.load(root=self.root, env={**os.environ, "JA_BACKEND": "cpu", **env})
 
-    def alternate(self, label: str, ours: Step, anchor: Step, prepare: Step | None = None,
-                  runs: int | None = None) -> Timings:
-        """Time `ours` and `anchor` alternately, --runs (or `runs`) times each after --warmup untimed rounds.
-
-        `prepare` (untimed) runs before every call of either, e.g. to remove the previous output.
-        """
+    def alternate(self, label: str, ours: Step, anchor: Step, prepare: Step | None = None, runs: int | None = None
+                  ) -> Timings:
+        """Time `ours` and `anchor` alternately (a burst of load on this shared machine then slows both), --runs
+        (or `runs`) times each after --warmup untimed rounds; `prepare` (untimed) runs before every call."""
         runs = self.runs if runs is None else runs
         t = Timings()
         for i in range(self.warmup + runs):
@@ -155,8 +149,6 @@ def require(*names: str) -> None:
 
 def tool_version(cmd: list[str]) -> str | None:
     """The first line a tool prints for its version, or None when it is not installed."""
-    if shutil.which(cmd[0]) is None:
-        return None
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=False)
     except (OSError, subprocess.TimeoutExpired):
@@ -192,12 +184,9 @@ def _package_version(pkg: str) -> str | None:
         return None
 
 
-def _fmt_s(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f} s"
-
-
 def table(results: list[Result]) -> str:
     """The one-screen summary: benchmark, ours, anchor, ratio, goal, met?; then each miss and why."""
+    _fmt_s = lambda v: "-" if v is None else f"{v:.2f} s"
     rows = [("benchmark", "ours", "anchor", "ratio", "goal", "met?")]
     for r in results:
         met = "not run" if r.met is None else ("yes" if r.met else "NO")

@@ -1,19 +1,10 @@
 """Environment report: what machine a job ran on, printed first in every CI job.
 
-CPU (lscpu), GPUs (rocminfo, nvidia-smi, or none), toolchains (g++, nvcc,
-hipcc, TheRock's `rocm-sdk version`, found the way the build finds them, through
-jatools.native.toolchain), Python and the jax/jaxlib/plugin versions, the
-environment variables that steer the build, and where the job ran: the
-container image (JA_CONTAINER_IMAGE, which every container job sets to its
-`container.image`) with its digest, and the runner (name, OS, arch, and the
-runner image's ImageOS/ImageVersion where GitHub sets them). The digest is the
-one in the reference when it is pinned (`name@sha256:...`), else the registry's
-answer for the tag at report time (the v2 API, anonymous token; marked as such:
-a container cannot see what its runner pulled). "Is the GPU visible in the
-container?" and "which compiler built this?" are answered at the top of the
-log, and under GitHub Actions the image, digest and runner go to the job
-summary. Nothing here fails the job: a tool or registry that is absent or
-errors is reported as such.
+CPU, GPUs, toolchains (found the way the build finds them, through jatools.native.toolchain), Python
+and the jax family's versions, the environment variables that steer the build, and where the job ran:
+the container image (JA_CONTAINER_IMAGE) with its digest (pinned in the reference, else the registry's
+answer at report time) and the runner; under GitHub Actions these last go to the job summary too.
+Nothing here fails the job: a tool or registry that is absent or errors is reported as such (docs/ci.md).
 """
 from __future__ import annotations
 
@@ -131,7 +122,8 @@ def toolchain_info(env: dict[str, str] | None = None, which: Which = shutil.whic
     nvcc, found = toolchain.find_nvcc(env, which)
     version = lambda tool, of: {"path": tool, "version": of(tool)} if tool else None
     return {"notes": notes + found, "cxx": cxx, "rocm_root": rocm_root,
-            "hipcc": version(hipcc, toolchain.hipcc_version), "rocm_sdk_version": toolchain.rocm_sdk_version(env, which), "nvcc": version(nvcc, toolchain.nvcc_version)}
+            "hipcc": version(hipcc, toolchain.hipcc_version),
+            "rocm_sdk_version": toolchain.rocm_sdk_version(env, which), "nvcc": version(nvcc, toolchain.nvcc_version)}
 
 
 _PACKAGES_SNIPPET = (

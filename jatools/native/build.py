@@ -4,19 +4,13 @@
     python -m jatools.native.build --compile-only [--backend cuda,rocm] [-j N]      (nox -s compile_only)
 
 Every caller (the nox test and release sessions, compile-only, the sanitizer build, the GPU host
-scripts) runs this sequence through `native_steps`; only the environment differs (JA_BACKEND,
-GPU_ARCHS, JA_BUILD_DIR, JA_SANITIZE).
-
-The JIT step either builds (the producer, or a local run: printed) or takes the libraries already in
-build/aiter_build (a consumer: `invoke jit.fetch` put them there). A consumer never builds: when those
-libraries do not match this checkout's identity it fails at once, naming the cache id and the producer.
-`--jit auto` (the default, JA_JIT_LIBS / pyproject jit_libs) takes under CI=true and builds otherwise.
-
-`--compile-only` compiles every library for the GPU backends on a machine without a GPU: CUDA for sm_90
-with nvcc, ROCm for gfx90a with the HIP compiler (Debian's ROCm 5.2 `hipcc` knows gfx90a and gfx940,
-not gfx950). Each backend builds into build/compile_only/<backend> through this same sequence, so it
-proves the exact sources and flags users build; it is its own JIT producer. Prints a summary and writes
-build/compile_only/summary.json.
+scripts) runs this sequence through `native_steps`; only the environment differs. The JIT step builds
+(the producer, or a local run) or takes the libraries `invoke jit.fetch` put in build/aiter_build (a
+consumer, which never builds: a mismatch with this checkout's identity fails at once, naming the cache
+id and the producer); `--jit auto` takes under CI=true. `--compile-only` builds every library for the
+GPU backends without a GPU (CUDA sm_90 with nvcc, ROCm gfx90a with the HIP compiler: Debian's ROCm 5.2
+`hipcc` knows no gfx950) into build/compile_only/<backend>, each its own JIT producer, and writes
+build/compile_only/summary.json (docs/build.md, "Compile-only").
 """
 from __future__ import annotations
 

@@ -1,19 +1,14 @@
 #!/usr/bin/env python3
 """Build the JIT libraries (librmsnorm_fwd.so, libmha_fwd.so, libmha_bwd.so) into build/aiter_build/.
 
-The op table (jax_aiter/op_table.toml) says which modules exist and derives each library's name;
-jax_aiter/jit/optCompilerConfig.json says how each compiles: instance sources generated from kernel
-templates over its axes (dtype x head_dim x causal ...), compiled in parallel by ninja, linked into one
-library. A generated source is rewritten only when its text changes and ninja tracks header
-dependencies, so touching one template recompiles only its instances. A build record (identity,
-toolchain, archs, output sha256) is written atomically next to the outputs, last.
-
-The identity (kernel-source revision, archs, recipe hash, backend, FFI API version; the toolchain
-advisory) is derived here, never typed by hand. The recipe hash covers the exact compile and link lines
-of every instance (flags, defines, archs; the root path and the compiler's location left out) and the
-content of every repository file they read, found by following #include lines (fast, and the same on a
-consumer without a compiler); after a build the compilers' depfiles are checked against that set, so a
-file the scan missed fails the build instead of leaving the identity blind to it.
+Owns the JIT build and its identity. The op table (jax_aiter/op_table.toml) says which modules exist,
+jax_aiter/jit/optCompilerConfig.json how each compiles: instance sources generated from kernel templates
+over its axes (rewritten only when their text changes), compiled by ninja (which tracks headers, so
+touching one template recompiles only its instances), linked into one library. A build record (identity,
+toolchain, archs, output sha256) is written atomically next to the outputs, last. The identity is
+derived here, never typed by hand; its recipe hash covers the compile and link lines and every repository
+file they read, found by following #include lines and checked after a build against ninja's depfiles
+(docs/jit-libs.md).
 
     python3 jax_aiter/jit/build_jit.py [--module a,b] [--verbose] [--log FILE] [-j N]
     make jit / nox -s jit              (the same build)
@@ -326,13 +321,8 @@ def scan_includes(src: str, args, root: Path, texts: dict[str, str], outputs: st
 
 
 def recipe(settings: config.Settings, tc: toolchain.Toolchain) -> tuple[str, dict[str, str]]:
-    """(recipe hash, {input path: sha256}) of a build of every module with this toolchain.
-
-    The hash covers the command line of every compile and of the link, with the compiler's location and
-    the checkout's and build folders' paths left out (they differ between machines, not between outputs;
-    the compiler's version is the toolchain part of the identity), the text of every generated source,
-    and the content of every repository file the compilations read.
-    """
+    """(recipe hash, {input path: sha256}) of a build of every module with this toolchain: a hash of every
+    compile and link line, every generated source and every repository file the compilations read."""
     root = settings.root
     modules = module_table(settings)
     flags = toolchain.compile_flags(tc, settings)
@@ -344,6 +334,8 @@ def recipe(settings: config.Settings, tc: toolchain.Toolchain) -> tuple[str, dic
         texts.update({os.path.relpath(p, root): v for p, v in t.items()})
     steps = plan(modules, sources, tc, settings, package_includes(root, modules, kinds_of, resolve=False))
     flags.update({k: arch_kind_flags(flags, tc, k) for k in {s.rule for s in steps} & ARCH_KINDS.keys()})
+    # Left out: where the checkout and its build folders are, and where the link driver is (link[0]):
+    # they differ between machines, not between outputs.
     places = ((str(root), "$ROOT"), (os.path.relpath(settings.jit_dir, root), "$JIT"),
               (os.path.relpath(settings.umbrella_dir, root), "$UMBRELLA"))
     norm = lambda arg: functools.reduce(lambda a, place: a.replace(*place), places, arg)

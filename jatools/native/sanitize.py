@@ -1,28 +1,14 @@
 """The CPU libraries built with a sanitizer, and checked under it: ASan + UBSan (`nox -s sanitize`) or
-ThreadSanitizer (`nox -s tsan`).
+ThreadSanitizer (`nox -s tsan`); docs/ci.md ("Sanitizers") says why each choice below is made.
 
-Build: the ordinary targets through the one native build (jatools.native.build) into the sanitizer's own
-folder (``build/sanitize``, ``build/sanitize-thread``) with ``JA_BACKEND=cpu JA_SANITIZE=...``;
-jatools.native.toolchain adds ``-fsanitize=...`` to the compile and link flags, so the Makefile and the
-JIT build build exactly what they always build.
-
-ASan + UBSan run the CPU op tests in Python. Python is not instrumented, so ``LD_PRELOAD`` makes the
-compiler's ``libasan.so`` the first library in the process (and libstdc++, see :func:`preload`). pytest
-captures at the Python level only (``--capture=sys``): a sanitizer report is written to fd 2 by C code
-just before the process aborts, and fd-level capture would swallow it. The loader finds the sanitized
-libraries through ``JA_BUILD_DIR``. Leak checking is off in-process: CPython and jaxlib keep allocations
-alive until exit by design, and LSan suppressions match any frame of a stack, so every leak report passes
-through Python frames and cannot be told apart from ours.
-
-ThreadSanitizer runs ci/sanitizers/tsan_driver.cpp instead, built with the same flags against the
-sanitized libraries: every threaded CPU kernel (ja::parallel_for in csrc/common/parallel.cpp and its
-users) called from four threads at once with four inner threads each, checked against the one-thread
-result. Not Python: jaxlib is not instrumented, so TSan reports races inside jaxlib (17 on a bare
-``jnp.ones(3).sum()``) whose stacks hold our frames too, and no suppression could keep ours.
-
-Every report aborts (``halt_on_error``, ``-fno-sanitize-recover=all``), so none passes unnoticed.
-Suppressions are inputs kept in the repository (``ci/sanitizers/*.supp``), as XLA keeps its ignore lists
-beside its sanitizer wrapper.
+The ordinary targets are built through the one native build (jatools.native.build) into the sanitizer's own
+folder with ``JA_BACKEND=cpu JA_SANITIZE=...``; jatools.native.toolchain adds ``-fsanitize=...`` to the
+compile and link flags. ASan + UBSan then run the CPU op tests in an uninstrumented Python: the runtime is
+preloaded (:func:`preload`), pytest captures at the Python level only (``--capture=sys``, so a report on
+fd 2 just before the abort is not swallowed), leak checking is off in-process. ThreadSanitizer runs
+ci/sanitizers/tsan_driver.cpp instead (jaxlib is not instrumented, so TSan inside Python reports jaxlib's
+races): every threaded CPU kernel from four threads at once with four inner threads each. Every report
+aborts; suppressions are kept in ci/sanitizers/*.supp.
 
     python3 -m jatools.native.sanitize [--sanitizer address|thread] [-j N] [-- PYTEST_ARGS...]
 """
