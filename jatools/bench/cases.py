@@ -437,21 +437,14 @@ def bench_wheel_full(ctx: Context) -> Result:
 NOOP_LIMIT_S = 1.5
 
 
-def nox_command() -> list[str]:
-    """nox from PATH (the bench session's venv has it), else the one beside this interpreter."""
-    beside = Path(sys.executable).with_name("nox")
-    if shutil.which("nox"):
-        return ["nox"]
-    if beside.is_file():
-        return [str(beside)]
-    raise AnchorMissing("nox is not installed (install it with `pip install nox`)")
-
-
 def bench_noop(ctx: Context) -> Result:
     """noop: `nox -s ja_mods` when everything is up to date, reported next to `make ja_mods` alone (what is
     over `make` is nox's own start-up)."""
     require("make")
-    nox = nox_command()
+    beside = Path(sys.executable).with_name("nox")  # nox from PATH (the bench venv has it), else beside Python
+    if not shutil.which("nox") and not beside.is_file():
+        raise AnchorMissing("nox is not installed (install it with `pip install nox`)")
+    nox = ["nox"] if shutil.which("nox") else [str(beside)]
     env = {**os.environ, "JA_BACKEND": os.environ.get("JA_BACKEND", "cpu")}
     run_command(["make", "-j2", "ja_mods"], cwd=ctx.root, env=env)  # up to date before timing (not timed)
     t = ctx.alternate("noop", lambda: run_command([*nox, "-s", "ja_mods"], cwd=ctx.root, env=env),

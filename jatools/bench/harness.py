@@ -61,10 +61,6 @@ class Result:
         return d
 
 
-def not_run(name: str, goal: str, why: str) -> Result:
-    return Result(name, None, None, goal, None, error=why)
-
-
 @dataclass
 class Timings:
     ours: list[float] = field(default_factory=list)
@@ -217,12 +213,13 @@ def run_one(name: str, ctx: Context) -> Result:
     try:
         return case.run(ctx)
     except AnchorMissing as e:
-        return not_run(name, case.goal, str(e))
+        error = str(e)
     except Exception as e:  # noqa: BLE001 (a failing benchmark is reported and the others still run)
         import traceback
 
         ctx.log(traceback.format_exc())
-        return not_run(name, case.goal, f"{type(e).__name__}: {e}")
+        error = f"{type(e).__name__}: {e}"
+    return Result(name, None, None, case.goal, None, error=error)  # not run
 
 
 def main(argv: list[str] | None = None) -> int:

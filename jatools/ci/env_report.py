@@ -71,12 +71,9 @@ def parse_rocminfo(text: str) -> list[dict]:
 
 def parse_nvidia_smi(text: str) -> list[dict]:
     """`nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader` rows."""
-    gpus = []
-    for line in text.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) >= 4 and parts[0].isdigit():
-            gpus.append({"index": int(parts[0]), "name": parts[1], "driver": parts[2], "memory": parts[3]})
-    return gpus
+    rows = ([p.strip() for p in line.split(",")] for line in text.strip().splitlines())
+    return [{"index": int(r[0]), "name": r[1], "driver": r[2], "memory": r[3]} for r in rows
+            if len(r) >= 4 and r[0].isdigit()]
 
 
 def gpu_info(which: Which = shutil.which, env: dict[str, str] | None = None) -> dict:
@@ -136,8 +133,7 @@ _PACKAGES_SNIPPET = (
 
 def python_info(python: str | None = None) -> dict:
     """Python and the jax family's versions (jax, jaxlib, jax-rocm*/jax-cuda* plugins) of that interpreter."""
-    argv = [python or sys.executable, "-c", _PACKAGES_SNIPPET, *PACKAGE_PREFIXES]
-    rc, text = _run(argv)
+    rc, text = _run([python or sys.executable, "-c", _PACKAGES_SNIPPET, *PACKAGE_PREFIXES])
     if rc != 0:
         return {"executable": python, "error": text.strip()[-300:]}
     return json.loads(text.strip().splitlines()[-1])

@@ -284,16 +284,6 @@ def ninja_text(modules: dict[str, dict], steps: list[Compile], tc: toolchain.Too
 _INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.MULTILINE)
 
 
-def _include_dirs(args) -> list[str]:
-    dirs, it = [], iter(args)
-    for a in it:
-        if a in ("-I", "-isystem"):
-            dirs.append(next(it, ""))
-        elif a.startswith("-I"):
-            dirs.append(a[2:])
-    return dirs
-
-
 def scan_includes(src: str, args, root: Path, texts: dict[str, str], outputs: str) -> set[str]:
     """Repository files (relative paths) that compiling `src` with `args` reads, by following #include.
 
@@ -301,7 +291,12 @@ def scan_includes(src: str, args, root: Path, texts: dict[str, str], outputs: st
     headers outside the repository (the compiler's and the CUDA/ROCm SDK's) are left to the toolchain
     identity. `texts` holds the generated files; nothing under `outputs` (the build folder) is read from disk.
     """
-    dirs = _include_dirs(args)
+    dirs, it = [], iter(args)
+    for a in it:
+        if a in ("-I", "-isystem"):
+            dirs.append(next(it, ""))
+        elif a.startswith("-I"):
+            dirs.append(a[2:])
     seen: set[str] = set()
     todo = [src]
     while todo:

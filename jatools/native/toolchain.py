@@ -203,12 +203,8 @@ def arch_flags(tc: Toolchain) -> list[str]:
 
 
 def compile_flags(tc: Toolchain, settings: config.Settings) -> dict[str, list[str]]:
-    """Compiler and linker flags for every native target (umbrella, shims, JIT libraries).
-
-    One definition serves the Makefile (through build/config.mk) and
-    build_jit.py, so the two can never drift. Paths are relative to the
-    repository root, where both run their compilers.
-    """
+    """Compiler and linker flags for every native target (umbrella, shims, JIT libraries): one definition for the
+    Makefile (through build/config.mk) and build_jit.py, relative to the repository root where both compile."""
     vis = [] if settings.symbol_visible else ["-fvisibility=hidden"]
     ffi_inc = os.path.relpath(settings.ffi_include_dir, settings.root)
     inc = ["-Icsrc/include", "-Icsrc/kernels", "-isystem", ffi_inc]
@@ -219,12 +215,10 @@ def compile_flags(tc: Toolchain, settings: config.Settings) -> dict[str, list[st
     if tc.backend == "cuda":
         host = ",".join(["-fPIC", *vis, *prefix_map])
         gpu = ["-std=c++17", "-O3", f"-Xcompiler={host}", "--expt-relaxed-constexpr", *arch_flags(tc), *inc, *gpu_defs]
-        link = [tc.gpu_compiler, "-shared", "-cudart=static"]
-        link_pass = "-Xlinker="
+        link, link_pass = [tc.gpu_compiler, "-shared", "-cudart=static"], "-Xlinker="
     elif tc.backend == "rocm":
         gpu = ["-x", "hip", "-std=c++17", "-O3", "-fPIC", *vis, *prefix_map, *arch_flags(tc), *inc, *gpu_defs]
-        link = [tc.gpu_compiler, "-shared"]
-        link_pass = "-Wl,"
+        link, link_pass = [tc.gpu_compiler, "-shared"], "-Wl,"
     else:
         gpu, link, link_pass = [], [tc.cxx, "-shared"], "-Wl,"
     if settings.sanitize:
