@@ -384,13 +384,9 @@ def derive_identity(settings: config.Settings, tc: toolchain.Toolchain, recipe_h
 
 
 def path_filter(settings: config.Settings) -> list[str]:
-    """The paths whose change can change a cache id: jit-libs.yml's `paths` (a test keeps the two equal).
-
-    The folders of every file a build of any backend reads (two levels deep), the code and settings its
-    command lines come from, and the workflow itself. Not the op table's data: the build takes from it
-    only which modules exist, which the JIT config must repeat (module_table), and their library names,
-    which op_table.py derives from the module names.
-    """
+    """The paths whose change can change a cache id (jit-libs.yml's `paths`; a test keeps the two equal): the
+    folders of every file a build of any backend reads (two levels deep), the code and settings its command
+    lines come from, and the workflow; not the op table's data (docs/jit-libs.md says why)."""
     root = settings.root
     found: set[str] = set()
     for backend in ("cpu", "cuda", "rocm"):
@@ -428,13 +424,9 @@ def check_depfiles(settings: config.Settings, build_file: Path, covered: set[str
 
 
 def checkout_identity(settings: config.Settings) -> tuple[dict, list[str]]:
-    """Identity of this checkout for a consumer (decide, fetch), plus notes on how it was found.
-
-    A consumer job may lack the GPU compiler (a test runner has the runtime only). The gated fields do not
-    need it: backend and archs come from JA_BACKEND and GPU_ARCHS (or the defaults), and the recipe from
-    the command lines and the sources, so when the toolchain cannot be detected the identity records no
-    toolchain and says so; the advisory toolchain comparison is then skipped, never guessed.
-    """
+    """Identity of this checkout for a consumer (decide, fetch), plus notes on how it was found. Without a
+    detectable toolchain (a test runner has the runtime only) the gated fields come from JA_BACKEND, GPU_ARCHS
+    and the sources, and the identity records no toolchain: the advisory comparison is skipped, never guessed."""
     try:
         tc = toolchain.detect(settings, check_archs=False)
         return derive_identity(settings, tc, recipe(settings, tc)[0]), list(tc.how)
