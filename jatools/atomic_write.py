@@ -22,8 +22,8 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # running, as another user
+        pass
     return True
 
 
@@ -31,9 +31,7 @@ def remove_dead_temps(folder: Path, log: Callable[[str], None] = print) -> list[
     """Remove `.<name>.tmp-<pid>` / `.<name>.old-<pid>` files and folders in `folder` whose pid is not running
     (left by a killed write); never follows a symlink. Returns what was removed."""
     removed = []
-    if not Path(folder).is_dir():
-        return removed
-    for p in sorted(Path(folder).iterdir()):
+    for p in sorted(Path(folder).iterdir()) if Path(folder).is_dir() else []:
         m = _PID_SUFFIX.search(p.name)
         if not p.name.startswith(".") or not m or int(m.group(1)) == os.getpid() or _alive(int(m.group(1))):
             continue
@@ -46,27 +44,25 @@ def remove_dead_temps(folder: Path, log: Callable[[str], None] = print) -> list[
     return removed
 
 
-def write_text(path: Path, text: str) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
-
-
 @contextlib.contextmanager
-def open_bytes(path: Path) -> Iterator[BinaryIO]:
-    """A binary file to write `path` through: renamed into place when the block ends, deleted on an error."""
+def _through_temp(path: Path, mode: str) -> Iterator:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        with open(tmp, "wb") as f:
+        with open(tmp, mode) as f:
             yield f
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def open_bytes(path: Path) -> contextlib.AbstractContextManager[BinaryIO]:
+    """A binary file to write `path` through: renamed into place when the block ends, deleted on an error."""
+    return _through_temp(path, "wb")
+
+
+def write_text(path: Path, text: str) -> Path:
+    with _through_temp(path, "w") as f:
+        f.write(text)
+    return Path(path)

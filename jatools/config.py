@@ -61,12 +61,7 @@ def project_version(root: Path | None = None) -> str:
 
 def split_archs(value: str) -> list[str]:
     """GPU_ARCHS accepts ';' or ',' separated lists; blanks are dropped, order kept, no repeats."""
-    out: list[str] = []
-    for part in value.replace(";", ",").split(","):
-        part = part.strip()
-        if part and part not in out:
-            out.append(part)
-    return out
+    return list(dict.fromkeys(filter(None, (part.strip() for part in value.replace(";", ",").split(",")))))
 
 
 def truthy(value: object) -> bool:
@@ -102,34 +97,20 @@ def load(backend: str | None = None, gpu_archs: str | None = None, root: Path | 
     raw = defaults(root)
     chosen_backend = str(backend or setting("JA_BACKEND", env, root)).strip().lower()
     if chosen_backend not in VALID_BACKENDS:
-        raise ValueError(
-            f"JA_BACKEND={chosen_backend!r} is not a backend; use one of {', '.join(VALID_BACKENDS)}"
-        )
+        raise ValueError(f"JA_BACKEND={chosen_backend!r} is not a backend; use one of {', '.join(VALID_BACKENDS)}")
     archs_text = gpu_archs if gpu_archs is not None else env.get("GPU_ARCHS")
-    archs = tuple(split_archs(archs_text)) if archs_text else None
     sanitize = tuple(split_archs(env.get("JA_SANITIZE", "")))
-    unknown = [s for s in sanitize if s not in VALID_SANITIZERS]
-    if unknown or {"address", "thread"} <= set(sanitize):
-        raise ValueError(
-            f"JA_SANITIZE={env.get('JA_SANITIZE')!r}: use a comma list of {', '.join(VALID_SANITIZERS)} "
-            "(address and thread exclude each other), e.g. JA_SANITIZE=address,undefined"
-        )
+    if any(s not in VALID_SANITIZERS for s in sanitize) or {"address", "thread"} <= set(sanitize):
+        raise ValueError(f"JA_SANITIZE={env.get('JA_SANITIZE')!r}: use a comma list of {', '.join(VALID_SANITIZERS)} "
+                         "(address and thread exclude each other), e.g. JA_SANITIZE=address,undefined")
     build_dir = root / setting("JA_BUILD_DIR", env, root)
-    return Settings(
-        root=root,
-        backend=chosen_backend,
-        gpu_archs=archs or None,
-        symbol_visible=truthy(setting("AITER_SYMBOL_VISIBLE", env, root)),
-        umbrella_dir=build_dir / "jax_aiter_build",
-        jit_dir=build_dir / "aiter_build",
-        build_dir=build_dir,
-        kernel_source_dir=root / raw["kernel_source_dir"],
-        jit_config=root / raw["jit_config"],
-        ffi_include_dir=root / setting("JA_FFI_INCLUDE_DIR", env, root),
-        toolchain_strict=truthy(setting("JA_TOOLCHAIN_STRICT", env, root)),
-        raw=raw,
-        sanitize=sanitize,
-    )
+    return Settings(root=root, backend=chosen_backend,
+                    gpu_archs=tuple(split_archs(archs_text)) or None if archs_text else None,
+                    symbol_visible=truthy(setting("AITER_SYMBOL_VISIBLE", env, root)),
+                    umbrella_dir=build_dir / "jax_aiter_build", jit_dir=build_dir / "aiter_build", build_dir=build_dir,
+                    kernel_source_dir=root / raw["kernel_source_dir"], jit_config=root / raw["jit_config"],
+                    ffi_include_dir=root / setting("JA_FFI_INCLUDE_DIR", env, root),
+                    toolchain_strict=truthy(setting("JA_TOOLCHAIN_STRICT", env, root)), raw=raw, sanitize=sanitize)
 
 
 def _cell(text: object) -> str:
@@ -151,7 +132,8 @@ def settings_doc(root: Path | None = None) -> str:
     """docs/settings.md: every setting of jax_aiter/settings.py by group, each default from pyproject or the table."""
     raw = defaults(root)
     lines = ["# Settings", "",
-             "<!-- Generated from jax_aiter/settings.py by `python3 -m jatools.config --settings-doc > docs/settings.md`;",
+             ("<!-- Generated from jax_aiter/settings.py by "
+              "`python3 -m jatools.config --settings-doc > docs/settings.md`;"),
              "     tests/tooling/test_layout.py fails when it is stale. -->", "",
              "Each setting has one home. Its default is in `pyproject.toml` under `[tool.jax-aiter]` (the key",
              "column), or, for the settings the installed runtime reads, in `jax_aiter/settings.py`; the",

@@ -1,14 +1,10 @@
 """The one step runner: every sequence of commands the tooling runs goes through `run`.
 
-The CI driver's builds (ci/build.py), the release's stages (jatools.release), the
-native build and its compile-only, sanitizer and ThreadSanitizer variants
-(jatools.native), and the clean room's steps (jatools.validate.cleanroom) are
-lists of `Step`: a name and a command, with its environment and working folder,
-and where needed a check that says nothing needs doing, a log file for its
-output, a time limit, and the files it makes. `run` prints one progress line per
-step, times it, stops at the first failure with a `StepFailed` that names the
-step, the command, its log and how to re-run just it, and returns a `Record` per
-step, which the callers write into their JSON summaries.
+The CI driver's builds (ci/build.py), the release's stages (jatools.release), the native build and its
+compile-only and sanitizer variants (jatools.native) and the clean room's steps (jatools.validate.cleanroom)
+are lists of `Step`. `run` prints one progress line per step, times it, stops at the first failure with a
+`StepFailed` that names the step, the command, its log and how to re-run just it, and returns a `Record`
+per step, which the callers write into their JSON summaries.
 
 Standard library only: ci/build.py runs before any virtual environment exists.
 """
@@ -123,7 +119,10 @@ def run(steps: Sequence[Step], label: str, *, echo: bool = True, groups: bool = 
         rec.seconds = round(time.monotonic() - start, 2)
         rec.rerun = rerun_text(step, rec.command)
         if rec.result == "failed":
-            raise StepFailed(_failure(label, rec), rec, records)
+            raise StepFailed("\n".join([f"{label}: step {rec.name} failed ({rec.note}): {rec.command}",
+                                        *(["  its last lines:", *(f"    {t}" for t in rec.tail)] if rec.tail else []),
+                                        *([f"  full log: {rec.log}"] if rec.log else []),
+                                        f"  re-run just this step: {rec.rerun}"]), rec, records)
         rec.artifacts = [p for p in (step.artifacts() if step.artifacts else []) if p.is_file()]
     return records
 
@@ -176,21 +175,10 @@ def _logged(step: Step, argv: list[str], env: dict[str, str] | None, rec: Record
             rec.tail = list(tail)
 
 
-def _failure(label: str, rec: Record) -> str:
-    lines = [f"{label}: step {rec.name} failed ({rec.note}): {rec.command}"]
-    if rec.tail:
-        lines += ["  its last lines:", *(f"    {t}" for t in rec.tail)]
-    if rec.log:
-        lines.append(f"  full log: {rec.log}")
-    lines.append(f"  re-run just this step: {rec.rerun}")
-    return "\n".join(lines)
-
-
 def github_output(values: dict[str, str], path: str | None = None) -> None:
     """Append one `name=value` line per entry to `path` (default: $GITHUB_OUTPUT, a GitHub Actions step's
     outputs file); outside a workflow (the variable unset or empty) nothing is written."""
     target = path if path is not None else os.environ.get("GITHUB_OUTPUT")
-    if not target:
-        return
-    with open(target, "a") as fh:
-        fh.write("".join(f"{k}={v}\n" for k, v in values.items()))
+    if target:
+        with open(target, "a") as fh:
+            fh.write("".join(f"{k}={v}\n" for k, v in values.items()))

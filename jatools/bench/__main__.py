@@ -1,5 +1,3 @@
-import sys
-
 from jatools.bench.harness import main
 
-sys.exit(main())
+raise SystemExit(main())

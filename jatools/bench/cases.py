@@ -41,36 +41,16 @@ from jatools.wheel.wheel_layout import Layout
 from jax_aiter import fetch
 from jax_aiter.integrity import file_entry, sha256_files
 
-# --- the generated corpus ----------------------------------------------------------------------
-# Deterministic stand-ins for the production JIT libraries: same sizes, same compressibility, and a
-# build folder of them as build_jit.py leaves it (libraries + build_record.json), for the benchmarks that
-# run the verify / publish / fetch code paths on generated data.
-#
-# The benchmarks must run at production sizes on any machine, without the real
-# GPU libraries (hours to build, gigabytes to download). What matters to the
-# tools being measured is the size of the files and how well they compress, so
-# this generator makes files of the production sizes (167 MB, 1.0 GB, 1.3 GB at
-# scale 1) that zstd level 3 shrinks to between 0.25 and 0.45 of their size, as
-# it does real GPU code objects.
-#
-# How the bytes are made (seeded, so the same scale always gives the same bytes):
-# each file is a sequence of 4 KiB pages, each page one of
-# - code: 8-byte instruction-like words, an opcode from a per-file table of 48
-#   plus an operand that is usually a small register/immediate (3 zero bytes)
-#   and sometimes a random 32-bit literal;
-# - random: incompressible bytes (embedded constants, metadata, compressed data);
-# - zeros: padding and .bss-like runs.
-# The generated files are cached under build/bench/corpus/v<version>-s<scale>/ and
-# reused while (scale, generator version) match; a stamp file, written last,
-# marks a complete corpus.
-
+# The generated corpus: deterministic stand-ins for the production JIT libraries, of their sizes and
+# compressibility (zstd level 3: 0.25 to 0.45, as real GPU code objects), so the benchmarks run the verify /
+# publish / fetch code paths at production sizes on any machine. Seeded 4 KiB pages of instruction-like
+# words, random bytes or zeros (docs/benchmarks.md, "The data"); cached under
+# build/bench/corpus/v<version>-s<scale>/, a stamp file written last marking a complete corpus.
 CORPUS_VERSION = 1  # bump when the bytes this module produces change
 PAGE = 4096
 SEGMENT = 1 << 20  # generated (and written) one MiB at a time
-# name -> size at scale 1 (the production libraries' corpus_sizes)
 CORPUS_SIZES = {"librmsnorm_fwd.so": 167_000_000, "libmha_fwd.so": 1_000_000_000, "libmha_bwd.so": 1_300_000_000}
-PAGE_KINDS = ("code", "random", "zeros")
-PAGE_WEIGHTS = (0.68, 0.12, 0.20)
+PAGE_WEIGHTS = (0.68, 0.12, 0.20)  # code, random, zeros
 SMALL_OPERAND = 0.85  # share of instruction words with a small operand (one of 32 registers)
 CORPUS_STAMP = "corpus.json"
 
@@ -90,11 +70,13 @@ class Corpus:
 
 
 def corpus_sizes(scale: float) -> dict[str, int]:
-    """File corpus_sizes at `scale` (at least one page each, whole pages)."""
+    """File sizes at `scale` (at least one page each, whole pages)."""
     return {n: max(PAGE, int(s * scale) // PAGE * PAGE) for n, s in CORPUS_SIZES.items()}
 
 
 def _segment(rng: np.random.Generator, opcodes: np.ndarray, n: int) -> bytes:
+    """`n` bytes of pages: 8-byte words (an opcode from `opcodes`, an operand usually small, else a random
+    32-bit literal), then some pages overwritten with random bytes or zeros."""
     words = n // 8
     ops = opcodes[rng.integers(0, len(opcodes), words)]
     small = rng.random(words) < SMALL_OPERAND
@@ -102,37 +84,16 @@ def _segment(rng: np.random.Generator, opcodes: np.ndarray, n: int) -> bytes:
                        rng.integers(0, 1 << 32, words, dtype=np.uint64))
     data = (ops | (operand << np.uint64(32))).view(np.uint8)
     pages = data.reshape(-1, PAGE)
-    kinds = rng.choice(len(PAGE_KINDS), size=len(pages), p=PAGE_WEIGHTS)
+    kinds = rng.choice(len(PAGE_WEIGHTS), size=len(pages), p=PAGE_WEIGHTS)
     rnd = kinds == 1
     pages[rnd] = rng.integers(0, 256, (int(rnd.sum()), PAGE), dtype=np.uint8)
     pages[kinds == 2] = 0
     return data.tobytes()
 
 
-def generate_file(path: Path, size: int, seed: str) -> None:
-    """Write `size` deterministic bytes for `seed` to `path` (atomically)."""
-    rng = np.random.default_rng(list(seed.encode()))
-    opcodes = rng.integers(0, 1 << 32, 48, dtype=np.uint64)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as fh:
-            left = size
-            while left:
-                n = min(SEGMENT, left)
-                fh.write(_segment(rng, opcodes, (n + PAGE - 1) // PAGE * PAGE)[:n])
-                left -= n
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def folder_for(root: Path, scale: float) -> Path:
-    return root / f"v{CORPUS_VERSION}-s{scale:g}"
-
-
 def ensure_corpus(root: Path, scale: float, log=print) -> Corpus:
     """The corpus for `scale`, generated once and cached under `root`."""
-    folder = folder_for(root, scale)
+    folder = root / f"v{CORPUS_VERSION}-s{scale:g}"
     want = corpus_sizes(scale)
     stamp = folder / CORPUS_STAMP
     if stamp.is_file() and json.loads(stamp.read_text()).get("files") == want and all(
@@ -142,8 +103,14 @@ def ensure_corpus(root: Path, scale: float, log=print) -> Corpus:
     folder.mkdir(parents=True)
     log(f"bench: generating the corpus for scale {scale:g} ({sum(want.values()) / 1e9:.2f} GB) in {folder}")
     for name, size in want.items():
-        generate_file(folder / name, size, f"{CORPUS_VERSION}:{name}")
-    atomic_write.write_text(stamp, json.dumps({"version": CORPUS_VERSION, "scale": scale, "files": want}, indent=2) + "\n")
+        rng = np.random.default_rng(list(f"{CORPUS_VERSION}:{name}".encode()))
+        opcodes = rng.integers(0, 1 << 32, 48, dtype=np.uint64)
+        with atomic_write.open_bytes(folder / name) as fh:
+            for start in range(0, size, SEGMENT):
+                n = min(SEGMENT, size - start)
+                fh.write(_segment(rng, opcodes, (n + PAGE - 1) // PAGE * PAGE)[:n])
+    atomic_write.write_text(stamp, json.dumps({"version": CORPUS_VERSION, "scale": scale, "files": want},
+                                              indent=2) + "\n")
     return Corpus(folder, want)
 
 
@@ -154,33 +121,26 @@ def zstd3_ratio(data: bytes) -> float:
     return len(zstandard.ZstdCompressor(level=3).compress(data)) / len(data)
 
 
-# --- the corpus as a build folder ------------------------------------------------------------------------------------
 def link_tree(src: Corpus, dest: Path) -> list[Path]:
     """Hard links to the corpus files in `dest` (same bytes and page cache, no copy)."""
     dest.mkdir(parents=True, exist_ok=True)
-    out = []
     for path in src.paths:
         target = dest / path.name
         if not (target.exists() and os.path.samefile(target, path)):
             target.unlink(missing_ok=True)
             os.link(path, target)
-        out.append(target)
-    return out
-
-
-def corpus_digests(c: Corpus) -> dict[str, str]:
-    """{name: sha256} of the corpus files, computed once and kept beside them."""
-    cache = c.folder / "sha256.json"
-    if cache.is_file():
-        return json.loads(cache.read_text())
-    digests = {Path(p).name: d for p, d in sha256_files(c.paths).items()}
-    atomic_write.write_text(cache, json.dumps(digests, indent=2) + "\n")
-    return digests
+    return [dest / path.name for path in src.paths]
 
 
 def write_record(folder: Path, c: Corpus, identity: dict) -> dict:
-    """build_record.json (schema 1, build_jit.py's format) for the corpus files linked into `folder`."""
-    digests = corpus_digests(c)
+    """build_record.json (schema 1, build_jit.py's format) for the corpus files linked into `folder`; the corpus
+    digests are computed once and kept beside it."""
+    cache = c.folder / "sha256.json"
+    if cache.is_file():
+        digests = json.loads(cache.read_text())
+    else:
+        digests = {Path(p).name: d for p, d in sha256_files(c.paths).items()}
+        atomic_write.write_text(cache, json.dumps(digests, indent=2) + "\n")
     module_of = {name: spec.module for name, spec in Layout.load().libraries.items() if spec.kind == "jit"}
     files = sorted(({"name": n, "size": s, "sha256": digests[n]} for n, s in c.files.items()), key=lambda e: e["name"])
     modules = {module_of[f["name"]]: {"identity": identity, "instances": 1, "file": f} for f in files}
@@ -195,7 +155,6 @@ def corpus_of(ctx: Context, scale: float | None = None) -> Corpus:
     return ensure_corpus(ctx.corpus_root, ctx.scale if scale is None else scale, ctx.log)
 
 
-
 def measured(name: str, t: Timings, met: bool, nbytes: int, shortfall: list[str], **kw) -> Result:
     """The Result of an alternated benchmark: its medians and every run's time, its goal from BENCHMARKS."""
     return Result(name, t.ours_s, t.anchor_s, BENCHMARKS[name].goal, met, nbytes, shortfall="; ".join(shortfall),
@@ -208,7 +167,6 @@ def clear(*paths: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-# --- verify ----------------------------------------------------------------------------------------------------------
 def single_core_rate(seconds: float = 1.0) -> float:
     """Bytes per second of one core hashing with hashlib's sha256 (OpenSSL) from memory."""
     buf = os.urandom(64 << 20)
@@ -222,17 +180,12 @@ def single_core_rate(seconds: float = 1.0) -> float:
 
 def bench_verify(ctx: Context) -> Result:
     """verify: sha256 of the three libraries (page cache warm) by `invoke verify`'s code path
-    (jatools.jitlibs.jit_cache.verify) against `sha256sum` (what the reference's wheel script runs).
-
-    Goal: at least 8x faster than sha256sum, and at least 80% of (cores x the
-    single-core OpenSSL sha256 rate measured in the same run).
-    """
+    (jatools.jitlibs.jit_cache.verify) against `sha256sum` (what the reference's wheel script runs)."""
     require("sha256sum")
     c = corpus_of(ctx)
     folder = ctx.work("verify")
     paths = link_tree(c, folder)
-    record = write_record(folder, c, {"cache_id": "bench"})
-    want = {f["name"]: f["sha256"] for f in record["files"]}
+    want = {f["name"]: f["sha256"] for f in write_record(folder, c, {"cache_id": "bench"})["files"]}
     out = run_command(["sha256sum", *map(str, paths)])  # warms the page cache and checks the anchor agrees
     got = {line.split()[1].rsplit("/", 1)[1]: line.split()[0] for line in out.stdout.splitlines()}
     if got != want:
@@ -261,7 +214,6 @@ def bench_verify(ctx: Context) -> Result:
                            "ceiling_share": bound})
 
 
-# --- publish ---------------------------------------------------------------------------------------------------------
 def corpus_build(ctx: Context, name: str, scale: float) -> tuple[Corpus, Path, dict, dict, config.Settings]:
     """(corpus, jit_dir, identity, build record, settings): the corpus of `scale` as a build folder of `name`'s work,
     with this checkout's identity (CPU backend): what a real publish would carry."""
@@ -276,10 +228,7 @@ def corpus_build(ctx: Context, name: str, scale: float) -> tuple[Corpus, Path, d
 def bench_publish(ctx: Context) -> Result:
     """publish: compression plus round-trip verification by `invoke jit.publish`'s code path
     (jatools.jitlibs.publish.stage: zstd with the project's level/window, split, decompress and re-hash)
-    against `zstd -19 --long=27` (the reference's producer), on a corpus of 1/10 scale.
-
-    Goal: at most 10% of the anchor's time, with at most 1.15x its compressed size.
-    """
+    against `zstd -19 --long=27` (the reference's producer), on a corpus of 1/10 scale."""
     require("zstd")
     scale = ctx.scale * ctx.publish_fraction
     c, jit_dir, ident, record, settings = corpus_build(ctx, "publish", scale)
@@ -323,13 +272,13 @@ def bench_publish(ctx: Context) -> Result:
                            "time_share": share, "level": comp.level, "window_log": comp.window_log})
 
 
-# --- fetch -----------------------------------------------------------------------------------------------------------
 FETCH_STAGE_LEVEL = 3
 
 
 @contextlib.contextmanager
 def http_server(folder: Path):
-    """`python -m http.server` on 127.0.0.1 serving `folder`; yields its base URL."""
+    """`python -m http.server` on 127.0.0.1 serving `folder` (its own process: no GIL shared with the client
+    being timed); yields its base URL."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -352,17 +301,9 @@ def http_server(folder: Path):
 
 
 def bench_fetch(ctx: Context) -> Result:
-    """fetch: download from an HTTP server on 127.0.0.1, decompress, verify and install the published
-    assets by the fetch client (jax_aiter.fetch.fetch_release: `invoke jit.fetch`, `jax-aiter-fetch-mha`),
-    against `curl` + `zstd -d` + `sha256sum -c` in sequence.
-
-    The release is staged once by jatools.jitlibs.publish.stage (level 3, the project's
-    window: decompression speed hardly depends on the level, and level 19 would
-    spend minutes making the input). The server is Python's http.server in its
-    own process, so it does not share a GIL with the client being timed.
-
-    Goal: at least 2x faster.
-    """
+    """fetch: download (http_server), decompress, verify and install the published assets by the fetch client
+    (jax_aiter.fetch.fetch_release) against `curl` + `zstd -d` + `sha256sum -c` in sequence. The release is
+    staged at FETCH_STAGE_LEVEL: decompression hardly depends on the level, and 19 would take minutes."""
     require("curl", "zstd", "sha256sum")
     work = ctx.work("fetch")
     serve = work / "serve"
@@ -375,8 +316,6 @@ def bench_fetch(ctx: Context) -> Result:
     sums = work / "SHA256SUMS"
     sums.write_text("".join(f"{f['sha256']}  {f['name']}\n" for f in manifest["files"]))
     opts = fetch.FetchOptions(progress=False)
-    raw = sum(f["size"] for f in manifest["files"])
-    compressed = sum(f["compressed"]["size"] for f in manifest["files"])
 
     def prepare() -> None:
         clear(dest, anchor_dir)
@@ -384,21 +323,13 @@ def bench_fetch(ctx: Context) -> Result:
         (anchor_dir / "lib").mkdir()
 
     with http_server(serve) as base:
-        def ours() -> None:
-            fetch.fetch_release(base, ident, dest, opts=opts, log=lambda m: None)
-
-        script = ["set -e"]
-        for f in manifest["files"]:
-            blob = f["compressed"]["name"]
-            script.append(f"curl -sSf -o dl/{blob} {base}/{tag}/{blob}")
-        for f in manifest["files"]:
-            script.append(f"zstd -d -q --long={window_log} dl/{f['compressed']['name']} -o lib/{f['name']}")
-        script.append(f"cd lib && sha256sum -c --quiet {sums}")
-
-        def anchor() -> None:
-            run_command(["bash", "-c", "\n".join(script)], cwd=anchor_dir)
-
-        t = ctx.alternate("fetch", ours, anchor, prepare=prepare)
+        script = ["set -e", *(f"curl -sSf -o dl/{f['compressed']['name']} {base}/{tag}/{f['compressed']['name']}"
+                              for f in manifest["files"]),
+                  *(f"zstd -d -q --long={window_log} dl/{f['compressed']['name']} -o lib/{f['name']}"
+                    for f in manifest["files"]),
+                  f"cd lib && sha256sum -c --quiet {sums}"]
+        t = ctx.alternate("fetch", lambda: fetch.fetch_release(base, ident, dest, opts=opts, log=lambda m: None),
+                          lambda: run_command(["bash", "-c", "\n".join(script)], cwd=anchor_dir), prepare=prepare)
     speedup = t.anchor_s / t.ours_s
     short = []
     if speedup < 2:
@@ -406,18 +337,19 @@ def bench_fetch(ctx: Context) -> Result:
                      "parts and of the library) into the library file and fsyncs it, files in parallel; the cores "
                      f"bound it ({os.cpu_count()}, shared with the HTTP server), the anchor is bounded by curl, "
                      "zstd -d and sha256sum one after another")
-    return measured("fetch", t, speedup >= 2, raw, short,
+    return measured("fetch", t, speedup >= 2, sum(f["size"] for f in manifest["files"]), short,
                     ours="jax_aiter.fetch.fetch_release (invoke jit.fetch)",
                     anchor="curl; zstd -d --long; sha256sum -c (in sequence)",
-                    extra={"compressed_bytes": compressed, "stage_level": FETCH_STAGE_LEVEL, "window_log": window_log})
+                    extra={"compressed_bytes": sum(f["compressed"]["size"] for f in manifest["files"]),
+                           "stage_level": FETCH_STAGE_LEVEL, "window_log": window_log})
 
 
-# --- wheel_full ------------------------------------------------------------------------------------------------------
 WHEEL_EPOCH = 1700000000
 
 
 def inflated_build(ctx: Context, build: Path) -> None:
-    """build/ of this checkout, with the JIT libraries grown to corpus size, under `build`."""
+    """build/ of this checkout under `build`: the corpus appended to each JIT library (still a valid ELF file,
+    whose symbol floor is measured as before) with a build record for them; the other libraries hard links."""
     src = ctx.settings().build_dir
     layout = Layout.load()
     missing = [str(src / spec.dir / name) for name, spec in layout.libraries.items()
@@ -454,16 +386,8 @@ def inflated_build(ctx: Context, build: Path) -> None:
 
 def bench_wheel_full(ctx: Context) -> Result:
     """wheel_full: building the full wheel by jatools.wheel.wheel_build (`nox -s wheel_full`) against
-    `pip wheel <stage> --no-deps --no-build-isolation` (the reference's route) on the same staged tree.
-
-    Production sizes without the production build: the JIT libraries of this
-    checkout's CPU build (`make`, build_jit.py, `make ja_mods` in build/) get the
-    corpus bytes appended, which keeps each a valid ELF file (the symbol floor is
-    measured from the same dynamic section) at the production size; a build record
-    is written for them, as build_jit.py would. The other libraries are hard links.
-
-    Goal: at least 2x faster, wheel at most 1.05x the anchor's size.
-    """
+    `pip wheel <stage> --no-deps --no-build-isolation` (the reference's route) on the same staged tree, of
+    production sizes without the production build (inflated_build)."""
     for module in ("pip", "setuptools"):
         if importlib.util.find_spec(module) is None:
             raise AnchorMissing(f"{module} is not installed, so `pip wheel` cannot run (install it with "
@@ -476,9 +400,6 @@ def bench_wheel_full(ctx: Context) -> Result:
     stage = build / "wheel_stage" / "full"
     sizes: dict[str, int] = {}
     phases: list[dict] = []  # wheel_build's own phase times (verify, stage, pack, read_back) per run
-
-    def prepare() -> None:
-        clear(ours_dist, anchor_dist, stage / "build", *stage.glob("*.egg-info"))
 
     def ours() -> None:
         r = wheel_build.build(settings, wheel_build.BuildOptions(variant="full", dist_dir=ours_dist,
@@ -493,7 +414,8 @@ def bench_wheel_full(ctx: Context) -> Result:
                      "-w", str(anchor_dist)], env={**os.environ, "SOURCE_DATE_EPOCH": str(WHEEL_EPOCH)})
         sizes["anchor"] = next(anchor_dist.glob("*.whl")).stat().st_size
 
-    t = ctx.alternate("wheel_full", ours, anchor, prepare=prepare)
+    t = ctx.alternate("wheel_full", ours, anchor,
+                      prepare=lambda: clear(ours_dist, anchor_dist, stage / "build", *stage.glob("*.egg-info")))
     speedup = t.anchor_s / t.ours_s
     size_ratio = sizes["ours"] / sizes["anchor"]
     short = []
@@ -512,41 +434,29 @@ def bench_wheel_full(ctx: Context) -> Result:
                            "size_ratio": size_ratio, "ours_phases_s": phases})
 
 
-# --- noop ------------------------------------------------------------------------------------------------------------
 NOOP_LIMIT_S = 1.5
 
 
-def nox_command() -> list[str]:
-    """nox from PATH (the bench session's venv has it), else the one beside this interpreter."""
-    beside = Path(sys.executable).with_name("nox")
-    if shutil.which("nox"):
-        return ["nox"]
-    if beside.is_file():
-        return [str(beside)]
-    raise AnchorMissing("nox is not installed (install it with `pip install nox`)")
-
-
 def bench_noop(ctx: Context) -> Result:
-    """noop: `nox -s ja_mods` when everything is up to date, reported next to `make ja_mods` alone.
-
-    Goal: at most 1.5 s median (what is over `make` is nox's own start-up).
-    """
+    """noop: `nox -s ja_mods` when everything is up to date, reported next to `make ja_mods` alone (what is
+    over `make` is nox's own start-up)."""
     require("make")
-    nox = nox_command()
+    beside = Path(sys.executable).with_name("nox")  # nox from PATH (the bench venv has it), else beside Python
+    if not shutil.which("nox") and not beside.is_file():
+        raise AnchorMissing("nox is not installed (install it with `pip install nox`)")
+    nox = ["nox"] if shutil.which("nox") else [str(beside)]
     env = {**os.environ, "JA_BACKEND": os.environ.get("JA_BACKEND", "cpu")}
     run_command(["make", "-j2", "ja_mods"], cwd=ctx.root, env=env)  # up to date before timing (not timed)
     t = ctx.alternate("noop", lambda: run_command([*nox, "-s", "ja_mods"], cwd=ctx.root, env=env),
                       lambda: run_command(["make", "ja_mods"], cwd=ctx.root, env=env), runs=max(ctx.runs, 5))
     met = t.ours_s <= NOOP_LIMIT_S
-    short = []
-    if not met:
-        short.append(f"{t.ours_s:.2f} s, {t.ours_s - NOOP_LIMIT_S:.2f} s over the 1.5 s goal; `make ja_mods` alone "
-                     f"takes {t.anchor_s:.2f} s, the rest is nox's start-up (Python, plugins, noxfile import)")
+    short = [] if met else [(f"{t.ours_s:.2f} s, {t.ours_s - NOOP_LIMIT_S:.2f} s over the 1.5 s goal; `make "
+                             f"ja_mods` alone takes {t.anchor_s:.2f} s, the rest is nox's start-up (Python, plugins, "
+                             "noxfile import)")]
     return measured("noop", t, met, 0, short, ours="nox -s ja_mods (up to date)",
                     anchor="make ja_mods (alone, for reference)", extra={"nox": " ".join(nox)})
 
 
-# --- incremental -----------------------------------------------------------------------------------------------------
 INCREMENTAL_MODULE = "rmsnorm_fwd"
 
 
@@ -556,15 +466,9 @@ def instance_objects(build: Path) -> dict[str, int]:
 
 
 def bench_incremental(ctx: Context) -> Result:
-    """incremental: editing one kernel template recompiles only the instances generated from it.
-
-    In a scratch copy of the repository (tests/build/scratch.py, JA_BACKEND=cpu):
-    a cold `build_jit.py` (the anchor, timed once: it costs minutes), then, per
-    run, one edit to the CPU template of INCREMENTAL_MODULE and a rebuild (ours).
-    Rebuilt instances are counted from the object files whose mtime changed.
-
-    Goal: rebuilt == the instances of the edited template (and nothing else).
-    """
+    """incremental: in a scratch copy of the repository (JA_BACKEND=cpu), a cold `build_jit.py` (the anchor, timed
+    once), then per run one edit to INCREMENTAL_MODULE's CPU template and a rebuild (ours), which must recompile
+    only that template's instances (the object files whose mtime changed)."""
     sys.path.insert(0, str(ctx.root))
     from tests.build.scratch import env_for, make_scratch
 
@@ -596,11 +500,10 @@ def bench_incremental(ctx: Context) -> Result:
         if i >= ctx.warmup:
             times.append(took)
             rebuilt_sets.append(rebuilt)
-    ours = sorted(times)[len(times) // 2]
     exact = all(r == expected for r in rebuilt_sets)
     short = "" if exact else (f"rebuilt {[len(r) for r in rebuilt_sets]} instances, expected exactly the "
                               f"{len(expected)} of {module}: {rebuilt_sets[0]}")
-    return Result("incremental", ours, cold, BENCHMARKS["incremental"].goal, exact, 0,
+    return Result("incremental", sorted(times)[len(times) // 2], cold, BENCHMARKS["incremental"].goal, exact, 0,
                   ours=f"edit {spec['templates']['cpu']}, build_jit.py -j 2", anchor="cold build_jit.py -j 2",
                   shortfall=short, runs={"ours": times, "anchor": [cold]},
                   extra={"instances_rebuilt": len(rebuilt_sets[-1]), "instances_total": total,
@@ -608,20 +511,13 @@ def bench_incremental(ctx: Context) -> Result:
                          "notes": {"instances": f"{len(rebuilt_sets[-1])}/{total} rebuilt after one template edit"}})
 
 
-# --- validate --------------------------------------------------------------------------------------------------------
 VALIDATE_LIMIT_S = 20.0
 
 
 def bench_validate(ctx: Context) -> Result:
-    """validate: `invoke validate --variant lite` (jatools.validate.cleanroom, engine-free, default installer)
-    with a warm wheelhouse, against the plain route (`--installer pip`: `python -m venv` + `pip install`
-    of the same wheels from the same wheelhouse, same smoke tests).
-
-    Setup, untimed: the lite wheel is built from this checkout's CPU build, and the
-    wheelhouse is filled once if it is cold (that needs the package index).
-
-    Goal: at most 20 s, and at least 3x faster than the plain route.
-    """
+    """validate: `invoke validate --variant lite` (engine-free, default installer) with a warm wheelhouse against
+    `--installer pip` (`python -m venv` + `pip install`, same wheels and smoke tests). Untimed setup: the lite
+    wheel from this checkout's CPU build, and the wheelhouse filled once if it is cold."""
     work = ctx.work("validate")
     dist = work / "dist"
     clear(dist)
@@ -647,13 +543,13 @@ def bench_validate(ctx: Context) -> Result:
     if speedup < 3:
         short.append(f"{speedup:.2f}x of the 3x goal over the venv+pip route")
     uv = shutil.which("uv")
+    installer = "uv" if uv else "pip, no uv"
     return measured("validate", t, t.ours_s <= VALIDATE_LIMIT_S and speedup >= 3, wheel.stat().st_size, short,
-                    ours=f"invoke validate --variant lite (engine none, installer auto: {'uv' if uv else 'pip, no uv'})",
+                    ours=f"invoke validate --variant lite (engine none, installer auto: {installer})",
                     anchor="invoke validate --variant lite --installer pip (python -m venv + pip install)",
                     extra={"wheelhouse": str(wh), "uv": uv})
 
 
-# --- the registry ----------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Case:
     run: Callable[[Context], Result]

@@ -3,15 +3,11 @@
     python -m jatools.bench [--only NAME[,NAME]] [--scale F] [--runs N] [--warmup N] [--out PATH]
     python -m jatools.bench gpu [bench_gpu.py args]   # the GPU kernel benchmark (a GPU host)
 
-Each benchmark (one function in jatools/bench/cases.py, registered in its
-BENCHMARKS table) times our code path and the reference's command (the anchor)
-on the same data and returns a Result that says whether the goal was met and,
-if not, by how much. This module holds what they share: the Result and the
-Context, the timing, the anchor tools, the table, the JSON and the command line.
-
-Timing: ours and the anchor alternate run by run, after a warm-up; the figure
-is the median. Alternating puts both under the same background load (this
-machine is shared), so a burst of load slows both rather than one.
+Each benchmark (one function in jatools/bench/cases.py, registered in its BENCHMARKS table) times our
+code path and the reference's command (the anchor) on the same data and returns a Result that says
+whether the goal was met and, if not, by how much. This module holds what they share: the Result and the
+Context, the timing (alternating, docs/benchmarks.md), the anchor tools, the table, the JSON and the
+command line.
 """
 from __future__ import annotations
 
@@ -37,7 +33,6 @@ BENCH_DIR = Path("build") / "bench"  # under the repository root unless absolute
 Step = Callable[[], object]
 
 
-# --- results ---------------------------------------------------------------------------------------------------------
 @dataclass
 class Result:
     name: str
@@ -56,9 +51,7 @@ class Result:
     @property
     def ratio(self) -> float | None:
         """anchor / ours: how many times faster ours is."""
-        if self.ours_s and self.anchor_s:
-            return self.anchor_s / self.ours_s
-        return None
+        return self.anchor_s / self.ours_s if self.ours_s and self.anchor_s else None
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -68,11 +61,6 @@ class Result:
         return d
 
 
-def not_run(name: str, goal: str, why: str) -> Result:
-    return Result(name, None, None, goal, None, error=why)
-
-
-# --- timing ----------------------------------------------------------------------------------------------------------
 @dataclass
 class Timings:
     ours: list[float] = field(default_factory=list)
@@ -98,7 +86,6 @@ def timed(fn: Step) -> float:
     return time.perf_counter() - start
 
 
-# --- the context a benchmark runs in ---------------------------------------------------------------------------------
 @dataclass
 class Context:
     root: Path
@@ -111,7 +98,6 @@ class Context:
     publish_level: int | None = None  # None: the project's jit_libs_zstd_level
     log: Callable[[str], None] = print
 
-
     def work(self, name: str) -> Path:
         path = self.work_root / name
         path.mkdir(parents=True, exist_ok=True)
@@ -121,12 +107,10 @@ class Context:
         """The project's settings for the CPU backend (the benchmarks' build), `env` over the environment."""
         return config.load(root=self.root, env={**os.environ, "JA_BACKEND": "cpu", **env})
 
-    def alternate(self, label: str, ours: Step, anchor: Step, prepare: Step | None = None,
-                  runs: int | None = None) -> Timings:
-        """Time `ours` and `anchor` alternately, --runs (or `runs`) times each after --warmup untimed rounds.
-
-        `prepare` (untimed) runs before every call of either, e.g. to remove the previous output.
-        """
+    def alternate(self, label: str, ours: Step, anchor: Step, prepare: Step | None = None, runs: int | None = None
+                  ) -> Timings:
+        """Time `ours` and `anchor` alternately (a burst of load on this shared machine then slows both), --runs
+        (or `runs`) times each after --warmup untimed rounds; `prepare` (untimed) runs before every call."""
         runs = self.runs if runs is None else runs
         t = Timings()
         for i in range(self.warmup + runs):
@@ -141,7 +125,7 @@ class Context:
         return t
 
 
-# --- the anchor tools (the reference's commands): where they are, their versions, how to install one ----------------
+# The anchor tools (the reference's commands): how to install one, and the versions the JSON records.
 INSTALL = {"sha256sum": "apt-get install -y coreutils", "nox": "pip install nox"}  # else apt-get install -y NAME
 TOOLS = ("zstd", "curl", "sha256sum", "openssl", "make", "nox", "ninja", "g++", "uv")  # versions in the JSON
 PACKAGES = ("zstandard", "numpy", "nox", "invoke", "pip", "setuptools", "wheel", "uv", "auditwheel")
@@ -155,14 +139,12 @@ def require(*names: str) -> None:
     """AnchorMissing naming every tool of `names` that is not installed, and how to install it."""
     missing = [n for n in names if shutil.which(n) is None]
     if missing:
-        raise AnchorMissing("; ".join(f"{n} is not installed (install it with `{INSTALL.get(n, f'apt-get install -y {n}')}`)"
-                                      for n in missing))
+        raise AnchorMissing("; ".join(f"{n} is not installed (install it with "
+                                      f"`{INSTALL.get(n, f'apt-get install -y {n}')}`)" for n in missing))
 
 
 def tool_version(cmd: list[str]) -> str | None:
     """The first line a tool prints for its version, or None when it is not installed."""
-    if shutil.which(cmd[0]) is None:
-        return None
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=False)
     except (OSError, subprocess.TimeoutExpired):
@@ -198,13 +180,9 @@ def _package_version(pkg: str) -> str | None:
         return None
 
 
-# --- the report ------------------------------------------------------------------------------------------------------
-def _fmt_s(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f} s"
-
-
 def table(results: list[Result]) -> str:
     """The one-screen summary: benchmark, ours, anchor, ratio, goal, met?; then each miss and why."""
+    _fmt_s = lambda v: "-" if v is None else f"{v:.2f} s"
     rows = [("benchmark", "ours", "anchor", "ratio", "goal", "met?")]
     for r in results:
         met = "not run" if r.met is None else ("yes" if r.met else "NO")
@@ -223,7 +201,6 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
-# --- the runner ------------------------------------------------------------------------------------------------------
 def benchmarks() -> dict:
     """name -> cases.Case, in the issue's order (imported here: cases imports this module)."""
     from jatools.bench.cases import BENCHMARKS
@@ -236,20 +213,20 @@ def run_one(name: str, ctx: Context) -> Result:
     try:
         return case.run(ctx)
     except AnchorMissing as e:
-        return not_run(name, case.goal, str(e))
+        error = str(e)
     except Exception as e:  # noqa: BLE001 (a failing benchmark is reported and the others still run)
         import traceback
 
         ctx.log(traceback.format_exc())
-        return not_run(name, case.goal, f"{type(e).__name__}: {e}")
+        error = f"{type(e).__name__}: {e}"
+    return Result(name, None, None, case.goal, None, error=error)  # not run
 
 
-def run_gpu(args: list[str], root: Path) -> int:
-    """Pass-through to the GPU kernel benchmark (benchmarks/gpu/bench_gpu.py)."""
-    return subprocess.call([sys.executable, str(root / "benchmarks/gpu/bench_gpu.py"), *args], cwd=root)
-
-
-def parse(argv: list[str]) -> argparse.Namespace:
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    root = config.repo_root()
+    if argv[:1] == ["gpu"]:  # pass-through to the GPU kernel benchmark
+        return subprocess.call([sys.executable, str(root / "benchmarks/gpu/bench_gpu.py"), *argv[1:]], cwd=root)
     p = argparse.ArgumentParser(prog="python -m jatools.bench", description=__doc__.splitlines()[0])
     p.add_argument("--only", action="append", default=[], help=f"benchmark(s) to run: {', '.join(benchmarks())}")
     p.add_argument("--scale", type=float, default=1.0, help="corpus scale (1: production sizes)")
@@ -260,15 +237,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=3, help="timed runs of each side (the figure is their median)")
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
     p.add_argument("--out", type=Path, default=None, help="results JSON (default build/bench/results.json)")
-    return p.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    root = config.repo_root()
-    if argv[:1] == ["gpu"]:
-        return run_gpu(argv[1:], root)
-    args = parse(argv)
+    args = p.parse_args(argv)
     known = benchmarks()
     names = [n for spec in args.only for n in spec.split(",") if n] or list(known)
     unknown = sorted(set(names) - set(known))
@@ -277,8 +246,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     bench_dir = root / BENCH_DIR
     ctx = Context(root=root, scale=args.scale, runs=max(1, args.runs), warmup=max(0, args.warmup),
-                  work_root=bench_dir / "work", corpus_root=bench_dir / "corpus", publish_fraction=args.publish_fraction,
-                  publish_level=args.publish_level, log=lambda m: print(m, flush=True))
+                  work_root=bench_dir / "work", corpus_root=bench_dir / "corpus",
+                  publish_fraction=args.publish_fraction, publish_level=args.publish_level,
+                  log=lambda m: print(m, flush=True))
     facts = machine_facts()
     start = time.monotonic()
     results = []

@@ -41,22 +41,15 @@ class ConvergenceError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class Rule:
-    pattern: str
-    cls: str
-    why: str
-
-
-@dataclass(frozen=True)
 class Table:
-    rules: tuple[Rule, ...]
+    rules: tuple[tuple[str, str, str], ...]  # (pattern, class, why), first match wins
     default: str
 
     def classify(self, path: str) -> tuple[str, str]:
         """(class, why) of a repository-relative path."""
-        for rule in self.rules:
-            if fnmatch.fnmatchcase(path, rule.pattern):
-                return rule.cls, f"{rule.why} [{rule.pattern}]"
+        for pattern, cls, why in self.rules:
+            if fnmatch.fnmatchcase(path, pattern):
+                return cls, f"{why} [{pattern}]"
         return self.default, f"no rule in {TABLE} matches; default is {self.default}"
 
 
@@ -90,23 +83,20 @@ class Verdict:
 
 
 def load_table(root: Path) -> Table:
-    path = root / TABLE
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads((root / TABLE).read_text())
     except FileNotFoundError:
         raise ConvergenceError(f"{TABLE} is missing; restore it with `git checkout -- {TABLE}`") from None
     except tomllib.TOMLDecodeError as e:
         raise ConvergenceError(f"{TABLE} is not valid TOML: {e}") from None
     classes = {NUMERICS, EXEMPT}
-    default = data.get("default", NUMERICS)
-    rules = []
     for i, r in enumerate(data.get("rule", []), 1):
         if r.get("class") not in classes or not r.get("pattern") or not r.get("why"):
             raise ConvergenceError(f"{TABLE} rule {i} ({r}) needs pattern, why and class one of {sorted(classes)}")
-        rules.append(Rule(r["pattern"], r["class"], r["why"]))
+    default = data.get("default", NUMERICS)
     if default not in classes:
         raise ConvergenceError(f"{TABLE} default {default!r} is not one of {sorted(classes)}")
-    return Table(tuple(rules), default)
+    return Table(tuple((r["pattern"], r["class"], r["why"]) for r in data.get("rule", [])), default)
 
 
 def _git(root: Path, *args: str) -> str:
@@ -125,62 +115,43 @@ def resolve(root: Path, rev: str) -> str:
             f"(`git fetch origin {rev}`, or actions/checkout with fetch-depth: 0)") from None
 
 
-def changed_paths(root: Path, base: str, head: str = "HEAD") -> list[str]:
-    """Paths changed on head's side since the merge base (renames listed as delete + add)."""
-    out = _git(root, "diff", "--name-only", "--no-renames", "-z", f"{base}...{head}")
-    return sorted(p for p in out.split("\0") if p)
-
-
-def parse_decision(commit: str, value: str) -> Decision | None:
-    value = " ".join(value.split())
-    if m := _RUN.match(value):
-        return Decision(commit, "run", m.group(1))
-    if m := _NOT_NEEDED.match(value):
-        return Decision(commit, "not-needed", m.group(1))
-    return None
-
-
 def decisions(root: Path, base: str, head: str = "HEAD") -> tuple[list[Decision], list[dict]]:
     """Valid decisions and malformed trailers in base..head."""
     fmt = f"%H%x00%(trailers:key={TRAILER},valueonly,separator=%x1f)%x1e"
-    out = _git(root, "log", f"--format={fmt}", f"{base}..{head}")
     found, invalid = [], []
-    for record in out.split("\x1e"):
-        record = record.strip("\n")
-        if not record:
-            continue
-        commit, _, values = record.partition("\0")
+    for record in _git(root, "log", f"--format={fmt}", f"{base}..{head}").split("\x1e"):
+        commit, _, values = record.strip("\n").partition("\0")
         for value in filter(None, (v.strip() for v in values.split("\x1f"))):
-            d = parse_decision(commit, value)
-            if d:
-                found.append(d)
+            normal = " ".join(value.split())
+            m = _RUN.match(normal) or _NOT_NEEDED.match(normal)
+            if m:
+                found.append(Decision(commit, "run" if m.re is _RUN else "not-needed", m.group(1)))
             else:
                 invalid.append({"commit": commit, "value": value})
     return found, invalid
 
 
 def check(root: Path, base: str, head: str = "HEAD") -> Verdict:
+    """Classify the paths changed on head's side since the merge base (renames as delete + add) and read the
+    decisions in base..head."""
     table = load_table(root)
-    base_sha, head_sha = resolve(root, base), resolve(root, head)
-    verdict = Verdict(base_sha, head_sha)
-    for path in changed_paths(root, base_sha, head_sha):
+    verdict = Verdict(resolve(root, base), resolve(root, head))
+    out = _git(root, "diff", "--name-only", "--no-renames", "-z", f"{verdict.base}...{verdict.head}")
+    for path in sorted(p for p in out.split("\0") if p):
         cls, why = table.classify(path)
         verdict.changed.append({"path": path, "class": cls, "why": why})
-    verdict.decisions, verdict.invalid = decisions(root, base_sha, head_sha)
+    verdict.decisions, verdict.invalid = decisions(root, verdict.base, verdict.head)
     return verdict
 
 
 def report(v: Verdict) -> str:
     """The one-screen text the task prints."""
     lines = [(f"convergence-check: {v.base[:12]}...{v.head[:12]}: {len(v.changed)} changed file(s), "
-              f"{len(v.triggering)} touch numerics")]
-    for c in v.triggering:
-        lines.append(f"  numerics: {c['path']}  ({c['why']})")
-    for d in v.decisions:
-        lines.append(f"  decision in {d.commit[:12]}: {d.kind} ({d.detail})")
-    for bad in v.invalid:
-        lines.append(f"  malformed trailer in {bad['commit'][:12]}: 'Convergence: {bad['value']}' "
-                     "(expected 'run <id>' or 'not-needed (<reason>)')")
+              f"{len(v.triggering)} touch numerics"),
+             *(f"  numerics: {c['path']}  ({c['why']})" for c in v.triggering),
+             *(f"  decision in {d.commit[:12]}: {d.kind} ({d.detail})" for d in v.decisions),
+             *(f"  malformed trailer in {bad['commit'][:12]}: 'Convergence: {bad['value']}' "
+               "(expected 'run <id>' or 'not-needed (<reason>)')" for bad in v.invalid)]
     if v.ok:
         lines.append("convergence-check: passed" + ("" if v.triggering else " (no numerics change)"))
     else:

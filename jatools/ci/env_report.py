@@ -1,22 +1,14 @@
 """Environment report: what machine a job ran on, printed first in every CI job.
 
-CPU (lscpu), GPUs (rocminfo, nvidia-smi, or none), toolchains (g++, nvcc,
-hipcc, TheRock's `rocm-sdk version`, found the way the build finds them, through
-jatools.native.toolchain), Python and the jax/jaxlib/plugin versions, the
-environment variables that steer the build, and where the job ran: the
-container image (JA_CONTAINER_IMAGE, which every container job sets to its
-`container.image`) with its digest, and the runner (name, OS, arch, and the
-runner image's ImageOS/ImageVersion where GitHub sets them). The digest is the
-one in the reference when it is pinned (`name@sha256:...`), else the registry's
-answer for the tag at report time (the v2 API, anonymous token; marked as such:
-a container cannot see what its runner pulled). "Is the GPU visible in the
-container?" and "which compiler built this?" are answered at the top of the
-log, and under GitHub Actions the image, digest and runner go to the job
-summary. Nothing here fails the job: a tool or registry that is absent or
-errors is reported as such.
+CPU, GPUs, toolchains (found the way the build finds them, through jatools.native.toolchain), Python
+and the jax family's versions, the environment variables that steer the build, and where the job ran:
+the container image (JA_CONTAINER_IMAGE) with its digest (pinned in the reference, else the registry's
+answer at report time) and the runner; under GitHub Actions these last go to the job summary too.
+Nothing here fails the job: a tool or registry that is absent or errors is reported as such (docs/ci.md).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -28,6 +20,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
+from email.message import Message
 from pathlib import Path
 
 from jatools import atomic_write, config
@@ -58,15 +51,11 @@ def _run(argv: list[str]) -> tuple[int, str]:
 
 
 def cpu_info(which: Which = shutil.which, env: dict[str, str] | None = None) -> dict:
-    info: dict = {"logical_cpus": os.cpu_count(), "machine": platform.machine()}
     lscpu = which("lscpu", path=(env or os.environ).get("PATH"))
-    if not lscpu:
-        info["lscpu"] = None
-        return info
-    rc, text = _run([lscpu])
+    rc, text = _run([lscpu]) if lscpu else (1, "")
     fields = dict(re.findall(r"^([^:\n]+):\s*(.*?)\s*$", text, re.MULTILINE)) if rc == 0 else {}
-    info["lscpu"] = {k: fields[k] for k in LSCPU_KEYS if k in fields}
-    return info
+    return {"logical_cpus": os.cpu_count(), "machine": platform.machine(),
+            "lscpu": {k: fields[k] for k in LSCPU_KEYS if k in fields} if lscpu else None}
 
 
 def parse_rocminfo(text: str) -> list[dict]:
@@ -82,12 +71,9 @@ def parse_rocminfo(text: str) -> list[dict]:
 
 def parse_nvidia_smi(text: str) -> list[dict]:
     """`nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader` rows."""
-    gpus = []
-    for line in text.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) >= 4 and parts[0].isdigit():
-            gpus.append({"index": int(parts[0]), "name": parts[1], "driver": parts[2], "memory": parts[3]})
-    return gpus
+    rows = ([p.strip() for p in line.split(",")] for line in text.strip().splitlines())
+    return [{"index": int(r[0]), "name": r[1], "driver": r[2], "memory": r[3]} for r in rows
+            if len(r) >= 4 and r[0].isdigit()]
 
 
 def gpu_info(which: Which = shutil.which, env: dict[str, str] | None = None) -> dict:
@@ -117,46 +103,37 @@ def gpu_info(which: Which = shutil.which, env: dict[str, str] | None = None) -> 
 def toolchain_info(env: dict[str, str] | None = None, which: Which = shutil.which) -> dict:
     """Compilers found exactly as the build finds them (jatools.native.toolchain), with their versions."""
     env = dict(os.environ if env is None else env)
-    info: dict = {"notes": []}
-    cxx = env.get("CXX", "g++")
+    notes: list[str] = []
     try:
-        info["cxx"] = toolchain.cxx_version(cxx)
+        cxx = toolchain.cxx_version(env.get("CXX", "g++"))
     except toolchain.ToolchainError as e:
-        info["cxx"] = None
-        info["notes"].append(str(e))
+        cxx = None
+        notes.append(str(e))
     try:
-        rocm_root, hipcc, notes = toolchain.find_rocm(env, config.defaults().get("rocm_legacy_root", "/opt/rocm"),
+        rocm_root, hipcc, found = toolchain.find_rocm(env, config.defaults().get("rocm_legacy_root", "/opt/rocm"),
                                                       which)
-        info["notes"] += notes
+        notes += found
     except toolchain.ToolchainError as e:
         rocm_root, hipcc = None, which("hipcc", path=env.get("PATH"))
-        info["notes"].append(str(e))
-    info["rocm_root"] = rocm_root
-    info["hipcc"] = {"path": hipcc, "version": toolchain.hipcc_version(hipcc)} if hipcc else None
-    info["rocm_sdk_version"] = toolchain.rocm_sdk_version(env, which)
-    nvcc, notes = toolchain.find_nvcc(env, which)
-    info["notes"] += notes
-    info["nvcc"] = {"path": nvcc, "version": toolchain.nvcc_version(nvcc)} if nvcc else None
-    return info
+        notes.append(str(e))
+    nvcc, found = toolchain.find_nvcc(env, which)
+    version = lambda tool, of: {"path": tool, "version": of(tool)} if tool else None
+    return {"notes": notes + found, "cxx": cxx, "rocm_root": rocm_root,
+            "hipcc": version(hipcc, toolchain.hipcc_version),
+            "rocm_sdk_version": toolchain.rocm_sdk_version(env, which), "nvcc": version(nvcc, toolchain.nvcc_version)}
 
 
 _PACKAGES_SNIPPET = (
     "import importlib.metadata as m, json, sys\n"
-    "prefixes = tuple(sys.argv[1:])\n"
-    "found = {}\n"
-    "for d in m.distributions():\n"
-    "    name = (d.metadata['Name'] or '').lower()\n"
-    "    if name.startswith(prefixes):\n"
-    "        found[name] = d.version\n"
-    "print(json.dumps({'python': sys.version.split()[0], 'executable': sys.executable,"
-    " 'packages': dict(sorted(found.items()))}))\n"
+    "found = {(d.metadata['Name'] or '').lower(): d.version for d in m.distributions()}\n"
+    "print(json.dumps({'python': sys.version.split()[0], 'executable': sys.executable, 'packages': "
+    "dict(sorted((k, v) for k, v in found.items() if k.startswith(tuple(sys.argv[1:]))))}))\n"
 )
 
 
 def python_info(python: str | None = None) -> dict:
     """Python and the jax family's versions (jax, jaxlib, jax-rocm*/jax-cuda* plugins) of that interpreter."""
-    argv = [python or sys.executable, "-c", _PACKAGES_SNIPPET, *PACKAGE_PREFIXES]
-    rc, text = _run(argv)
+    rc, text = _run([python or sys.executable, "-c", _PACKAGES_SNIPPET, *PACKAGE_PREFIXES])
     if rc != 0:
         return {"executable": python, "error": text.strip()[-300:]}
     return json.loads(text.strip().splitlines()[-1])
@@ -164,7 +141,8 @@ def python_info(python: str | None = None) -> dict:
 
 CONTAINER_ENV = "JA_CONTAINER_IMAGE"
 RUNNER_KEYS = ("RUNNER_NAME", "RUNNER_OS", "RUNNER_ARCH", "RUNNER_ENVIRONMENT", "ImageOS", "ImageVersion")
-MANIFEST_TYPES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json",
+MANIFEST_TYPES = ("application/vnd.oci.image.index.v1+json",
+                  "application/vnd.docker.distribution.manifest.list.v2+json",
                   "application/vnd.oci.image.manifest.v1+json", "application/vnd.docker.distribution.manifest.v2+json")
 
 
@@ -182,13 +160,13 @@ def split_image(ref: str) -> tuple[str, str, str, str | None]:
     return registry, repo, tag or "latest", digest or None
 
 
-def _registry_get(url: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
-    req = urllib.request.Request(url, headers=headers, method="GET")
+def _registry_get(url: str, headers: dict[str, str]) -> tuple[int, Message, bytes]:
+    """(status, headers, body) of a GET; the headers are looked up case-insensitively."""
     try:
-        with urllib.request.urlopen(req, timeout=TIMEOUT_S) as r:
-            return r.status, dict(r.headers), r.read()
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=TIMEOUT_S) as r:
+            return r.status, r.headers, r.read()
     except urllib.error.HTTPError as e:
-        return e.code, dict(e.headers), b""
+        return e.code, e.headers, b""
 
 
 def resolve_digest(ref: str) -> dict:
@@ -202,16 +180,17 @@ def resolve_digest(ref: str) -> dict:
     try:
         status, got, _ = _registry_get(url, headers)
         if status == 401:  # anonymous pull token from the realm the registry names
-            params = dict(re.findall(r'(\w+)="([^"]*)"', got.get("WWW-Authenticate", got.get("www-authenticate", ""))))
+            params = dict(re.findall(r'(\w+)="([^"]*)"', got.get("WWW-Authenticate", "")))
             realm = params.pop("realm", "")
             if not realm:
                 return {"digest": None, "source": f"{registry} asked for credentials it did not describe"}
             status, _, body = _registry_get(f"{realm}?{urllib.parse.urlencode(params)}", {})
-            token = json.loads(body or b"{}").get("token") or json.loads(body or b"{}").get("access_token")
+            answer = json.loads(body or b"{}")
+            token = answer.get("token") or answer.get("access_token")
             if status != 200 or not token:
                 return {"digest": None, "source": f"no pull token from {realm} (HTTP {status})"}
             status, got, _ = _registry_get(url, {**headers, "Authorization": f"Bearer {token}"})
-        found = got.get("Docker-Content-Digest") or got.get("docker-content-digest")
+        found = got.get("Docker-Content-Digest")
         if status != 200 or not found:
             return {"digest": None, "source": f"{url}: HTTP {status}, no Docker-Content-Digest"}
         return {"digest": found, "source": "registry, at report time (the tag's digest then)"}
@@ -242,32 +221,25 @@ def collect(env: dict[str, str] | None = None, which: Which = shutil.which, pyth
 
 def render(report: dict) -> str:
     """Human-readable form, one screen."""
-    lines = ["== environment report =="]
-    h = report["host"]
-    lines.append(f"host      {h['hostname']}  {h['os']}")
-    cpu = report["cpu"]
+    h, cpu, g, t, p = (report[k] for k in ("host", "cpu", "gpus", "toolchains", "python"))
     ls = cpu.get("lscpu") or {}
-    lines.append(f"cpu       {ls.get('Model name', '?')}  {cpu['logical_cpus']} logical CPUs"
-                 + (f", {ls['Socket(s)']} socket(s)" if "Socket(s)" in ls else "")
-                 + ("" if cpu.get("lscpu") is not None else "  (lscpu not found)"))
-    g = report["gpus"]
     gpus = [f"{x['arch']} {x['name'] or ''}".strip() for x in g["rocm"] or []]
     gpus += [f"[{x['index']}] {x['name']} (driver {x['driver']}, {x['memory']})" for x in g["cuda"] or []]
-    lines.append(f"gpus      {g['count']}: " + ("; ".join(gpus) if gpus else "none"))
-    lines += [f"          note: {n}" for n in g["notes"]]
-    t = report["toolchains"]
-    lines.append(f"c++       {t['cxx'] or 'not found'}")
-    lines.append(f"hipcc     {t['hipcc']['version'] + '  ' + t['hipcc']['path'] if t['hipcc'] else 'not found'}")
-    lines.append(f"rocm      root {t['rocm_root'] or '-'}; rocm-sdk version {t['rocm_sdk_version'] or '-'}")
-    lines.append(f"nvcc      {t['nvcc']['version'] + '  ' + t['nvcc']['path'] if t['nvcc'] else 'not found'}")
-    lines += [f"          note: {n}" for n in t["notes"]]
-    p = report["python"]
+    tool = lambda found: f"{found['version']}  {found['path']}" if found else "not found"
+    lines = ["== environment report ==", f"host      {h['hostname']}  {h['os']}",
+             f"cpu       {ls.get('Model name', '?')}  {cpu['logical_cpus']} logical CPUs"
+             + (f", {ls['Socket(s)']} socket(s)" if "Socket(s)" in ls else "")
+             + ("" if cpu.get("lscpu") is not None else "  (lscpu not found)"),
+             f"gpus      {g['count']}: " + ("; ".join(gpus) if gpus else "none"),
+             *(f"          note: {n}" for n in g["notes"]),
+             f"c++       {t['cxx'] or 'not found'}", f"hipcc     {tool(t['hipcc'])}",
+             f"rocm      root {t['rocm_root'] or '-'}; rocm-sdk version {t['rocm_sdk_version'] or '-'}",
+             f"nvcc      {tool(t['nvcc'])}", *(f"          note: {n}" for n in t["notes"])]
     if "error" in p:
         lines.append(f"python    {p['executable']}: {p['error']}")
     else:
-        lines.append(f"python    {p['python']}  {p['executable']}")
-        pkgs = p["packages"]
-        lines.append("packages  " + (", ".join(f"{k} {v}" for k, v in pkgs.items()) or "no jax installed"))
+        lines += [f"python    {p['python']}  {p['executable']}",
+                  "packages  " + (", ".join(f"{k} {v}" for k, v in p["packages"].items()) or "no jax installed")]
     if report["env"]:
         lines.append("env       " + " ".join(f"{k}={v}" for k, v in report["env"].items()))
     job = report.get("job") or {}
@@ -290,33 +262,28 @@ def step_summary(report: dict) -> str:
     return "### Environment\n\n| | |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in rows) + "\n"
 
 
-def emit(report: dict, json_out: Path | None = None, as_json: bool = False,
-         env: dict[str, str] | None = None) -> None:
+def emit(report: dict, json_out: Path | None = None, as_json: bool = False) -> None:
     """Print the report (text or JSON), write its JSON, and add it to $GITHUB_STEP_SUMMARY when set."""
-    env = os.environ if env is None else env
     print(json.dumps(report, indent=2) if as_json else render(report), flush=True)
     if json_out:
         atomic_write.write_text(json_out, json.dumps(report, indent=2) + "\n")
-    if env.get("GITHUB_STEP_SUMMARY"):
-        with open(env["GITHUB_STEP_SUMMARY"], "a", encoding="utf-8") as f:
+    if os.environ.get("GITHUB_STEP_SUMMARY"):
+        with open(os.environ["GITHUB_STEP_SUMMARY"], "a", encoding="utf-8") as f:
             f.write(step_summary(report))
 
 
-def written_by_ci(env: dict[str, str] | None = None) -> Path | None:
+def written_by_ci() -> Path | None:
     """The report ci/build.py wrote first in this job, if there is one: a later step (the release) takes it
     instead of reporting the same machine twice."""
-    given = (os.environ if env is None else env).get(CI_REPORT_VAR)
+    given = os.environ.get(CI_REPORT_VAR)
     return Path(given) if given and Path(given).is_file() else None
 
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m jatools.ci.env_report [--json-out F]`: the report as text, optionally also as JSON."""
-    import argparse
-
     p = argparse.ArgumentParser(prog="python -m jatools.ci.env_report", description=__doc__.splitlines()[0])
     p.add_argument("--json-out", type=Path, help="also write the report as JSON here")
-    args = p.parse_args(argv)
-    emit(collect(), args.json_out)
+    emit(collect(), p.parse_args(argv).json_out)
     return 0
 
 

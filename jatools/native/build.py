@@ -3,23 +3,14 @@
     python -m jatools.native.build [--jit auto|build|take] [--shims ja_mods|ja_mods_nomha] [-j N]
     python -m jatools.native.build --compile-only [--backend cuda,rocm] [-j N]      (nox -s compile_only)
 
-Every caller (the nox test and release sessions, compile-only, the sanitizer
-build, the GPU host scripts) runs this sequence through `native_steps`; only
-the environment differs (JA_BACKEND, GPU_ARCHS, JA_BUILD_DIR, JA_SANITIZE).
-
-The JIT step either builds (the producer, or a local run: printed) or takes
-the libraries already in build/aiter_build (a consumer: `invoke jit.fetch`
-put them there). A consumer never builds: when the libraries there do not
-match this checkout's identity it fails at once, naming the cache id and the
-producer. `--jit auto` (the default, JA_JIT_LIBS / pyproject jit_libs) takes
-under CI=true and builds otherwise.
-
-`--compile-only` compiles every library for the GPU backends on a machine
-without a GPU: CUDA for sm_90 with nvcc, ROCm for gfx90a with the HIP compiler
-(Debian's ROCm 5.2 `hipcc` knows gfx90a and gfx940, not gfx950). Each backend
-builds into build/compile_only/<backend> through this same sequence, so it
-proves the exact sources and flags users build; it is its own JIT producer.
-Prints a summary and writes build/compile_only/summary.json.
+Every caller (the nox test and release sessions, compile-only, the sanitizer build, the GPU host
+scripts) runs this sequence through `native_steps`; only the environment differs. The JIT step builds
+(the producer, or a local run) or takes the libraries `invoke jit.fetch` put in build/aiter_build (a
+consumer, which never builds: a mismatch with this checkout's identity fails at once, naming the cache
+id and the producer); `--jit auto` takes under CI=true. `--compile-only` builds every library for the
+GPU backends without a GPU (CUDA sm_90 with nvcc, ROCm gfx90a with the HIP compiler: Debian's ROCm 5.2
+`hipcc` knows no gfx950) into build/compile_only/<backend>, each its own JIT producer, and writes
+build/compile_only/summary.json (docs/build.md, "Compile-only").
 """
 from __future__ import annotations
 
@@ -32,7 +23,6 @@ import sys
 from jatools import atomic_write, config, steps
 from jatools.jitlibs import jit_cache
 
-JIT_MODES = config.JIT_MODES
 COMPILE_ONLY = {
     "cuda": {"GPU_ARCHS": "sm_90", "tool": "nvcc", "install": "install the CUDA toolkit (nvcc) or set CUDA_HOME"},
     "rocm": {"GPU_ARCHS": "gfx90a", "tool": "hipcc", "install": "apt-get install hipcc (or install ROCm/TheRock)"},
@@ -43,8 +33,8 @@ COMPILE_ONLY_DIR = "build/compile_only"
 def jit_mode(requested: str | None, env: dict[str, str]) -> str:
     """build or take: the flag, else JA_JIT_LIBS, else pyproject's jit_libs; auto means take under CI=true."""
     mode = (requested or env.get("JA_JIT_LIBS") or str(config.defaults()["jit_libs"])).strip().lower()
-    if mode not in JIT_MODES:
-        raise SystemExit(f"native build: JA_JIT_LIBS={mode!r} is not one of {', '.join(JIT_MODES)}")
+    if mode not in config.JIT_MODES:
+        raise SystemExit(f"native build: JA_JIT_LIBS={mode!r} is not one of {', '.join(config.JIT_MODES)}")
     if mode == "auto":
         return "take" if config.truthy(env.get("CI", "")) else "build"
     return mode
@@ -67,8 +57,7 @@ def native_steps(*, jit: str | None = None, shims: str = "ja_mods", jobs: int | 
         print("native build: building the JIT libraries here (JA_JIT_LIBS=take makes a consumer of this run)",
               flush=True)
         out.append(step("jit", [python, "-m", "jatools.native.jit_build", *(["-j", str(jobs)] if jobs else [])]))
-    out.append(step(shims, ["make", *jflag, shims]))
-    return out
+    return [*out, step(shims, ["make", *jflag, shims])]
 
 
 def compile_only(backend: str, jobs: int) -> dict:
@@ -83,9 +72,8 @@ def compile_only(backend: str, jobs: int) -> dict:
     if backend == "rocm":
         env.setdefault("HIP_PLATFORM", "amd")
     records = steps.run(native_steps(jit="build", jobs=jobs, env=env), f"compile_only {backend}")
-    libs = sorted((root / out_dir).glob("*/*.so"))
     return {"backend": backend, "archs": spec["GPU_ARCHS"], "seconds": steps.seconds(records),
-            "libraries": {p.name: p.stat().st_size for p in libs}}
+            "libraries": {p.name: p.stat().st_size for p in sorted((root / out_dir).glob("*/*.so"))}}
 
 
 def compile_only_main(backends: str, jobs: int) -> int:
@@ -94,13 +82,12 @@ def compile_only_main(backends: str, jobs: int) -> int:
         if backend not in COMPILE_ONLY:
             raise SystemExit(f"compile_only: unknown backend {backend!r}; use cuda and/or rocm")
         results.append(compile_only(backend, jobs))
-    summary = config.repo_root() / COMPILE_ONLY_DIR / "summary.json"
-    atomic_write.write_text(summary, json.dumps(results, indent=2) + "\n")
+    atomic_write.write_text(config.repo_root() / COMPILE_ONLY_DIR / "summary.json",
+                            json.dumps(results, indent=2) + "\n")
     print("\ncompile_only summary")
     for r in results:
-        total = sum(r["seconds"].values())
         sizes = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in r["libraries"].items())
-        print(f"  {r['backend']:<5} {r['archs']:<7} {total:7.1f} s  "
+        print(f"  {r['backend']:<5} {r['archs']:<7} {sum(r['seconds'].values()):7.1f} s  "
               f"({', '.join(f'{k} {v} s' for k, v in r['seconds'].items())})\n        {sizes}")
     print(f"  JSON: {COMPILE_ONLY_DIR}/summary.json")
     return 0
@@ -108,7 +95,7 @@ def compile_only_main(backends: str, jobs: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m jatools.native.build", description=__doc__.splitlines()[0])
-    p.add_argument("--jit", choices=JIT_MODES, help="build or take the JIT libraries (default: JA_JIT_LIBS, "
+    p.add_argument("--jit", choices=config.JIT_MODES, help="build or take the JIT libraries (default: JA_JIT_LIBS, "
                    "else pyproject jit_libs: auto = take under CI=true)")
     p.add_argument("--shims", default="ja_mods", choices=("ja_mods", "ja_mods_nomha"))
     p.add_argument("-j", "--jobs", type=int, help="parallel jobs (default: make's own; --compile-only: every CPU)")

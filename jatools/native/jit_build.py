@@ -1,26 +1,14 @@
 #!/usr/bin/env python3
 """Build the JIT libraries (librmsnorm_fwd.so, libmha_fwd.so, libmha_bwd.so) into build/aiter_build/.
 
-The modules are those the op table's ops need (jax_aiter/op_table.toml, which
-derives each library's name); jax_aiter/jit/optCompilerConfig.json says how
-each compiles: each module generates its instance sources from kernel
-templates over its axes (dtype x head_dim x causal ...), compiles them in
-parallel with ninja and links one library.
-Generated sources are rewritten only when their text changes, and ninja tracks
-header dependencies, so touching one template recompiles only the instances
-generated from it. A build record (identity, toolchain, archs, output sha256)
-is written atomically next to the outputs, last.
-
-The identity (kernel-source revision, archs, recipe hash, backend, FFI API
-version; the toolchain advisory) is derived here, never typed by hand. Its
-recipe hash is derived from what makes the bytes: the
-exact compile and link command lines of every instance (flags, defines,
-archs; the root path and the compiler's location left out) and the content of
-every repository file those compilations read. The files are found by
-following #include lines from each source (fast, and the same on a consumer
-that has no compiler); after a build the compilers' own dependency records
-(ninja's depfiles) are checked against that set, so a file the scan missed
-fails the build instead of leaving the identity blind to it.
+Owns the JIT build and its identity. The op table (jax_aiter/op_table.toml) says which modules exist,
+jax_aiter/jit/optCompilerConfig.json how each compiles: instance sources generated from kernel templates
+over its axes (rewritten only when their text changes), compiled by ninja (which tracks headers, so
+touching one template recompiles only its instances), linked into one library. A build record (identity,
+toolchain, archs, output sha256) is written atomically next to the outputs, last. The identity is
+derived here, never typed by hand; its recipe hash covers the compile and link lines and every repository
+file they read, found by following #include lines and checked after a build against ninja's depfiles
+(docs/jit-libs.md).
 
     python3 jax_aiter/jit/build_jit.py [--module a,b] [--verbose] [--log FILE] [-j N]
     make jit / nox -s jit              (the same build)
@@ -29,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import hashlib
 import importlib.metadata
 import itertools
@@ -44,27 +33,32 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from jatools import config
+from jatools import atomic_write, config
 from jatools.native import toolchain
 from jax_aiter import op_table
 from jax_aiter.integrity import RECORD_NAME, file_entry, sha256_files
 from jax_aiter.reuse_gate import cache_id
 
 RECORD_SCHEMA = 1
+# A module may add a template kind gpu_<code> (gpu_sm90a: the wgmma/TMA attention kernels), compiled for that
+# one code instead of GPU_ARCHS' codes and only by a CUDA build whose GPU_ARCHS holds the base arch; its
+# instance table is written (empty) either way, so the dispatcher includes it on every build.
+ARCH_KINDS = {"gpu_sm90a": ("sm_90", "sm_90a")}  # kind: (base arch in GPU_ARCHS, the code compiled)
+# Header-only packages an extra flag names as {placeholder}: (distribution, include dir inside it). The build
+# takes the installed one, which must be the version pinned in pyproject's [dependency-groups] build; the
+# recipe hash names that pin, never the install path.
+PACKAGE_INCLUDES = {"cutlass_include": ("nvidia-cutlass", "cutlass_library/source/include")}
 
 
 class BuildError(RuntimeError):
     pass
 
 
-# --- the modules -------------------------------------------------------------------
-
 def module_table(settings: config.Settings) -> dict[str, dict]:
     """{module: its compile settings plus `library`}, in the JIT config's order.
 
-    Two files name the modules: the op table says which exist (the modules its ops need) and derives each
-    library's name; the JIT config says how each compiles. A module that one names and the other does
-    not is an error naming both files.
+    A module that the op table names (it says which exist) and the JIT config (how each compiles) does not,
+    or the reverse, is an error naming both files.
     """
     libraries = op_table.jit_libraries(op_table.load(settings.root))
     configured: dict[str, dict] = json.loads(settings.jit_config.read_text())["modules"]
@@ -82,42 +76,30 @@ def module_table(settings: config.Settings) -> dict[str, dict]:
 
 
 def libraries(settings: config.Settings) -> dict[str, str]:
-    """{module: its library} of every JIT module (module_table), in order: what a build, a merge or a
-    publication holds."""
+    """{module: its library} of every JIT module, in order: what a build, a merge or a publication holds."""
     return {name: spec["library"] for name, spec in module_table(settings).items()}
 
 
-# --- instance generation --------------------------------------------------------
-
-def _fmt_value(v) -> str:
-    return str(int(v)) if isinstance(v, bool) else str(v)
-
-
 def instances(module: dict) -> list[dict[str, str]]:
-    """Every combination of the module's axes, as {axis: text value}."""
+    """Every combination of the module's axes, as {axis: text value} (a bool as 0 or 1)."""
     axes = module.get("axes", {})
-    names = list(axes)
-    return [dict(zip(names, map(_fmt_value, combo))) for combo in itertools.product(*(axes[n] for n in names))]
+    return [{n: str(int(v)) if isinstance(v, bool) else str(v) for n, v in zip(axes, combo)}
+            for combo in itertools.product(*axes.values())]
 
 
 def render(template: str, values: dict[str, str]) -> str:
     def sub(m: re.Match) -> str:
-        key = m.group(1)
-        if key not in values:
-            raise BuildError(f"template placeholder {{{{{key}}}}} has no value (known: {', '.join(sorted(values))})")
-        return values[key]
+        if m.group(1) not in values:
+            raise BuildError(f"template placeholder {{{{{m.group(1)}}}}} has no value "
+                             f"(known: {', '.join(sorted(values))})")
+        return values[m.group(1)]
     return re.sub(r"\{\{(\w+)\}\}", sub, template)
 
 
-def write_if_changed(path: Path, text: str) -> bool:
+def write_if_changed(path: Path, text: str) -> None:
     """Atomic write that leaves the file (and its mtime) alone when the text is unchanged."""
-    if path.exists() and path.read_text() == text:
-        return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-    return True
+    if not (path.exists() and path.read_text() == text):
+        atomic_write.write_text(path, text)
 
 
 def generated(name: str, module: dict, kinds: list[str], out_dir: Path, root: Path
@@ -129,17 +111,15 @@ def generated(name: str, module: dict, kinds: list[str], out_dir: Path, root: Pa
     for kind in kinds:
         tpl_rel = module["templates"][kind]
         tpl = (root / tpl_rel).read_text()
-        ext = ".cpp" if kind == "cpu" else ".cu"
-        files, table = [], []
+        sources[kind], table = [], []
         for values in instances(module):
             symbol = module["symbol"].format(backend=kind, **values)
-            path = gen / f"{symbol}{ext}"
+            path = gen / f"{symbol}{'.cpp' if kind == 'cpu' else '.cu'}"
             texts[path] = render(tpl, {**values, "symbol": symbol, "template": tpl_rel, "backend": kind})
-            files.append(path)
+            sources[kind].append(path)
             table.append(f"JA_INSTANCE({', '.join([symbol, *values.values()])})")
         texts[gen / f"{name}_{kind}_instances.inc"] = (
             f"// Generated by build_jit.py from {tpl_rel}; do not edit.\n" + "\n".join(table) + "\n")
-        sources[kind] = files
     for kind in ARCH_KINDS:  # declared but not built here: an empty table, so the dispatcher's include holds
         if kind in module.get("templates", {}) and kind not in kinds:
             texts[gen / f"{name}_{kind}_instances.inc"] = (
@@ -148,28 +128,15 @@ def generated(name: str, module: dict, kinds: list[str], out_dir: Path, root: Pa
 
 
 def generate(name: str, module: dict, kinds: list[str], out_dir: Path, root: Path) -> dict[str, list[Path]]:
-    """Write the module's instance sources and instance tables; return sources per kind."""
+    """Write the module's instance sources and tables, remove the files no longer generated (they must not
+    leak into the link); return the sources per kind."""
     texts, sources = generated(name, module, kinds, out_dir, root)
     for path, text in texts.items():
         write_if_changed(path, text)
-    # Remove instances no longer generated so they cannot leak into the link.
-    gen = out_dir / name / "gen"
-    for stale in gen.glob("*"):
+    for stale in (out_dir / name / "gen").glob("*"):
         if stale not in texts and stale.is_file():
             stale.unlink()
     return sources
-
-
-# --- arch-specific instances and header-only packages ------------------------------------
-# A module may add a template kind gpu_<code> (gpu_sm90a: the wgmma/TMA attention kernels): its
-# instances are compiled for that one code instead of GPU_ARCHS' codes, and only by a CUDA build
-# whose GPU_ARCHS holds the base arch. Its instance table is written (empty) either way, so the
-# dispatcher includes it on every build.
-ARCH_KINDS = {"gpu_sm90a": ("sm_90", "sm_90a")}  # kind: (base arch in GPU_ARCHS, the code compiled)
-# Header-only packages an extra flag names as {placeholder}: (distribution, include dir inside it).
-# The build resolves the installed package, which must be the version pinned in pyproject's
-# [dependency-groups] build; the recipe hash names that pin, never the install path.
-PACKAGE_INCLUDES = {"cutlass_include": ("nvidia-cutlass", "cutlass_library/source/include")}
 
 
 def build_kinds(module: dict, tc: toolchain.Toolchain) -> list[str]:
@@ -236,16 +203,14 @@ def package_includes(root: Path, modules: dict[str, dict], kinds: dict[str, list
     if unknown:
         raise BuildError(f"unknown placeholder(s) {', '.join(sorted(unknown))} in extra_flags; known: "
                          f"{', '.join(PACKAGE_INCLUDES)}")
-    return {ph: package_include(root, ph) if resolve else f"$PKG({PACKAGE_INCLUDES[ph][0]}=={package_pin(root, PACKAGE_INCLUDES[ph][0])})"
-            for ph in sorted(used)}
+    pinned = lambda ph: f"$PKG({PACKAGE_INCLUDES[ph][0]}=={package_pin(root, PACKAGE_INCLUDES[ph][0])})"
+    return {ph: package_include(root, ph) if resolve else pinned(ph) for ph in sorted(used)}
 
-
-# --- the plan: every compile and link, as data ----------------------------------------
 
 @dataclass(frozen=True)
 class Compile:
     module: str
-    rule: str          # cxx | gpu
+    rule: str          # cxx | gpu | an ARCH_KINDS kind (also the key of its extra_flags)
     src: str           # path relative to the root
     obj: str
     extra: tuple[str, ...]
@@ -260,15 +225,13 @@ def plan(modules: dict[str, dict], sources: dict[str, dict[str, list[Path]]], tc
     jit_dir = os.path.relpath(settings.jit_dir, root)
     steps = []
     for name, module in modules.items():
-        extra = module.get("extra_flags", {})
-        all_src = [(p, "cpu") for p in sources[name].get("cpu", [])] + [(p, "gpu") for p in sources[name].get("gpu", [])]
-        all_src += [(root / s, "gpu" if s.endswith(".cu") else "cpu") for s in module.get("sources", [])
-                    if tc.backend != "cpu" or not s.endswith(".cu")]
-        all_src += [(p, k) for k in ARCH_KINDS for p in sources[name].get(k, [])]
-        for src, kind in all_src:
-            rule = kind if kind in ARCH_KINDS else "gpu" if kind == "gpu" else "cxx"
-            flags = [f.format(**(packages or {})) if kind in ARCH_KINDS else f
-                     for f in extra.get(kind if kind in ARCH_KINDS else "gpu" if kind == "gpu" else "cxx", [])]
+        extra, gen = module.get("extra_flags", {}), sources[name]
+        srcs = [(p, "cxx") for p in gen.get("cpu", [])] + [(p, "gpu") for p in gen.get("gpu", [])]
+        srcs += [(root / s, "gpu" if s.endswith(".cu") else "cxx") for s in module.get("sources", [])
+                 if tc.backend != "cpu" or not s.endswith(".cu")]
+        srcs += [(p, k) for k in ARCH_KINDS for p in gen.get(k, [])]
+        for src, rule in srcs:
+            flags = [f.format(**(packages or {})) if rule in ARCH_KINDS else f for f in extra.get(rule, [])]
             steps.append(Compile(name, rule, os.path.relpath(src, root), f"{jit_dir}/{name}/obj/{Path(src).name}.o",
                                  (f"-I{jit_dir}/{name}/gen", *flags)))
     return steps
@@ -286,85 +249,54 @@ def _q(args) -> str:
     return " ".join(shlex.quote(a).replace("$", "$$") for a in args)
 
 
+def _compile_rule(name: str, command: str, description: str) -> list[str]:
+    return [f"rule {name}", f"  command = {command} $extra -MMD -MP -MF $out.d -c $in -o $out",
+            "  depfile = $out.d", "  deps = gcc", f"  description = {description}"]
+
+
 def ninja_text(modules: dict[str, dict], steps: list[Compile], tc: toolchain.Toolchain,
                flags: dict[str, list[str]], settings: config.Settings, ccache: str | None) -> str:
-    rel = lambda p: os.path.relpath(p, settings.root)
-    jit_dir, umb_dir = rel(settings.jit_dir), rel(settings.umbrella_dir)
+    jit_dir = os.path.relpath(settings.jit_dir, settings.root)
+    umb_dir = os.path.relpath(settings.umbrella_dir, settings.root)
     launcher = f"{ccache} " if ccache else ""
-    lines = [
-        "# Generated by jatools/native/jit_build.py; do not edit.",
-        "ninja_required_version = 1.10",
-        f"builddir = {jit_dir}",
-        f"cxx = {launcher}{shlex.quote(tc.cxx)}",
-        f"cxxflags = {_q(flags['cxx'])}",
-        "rule cxx",
-        "  command = $cxx $cxxflags $extra -MMD -MP -MF $out.d -c $in -o $out",
-        "  depfile = $out.d",
-        "  deps = gcc",
-        "  description = CXX $in",
-    ]
+    lines = ["# Generated by jatools/native/jit_build.py; do not edit.", "ninja_required_version = 1.10",
+             f"builddir = {jit_dir}", f"cxx = {launcher}{shlex.quote(tc.cxx)}", f"cxxflags = {_q(flags['cxx'])}",
+             *_compile_rule("cxx", "$cxx $cxxflags", "CXX $in")]
     if tc.backend != "cpu":
-        lines += [
-            f"gpucc = {launcher}{shlex.quote(tc.gpu_compiler)}",
-            f"gpuflags = {_q(flags['gpu'])}",
-            "rule gpu",
-            "  command = $gpucc $gpuflags $extra -MMD -MP -MF $out.d -c $in -o $out",
-            "  depfile = $out.d",
-            "  deps = gcc",
-            f"  description = {tc.backend.upper()} $in",
-        ]
+        gpu = tc.backend.upper()
+        lines += [f"gpucc = {launcher}{shlex.quote(tc.gpu_compiler)}", f"gpuflags = {_q(flags['gpu'])}",
+                  *_compile_rule("gpu", "$gpucc $gpuflags", f"{gpu} $in")]
         for kind in sorted({s.rule for s in steps} & ARCH_KINDS.keys()):
-            lines += [
-                f"gpuflags_{kind} = {_q(arch_kind_flags(flags, tc, kind))}",
-                f"rule {kind}",
-                f"  command = $gpucc $gpuflags_{kind} $extra -MMD -MP -MF $out.d -c $in -o $out",
-                "  depfile = $out.d",
-                "  deps = gcc",
-                f"  description = {tc.backend.upper()} {ARCH_KINDS[kind][1]} $in",
-            ]
+            lines += [f"gpuflags_{kind} = {_q(arch_kind_flags(flags, tc, kind))}",
+                      *_compile_rule(kind, f"$gpucc $gpuflags_{kind}", f"{gpu} {ARCH_KINDS[kind][1]} $in")]
     post = _q(link_args(flags, settings)).replace("$$soname", "$soname")
-    lines += [
-        "rule link",
-        f"  command = {_q(flags['link'])} -o $out.tmp $in {post} && mv -f $out.tmp $out",
-        "  description = LINK $out",
-    ]
-    objs: dict[str, list[str]] = {}
+    lines += ["rule link", f"  command = {_q(flags['link'])} -o $out.tmp $in {post} && mv -f $out.tmp $out",
+              "  description = LINK $out"]
     for step in steps:
-        objs.setdefault(step.module, []).append(step.obj)
-        lines.append(f"build {step.obj}: {step.rule} {step.src}")
-        lines.append(f"  extra = {_q(step.extra)}")
+        lines += [f"build {step.obj}: {step.rule} {step.src}", f"  extra = {_q(step.extra)}"]
     for name, module in modules.items():
-        lines.append(f"build {jit_dir}/{module['library']}: link {' '.join(objs.get(name, []))} | "
-                     f"{umb_dir}/libjax_aiter.so")
-        lines.append(f"  soname = {module['library']}")
-    lines.append("")
-    return "\n".join(lines)
+        objs = " ".join(s.obj for s in steps if s.module == name)
+        lines += [f"build {jit_dir}/{module['library']}: link {objs} | {umb_dir}/libjax_aiter.so",
+                  f"  soname = {module['library']}"]
+    return "\n".join(lines) + "\n"
 
-
-# --- the recipe: what makes the bytes ----------------------------------------------------
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.MULTILINE)
 
 
-def _include_dirs(args) -> list[str]:
+def scan_includes(src: str, args, root: Path, texts: dict[str, str], outputs: str) -> set[str]:
+    """Repository files (relative paths) that compiling `src` with `args` reads, by following #include.
+
+    Conditional blocks are not evaluated, so the set can only be larger than what one compiler reads;
+    headers outside the repository (the compiler's and the CUDA/ROCm SDK's) are left to the toolchain
+    identity. `texts` holds the generated files; nothing under `outputs` (the build folder) is read from disk.
+    """
     dirs, it = [], iter(args)
     for a in it:
         if a in ("-I", "-isystem"):
             dirs.append(next(it, ""))
         elif a.startswith("-I"):
             dirs.append(a[2:])
-    return dirs
-
-
-def scan_includes(src: str, args, root: Path, texts: dict[str, str], outputs: str) -> set[str]:
-    """Repository files (relative paths) that compiling `src` with `args` reads, by following #include.
-
-    Conditional blocks are not evaluated, so the set can only be larger than
-    what one compiler reads; headers outside the repository (the compiler's and
-    the CUDA/ROCm SDK's) are left to the toolchain identity. `texts` holds
-    the generated files; nothing under `outputs` (the build folder) is read from disk.
-    """
-    dirs = _include_dirs(args)
     seen: set[str] = set()
     todo = [src]
     while todo:
@@ -384,14 +316,8 @@ def scan_includes(src: str, args, root: Path, texts: dict[str, str], outputs: st
 
 
 def recipe(settings: config.Settings, tc: toolchain.Toolchain) -> tuple[str, dict[str, str]]:
-    """(recipe hash, {input path: sha256}) of a build of every module with this toolchain.
-
-    The hash covers the command line of every compile and of the link, with
-    the compiler's location and the checkout's root path left out (they differ
-    between machines, not between outputs; the compiler's version is the
-    toolchain part of the identity), the text of every generated source, and
-    the content of every repository file the compilations read.
-    """
+    """(recipe hash, {input path: sha256}) of a build of every module with this toolchain: a hash of every
+    compile and link line, every generated source and every repository file the compilations read."""
     root = settings.root
     modules = module_table(settings)
     flags = toolchain.compile_flags(tc, settings)
@@ -403,15 +329,11 @@ def recipe(settings: config.Settings, tc: toolchain.Toolchain) -> tuple[str, dic
         texts.update({os.path.relpath(p, root): v for p, v in t.items()})
     steps = plan(modules, sources, tc, settings, package_includes(root, modules, kinds_of, resolve=False))
     flags.update({k: arch_kind_flags(flags, tc, k) for k in {s.rule for s in steps} & ARCH_KINDS.keys()})
-    # Where the checkout and its build folders are is not what the bytes are made of: left out.
+    # Left out: where the checkout and its build folders are, and where the link driver is (link[0]):
+    # they differ between machines, not between outputs.
     places = ((str(root), "$ROOT"), (os.path.relpath(settings.jit_dir, root), "$JIT"),
               (os.path.relpath(settings.umbrella_dir, root), "$UMBRELLA"))
-
-    def norm(arg: str) -> str:
-        for place, name in places:
-            arg = arg.replace(place, name)
-        return arg
-
+    norm = lambda arg: functools.reduce(lambda a, place: a.replace(*place), places, arg)
     strip = lambda args: [norm(a) for a in args]
     lines = {"cxx": strip(flags["cxx"]), "gpu": strip(flags["gpu"]),
              **{k: strip(flags[k]) for k in ARCH_KINDS if k in flags},
@@ -420,7 +342,7 @@ def recipe(settings: config.Settings, tc: toolchain.Toolchain) -> tuple[str, dic
              "libraries": {n: m["library"] for n, m in modules.items()}}
     inputs: set[str] = {os.path.relpath(settings.ffi_include_dir / "xla/ffi/api/c_api.h", root)}
     for s in steps:
-        inputs |= scan_includes(s.src, [*flags[s.rule if s.rule in flags else "cxx"], *s.extra], root, texts,
+        inputs |= scan_includes(s.src, [*flags[s.rule], *s.extra], root, texts,
                                 os.path.relpath(settings.build_dir, root) + os.sep)
     digests = {p: hashlib.sha256(texts[p].encode() if p in texts else (root / p).read_bytes()).hexdigest()
                for p in sorted(inputs)}
@@ -429,72 +351,52 @@ def recipe(settings: config.Settings, tc: toolchain.Toolchain) -> tuple[str, dic
     return h.hexdigest(), {p: d for p, d in digests.items() if p not in texts}
 
 
-# --- the identity: what the hard gate for reuse compares ------------------------------------
-
 def kernel_source_revision(root: Path, kernel_dir: Path) -> tuple[str, bool]:
     """(revision, dirty): `git rev-parse HEAD:<dir>` (a tree id or a submodule commit).
 
-    Outside a git checkout with that folder committed (a source tarball, a copied
-    tree) the revision is a content hash, "content-sha256:<hex>", and the build
-    counts as dirty: it builds and runs, but cannot be published.
+    Outside a git checkout with that folder committed (a source tarball, a copied tree) the revision is a
+    content hash, "content-sha256:<hex>", and the build counts as dirty: it builds and runs, but cannot be
+    published.
     """
     rel = kernel_dir.resolve().relative_to(root.resolve()).as_posix()
     git = lambda *args: subprocess.run(["git", "-C", str(root), *args], check=False, capture_output=True, text=True)
     out = git("rev-parse", f"HEAD:{rel}")
-    if out.returncode != 0:
-        print(f"identity: `git rev-parse HEAD:{rel}` failed ({out.stderr.strip() or 'not a git checkout'}); "
-              f"using a content hash of {rel} (such a build cannot be published)", file=sys.stderr)
-        return content_revision(kernel_dir), True
-    return out.stdout.strip(), bool(git("status", "--porcelain", "--", rel).stdout.strip())
-
-
-def content_revision(folder: Path) -> str:
+    if out.returncode == 0:
+        return out.stdout.strip(), bool(git("status", "--porcelain", "--", rel).stdout.strip())
+    print(f"identity: `git rev-parse HEAD:{rel}` failed ({out.stderr.strip() or 'not a git checkout'}); "
+          f"using a content hash of {rel} (such a build cannot be published)", file=sys.stderr)
     h = hashlib.sha256()
-    for p in sorted(q for q in folder.rglob("*") if q.is_file()):
-        h.update(p.relative_to(folder).as_posix().encode() + b"\0" + hashlib.sha256(p.read_bytes()).digest())
-    return "content-sha256:" + h.hexdigest()
+    for p in sorted(q for q in kernel_dir.rglob("*") if q.is_file()):
+        h.update(p.relative_to(kernel_dir).as_posix().encode() + b"\0" + hashlib.sha256(p.read_bytes()).digest())
+    return "content-sha256:" + h.hexdigest(), True
 
 
 def derive_identity(settings: config.Settings, tc: toolchain.Toolchain, recipe_hash: str) -> dict:
-    """The build identity, derived at build time and never typed by hand.
-
-    The hard gate for reuse is (kernel-source revision, GPU arch set, recipe hash, backend, FFI API
-    version: jax_aiter.reuse_gate); the toolchain is recorded as advisory provenance.
-    """
+    """The build identity. The hard gate for reuse is (kernel-source revision, GPU arch set, recipe hash,
+    backend, FFI API version: jax_aiter.reuse_gate); the toolchain is recorded as advisory provenance."""
     rev, dirty = kernel_source_revision(settings.root, settings.kernel_source_dir)
     major, minor = toolchain.ffi_api_version(settings.ffi_include_dir)
-    ident = {
-        "kernel_source_revision": rev,
-        "kernel_source_dirty": dirty,
-        "gpu_archs": sorted(tc.archs),
-        "recipe_hash": recipe_hash,
-        "backend": tc.backend,
-        "ffi_api_version": f"{major}.{minor}",
-        "toolchain": tc.identity(),
-    }
+    ident = {"kernel_source_revision": rev, "kernel_source_dirty": dirty, "gpu_archs": sorted(tc.archs),
+             "recipe_hash": recipe_hash, "backend": tc.backend, "ffi_api_version": f"{major}.{minor}",
+             "toolchain": tc.identity()}
     ident["cache_id"] = cache_id(ident)
     return ident
 
 
 def path_filter(settings: config.Settings) -> list[str]:
-    """The paths whose change can change a cache id: jit-libs.yml's `paths` (a test keeps the two equal).
-
-    The folders of every file a build of any backend reads (two levels deep),
-    the code and settings its command lines come from, and the workflow itself.
-    Not the op table's data: the build takes from it only which modules exist,
-    which the JIT config must repeat (module_table), and their library names,
-    which op_table.py derives from the module names.
-    """
+    """The paths whose change can change a cache id (jit-libs.yml's `paths`; a test keeps the two equal): the
+    folders of every file a build of any backend reads (two levels deep), the code and settings its command
+    lines come from, and the workflow; not the op table's data (docs/jit-libs.md says why)."""
     root = settings.root
     found: set[str] = set()
     for backend in ("cpu", "cuda", "rocm"):
         tc = toolchain.Toolchain(backend, cxx="", cxx_version="", gpu_compiler=None if backend == "cpu" else "",
                                  archs=settings.default_archs(backend))
         found |= {"/".join(Path(p).parts[:2]) + "/**" for p in recipe(settings, tc)[1]}
-    code = [Path(m.__file__).resolve().relative_to(root).as_posix() for m in (config, toolchain, op_table)]
-    code.append(Path(__file__).resolve().relative_to(root).as_posix())
-    return sorted(found | set(code) | {"pyproject.toml", os.path.relpath(settings.jit_config, root),
-                                       ".github/workflows/jit-libs.yml"})
+    code = {Path(m.__file__).resolve().relative_to(root).as_posix() for m in (config, toolchain, op_table)}
+    code.add(Path(__file__).resolve().relative_to(root).as_posix())
+    return sorted(found | code | {"pyproject.toml", os.path.relpath(settings.jit_config, root),
+                                  ".github/workflows/jit-libs.yml"})
 
 
 def check_depfiles(settings: config.Settings, build_file: Path, covered: set[str], packages: tuple[str, ...] = ()
@@ -510,15 +412,10 @@ def check_depfiles(settings: config.Settings, build_file: Path, covered: set[str
     root = str(settings.root)
     jit_dir = os.path.relpath(settings.jit_dir, root)
     missed = set()
-    for line in out.stdout.splitlines():
-        if not line.startswith("    "):
-            continue
-        dep = line.strip()
+    for dep in (line.strip() for line in out.stdout.splitlines() if line.startswith("    ")):
         rel = os.path.normpath(os.path.relpath(dep, root) if os.path.isabs(dep) else dep)
-        if rel.startswith(("..", jit_dir + os.sep)) or any(
-                os.path.abspath(os.path.join(root, dep)).startswith(p + os.sep) for p in packages):
-            continue
-        if rel not in covered:
+        if not (rel in covered or rel.startswith(("..", jit_dir + os.sep)) or any(
+                os.path.abspath(os.path.join(root, dep)).startswith(p + os.sep) for p in packages)):
             missed.add(rel)
     if missed:
         raise BuildError("the compilers read repository files that the recipe hash does not cover: "
@@ -527,15 +424,9 @@ def check_depfiles(settings: config.Settings, build_file: Path, covered: set[str
 
 
 def checkout_identity(settings: config.Settings) -> tuple[dict, list[str]]:
-    """Identity of this checkout for a consumer (decide, fetch), plus notes on how it was found.
-
-    A consumer job may lack the GPU compiler (a test runner has the runtime
-    only). The gated fields do not need it: backend and archs come from
-    JA_BACKEND and GPU_ARCHS (or the defaults), and the recipe from the command
-    lines and the sources, so when the toolchain cannot be detected the
-    identity records no toolchain and says so; the advisory toolchain
-    comparison is then skipped, never guessed.
-    """
+    """Identity of this checkout for a consumer (decide, fetch), plus notes on how it was found. Without a
+    detectable toolchain (a test runner has the runtime only) the gated fields come from JA_BACKEND, GPU_ARCHS
+    and the sources, and the identity records no toolchain: the advisory comparison is skipped, never guessed."""
     try:
         tc = toolchain.detect(settings, check_archs=False)
         return derive_identity(settings, tc, recipe(settings, tc)[0]), list(tc.how)
@@ -547,11 +438,9 @@ def checkout_identity(settings: config.Settings) -> tuple[dict, list[str]]:
             archs = tuple(toolchain.normalise_cuda_arch(a) for a in archs)
         bare = toolchain.Toolchain(settings.backend, cxx="", cxx_version="", archs=tuple(archs),
                                    gpu_compiler="" if settings.backend != "cpu" else None)
-        ident = derive_identity(settings, bare, recipe(settings, bare)[0])
-        ident["toolchain"] = None
-        note = (f"toolchain not detected ({e}); identity from JA_BACKEND={settings.backend} and "
-                f"GPU_ARCHS={';'.join(archs) or '(none)'}, toolchain not compared")
-        return ident, [note]
+        ident = {**derive_identity(settings, bare, recipe(settings, bare)[0]), "toolchain": None}
+        return ident, [(f"toolchain not detected ({e}); identity from JA_BACKEND={settings.backend} and "
+                        f"GPU_ARCHS={';'.join(archs) or '(none)'}, toolchain not compared")]
 
 
 def find_ninja() -> str:
@@ -566,25 +455,24 @@ def find_ninja() -> str:
         raise BuildError("ninja not found; install it with `pip install ninja` (or apt-get install ninja-build)")
 
 
-def run_ninja(build_file: Path, jobs: int | None, verbose: bool, log, cwd: Path) -> tuple[int, int]:
-    """Run ninja; show instances done/total (a live line on a terminal, plain lines in CI)."""
+def run_ninja(build_file: Path, jobs: int | None, verbose: bool, log, cwd: Path) -> int:
+    """Run ninja, showing instances done/total (a live line on a terminal, plain lines in CI); the steps run."""
     cmd = [find_ninja(), "-f", str(build_file)] + (["-j", str(jobs)] if jobs else []) + (["-v"] if verbose else [])
-    env = {**os.environ, "NINJA_STATUS": "[%f/%t] "}
     tty = sys.stdout.isatty() and not os.environ.get("CI")
-    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env)
-    done = total = 0
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "NINJA_STATUS": "[%f/%t] "})
+    done = 0
     failed: list[str] = []
     for line in proc.stdout:  # type: ignore[union-attr]
         log.write(line)
         m = re.match(r"\[(\d+)/(\d+)\] (.*)", line)
-        if m:
-            done, total = int(m.group(1)), int(m.group(2))
-            if tty and not verbose:
-                sys.stdout.write(f"\r  [{done}/{total}] {m.group(3)[:100]:<100}")
-                sys.stdout.flush()
-            else:
-                print(f"  [{done}/{total}] {m.group(3)}", flush=True)
+        if m and tty and not verbose:
+            done = int(m.group(1))
+            sys.stdout.write(f"\r  [{done}/{m.group(2)}] {m.group(3)[:100]:<100}")
+            sys.stdout.flush()
+        elif m:
+            done = int(m.group(1))
+            print(f"  [{done}/{m.group(2)}] {m.group(3)}", flush=True)
         elif line.strip() and not line.startswith("ninja: no work"):
             failed.append(line)
             if verbose or not tty:
@@ -596,10 +484,8 @@ def run_ninja(build_file: Path, jobs: int | None, verbose: bool, log, cwd: Path)
         sys.stderr.write("".join(failed[-60:]))
         raise BuildError(f"compilation failed (ninja exit {rc}); full log above"
                          + (f" and in {log.name}" if getattr(log, "name", "").endswith(".log") else ""))
-    return done, total
+    return done
 
-
-# --- build record -------------------------------------------------------------------
 
 def write_record(settings: config.Settings, tc: toolchain.Toolchain, ident: dict, modules: dict[str, dict],
                  counts: dict[str, int], seconds: float) -> Path:
@@ -607,32 +493,21 @@ def write_record(settings: config.Settings, tc: toolchain.Toolchain, ident: dict
     record = json.loads(path.read_text()) if path.exists() else {}
     if record.get("schema") != RECORD_SCHEMA:
         record = {"schema": RECORD_SCHEMA, "modules": {}}
-    libs = [settings.jit_dir / m["library"] for m in modules.values()]
-    digests = sha256_files(libs)
+    digests = sha256_files([settings.jit_dir / m["library"] for m in modules.values()])
     for name, m in modules.items():
         lib = settings.jit_dir / m["library"]
-        record["modules"][name] = {
-            "identity": ident,
-            "instances": counts[name],
-            "file": file_entry(lib, digests[str(lib)]),
-        }
+        record["modules"][name] = {"identity": ident, "instances": counts[name],
+                                   "file": file_entry(lib, digests[str(lib)])}
     idents = [m["identity"] for m in record["modules"].values()]
     record["identity"] = ident if all(i == ident for i in idents) else None
     record["files"] = sorted((m["file"] for m in record["modules"].values()), key=lambda e: e["name"])
-    record["last_build"] = {"modules": sorted(modules), "seconds": round(seconds, 2),
-                            "toolchain_how": list(tc.how)}
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
-    return path
+    record["last_build"] = {"modules": sorted(modules), "seconds": round(seconds, 2), "toolchain_how": list(tc.how)}
+    return atomic_write.write_text(path, json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 
-# --- main ----------------------------------------------------------------------------
-
-def build(module_names: list[str] | None, jobs: int | None, verbose: bool, log_path: Path | None) -> dict:
+def build(module_names: list[str] | None, jobs: int | None, verbose: bool, log_path: Path | None) -> None:
     settings = config.load()
     tc = toolchain.detect(settings)
-    flags = toolchain.compile_flags(tc, settings)
     all_modules = module_table(settings)
     names = module_names or list(all_modules)
     unknown = [n for n in names if n not in all_modules]
@@ -661,21 +536,18 @@ def build(module_names: list[str] | None, jobs: int | None, verbose: bool, log_p
     if ccache:
         print(f"  compiler cache: {ccache}")
     build_file = settings.jit_dir / "build.ninja"
-    write_if_changed(build_file, ninja_text(modules, plan(modules, sources, tc, settings, packages), tc, flags, settings,
-                                            ccache))
+    write_if_changed(build_file, ninja_text(modules, plan(modules, sources, tc, settings, packages), tc,
+                                            toolchain.compile_flags(tc, settings), settings, ccache))
     with open(log_path or os.devnull, "a") as log:
-        done, _ = run_ninja(build_file, jobs, verbose, log, settings.root)
+        done = run_ninja(build_file, jobs, verbose, log, settings.root)
     check_depfiles(settings, build_file, set(inputs), tuple(packages.values()))
     seconds = time.monotonic() - start
     record = write_record(settings, tc, ident, modules, counts, seconds)
-    summary = {"modules": names, "instances": sum(counts.values()), "steps_run": done, "seconds": round(seconds, 2),
-               "record": str(record.relative_to(settings.root)), "cache_id": ident["cache_id"]}
-    print(f"build_jit: {summary['instances']} instances, {done} build steps run, {seconds:.1f} s; "
-          f"record {summary['record']}", flush=True)
+    print(f"build_jit: {sum(counts.values())} instances, {done} build steps run, {seconds:.1f} s; "
+          f"record {record.relative_to(settings.root)}", flush=True)
     for n, m in modules.items():
-        lib = settings.jit_dir / m["library"]
-        print(f"  {m['library']:<20} {lib.stat().st_size / 1e6:8.2f} MB  {counts[n]} instances")
-    return summary
+        size = (settings.jit_dir / m["library"]).stat().st_size
+        print(f"  {m['library']:<20} {size / 1e6:8.2f} MB  {counts[n]} instances")
 
 
 def main(argv: list[str] | None = None) -> int:

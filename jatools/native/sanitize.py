@@ -1,30 +1,14 @@
 """The CPU libraries built with a sanitizer, and checked under it: ASan + UBSan (`nox -s sanitize`) or
-ThreadSanitizer (`nox -s tsan`).
+ThreadSanitizer (`nox -s tsan`); docs/ci.md ("Sanitizers") says why each choice below is made.
 
-Build: the ordinary targets (umbrella, JIT libraries, FFI shims) through the one native build
-(jatools.native.build) into the sanitizer's own folder (``build/sanitize``, ``build/sanitize-thread``)
-with ``JA_BACKEND=cpu JA_SANITIZE=...``; jatools.native.toolchain adds ``-fsanitize=...`` to the
-compile and link flags, so the Makefile and the JIT build build exactly what they always build.
-
-ASan + UBSan run the CPU op tests in Python. Python itself is not instrumented, so the ASan
-runtime must be the first library in the process: ``LD_PRELOAD`` names the compiler's
-``libasan.so`` (and libstdc++, see :func:`preload`). pytest captures at the Python level only
-(``--capture=sys``): a sanitizer report is written to file descriptor 2 by C code just before
-the process aborts, and fd-level capture would swallow it. The loader finds the sanitized
-libraries through ``JA_BUILD_DIR``. Leak checking is off in-process: CPython and jaxlib keep
-allocations alive until exit by design, and LSan suppressions match any frame of a stack, so
-every leak report passes through Python frames and cannot be told apart from ours.
-
-ThreadSanitizer runs ci/sanitizers/tsan_driver.cpp instead, a program built with the same flags
-against the sanitized libraries: every threaded CPU kernel (ja::parallel_for in
-csrc/common/parallel.cpp and its users) called from four threads at once with four inner threads
-each, checked against the one-thread result. Not Python: jaxlib is not instrumented and its own
-synchronisation is invisible to TSan, which then reports races inside jaxlib (17 on a bare
-``jnp.ones(3).sum()``) whose stacks hold our frames too, so no suppression could keep ours.
-
-Every sanitizer report aborts (``halt_on_error``, ``-fno-sanitize-recover=all``), so a report
-can never pass unnoticed. Suppressions are inputs kept in the repository
-(``ci/sanitizers/*.supp``), as XLA keeps its ignore lists beside its sanitizer wrapper.
+The ordinary targets are built through the one native build (jatools.native.build) into the sanitizer's own
+folder with ``JA_BACKEND=cpu JA_SANITIZE=...``; jatools.native.toolchain adds ``-fsanitize=...`` to the
+compile and link flags. ASan + UBSan then run the CPU op tests in an uninstrumented Python: the runtime is
+preloaded (:func:`preload`), pytest captures at the Python level only (``--capture=sys``, so a report on
+fd 2 just before the abort is not swallowed), leak checking is off in-process. ThreadSanitizer runs
+ci/sanitizers/tsan_driver.cpp instead (jaxlib is not instrumented, so TSan inside Python reports jaxlib's
+races): every threaded CPU kernel from four threads at once with four inner threads each. Every report
+aborts; suppressions are kept in ci/sanitizers/*.supp.
 
     python3 -m jatools.native.sanitize [--sanitizer address|thread] [-j N] [-- PYTEST_ARGS...]
 """
@@ -49,21 +33,21 @@ TSAN_THREADS = "4"  # the driver's inner threads (JA_NUM_THREADS); it sets them 
 
 @dataclass(frozen=True)
 class Sanitizer:
-    """One sanitizer build: its JA_SANITIZE value, its build folder, its runtime library."""
+    """One sanitizer build: its JA_SANITIZE value and its build folder."""
 
     name: str
     flags: str
     build_dir: str
-    runtime: str
 
 
-SANITIZER_KINDS = {s.name: s for s in (Sanitizer("address", "address,undefined", "build/sanitize", "libasan.so"),
-                                       Sanitizer("thread", "thread", "build/sanitize-thread", "libtsan.so"))}
+SANITIZER_KINDS = {s.name: s for s in (Sanitizer("address", "address,undefined", "build/sanitize"),
+                                       Sanitizer("thread", "thread", "build/sanitize-thread"))}
 ASAN = SANITIZER_KINDS["address"]
-BUILD_DIR = ASAN.build_dir
 SANITIZERS = ASAN.flags
 TEST_PATHS = ("tests/ops",)
 MARKERS = "not gpu and not multigpu and not slow"
+
+
 class SanitizeError(RuntimeError):
     """The sanitizer run cannot go on; the message names the step or the missing piece and the fix."""
 
@@ -76,67 +60,59 @@ def build_env(base: dict[str, str] | None = None, kind: Sanitizer = ASAN) -> dic
     return env
 
 
-def _runtime_library(cxx: str, name: str) -> Path:
-    out = subprocess.run([cxx, f"-print-file-name={name}"], check=False, capture_output=True, text=True)
-    path = Path(out.stdout.strip())
-    if out.returncode != 0 or not path.is_absolute() or not path.exists():
-        raise SanitizeError(f"{cxx} does not know its {name} ({out.stdout.strip() or out.stderr.strip()}); "
-                            "install the sanitizer runtimes (apt-get install libasan8 libubsan1)")
-    return path.resolve()
-
-
 def preload(cxx: str = "g++") -> list[Path]:
     """Libraries an uninstrumented Python must preload: the ASan runtime first, then libstdc++.
 
-    ASan intercepts ``__cxa_throw`` and resolves the real one when it starts;
-    Python does not link libstdc++, so without it preloaded the first C++
-    exception (jaxlib throws some while importing) aborts in the interceptor.
+    ASan intercepts ``__cxa_throw`` and resolves the real one when it starts; Python does not link
+    libstdc++, so without it preloaded the first C++ exception (jaxlib throws some while importing)
+    aborts in the interceptor.
     """
-    return [_runtime_library(cxx, "libasan.so"), _runtime_library(cxx, "libstdc++.so")]
+    found = []
+    for name in ("libasan.so", "libstdc++.so"):
+        out = subprocess.run([cxx, f"-print-file-name={name}"], check=False, capture_output=True, text=True)
+        path = Path(out.stdout.strip())
+        if out.returncode != 0 or not path.is_absolute() or not path.exists():
+            raise SanitizeError(f"{cxx} does not know its {name} ({out.stdout.strip() or out.stderr.strip()}); "
+                                "install the sanitizer runtimes (apt-get install libasan8 libubsan1)")
+        found.append(path.resolve())
+    return found
 
 
 def runtime_env(root: Path, base: dict[str, str], cxx: str = "g++") -> dict[str, str]:
     """Environment for a Python process that loads sanitized libraries."""
     supp = (root / SUPPRESSION_DIR).resolve()
     common = "halt_on_error=1:print_stacktrace=1"
-    env = dict(base)
-    env.update({
-        "LD_PRELOAD": " ".join([*map(str, preload(cxx)), *filter(None, [base.get("LD_PRELOAD")])]),
-        "ASAN_OPTIONS": f"suppressions={supp / 'asan.supp'}:{common}:detect_leaks=0:use_sigaltstack=0:"
-                        "detect_stack_use_after_return=1:strict_init_order=1:check_initialization_order=1",
-        "UBSAN_OPTIONS": f"suppressions={supp / 'ubsan.supp'}:{common}",
-        "LSAN_OPTIONS": f"suppressions={supp / 'lsan.supp'}",
-        "JAX_PLATFORMS": "cpu",
-    })
-    return env
+    return {**base, "LD_PRELOAD": " ".join([*map(str, preload(cxx)), *filter(None, [base.get("LD_PRELOAD")])]),
+            "ASAN_OPTIONS": f"suppressions={supp / 'asan.supp'}:{common}:detect_leaks=0:use_sigaltstack=0:"
+                            "detect_stack_use_after_return=1:strict_init_order=1:check_initialization_order=1",
+            "UBSAN_OPTIONS": f"suppressions={supp / 'ubsan.supp'}:{common}",
+            "LSAN_OPTIONS": f"suppressions={supp / 'lsan.supp'}", "JAX_PLATFORMS": "cpu"}
 
 
 def tsan_env(root: Path, base: dict[str, str]) -> dict[str, str]:
     """Environment for the ThreadSanitizer driver: every report aborts, suppressions from the repository."""
-    env = dict(base)
-    env["TSAN_OPTIONS"] = (f"suppressions={(root / SUPPRESSION_DIR / 'tsan.supp').resolve()}:halt_on_error=1:"
-                           "abort_on_error=0:exitcode=66:second_deadlock_stack=1:history_size=4")
-    return env
+    supp = (root / SUPPRESSION_DIR / "tsan.supp").resolve()
+    return {**base, "TSAN_OPTIONS": f"suppressions={supp}:halt_on_error=1:abort_on_error=0:exitcode=66:"
+                                    "second_deadlock_stack=1:history_size=4"}
 
 
 def tsan_driver_command(settings: config.Settings, out: Path) -> list[str]:
     """Compile and link ci/sanitizers/tsan_driver.cpp with the build's own flags against its libraries."""
     tc = toolchain.detect(settings)
-    flags = toolchain.compile_flags(tc, settings)
     libs = [settings.jit_dir, settings.umbrella_dir]
-    return [tc.cxx, *flags["cxx"], str(TSAN_DRIVER), "-o", str(out), *(f"-L{d}" for d in libs),
-            *(f"-l{module}" for module in jit_build.libraries(settings)), "-ljax_aiter", "-fsanitize=thread", "-lpthread",
-            *(f"-Wl,-rpath,{d.resolve()}" for d in libs)]
+    return [tc.cxx, *toolchain.compile_flags(tc, settings)["cxx"], str(TSAN_DRIVER), "-o", str(out),
+            *(f"-L{d}" for d in libs), *(f"-l{module}" for module in jit_build.libraries(settings)), "-ljax_aiter",
+            "-fsanitize=thread", "-lpthread", *(f"-Wl,-rpath,{d.resolve()}" for d in libs)]
 
 
-def run(pytest_args: list[str], jobs: int, python: str = sys.executable, kind: Sanitizer = ASAN) -> dict:
+def run(pytest_args: list[str], jobs: int, kind: Sanitizer = ASAN) -> dict:
     root = config.repo_root()
     env = build_env(kind=kind)
     settings = config.load(env=env)
     # Its own build folder: the sanitizer build is always a producer (of every op: the JIT build refuses a
     # JIT config that leaves out a module the op table names).
     shims = "ja_mods"
-    todo = native_steps(jit="build", shims=shims, jobs=jobs, env=env, python=python)
+    todo = native_steps(jit="build", shims=shims, jobs=jobs, env=env)
     if kind.name == "thread":
         driver = root / kind.build_dir / "tsan_driver"
         todo += [steps.Step("driver build", lambda: tsan_driver_command(settings, driver), env, root),
@@ -144,8 +120,8 @@ def run(pytest_args: list[str], jobs: int, python: str = sys.executable, kind: S
         checked = {"driver": str(TSAN_DRIVER), "inner_threads": TSAN_THREADS}
     else:
         args = ["--capture=sys", *(pytest_args or [*TEST_PATHS, "-m", MARKERS, "-q"])]
-        todo.append(steps.Step("tests", [python, "-m", "pytest", *args], runtime_env(root, env, env.get("CXX", "g++")),
-                               root))
+        todo.append(steps.Step("tests", [sys.executable, "-m", "pytest", *args],
+                               runtime_env(root, env, env.get("CXX", "g++")), root))
         checked = {"pytest_args": args}
     try:
         records = steps.run(todo, "sanitize")

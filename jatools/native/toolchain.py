@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from jatools import atomic_write, config
@@ -37,21 +37,17 @@ class Toolchain:
     rocm_root: str | None = None
     cuda_home: str | None = None
     archs: tuple[str, ...] = ()
-    how: tuple[str, ...] = field(default_factory=tuple)
+    how: tuple[str, ...] = ()
 
     def identity(self) -> dict:
         """The toolchain part of a build identity (paths left out: they are machine-specific)."""
-        return {
-            "backend": self.backend,
-            "cxx_version": self.cxx_version,
-            "gpu_compiler": Path(self.gpu_compiler).name if self.gpu_compiler else None,
-            "gpu_compiler_version": self.gpu_compiler_version,
-            "platform_version": self.platform_version,
-        }
+        return {"backend": self.backend, "cxx_version": self.cxx_version,
+                "gpu_compiler": Path(self.gpu_compiler).name if self.gpu_compiler else None,
+                "gpu_compiler_version": self.gpu_compiler_version, "platform_version": self.platform_version}
 
 
-def _run(cmd: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout)
+def _run(cmd: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=60)
 
 
 def _first_line(text: str) -> str:
@@ -66,16 +62,19 @@ def cxx_version(cxx: str) -> str:
     return f"{Path(cxx).name} {out.stdout.strip()}"
 
 
-def nvcc_version(nvcc: str) -> str:
-    text = _run([nvcc, "--version"]).stdout
-    m = re.search(r"release (\d+\.\d+)", text)
+def _version(tool: str, pattern: str) -> str:
+    """What `tool --version` prints that `pattern` captures, else its first line."""
+    text = _run([tool, "--version"]).stdout
+    m = re.search(pattern, text)
     return m.group(1) if m else _first_line(text)
+
+
+def nvcc_version(nvcc: str) -> str:
+    return _version(nvcc, r"release (\d+\.\d+)")
 
 
 def hipcc_version(hipcc: str) -> str:
-    text = _run([hipcc, "--version"]).stdout
-    m = re.search(r"HIP version:\s*([\w.\-]+)", text)
-    return m.group(1) if m else _first_line(text)
+    return _version(hipcc, r"HIP version:\s*([\w.\-]+)")
 
 
 def rocm_sdk_version(env: dict[str, str], which=shutil.which) -> str | None:
@@ -89,38 +88,25 @@ def rocm_sdk_version(env: dict[str, str], which=shutil.which) -> str | None:
 
 def find_rocm(env: dict[str, str], legacy_root: str, which=shutil.which) -> tuple[str | None, str | None, list[str]]:
     """Return (rocm_root, hipcc, notes). rocm_root may be None for a bare hipcc on PATH."""
-    notes: list[str] = []
     rocm_path = env.get("ROCM_PATH")
-    if rocm_path:
-        hipcc = Path(rocm_path) / "bin" / "hipcc"
-        if hipcc.exists():
-            notes.append(f"ROCm from ROCM_PATH={rocm_path}")
-            return rocm_path, str(hipcc), notes
-        notes.append(f"ROCM_PATH={rocm_path} has no bin/hipcc; looking further")
-    if Path(legacy_root, "bin", "hipcc").exists():
-        notes.append(f"ROCm from legacy image root {legacy_root}")
-        return legacy_root, str(Path(legacy_root, "bin", "hipcc")), notes
-    rocm_sdk = which("rocm-sdk", path=env.get("PATH"))
-    hipcc = which("hipcc", path=env.get("PATH"))
+    if rocm_path and Path(rocm_path, "bin", "hipcc").exists():
+        return rocm_path, str(Path(rocm_path, "bin", "hipcc")), [f"ROCm from ROCM_PATH={rocm_path}"]
+    notes = [f"ROCM_PATH={rocm_path} has no bin/hipcc; looking further"] if rocm_path else []
+    legacy_hipcc = Path(legacy_root, "bin", "hipcc")
+    if legacy_hipcc.exists():
+        return legacy_root, str(legacy_hipcc), [*notes, f"ROCm from legacy image root {legacy_root}"]
+    rocm_sdk, hipcc = (which(tool, path=env.get("PATH")) for tool in ("rocm-sdk", "hipcc"))
     if rocm_sdk:
         out = _run([rocm_sdk, "path", "--root"])
         root = out.stdout.strip()
         if out.returncode != 0 or not root:
-            raise ToolchainError(
-                f"`rocm-sdk path --root` failed (exit {out.returncode}): {out.stderr.strip()}; "
-                "repair the TheRock install (pip install rocm[devel]) or set ROCM_PATH"
-            )
+            raise ToolchainError(f"`rocm-sdk path --root` failed (exit {out.returncode}): {out.stderr.strip()}; "
+                                 "repair the TheRock install (pip install rocm[devel]) or set ROCM_PATH")
         if not hipcc:
-            raise ToolchainError(
-                f"TheRock root {root} found by rocm-sdk, but hipcc is not on PATH; "
-                "activate the TheRock environment or add its bin folder to PATH"
-            )
-        notes.append(f"ROCm from TheRock: `rocm-sdk path --root` = {root}, hipcc from PATH ({hipcc})")
-        return root, hipcc, notes
-    if hipcc:
-        notes.append(f"ROCm from hipcc on PATH ({hipcc}), no ROCm root")
-        return None, hipcc, notes
-    return None, None, notes
+            raise ToolchainError(f"TheRock root {root} found by rocm-sdk, but hipcc is not on PATH; "
+                                 "activate the TheRock environment or add its bin folder to PATH")
+        return root, hipcc, [*notes, f"ROCm from TheRock: `rocm-sdk path --root` = {root}, hipcc from PATH ({hipcc})"]
+    return None, hipcc, [*notes, f"ROCm from hipcc on PATH ({hipcc}), no ROCm root"] if hipcc else notes
 
 
 def find_nvcc(env: dict[str, str], which=shutil.which) -> tuple[str | None, list[str]]:
@@ -144,10 +130,8 @@ def check_cuda_archs(nvcc: str, archs: list[str]) -> None:
     listed = set(_run([nvcc, "--list-gpu-code"]).stdout.split())
     for a in archs:
         if listed and a not in listed:
-            raise ToolchainError(
-                f"GPU arch {a} is not supported by {nvcc} (it supports {', '.join(sorted(listed))}); "
-                "set GPU_ARCHS to one of those"
-            )
+            raise ToolchainError(f"GPU arch {a} is not supported by {nvcc} (it supports {', '.join(sorted(listed))}); "
+                                 "set GPU_ARCHS to one of those")
 
 
 def check_rocm_archs(hipcc: str, archs: list[str], env: dict[str, str]) -> None:
@@ -158,16 +142,13 @@ def check_rocm_archs(hipcc: str, archs: list[str], env: dict[str, str]) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             src = Path(tmp, "probe.hip")
             src.write_text("__global__ void ja_probe() {}\n")
-            out = subprocess.run(
-                [hipcc, "-x", "hip", f"--offload-arch={a}", "--cuda-device-only", "-c", str(src), "-o", str(Path(tmp, "p.o"))],
-                check=False, capture_output=True, text=True, timeout=300, env={**os.environ, **env, "HIP_PLATFORM": "amd"},
-            )
-            if out.returncode != 0:
-                reason = _first_line(out.stderr) or f"exit {out.returncode}"
-                raise ToolchainError(
-                    f"GPU arch {a} is rejected by {hipcc}: {reason}; "
-                    "use an arch this ROCm release supports (e.g. gfx90a, gfx942) or a newer ROCm"
-                )
+            out = subprocess.run([hipcc, "-x", "hip", f"--offload-arch={a}", "--cuda-device-only", "-c", str(src),
+                                  "-o", str(Path(tmp, "p.o"))], check=False, capture_output=True, text=True,
+                                 timeout=300, env={**os.environ, **env, "HIP_PLATFORM": "amd"})
+        if out.returncode != 0:
+            reason = _first_line(out.stderr) or f"exit {out.returncode}"
+            raise ToolchainError(f"GPU arch {a} is rejected by {hipcc}: {reason}; "
+                                 "use an arch this ROCm release supports (e.g. gfx90a, gfx942) or a newer ROCm")
 
 
 def detect(settings: config.Settings, env: dict[str, str] | None = None, which=shutil.which,
@@ -181,18 +162,15 @@ def detect(settings: config.Settings, env: dict[str, str] | None = None, which=s
         rocm_root, hipcc, notes = find_rocm(env, settings.raw.get("rocm_legacy_root", "/opt/rocm"), which)
         how += notes
         if want == "rocm" and not hipcc:
-            raise ToolchainError(
-                "JA_BACKEND=rocm but no ROCm toolchain was found (no ROCM_PATH, no /opt/rocm, no rocm-sdk, "
-                "no hipcc on PATH); install ROCm or TheRock (pip install rocm[devel]), or use JA_BACKEND=cpu"
-            )
+            raise ToolchainError("JA_BACKEND=rocm but no ROCm toolchain was found (no ROCM_PATH, no /opt/rocm, no "
+                                 "rocm-sdk, no hipcc on PATH); install ROCm or TheRock (pip install rocm[devel]), or "
+                                 "use JA_BACKEND=cpu")
     if want == "cuda" or (want == "auto" and not hipcc):
         nvcc, notes = find_nvcc(env, which)
         how += notes
         if want == "cuda" and not nvcc:
-            raise ToolchainError(
-                "JA_BACKEND=cuda but nvcc was not found on PATH or in CUDA_HOME; "
-                "install the CUDA toolkit or set CUDA_HOME, or use JA_BACKEND=cpu"
-            )
+            raise ToolchainError("JA_BACKEND=cuda but nvcc was not found on PATH or in CUDA_HOME; "
+                                 "install the CUDA toolkit or set CUDA_HOME, or use JA_BACKEND=cpu")
     backend = "rocm" if hipcc and want in ("auto", "rocm") else "cuda" if nvcc else "cpu"
     if want == "auto":
         how.append(f"JA_BACKEND=auto resolved to {backend}")
@@ -217,20 +195,16 @@ def detect(settings: config.Settings, env: dict[str, str] | None = None, which=s
 
 def arch_flags(tc: Toolchain) -> list[str]:
     """One code-generation flag per arch, as the reference recipe does."""
-    if tc.backend == "cuda":
-        return [f"--generate-code=arch=compute_{a[3:].rstrip('a')}{'a' if a.endswith('a') else ''},code={a}" for a in tc.archs]
+    if tc.backend == "cuda":  # sm_90a -> arch=compute_90a,code=sm_90a
+        return [f"--generate-code=arch=compute_{a[3:]},code={a}" for a in tc.archs]
     if tc.backend == "rocm":
         return [f"--offload-arch={a}" for a in tc.archs]
     return []
 
 
 def compile_flags(tc: Toolchain, settings: config.Settings) -> dict[str, list[str]]:
-    """Compiler and linker flags for every native target (umbrella, shims, JIT libraries).
-
-    One definition serves the Makefile (through build/config.mk) and
-    build_jit.py, so the two can never drift. Paths are relative to the
-    repository root, where both run their compilers.
-    """
+    """Compiler and linker flags for every native target (umbrella, shims, JIT libraries): one definition for the
+    Makefile (through build/config.mk) and build_jit.py, relative to the repository root where both compile."""
     vis = [] if settings.symbol_visible else ["-fvisibility=hidden"]
     ffi_inc = os.path.relpath(settings.ffi_include_dir, settings.root)
     inc = ["-Icsrc/include", "-Icsrc/kernels", "-isystem", ffi_inc]
@@ -241,20 +215,17 @@ def compile_flags(tc: Toolchain, settings: config.Settings) -> dict[str, list[st
     if tc.backend == "cuda":
         host = ",".join(["-fPIC", *vis, *prefix_map])
         gpu = ["-std=c++17", "-O3", f"-Xcompiler={host}", "--expt-relaxed-constexpr", *arch_flags(tc), *inc, *gpu_defs]
-        link = [tc.gpu_compiler, "-shared", "-cudart=static"]
-        link_pass = "-Xlinker="
+        link, link_pass = [tc.gpu_compiler, "-shared", "-cudart=static"], "-Xlinker="
     elif tc.backend == "rocm":
         gpu = ["-x", "hip", "-std=c++17", "-O3", "-fPIC", *vis, *prefix_map, *arch_flags(tc), *inc, *gpu_defs]
-        link = [tc.gpu_compiler, "-shared"]
-        link_pass = "-Wl,"
+        link, link_pass = [tc.gpu_compiler, "-shared"], "-Wl,"
     else:
         gpu, link, link_pass = [], [tc.cxx, "-shared"], "-Wl,"
     if settings.sanitize:
         if tc.backend != "cpu":
-            raise ToolchainError(
-                f"JA_SANITIZE={','.join(settings.sanitize)} instruments host code built by {tc.cxx} and needs "
-                f"JA_BACKEND=cpu (resolved: {tc.backend}); for GPU code use compute-sanitizer or ROCm's ASan build"
-            )
+            raise ToolchainError(f"JA_SANITIZE={','.join(settings.sanitize)} instruments host code built by {tc.cxx} "
+                                 f"and needs JA_BACKEND=cpu (resolved: {tc.backend}); for GPU code use "
+                                 "compute-sanitizer or ROCm's ASan build")
         san = "-fsanitize=" + ",".join(settings.sanitize)
         cxx += [san, "-fno-omit-frame-pointer", "-fno-sanitize-recover=all", "-g"]
         link += [san]
@@ -264,45 +235,32 @@ def compile_flags(tc: Toolchain, settings: config.Settings) -> dict[str, list[st
 def make_config(tc: Toolchain, settings: config.Settings, key: str) -> str:
     """The build/config.mk text the Makefile includes (regenerated only when `key` changes)."""
     ffi_major, ffi_minor = ffi_api_version(settings.ffi_include_dir)
-    lines = [
-        "# Generated by `python3 -m jatools.native.toolchain --emit-make`; do not edit.",
-        f"CFG_KEY := {key}",
-        f"JA_BACKEND_RESOLVED := {tc.backend}",
-        f"CXX := {tc.cxx}",
-        f"GPUCC := {tc.gpu_compiler or ''}",
-        f"GPU_ARCH_FLAGS := {' '.join(arch_flags(tc))}",
-        f"GPU_ARCHS_RESOLVED := {';'.join(tc.archs)}",
-        f"ROCM_ROOT := {tc.rocm_root or ''}",
-        f"FFI_INCLUDE := {settings.ffi_include_dir}",
-        f"FFI_API_VERSION := {ffi_major}.{ffi_minor}",
-        f"SYMBOL_VISIBLE := {1 if settings.symbol_visible else 0}",
-        f"TOOLCHAIN_CXX_VERSION := {tc.cxx_version}",
-        f"TOOLCHAIN_GPU_VERSION := {tc.gpu_compiler_version or ''}",
-    ]
     flags = compile_flags(tc, settings)
-    lines += [
-        f"CXXFLAGS_BASE := {' '.join(flags['cxx'])}",
-        f"GPUFLAGS_BASE := {' '.join(flags['gpu'])}",
-        f"LINK_DRIVER := {' '.join(flags['link'])}",
-        f"LINK_PASS := {flags['link_pass'][0]}",
-        f"LINK_LIBS := {' '.join(flags['libs'])}",
-    ]
     ops = op_table.load(settings.root)
-    lines += [f"# The op table ({op_table.path(settings.root).relative_to(settings.root)}): the shims make builds.",
-              f"SHIMS_CORE := {' '.join(name for name, op in ops.items() if not op.mha)}",
-              f"SHIMS_MHA := {' '.join(name for name, op in ops.items() if op.mha)}"]
+    values = {
+        "CFG_KEY": key, "JA_BACKEND_RESOLVED": tc.backend, "CXX": tc.cxx, "GPUCC": tc.gpu_compiler or "",
+        "GPU_ARCH_FLAGS": " ".join(arch_flags(tc)), "GPU_ARCHS_RESOLVED": ";".join(tc.archs),
+        "ROCM_ROOT": tc.rocm_root or "", "FFI_INCLUDE": settings.ffi_include_dir,
+        "FFI_API_VERSION": f"{ffi_major}.{ffi_minor}", "SYMBOL_VISIBLE": 1 if settings.symbol_visible else 0,
+        "TOOLCHAIN_CXX_VERSION": tc.cxx_version, "TOOLCHAIN_GPU_VERSION": tc.gpu_compiler_version or "",
+        "CXXFLAGS_BASE": " ".join(flags["cxx"]), "GPUFLAGS_BASE": " ".join(flags["gpu"]),
+        "LINK_DRIVER": " ".join(flags["link"]), "LINK_PASS": flags["link_pass"][0],
+        "LINK_LIBS": " ".join(flags["libs"]),
+    }
+    lines = ["# Generated by `python3 -m jatools.native.toolchain --emit-make`; do not edit.",
+             *(f"{k} := {v}" for k, v in values.items()),
+             f"# The op table ({op_table.path(settings.root).relative_to(settings.root)}): the shims make builds.",
+             f"SHIMS_CORE := {' '.join(name for name, op in ops.items() if not op.mha)}",
+             f"SHIMS_MHA := {' '.join(name for name, op in ops.items() if op.mha)}"]
     for name, op in ops.items():
         lines += [f"SHIM_{name} := {op.shim}", f"JIT_{name} := {' '.join(op.modules)}"]
-    for note in tc.how:
-        lines.append(f"# {note}")
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, *(f"# {note}" for note in tc.how)]) + "\n"
 
 
 def ffi_api_version(include_dir: Path) -> tuple[int, int]:
     """XLA_FFI_API_MAJOR/MINOR from an XLA FFI c_api.h (ours or the installed jaxlib's)."""
     text = (Path(include_dir) / "xla/ffi/api/c_api.h").read_text()
-    major = re.search(r"#define XLA_FFI_API_MAJOR (\d+)", text)
-    minor = re.search(r"#define XLA_FFI_API_MINOR (\d+)", text)
+    major, minor = (re.search(rf"#define XLA_FFI_API_{part} (\d+)", text) for part in ("MAJOR", "MINOR"))
     if not (major and minor):
         raise ToolchainError(f"{include_dir}/xla/ffi/api/c_api.h has no XLA_FFI_API_MAJOR/MINOR")
     return int(major.group(1)), int(minor.group(1))
