@@ -7,16 +7,13 @@ they share one. The pinned environment follows XLA's rules: CUDA gets
 CUDA_VISIBLE_DEVICES=<id>; ROCm gets ROCR_VISIBLE_DEVICES=<physical id>,
 HIP_VISIBLE_DEVICES=<index inside it> (0) and no CUDA_VISIBLE_DEVICES.
 
-Why fcntl.flock and not the filelock package: the lock must be a plain file
-descriptor that the pinned command inherits (ci/parallel_gpu_execute.py execs
-the command with the descriptor open), so the slot is held exactly as long as
-the test process lives and a killed holder frees it; the kernel drops a flock
-when its last descriptor closes. The runner must also work with the bare
-Python of a GPU host. filelock wraps the same flock but keeps its descriptor
-private.
+fcntl.flock, not filelock (which keeps its descriptor private): the pinned command inherits the
+lock's descriptor, so the slot lives exactly as long as the command (docs/testing.md). Stdlib and
+jax_aiter.settings only: it runs under a GPU host's bare Python.
 """
 from __future__ import annotations
 
+import collections
 import errno
 import fcntl
 import os
@@ -26,6 +23,7 @@ import stat
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +45,7 @@ POOL_ENV = {"cuda": "CUDA_VISIBLE_DEVICES", "rocm": "ROCR_VISIBLE_DEVICES"}
 DEFAULT_TIMEOUT_S = settings.NUMERIC[TIMEOUT_ENV].default
 EXIT_NO_SLOT = 75  # EX_TEMPFAIL: the exit code of a command that found no free slot in time
 TOOL_TIMEOUT_S = 10.0  # a GPU probe that takes longer is broken, not slow
+POLL_S = 0.2  # between rounds of tries while waiting for a slot
 NO_GPU_FIX = f"set {GPU_COUNT_ENV}=0 to run without GPUs, or {GPU_COUNT_ENV}=<n> to skip the probe"
 
 
@@ -111,18 +110,6 @@ def _tool_lines(cmd: list[str], env: dict[str, str]) -> list[str] | str | None:
     return stdout.splitlines()
 
 
-def _no_repeats(lines: list[str], what: str) -> None:
-    seen = [ln.strip() for ln in lines]
-    dup = sorted({ln for ln in seen if seen.count(ln) > 1})
-    if dup:
-        raise GpuSlotError(f"{what} lists the same GPU more than once ({dup[0]!r}); the GPU count cannot be "
-                           f"trusted; fix the driver or tool, or {NO_GPU_FIX}")
-
-
-def _parse_pool(value: str) -> tuple[str, ...]:
-    return tuple(v.strip() for v in value.split(",") if v.strip())
-
-
 def _check_pool(var: str, value: str, found: tuple[str, ...], uuids: tuple[str, ...], how: str) -> tuple[str, ...]:
     """An orchestrator's pool: every entry a detected GPU (index or UUID), none twice."""
     pool = tuple(v.strip() for v in value.split(",")) if value.strip() else ()
@@ -136,39 +123,36 @@ def _check_pool(var: str, value: str, found: tuple[str, ...], uuids: tuple[str, 
     return pool
 
 
+# (platform, probe, a GPU's line, how) in the order asked; a later probe runs only when the earlier found none.
+PROBES = (("rocm", ["rocminfo"], r"\s*Name:\s+gfx", "rocminfo: {} gfx agents"),
+          ("cuda", ["nvidia-smi", "-L"], r"GPU ", "nvidia-smi -L: {} GPUs"))
+
+
 def detect(env: dict[str, str] | None = None) -> Gpus:
     """Count GPUs: JA_GPU_COUNT override (ROCm GPUs when JA_BACKEND=rocm, else CUDA), else `rocminfo` gfx
-    agents, else `nvidia-smi -L`.
-
-    A pool already assigned by an orchestrator (ROCR_VISIBLE_DEVICES on ROCm,
-    CUDA_VISIBLE_DEVICES on CUDA) is honoured: its ids are the GPUs we may use.
-    """
+    agents, else `nvidia-smi -L`; an orchestrator's pool (ROCR_/CUDA_VISIBLE_DEVICES) gives the ids we may use."""
     env = dict(os.environ if env is None else env)
     uuids: tuple[str, ...] = ()
     if env.get(GPU_COUNT_ENV, "").strip():
-        platform = "rocm" if env.get(BACKEND_ENV, "").strip().lower() == "rocm" else "cuda"
         n = settings.from_env(GPU_COUNT_ENV, env)
+        platform = "cpu" if n == 0 else "rocm" if env.get(BACKEND_ENV, "").strip().lower() == "rocm" else "cuda"
         found, how = tuple(str(i) for i in range(n)), f"{GPU_COUNT_ENV}={n}"
-        if n == 0:
-            platform = "cpu"
     else:
-        platform, found, how = "cpu", (), "no GPU: rocminfo and nvidia-smi found none"
-        failed = []
-        rocm = _tool_lines(["rocminfo"], env)
-        if isinstance(rocm, str):
-            failed.append(rocm)
-        gfx = [ln for ln in rocm if re.match(r"\s*Name:\s+gfx", ln)] if isinstance(rocm, list) else []
-        if gfx:
-            platform, found, how = "rocm", tuple(str(i) for i in range(len(gfx))), f"rocminfo: {len(gfx)} gfx agents"
-        else:
-            smi = _tool_lines(["nvidia-smi", "-L"], env)
-            if isinstance(smi, str):
-                failed.append(smi)
-            gpus = [ln for ln in smi if ln.startswith("GPU ")] if isinstance(smi, list) else []
-            _no_repeats(gpus, "`nvidia-smi -L`")
-            if gpus:
-                platform, found, how = "cuda", tuple(str(i) for i in range(len(gpus))), f"nvidia-smi -L: {len(gpus)} GPUs"
-                uuids = tuple(m.group(1) for ln in gpus if (m := re.search(r"UUID:\s*([\w-]+)", ln)))
+        platform, found, how, failed = "cpu", (), "no GPU: rocminfo and nvidia-smi found none", []
+        for kind, cmd, pattern, said in PROBES:
+            out = _tool_lines(cmd, env)
+            if isinstance(out, str):
+                failed.append(out)
+            lines = [ln for ln in out if re.match(pattern, ln)] if isinstance(out, list) else []
+            if kind == "cuda":
+                dup = sorted(ln for ln, k in collections.Counter(ln.strip() for ln in lines).items() if k > 1)
+                if dup:
+                    raise GpuSlotError(f"`nvidia-smi -L` lists the same GPU more than once ({dup[0]!r}); the GPU "
+                                       f"count cannot be trusted; fix the driver or tool, or {NO_GPU_FIX}")
+                uuids = tuple(m.group(1) for ln in lines if (m := re.search(r"UUID:\s*([\w-]+)", ln)))
+            if lines:
+                platform, found, how = kind, tuple(str(i) for i in range(len(lines))), said.format(len(lines))
+                break
         if platform == "cpu" and failed:
             raise GpuSlotError(f"cannot tell which GPUs this host has: {'; '.join(failed)}. A broken probe is not "
                                f"read as 'no GPU' (the command would run unpinned on every GPU); fix the driver, "
@@ -193,7 +177,7 @@ def tests_per_gpu(env: dict[str, str] | None = None) -> int:
 
 
 def lock_dir(env: dict[str, str] | None = None) -> Path:
-    """JA_GPU_LOCK_DIR, else a folder of this user's own: under $XDG_RUNTIME_DIR, else <tmp>/jax-aiter-gpu-locks-<uid>."""
+    """JA_GPU_LOCK_DIR, else this user's own: under $XDG_RUNTIME_DIR, else <tmp>/jax-aiter-gpu-locks-<uid>."""
     env = os.environ if env is None else env
     if env.get(LOCK_DIR_ENV):
         return Path(env[LOCK_DIR_ENV])
@@ -212,13 +196,9 @@ def _own_folder(folder: Path) -> Path:
     except OSError as e:
         raise GpuSlotError(f"cannot use {folder} as the GPU lock folder: {e.strerror or e}; set {LOCK_DIR_ENV} to a "
                            "folder of your own") from None
-    problem = None
-    if not stat.S_ISDIR(st.st_mode):
-        problem = "it is a symlink or not a folder"
-    elif st.st_uid != os.getuid():
-        problem = f"it belongs to uid {st.st_uid}, not to you (uid {os.getuid()})"
-    elif st.st_mode & 0o022:
-        problem = f"others may write to it (mode {stat.S_IMODE(st.st_mode):o})"
+    problem = ("it is a symlink or not a folder" if not stat.S_ISDIR(st.st_mode)
+               else f"it belongs to uid {st.st_uid}, not to you (uid {os.getuid()})" if st.st_uid != os.getuid()
+               else f"others may write to it (mode {stat.S_IMODE(st.st_mode):o})" if st.st_mode & 0o022 else None)
     if problem:
         raise GpuSlotError(f"refusing the GPU lock folder {folder}: {problem}, so another user could plant a symlink "
                            f"in it and have a lock overwrite their target. Set {LOCK_DIR_ENV} to a folder of your own, "
@@ -257,31 +237,31 @@ def _try_lock(path: Path, note: str) -> int | None:
     return fd
 
 
+def _file_id(path: Path, follow: bool) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path, follow_symlinks=follow)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def live_holders(path: Path) -> list[str]:
     """'pid N (command)' of every running process with the lock file open (from /proc/*/fd; the processes
     this user may inspect). Finds an orphaned child that inherited the lock from a killed holder."""
-    try:
-        st = os.stat(path, follow_symlinks=False)
-    except OSError:
-        return []
-    out = []
+    lock, out = _file_id(path, False), []
+    if lock is None:
+        return out
     for proc in Path("/proc").glob("[0-9]*"):
         try:
             fds = list((proc / "fd").iterdir())
         except OSError:
             continue
-        for fd in fds:
+        if any(_file_id(fd, True) == lock for fd in fds):
             try:
-                fst = os.stat(fd)
+                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
             except OSError:
-                continue
-            if (fst.st_dev, fst.st_ino) == (st.st_dev, st.st_ino):
-                try:
-                    cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-                except OSError:
-                    cmd = "?"
-                out.append(f"pid {proc.name} ({cmd[:120]})")
-                break
+                cmd = "?"
+            out.append(f"pid {proc.name} ({cmd[:120]})")
     return out
 
 
@@ -303,50 +283,56 @@ def _holders(paths: list[Path]) -> str:
     return "; ".join(parts)
 
 
-def _note(note: str | None) -> str:
-    return note or f"pid {os.getpid()}"
+def _poll(gpus: Gpus, folder: Path | None, timeout: float, note: str | None, groups: list[list[tuple[int, int]]],
+          timed_out: Callable[[list[Path]], str]) -> list[Slot]:
+    """The first group of (pool index, slot) whose locks are all free, taken whole (a group partly taken is
+    released at once), trying the groups in order until ``timeout`` seconds have passed; then SlotTimeout with
+    ``timed_out(every lock path of the groups)``."""
+    folder = _own_folder(folder or lock_dir())
+    deadline = time.monotonic() + timeout
+    while True:
+        for group in groups:
+            held: list[Slot] = []
+            for i, j in group:
+                path = _lock_path(folder, gpus.ids[i], j)
+                if (fd := _try_lock(path, note or f"pid {os.getpid()}")) is None:
+                    break
+                held.append(Slot(gpus.platform, gpus.ids[i], i, j, path, fd))
+            if len(held) == len(group):
+                return held
+            for s in held:
+                s.release()
+        if time.monotonic() >= deadline:
+            raise SlotTimeout(timed_out(list(dict.fromkeys(_lock_path(folder, gpus.ids[i], j)
+                                                           for group in groups for i, j in group))))
+        time.sleep(POLL_S)
 
 
 def acquire(gpus: Gpus, per_gpu: int = 1, folder: Path | None = None, timeout: float = DEFAULT_TIMEOUT_S,
-            note: str | None = None, poll: float = 0.2) -> Slot:
+            note: str | None = None) -> Slot:
     """Take the first free slot in slot_order, polling until ``timeout`` seconds have passed."""
     if gpus.count == 0:
         raise ValueError("acquire() needs at least one GPU; with none, run the command unpinned")
-    folder = _own_folder(folder or lock_dir())
-    order = slot_order(gpus, per_gpu)
-    deadline = time.monotonic() + timeout
-    while True:
-        for i, j in order:
-            path = _lock_path(folder, gpus.ids[i], j)
-            fd = _try_lock(path, _note(note))
-            if fd is not None:
-                return Slot(gpus.platform, gpus.ids[i], i, j, path, fd)
-        if time.monotonic() >= deadline:
-            paths = [_lock_path(folder, gpus.ids[i], j) for i, j in order]
-            raise SlotTimeout(
-                f"no free GPU slot after {timeout:g} s: {gpus.count} GPU(s) x {per_gpu} slot(s) "
-                f"({gpus.how}), all held ({_holders(paths)}). Wait for those processes, raise "
-                f"{TIMEOUT_ENV} or {PER_GPU_ENV}, or point {LOCK_DIR_ENV} elsewhere if the locks are stale "
-                f"copies from another host")
-        time.sleep(poll)
+    (slot,) = _poll(gpus, folder, timeout, note, [[p] for p in slot_order(gpus, per_gpu)], lambda paths: (
+        f"no free GPU slot after {timeout:g} s: {gpus.count} GPU(s) x {per_gpu} slot(s) ({gpus.how}), all held "
+        f"({_holders(paths)}). Wait for those processes, raise "
+        f"{TIMEOUT_ENV} or {PER_GPU_ENV}, or point {LOCK_DIR_ENV} elsewhere if the locks are stale copies from "
+        "another host"))
+    return slot
 
 
 def acquire_all(gpus: Gpus, per_gpu: int = 1, folder: Path | None = None, timeout: float = DEFAULT_TIMEOUT_S,
-                note: str | None = None, poll: float = 0.2) -> list[Slot]:
-    """Take every slot of every GPU (exclusive use, e.g. the multigpu tier), in one fixed order."""
+                note: str | None = None) -> list[Slot]:
+    """Take every slot of every GPU (exclusive use, e.g. the multigpu tier), one at a time in one fixed order,
+    each held while the next is waited for."""
     folder = _own_folder(folder or lock_dir())
     deadline = time.monotonic() + timeout
     held: list[Slot] = []
     try:
         for i, j in sorted(slot_order(gpus, per_gpu)):
-            path = _lock_path(folder, gpus.ids[i], j)
-            while (fd := _try_lock(path, _note(note))) is None:
-                if time.monotonic() >= deadline:
-                    raise SlotTimeout(
-                        f"could not take every GPU slot for exclusive use within {timeout:g} s; "
-                        f"{path.name} is held ({_holders([path])}). Wait for it or raise {TIMEOUT_ENV}")
-                time.sleep(poll)
-            held.append(Slot(gpus.platform, gpus.ids[i], i, j, path, fd))
+            held += _poll(gpus, folder, max(0.0, deadline - time.monotonic()), note, [[(i, j)]], lambda paths: (
+                f"could not take every GPU slot for exclusive use within {timeout:g} s; {paths[0].name} is held "
+                f"({_holders(paths)}). Wait for it or raise {TIMEOUT_ENV}"))
     except BaseException:
         for s in held:
             s.release()
@@ -355,73 +341,48 @@ def acquire_all(gpus: Gpus, per_gpu: int = 1, folder: Path | None = None, timeou
 
 
 def acquire_block(gpus: Gpus, n: int, per_gpu: int = 1, folder: Path | None = None,
-                  timeout: float = DEFAULT_TIMEOUT_S, note: str | None = None, poll: float = 0.2) -> list[Slot]:
-    """Take a block of ``n`` GPUs for one command that declares n devices (XLA's parallel_gpu_execute).
-
-    A lock on each GPU of the block: every slot of it, so no single-GPU command shares a GPU
-    with the block, while the GPUs outside it stay free for them. Blocks are windows of n
-    consecutive GPUs of the pool, tried in order; a window is taken all or nothing (a partly
-    free one is released at once, so two waiting blocks never hold pieces of each other),
-    polling until ``timeout`` seconds have passed.
-    """
+                  timeout: float = DEFAULT_TIMEOUT_S, note: str | None = None) -> list[Slot]:
+    """Take a block of ``n`` GPUs for one command that declares n devices (XLA's parallel_gpu_execute): every
+    slot of each of its GPUs, so no single-GPU command shares one. Blocks are windows of n consecutive GPUs of
+    the pool, tried in order, each taken all or nothing (two waiting blocks never hold pieces of each other)."""
     if not 1 <= n <= gpus.count:
         raise ValueError(f"a block of {n} GPU(s) cannot come from {gpus.count} ({gpus.how}); declare at most "
                          f"{gpus.count} or run on a host with more GPUs")
-    folder = _own_folder(folder or lock_dir())
-    deadline = time.monotonic() + timeout
-    windows = [range(start, start + n) for start in range(gpus.count - n + 1)]
-    while True:
-        for window in windows:
-            held: list[Slot] = []
-            for i, j in ((i, j) for i in window for j in range(per_gpu)):
-                fd = _try_lock(_lock_path(folder, gpus.ids[i], j), _note(note))
-                if fd is None:
-                    break
-                held.append(Slot(gpus.platform, gpus.ids[i], i, j, _lock_path(folder, gpus.ids[i], j), fd))
-            if len(held) == n * per_gpu:
-                return held
-            for s in held:
-                s.release()
-        if time.monotonic() >= deadline:
-            paths = [_lock_path(folder, g, j) for g in gpus.ids for j in range(per_gpu)]
-            raise SlotTimeout(f"no block of {n} free GPU(s) after {timeout:g} s among {gpus.count} ({gpus.how}): "
-                              f"{_holders(paths)}. Wait for those processes or raise {TIMEOUT_ENV}")
-        time.sleep(poll)
+    windows = [[(i, j) for i in range(start, start + n) for j in range(per_gpu)] for start in range(gpus.count - n + 1)]
+    return _poll(gpus, folder, timeout, note, windows, lambda paths: (
+        f"no block of {n} free GPU(s) after {timeout:g} s among {gpus.count} ({gpus.how}): {_holders(paths)}. "
+        f"Wait for those processes or raise {TIMEOUT_ENV}"))
 
 
 def block_env(block: list[Slot], env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment that shows the process exactly the block's GPUs, in the block's order."""
-    out = pinned_env(block[0], 1, env)  # the block owns its GPUs whole: no memory fraction
     ids = list(dict.fromkeys(s.gpu for s in block))
-    if block[0].platform == "rocm":
-        out["ROCR_VISIBLE_DEVICES"] = ",".join(ids)
-        out["HIP_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(ids)))
-    else:
-        out["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
-    out[SLOT_ENV] = f"{','.join(ids)}:block"
-    return out
+    return _pinned(block[0].platform, ids, 1, env, f"{','.join(ids)}:block")  # owned whole: no memory fraction
 
 
 def pinned_env(slot: Slot, per_gpu: int = 1, env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment that shows the process exactly the slot's GPU."""
+    return _pinned(slot.platform, [slot.gpu], per_gpu, env, f"{slot.gpu}:{slot.slot}")
+
+
+def _pinned(platform: str, ids: list[str], per_gpu: int, env: dict[str, str] | None, held: str) -> dict[str, str]:
     out = dict(os.environ if env is None else env)
-    if slot.platform == "rocm":
-        out["ROCR_VISIBLE_DEVICES"] = slot.gpu  # physical id
-        out["HIP_VISIBLE_DEVICES"] = "0"        # index inside ROCR's list of one
-        out.pop("CUDA_VISIBLE_DEVICES", None)   # HIP would apply it on top
+    if platform == "rocm":
+        out["ROCR_VISIBLE_DEVICES"] = ",".join(ids)  # physical ids
+        out["HIP_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(ids)))  # indices inside ROCR's list
+        out.pop("CUDA_VISIBLE_DEVICES", None)  # HIP would apply it on top
     else:
-        out["CUDA_VISIBLE_DEVICES"] = slot.gpu
-    # JAX preallocates 75% of a GPU when its backend starts, a slow step each pinned process would
-    # repeat for tests that use megabytes: allocate as needed instead. NumPy's OpenBLAS starts a
-    # thread per core in every process and its idle threads spin, so parallel workers slow each
-    # other's XLA compilations: one BLAS thread each (test references are small). Each only unless
-    # the caller set it; the memory fraction still caps each process when several share a GPU.
+        out["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
+    # Each only unless the caller set it. No preallocation: JAX would reserve 75% of the GPU at backend start,
+    # a slow step per process for tests that use megabytes. One BLAS thread: NumPy's OpenBLAS spins a thread
+    # per core in every process and slows the other workers' XLA compilations. The memory fraction caps each
+    # process when several share a GPU.
     out.setdefault(PREALLOCATE_ENV, "false")
     for key in BLAS_THREADS_ENV:
         out.setdefault(key, "1")
     if per_gpu > 1 and MEM_FRACTION_ENV not in out:
         out[MEM_FRACTION_ENV] = f"{0.9 / per_gpu:.2f}"
-    out[SLOT_ENV] = f"{slot.gpu}:{slot.slot}"
+    out[SLOT_ENV] = held
     return out
 
 
