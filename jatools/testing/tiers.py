@@ -3,32 +3,14 @@
     python3 -m jatools.testing.tiers --tier pr [--platform cuda] [--workers N] [--reruns N] [pytest args]
     JA_TEST_TIER=nightly bash ci/test.sh
 
-Tag filters. As XLA composes its ROCm tag filters, a platform has a base list of
-what it must never attempt, and each CI configuration adds its own requirements.
-The tiers (pr / nightly / multigpu) are defined with the same ``Filter`` type, so
-there is one source for every ``pytest -m`` expression CI uses.
-``python3 ci/tag_filters.py`` prints them; ``ci/tag_filters_golden.txt`` holds
-that printout and a test keeps it current.
+Owns the tag filters (composed as XLA composes its ROCm ones: a platform's base list plus each CI
+configuration's requirements; the tiers use the same ``Filter``, so this is the one source of every
+``pytest -m`` expression CI uses, printed by ci/tag_filters.py), the tier runner (docs/testing.md:
+xdist workers pinned to GPU slots, multi-device runs, each run's report, tier-<tier>.json, the GPU
+checks, exit 7 when GPUs go unused) and the slot speed-up measurement (ci/measure_slot_speedup.py).
 
-The runner. A tier is one or more pytest processes. Single-device runs on a GPU
-host use pytest-xdist, one worker per GPU slot (jatools.testing.pytest_plugin
-pins each worker before JAX starts). Multi-device runs are a separate pytest
-process: unpinned and holding every GPU slot (exclusive) on a GPU host; on the
-CPU with XLA_FLAGS=--xla_force_host_platform_device_count=4 set before JAX starts.
-Each run writes its report JSON (retries, failures classified by ``classify``,
-GPU tests per device: the plugin's run report); the tier writes
-build/test-results/tier-<tier>.json, a one-screen summary, and a table to
-$GITHUB_STEP_SUMMARY when that is set.
-
-A GPU run must use its GPUs. Where GPUs are expected (the slot runner's count:
-nvidia-smi, rocminfo, JA_GPU_COUNT or the orchestrator's pool, on a cuda/rocm
-platform; --expect-gpus overrides), the tier first asks the pytest interpreter's JAX
-what it sees and stops, before any test, when it sees fewer GPUs (a missing JAX
-plugin: `nox -s tests` installs it, --plugin-requirements prints it); after the runs
-it fails when a GPU run ran no GPU test. Exit 7 says so. Every test has a time
-limit (pytest-timeout, the tier's ``timeout_s``).
-
-Stdlib only: it runs under the system ``python3`` on any CI runner.
+Stdlib only (plus jatools.validate.wheelhouse for --plugin-requirements): it runs under the system
+``python3`` on any CI runner.
 """
 from __future__ import annotations
 
@@ -74,7 +56,8 @@ class Filter:
                                  "(registered in pyproject.toml [tool.pytest.ini_options])")
 
     def __add__(self, other: Filter) -> Filter:
-        return Filter(_merge(self.require, other.require), _merge(self.exclude, other.exclude))
+        return Filter(tuple(dict.fromkeys((*self.require, *other.require))),
+                      tuple(dict.fromkeys((*self.exclude, *other.exclude))))
 
     def contradiction(self) -> str | None:
         """Why this filter can select no test, or None when it can select some."""
@@ -84,10 +67,6 @@ class Filter:
     def expression(self) -> str:
         """The ``pytest -m`` expression ('' selects everything)."""
         return " and ".join([*self.require, *(f"not {m}" for m in self.exclude)])
-
-
-def _merge(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(dict.fromkeys((*a, *b)))
 
 
 # What each platform must never attempt (XLA: rocm_tag_filters.sh's base list).
@@ -105,20 +84,17 @@ CONFIG_ADDS: dict[str, Filter] = {
 }
 
 
-# Run kinds: "single" the platform's own single-device tests (the GPU selection on a GPU host);
-# "host" the CPU-device tests on a GPU host (on a CPU host they are the single run, so it is dropped);
-# "multi" the multi-device tests.
-RUN_KINDS = ("single", "host", "multi")
+# Run kinds and their configuration: "single", the platform's single-device tests (config cpu on the CPU
+# platform); "host", the CPU-device tests on a GPU host (on a CPU host they are the single run, so it is
+# dropped); "multi", the multi-device tests.
+RUN_CONFIGS = {"single": "single_gpu", "host": "cpu", "multi": "multi_gpu"}
+RUN_KINDS = tuple(RUN_CONFIGS)
 
 
 @dataclass(frozen=True)
 class Tier:
-    """A test tier: one or more pytest runs, each a device kind plus the tier's own selection.
-
-    ``timeout_s`` is pytest-timeout's limit per test (the runner below passes
-    ``--timeout``): a hung test fails as a timeout instead of holding the job until the
-    workflow's own limit.
-    """
+    """A test tier: one or more pytest runs, each a device kind plus the tier's own selection;
+    ``timeout_s`` is pytest-timeout's limit per test (a hung test fails instead of holding the job)."""
 
     name: str
     doc: str
@@ -132,17 +108,13 @@ class Tier:
                                  f"timeout_s positive (got {self.timeout_s})")
 
 
-TIERS: dict[str, Tier] = {
-    t.name: t
-    for t in (
+TIERS: dict[str, Tier] = {t.name: t for t in (
         Tier("pr", "every pull request: fast single-device tests", (("single", Filter(exclude=("slow", "multigpu"))),),
              timeout_s=300),
         Tier("nightly", "the full suite: single-device run, the CPU-device tests on a GPU host, the multi-device run",
              (("single", Filter()), ("host", Filter()), ("multi", Filter(require=("multigpu",)))), timeout_s=1200),
         Tier("multigpu", "the sharded multi-device tests only", (("multi", Filter(require=("multigpu",))),),
-             timeout_s=600),
-    )
-}
+             timeout_s=600))}
 TIER_ENV = "JA_TEST_TIER"
 DEFAULT_TIER = settings.BY_NAME[TIER_ENV].default
 
@@ -159,26 +131,16 @@ def tag_filter(platform: str, config: str) -> Filter:
     return PLATFORM_BASE[platform] + CONFIG_ADDS[config]
 
 
-def config_for(platform: str, kind: str) -> str:
-    """The configuration a tier's run of this kind uses on this platform."""
-    _check("platform", platform, PLATFORMS)
-    _check("run kind", kind, RUN_KINDS)
-    if kind == "multi":
-        return "multi_gpu"
-    return "cpu" if platform == "cpu" or kind == "host" else "single_gpu"
-
-
 def tier_named(name: str) -> Tier:
     _check("tier", name, tuple(TIERS))
     return TIERS[name]
 
 
 def tier_runs(name: str, platform: str) -> list[tuple[str, str, Filter]]:
-    """[(kind, config, filter)] for a tier on a platform: tag filter plus the tier's selection.
-
-    A "host" run on the CPU platform is the single run again, so it is left out there.
-    """
-    return [(kind, config_for(platform, kind), tag_filter(platform, config_for(platform, kind)) + sel)
+    """[(kind, config, filter)] for a tier on a platform: tag filter plus the tier's selection (no "host" run
+    on the CPU platform)."""
+    configs = {**RUN_CONFIGS, "single": "cpu"} if platform == "cpu" else RUN_CONFIGS
+    return [(kind, configs[kind], tag_filter(platform, configs[kind]) + sel)
             for kind, sel in tier_named(name).runs if not (kind == "host" and platform == "cpu")]
 
 
@@ -258,12 +220,6 @@ def choose_platform(flag: str | None, env: dict[str, str], gpus: gpu_slots.Gpus)
     return gpus.platform, f"detected: {gpus.how}"
 
 
-def _with_cpu_devices(xla_flags: str, n: int) -> str:
-    if "--xla_force_host_platform_device_count" in xla_flags:
-        return xla_flags
-    return f"{xla_flags} --xla_force_host_platform_device_count={n}".strip()
-
-
 def plan(tier: str, platform: str, gpus: gpu_slots.Gpus, pytest_args: list[str], workers: int | None = None,
          reruns: int = 0, have_rerun_plugin: bool = True, env: dict[str, str] | None = None,
          python: str = sys.executable, results_dir: Path = RESULTS_DIR,
@@ -279,10 +235,8 @@ def plan(tier: str, platform: str, gpus: gpu_slots.Gpus, pytest_args: list[str],
         expr = flt.expression()
         argv = [python, "-m", "pytest", *(["-m", expr] if expr else [])]
         over: dict[str, str] = {REPORT_ENV: str(results_dir / f"flaky-{tier}-{kind}.json")}
-        # Only the plugins a tier uses are loaded (-p below; ours come from tests/conftest.py). An
-        # image's other plugins (hypothesis, cov, jaxtyping, ...) cost each process about a second
-        # at start and end, and some import JAX before the worker has taken its GPU slot.
-        # A PYTEST_DISABLE_PLUGIN_AUTOLOAD the caller set is kept (pytest reads any non-empty value as on).
+        # Only the plugins a tier uses load (-p; ours from tests/conftest.py): an image's others cost each process
+        # about a second and some import JAX before the slot is taken. A value the caller set is kept.
         autoload = AUTOLOAD_ENV in env and not env[AUTOLOAD_ENV]
         if AUTOLOAD_ENV not in env:
             over[AUTOLOAD_ENV] = "1"
@@ -295,17 +249,17 @@ def plan(tier: str, platform: str, gpus: gpu_slots.Gpus, pytest_args: list[str],
             if not pinned:
                 over[gpu_slots.SLOT_ENV] = "0"
             if platform == "cpu":
-                over["XLA_FLAGS"] = _with_cpu_devices(env.get("XLA_FLAGS", ""), CPU_MULTI_DEVICES)
+                flags = env.get("XLA_FLAGS", "")
+                over["XLA_FLAGS"] = (flags if "--xla_force_host_platform_device_count" in flags else
+                                     f"{flags} --xla_force_host_platform_device_count={CPU_MULTI_DEVICES}".strip())
         else:
             n = workers if workers is not None else (slots if platform != "cpu" else 0)
             if platform != "cpu" and slots and n > slots:
                 raise TierError(f"{n} workers but only {slots} GPU slots ({gpus.how}, "
                                 f"{gpu_slots.PER_GPU_ENV}={gpu_slots.tests_per_gpu(env)}); the extra workers would "
-                                f"wait for a slot until timeout. Use --workers {slots} or raise {gpu_slots.PER_GPU_ENV}")
-            if n:
-                # worksteal: a worker that runs out takes queued tests from the others; longest first
-                # (by earlier runs' durations): no long test starts last while the other workers idle.
-                # The plugin is named here too, so the flag is known whatever paths the run is given.
+                                f"wait for a slot until timeout. Use --workers {slots} or raise "
+                                f"{gpu_slots.PER_GPU_ENV}")
+            if n:  # our plugin is named too, so --longest-first is known whatever paths the run is given
                 argv += [*([] if autoload else ["-p", "xdist.plugin"]), "-n", str(n), "--dist", "worksteal",
                          "-p", PLUGIN, "--longest-first"]
             elif platform != "cpu" and not pinned:
@@ -313,13 +267,6 @@ def plan(tier: str, platform: str, gpus: gpu_slots.Gpus, pytest_args: list[str],
         runs.append(PytestRun(kind, config, expr, (*argv, *pytest_args), over,
                               exclusive=kind == "multi" and gpus.count > 0))
     return runs
-
-
-def _flaky(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def _tee(argv: list[str], root: Path, env: dict[str, str]) -> tuple[int, list[str]]:
@@ -357,12 +304,8 @@ def classify(text: str, collecting: bool = False) -> tuple[str, str]:
 
 
 def run_failure(rc: int, tail: list[str], report: dict | None) -> dict | None:
-    """The run-level failure of a pytest process whose test reports do not explain its exit code.
-
-    Exit 0, 1 (tests failed: the report classifies each) and 5 (no tests) are explained; an
-    interrupted, internal-error, usage-error or killed run is infrastructure, with the reason
-    read from its output (lock wait, worker crash, device) where one shows.
-    """
+    """The run-level failure of a pytest process whose test reports do not explain its exit code (not 0, 1 with
+    a report, 5): infrastructure, with the reason read from its output (lock wait, worker crash, device)."""
     if rc in (0, 5) or (rc == 1 and report is not None):
         return None
     if rc == 2 and report and report.get("failure_counts", {}).get("infrastructure"):
@@ -381,21 +324,23 @@ def execute(runs: list[PytestRun], gpus: gpu_slots.Gpus, root: Path) -> list[dic
         print(f"tiers: {run.kind} run ({run.config}): {run.command_line()}", flush=True)
         Path(run.env[REPORT_ENV]).unlink(missing_ok=True)  # an earlier run's report never stands in for this one
         start = time.monotonic()
+        held = []
         try:
-            held = []
             if run.exclusive:
                 held = gpu_slots.acquire_all(gpus, gpu_slots.tests_per_gpu(), timeout=gpu_slots.timeout_from_env(),
                                              note=f"pid {os.getpid()}: multigpu tier (exclusive)")
-            try:
-                rc, tail = _tee(list(run.argv), root, {**os.environ, **run.env})
-            finally:
-                for s in held:
-                    s.release()
+            rc, tail = _tee(list(run.argv), root, {**os.environ, **run.env})
         except gpu_slots.SlotTimeout as e:
             print(f"tiers: {e}", file=sys.stderr)
             rc, tail = gpu_slots.EXIT_NO_SLOT, [str(e)]
+        finally:
+            for s in held:
+                s.release()
         seconds = time.monotonic() - start
-        report = _flaky(Path(run.env[REPORT_ENV]))
+        try:
+            report = json.loads(Path(run.env[REPORT_ENV]).read_text())
+        except (OSError, ValueError):
+            report = None
         results.append({**asdict(run), "rc": rc, "seconds": round(seconds, 2), "flaky": report,
                         "run_failure": run_failure(rc, tail, report)})
     return results
@@ -403,29 +348,18 @@ def execute(runs: list[PytestRun], gpus: gpu_slots.Gpus, root: Path) -> list[dic
 
 def failure_counts(results: list[dict]) -> dict[str, int]:
     """Infrastructure and test failures over every run (run-level failures included)."""
-    counts = {"infrastructure": 0, "test": 0}
+    counts = collections.Counter({"infrastructure": 0, "test": 0})
     for r in results:
-        for k, v in ((r["flaky"] or {}).get("failure_counts") or {}).items():
-            counts[k] = counts.get(k, 0) + v
-        if r.get("run_failure"):
-            counts["infrastructure"] += 1
-    return counts
+        counts.update((r["flaky"] or {}).get("failure_counts") or {})
+        counts["infrastructure"] += bool(r.get("run_failure"))
+    return dict(counts)
 
 
-def expected_gpus(platform: str, gpus: gpu_slots.Gpus, flag: int | None) -> tuple[int, str]:
-    """(GPUs the tier must use, why): --expect-gpus, else every detected GPU on a GPU platform."""
-    if flag is not None:
-        return flag, f"--expect-gpus {flag}"
-    if platform == "cpu":
-        return 0, "cpu platform"
-    return gpus.count, gpus.how
-
-
-def probe(python: str, want_jax: bool, env: dict[str, str] | None = None) -> dict:
+def probe(python: str, want_jax: bool) -> dict:
     """What the pytest interpreter holds (PROBE_MODULES) and, when asked, the GPUs its JAX sees."""
     try:
         cp = subprocess.run([python, "-c", PROBE, "1" if want_jax else "0", *PROBE_MODULES], capture_output=True,
-                            text=True, timeout=300, env=env, check=False)
+                            text=True, timeout=300, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise TierError(f"cannot run the test interpreter {python} ({e}); pass --deps-from PYTHON") from None
     if cp.returncode != 0:
@@ -463,16 +397,12 @@ def device_problem(expected: int, why: str, platform: str, seen: dict, python: s
 
 def unused_gpu_runs(expected: int, platform: str, results: list[dict]) -> list[str]:
     """The GPU runs that ran no GPU test on a host where GPUs are expected."""
-    problems = []
-    for r in results:
-        if not expected or platform == "cpu" or r["kind"] == "host" or (r["kind"] == "multi" and expected < 2):
-            continue
-        ran = sum(((r["flaky"] or {}).get("device_tests") or {}).values())
-        if ran == 0:
-            problems.append(f"the {r['kind']} run ({r['config']}, -m {r['expression']!r}) ran 0 GPU tests on a host "
-                            f"with {expected} GPU(s): every GPU test was skipped or deselected (see the skip "
-                            f"reasons above)")
-    return problems
+    if not expected or platform == "cpu":
+        return []
+    return [f"the {r['kind']} run ({r['config']}, -m {r['expression']!r}) ran 0 GPU tests on a host with {expected} "
+            "GPU(s): every GPU test was skipped or deselected (see the skip reasons above)"
+            for r in results if r["kind"] != "host" and not (r["kind"] == "multi" and expected < 2)
+            and not sum(((r["flaky"] or {}).get("device_tests") or {}).values())]
 
 
 def _step_summary(tier: str, platform: str, results: list[dict], gpu: dict, counts: dict, rc: int) -> None:
@@ -492,27 +422,25 @@ def _step_summary(tier: str, platform: str, results: list[dict], gpu: dict, coun
 
 
 def summarize(tier: str, platform: str, why: str, results: list[dict], results_dir: Path, notes: list[str],
-              gpu: dict | None = None) -> int:
-    gpu = dict(gpu or {"expected": 0, "problems": []})
-    gpu["problems"] = [*gpu.get("problems", []), *unused_gpu_runs(gpu["expected"], platform, results)]
+              gpu: dict) -> int:
+    gpu = {**gpu, "problems": [*gpu["problems"], *unused_gpu_runs(gpu["expected"], platform, results)]}
     rc = 0
     print(f"\n== tier {tier} on {platform} ({why}) ==")
     for note in notes:
         print(f"note: {note}")
-    per_device: dict[str, int] = {}
+    per_device: collections.Counter[str] = collections.Counter()
     for r in results:
         flaky = r["flaky"] or {}
         state = "ok" if r["rc"] == 0 else ("NO TESTS SELECTED" if r["rc"] == 5 else f"FAILED (exit {r['rc']})")
         devices = flaky.get("device_tests") or {}
-        for k, v in devices.items():
-            per_device[k] = per_device.get(k, 0) + v
-        print(f"{r['kind']:<6} {r['config']:<10} {state:<18} {r['seconds']:>8.1f} s  "
-              f"flaky={flaky.get('flaky', '?')}  device tests={sum(devices.values())}  -m {r['expression'] or '<all>'!r}")
+        per_device.update(devices)
+        print(f"{r['kind']:<6} {r['config']:<10} {state:<18} {r['seconds']:>8.1f} s  flaky={flaky.get('flaky', '?')}  "
+              f"device tests={sum(devices.values())}  -m {r['expression'] or '<all>'!r}")
         for f in [*(flaky.get("failures") or []), *([r["run_failure"]] if r.get("run_failure") else [])]:
             print(f"  {f['class']} ({f['reason']}): {f['nodeid']}: {f['error']}")
         rc = rc or r["rc"]
     counts = failure_counts(results)
-    gpu["tests_per_device"] = per_device
+    gpu["tests_per_device"] = dict(per_device)
     print(f"failures: {counts['infrastructure']} infrastructure, {counts['test']} test")
     if gpu["expected"]:
         print(f"GPU tests run per device: {', '.join(f'{k}: {v}' for k, v in per_device.items()) or 'none'} "
@@ -552,8 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry-run", action="store_true", help="print the pytest commands and exit")
     a, pytest_args = p.parse_known_args(argv)
     env = dict(os.environ)
-    root = Path(__file__).resolve().parents[2]
-    results_dir = (a.results_dir or root / RESULTS_DIR).resolve()
+    results_dir = (a.results_dir or REPO_ROOT / RESULTS_DIR).resolve()
     tier = a.tier or env.get(TIER_ENV) or DEFAULT_TIER
     python = a.deps_from or sys.executable
     try:
@@ -563,7 +490,9 @@ def main(argv: list[str] | None = None) -> int:
         if a.plugin_requirements:
             print("\n".join(plugin_requirements(platform) if not a.deps_from else []))
             return 0
-        expect, expect_how = expected_gpus(platform, gpus, a.expect_gpus)
+        # the GPUs the tier must use: --expect-gpus, else every detected GPU on a GPU platform
+        expect, expect_how = ((a.expect_gpus, f"--expect-gpus {a.expect_gpus}") if a.expect_gpus is not None
+                              else (0, "cpu platform") if platform == "cpu" else (gpus.count, gpus.how))
         workers = a.workers if a.workers is not None else settings.from_env(WORKERS_ENV, env)
         reruns = a.reruns if a.reruns is not None else settings.from_env(RERUNS_ENV, env)
         reruns = DEFAULT_RERUNS[platform] if reruns is None else reruns
@@ -573,12 +502,10 @@ def main(argv: list[str] | None = None) -> int:
             raise TierError(f"--deps-from {python}: it has no jax/jaxlib installed; pass the interpreter that has "
                             "JAX and its GPU plugin, or leave --deps-from out")
         notes = [f"pytest interpreter: {python}" + (" (--deps-from: its installed packages)" if a.deps_from else "")]
-        if reruns and not have["pytest_rerunfailures"]:
-            notes.append(f"retries off: pytest-rerunfailures is not installed for {python} "
-                         "(pip install pytest-rerunfailures, or `pip install -e . --group test`)")
-        if not have["pytest_timeout"]:
-            notes.append(f"no per-test timeout: pytest-timeout is not installed for {python} "
-                         "(pip install pytest-timeout, or `pip install -e . --group test`)")
+        notes += [f"{what}: {pkg} is not installed for {python} (pip install {pkg}, or `pip install -e . --group test`)"
+                  for what, pkg, wanted in (("retries off", "pytest-rerunfailures", reruns),
+                                            ("no per-test timeout", "pytest-timeout", True))
+                  if wanted and not have[pkg.replace("-", "_")]]
         runs = plan(tier, platform, gpus, pytest_args, workers, reruns, have["pytest_rerunfailures"], env,
                     python=python, results_dir=results_dir, have_timeout_plugin=have["pytest_timeout"])
     except (TagFilterError, TierError, ValueError) as e:
@@ -594,52 +521,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tiers: pytest is not installed for {python}; run `bash scripts/run.sh nox -s tests` "
               "or pass --deps-from an interpreter with the `test` dependency group", file=sys.stderr)
         return 2
-    gpu = {"expected": expect, "how": expect_how, "jax": seen.get("jax"), "problems": []}
-    problem = device_problem(expect, expect_how, platform, seen, python)
-    if problem:
-        gpu["problems"].append(problem)
-        return summarize(tier, platform, why, [], results_dir, notes, gpu)  # no test runs on the wrong devices
-    return summarize(tier, platform, why, execute(runs, gpus, root), results_dir, notes, gpu)
+    problems = [pr for pr in [device_problem(expect, expect_how, platform, seen, python)] if pr]
+    gpu = {"expected": expect, "how": expect_how, "jax": seen.get("jax"), "problems": problems}
+    # with a device problem no test runs (it would run on the wrong devices)
+    return summarize(tier, platform, why, [] if problems else execute(runs, gpus, REPO_ROOT), results_dir, notes, gpu)
 
 
-
-# --- the slot speed-up measurement (ci/measure_slot_speedup.py) ----------------------------------------
-# Measure what GPU slots buy: the pr tier's GPU tests with N xdist workers (one GPU each) vs 1, in one run.
-#
-#     python3 ci/measure_slot_speedup.py [--workers 2] [--repeats 1] [--out F] [pytest args]
-#
-# Both runs use the same pytest command the pr tier uses (jatools.testing.tiers.plan),
-# with retries off. Each worker records its slot and the devices JAX showed it
-# (jatools.testing.pytest_plugin), and the run fails unless every worker of the
-# N-worker run saw exactly one GPU and no two workers shared one. Untimed
-# warm-up rounds go first (--warmup, default 1: the first run after a build
-# starts on cold caches and was measured slower; it also records the durations
-# the runs' --longest-first orders by); then the N-worker run goes first in each round,
-# so any warm-cache effect left favours the 1-worker run (the reported speed-up
-# is not flattered). Writes a JSON with every run, warm-ups marked, and each
-# round's own speed-up next to the one the medians give.
-#
-# Each run's wall time is also split by the workers' records into start (launch
-# to the first test), tests (first test started to last test ended, over all
-# workers) and end (last test ended to exit). Start and end are paid once per
-# run whatever the number of workers (process start, JAX import, collection,
-# backend start; reports and exit), so they bound the wall-time speed-up: the
-# summary gives the test phase's own speed-up and the most a perfect N-way split
-# of the 1-worker test phase could give with the 1-worker start and end.
+# --- the slot speed-up measurement (ci/measure_slot_speedup.py; docs/testing.md) -----------------------
+# The pr tier's GPU tests with N xdist workers (one GPU each) vs 1, with the tier's own pytest command
+# (plan) and retries off: untimed warm-up rounds, then timed rounds, the N-worker run first in each (a
+# warm-cache effect left favours the 1-worker run). Every worker of the N-worker run must have seen exactly
+# one GPU, none shared. Each run's wall time is split by the workers' records into start (launch to the
+# first test), tests (first test started to last ended) and end (last test ended to exit): start and end
+# are paid once per run, so they bound the wall-time speed-up.
 
 SPEEDUP_GOAL = 1.8
 
 
-def _outcome_counts(output: str) -> dict[str, int]:
-    tail = "\n".join(output.strip().splitlines()[-3:])
-    return {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected|rerun)", tail)}
-
-
 def check_pinning(records: list[dict], workers: int) -> list[str]:
     """Problems with how the workers were pinned (empty when each saw exactly one, different, GPU)."""
-    problems = []
-    if len(records) != workers:
-        problems.append(f"{len(records)} worker records for {workers} workers")
+    problems = [f"{len(records)} worker records for {workers} workers"] if len(records) != workers else []
     gpus = [r["gpu"] for r in records]
     if len(set(gpus)) != len(gpus):
         problems.append(f"workers shared a GPU: {gpus}")
@@ -653,10 +554,8 @@ def check_pinning(records: list[dict], workers: int) -> list[str]:
 
 
 def phases(records: list[dict], launched: float, ended: float) -> dict | None:
-    """Split a run's wall time (time.time() at launch and exit) by its workers' first and last test.
-
-    None when no worker recorded a test.
-    """
+    """Split a run's wall time (time.time() at launch and exit) by its workers' first and last test; None when
+    no worker recorded a test."""
     ran = [r["tests"] for r in records if (r.get("tests") or {}).get("count")]
     if not ran:
         return None
@@ -671,7 +570,9 @@ def timed_run(run: PytestRun, root: Path, records: Path) -> dict:
     seconds, ended = time.monotonic() - start, time.time()
     sys.stdout.write("\n".join(proc.stdout.splitlines()[-4:]) + "\n")
     recs = [json.loads(p.read_text()) for p in sorted(records.glob("*.json"))]
-    return {"rc": proc.returncode, "seconds": round(seconds, 2), "counts": _outcome_counts(proc.stdout), "workers_seen": recs,
+    tail = "\n".join(proc.stdout.strip().splitlines()[-3:])
+    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected|rerun)", tail)}
+    return {"rc": proc.returncode, "seconds": round(seconds, 2), "counts": counts, "workers_seen": recs,
             "phases": phases(recs, launched, ended), "output_tail": proc.stdout[-4000:] + proc.stderr[-2000:]}
 
 
@@ -693,7 +594,7 @@ def phase_summary(timed: list[dict], workers: int) -> dict | None:
 def round_speedups(timed: list[dict], workers: int) -> list[float]:
     """Each timed round's own speed-up (its 1-worker run over its N-worker run), in round order: the
     spread shows how much of a difference between medians the host's run-to-run noise could make."""
-    by_round = {}
+    by_round: dict[int, dict[int, float]] = {}
     for x in timed:
         by_round.setdefault(x["round"], {})[x["workers"]] = x["seconds"]
     return [round(r[1] / r[workers], 3) for _, r in sorted(by_round.items()) if r.get(workers)]
@@ -711,64 +612,66 @@ def speedup_main(argv: list[str] | None = None) -> int:
     a, pytest_args = p.parse_known_args(argv)
     if a.repeats < 1 or a.warmup < 0 or a.workers < 2:
         p.error("--repeats must be >= 1, --warmup >= 0 and --workers >= 2")
-    root = REPO_ROOT
+    n_w = a.workers
     gpus = gpu_slots.detect()
     platform, why = choose_platform(a.platform, dict(os.environ), gpus)
-    if platform == "cpu" or gpus.count < a.workers:
-        print(f"measure_slot_speedup: needs {a.workers} GPUs, found {gpus.count} ({gpus.how}); run it on the GPU host",
+    if platform == "cpu" or gpus.count < n_w:
+        print(f"measure_slot_speedup: needs {n_w} GPUs, found {gpus.count} ({gpus.how}); run it on the GPU host",
               file=sys.stderr)
         return 2
     rounds = []
     for r in range(a.warmup + a.repeats):
         warmup = r < a.warmup
         label = f"warm-up {r + 1}" if warmup else f"round {r - a.warmup + 1}"
-        for n in (a.workers, 1):
+        for n in (n_w, 1):
             (run,) = [x for x in plan(a.tier, platform, gpus, pytest_args, workers=n, reruns=0,
-                                                 results_dir=root / RESULTS_DIR) if x.kind == "single"]
+                                      results_dir=REPO_ROOT / RESULTS_DIR) if x.kind == "single"]
             print(f"measure_slot_speedup: {label}, {n} worker(s): {run.command_line()}", flush=True)
             with tempfile.TemporaryDirectory(prefix="ja-slots-") as tmp:
-                res = timed_run(run, root, Path(tmp))
+                res = timed_run(run, REPO_ROOT, Path(tmp))
             res.update(workers=n, round=r - a.warmup + 1, warmup=warmup, label=label, command=run.command_line(),
                        pinning_problems=check_pinning(res["workers_seen"], n))
             rounds.append(res)
     timed = [x for x in rounds if not x["warmup"]]
-    t_n = statistics.median(x["seconds"] for x in timed if x["workers"] == a.workers)
+    t_n = statistics.median(x["seconds"] for x in timed if x["workers"] == n_w)
     t_1 = statistics.median(x["seconds"] for x in timed if x["workers"] == 1)
     failures = [f"{x['workers']} worker(s), {x['label']}: exit {x['rc']}" for x in rounds if x["rc"] != 0]
     failures += [f"{x['workers']} worker(s), {x['label']}: {pr}" for x in rounds for pr in x["pinning_problems"]]
     speedup = t_1 / t_n if t_n else 0.0
-    split = phase_summary(timed, a.workers)
-    per_round = round_speedups(timed, a.workers)
-    result = {"tier": a.tier, "platform": platform, "platform_how": why, "gpus": list(gpus.ids), "gpus_how": gpus.how,
-              "workers": a.workers, "repeats": a.repeats, "warmup": a.warmup, "seconds_1_worker": t_1, f"seconds_{a.workers}_workers": t_n,
-              "speedup": round(speedup, 3), "round_speedups": per_round, "goal": SPEEDUP_GOAL, "met_goal": speedup >= SPEEDUP_GOAL and not failures,
-              "phases": split, "failures": failures, "runs": rounds}
+    split = phase_summary(timed, n_w)
+    per_round = round_speedups(timed, n_w)
+    result = {"tier": a.tier, "platform": platform, "platform_how": why, "gpus": list(gpus.ids),
+              "gpus_how": gpus.how, "workers": n_w, "repeats": a.repeats, "warmup": a.warmup,
+              "seconds_1_worker": t_1, f"seconds_{n_w}_workers": t_n, "speedup": round(speedup, 3),
+              "round_speedups": per_round, "goal": SPEEDUP_GOAL,
+              "met_goal": speedup >= SPEEDUP_GOAL and not failures, "phases": split, "failures": failures,
+              "runs": rounds}
     atomic_write.write_text(a.out, json.dumps(result, indent=1) + "\n")
     print(f"\n== slot speed-up, tier {a.tier} on {platform} ({gpus.how}) ==")
     for x in rounds:
-        pins = ", ".join(f"{w['worker']}->GPU {w['gpu']} ({len(w.get('jax_devices') or [])} dev)" for w in x["workers_seen"])
+        pins = ", ".join(f"{w['worker']}->GPU {w['gpu']} ({len(w.get('jax_devices') or [])} dev)"
+                         for w in x["workers_seen"])
         ph = x["phases"]
         split_s = f" (start {ph['start']:.1f} + tests {ph['tests']:.1f} + end {ph['end']:.1f})" if ph else ""
-        print(f"{x['workers']} worker(s) {x['label']}: {x['seconds']:.1f} s{split_s}, exit {x['rc']}, {x['counts']}; {pins}")
-    print(f"1 worker {t_1:.1f} s, {a.workers} workers {t_n:.1f} s: speed-up {speedup:.2f}x (goal {SPEEDUP_GOAL}x)")
+        print(f"{x['workers']} worker(s) {x['label']}: {x['seconds']:.1f} s{split_s}, exit {x['rc']}, "
+              f"{x['counts']}; {pins}")
+    print(f"1 worker {t_1:.1f} s, {n_w} workers {t_n:.1f} s: speed-up {speedup:.2f}x (goal {SPEEDUP_GOAL}x)")
     print(f"each round's own speed-up: {', '.join(f'{r:.2f}x' for r in per_round)} "
           f"(from {min(per_round):.2f}x to {max(per_round):.2f}x)")
     if split:
-        one, par = split["median_1_worker"], split[f"median_{a.workers}_workers"]
+        one, par = split["median_1_worker"], split[f"median_{n_w}_workers"]
+        test_speedup = (f"{split['test_phase_speedup']:.2f}x" if split["test_phase_speedup"]
+                        else "not measurable (test phase under 0.01 s)")
         print(f"test phase (first test started to last ended), medians: 1 worker {one['tests']:.1f} s, "
-              f"{a.workers} workers {par['tests']:.1f} s: " + (f"{split['test_phase_speedup']:.2f}x" if split["test_phase_speedup"]
-                                                               else "not measurable (test phase under 0.01 s)"))
+              f"{n_w} workers {par['tests']:.1f} s: {test_speedup}")
         print(f"start + end, paid once per run: {split['start_end_1_worker']:.1f} s with 1 worker, "
-              f"{split[f'start_end_{a.workers}_workers']:.1f} s with {a.workers}; with the 1-worker start and end, a perfect "
-              f"{a.workers}-way split of its test phase gives at most {split['wall_speedup_bound']:.2f}x")
+              f"{split[f'start_end_{n_w}_workers']:.1f} s with {n_w}; with the 1-worker start and end, a perfect "
+              f"{n_w}-way split of its test phase gives at most {split['wall_speedup_bound']:.2f}x")
     for f in failures:
         print(f"FAILED: {f}")
     print(f"results: {a.out}")
     return 1 if failures else 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
 
 if __name__ == "__main__":
     sys.exit(main())
