@@ -324,12 +324,9 @@ SLICES_KEY = "jax_aiter/longest_first_slices"
 
 
 def slice_sizes(n: int, parts: int) -> list[int]:
-    """How xdist's worksteal scheduler first splits n tests over `parts` workers: n // parts, ..., in order."""
-    sizes = []
-    for i in range(parts):
-        sizes.append(n // (parts - i))
-        n -= sizes[-1]
-    return sizes
+    """How xdist's worksteal scheduler first splits n tests over `parts` workers: n // parts each, the last
+    n % parts one more."""
+    return [n // parts + (i >= parts - n % parts) for i in range(parts)]
 
 
 def longest_first(nodeids: list[str], seconds: dict[str, float], parts: int = 1) -> list[int]:
