@@ -237,6 +237,13 @@ def _try_lock(path: Path, note: str) -> int | None:
     return fd
 
 
+def _text(path: Path, default: str = "") -> str:
+    try:
+        return path.read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return default
+
+
 def _file_id(path: Path, follow: bool) -> tuple[int, int] | None:
     try:
         st = os.stat(path, follow_symlinks=follow)
@@ -257,22 +264,14 @@ def live_holders(path: Path) -> list[str]:
         except OSError:
             continue
         if any(_file_id(fd, True) == lock for fd in fds):
-            try:
-                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-            except OSError:
-                cmd = "?"
-            out.append(f"pid {proc.name} ({cmd[:120]})")
+            out.append(f"pid {proc.name} ({_text(proc / 'cmdline', '?')[:120]})")
     return out
 
 
 def _holders(paths: list[Path]) -> str:
     parts = []
     for p in paths:
-        try:
-            who = p.read_text().strip() or "?"
-        except OSError:
-            who = "?"
-        live = live_holders(p)
+        who, live = _text(p) or "?", live_holders(p)
         note = re.match(r"pid (\d+)", who)
         if live and not (note and any(h.startswith(f"pid {note.group(1)} ") for h in live)):
             who = (f"taken by {who}, now held by live {', '.join(live)}: a child that kept the lock after its "
