@@ -105,8 +105,9 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _finite(v: float | None) -> bool:
-    return v is not None and math.isfinite(v)
+def _finite(v) -> bool:
+    """A finite number (a baseline's field may hold anything: a string, a bool, a list)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def summarise(parsed: ParsedLog, window: int, log_name: str) -> dict:

@@ -151,6 +151,22 @@ class CliTests(PerfLogCase):
         r = self.cli(str(self.write_log([step_line(1)])), "--baseline", str(bad))
         self.assertEqual(r.returncode, 2)
 
+    def test_non_numeric_baseline_fields_exit_2_or_are_not_compared(self) -> None:
+        log = str(self.write_log([step_line(i) for i in range(5)]))
+        base = json.loads(self.baseline(400.0).read_text())
+        for value in ("fast", True, [400.0]):
+            bad = self.tmp / "bad_tflops.json"
+            bad.write_text(json.dumps({**base, "mean_tflops_per_device": value}))
+            r = self.cli(log, "--baseline", str(bad), "--gate")
+            self.assertEqual(r.returncode, 2, (value, r.stderr))
+            self.assertIn("no numeric mean_tflops_per_device", r.stderr)
+            self.assertNotIn("Traceback", r.stderr)
+        odd = self.tmp / "odd_loss.json"
+        odd.write_text(json.dumps({**base, "mean_loss": "3.0"}))
+        r = self.cli(log, "--baseline", str(odd), "--gate")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIsNone(json.loads(r.stdout)["comparison"]["loss_drift_pct"])
+
     def test_gate_fails_with_exit_1_and_writes_summary(self) -> None:
         base = self.baseline(400.0)
         log = self.write_log([step_line(i, tflops=300.0) for i in range(10)])
