@@ -29,6 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from parse_perf_log import finite_number  # ci/perf, beside this script
+
 from jatools import atomic_write
 
 BASELINES = ROOT / "ci" / "perf" / "baselines"
@@ -99,6 +101,10 @@ def gate(results: dict, baseline: dict) -> dict:
     for name, base in baseline["cases"].items():
         if name in missing:
             continue
+        if not (finite_number(base.get("ms")) and base["ms"] > 0
+                and finite_number(base.get("band_pct")) and base["band_pct"] >= 0):
+            raise InputError(f"baseline case {name!r} needs a positive number ms and a band_pct >= 0, got "
+                             f"ms={base.get('ms')!r}, band_pct={base.get('band_pct')!r}; remake it: {MAKE_CMD}")
         change = 100.0 * (got[name] - base["ms"]) / base["ms"]
         bad = change > base["band_pct"]
         rows.append({"case": name, "ms": got[name], "baseline_ms": base["ms"], "change_pct": round(change, 2),

@@ -105,7 +105,7 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _finite(v) -> bool:
+def finite_number(v) -> bool:
     """A finite number (a baseline's field may hold anything: a string, a bool, a list)."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
@@ -119,8 +119,9 @@ def summarise(parsed: ParsedLog, window: int, log_name: str) -> dict:
     return {"schema": SCHEMA, "log": log_name, "lines_parsed": parsed.lines_parsed, "steps_seen": len(parsed.steps),
             "first_step": parsed.steps[0].step, "final_step": last.step, "repeated_steps": parsed.repeated_steps,
             "window": {"requested": window, "steps": len(tail), "first_step": tail[0].step, "last_step": tail[-1].step},
-            **{key: _mean([v for s in tail if _finite(v := getattr(s, name))]) for key, (name, _) in MEANS.items()},
-            "final_loss": last.loss if _finite(last.loss) else None, "final_loss_text": last.loss_text,
+            **{key: _mean([v for s in tail if finite_number(v := getattr(s, name))])
+               for key, (name, _) in MEANS.items()},
+            "final_loss": last.loss if finite_number(last.loss) else None, "final_loss_text": last.loss_text,
             "nonfinite_loss": {"count": len(nonfinite), "steps": nonfinite,
                                "in_window": sum(s.step in nonfinite for s in tail)}}
 
@@ -133,14 +134,14 @@ def load_baseline(path: Path) -> dict:
                          f"`python3 ci/perf/parse_perf_log.py LOG --json-out {path}` from a good run") from None
     except (OSError, json.JSONDecodeError) as e:
         raise InputError(f"baseline {path} is not readable JSON: {e}") from None
-    if not isinstance(data, dict) or not _finite(data.get("mean_tflops_per_device")):
+    if not isinstance(data, dict) or not finite_number(data.get("mean_tflops_per_device")):
         raise InputError(f"baseline {path} has no numeric mean_tflops_per_device; it must be a summary "
                          "written by parse_perf_log.py --json-out")
     return data
 
 
 def _pct(cur: float | None, base: float | None) -> float | None:
-    if not (_finite(cur) and _finite(base)) or base == 0:
+    if not (finite_number(cur) and finite_number(base)) or base == 0:
         return None
     return (cur - base) / abs(base) * 100.0
 

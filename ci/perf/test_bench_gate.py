@@ -92,6 +92,21 @@ class BenchGateTests(unittest.TestCase):
         self.assertIn("no baseline for AMD Instinct MI355X", r.stderr)
         self.assertIn("--make-baseline", r.stderr)
 
+    def test_a_baseline_case_that_is_not_a_number_is_an_input_error_naming_it(self) -> None:
+        base = json.loads((HERE / "baselines" / "nvidia-h200.json").read_text())
+        name = min(base["cases"])
+        folder = self.tmp / "baselines"
+        folder.mkdir()
+        for field, value in (("ms", "fast"), ("ms", True), ("ms", 0), ("band_pct", None), ("band_pct", [5])):
+            bad = copy.deepcopy(base)
+            bad["cases"][name][field] = value
+            (folder / "nvidia-h200.json").write_text(json.dumps(bad))
+            r = self.cli(str(RUNS[0]), "--baselines", str(folder))
+            self.assertEqual(r.returncode, bench_gate.EXIT_INPUT, (field, value, r.stderr))
+            self.assertIn(f"baseline case {name!r}", r.stderr)
+            self.assertIn("--make-baseline", r.stderr)
+            self.assertNotIn("Traceback", r.stderr)
+
     def test_a_baseline_needs_two_runs_of_one_model(self) -> None:
         out = self.tmp / "baselines"
         r = self.cli("--make-baseline", str(RUNS[0]), "--baselines", str(out))
