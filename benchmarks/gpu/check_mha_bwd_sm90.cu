@@ -137,12 +137,9 @@ void run_case(int B, int sq, int sk, int hq, int hkv, int reps) {
         else CE((ja::mha_sm90::mha_bwd_sm90_launch<T, D, C>(a, nullptr)));  // the main kernel alone
       };
       call();
-      CK(cudaEventRecord(e0));
-      for (int r = 0; r < reps; ++r) call();
-      CK(cudaEventRecord(e1));
-      CK(cudaEventSynchronize(e1));
-      CK(cudaEventElapsedTime(&t[i], e0, e1));
-      t[i] /= reps;
+      t[i] = event_ms(nullptr, e0, e1, [&] {
+               for (int r = 0; r < reps; ++r) call();
+             }) / reps;
     }
     const double flops = 10.0 * B * hq * double(sq) * sk * D * (C ? 0.5 : 1.0);  // 5 matmuls
     std::printf("  | mma %.3f ms  sm90 %.3f ms (%.1f TFLOP/s)  x%.2f  main kernel %.3f ms (%.1f TFLOP/s)", t[0],

@@ -226,13 +226,7 @@ static void timing(const Case& c, std::mt19937& rng, int reps) {
     for (int i = 0; i < 3; ++i) f(a);
     CK(cudaDeviceSynchronize());
     std::vector<float> t(reps);
-    for (int i = 0; i < reps; ++i) {
-      CK(cudaEventRecord(e0));
-      f(a);
-      CK(cudaEventRecord(e1));
-      CK(cudaEventSynchronize(e1));
-      CK(cudaEventElapsedTime(&t[i], e0, e1));
-    }
+    for (int i = 0; i < reps; ++i) t[i] = event_ms(nullptr, e0, e1, [&] { f(a); });
     std::sort(t.begin(), t.end());
     ms[k] = t[reps / 2];
   }

@@ -1,6 +1,6 @@
 // What the standalone CUDA harnesses in benchmarks/gpu/ share (they include the kernel headers and
-// are built by hand, not by the project's build): a CUDA error check, a random fill, and the
-// ja_error the kernel headers call.
+// are built by hand, not by the project's build): a CUDA error check, a random fill, event timing, and
+// the ja_error the kernel headers call.
 #pragma once
 #include <cstdarg>
 #include <cstdint>
@@ -29,6 +29,18 @@ __global__ void fill_random(T* p, int64_t n, uint32_t seed) {
     h ^= h >> 16;
     p[i] = ja::from_f32<T>((float(h & 0xffff) / 65535.0f - 0.5f) * 4.0f);
   }
+}
+
+// Milliseconds between two events recorded on stream s around f() (which enqueues work on s).
+template <typename F>
+float event_ms(cudaStream_t s, cudaEvent_t e0, cudaEvent_t e1, F&& f) {
+  CK(cudaEventRecord(e0, s));
+  f();
+  CK(cudaEventRecord(e1, s));
+  CK(cudaEventSynchronize(e1));
+  float ms;
+  CK(cudaEventElapsedTime(&ms, e0, e1));
+  return ms;
 }
 
 // The umbrella library defines ja_error; a harness that does not link it takes this one (weak, so

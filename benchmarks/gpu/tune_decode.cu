@@ -207,24 +207,12 @@ int main(int argc, char** argv) {
   auto time_us = [&](const std::function<void(int)>& f, int sets, float* b2b) {
     for (int i = 0; i < 3; ++i) f(i % sets);
     std::vector<float> t, tb;
-    for (int r = 0; r < reps; ++r) {
-      CK(cudaEventRecord(e0, s));
-      f(r % sets);
-      CK(cudaEventRecord(e1, s));
-      CK(cudaEventSynchronize(e1));
-      float ms;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      t.push_back(ms * 1000.0f);
-    }
+    for (int r = 0; r < reps; ++r) t.push_back(event_ms(s, e0, e1, [&] { f(r % sets); }) * 1000.0f);
     if (b2b) {
       for (int r = 0; r < 5; ++r) {
-        CK(cudaEventRecord(e0, s));
-        for (int j = 0; j < 16; ++j) f((r + j) % sets);
-        CK(cudaEventRecord(e1, s));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        tb.push_back(ms * 1000.0f / 16);
+        tb.push_back(event_ms(s, e0, e1, [&] {
+                       for (int j = 0; j < 16; ++j) f((r + j) % sets);
+                     }) * 1000.0f / 16);
       }
       *b2b = median(tb);
     }

@@ -79,13 +79,7 @@ int main(int argc, char** argv) {
     std::vector<float> t;
     for (int r = 0; r < reps; ++r) {
       flush_kernel<<<132 * 4, 512, 0, s>>>(flush_buf, flush_n, sink);
-      CK(cudaEventRecord(e0, s));
-      f(r % kSets);
-      CK(cudaEventRecord(e1, s));
-      CK(cudaEventSynchronize(e1));
-      float ms;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      t.push_back(ms * 1000.0f);
+      t.push_back(event_ms(s, e0, e1, [&] { f(r % kSets); }) * 1000.0f);
     }
     CK(cudaGetLastError());
     std::sort(t.begin(), t.end());
