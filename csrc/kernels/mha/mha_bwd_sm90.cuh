@@ -365,10 +365,7 @@ const char* mha_bwd_sm90_launch(const JaMhaBwdArgs& a, cudaStream_t stream) {
   using Tr = BwdTraits<typename CutlassType<T>::type, D>;
   using Element = typename Tr::Element;
   const int sq = int(a.seq_q), sk = int(a.seq_k), hq = int(a.heads_q), hkv = int(a.heads_kv), bt = int(a.batch);
-  auto tensor = [&](const void* ptr, int seq, int heads) {
-    return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)), make_shape(seq, int(D), heads, bt),
-                       make_stride(int64_t(heads) * D, _1{}, int64_t(D), int64_t(seq) * heads * D));
-  };
+  auto tensor = [&](const void* ptr, int seq, int heads) { return bshd_tensor<Element, D>(ptr, seq, heads, bt); };
   using SmemQ = decltype(take<0, 2>(typename Tr::SmemLayoutQ{}));
   typename Tr::Params p{
       make_tma_copy(SM90_TMA_LOAD{}, tensor(a.q, sq, hq), SmemQ{}, Shape<Int<Tr::BM>, Int<D>>{}, _1{}),

@@ -55,6 +55,14 @@ template <typename T> struct CutlassType;
 template <> struct CutlassType<bf16_t> { using type = cutlass::bfloat16_t; };
 template <> struct CutlassType<f16_t> { using type = cutlass::half_t; };
 
+// A [batch, seq, heads, D] array in global memory as the (seq, D, heads, batch) tensor the TMA
+// copies of the forward and the backward read.
+template <typename Element, int D>
+CUTE_HOST_DEVICE auto bshd_tensor(const void* ptr, int seq, int heads, int batch) {
+  return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)), make_shape(seq, int(D), heads, batch),
+                     make_stride(int64_t(heads) * D, _1{}, int64_t(D), int64_t(seq) * heads * D));
+}
+
 // Head dims with a Hopper instance (the others keep the mma.sync kernel).
 constexpr bool supported_head_dim(int d) { return d == 64 || d == 128 || d == 256; }
 
@@ -431,10 +439,7 @@ const char* mha_fwd_sm90_launch(const JaMhaFwdArgs& a, cudaStream_t stream) {
   using Tr = Traits<typename CutlassType<T>::type, D>;
   using Element = typename Tr::Element;
   const int sq = int(a.seq_q), sk = int(a.seq_k), hq = int(a.heads_q), hkv = int(a.heads_kv), bt = int(a.batch);
-  auto tensor = [&](const void* ptr, int seq, int heads) {
-    return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)), make_shape(seq, int(D), heads, bt),
-                       make_stride(int64_t(heads) * D, _1{}, int64_t(D), int64_t(seq) * heads * D));
-  };
+  auto tensor = [&](const void* ptr, int seq, int heads) { return bshd_tensor<Element, D>(ptr, seq, heads, bt); };
   typename Tr::Params p{
       make_tma_copy(SM90_TMA_LOAD{}, tensor(a.q, sq, hq), typename Tr::SmemLayoutQ{},
                     Shape<Int<Tr::kBlockM>, Int<D>>{}, _1{}),
