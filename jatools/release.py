@@ -217,12 +217,13 @@ def run(fetch_jit: str | None = None, dry_run: bool = False, root: Path | None =
 
 
 def summary(report: dict) -> str:
+    w = max(len("stage"), *(len(s["name"]) for s in report["stages"])) + 2  # the longest stage name, then 2 spaces
     lines = ["", f"release summary ({report['commit'][:12]}{' +dirty' if report['dirty'] else ''})",
-             f"  {'stage':<12}{'result':<12}{'time':>9}  artifact"]
+             f"  {'stage':<{w}}{'result':<12}{'time':>9}  artifact"]
     for s in report["stages"]:
         art = s["artifacts"][0]["path"] if len(s["artifacts"]) == 1 else (
             f"{len(s['artifacts'])} files" if s["artifacts"] else "")
-        lines.append(f"  {s['name']:<12}{s['result']:<12}{s['seconds']:>8.1f}s  {art}")
+        lines.append(f"  {s['name']:<{w}}{s['result']:<12}{s['seconds']:>8.1f}s  {art}")
     verdict = "GREEN: both wheels built, checked and validated" if report["ok"] else "FAILED"
     lines += [f"  {verdict} in {report['seconds']:.1f} s; report: {REPORT}"]
     return "\n".join(lines)

@@ -241,3 +241,12 @@ def test_upload_creates_the_release_once_and_only_for_the_tag_of_the_validated_c
     moved = subprocess.run([sys.executable, "-c", code.replace("v0.1.0", "v0.2.0")], cwd=root, env=env,
                            capture_output=True, text=True, check=False)
     assert moved.returncode != 0 and "but the wheels were built and validated from" in moved.stderr
+
+
+def test_summary_columns_stay_apart_for_the_longest_stage_name() -> None:
+    stages = [{"name": n, "result": "ok", "seconds": 1.0, "artifacts": []} for n in ("jit", "floor+contents")]
+    text = release_mod.summary({"commit": "0" * 40, "dirty": False, "stages": stages, "ok": True, "seconds": 2.0})
+    rows = [line for line in text.splitlines() if line.strip().startswith(("stage", "jit", "floor+contents"))]
+    assert len(rows) == 3
+    assert "floor+contents  ok" in text
+    assert len({row.index("ok") if "ok" in row else row.index("result") for row in rows}) == 1  # one result column
