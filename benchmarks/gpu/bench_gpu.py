@@ -105,6 +105,38 @@ _spin = {"cycles": 0}
 GPU_AHEAD_CYCLES = 400_000
 
 
+def case_program(cases: dict, reps: int, base: int, flush: bool):
+    """The timed program of time_cases: each case's run(tree) between two recorded events.
+
+    The L2 flush (a sum over `scratch`) is a dep of the start event's record, so XLA keeps it
+    and the stream runs it after the previous stop event and the case's prepare, and before
+    the start event. (A flush whose result nothing uses is dead code to XLA: an earlier
+    version passed it through an optimization barrier, and XLA dropped it.)
+    """
+    names = list(cases)
+
+    def program(sets, scratch):
+        token = jnp.zeros((), jnp.int32)
+        for r in range(reps):
+            for c, name in enumerate(names):
+                prepare, run = cases[name] if isinstance(cases[name], tuple) else (lambda *a: a, None)
+                fn = run or (lambda args, f=cases[name]: f(*args))
+                tree, token = jax.lax.optimization_barrier((prepare(*sets[r % len(sets)]), token))
+                deps = []
+                if flush:  # after the previous stop event and the prepare (token), before this start event
+                    buf, tree, token = jax.lax.optimization_barrier((scratch, tree, token))
+                    deps = [jnp.sum(buf)]
+                slot = base + 2 * (r * len(names) + c)
+                if _spin["cycles"]:
+                    token = spin(token, _spin["cycles"])
+                token = _record(token, deps, slot)
+                tree, token = jax.lax.optimization_barrier((tree, token))
+                token = _record(token, jax.tree_util.tree_leaves(fn(tree)), slot + 1)
+        return token
+
+    return program
+
+
 def time_cases(lib, cases: dict, input_sets: list, reps: int) -> dict[str, list[float]]:
     """Device times (ms) of each case, the cases alternating within each repetition.
 
@@ -118,27 +150,7 @@ def time_cases(lib, cases: dict, input_sets: list, reps: int) -> dict[str, list[
     base = _slot
     _slot += 2 * reps * len(names)
     flush = _flush["on"]
-
-    def program(sets, scratch):
-        token = jnp.zeros((), jnp.int32)
-        for r in range(reps):
-            for c, name in enumerate(names):
-                prepare, run = cases[name] if isinstance(cases[name], tuple) else (lambda *a: a, None)
-                fn = run or (lambda args, f=cases[name]: f(*args))
-                if flush:  # after the previous stop event (token), before this start event
-                    buf, token = jax.lax.optimization_barrier((scratch, token))
-                    tree, token, _ = jax.lax.optimization_barrier((prepare(*sets[r % len(sets)]), token,
-                                                                   jnp.sum(buf)))
-                else:
-                    tree, token = jax.lax.optimization_barrier((prepare(*sets[r % len(sets)]), token))
-                slot = base + 2 * (r * len(names) + c)
-                if _spin["cycles"]:
-                    token = spin(token, _spin["cycles"])
-                token = _record(token, [], slot)
-                tree, token = jax.lax.optimization_barrier((tree, token))
-                token = _record(token, jax.tree_util.tree_leaves(fn(tree)), slot + 1)
-        return token
-
+    program = case_program(cases, reps, base, flush)
     scratch = jnp.ones((FLUSH_BYTES // 4 if flush else 1,), jnp.float32)
     fn = jax.jit(program)
     fn(input_sets, scratch).block_until_ready()  # compile and warm up; the timed pass follows

@@ -1,0 +1,64 @@
+"""benchmarks/gpu/bench_gpu.py's timed program: the L2 flush must reach the GPU.
+
+The flush is a sum over a 256 MiB buffer between the previous case's stop event and the next
+case's start event. XLA drops any value nothing uses, so the sum must feed the start event's
+record; these tests read the lowered program (no GPU needed) and check that it does, and that
+each case's work still sits between its own two records.
+"""
+import importlib.util
+import re
+from pathlib import Path
+
+import jax.numpy as jnp
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "benchmarks/gpu/bench_gpu.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _lowered(bench, flush: bool, reps: int = 2) -> str:
+    import jax
+
+    cases = {"a": lambda x: x * 2, "b": lambda x: jnp.tanh(x)}
+    program = bench.case_program(cases, reps, 0, flush)
+    sets = [(jnp.ones((8, 16), jnp.float32),), (jnp.zeros((8, 16), jnp.float32),)]
+    scratch = jnp.ones((1024 if flush else 1,), jnp.float32)
+    return jax.jit(program).lower(sets, scratch).as_text()
+
+
+def _records(text: str) -> list[list[str]]:
+    """The operands of each ja_bench_record custom call, in program order."""
+    return [m.group(1).split(", ") for m in
+            re.finditer(r"stablehlo\.custom_call @ja_bench_record\(([^)]*)\)", text)]
+
+
+def _reduce_results(text: str) -> set[str]:
+    return {m.group(1) for m in re.finditer(r"(%[\w#.]+) = stablehlo\.reduce\(", text)} | \
+           {m.group(1) for m in re.finditer(r"(%[\w#.]+) = \"?stablehlo\.reduce\"?", text)}
+
+
+def test_every_start_record_waits_for_its_own_flush(bench):
+    text = _lowered(bench, flush=True)
+    records = _records(text)
+    assert len(records) == 2 * 2 * 2  # reps x cases x (start, stop)
+    sums = _reduce_results(text)
+    assert len(sums) == 4, f"one flush sum per case and rep, found {sorted(sums)}"
+    starts = records[0::2]
+    fed = [next((op for op in ops if op.split("#")[0] in sums or op in sums), None) for ops in starts]
+    assert all(fed), f"a start record does not take a flush sum as an operand: {starts}"
+    assert len(set(fed)) == len(fed), "two start records share one flush: XLA would run it once"
+    for ops in records[1::2]:  # stop records take the case's outputs, not a flush
+        assert not any(op.split("#")[0] in sums for op in ops)
+
+
+def test_warm_l2_program_has_no_flush(bench):
+    text = _lowered(bench, flush=False)
+    assert len(_records(text)) == 8
+    assert not _reduce_results(text)
