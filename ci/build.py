@@ -236,7 +236,8 @@ Build(name="weekly_convergence", group="convergence", runner=MI355_1, env=ROCM_E
                   "(float32 and bfloat16, 1x MI355); logs summarised to the job summary",
       steps=(FETCH_JIT, *NATIVE,
              Nox("convergence", ("--steps", "300", "--out", "build/convergence/float32")),
-             Nox("convergence", ("--steps", "300", "--dtype", "bfloat16", "--out", "build/convergence/bfloat16"))))
+             Nox("convergence", ("--steps", "300", "--dtype", "bfloat16", "--repeats", "3",
+                                 "--out", "build/convergence/bfloat16"))))
 
 Build(name="validation_image", group="images", runner=UBUNTU, timeout_minutes=90,
       description="Publish the clean-room validation image tagged with its Dockerfile hash (skip if present)",
