@@ -42,6 +42,115 @@ __global__ void flush_kernel(const uint4* p, int64_t n, uint32_t* sink) {
   if (acc == 0x12345678u) sink[blockIdx.x] = acc;
 }
 
+
+// Candidate for short inputs (XLA's RMSNorm fusion at 1k rows runs 256-thread blocks of several rows):
+// ROWS rows per block, TPR threads per row, each thread holding REGS 16-byte vectors; a warp's row
+// reduces by shuffles alone (TPR = 32). On the H200 (2026-12-01) none beat the shipped dispatch:
+// TPR 128 matched it, TPR 64 was 1.1-1.2x and TPR 32 1.5-1.9x slower at 1k rows.
+template <bool RES, int TPR, int REGS, int ROWS>
+__global__ void __launch_bounds__(TPR * ROWS) rowgroup_kernel(JaRmsNormArgs a) {
+  constexpr int VEC = 8;
+  using V = ja::Vec<T, VEC>;
+  __shared__ float part[ROWS * TPR / 32];
+  ja::pdl_wait();
+  ja::pdl_launch_dependents();
+  const int64_t h = a.hidden, nvec = h / VEC;
+  const int sub = threadIdx.x / TPR, lane = threadIdx.x % TPR;
+  const int64_t row = int64_t(blockIdx.x) * ROWS + sub;
+  const bool live = row < a.rows;
+  const V* x = reinterpret_cast<const V*>(static_cast<const T*>(a.x) + row * h);
+  const V* rs = RES ? reinterpret_cast<const V*>(static_cast<const T*>(a.residual) + row * h) : nullptr;
+  V xv[REGS], rv[REGS];
+#pragma unroll
+  for (int r = 0; r < REGS; ++r) {
+    const int64_t i = lane + int64_t(r) * TPR;
+    if (live && i < nvec) {
+      xv[r] = x[i];
+      if (RES) rv[r] = rs[i];
+    }
+  }
+  auto value = [&](int r, int k) { return RES ? ja::to_f32(xv[r].v[k]) + ja::to_f32(rv[r].v[k]) : ja::to_f32(xv[r].v[k]); };
+  float acc = 0.f;
+  V* res_out = RES ? reinterpret_cast<V*>(static_cast<T*>(a.residual_out) + row * h) : nullptr;
+#pragma unroll
+  for (int r = 0; r < REGS; ++r) {
+    const int64_t i = lane + int64_t(r) * TPR;
+    if (live && i < nvec) {
+      V ov;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        const float f = value(r, k);
+        acc += f * f;
+        ov.v[k] = ja::from_f32<T>(f);
+      }
+      if (RES) res_out[i] = ov;
+    }
+  }
+  acc = ja_warp_sum(acc);
+  if constexpr (TPR > 32) {
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = acc;
+    __syncthreads();
+    acc = 0.f;
+#pragma unroll
+    for (int j = 0; j < TPR / 32; ++j) acc += part[sub * (TPR / 32) + j];
+  }
+  const float inv_rms = ja_rsqrt(acc / float(h) + a.eps);
+  const V* w = static_cast<const V*>(a.weight);
+  V* out = reinterpret_cast<V*>(static_cast<T*>(a.out) + row * h);
+#pragma unroll
+  for (int r = 0; r < REGS; ++r) {
+    const int64_t i = lane + int64_t(r) * TPR;
+    if (live && i < nvec) {
+      const V wr = w[i];
+      V ov;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) ov.v[k] = ja::from_f32<T>(value(r, k) * inv_rms * ja::to_f32(wr.v[k]));
+      out[i] = ov;
+    }
+  }
+}
+
+template <int TPR, int NVEC, int ROWS>
+void rowgroup(const JaRmsNormArgs& a, cudaStream_t s) {
+  constexpr int REGS = (NVEC + TPR - 1) / TPR;
+  const dim3 grid(unsigned((a.rows + ROWS - 1) / ROWS));
+  if (a.residual) ja::launch_pdl(rowgroup_kernel<true, TPR, REGS, ROWS>, grid, dim3(TPR * ROWS), 0, s, a);
+  else ja::launch_pdl(rowgroup_kernel<false, TPR, REGS, ROWS>, grid, dim3(TPR * ROWS), 0, s, a);
+}
+
+
+// SiLU-and-mul candidate with VB-byte vectors (8: four bf16 a thread, the element count of XLA's loop
+// fusion). On the H200 (2026-12-01) the shipped 16-byte dispatch was as fast or faster at every shape.
+template <int VB, int U>
+__global__ void silu_vb_kernel(JaSiluAndMulArgs a) {
+  constexpr int VEC = VB / sizeof(T);
+  using V = ja::SVec<T, VEC>;
+  ja::pdl_wait();
+  ja::pdl_launch_dependents();
+  const int64_t dv = a.d / VEC;
+  const V* x = static_cast<const V*>(a.x);
+  V* out = static_cast<V*>(a.out);
+  const int64_t c0 = int64_t(blockIdx.x) * blockDim.x * U + threadIdx.x;
+  for (int64_t r = blockIdx.y; r < a.rows; r += gridDim.y) {
+    V g[U], u[U];
+#pragma unroll
+    for (int j = 0; j < U; ++j) {
+      const int64_t c = c0 + int64_t(j) * blockDim.x;
+      if (c < dv) g[j] = x[r * 2 * dv + c], u[j] = x[r * 2 * dv + dv + c];
+    }
+#pragma unroll
+    for (int j = 0; j < U; ++j) {
+      const int64_t c = c0 + int64_t(j) * blockDim.x;
+      if (c < dv) {
+        V o;
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) o.v[k] = ja::from_f32<T>(ja::silu_dev(ja::to_f32(g[j].v[k])) * ja::to_f32(u[j].v[k]));
+        out[r * dv + c] = o;
+      }
+    }
+  }
+}
+
 struct Case {
   int64_t rows, hidden;
   bool residual;
@@ -90,6 +199,10 @@ int main(int argc, char** argv) {
       ja::launch_pdl(flush_kernel, dim3(1), dim3(32), 0, s, static_cast<const uint4*>(flush_buf), int64_t(0), sink);
     });
     std::printf("empty launch (PDL) between events: %.1f us\n", ev);
+  }
+  {
+    const float ev = time_us([&](int) { flush_kernel<<<1, 32, 0, s>>>(static_cast<const uint4*>(flush_buf), int64_t(0), sink); });
+    std::printf("empty launch (no PDL) between events: %.1f us\n", ev);
   }
 
   // Hidden sizes of common models x rows from 1k to 32k (bench_gpu.py's grid), with and without
@@ -169,6 +282,16 @@ int main(int argc, char** argv) {
     JA_TUNE(160, 4, 1); JA_TUNE(320, 2, 1); JA_TUNE(640, 1, 1);
     JA_TUNE(224, 4, 1); JA_TUNE(448, 2, 1); JA_TUNE(128, 7, 1);
     JA_TUNE(256, 4, 1); JA_TUNE(512, 2, 1); JA_TUNE(1024, 1, 1);
+    vs.push_back({"default-nopdl", [](const JaRmsNormArgs& a, cudaStream_t st) {
+      ja::pdl_force() = 0;
+      ja::rmsnorm_fwd_gpu<T>(a, st);
+      ja::pdl_force() = -1;
+    }});
+#define JA_RG(tpr, nv, rows) \
+    if (nvec == nv) vs.push_back({"rg" #tpr "x" #rows, rowgroup<tpr, nv, rows>})
+#define JA_RG_ALL(nv) JA_RG(32, nv, 2); JA_RG(32, nv, 4); JA_RG(32, nv, 8); JA_RG(64, nv, 2); JA_RG(64, nv, 4); \
+                      JA_RG(128, nv, 2); JA_RG(128, nv, 4)
+    JA_RG_ALL(512); JA_RG_ALL(640); JA_RG_ALL(896); JA_RG_ALL(1024);
     for (const Variant& v : vs) {
       CK(cudaMemsetAsync(o[0], 0xff, n * sizeof(T), s));
       v.f(args(0), s);
@@ -245,6 +368,20 @@ int main(int argc, char** argv) {
           ja::launch_pdl(ja::silu_and_mul_vec_kernel<T, U>, grid, dim3(threads), 0, st, a);
         }});
       };
+      auto addvb = [&](int threads, auto vb_tag, auto unroll_tag) {
+        constexpr int VB = decltype(vb_tag)::value, U = decltype(unroll_tag)::value;
+        vs.push_back({"v" + std::to_string(VB) + "t" + std::to_string(threads) + "u" + std::to_string(U),
+                      [threads](const JaSiluAndMulArgs& a, cudaStream_t st) {
+          const int64_t dv = a.d / (VB / 2);
+          const dim3 grid(unsigned((dv + threads * U - 1) / (threads * U)), unsigned(std::min<int64_t>(a.rows, 65535)));
+          ja::launch_pdl(silu_vb_kernel<VB, U>, grid, dim3(threads), 0, st, a);
+        }});
+      };
+      for (int threads : {64, 128, 256}) {
+        addvb(threads, std::integral_constant<int, 8>{}, std::integral_constant<int, 1>{});
+        addvb(threads, std::integral_constant<int, 8>{}, std::integral_constant<int, 2>{});
+        addvb(threads, std::integral_constant<int, 4>{}, std::integral_constant<int, 2>{});
+      }
       for (int threads : {64, 128, 256, 512}) {
         add(threads, std::integral_constant<int, 1>{});
         add(threads, std::integral_constant<int, 2>{});
