@@ -151,6 +151,38 @@ __global__ void silu_vb_kernel(JaSiluAndMulArgs a) {
   }
 }
 
+
+// SiLU math candidates on the shipped launch (16-byte vectors): MODE 0 the shipped v / (1 + e^-v),
+// 1 the same with __fdividef (rcp.approx), 2 v * (0.5 + 0.5 tanh(v / 2)) with tanh.approx.f32.
+template <int MODE>
+__device__ __forceinline__ float silu_mode(float v) {
+  if constexpr (MODE == 0) return ja::silu_dev(v);
+  if constexpr (MODE == 1) return __fdividef(v, 1.0f + __expf(-v));
+  float t;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(0.5f * v));
+  return v * fmaf(0.5f, t, 0.5f);
+}
+
+template <int MODE>
+__global__ void silu_mode_kernel(JaSiluAndMulArgs a) {
+  using V = ja::SVec<T, 8>;
+  ja::pdl_wait();
+  ja::pdl_launch_dependents();
+  const int64_t dv = a.d / 8;
+  const V* x = static_cast<const V*>(a.x);
+  V* out = static_cast<V*>(a.out);
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int64_t r = blockIdx.y; r < a.rows; r += gridDim.y) {
+    if (c < dv) {
+      const V g = x[r * 2 * dv + c], u = x[r * 2 * dv + dv + c];
+      V o;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) o.v[k] = ja::from_f32<T>(silu_mode<MODE>(ja::to_f32(g.v[k])) * ja::to_f32(u.v[k]));
+      out[r * dv + c] = o;
+    }
+  }
+}
+
 struct Case {
   int64_t rows, hidden;
   bool residual;
@@ -377,6 +409,13 @@ int main(int argc, char** argv) {
           ja::launch_pdl(silu_vb_kernel<VB, U>, grid, dim3(threads), 0, st, a);
         }});
       };
+      for (int mode : {1, 2}) {
+        vs.push_back({"math" + std::to_string(mode), [mode](const JaSiluAndMulArgs& a, cudaStream_t st) {
+          const dim3 grid(unsigned((a.d / 8 + 127) / 128), unsigned(std::min<int64_t>(a.rows, 65535)));
+          if (mode == 1) ja::launch_pdl(silu_mode_kernel<1>, grid, dim3(128), 0, st, a);
+          else ja::launch_pdl(silu_mode_kernel<2>, grid, dim3(128), 0, st, a);
+        }});
+      }
       for (int threads : {64, 128, 256}) {
         addvb(threads, std::integral_constant<int, 8>{}, std::integral_constant<int, 1>{});
         addvb(threads, std::integral_constant<int, 8>{}, std::integral_constant<int, 2>{});
