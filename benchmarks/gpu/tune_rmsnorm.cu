@@ -119,45 +119,13 @@ void rowgroup(const JaRmsNormArgs& a, cudaStream_t s) {
 }
 
 
-// SiLU-and-mul candidate with VB-byte vectors (8: four bf16 a thread, the element count of XLA's loop
-// fusion). On the H200 (2026-12-01) the shipped 16-byte dispatch was as fast or faster at every shape.
-template <int VB, int U>
-__global__ void silu_vb_kernel(JaSiluAndMulArgs a) {
-  constexpr int VEC = VB / sizeof(T);
-  using V = ja::SVec<T, VEC>;
-  ja::pdl_wait();
-  ja::pdl_launch_dependents();
-  const int64_t dv = a.d / VEC;
-  const V* x = static_cast<const V*>(a.x);
-  V* out = static_cast<V*>(a.out);
-  const int64_t c0 = int64_t(blockIdx.x) * blockDim.x * U + threadIdx.x;
-  for (int64_t r = blockIdx.y; r < a.rows; r += gridDim.y) {
-    V g[U], u[U];
-#pragma unroll
-    for (int j = 0; j < U; ++j) {
-      const int64_t c = c0 + int64_t(j) * blockDim.x;
-      if (c < dv) g[j] = x[r * 2 * dv + c], u[j] = x[r * 2 * dv + dv + c];
-    }
-#pragma unroll
-    for (int j = 0; j < U; ++j) {
-      const int64_t c = c0 + int64_t(j) * blockDim.x;
-      if (c < dv) {
-        V o;
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) o.v[k] = ja::from_f32<T>(ja::silu_dev(ja::to_f32(g[j].v[k])) * ja::to_f32(u[j].v[k]));
-        out[r * dv + c] = o;
-      }
-    }
-  }
-}
-
-
-// SiLU math candidates on the shipped launch (16-byte vectors): MODE 0 the shipped v / (1 + e^-v),
-// 1 the same with __fdividef (rcp.approx), 2 v * (0.5 + 0.5 tanh(v / 2)) with tanh.approx.f32.
+// SiLU math candidates on the shipped launch (16-byte vectors), against the shipped silu_dev
+// (__fdividef): MODE 1 the IEEE division v / (1 + e^-v) (shipped until 2026-12: 1.04-1.05x slower
+// at 1k-4k rows on the H200), 2 v * (0.5 + 0.5 tanh(v / 2)) with tanh.approx.f32 (a little faster
+// again, but it moves bf16 outputs).
 template <int MODE>
 __device__ __forceinline__ float silu_mode(float v) {
-  if constexpr (MODE == 0) return ja::silu_dev(v);
-  if constexpr (MODE == 1) return __fdividef(v, 1.0f + __expf(-v));
+  if constexpr (MODE == 1) return v / (1.0f + __expf(-v));
   float t;
   asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(0.5f * v));
   return v * fmaf(0.5f, t, 0.5f);
@@ -400,26 +368,12 @@ int main(int argc, char** argv) {
           ja::launch_pdl(ja::silu_and_mul_vec_kernel<T, U>, grid, dim3(threads), 0, st, a);
         }});
       };
-      auto addvb = [&](int threads, auto vb_tag, auto unroll_tag) {
-        constexpr int VB = decltype(vb_tag)::value, U = decltype(unroll_tag)::value;
-        vs.push_back({"v" + std::to_string(VB) + "t" + std::to_string(threads) + "u" + std::to_string(U),
-                      [threads](const JaSiluAndMulArgs& a, cudaStream_t st) {
-          const int64_t dv = a.d / (VB / 2);
-          const dim3 grid(unsigned((dv + threads * U - 1) / (threads * U)), unsigned(std::min<int64_t>(a.rows, 65535)));
-          ja::launch_pdl(silu_vb_kernel<VB, U>, grid, dim3(threads), 0, st, a);
-        }});
-      };
       for (int mode : {1, 2}) {
         vs.push_back({"math" + std::to_string(mode), [mode](const JaSiluAndMulArgs& a, cudaStream_t st) {
           const dim3 grid(unsigned((a.d / 8 + 127) / 128), unsigned(std::min<int64_t>(a.rows, 65535)));
           if (mode == 1) ja::launch_pdl(silu_mode_kernel<1>, grid, dim3(128), 0, st, a);
           else ja::launch_pdl(silu_mode_kernel<2>, grid, dim3(128), 0, st, a);
         }});
-      }
-      for (int threads : {64, 128, 256}) {
-        addvb(threads, std::integral_constant<int, 8>{}, std::integral_constant<int, 1>{});
-        addvb(threads, std::integral_constant<int, 8>{}, std::integral_constant<int, 2>{});
-        addvb(threads, std::integral_constant<int, 4>{}, std::integral_constant<int, 2>{});
       }
       for (int threads : {64, 128, 256, 512}) {
         add(threads, std::integral_constant<int, 1>{});
