@@ -16,7 +16,7 @@ summarised by ci/perf/parse_perf_log.py into JSON and a markdown table (the
 job summary on GitHub). Throughput is reported, not gated: this run answers
 "do the kernels train the same model", not "are they fast".
 
-    python3 ci/convergence/train_tiny.py --compare --out build/convergence [--steps 200] [--dtype bfloat16]
+    python3 ci/convergence/train_tiny.py --compare --out build/convergence [--steps 200] [--dtype bfloat16] [--repeats 3]
 
 Exit codes: 0 converged; 1 diverged (loss curves apart, loss not falling, or a
 non-finite loss); 2 bad input (unknown option, parse failure).
@@ -235,10 +235,12 @@ def main(argv: list[str] | None = None) -> int:
                    "bfloat16 on a GPU varies from run to run: the reference runs' spread is then part of the band)")
     p.add_argument("--out", type=Path, default=ROOT / "build" / "convergence")
     args = p.parse_args(argv)
+    if args.repeats > 1 and not args.compare:
+        p.error("--repeats needs --compare (it repeats the comparison's runs)")
     dtype = jnp.dtype(args.dtype)
     impls = ("reference", "aiter") if args.compare else (args.impl,)
     runs: dict[str, list[list[float]]] = {impl: [] for impl in impls}
-    for k in range(args.repeats if args.compare else 1):  # the implementations alternate, run by run
+    for k in range(args.repeats):  # the implementations alternate, run by run
         for impl in impls:
             log = args.out / (f"{impl}.log" if k == 0 else f"{impl}.{k + 1}.log")
             runs[impl].append(train(impl, args.steps, dtype, log))

@@ -58,6 +58,9 @@ def test_repeats_must_be_positive(capsys) -> None:
     with pytest.raises(SystemExit) as e:
         train_tiny.main(["--compare", "--repeats", "0"])
     assert e.value.code == 2 and "0 is not a positive count" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        train_tiny.main(["--impl", "aiter", "--repeats", "3"])
+    assert e.value.code == 2 and "--repeats needs --compare" in capsys.readouterr().err
 
 
 def test_short_comparison_on_the_cpu(tmp_path: Path) -> None:
