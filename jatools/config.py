@@ -105,7 +105,7 @@ def load(backend: str | None = None, gpu_archs: str | None = None, root: Path | 
                          "(address and thread exclude each other), e.g. JA_SANITIZE=address,undefined")
     build_dir = root / setting("JA_BUILD_DIR", env, root)
     return Settings(root=root, backend=chosen_backend,
-                    gpu_archs=tuple(split_archs(archs_text)) or None if archs_text else None,
+                    gpu_archs=tuple(split_archs(archs_text or "")) or None,
                     symbol_visible=truthy(setting("AITER_SYMBOL_VISIBLE", env, root)),
                     umbrella_dir=build_dir / "jax_aiter_build", jit_dir=build_dir / "aiter_build", build_dir=build_dir,
                     kernel_source_dir=root / raw["kernel_source_dir"], jit_config=root / raw["jit_config"],

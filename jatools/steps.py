@@ -119,12 +119,20 @@ def run(steps: Sequence[Step], label: str, *, echo: bool = True, groups: bool = 
         rec.seconds = round(time.monotonic() - start, 2)
         rec.rerun = rerun_text(step, rec.command)
         if rec.result == "failed":
-            raise StepFailed("\n".join([f"{label}: step {rec.name} failed ({rec.note}): {rec.command}",
-                                        *(["  its last lines:", *(f"    {t}" for t in rec.tail)] if rec.tail else []),
-                                        *([f"  full log: {rec.log}"] if rec.log else []),
-                                        f"  re-run just this step: {rec.rerun}"]), rec, records)
+            raise StepFailed(_failure(label, rec), rec, records)
         rec.artifacts = [p for p in (step.artifacts() if step.artifacts else []) if p.is_file()]
     return records
+
+
+def _failure(label: str, rec: Record) -> str:
+    """The message of a failed step: what failed, its last lines, its log, how to re-run just it."""
+    lines = [f"{label}: step {rec.name} failed ({rec.note}): {rec.command}"]
+    if rec.tail:
+        lines += ["  its last lines:", *(f"    {t}" for t in rec.tail)]
+    if rec.log:
+        lines.append(f"  full log: {rec.log}")
+    lines.append(f"  re-run just this step: {rec.rerun}")
+    return "\n".join(lines)
 
 
 def _execute(step: Step, argv: list[str], rec: Record, echo: bool) -> bool:

@@ -41,7 +41,7 @@ def jit_mode(requested: str | None, env: dict[str, str]) -> str:
 
 
 def native_steps(*, jit: str | None = None, shims: str = "ja_mods", jobs: int | None = None,
-                 env: dict[str, str] | None = None, python: str = sys.executable) -> list[steps.Step]:
+                 env: dict[str, str] | None = None) -> list[steps.Step]:
     """The umbrella, then the JIT libraries built or taken, then the FFI shims, as steps for jatools.steps.run."""
     env = dict(os.environ if env is None else env)
     root = config.repo_root()
@@ -51,12 +51,12 @@ def native_steps(*, jit: str | None = None, shims: str = "ja_mods", jobs: int | 
     step = lambda name, argv: steps.Step(name, argv, env, root)
     out = []
     if mode == "take":  # before anything compiles: a miss costs seconds, not a build
-        out.append(step("jit (taken)", [python, "-m", "jatools.native.build", "--check-taken"]))
+        out.append(step("jit (taken)", [sys.executable, "-m", "jatools.native.build", "--check-taken"]))
     out.append(step("umbrella", ["make", *jflag, "umbrella"]))
     if mode == "build":
         print("native build: building the JIT libraries here (JA_JIT_LIBS=take makes a consumer of this run)",
               flush=True)
-        out.append(step("jit", [python, "-m", "jatools.native.jit_build", *(["-j", str(jobs)] if jobs else [])]))
+        out.append(step("jit", [sys.executable, "-m", "jatools.native.jit_build", *(["-j", str(jobs)] if jobs else [])]))
     return [*out, step(shims, ["make", *jflag, shims])]
 
 

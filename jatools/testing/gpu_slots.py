@@ -282,12 +282,11 @@ def _holders(paths: list[Path]) -> str:
     return "; ".join(parts)
 
 
-def _poll(gpus: Gpus, folder: Path | None, timeout: float, note: str | None, groups: list[list[tuple[int, int]]],
+def _poll(gpus: Gpus, folder: Path, timeout: float, note: str | None, groups: list[list[tuple[int, int]]],
           timed_out: Callable[[list[Path]], str]) -> list[Slot]:
     """The first group of (pool index, slot) whose locks are all free, taken whole (a group partly taken is
     released at once), trying the groups in order until ``timeout`` seconds have passed; then SlotTimeout with
-    ``timed_out(every lock path of the groups)``."""
-    folder = _own_folder(folder or lock_dir())
+    ``timed_out(every lock path of the groups)``. ``folder`` is the lock folder, already checked (_own_folder)."""
     deadline = time.monotonic() + timeout
     while True:
         for group in groups:
@@ -312,6 +311,7 @@ def acquire(gpus: Gpus, per_gpu: int = 1, folder: Path | None = None, timeout: f
     """Take the first free slot in slot_order, polling until ``timeout`` seconds have passed."""
     if gpus.count == 0:
         raise ValueError("acquire() needs at least one GPU; with none, run the command unpinned")
+    folder = _own_folder(folder or lock_dir())
     (slot,) = _poll(gpus, folder, timeout, note, [[p] for p in slot_order(gpus, per_gpu)], lambda paths: (
         f"no free GPU slot after {timeout:g} s: {gpus.count} GPU(s) x {per_gpu} slot(s) ({gpus.how}), all held "
         f"({_holders(paths)}). Wait for those processes, raise "
@@ -348,6 +348,7 @@ def acquire_block(gpus: Gpus, n: int, per_gpu: int = 1, folder: Path | None = No
         raise ValueError(f"a block of {n} GPU(s) cannot come from {gpus.count} ({gpus.how}); declare at most "
                          f"{gpus.count} or run on a host with more GPUs")
     windows = [[(i, j) for i in range(start, start + n) for j in range(per_gpu)] for start in range(gpus.count - n + 1)]
+    folder = _own_folder(folder or lock_dir())
     return _poll(gpus, folder, timeout, note, windows, lambda paths: (
         f"no block of {n} free GPU(s) after {timeout:g} s among {gpus.count} ({gpus.how}): {_holders(paths)}. "
         f"Wait for those processes or raise {TIMEOUT_ENV}"))

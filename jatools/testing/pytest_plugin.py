@@ -254,8 +254,7 @@ class RunReport:
             self.collect_errors.append(self._failure(report, collecting=True))
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        label = dict(report.user_properties).get(DEVICE_PROPERTY)
-        if report.when == "call" and label:
+        if report.when == "call" and (label := dict(report.user_properties).get(DEVICE_PROPERTY)):
             self.device[report.nodeid] = label
         if report.failed:
             self.failure[report.nodeid] = self._failure(report)
