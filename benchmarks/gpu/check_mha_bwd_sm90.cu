@@ -11,7 +11,6 @@
 // gradient is compared by ||x - ref|| / ||ref||. The timing table gives the whole backward
 // (preprocess, main kernel, dQ conversion) of both paths in ms.
 #include <cmath>
-#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>

@@ -12,7 +12,6 @@
 // then the timing table gives TFLOP/s of both kernels (4 * b * h * sq * sk * d, halved when causal).
 #include <algorithm>
 #include <cmath>
-#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>

@@ -31,6 +31,7 @@
 #pragma once
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 #include <cute/atom/copy_traits_sm90_tma.hpp>
@@ -56,10 +57,12 @@ template <> struct CutlassType<bf16_t> { using type = cutlass::bfloat16_t; };
 template <> struct CutlassType<f16_t> { using type = cutlass::half_t; };
 
 // A [batch, seq, heads, D] array in global memory as the (seq, D, heads, batch) tensor the TMA
-// copies of the forward and the backward read.
-template <typename Element, int D>
-CUTE_HOST_DEVICE auto bshd_tensor(const void* ptr, int seq, int heads, int batch) {
-  return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)), make_shape(seq, int(D), heads, batch),
+// copies of the forward and the backward use: read-only (Element const) from a const pointer,
+// writable from a mutable one (the backward's dQ accumulator).
+template <typename Element, int D, typename P>
+CUTE_HOST_DEVICE auto bshd_tensor(P* ptr, int seq, int heads, int batch) {
+  using E = std::conditional_t<std::is_const_v<P>, Element const, Element>;
+  return make_tensor(make_gmem_ptr(static_cast<E*>(ptr)), make_shape(seq, int(D), heads, batch),
                      make_stride(int64_t(heads) * D, _1{}, int64_t(D), int64_t(seq) * heads * D));
 }
 
