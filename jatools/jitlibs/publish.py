@@ -26,6 +26,7 @@ last, after every check, so a failed or interrupted merge leaves the previous tr
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
@@ -137,6 +138,17 @@ class _CountingReader:
         return data
 
 
+class _HashingWriter:
+    """A write sink that passes the compressed stream on and hashes it as it goes (no second read)."""
+
+    def __init__(self, fh):
+        self._fh, self.sha = fh, hashlib.sha256()
+
+    def write(self, data) -> int:
+        self.sha.update(data)
+        return self._fh.write(data)
+
+
 def compress(src: Path, out_dir: Path, comp: Compression, asset_limit: int,
              advance: Callable[[int], None] = lambda n: None) -> dict:
     """Compress `src` to `<name>.zst` in `out_dir`: {name, size, sha256, parts: [{name, size, sha256}, ...]}.
@@ -150,9 +162,10 @@ def compress(src: Path, out_dir: Path, comp: Compression, asset_limit: int,
         threads=comp.threads)
     dest = out_dir / f"{src.name}.zst"
     with open(src, "rb") as fh, open(dest, "wb") as out:
-        zstd.ZstdCompressor(compression_params=params).copy_stream(_CountingReader(fh, advance), out, size=size,
+        sink = _HashingWriter(out)
+        zstd.ZstdCompressor(compression_params=params).copy_stream(_CountingReader(fh, advance), sink, size=size,
                                                                    read_size=4 << 20, write_size=4 << 20)
-    whole = file_entry(dest)
+    whole = file_entry(dest, sink.sha.hexdigest())
     if whole["size"] <= asset_limit:
         return {**whole, "parts": [dict(whole)]}
     parts = []
@@ -160,10 +173,11 @@ def compress(src: Path, out_dir: Path, comp: Compression, asset_limit: int,
         for i in range(-(-whole["size"] // asset_limit)):
             part = out_dir / f"{dest.name}.part{i:03d}"
             with open(part, "wb") as out:
-                left = asset_limit
-                while left and (n := os.sendfile(out.fileno(), fh.fileno(), None, left)):
-                    left -= n
-            parts.append(file_entry(part))
+                sink, left = _HashingWriter(out), asset_limit
+                while left and (chunk := fh.read(min(left, 4 << 20))):
+                    sink.write(chunk)
+                    left -= len(chunk)
+            parts.append(file_entry(part, sink.sha.hexdigest()))
     dest.unlink()
     return {**whole, "parts": parts}
 
