@@ -99,7 +99,7 @@ def gate(results: dict, baseline: dict) -> dict:
     rows, regressions = [], []
     missing = [name for name in baseline["cases"] if name not in got]
     for name, base in baseline["cases"].items():
-        if name in missing:
+        if name not in got:
             continue
         if not (finite_number(base.get("ms")) and base["ms"] > 0
                 and finite_number(base.get("band_pct")) and base["band_pct"] >= 0):

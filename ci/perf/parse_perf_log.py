@@ -206,7 +206,10 @@ def run(argv: list[str] | None = None) -> int:
                    help="mean-loss drift in percent that warns (default %(default)g)")
     p.add_argument("--json-out", type=Path, help="also write the JSON summary here")
     p.add_argument("--markdown", type=Path, help="also write the markdown table here")
-    args = p.parse_args(argv)  # bad arguments: argparse exits 2, which is EXIT_INPUT
+    try:
+        args = p.parse_args(argv)
+    except SystemExit as e:  # argparse exits 2 on bad arguments, matching EXIT_INPUT; run() returns it
+        return int(e.code or 0)
     try:
         if args.gate and not args.baseline:
             raise InputError("--gate needs --baseline FILE (a summary JSON from a reference run)")

@@ -6,6 +6,8 @@
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -134,6 +136,12 @@ class CliTests(PerfLogCase):
         r = self.cli(str(self.tmp / "nope.log"))
         self.assertEqual(r.returncode, 2)
         self.assertIn("does not exist", r.stderr)
+
+    def test_run_returns_2_on_bad_arguments(self) -> None:
+        # in-process callers (ci/convergence/train_tiny.py) read run()'s exit code; argparse's exit must not escape
+        with contextlib.redirect_stderr(io.StringIO()) as err:
+            self.assertEqual(ppl.run(["--no-such-option"]), ppl.EXIT_INPUT)
+        self.assertIn("the following arguments are required: log", err.getvalue())
 
     def test_no_step_lines_exits_2(self) -> None:
         r = self.cli(str(self.write_log(["nothing here"])))

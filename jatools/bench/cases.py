@@ -442,9 +442,9 @@ def bench_noop(ctx: Context) -> Result:
     over `make` is nox's own start-up)."""
     require("make")
     beside = Path(sys.executable).with_name("nox")  # nox from PATH (the bench venv has it), else beside Python
-    if not shutil.which("nox") and not beside.is_file():
+    nox = ["nox"] if shutil.which("nox") else [str(beside)] if beside.is_file() else None
+    if nox is None:
         raise AnchorMissing("nox is not installed (install it with `pip install nox`)")
-    nox = ["nox"] if shutil.which("nox") else [str(beside)]
     env = {**os.environ, "JA_BACKEND": os.environ.get("JA_BACKEND", "cpu")}
     run_command(["make", "-j2", "ja_mods"], cwd=ctx.root, env=env)  # up to date before timing (not timed)
     t = ctx.alternate("noop", lambda: run_command([*nox, "-s", "ja_mods"], cwd=ctx.root, env=env),
