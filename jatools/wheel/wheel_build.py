@@ -198,8 +198,8 @@ def anchor_pyproject(project: dict, version: str, packages: list[str], layout: L
     return "\n".join(lines)
 
 
-def stage(settings: config.Settings, layout: Layout, variant: Variant, version: str, libs: dict[str, Path],
-          identity: dict, plat_tag: str | None = None) -> tuple[Path, dict[str, str]]:
+def stage(settings: config.Settings, layout: Layout, variant: Variant, project: dict, version: str,
+          libs: dict[str, Path], identity: dict, plat_tag: str | None = None) -> tuple[Path, dict[str, str]]:
     """Write build/wheel_stage/<variant>/ atomically; return it and {member: how it was staged}."""
     stage_root = settings.build_dir / "wheel_stage"
     final = stage_root / variant.name
@@ -207,7 +207,6 @@ def stage(settings: config.Settings, layout: Layout, variant: Variant, version: 
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        project = _project(settings.root)
         copied = [*python_files(settings.root), *layout.data_files]
         for rel in copied + license_files(project, settings.root):  # the licenses: the anchor project's
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -240,9 +239,9 @@ def stage(settings: config.Settings, layout: Layout, variant: Variant, version: 
 def staged_members(stage_dir: Path, layout: Layout) -> list[tuple[str, Path, int]]:
     """(member, file, mode) of the package part of the wheel, in the order they are written."""
     tops = {m.split("/")[0] for m in (layout.lib_dir, layout.identity_file)}
-    files = {p.relative_to(stage_dir).as_posix(): p for top in tops for p in (stage_dir / top).rglob("*")
-             if p.is_file()}
-    return sorted((rel, p, LIB_MODE if rel.startswith(layout.lib_dir + "/") else FILE_MODE) for rel, p in files.items())
+    files = [(p.relative_to(stage_dir).as_posix(), p) for top in tops for p in (stage_dir / top).rglob("*")
+             if p.is_file()]
+    return sorted((rel, p, LIB_MODE if rel.startswith(layout.lib_dir + "/") else FILE_MODE) for rel, p in files)
 
 
 # Core metadata field names as the spec writes them (packaging writes them lower-case, which twine rejects).
@@ -428,7 +427,7 @@ def _build_locked(settings: config.Settings, options: BuildOptions, layout: Layo
     t_verify = time.monotonic()
 
     tag, tag_source = platform_tag(options, libs)
-    stage_dir, how = stage(settings, layout, variant, version, libs, identity, tag)
+    stage_dir, how = stage(settings, layout, variant, project, version, libs, identity, tag)
     if copies := sorted(m for m, h in how.items() if h == "copy" and m.startswith(layout.lib_dir)):
         notes.append(f"copied (no hard link possible): {', '.join(copies)}")
     t_stage = time.monotonic()

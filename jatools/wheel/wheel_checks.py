@@ -219,12 +219,11 @@ def record_problems(scanned: WheelScan) -> list[str]:
         rows[row[0]] = (row[1], row[2])
     problems = []
     for name, got in scanned.members.items():
-        got_hash = record_hash(bytes.fromhex(got.sha256))
         if name == record_path:
             continue
         if name not in rows:
             problems.append(f"{name} is in the zip but not in RECORD")
-        elif rows[name] != (got_hash, str(got.size)):
+        elif rows[name] != ((got_hash := record_hash(bytes.fromhex(got.sha256))), str(got.size)):
             problems.append(f"{name}: RECORD says {rows[name][0]} ({rows[name][1]} bytes), the member is "
                             f"{got_hash} ({got.size} bytes); the wheel was altered after it was built")
     return problems + [f"RECORD lists {n}, which is not in the wheel" for n in rows if n not in scanned.members]

@@ -119,11 +119,14 @@ class DeterministicZipWriter:
         if arcname in self._names:
             raise ValueError(f"duplicate zip member {arcname!r}")
         self._names.add(arcname)
-        offset = self._fp.tell()
         zip64 = size * 1.05 > ZIP64_LIMIT  # deflate may grow incompressible data slightly
-        self._fp.write(self._local_header(arcname, 0, 0, 0, zip64))
+        if not zip64 and (len(compressed) > ZIP64_LIMIT or size > ZIP64_LIMIT):
+            raise OSError(f"{arcname}: compressed to {len(compressed)} bytes, past the ZIP64 limit reserved for it")
+        offset = self._fp.tell()
+        self._fp.write(self._local_header(arcname, crc, len(compressed), size, zip64))  # sizes known: written once
         self._fp.write(compressed)
-        return self._finish(arcname, mode, offset, zip64, size, len(compressed), crc, sha256)
+        self._members.append(WrittenMember(arcname, size, len(compressed), crc, sha256, offset, mode))
+        return self._members[-1]
 
     def _local_header(self, arcname: str, crc: int, csize: int, usize: int, zip64: bool) -> bytes:
         name, version, flags = _name_version_flags(arcname, zip64)
@@ -131,17 +134,6 @@ class DeterministicZipWriter:
         return LOCAL_HEADER.pack(LOCAL_HEADER_SIGNATURE, version, flags, zipfile.ZIP_DEFLATED, self._time, self._date,
                                  crc, _U32 if zip64 else csize, _U32 if zip64 else usize, len(name),
                                  len(extra)) + name + extra
-
-    def _finish(self, arcname: str, mode: int, offset: int, zip64: bool, usize: int, csize: int, crc: int,
-                sha256: bytes) -> WrittenMember:
-        if not zip64 and (csize > ZIP64_LIMIT or usize > ZIP64_LIMIT):
-            raise OSError(f"{arcname}: compressed to {csize} bytes, past the ZIP64 limit reserved for it")
-        end = self._fp.tell()
-        self._fp.seek(offset)
-        self._fp.write(self._local_header(arcname, crc, csize, usize, zip64))
-        self._fp.seek(end)
-        self._members.append(WrittenMember(arcname, usize, csize, crc, sha256, offset, mode))
-        return self._members[-1]
 
     def _central_entry(self, m: WrittenMember) -> bytes:
         big = [v for v in (m.size, m.compressed_size, m.offset) if v > ZIP64_LIMIT]

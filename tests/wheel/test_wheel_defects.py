@@ -70,11 +70,12 @@ def test_bytes_that_differ_in_the_written_wheel_are_caught_by_the_read_back(buil
                                                                             monkeypatch):
     """The zip on disk differs from what was compressed (one flipped byte) -> reading it back fails the build."""
     member = "jax_aiter/_lib/librmsnorm_fwd.so"
-    real_finish = zip_writer.DeterministicZipWriter._finish
+    real_write = zip_writer.DeterministicZipWriter._write
 
-    def flip_a_byte(self, arcname, mode, offset, zip64, usize, csize, crc, sha256):
+    def flip_a_byte(self, arcname, *args):
+        written = real_write(self, arcname, *args)
         if arcname == member:
-            end, at = self._fp.tell(), offset + 30 + len(arcname) + csize // 2
+            end, at = self._fp.tell(), written.offset + 30 + len(arcname) + written.compressed_size // 2
             self._fp.flush()
             with open(self._fp.name, "rb") as f:
                 f.seek(at)
@@ -82,9 +83,9 @@ def test_bytes_that_differ_in_the_written_wheel_are_caught_by_the_read_back(buil
             self._fp.seek(at)
             self._fp.write(bytes([byte ^ 0xFF]))
             self._fp.seek(end)
-        return real_finish(self, arcname, mode, offset, zip64, usize, csize, crc, sha256)
+        return written
 
-    monkeypatch.setattr(zip_writer.DeterministicZipWriter, "_finish", flip_a_byte)
+    monkeypatch.setattr(zip_writer.DeterministicZipWriter, "_write", flip_a_byte)
     with pytest.raises(IntegrityError, match=r"reading the new wheel back failed: .*librmsnorm_fwd.so"):
         build(build_copy, _opts(tmp_path), layout=layout)
     assert _no_wheels(tmp_path)
