@@ -45,7 +45,7 @@ class Context:
     fetch_jit: str | None
     previous: dict
     wheels: dict[str, Path] = field(default_factory=dict)
-    code: list[Path] | None = None  # the wheel builder's code inputs, found once per run
+    inputs: list[tuple[Path, str]] | None = None  # (file, sha256) of every wheel's inputs, hashed once per run
     fingerprints: dict[str, str] = field(default_factory=dict)  # per wheel variant, of its inputs
 
 
@@ -91,13 +91,15 @@ def code_inputs(root: Path, module: str, python: str = sys.executable) -> list[P
 
 def _wheel_up_to_date(ctx: Context, variant: str) -> str | None:
     """Why the wheel need not be built again; its inputs' fingerprint is kept for the report either way."""
-    settings = config.load()
-    libs = sorted(settings.umbrella_dir.glob("*.so")) + sorted(settings.jit_dir.glob("lib*.so"))
+    if ctx.inputs is None:  # the libraries and the builder's code are the same for every variant: hashed once
+        settings = config.load()
+        paths = [*sorted(settings.umbrella_dir.glob("*.so")), *sorted(settings.jit_dir.glob("lib*.so")),
+                 *code_inputs(ctx.root, WHEEL_BUILDER, ctx.python)]
+        digests = sha256_files(paths)
+        ctx.inputs = [(p, digests[str(p)]) for p in paths]
     h = hashlib.sha256(variant.encode())
-    if ctx.code is None:
-        ctx.code = code_inputs(ctx.root, WHEEL_BUILDER, ctx.python)
-    for p in libs + ctx.code:
-        h.update(str(p.relative_to(ctx.root)).encode() + b"\0" + sha256_file(p).encode())
+    for p, digest in ctx.inputs:
+        h.update(str(p.relative_to(ctx.root)).encode() + b"\0" + digest.encode())
     for key in ("JA_WHEEL_PLAT_NAME", "JA_WHEEL_ARCH", "SOURCE_DATE_EPOCH"):
         h.update(f"{key}={os.environ.get(key, '')}".encode())
     h.update(commit_state(ctx.root)[0].encode())
