@@ -86,6 +86,13 @@ JA_HD float to_f32(f16_t v) {
 template <typename T> JA_HD T from_f32(float f);
 template <> JA_HD float from_f32<float>(float f) { return f; }
 template <> JA_HD bf16_t from_f32<bf16_t>(float f) {
+#if defined(JA_DEVICE_PASS) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  // The hardware conversion (sm_80+): round to nearest even like the path below, in one instruction
+  // instead of six; a NaN becomes the canonical quiet NaN (0x7fff) rather than keeping its sign and payload.
+  uint16_t r;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+  return bf16_t{r};
+#endif
   uint32_t u = f32_to_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return bf16_t{uint16_t((u >> 16) | 0x40u)};  // quiet NaN
   u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
