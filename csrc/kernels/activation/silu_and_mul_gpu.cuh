@@ -15,12 +15,13 @@
 namespace ja {
 
 // v / (1 + e^-v) with the fast division (a reciprocal approximation and a multiply, within 2 ulp of
-// float32): the IEEE division's instructions are a measurable part of this kernel at 1k-4k rows
-// (on the H200, a candidate kernel in tune_rmsnorm.cu at commit 5a05d8e: 1.04-1.05x there, bf16
-// outputs identical on the rows it compares).
+// float32) and e^-v as 2^(-v log2 e) on the special-function unit alone, as __expf computes it: the
+// IEEE division's instructions, and __expf's rescaling of results below 2^-126, are a measurable part
+// of this kernel at 1k-4k rows (on the H200: benchmarks/gpu/tune_rmsnorm.cu). Flushing e^-v below
+// 2^-126 (v > 87.3) to 0 changes nothing, since 1 + e^-v rounds to 1 there anyway.
 // For e^-v in [2^126, 2^128) (v in about [-88.7, -87.3]) it gives 0 where the division gives a
 // value under 1e-36; v = -inf gives NaN as the division does.
-JA_DEVICE float silu_dev(float v) { return __fdividef(v, 1.0f + __expf(-v)); }
+JA_DEVICE float silu_dev(float v) { return __fdividef(v, 1.0f + ja_exp2_approx(v * -1.44269504088896341f)); }
 
 template <typename T, int VEC>
 struct alignas(sizeof(T) * VEC) SVec {
