@@ -163,10 +163,10 @@ int main(int argc, char** argv) {
                       std::to_string(rpb) + "b" + std::to_string(minb), fn});
     };
     // Block shapes (threads x vectors per thread) that hold a row of 512, 640, 896 or 1024
-    // vectors (hidden 4096, 5120, 7168, 8192 in bf16), several exactly, x rows per block, and
+    // vectors (hidden 4096, 5120, 7168, 8192 in bf16), several exactly, x 1, 2 or 4 rows per block, and
     // for one-row blocks the weight read after the reduction or held in registers across it (wr).
 #define JA_TUNE(t, r, b) add("", t, r, 1, b, launch<t, r, 1, b>); add("wr", t, r, 1, b, launch<t, r, 1, b, ja::kWeightEarly>); \
-                         add("", t, r, 2, b, launch<t, r, 2, b>)
+                         add("", t, r, 2, b, launch<t, r, 2, b>); add("", t, r, 4, b, launch<t, r, 4, b>)
     JA_TUNE(128, 4, 1); JA_TUNE(256, 2, 1); JA_TUNE(512, 1, 1);
     JA_TUNE(160, 4, 1); JA_TUNE(320, 2, 1); JA_TUNE(640, 1, 1);
     JA_TUNE(224, 4, 1); JA_TUNE(448, 2, 1); JA_TUNE(128, 7, 1);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # compute-sanitizer on a reduced GPU test set: memcheck for every op, racecheck
-# for the attention kernels. Only our kernels are instrumented (kernel-name
-# filters); XLA's platform allocator gives every buffer its own cudaMalloc so
+# for RMSNorm (its block reduction) and the attention kernels. Only our kernels
+# are instrumented (kernel-name filters); XLA's platform allocator gives every buffer its own cudaMalloc so
 # an out-of-bounds access is not hidden inside a pooled allocation.
 #   bash ci/gpu/sanitize.sh [OUT_DIR]
 set -uo pipefail
@@ -23,6 +23,7 @@ run() {  # name tool kernel-substring pytest-args...
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/$name.log" | tail -n 2 | sed 's/^/   /'
 }
 run memcheck-rmsnorm memcheck rmsnorm tests/ops/test_rmsnorm.py -k "matches_reference and (100 or 4096 or 1000)"
+run racecheck-rmsnorm racecheck rmsnorm tests/ops/test_rmsnorm.py -k "matches_reference and (100 or 4096 or 1000)"
 run memcheck-silu memcheck silu tests/ops/test_activation.py -k "matches_reference and (200 or 1001 or 14)"
 run memcheck-mha memcheck mha tests/ops/test_attention.py -k "test_sequence_lengths"
 run racecheck-mha racecheck mha tests/ops/test_attention.py -k "test_sequence_lengths"

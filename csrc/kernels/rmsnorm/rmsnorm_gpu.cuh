@@ -46,6 +46,28 @@ JA_DEVICE float block_sum(float v, float* smem) {
   return smem[kMaxWarps];
 }
 
+// v[j] summed over the block, for N values at once (the rows of a block), with one barrier: each
+// warp's sums go to shared memory (N * THREADS / 32 floats), and every thread adds up all warps'.
+// smem must not be written again by this block (one call per kernel).
+template <int THREADS, int N>
+JA_DEVICE void block_sums(float (&v)[N], float* smem) {
+  constexpr int kWarps = THREADS / ja_warp_size();
+#pragma unroll
+  for (int j = 0; j < N; ++j) v[j] = ja_warp_sum(v[j]);
+  if (threadIdx.x % ja_warp_size() == 0) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) smem[j * kWarps + threadIdx.x / ja_warp_size()] = v[j];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    float t = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) t += smem[j * kWarps + w];
+    v[j] = t;
+  }
+}
+
 // When a one-row block (RPB = 1) reads the weight (several-row blocks keep it in registers).
 // (Asking for its lines in L1 before the reduction, prefetch.global.L1, measured slower than
 // both on the H200: benchmarks/gpu/tune_rmsnorm.cu.)
@@ -69,9 +91,9 @@ JA_DEVICE void load_row(V (&xv)[REGS], V (&rv)[REGS], const V* x, const V* res, 
 
 // REGS: vectors each thread keeps in registers; rows longer than
 // THREADS * VEC * REGS take the streaming path (second read from L2).
-// RPB: consecutive rows per block. The next row's loads are issued before the
-// current row's reduction, so a block always has a row in flight, and the
-// weight is read once per block into registers. With RPB = 1 the weight is read
+// RPB: consecutive rows per block, loaded together and reduced together (one
+// barrier for all of them), with the weight read once per block into
+// registers. With RPB = 1 the weight is read
 // after the reduction instead (an L1/L2 hit), which leaves the registers to more
 // resident blocks, hence more rows in flight per multiprocessor.
 // MIN_BLOCKS: resident blocks per multiprocessor asked of the register allocator.
@@ -81,7 +103,7 @@ template <typename T, bool RES, int THREADS, int REGS, int RPB = 1, int MIN_BLOC
 JA_GLOBAL void __launch_bounds__(THREADS, MIN_BLOCKS) rmsnorm_fwd_kernel(JaRmsNormArgs a) {
   constexpr int VEC = 16 / sizeof(T);
   using V = Vec<T, VEC>;
-  __shared__ float smem[THREADS / 32 + 1];
+  __shared__ float smem[(THREADS / 32) * RPB + 1];  // block_sums: RPB per warp; block_sum: one per warp + 1
   pdl_wait();  // launched with PDL (gpu_launch.cuh): the previous kernel's writes are visible from here
   pdl_launch_dependents();
   const int64_t h = a.hidden;
@@ -93,15 +115,19 @@ JA_GLOBAL void __launch_bounds__(THREADS, MIN_BLOCKS) rmsnorm_fwd_kernel(JaRmsNo
   const bool fits = vec_ok && nvec <= int64_t(THREADS) * REGS;
 
   if (fits) {
-    auto row_ptr = [&](const void* base, int64_t row) {
-      return base ? reinterpret_cast<const V*>(static_cast<const T*>(base) + row * h) : nullptr;
-    };
-    // Issue every load (x, residual and, with several rows, the weight, an L2 hit)
-    // before any arithmetic, so the whole row is in flight at once.
+    // The block's RPB rows are processed together: every load (x, residual and the weight) is
+    // issued before any arithmetic, so all of them are in flight at once, and the rows' sums of
+    // squares go through one block reduction.
     constexpr bool WREG = RPB > 1 || WMODE == kWeightEarly;  // the weight in registers
-    constexpr int WREGS = WREG ? REGS : 1;
-    V xv[REGS], rv[REGS], wv[WREGS];
-    load_row<V, THREADS, REGS, RES>(xv, rv, row_ptr(a.x, first), row_ptr(a.residual, first), nvec);
+    V xv[RPB][REGS], rv[RES ? RPB : 1][REGS], wv[WREG ? REGS : 1];
+#pragma unroll
+    for (int j = 0; j < RPB; ++j) {
+      if (first + j < last) {
+        const int64_t off = (first + j) * h;
+        load_row<V, THREADS, REGS, RES>(xv[j], rv[RES ? j : 0], reinterpret_cast<const V*>(static_cast<const T*>(a.x) + off),
+                                        RES ? reinterpret_cast<const V*>(static_cast<const T*>(a.residual) + off) : nullptr, nvec);
+      }
+    }
     if constexpr (WREG) {
 #pragma unroll
       for (int r = 0; r < REGS; ++r) {
@@ -109,40 +135,50 @@ JA_GLOBAL void __launch_bounds__(THREADS, MIN_BLOCKS) rmsnorm_fwd_kernel(JaRmsNo
         if (i < nvec) wv[r] = reinterpret_cast<const V*>(w)[i];
       }
     }
-    // x (+ residual) in float32, element k of vector r: computed for the sum of squares and again,
-    // after reg_barrier, for the output, so the row stays in registers in its input dtype only.
-    auto value = [&](int r, int k) {
-      return RES ? to_f32(xv[r].v[k]) + to_f32(rv[r].v[k]) : to_f32(xv[r].v[k]);
+    // x (+ residual) in float32, element k of vector r of row j: computed for the sum of squares and
+    // again, after reg_barrier, for the output, so the rows stay in registers in their input dtype only.
+    auto value = [&](int j, int r, int k) {
+      return RES ? to_f32(xv[j][r].v[k]) + to_f32(rv[RES ? j : 0][r].v[k]) : to_f32(xv[j][r].v[k]);
     };
-    for (int64_t row = first; row < last; ++row) {
-      V xn[RPB > 1 ? REGS : 1], rn[RPB > 1 ? REGS : 1];
-      const bool more = RPB > 1 && row + 1 < last;  // uniform across the block
-      if constexpr (RPB > 1) {
-        if (more) load_row<V, THREADS, REGS, RES>(xn, rn, row_ptr(a.x, row + 1), row_ptr(a.residual, row + 1), nvec);
-      }
-      V* res_out = RES ? reinterpret_cast<V*>(static_cast<T*>(a.residual_out) + row * h) : nullptr;
-      V* out = reinterpret_cast<V*>(static_cast<T*>(a.out) + row * h);
-      float acc = 0.f;
+    float acc[RPB];
+#pragma unroll
+    for (int j = 0; j < RPB; ++j) {
+      const bool row_ok = first + j < last;  // uniform across the block: the last block may have fewer rows
+      V* res_out = RES ? reinterpret_cast<V*>(static_cast<T*>(a.residual_out) + (first + j) * h) : nullptr;
+      float part[REGS];  // one sum per vector: independent chains
 #pragma unroll
       for (int r = 0; r < REGS; ++r) {
+        part[r] = 0.f;
         const int64_t i = int64_t(threadIdx.x) + int64_t(r) * THREADS;
-        if (i < nvec) {
+        if (row_ok && i < nvec) {
           V ov;
 #pragma unroll
           for (int k = 0; k < VEC; ++k) {
-            const float f = value(r, k);
-            acc += f * f;
+            const float f = value(j, r, k);
+            part[r] += f * f;
             ov.v[k] = from_f32<T>(f);
           }
           if (RES) res_out[i] = ov;
         }
       }
-      const float inv_rms = ja_rsqrt(block_sum<THREADS>(acc, smem) / float(h) + a.eps);
+      acc[j] = 0.f;
+#pragma unroll
+      for (int r = 0; r < REGS; ++r) acc[j] += part[r];
+    }
+    block_sums<THREADS, RPB>(acc, smem);
+#pragma unroll
+    for (int j = 0; j < RPB; ++j) {
 #pragma unroll
       for (int r = 0; r < REGS; ++r) {
-        reg_barrier(xv[r]);
-        if (RES) reg_barrier(rv[r]);
+        reg_barrier(xv[j][r]);
+        if (RES) reg_barrier(rv[j][r]);
       }
+    }
+#pragma unroll
+    for (int j = 0; j < RPB; ++j) {
+      if (first + j >= last) break;
+      const float inv_rms = ja_rsqrt(acc[j] / float(h) + a.eps);
+      V* out = reinterpret_cast<V*>(static_cast<T*>(a.out) + (first + j) * h);
 #pragma unroll
       for (int r = 0; r < REGS; ++r) {
         const int64_t i = int64_t(threadIdx.x) + int64_t(r) * THREADS;
@@ -152,19 +188,8 @@ JA_GLOBAL void __launch_bounds__(THREADS, MIN_BLOCKS) rmsnorm_fwd_kernel(JaRmsNo
           else wr = reinterpret_cast<const V*>(w)[i];
           V ov;
 #pragma unroll
-          for (int k = 0; k < VEC; ++k) {
-            ov.v[k] = from_f32<T>(value(r, k) * inv_rms * to_f32(wr.v[k]));
-          }
+          for (int k = 0; k < VEC; ++k) ov.v[k] = from_f32<T>(value(j, r, k) * inv_rms * to_f32(wr.v[k]));
           out[i] = ov;
-        }
-      }
-      if constexpr (RPB > 1) {
-        if (more) {
-#pragma unroll
-          for (int r = 0; r < REGS; ++r) {
-            xv[r] = xn[r];
-            if (RES) rv[r] = rn[r];
-          }
         }
       }
     }
@@ -225,9 +250,11 @@ const char* rmsnorm_fwd_gpu(const JaRmsNormArgs& a, void* stream) {
   // exactly (hidden 4096, 5120 and 7168 in 16-bit: 512, 640 and 896 vectors, 128 x 4,
   // 160 x 4 and, without a residual, 128 x 7), so no warp idles through the row. Measured
   // exceptions (tune_rmsnorm.cu, H200, speedup over one row per block with the weight read
-  // after the reduction): plain rows two to a block at 512 vectors up to 8k rows (1.01-1.04x;
-  // 0.99x at 32k) and at 640 vectors (1.00-1.13x); a residual's weight held in registers at
-  // 512 vectors (1.01-1.12x); 896 vectors plain as 128 x 7 (0.98-1.05x, against 224 x 4).
+  // after the reduction): plain rows two to a block at 512 vectors up to 8k rows (1.01-1.05x;
+  // 1.00x at 16k-32k) and at 640 vectors (1.00-1.27x); 896 vectors plain as 128 x 7
+  // (0.98-1.09x, against 224 x 4). Four rows to a block was slower at every size. A
+  // residual's weight held in registers at 512 vectors measured 1.01-1.12x before the rows of
+  // a block were reduced together, 0.97-1.01x after (within the runs' noise).
   if (nvec <= 64) {
     err = rmsnorm_launch_rows<T, 64, 1>(a, s);
   } else if (nvec <= 256) {
