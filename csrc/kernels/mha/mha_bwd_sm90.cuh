@@ -270,7 +270,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < kCols; ++c) {
         const int qr = int(get<1>(tScS_rc(r, c)));
-        float pv = exp2_approx(s(r, c) * s2 - lse2[qr]);
+        float pv = ja_exp2_approx(s(r, c) * s2 - lse2[qr]);
         if (kr >= nk || (CAUSAL && kr - qr > diag)) pv = 0.0f;
         s(r, c) = pv;
       }

@@ -159,13 +159,6 @@ CUTE_DEVICE auto acc_as_a(Layout l) {
   return make_layout(make_layout(get<0>(d), get<1>(d), get<2, 0>(d)), get<1>(l), make_layout(get<2, 1>(d), get<2>(l)));
 }
 
-// 2^x with the SFU's approximation (flush-to-zero): what the mma.sync kernel uses too (JA_MHA_FWD_MMA_FAST_EXP2).
-CUTE_DEVICE float exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 CUTE_DEVICE float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
@@ -325,12 +318,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_fwd_sm90_kernel(CUTE_GRID
       mx = quad_max(mx);
       // A row that has seen no key yet keeps max -inf: use 0 so exp2 gives 0, never NaN.
       const float m_use = mx == -INFINITY ? 0.0f : mx * s2;
-      scale_o[r] = first ? 1.0f : exp2_approx(row_max[r] * s2 - m_use);
+      scale_o[r] = first ? 1.0f : ja_exp2_approx(row_max[r] * s2 - m_use);
       row_max[r] = mx;
       float sum = 0.0f;
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < size<1>(s); ++c) {
-        s(r, c) = exp2_approx(s(r, c) * s2 - m_use);
+        s(r, c) = ja_exp2_approx(s(r, c) * s2 - m_use);
         sum += s(r, c);
       }
       row_sum[r] = (first ? 0.0f : row_sum[r] * scale_o[r]) + sum;
