@@ -101,6 +101,9 @@ JA_DEVICE void ja_reg_barrier(uint32_t& r) {
 #endif
 }
 
+// log2(e): e^x is computed as 2^(x log2 e) (SiLU), and attention folds it into its softmax scale.
+constexpr float ja_log2e = 1.4426950408889634f;
+
 // exp2 on the special-function unit alone (CUDA: ex2.approx.ftz, about 2 ulp,
 // results below 2^-126 flushed to 0); for softmax numerators, where that is harmless.
 JA_DEVICE float ja_exp2_approx(float x) {

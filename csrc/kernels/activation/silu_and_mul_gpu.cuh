@@ -21,7 +21,7 @@ namespace ja {
 // 2^-126 (v > 87.3) to 0 changes nothing, since 1 + e^-v rounds to 1 there anyway.
 // For e^-v in [2^126, 2^128) (v in about [-88.7, -87.3]) it gives 0 where the division gives a
 // value under 1e-36; v = -inf gives NaN as the division does.
-JA_DEVICE float silu_dev(float v) { return __fdividef(v, 1.0f + ja_exp2_approx(v * -1.44269504088896341f)); }
+JA_DEVICE float silu_dev(float v) { return __fdividef(v, 1.0f + ja_exp2_approx(v * -ja_log2e)); }
 
 template <typename T, int VEC>
 struct alignas(sizeof(T) * VEC) SVec {

@@ -109,7 +109,7 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_bwd_dkdv(JaMhaBwdArgs a) {
   const int64_t group = hq / hkv;
   const int nk = int(sk - kv0 < BC ? sk - kv0 : BC);
   const int64_t q_stride = hq * D, kv_stride = hkv * D;
-  const float s2 = a.scale * kLog2e;
+  const float s2 = a.scale * ja_log2e;
 
   load_tile<T, BC, D>(k_s, static_cast<const T*>(a.k) + ((b * sk + kv0) * hkv + hk) * D, kv_stride, nk);
   load_tile<T, BC, D>(v_s, static_cast<const T*>(a.v) + ((b * sk + kv0) * hkv + hk) * D, kv_stride, nk);
@@ -131,7 +131,7 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_bwd_dkdv(JaMhaBwdArgs a) {
       load_tile<T, BR, D>(q_s, static_cast<const T*>(a.q) + qoff, q_stride, rows);
       load_tile<T, BR, D>(do_s, static_cast<const T*>(a.dout) + qoff, q_stride, rows);
       for (int i = threadIdx.x; i < BR; i += kThreads) {
-        lse_s[i] = i < rows ? lse[q0 + i] * kLog2e : INFINITY;
+        lse_s[i] = i < rows ? lse[q0 + i] * ja_log2e : INFINITY;
         delta_s[i] = i < rows ? delta[q0 + i] : 0.0f;
       }
       __syncthreads();

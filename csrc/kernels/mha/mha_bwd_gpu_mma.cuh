@@ -119,7 +119,7 @@ JA_GLOBAL void __launch_bounds__(BwdMmaTiles<T, D>::kThreads, JA_MHA_BWD_MMA_MIN
   const int64_t group = hq / hkv;
   const int nk = int(sk - kv0 < BC ? sk - kv0 : BC);
   const int64_t q_stride = hq * D, kv_stride = hkv * D;
-  const float s2 = a.scale * kLog2e;
+  const float s2 = a.scale * ja_log2e;
   const int wrow = warp * 16;  // this warp's first key row in the tile
 
   // Query tiles per head: causal blocks start at the tile holding the first
@@ -218,7 +218,7 @@ JA_GLOBAL void __launch_bounds__(BwdMmaTiles<T, D>::kThreads, JA_MHA_BWD_MMA_MIN
       const float2 d2 = *reinterpret_cast<const float2*>(delta_t + n * 8 + 2 * t);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float lse2 = ((e & 1) ? l2.y : l2.x) * kLog2e;  // +inf (no visible key) gives P = 0
+        const float lse2 = ((e & 1) ? l2.y : l2.x) * ja_log2e;  // +inf (no visible key) gives P = 0
         const float dlt = (e & 1) ? d2.y : d2.x;
 #if JA_MHA_BWD_MMA_FAST_EXP2
         float p = ja_exp2_approx(st[n][e] * s2 - lse2);

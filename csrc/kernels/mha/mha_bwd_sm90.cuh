@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
     if (tid >= 2 * BM) return;
     const int h = hk * p.group + it / q_tiles, q = (m_begin + it % q_tiles) * BM + tid % BM;
     const int64_t off = (int64_t(b) * p.heads_q + h) * sq + q;
-    if (tid < BM) ss.lse[it % kStages][tid] = q < sq ? p.lse[off] * 1.4426950408889634f : INFINITY;
+    if (tid < BM) ss.lse[it % kStages][tid] = q < sq ? p.lse[off] * ja_log2e : INFINITY;
     else ss.delta[it % kStages][tid - BM] = q < sq ? p.delta[off] : 0.0f;
   };
   if (n_iter > 0) load_rows(0);
@@ -387,7 +387,7 @@ const char* mha_bwd_sm90_launch(const JaMhaBwdArgs& a, cudaStream_t stream) {
       hkv,
       hq / hkv,
       a.scale,
-      a.scale * 1.4426950408889634f};
+      a.scale * ja_log2e};
   auto kernel = mha_bwd_sm90_kernel<Tr, CAUSAL>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
   if (err != cudaSuccess)

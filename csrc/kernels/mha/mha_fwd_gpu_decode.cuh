@@ -156,7 +156,7 @@ JA_GLOBAL void __launch_bounds__(DecodeTiles<T, D>::kThreads) mha_decode_kernel(
   const int r0 = rb * 16;  // first row of this block among the kv head's rows
   const int64_t b = blockIdx.z;
   const int64_t kv_stride = hkv * D;
-  const float s2 = a.scale * kLog2e;
+  const float s2 = a.scale * ja_log2e;
   const int64_t key0 = int64_t(blockIdx.x) * d.chunk;
   const int64_t key1 = key0 + d.chunk < sk ? key0 + d.chunk : sk;
   const int ntiles = key1 > key0 ? int((key1 - key0 + BC - 1) / BC) : 0;

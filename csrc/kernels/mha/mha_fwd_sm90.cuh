@@ -451,7 +451,7 @@ const char* mha_fwd_sm90_launch(const JaMhaFwdArgs& a, cudaStream_t stream) {
       int64_t(sq) * hq * D,
       hq,
       hq / hkv,
-      a.scale * 1.4426950408889634f};
+      a.scale * ja_log2e};
   auto kernel = mha_fwd_sm90_kernel<Tr, CAUSAL>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
   if (err != cudaSuccess)

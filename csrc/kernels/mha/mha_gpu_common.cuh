@@ -30,7 +30,6 @@ constexpr int kSmemMax = 64 * 1024;  // a block's LDS on CDNA
 #else
 constexpr int kSmemMax = 227 * 1024;  // a block's shared memory with opt-in (sm_90; sm_80 has 163 KiB)
 #endif
-constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 // Row stride (elements) of a [rows][D] tile of T in shared memory.
@@ -87,7 +86,7 @@ template <int D>
 JA_DEVICE FwdBlock fwd_block(const JaMhaFwdArgs& a, int64_t q_tile, int br) {
   const int64_t q0 = q_tile * br, sq = a.seq_q, hq = a.heads_q, hkv = a.heads_kv, h = blockIdx.y;
   return {q0, h, int64_t(blockIdx.z), sq, a.seq_k, hq, hkv, h / (hq / hkv), hq * D, hkv * D,
-          int(sq - q0 < br ? sq - q0 : br), a.scale * kLog2e};
+          int(sq - q0 < br ? sq - q0 : br), a.scale * ja_log2e};
 }
 
 // Whether instances for T run on the matrix units (ja/mma.h) or the SIMT kernels.
