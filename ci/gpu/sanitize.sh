@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # compute-sanitizer on a reduced GPU test set: memcheck for every op, racecheck
 # for RMSNorm (its block reduction) and the attention kernels. Only our kernels
-# are instrumented (kernel-name filters); XLA's platform allocator gives every buffer its own cudaMalloc so
-# an out-of-bounds access is not hidden inside a pooled allocation.
+# are instrumented (kernel-name filters); XLA's platform allocator gives every
+# buffer its own cudaMalloc so an out-of-bounds access is not hidden inside a
+# pooled allocation.
 #   bash ci/gpu/sanitize.sh [OUT_DIR]
 set -uo pipefail
 out="${1:-build/sanitize-gpu}"
