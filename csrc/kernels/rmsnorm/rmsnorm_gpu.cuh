@@ -120,9 +120,10 @@ JA_GLOBAL void __launch_bounds__(THREADS, MIN_BLOCKS) rmsnorm_fwd_kernel(JaRmsNo
     // squares go through one block reduction.
     constexpr bool WREG = RPB > 1 || WMODE == kWeightEarly;  // the weight in registers
     V xv[RPB][REGS], rv[RES ? RPB : 1][REGS], wv[WREG ? REGS : 1];
+    auto row_ok = [&](int j) { return first + j < last; };  // uniform: the last block may have fewer rows
 #pragma unroll
     for (int j = 0; j < RPB; ++j) {
-      if (first + j < last) {
+      if (row_ok(j)) {
         const int64_t off = (first + j) * h;
         load_row<V, THREADS, REGS, RES>(xv[j], rv[RES ? j : 0], reinterpret_cast<const V*>(static_cast<const T*>(a.x) + off),
                                         RES ? reinterpret_cast<const V*>(static_cast<const T*>(a.residual) + off) : nullptr, nvec);
@@ -143,14 +144,13 @@ JA_GLOBAL void __launch_bounds__(THREADS, MIN_BLOCKS) rmsnorm_fwd_kernel(JaRmsNo
     float acc[RPB];
 #pragma unroll
     for (int j = 0; j < RPB; ++j) {
-      const bool row_ok = first + j < last;  // uniform across the block: the last block may have fewer rows
       V* res_out = RES ? reinterpret_cast<V*>(static_cast<T*>(a.residual_out) + (first + j) * h) : nullptr;
       float part[REGS];  // one sum per vector: independent chains
 #pragma unroll
       for (int r = 0; r < REGS; ++r) {
         part[r] = 0.f;
         const int64_t i = int64_t(threadIdx.x) + int64_t(r) * THREADS;
-        if (row_ok && i < nvec) {
+        if (row_ok(j) && i < nvec) {
           V ov;
 #pragma unroll
           for (int k = 0; k < VEC; ++k) {
@@ -176,7 +176,7 @@ JA_GLOBAL void __launch_bounds__(THREADS, MIN_BLOCKS) rmsnorm_fwd_kernel(JaRmsNo
     }
 #pragma unroll
     for (int j = 0; j < RPB; ++j) {
-      if (first + j >= last) break;
+      if (!row_ok(j)) break;
       const float inv_rms = ja_rsqrt(acc[j] / float(h) + a.eps);
       V* out = reinterpret_cast<V*>(static_cast<T*>(a.out) + (first + j) * h);
 #pragma unroll
