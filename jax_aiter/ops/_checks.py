@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import numbers
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -54,3 +55,20 @@ def check_scale(op: str, softmax_scale, default: float) -> float:
     if softmax_scale is None:
         return default
     return _f32_scalar(op, "softmax_scale", softmax_scale, f"{default:.6g} (1/sqrt(head_dim))")
+
+
+def as_array(op: str, name: str, x) -> jax.Array:
+    """x as a JAX array, as jax.numpy converts array-likes (lists, NumPy arrays, scalars): a float64 NumPy
+    array becomes float32 unless jax_enable_x64 is on. Tracers and jax.Arrays pass through unchanged."""
+    if isinstance(x, jax.Array):
+        return x
+    try:
+        return jnp.asarray(x)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{op}: {name} must be an array or array-like (a jax.Array, a NumPy array or a nested "
+                        f"list of numbers), got {type(x).__name__}: {e}") from None
+
+
+def is_empty(x) -> bool:
+    """True when a dimension of x is a known 0 (a symbolic dimension of jax.export is never 0)."""
+    return any(isinstance(n, int) and n == 0 for n in x.shape)

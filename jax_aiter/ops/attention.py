@@ -16,9 +16,10 @@ from functools import cache, partial
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from jax_aiter import _loader
-from jax_aiter.ops import _batching, _checks, _ffi
+from jax_aiter.ops import _batching, _checks, _ffi, _partition, _sharding
 
 OP = "flash_attn_func"
 # Head dims with compiled instances: the head_dim axis of the mha_fwd/mha_bwd
@@ -50,8 +51,13 @@ def _check(q, k, v, causal, softmax_scale) -> float:
         raise ValueError(f"{OP}: heads_q ({heads_q}) must be a multiple of heads_kv ({heads_kv}) "
                          "for grouped-query attention")
     if head_dim not in SUPPORTED_HEAD_DIMS:
+        padded = min((d for d in SUPPORTED_HEAD_DIMS if d > head_dim), default=None)
+        hint = ("" if padded is None else
+                f"; pad q, k and v with zeros to head_dim {padded} (jnp.pad on the last axis), pass "
+                f"softmax_scale=1/sqrt({head_dim}) = {1.0 / math.sqrt(head_dim):.6g} (the scale of the original "
+                f"head_dim, not of {padded}) and keep the output's first {head_dim} columns")
         raise ValueError(f"{OP}: head_dim {head_dim} is not supported; supported head dims are "
-                         f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))} (pad q, k and v to one of them)")
+                         f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))}{hint}")
     if not isinstance(causal, (bool, np.bool_)):
         raise TypeError(f"{OP}: causal must be a Python bool, got {type(causal).__name__}")
     return _checks.check_scale(OP, softmax_scale, 1.0 / math.sqrt(head_dim))
@@ -69,11 +75,13 @@ _DECODE_BLOCKS = 2048      # blocks worth room for: 4 waves of 2 blocks on 256 m
 _DECODE_MAX_SPLITS = 256
 
 
-def _decode_workspace_shape(batch: int, seq_q: int, seq_k: int, heads_q: int, heads_kv: int,
-                            head_dim: int) -> tuple[int, int]:
-    """(batch, n): the forward's float32 workspace; n = 0 where the split-KV path cannot split."""
+def _decode_workspace_shape(batch, seq_q, seq_k, heads_q: int, heads_kv: int, head_dim: int) -> tuple:
+    """(batch, n): the forward's float32 workspace; n = 0 where the split-KV path cannot split, or where
+    the batch or a sequence length is symbolic (jax.export): the kernel then runs one split."""
+    if heads_q == 0 or not all(isinstance(n, int) for n in (batch, seq_q, seq_k)):
+        return (batch, 0)
     rows = heads_q // heads_kv * seq_q
-    if rows > _DECODE_MAX_ROWS:
+    if rows > _DECODE_MAX_ROWS or batch == 0:
         return (batch, 0)
     blocks_per_batch = heads_kv * -(-rows // 16)  # one per kv head and 16 query rows, per split
     splits = min(_DECODE_MAX_SPLITS, -(-_DECODE_BLOCKS // (batch * blocks_per_batch)),
@@ -83,30 +91,109 @@ def _decode_workspace_shape(batch: int, seq_q: int, seq_k: int, heads_q: int, he
     return (batch, blocks_per_batch * splits * 16 * (head_dim + 1))
 
 
+def _fwd_call(causal, scale, heads, q, k, v):
+    """The forward FFI call on whatever shapes it gets: the whole arrays, or one shard of them."""
+    _loader.ensure_registered("mha_fwd")
+    batch, seq_q, heads_q, head_dim = q.shape
+    ws = _decode_workspace_shape(batch, seq_q, k.shape[1], heads_q, k.shape[2], head_dim)
+    outs = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((batch, heads_q, seq_q), jnp.float32),
+            jax.ShapeDtypeStruct(ws, jnp.float32))  # workspace: split-KV partial results
+    o, lse, _ = _ffi.ffi_call("ja_mha_fwd", outs, q, k, v, causal=np.bool_(causal), scale=_ffi.f32(scale))
+    return o, lse
+
+
+def _bwd_call(causal, scale, heads, q, k, v, o, do, lse):
+    _loader.ensure_registered("mha_bwd")
+    outs = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
+            jax.ShapeDtypeStruct(v.shape, v.dtype),
+            jax.ShapeDtypeStruct(q.shape, jnp.float32),      # workspace: dQ accumulator
+            jax.ShapeDtypeStruct(lse.shape, jnp.float32))    # workspace: rowsum(dO * O)
+    dq, dk, dv, _, _ = _ffi.ffi_call("ja_mha_bwd", outs, q, k, v, o, do, lse, causal=np.bool_(causal),
+                                     scale=_ffi.f32(scale))
+    return dq, dk, dv
+
+
+# --- sharding (jax_aiter/ops/_partition.py): batch and heads are local, sequences and head_dim are not ---
+
+def _head_split(mesh, heads_entry, heads: tuple[int, int]):
+    """(q heads entry, kv heads entry) the kernel can run with locally, from the proposed q heads entry.
+
+    Heads split contiguously, so a shard of n keeps whole GQA groups when n divides heads_kv (the kv
+    heads split with their query groups); with one kv head (MQA) the query heads split and K/V stay
+    whole; otherwise heads are not split."""
+    heads_q, heads_kv = heads
+    n = _partition.axes_size(mesh, heads_entry)
+    if n > 1 and heads_q % n == 0 and heads_kv % n == 0:
+        return heads_entry, heads_entry
+    if n > 1 and heads_q % n == 0 and heads_kv == 1:
+        return heads_entry, None
+    return None, None
+
+
+def _attn_layout(mesh, q_shape, heads):
+    batch, _, proposed, _ = _partition.padded_spec(q_shape)
+    qh, kvh = _head_split(mesh, proposed, heads)
+    return (batch, None, qh, None), (batch, None, kvh, None), (batch, qh, None), qh != kvh
+
+
+def _fwd_specs(causal, scale, heads, mesh, arg_shapes):
+    q, kv, lse, _ = _attn_layout(mesh, arg_shapes[0], heads)
+    return [q, kv, kv], [q, lse], {}
+
+
+def _bwd_specs(causal, scale, heads, mesh, arg_shapes):
+    """With whole K/V and split query heads (MQA), each shard's dK and dV sum over its query heads only:
+    they are summed over the heads' mesh axes."""
+    q, kv, lse, kv_whole = _attn_layout(mesh, arg_shapes[0], heads)
+    axes = _partition.axis_names(q[2])
+    return [q, kv, kv, q, q, lse], [q, kv, kv], ({1: axes, 2: axes} if kv_whole else {})
+
+
+def _rule(backward: bool):
+    """The Shardy rule: b batch, s/t the query/key sequences, d head_dim (never sharded); query heads are
+    the compound factor (k g) of kv heads k and group g, so they shard with their kv heads."""
+    def rule(causal, scale, heads, mesh, operand_types, result_types):
+        heads_q, heads_kv = heads
+        if heads_kv == 1:
+            h, k, sizes = "h", "k", {}
+        elif heads_q == heads_kv:
+            h, k, sizes = "k", "k", {}
+        else:
+            h, k, sizes = "(k g)", "k", {"g": heads_q // heads_kv}
+        q, kv, lse = f"b s {h} d", f"b t {k} d", f"b {h} s"
+        text = (f"{q}, {kv}, {kv}, {q}, {q}, {lse} -> {q}, {kv}, {kv}" if backward
+                else f"{q}, {kv}, {kv} -> {q}, {lse}")
+        return text, {**sizes, "need_replication_factors": ("s", "d", "t")}  # in factor order (Shardy wants them sorted)
+    return rule
+
+
+_FWD = _partition.partitioned(_fwd_call, _rule(False), _fwd_specs, n_static=3)
+_BWD = _partition.partitioned(_bwd_call, _rule(True), _bwd_specs, n_static=3)
+
+
+def _no_second_order(f):
+    """f with a derivative rule that refuses clearly: the backward kernel has no derivative of its own."""
+    g = jax.custom_jvp(f)
+
+    @g.defjvp
+    def _jvp(primals, tangents):
+        raise NotImplementedError(
+            f"{OP}: higher-order derivatives (grad of grad, hessian, jvp of a gradient) are not supported: "
+            "the mha_bwd kernel has no derivative. Use jax.nn.dot_product_attention where second derivatives "
+            "of attention are needed.")
+    return g
+
+
 @cache
 def _prims(causal: bool, scale: float):
     """The forward and backward FFI calls for one (causal, scale), batched by folding into batch."""
-    attrs = {"causal": np.bool_(causal), "scale": _ffi.f32(scale)}
-
     def fwd(q, k, v):
-        _loader.ensure_registered("mha_fwd")
-        batch, seq_q, heads_q, head_dim = q.shape
-        ws = _decode_workspace_shape(batch, seq_q, k.shape[1], heads_q, k.shape[2], head_dim)
-        outs = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((batch, heads_q, seq_q), jnp.float32),
-                jax.ShapeDtypeStruct(ws, jnp.float32))  # workspace: split-KV partial results
-        o, lse, _ = _ffi.ffi_call("ja_mha_fwd", outs, q, k, v, **attrs)
-        return o, lse
+        return tuple(_FWD(causal, scale, (q.shape[2], k.shape[2]), q, k, v))
 
     def bwd(q, k, v, o, do, lse):
-        _loader.ensure_registered("mha_bwd")
-        outs = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
-                jax.ShapeDtypeStruct(v.shape, v.dtype),
-                jax.ShapeDtypeStruct(q.shape, jnp.float32),      # workspace: dQ accumulator
-                jax.ShapeDtypeStruct(lse.shape, jnp.float32))    # workspace: rowsum(dO * O)
-        dq, dk, dv, _, _ = _ffi.ffi_call("ja_mha_bwd", outs, q, k, v, o, do, lse, **attrs)
-        return dq, dk, dv
+        return tuple(_BWD(causal, scale, (q.shape[2], k.shape[2]), q, k, v, o, do, lse))
 
-    return _batching.fold_into_batch(fwd), _batching.fold_into_batch(bwd)
+    return _batching.fold_into_batch(fwd), _no_second_order(_batching.fold_into_batch(bwd))
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(3, 4))
@@ -127,18 +214,52 @@ def _flash_bwd(causal, scale, res, do):
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
-def flash_attn_func(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool = False,
+def flash_attn_func(q: ArrayLike, k: ArrayLike, v: ArrayLike, causal: bool = False,
                     softmax_scale: float | None = None) -> jax.Array:
-    """softmax(q k^T * softmax_scale) v without materialising the seq_q x seq_k matrix.
+    """Attention softmax(q k^T * softmax_scale) v, without materialising the seq_q x seq_k matrix.
 
-    q is [batch, seq_q, heads_q, head_dim]; k and v are [batch, seq_k, heads_kv,
-    head_dim] with heads_q a multiple of heads_kv (grouped-query attention: query
-    head h uses kv head h // (heads_q // heads_kv)). float16, bfloat16 or
-    float32; head_dim 32, 64, 96, 128 or 256; softmax_scale defaults to 1/sqrt(head_dim).
-    causal=True masks key j for query i unless j <= i + seq_k - seq_q (aligned to
-    the bottom-right corner, as FlashAttention does); a query row that sees no
-    key outputs 0. Accumulation is float32. Differentiable (custom VJP calling
-    the mha_bwd kernel); works under jit and vmap.
+    Parameters
+    ----------
+    q : array_like, shape [batch, seq_q, heads_q, head_dim]
+        Queries. float16, bfloat16 or float32; head_dim 32, 64, 96, 128 or 256.
+    k, v : array_like, shape [batch, seq_k, heads_kv, head_dim]
+        Keys and values, the dtype of q. heads_q must be a multiple of heads_kv
+        (grouped-query attention: query head h reads kv head h // (heads_q // heads_kv);
+        heads_kv == 1 is multi-query attention).
+    causal : bool
+        Mask key j for query i unless j <= i + seq_k - seq_q: the mask is aligned to the
+        bottom-right corner (as FlashAttention 2 does), so with seq_q < seq_k the last
+        query sees every key. A query row that sees no key (causal with seq_q > seq_k,
+        or seq_k == 0) outputs 0.
+    softmax_scale : float, optional
+        Multiplies q k^T; default 1/sqrt(head_dim).
+
+    Returns
+    -------
+    jax.Array, shape [batch, seq_q, heads_q, head_dim], the dtype of q
+        Softmax and accumulation run in float32.
+
+    Notes
+    -----
+    Inputs are converted with jax.numpy.asarray, so lists and NumPy arrays follow
+    jax.numpy's dtype rules (a float64 NumPy array becomes float32 unless jax_enable_x64
+    is on, and float64 is refused). Zero-size inputs (batch, seq_q, seq_k or heads 0)
+    give a zero-filled output of q's shape and zero gradients, with no kernel call.
+
+    Works under jit, vmap, grad (a custom VJP calling the mha_bwd kernel), remat, scan,
+    jax.shard_map (any mix of sharded and replicated q, k, v) and jax.jit with
+    NamedSharding inputs (batch and heads stay sharded; a sharded sequence or head_dim
+    is gathered first), and jax.export with symbolic batch and sequence sizes
+    (docs/transformations.md).
+
+    Not supported: forward-mode autodiff (jax.jvp, jax.jacfwd, jax.hessian; JAX raises
+    "can't apply forward-mode autodiff (jvp) to a custom_vjp function") and
+    higher-order gradients (grad of grad raises NotImplementedError). Use
+    jax.nn.dot_product_attention where those are needed.
     """
+    q, k, v = (_checks.as_array(OP, name, x) for name, x in (("q", q), ("k", k), ("v", v)))
     scale = _check(q, k, v, causal, softmax_scale)
+    if _checks.is_empty(q) or _checks.is_empty(k):
+        return jnp.zeros_like(q)  # nothing to attend to: rows that see no key give 0
+    q, k, v = _sharding.vary_like(q, k, v)
     return _flash(q, k, v, bool(causal), scale)

@@ -5,9 +5,10 @@ from functools import cache, partial
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 from jax_aiter import _loader
-from jax_aiter.ops import _batching, _checks, _ffi, _sharding
+from jax_aiter.ops import _batching, _checks, _ffi, _partition, _sharding
 
 
 def _check(op: str, x, weight, eps, residual=None) -> float:
@@ -25,18 +26,37 @@ def _check(op: str, x, weight, eps, residual=None) -> float:
     return _checks.check_eps(op, eps)
 
 
+def _row_specs(n_rows: int):
+    """Rows keep their sharding; the hidden dimension (normalised over) and the weight are whole."""
+    def specs(eps, mesh, arg_shapes):
+        row = _partition.padded_spec(arg_shapes[0])[:-1] + (None,)
+        return [row] * n_rows + [(None,)], [row] * n_rows, {}
+    return specs
+
+
+def _plain(eps, x, weight):
+    _loader.ensure_registered("rmsnorm_fwd")
+    return _ffi.ffi_call("ja_rmsnorm_fwd", jax.ShapeDtypeStruct(x.shape, x.dtype), x, weight, eps=_ffi.f32(eps))
+
+
+def _with_add(eps, x, residual, weight):
+    _loader.ensure_registered("rmsnorm_fwd")
+    out = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    return _ffi.ffi_call("ja_rmsnorm_fwd_add", (out, out), x, residual, weight, eps=_ffi.f32(eps))
+
+
+# The hidden dimension h is one factor in x, residual, weight and the results; it must not be sharded
+# (the row's mean of squares would be a partial sum).
+_PLAIN = _partition.partitioned(_plain, "... h, h -> ... h", _row_specs(1), n_static=1,
+                                need_replication_factors=("h",))
+_WITH_ADD = _partition.partitioned(_with_add, "... h, ... h, h -> ... h, ... h", _row_specs(2), n_static=1,
+                                   need_replication_factors=("h",))
+
+
 @cache
 def _prims(eps: float):
-    def plain(x, weight):
-        _loader.ensure_registered("rmsnorm_fwd")
-        return _ffi.ffi_call("ja_rmsnorm_fwd", jax.ShapeDtypeStruct(x.shape, x.dtype), x, weight, eps=_ffi.f32(eps))
-
-    def with_add(x, residual, weight):
-        _loader.ensure_registered("rmsnorm_fwd")
-        out = jax.ShapeDtypeStruct(x.shape, x.dtype)
-        return _ffi.ffi_call("ja_rmsnorm_fwd_add", (out, out), x, residual, weight, eps=_ffi.f32(eps))
-
-    return _batching.rowwise(plain, 1), _batching.rowwise(with_add, 2)
+    return (_batching.rowwise(partial(_PLAIN, eps), 1),
+            _batching.rowwise(lambda x, r, w: tuple(_WITH_ADD(eps, x, r, w)), 2))
 
 
 def _rms_bwd_math(x, weight, g, eps):
@@ -46,7 +66,7 @@ def _rms_bwd_math(x, weight, g, eps):
     xhat = xf * r
     gw = gf * wf
     dx = r * (gw - xhat * jnp.mean(gw * xhat, axis=-1, keepdims=True))
-    dw = jnp.sum((gf * xhat).reshape(-1, x.shape[-1]), axis=0)
+    dw = jnp.sum(gf * xhat, axis=tuple(range(x.ndim - 1)))  # no reshape: a sharded row axis stays local
     return dx, dw
 
 
@@ -89,16 +109,84 @@ def _rms_norm_add_bwd(eps, res, cts):
 _rms_norm_add.defvjp(_rms_norm_add_fwd, _rms_norm_add_bwd)
 
 
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float = 1e-6) -> jax.Array:
-    """x / sqrt(mean(x**2, -1) + eps) * weight over the last axis (float32 accumulation)."""
+def _empty_norm(x, weight, eps):
+    """The norm in plain JAX, for zero-size inputs only: an empty result (and zero gradients), no kernel call."""
+    xf = x.astype(jnp.float32)
+    r = jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return (xf * r * weight.astype(jnp.float32)).astype(x.dtype)
+
+
+def rms_norm(x: ArrayLike, weight: ArrayLike, eps: float = 1e-6) -> jax.Array:
+    """RMSNorm over the last axis: x / sqrt(mean(x**2, axis=-1) + eps) * weight.
+
+    Parameters
+    ----------
+    x : array_like, shape [..., hidden]
+        float32, bfloat16 or float16. Every leading axis is a row.
+    weight : array_like, shape [hidden]
+        The dtype of x.
+    eps : float
+        Added to the mean of squares; finite and non-negative in float32.
+
+    Returns
+    -------
+    jax.Array, the shape and dtype of x
+        The mean of squares and the scaling are computed in float32.
+
+    Notes
+    -----
+    Inputs are converted with jax.numpy.asarray, so lists and NumPy arrays follow
+    jax.numpy's dtype rules (a float64 NumPy array becomes float32 unless
+    jax_enable_x64 is on, and float64 is refused); all inputs must then share one
+    dtype. Zero-size inputs (no rows, or hidden 0) give empty results and gradients,
+    with no kernel call.
+
+    Works under jit, vmap, grad (the backward is plain JAX, so higher-order
+    gradients work too), remat, scan, jax.shard_map (replicated or sharded weight)
+    and jax.jit with NamedSharding inputs (the rows stay sharded; a sharded hidden
+    dimension is gathered first), and jax.export with symbolic leading dimensions
+    (docs/transformations.md). Not supported: forward-mode autodiff (jax.jvp,
+    jax.jacfwd; JAX raises "can't apply forward-mode autodiff (jvp) to a custom_vjp
+    function").
+    """
+    x, weight = _checks.as_array("rms_norm", "x", x), _checks.as_array("rms_norm", "weight", weight)
     eps = _check("rms_norm", x, weight, eps)
+    if _checks.is_empty(x):
+        return _empty_norm(x, weight, eps)
     x, weight = _sharding.vary_like(x, weight)
     return _rms_norm(x, weight, eps)
 
 
-def rms_norm_with_add(x: jax.Array, residual: jax.Array, weight: jax.Array,
+def rms_norm_with_add(x: ArrayLike, residual: ArrayLike, weight: ArrayLike,
                       eps: float = 1e-6) -> tuple[jax.Array, jax.Array]:
-    """Fused residual add and RMSNorm: returns (rms_norm(x + residual), x + residual)."""
-    eps = _check("rms_norm_with_add", x, weight, eps, residual)
+    """Fused residual add and RMSNorm: (rms_norm(x + residual, weight, eps), x + residual).
+
+    Parameters
+    ----------
+    x, residual : array_like, shape [..., hidden]
+        float32, bfloat16 or float16, one shape and dtype. Every leading axis is a row.
+    weight : array_like, shape [hidden]
+        The dtype of x.
+    eps : float
+        Added to the mean of squares; finite and non-negative in float32.
+
+    Returns
+    -------
+    (jax.Array, jax.Array), each the shape and dtype of x
+        The normalised sum, and the sum x + residual rounded to x's dtype (the
+        next layer's residual). The norm is computed from the rounded sum, in float32.
+
+    Notes
+    -----
+    Input conversion, zero-size inputs, the transformations that work and the one
+    that does not (forward-mode autodiff) are as for rms_norm.
+    """
+    op = "rms_norm_with_add"
+    x, residual, weight = (_checks.as_array(op, n, a) for n, a in (("x", x), ("residual", residual),
+                                                                   ("weight", weight)))
+    eps = _check(op, x, weight, eps, residual)
+    if _checks.is_empty(x):
+        summed = x + residual
+        return _empty_norm(summed, weight, eps), summed
     x, residual, weight = _sharding.vary_like(x, residual, weight)
     return _rms_norm_add(x, residual, weight, eps)
