@@ -1,19 +1,33 @@
 """jax-aiter: fused GPU kernels for JAX through XLA FFI.
 
 The ops are imported lazily, so tooling such as ``python -m jax_aiter info``
-and ``jax-aiter-fetch-mha`` starts without importing JAX.
+and ``jax-aiter-fetch-mha`` starts without importing JAX. Type checkers see
+the ops' real signatures through the ``TYPE_CHECKING`` imports below.
+
+A program that uses the ops registers their FFI handlers on first use. A
+program that only runs an exported computation (``jax.export.deserialize``)
+never calls an op, so it calls :func:`register` first.
 """
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:  # the same names as _LAZY (a test keeps them equal)
+    from jax_aiter.ops.activation import silu_and_mul
+    from jax_aiter.ops.attention import flash_attn_func
+    from jax_aiter.ops.export import disabled_checks, register
+    from jax_aiter.ops.rmsnorm import rms_norm, rms_norm_with_add
 
 _LAZY = {
     "rms_norm": "jax_aiter.ops.rmsnorm",
     "rms_norm_with_add": "jax_aiter.ops.rmsnorm",
     "silu_and_mul": "jax_aiter.ops.activation",
     "flash_attn_func": "jax_aiter.ops.attention",
+    "register": "jax_aiter.ops.export",
+    "disabled_checks": "jax_aiter.ops.export",
 }
 
 __all__ = sorted(_LAZY)  # noqa: PLE0605 (built from _LAZY, the one list of the public names)

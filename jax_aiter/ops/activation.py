@@ -6,14 +6,13 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from jax_aiter import _loader
-from jax_aiter.ops import _checks, _ffi, _partition
+from jax_aiter.ops import _batching, _checks, _ffi, _partition
 
 
 def _call(x):
     _loader.ensure_registered("silu_and_mul")
     out = jax.ShapeDtypeStruct((*x.shape[:-1], x.shape[-1] // 2), x.dtype)
-    # Every leading axis is a row for the kernel, so a vmapped batch folds in.
-    return _ffi.ffi_call("ja_silu_and_mul", out, x, vmap_method="broadcast_all")
+    return _ffi.ffi_call("ja_silu_and_mul", out, x)
 
 
 def _specs(mesh, arg_shapes):
@@ -23,7 +22,9 @@ def _specs(mesh, arg_shapes):
 
 
 # The last axis is 2*d in and d out: two factors, neither shardable (a shard would split gate from up).
-_silu_and_mul_prim = _partition.partitioned(_call, "... i -> ... j", _specs, need_replication_factors=("i", "j"))
+# Every leading axis is a row for the kernel, so a vmapped batch folds into the rows (_batching.rowwise).
+_silu_and_mul_prim = _batching.rowwise(
+    _partition.partitioned(_call, "... i -> ... j", _specs, need_replication_factors=("i", "j")), 1)
 
 
 @jax.custom_vjp
@@ -32,7 +33,9 @@ def _silu_and_mul(x):
 
 
 def _fwd(x):
-    return _silu_and_mul_prim(x), x
+    # the custom_vjp itself, not the kernel call: grad of grad then differentiates this call through
+    # _bwd (plain JAX) instead of asking the kernel for a derivative it does not have
+    return _silu_and_mul(x), x
 
 
 def _bwd(x, g):
@@ -63,9 +66,9 @@ def silu_and_mul(x: ArrayLike) -> jax.Array:
 
     Notes
     -----
-    Input conversion, zero-size inputs, the transformations that work and the one
-    that does not (forward-mode autodiff) are as for rms_norm; the backward is plain
-    JAX. Under jax.jit with NamedSharding inputs the rows stay sharded; a sharded
+    Input conversion, zero-size inputs, the transformations that work (grad of grad
+    included: the backward is plain JAX) and the one that does not (forward-mode
+    autodiff) are as for rms_norm. Under jax.jit with NamedSharding inputs the rows stay sharded; a sharded
     last axis is gathered first.
     """
     x = _checks.as_array("silu_and_mul", "x", x)

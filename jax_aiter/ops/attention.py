@@ -171,16 +171,18 @@ _FWD = _partition.partitioned(_fwd_call, _rule(False), _fwd_specs, n_static=3)
 _BWD = _partition.partitioned(_bwd_call, _rule(True), _bwd_specs, n_static=3)
 
 
-def _no_second_order(f):
-    """f with a derivative rule that refuses clearly: the backward kernel has no derivative of its own."""
+def _first_order_only(f):
+    """f with a derivative rule that refuses clearly. First-order reverse mode differentiates neither
+    kernel call; grad of grad would differentiate both, and the kernels have no derivative (JAX would
+    say "Differentiation rule for 'custom_partitioning' not implemented")."""
     g = jax.custom_jvp(f)
 
     @g.defjvp
     def _jvp(primals, tangents):
         raise NotImplementedError(
             f"{OP}: higher-order derivatives (grad of grad, hessian, jvp of a gradient) are not supported: "
-            "the mha_bwd kernel has no derivative. Use jax.nn.dot_product_attention where second derivatives "
-            "of attention are needed.")
+            "the mha_fwd/mha_bwd kernels have no derivative of their own. Use jax.nn.dot_product_attention "
+            "where second derivatives of attention are needed (docs/transformations.md).")
     return g
 
 
@@ -193,7 +195,7 @@ def _prims(causal: bool, scale: float):
     def bwd(q, k, v, o, do, lse):
         return tuple(_BWD(causal, scale, (q.shape[2], k.shape[2]), q, k, v, o, do, lse))
 
-    return _batching.fold_into_batch(fwd), _no_second_order(_batching.fold_into_batch(bwd))
+    return _first_order_only(_batching.fold_into_batch(fwd)), _first_order_only(_batching.fold_into_batch(bwd))
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(3, 4))

@@ -141,13 +141,13 @@ def rms_norm(x: ArrayLike, weight: ArrayLike, eps: float = 1e-6) -> jax.Array:
     dtype. Zero-size inputs (no rows, or hidden 0) give empty results and gradients,
     with no kernel call.
 
-    Works under jit, vmap, grad (the backward is plain JAX, so higher-order
-    gradients work too), remat, scan, jax.shard_map (replicated or sharded weight)
+    Works under jit, vmap, grad (the backward is plain JAX, so grad of grad works
+    too), remat, scan, jax.shard_map (replicated or sharded weight)
     and jax.jit with NamedSharding inputs (the rows stay sharded; a sharded hidden
     dimension is gathered first), and jax.export with symbolic leading dimensions
     (docs/transformations.md). Not supported: forward-mode autodiff (jax.jvp,
-    jax.jacfwd; JAX raises "can't apply forward-mode autodiff (jvp) to a custom_vjp
-    function").
+    jax.jacfwd, jax.hessian; JAX raises "can't apply forward-mode autodiff (jvp) to a
+    custom_vjp function").
     """
     x, weight = _checks.as_array("rms_norm", "x", x), _checks.as_array("rms_norm", "weight", weight)
     eps = _check("rms_norm", x, weight, eps)

@@ -378,7 +378,7 @@ F32, BF16 = "float32", "bfloat16"
 BAD_INPUTS = [
     ("int dtype", ((B, "int32"), (B, F32), (B, F32)), {}, TypeError,
      r"q has dtype int32; supported dtypes are float32, bfloat16, float16"),
-    ("float64", ((B, "float64"),) * 3, {}, TypeError, r"q has dtype float64"),
+    ("float16 k", ((B, F32), (B, "float16"), (B, F32)), {}, TypeError, r"k has dtype float16 but q has float32"),
     ("mixed dtypes", ((B, F32), (B, BF16), (B, F32)), {}, TypeError, r"k has dtype bfloat16 but q has float32"),
     ("rank 3", ((B[1:], F32), (B, F32), (B, F32)), {}, ValueError,
      r"q must have rank 4 \[batch, seq_q, heads_q, head_dim\], got shape \(8, 4, 64\)"),
@@ -390,7 +390,8 @@ BAD_INPUTS = [
     ("heads", ((B, F32), ((2, 8, 3, 64), F32), ((2, 8, 3, 64), F32)), {}, ValueError,
      r"heads_q \(4\) must be a multiple of heads_kv \(3\)"),
     ("head_dim 80", (((2, 8, 4, 80), F32),) * 3, {}, ValueError,
-     r"head_dim 80 is not supported; supported head dims are 32, 64, 96, 128, 256"),
+     r"head_dim 80 is not supported; supported head dims are 32, 64, 96, 128, 256; pad q, k and v with zeros to "
+     r"head_dim 96 .* pass softmax_scale=1/sqrt\(80\) = 0\.111803"),
     ("causal int", ((B, F32),) * 3, {"causal": 1}, TypeError, r"causal must be a Python bool"),
     ("scale array", ((B, F32),) * 3, {"softmax_scale": np.zeros(())}, TypeError,
      r"softmax_scale must be a Python float"),
@@ -400,7 +401,8 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize("specs,kwargs,exc,msg", [b[1:] for b in BAD_INPUTS], ids=[b[0] for b in BAD_INPUTS])
 def test_bad_inputs_name_the_problem(specs, kwargs, exc, msg):
-    # NumPy arrays: float64 would be downcast by jnp without x64 mode; validation reads only .dtype/.shape.
+    # NumPy arrays go through jnp.asarray, as jax.numpy converts them (float64 would become float32:
+    # tests/ops/test_transformations.py); none of these reaches a kernel.
     args = [np.zeros(shape, jnp.dtype(dt)) for shape, dt in specs]
     with pytest.raises(exc, match=msg):
         jax_aiter.flash_attn_func(*args, **kwargs)
