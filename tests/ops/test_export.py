@@ -1,0 +1,157 @@
+"""jax.export: symbolic batch and sequence sizes for every op, the safety checks to disable, and an
+exported forward and gradient that reload and run in a fresh process after jax_aiter.register().
+
+Registration and import stay cheap: `import jax_aiter` imports no JAX, and register() starts no
+JAX backend (both checked in a fresh interpreter)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import export
+
+import jax_aiter
+from jax_aiter import op_table
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _attn(q, k, v):
+    return jax_aiter.flash_attn_func(q, k, v, causal=True)
+
+
+def _norm_add(x, r, w):
+    out, summed = jax_aiter.rms_norm_with_add(x, r, w)
+    return out + summed
+
+
+def _loss_grad(op, n):
+    return jax.grad(lambda *a: jnp.sum(jnp.sin(op(*a))), argnums=tuple(range(n)))
+
+
+# (id, op, symbolic shapes, two concrete bindings of (b, s, t))
+CASES = [
+    ("rms_norm", jax_aiter.rms_norm, ["b, s, 64", "64"]),
+    ("rms_norm_with_add", _norm_add, ["b, s, 64", "b, s, 64", "64"]),
+    ("silu_and_mul", jax_aiter.silu_and_mul, ["b, s, 128"]),
+    ("flash_attn_func", _attn, ["b, s, 4, 64", "b, t, 2, 64", "b, t, 2, 64"]),
+]
+BINDINGS = [{"b": 3, "s": 5, "t": 9}, {"b": 1, "s": 70, "t": 3}]  # s > 64 rows: the decode threshold
+
+
+def _symbolic(specs):
+    scope = export.SymbolicScope()
+    return [jax.ShapeDtypeStruct(export.symbolic_shape(s, scope=scope), jnp.float32) for s in specs]
+
+
+def _concrete(specs, binding, seed=0):
+    rng = np.random.default_rng(seed)
+    shapes = [tuple(binding[d.strip()] if d.strip() in binding else int(d) for d in s.split(",")) for s in specs]
+    return [rng.standard_normal(shape).astype(np.float32) for shape in shapes]
+
+
+@pytest.mark.parametrize("op,specs", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_export_with_symbolic_batch_and_sequence(op, specs):
+    fns = {"forward": op, "grad": _loss_grad(op, len(specs))}
+    for what, fn in fns.items():
+        exp = export.export(jax.jit(fn), disabled_checks=jax_aiter.disabled_checks())(*_symbolic(specs))
+        assert any(not isinstance(d, int) for a in exp.in_avals for d in a.shape)
+        for binding in BINDINGS:
+            args = _concrete(specs, binding)
+            got, want = exp.call(*args), jax.jit(fn)(*args)
+            for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+                np.testing.assert_array_equal(g, w, err_msg=f"{what} at {binding}")
+
+
+def test_disabled_checks_are_the_op_tables_targets_and_are_needed():
+    targets = [t for op in op_table.load().values() for t, _ in op.targets]
+    assert jax_aiter.disabled_checks() == [export.DisabledSafetyCheck.custom_call(t) for t in targets]
+    assert jax_aiter.disabled_checks(["silu_and_mul"]) == [export.DisabledSafetyCheck.custom_call("ja_silu_and_mul")]
+    x = jax.ShapeDtypeStruct((2, 8), jnp.float32)
+    with pytest.raises(ValueError, match="Cannot serialize code with custom calls whose targets have no"):
+        export.export(jax.jit(jax_aiter.silu_and_mul))(x)
+    with pytest.raises(ValueError, match=r"unknown op\(s\) silu; the ops are rmsnorm_fwd, silu_and_mul"):
+        jax_aiter.disabled_checks(["silu"])
+
+
+# Run in a fresh interpreter: deserialize, show that the call needs registration, register, run.
+RELOAD = textwrap.dedent("""
+    import sys, numpy as np
+    import jax, jax_aiter
+    data = np.load(sys.argv[1])
+    for name in ("forward", "grad"):
+        exp = jax.export.deserialize(bytearray(data[name + "_blob"].tobytes()))
+        args = [data[f"arg{i}"] for i in range(int(data["n_args"]))]
+        if name == "forward":
+            try:
+                exp.call(*args)
+                raise SystemExit("the exported call ran before jax_aiter.register(): handlers were not needed?")
+            except Exception as e:
+                assert "No FFI handler registered for ja_" in str(e), e
+            jax_aiter.register()
+        got = jax.tree.leaves(exp.call(*args))
+        want = [data[f"{name}_out{i}"] for i in range(len(got))]
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(np.asarray(g), w)
+    print("reloaded and ran", flush=True)
+""")
+
+
+def test_exported_forward_and_grad_run_in_a_fresh_process(tmp_path):
+    specs = CASES[3][2]
+    args = _concrete(specs, BINDINGS[1], seed=1)
+    saved = {"n_args": np.array(len(args)), **{f"arg{i}": a for i, a in enumerate(args)}}
+    for name, fn in (("forward", _attn), ("grad", _loss_grad(_attn, 3))):
+        exp = export.export(jax.jit(fn), disabled_checks=jax_aiter.disabled_checks())(*_symbolic(specs))
+        saved[f"{name}_blob"] = np.frombuffer(bytes(exp.serialize()), np.uint8)
+        for i, out in enumerate(jax.tree.leaves(jax.jit(fn)(*args))):
+            saved[f"{name}_out{i}"] = np.asarray(out)
+    np.savez(tmp_path / "exported.npz", **saved)
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    proc = subprocess.run([sys.executable, "-c", RELOAD, str(tmp_path / "exported.npz")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0 and "reloaded and ran" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
+CHEAP = textwrap.dedent("""
+    import sys
+    import jax_aiter
+    assert "jax" not in sys.modules, "import jax_aiter imported JAX"
+    jax_aiter.register()
+    from jax._src import xla_bridge
+    assert not xla_bridge._backends, f"register() started a backend: {list(xla_bridge._backends)}"
+    print("cheap", flush=True)
+""")
+
+
+def test_import_and_register_start_no_backend():
+    proc = subprocess.run([sys.executable, "-c", CHEAP], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 0 and "cheap" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
+def test_public_names_are_typed():
+    """Type checkers see the lazily loaded names through TYPE_CHECKING imports: the same names as _LAZY,
+    from the same modules, each a function with annotated parameters and return."""
+    import ast
+    import inspect
+
+    tree = ast.parse((ROOT / "jax_aiter" / "__init__.py").read_text())
+    typed = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
+            for imp in node.body:
+                typed.update({alias.name: imp.module for alias in imp.names})
+    assert typed == jax_aiter._LAZY
+    assert (ROOT / "jax_aiter" / "py.typed").is_file()
+    for name in jax_aiter.__all__:
+        sig = inspect.signature(getattr(jax_aiter, name))
+        assert sig.return_annotation is not inspect.Signature.empty, name
+        assert all(p.annotation is not inspect.Parameter.empty for p in sig.parameters.values()), name
