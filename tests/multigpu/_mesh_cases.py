@@ -54,6 +54,25 @@ def custom_call_shapes(compiled_text: str, target: str) -> list[str]:
     return [m.group(1) for m in pat.finditer(compiled_text)]
 
 
+def kernel_shapes(compiled_text: str, target: str) -> list[tuple[str, ...]]:
+    """The result shapes of every custom call to `target` in compiled HLO text, one tuple per call (a
+    multi-result call has a tuple result), layouts dropped."""
+    out = []
+    for line in compiled_text.splitlines():
+        if f'custom_call_target="{target}"' in line and " custom-call(" in line:
+            result = line.split("=", 1)[1].split(" custom-call(")[0]
+            out.append(tuple(re.findall(r"[a-z0-9]+\[[0-9,]*\]", result)))
+    return out
+
+
+MOVES = ("all-gather", "all-to-all", "collective-permute")  # what moves operands between devices
+
+
+def moves(compiled_text: str) -> list[str]:
+    """The collectives in compiled HLO that move data between devices (an all-reduce of a gradient is not one)."""
+    return sorted({m for m in MOVES if re.search(rf"\b{m}(-start)?\(", compiled_text)})
+
+
 def hlo_shape(dtype, shape: tuple[int, ...]) -> str:
     name = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}[jnp.dtype(dtype).name]
     return f"{name}[{','.join(map(str, shape))}]"

@@ -1,0 +1,163 @@
+"""The ops under plain jax.jit with NamedSharding inputs are partitioned, not gathered.
+
+XLA's partitioner splits each op by its sharding rule (jax_aiter/ops/_partition.py): the compiled
+program (read here as HLO text) runs each kernel on the shard's shapes, moves no operand between
+devices (no all-gather, all-to-all or collective-permute; the weight and MQA K/V gradients are
+all-reduced, as any replicated parameter's are), and its results keep the inputs' sharding. Values
+equal the single-device ones. A dimension the kernel cannot split (a norm's hidden size, attention's
+sequences) is resharded by the partitioner, and the result stays correct.
+4 devices: a GPU host with 4 GPUs, or the CPU with XLA_FLAGS=--xla_force_host_platform_device_count=4.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _mesh_cases import assert_close, hlo_shape, kernel_shapes, moves, random
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jax_aiter
+
+pytestmark = pytest.mark.multigpu(devices=4)
+DTYPES = pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
+
+
+def _mesh() -> jax.sharding.Mesh:
+    return jax.make_mesh((2, 2), ("data", "model"), devices=jax.devices()[:4],
+                         axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+
+def _local(shape, mesh, spec) -> tuple[int, ...]:
+    spec = tuple(spec) + (None,) * (len(shape) - len(tuple(spec)))
+    sizes = [int(np.prod([mesh.shape[a] for a in (e if isinstance(e, tuple) else (e,))])) if e else 1 for e in spec]
+    return tuple(n // k for n, k in zip(shape, sizes))
+
+
+def _compiled(fn, args):
+    compiled = jax.jit(fn).lower(*args).compile()
+    return compiled, compiled.as_text()
+
+
+def _loss_grad(fn, n, cts):
+    def loss(*a):
+        outs = fn(*a)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        return sum(jnp.sum(o.astype(jnp.float32) * c) for o, c in zip(outs, cts))
+    return jax.grad(loss, argnums=tuple(range(n)))
+
+
+def _check_partitioned(fn, args, specs, target, kernel_local, out_specs, grad_specs, cts, dtype, what):
+    """Forward and grad of fn on args placed by specs: no operand moves, the kernel's shapes are the
+    shard's, results keep their specs, values equal the single-device ones."""
+    mesh = _mesh()
+    placed = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(args, specs)]
+    grad = _loss_grad(fn, len(args), cts)
+    for name, f, want_specs in (("forward", fn, out_specs), ("grad", grad, grad_specs)):
+        compiled, text = _compiled(f, placed)
+        assert moves(text) == [], f"{what} {name}: the compiled program moves operands: {moves(text)}"
+        shapes = kernel_shapes(text, target)  # a grad needing only the residuals has no forward kernel
+        assert (shapes or name == "grad") and all(s[0] == kernel_local for s in shapes), \
+            f"{what} {name}: kernel result shapes {shapes}, expected the shard's {kernel_local}"
+        got = compiled(*placed)
+        for g, spec in zip(jax.tree.leaves(got), want_specs):
+            assert g.sharding.is_equivalent_to(NamedSharding(mesh, spec), g.ndim), \
+                f"{what} {name}: result sharding {g.sharding.spec}, expected {spec}"
+            assert g.addressable_shards[0].data.shape == _local(g.shape, mesh, spec)
+        for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(jax.jit(f)(*args))):
+            assert_close(g, w, dtype, f"{what} {name}")
+
+
+ROWS = [P("data", "model"), P(("data", "model"))]  # rows split over both mesh axes: batch x seq, or batch alone
+
+
+@pytest.mark.parametrize("spec", ROWS, ids=["batch-seq", "batch"])
+@DTYPES
+def test_norms_and_silu_keep_rows_sharded(spec, dtype):
+    shape, hidden = (4, 8, 128), 128
+    x, r, w = random(1, shape, dtype), random(2, shape, dtype), random(3, (hidden,), dtype)
+    ct, local = random(4, shape, jnp.float32), _local(shape, _mesh(), spec)
+    _check_partitioned(jax_aiter.rms_norm, (x, w), (spec, P()), "ja_rmsnorm_fwd", hlo_shape(dtype, local),
+                       [spec], [spec, P()], (ct,), dtype, "rms_norm")
+    _check_partitioned(jax_aiter.rms_norm_with_add, (x, r, w), (spec, spec, P()), "ja_rmsnorm_fwd_add",
+                       hlo_shape(dtype, local), [spec, spec], [spec, spec, P()], (ct, ct), dtype, "rms_norm_with_add")
+    half = random(5, (*shape[:-1], hidden // 2), jnp.float32)
+    _check_partitioned(jax_aiter.silu_and_mul, (x,), (spec,), "ja_silu_and_mul",
+                       hlo_shape(dtype, (*local[:-1], hidden // 2)), [spec], [spec], (half,), dtype, "silu_and_mul")
+
+
+ATTN = [  # (heads_q, heads_kv, causal, dtype): MHA, GQA (kv heads split with their groups), MQA (K/V whole)
+    pytest.param(4, 4, False, jnp.float32, id="mha-f32"),
+    pytest.param(8, 2, True, jnp.bfloat16, id="gqa4-causal-bf16"),
+    pytest.param(4, 1, True, jnp.float32, id="mqa-causal-f32"),
+]
+
+
+@pytest.mark.parametrize("heads_q,heads_kv,causal,dtype", ATTN)
+def test_attention_keeps_batch_and_heads_sharded(heads_q, heads_kv, causal, dtype):
+    batch, seq_q, seq_k, d = 4, 16, 24, 64
+    q, k, v = (random(10, (batch, seq_q, heads_q, d), dtype), random(11, (batch, seq_k, heads_kv, d), dtype),
+               random(12, (batch, seq_k, heads_kv, d), dtype))
+    ct = random(13, q.shape, jnp.float32)
+    q_spec = P("data", None, "model")
+    kv_spec = P("data", None, "model") if heads_kv > 1 else P("data")
+
+    def attn(q, k, v):
+        return jax_aiter.flash_attn_func(q, k, v, causal=causal)
+
+    local = hlo_shape(dtype, _local(q.shape, _mesh(), q_spec))
+    _check_partitioned(attn, (q, k, v), (q_spec, kv_spec, kv_spec), "ja_mha_fwd", local, [q_spec],
+                       [q_spec, kv_spec, kv_spec], (ct,), dtype, f"flash_attn_func {heads_q}/{heads_kv}")
+    mesh = _mesh()
+    placed = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip((q, k, v), (q_spec, kv_spec, kv_spec))]
+    _, text = _compiled(_loss_grad(attn, 3, (ct,)), placed)
+    (bwd,) = kernel_shapes(text, "ja_mha_bwd")
+    assert bwd[:3] == (local, *(hlo_shape(dtype, _local(k.shape, mesh, kv_spec)),) * 2), bwd
+
+
+def test_sharded_hidden_and_sequence_are_resharded_and_stay_correct():
+    """A sharded hidden axis or sequence is not local to a kernel: the partitioner gathers it, the kernel
+    sees the whole axis, and the values equal the single-device ones."""
+    mesh = _mesh()
+    x, w = random(20, (4, 8, 128), jnp.float32), random(21, (128,), jnp.float32)
+    xs = jax.device_put(x, NamedSharding(mesh, P("data", None, "model")))  # hidden split over "model"
+    compiled, text = _compiled(jax_aiter.rms_norm, (xs, w))
+    assert kernel_shapes(text, "ja_rmsnorm_fwd") == [(hlo_shape(jnp.float32, (2, 8, 128)),)]
+    np.testing.assert_array_equal(compiled(xs, w), jax_aiter.rms_norm(x, w))
+
+    q, k = random(22, (2, 16, 4, 64), jnp.float32), random(23, (2, 24, 2, 64), jnp.float32)
+    seq = NamedSharding(mesh, P("data", "model"))  # sequences split over "model"
+    qs, ks = jax.device_put(q, seq), jax.device_put(k, seq)
+
+    def attn(q, k, v):
+        return jax_aiter.flash_attn_func(q, k, v, causal=True)
+
+    compiled, text = _compiled(attn, (qs, ks, ks))
+    assert kernel_shapes(text, "ja_mha_fwd")[0][0] == hlo_shape(jnp.float32, (1, 16, 4, 64))  # the whole sequence
+    np.testing.assert_array_equal(compiled(qs, ks, ks), attn(q, k, k))
+    grads = jax.jit(_loss_grad(attn, 3, (q,)))(qs, ks, ks)
+    for g, w in zip(grads, jax.jit(_loss_grad(attn, 3, (q,)))(q, k, k)):
+        assert_close(g, w, jnp.float32, "seq-sharded attention grad")
+
+
+@pytest.mark.parametrize("case", ["mqa-heads", "seq-q"])
+def test_grad_through_shard_map_with_replicated_kv(case):
+    """q sharded (over heads with one kv head, or over its sequence without a mask), K/V replicated
+    (in_specs P()): values and gradients equal the single-device ones; dK/dV are psum-ed by JAX."""
+    mesh = jax.make_mesh((2,), ("x",), devices=jax.devices()[:2])
+    heads_kv, causal, q_spec = (1, True, P(None, None, "x")) if case == "mqa-heads" else (2, False, P(None, "x"))
+    q = random(30, (2, 16, 4, 64), jnp.float32)
+    k, v = random(31, (2, 24, heads_kv, 64), jnp.float32), random(32, (2, 24, heads_kv, 64), jnp.float32)
+    ct = random(33, q.shape, jnp.float32)
+
+    def attn(q, k, v):
+        return jax_aiter.flash_attn_func(q, k, v, causal=causal)
+
+    mapped = jax.shard_map(attn, mesh=mesh, in_specs=(q_spec, P(), P()), out_specs=q_spec)
+    args = (jax.device_put(q, NamedSharding(mesh, q_spec)), *(jax.device_put(a, NamedSharding(mesh, P()))
+                                                               for a in (k, v)))
+    assert_close(jax.jit(mapped)(*args), attn(q, k, v), jnp.float32, f"{case} forward")
+    for name, g, w in zip(("dq", "dk", "dv"), jax.jit(_loss_grad(mapped, 3, (ct,)))(*args),
+                          jax.jit(_loss_grad(attn, 3, (ct,)))(q, k, v)):
+        assert_close(g, w, jnp.float32, f"{case} {name}")
