@@ -24,9 +24,10 @@ pytestmark = pytest.mark.multigpu(devices=4)
 DTYPES = pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
 
 
-def _mesh() -> jax.sharding.Mesh:
-    return jax.make_mesh((2, 2), ("data", "model"), devices=jax.devices()[:4],
-                         axis_types=(jax.sharding.AxisType.Auto,) * 2)
+def _mesh(axis_type=jax.sharding.AxisType.Auto) -> jax.sharding.Mesh:
+    """Auto axes: the partitioner propagates shardings (an FSDP model under plain jit); Explicit axes
+    (jax.make_mesh's default) carry them in the types."""
+    return jax.make_mesh((2, 2), ("data", "model"), devices=jax.devices()[:4], axis_types=(axis_type,) * 2)
 
 
 def _local(shape, mesh, spec) -> tuple[int, ...]:
@@ -48,10 +49,11 @@ def _loss_grad(fn, n, cts):
     return jax.grad(loss, argnums=tuple(range(n)))
 
 
-def _check_partitioned(fn, args, specs, target, kernel_local, out_specs, grad_specs, cts, dtype, what):
+def _check_partitioned(fn, args, specs, target, kernel_local, out_specs, grad_specs, cts, dtype, what,
+                       mesh=None):
     """Forward and grad of fn on args placed by specs: no operand moves, the kernel's shapes are the
     shard's, results keep their specs, values equal the single-device ones."""
-    mesh = _mesh()
+    mesh = mesh or _mesh()
     placed = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(args, specs)]
     grad = _loss_grad(fn, len(args), cts)
     for name, f, want_specs in (("forward", fn, out_specs), ("grad", grad, grad_specs)):
@@ -114,6 +116,22 @@ def test_attention_keeps_batch_and_heads_sharded(heads_q, heads_kv, causal, dtyp
     _, text = _compiled(_loss_grad(attn, 3, (ct,)), placed)
     (bwd,) = kernel_shapes(text, "ja_mha_bwd")
     assert bwd[:3] == (local, *(hlo_shape(dtype, _local(k.shape, mesh, kv_spec)),) * 2), bwd
+
+
+def test_explicit_mesh_axes_are_partitioned_too():
+    """jax.make_mesh's default axis type, Explicit: the same partitioning."""
+    mesh = _mesh(jax.sharding.AxisType.Explicit)
+    x, w, ct = random(40, (4, 8, 128), jnp.float32), random(41, (128,), jnp.float32), random(42, (4, 8, 128),
+                                                                                           jnp.float32)
+    spec = P("data", "model")
+    _check_partitioned(jax_aiter.rms_norm, (x, w), (spec, P()), "ja_rmsnorm_fwd",
+                       hlo_shape(jnp.float32, (2, 4, 128)), [spec], [spec, P()], (ct,), jnp.float32,
+                       "rms_norm (explicit)", mesh)
+    q, k = random(43, (4, 16, 8, 64), jnp.float32), random(44, (4, 24, 2, 64), jnp.float32)
+    q_spec = P("data", None, "model")
+    _check_partitioned(lambda q, k, v: jax_aiter.flash_attn_func(q, k, v, causal=True), (q, k, k),
+                       (q_spec,) * 3, "ja_mha_fwd", hlo_shape(jnp.float32, (2, 16, 4, 64)), [q_spec], [q_spec] * 3,
+                       (q,), jnp.float32, "flash_attn_func (explicit)", mesh)
 
 
 def test_sharded_hidden_and_sequence_are_resharded_and_stay_correct():
