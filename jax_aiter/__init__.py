@@ -15,11 +15,13 @@ from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-if TYPE_CHECKING:  # the same names as _LAZY (a test keeps them equal)
-    from jax_aiter.ops.activation import silu_and_mul
-    from jax_aiter.ops.attention import flash_attn_func
-    from jax_aiter.ops.export import disabled_checks, register
-    from jax_aiter.ops.rmsnorm import rms_norm, rms_norm_with_add
+if TYPE_CHECKING:  # the same names as _LAZY (a test keeps them equal); `as` marks a re-export (PEP 484)
+    from jax_aiter.ops.activation import silu_and_mul as silu_and_mul
+    from jax_aiter.ops.attention import flash_attn_func as flash_attn_func
+    from jax_aiter.ops.export import disabled_checks as disabled_checks
+    from jax_aiter.ops.export import register as register
+    from jax_aiter.ops.rmsnorm import rms_norm as rms_norm
+    from jax_aiter.ops.rmsnorm import rms_norm_with_add as rms_norm_with_add
 
 _LAZY = {
     "rms_norm": "jax_aiter.ops.rmsnorm",

@@ -390,8 +390,8 @@ BAD_INPUTS = [
     ("heads", ((B, F32), ((2, 8, 3, 64), F32), ((2, 8, 3, 64), F32)), {}, ValueError,
      r"heads_q \(4\) must be a multiple of heads_kv \(3\)"),
     ("head_dim 80", (((2, 8, 4, 80), F32),) * 3, {}, ValueError,
-     r"head_dim 80 is not supported; supported head dims are 32, 64, 96, 128, 256; pad q, k and v with zeros to "
-     r"head_dim 96 .* pass softmax_scale=1/sqrt\(80\) = 0\.111803"),
+     (r"head_dim 80 is not supported; supported head dims are 32, 64, 96, 128, 256; pad q, k and v with zeros "
+      r"to head_dim 96 .* pass softmax_scale=1/sqrt\(80\) = 0\.111803")),
     ("causal int", ((B, F32),) * 3, {"causal": 1}, TypeError, r"causal must be a Python bool"),
     ("scale array", ((B, F32),) * 3, {"softmax_scale": np.zeros(())}, TypeError,
      r"softmax_scale must be a Python float"),

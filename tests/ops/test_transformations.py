@@ -145,7 +145,7 @@ def test_grad_of_grad_of_the_norms_and_silu_matches_plain_jax(device):
     cases = [(jax_aiter.rms_norm, plain_norm, (x, w)), (jax_aiter.silu_and_mul, plain_silu, (x,)),
              (lambda x, r, w: jax_aiter.rms_norm_with_add(x, r, w)[0], lambda x, r, w: plain_norm(x + r, w), (x, r, w))]
     for ours, plain, args in cases:
-        def second(f):
+        def second(f, args=args):
             argnums = tuple(range(len(args)))
             inner = jax.grad(lambda *b: jnp.sum(jnp.sin(f(*b))), argnums=argnums)
             return jax.grad(lambda *a: sum(jnp.sum(g ** 2) for g in inner(*a)), argnums=argnums)
