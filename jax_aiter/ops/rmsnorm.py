@@ -142,8 +142,8 @@ def rms_norm(x: ArrayLike, weight: ArrayLike, eps: float = 1e-6) -> jax.Array:
     with no kernel call.
 
     Works under jit, vmap, grad (the backward is plain JAX, so grad of grad works
-    too), remat, scan, jax.shard_map (replicated or sharded weight)
-    and jax.jit with NamedSharding inputs (the rows stay sharded; a sharded hidden
+    too), remat, scan, jax.shard_map (replicated or sharded weight) and jax.jit
+    with NamedSharding inputs (the rows stay sharded; a sharded hidden
     dimension is gathered first), and jax.export with symbolic leading dimensions
     (docs/transformations.md). Not supported: forward-mode autodiff (jax.jvp,
     jax.jacfwd, jax.hessian; JAX raises "can't apply forward-mode autodiff (jvp) to a
@@ -165,10 +165,8 @@ def rms_norm_with_add(x: ArrayLike, residual: ArrayLike, weight: ArrayLike,
     ----------
     x, residual : array_like, shape [..., hidden]
         float32, bfloat16 or float16, one shape and dtype. Every leading axis is a row.
-    weight : array_like, shape [hidden]
-        The dtype of x.
-    eps : float
-        Added to the mean of squares; finite and non-negative in float32.
+    weight, eps
+        As for rms_norm.
 
     Returns
     -------
