@@ -24,21 +24,20 @@ def poisoning() -> bool:
     return os.environ.get("JA_POISON_OUTPUTS", "") == "1"
 
 
-def ffi_call(target: str, out_types, *args, vmap_method: str | None = None, **attrs):
+def ffi_call(target: str, out_types, *args, **attrs):
     single = not isinstance(out_types, (tuple, list))
     outs = (out_types,) if single else tuple(out_types)
     args = _sharding.vary_like(*args)
     if args and _sharding.varying_axes(args[0]):
         outs = tuple(_sharding.varying_like(o, args[0]) for o in outs)
-    kwargs = {} if vmap_method is None else {"vmap_method": vmap_method}
     if poisoning():
         poison = [jnp.full(o.shape, jnp.nan if jnp.issubdtype(o.dtype, jnp.floating) else -1, o.dtype) for o in outs]
         poison = list(_sharding.vary_like(*args, *poison)[len(args):])
         aliases = {len(args) + i: i for i in range(len(outs))}
-        call = jax.ffi.ffi_call(target, outs, input_output_aliases=aliases, **kwargs)
+        call = jax.ffi.ffi_call(target, outs, input_output_aliases=aliases)
         result = call(*args, *poison, **attrs)
     else:
-        result = jax.ffi.ffi_call(target, outs, **kwargs)(*args, **attrs)
+        result = jax.ffi.ffi_call(target, outs)(*args, **attrs)
     return result[0] if single else tuple(result)
 
 

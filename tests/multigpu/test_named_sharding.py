@@ -1,9 +1,10 @@
 """FSDP-style sharding: every op under plain jax.jit on NamedSharding-ed operands (no shard_map).
 
 A model trained with FSDP keeps each parameter sharded over the mesh ("fsdp" axis) and
-its activations sharded over the batch; jax.jit and XLA's SPMD partitioner decide where
-the FFI kernels run (gathering what they need). Whatever they decide, the forward result
-and every gradient must equal the single-device result. The 2-device layout runs on a
+its activations sharded over the batch; jax.jit and XLA's SPMD partitioner place the
+FFI kernels by their sharding rules (jax_aiter/ops/_partition.py; test_jit_sharding.py
+reads the compiled HLO). The forward result and every gradient must equal the
+single-device result. The 2-device layout runs on a
 2-GPU host; the 4-device one on 4 GPUs and on the CPU with
 XLA_FLAGS=--xla_force_host_platform_device_count=4 (`JA_TEST_TIER=multigpu bash ci/test.sh`).
 """
