@@ -135,8 +135,9 @@ def test_explicit_mesh_axes_are_partitioned_too():
 
 
 def test_sharded_hidden_and_sequence_are_resharded_and_stay_correct():
-    """A sharded hidden axis or sequence is not local to a kernel: the partitioner gathers it, the kernel
-    sees the whole axis, and the values equal the single-device ones."""
+    """A sharded hidden axis, a sharded sequence, or heads split across GQA groups are not local to a
+    kernel: the partitioner gathers them, the kernel sees the whole axis, and the values equal the
+    single-device ones."""
     mesh = _mesh()
     x, w = random(20, (4, 8, 128), jnp.float32), random(21, (128,), jnp.float32)
     xs = jax.device_put(x, NamedSharding(mesh, P("data", None, "model")))  # hidden split over "model"
@@ -157,6 +158,13 @@ def test_sharded_hidden_and_sequence_are_resharded_and_stay_correct():
     grads = jax.jit(_loss_grad(attn, 3, (q,)))(qs, ks, ks)
     for g, w in zip(grads, jax.jit(_loss_grad(attn, 3, (q,)))(q, k, k)):
         assert_close(g, w, jnp.float32, "seq-sharded attention grad")
+
+    # query heads split 2 ways over 3 kv heads: a shard would not hold whole GQA groups, so heads are gathered
+    q6, k3 = random(24, (2, 16, 6, 64), jnp.float32), random(25, (2, 24, 3, 64), jnp.float32)
+    q6s = jax.device_put(q6, NamedSharding(mesh, P("data", None, "model")))
+    compiled, text = _compiled(attn, (q6s, k3, k3))
+    assert kernel_shapes(text, "ja_mha_fwd")[0][0] == hlo_shape(jnp.float32, (1, 16, 6, 64))  # every head
+    np.testing.assert_array_equal(compiled(q6s, k3, k3), attn(q6, k3, k3))
 
 
 @pytest.mark.parametrize("case", ["mqa-heads", "seq-q"])
