@@ -92,7 +92,8 @@ def _decode_workspace_shape(batch, seq_q, seq_k, heads_q: int, heads_kv: int, he
 
 
 def _fwd_call(causal, scale, heads, q, k, v):
-    """The forward FFI call on whatever shapes it gets: the whole arrays, or one shard of them."""
+    """The forward FFI call on whatever shapes it gets: the whole arrays, or one shard of them. `heads`
+    (heads_q, heads_kv of the whole arrays) is for the sharding rule and the partition callback."""
     _loader.ensure_registered("mha_fwd")
     batch, seq_q, heads_q, head_dim = q.shape
     ws = _decode_workspace_shape(batch, seq_q, k.shape[1], heads_q, k.shape[2], head_dim)
