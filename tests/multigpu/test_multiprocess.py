@@ -32,7 +32,10 @@ def test_two_processes_equal_one(tmp_path):
     import jax
 
     out = tmp_path / "results.npz"
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    # the checkout first on the path, so an uninstalled checkout's jax_aiter is the one the workers import
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+           "PYTHONPATH": path}
     port = _free_port()
     procs = [subprocess.Popen([sys.executable, str(WORKER), str(i), str(port), str(out)], cwd=ROOT, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
