@@ -248,6 +248,46 @@ def verify_record(wheel: Path) -> int:
     return len(scanned.members)
 
 
+def pin_problems(scanned: WheelScan, layout: Layout | None = None) -> list[str]:
+    """Each library in the wheel against the pin its build identity names ({name, size, sha256}: the pins the
+    loader and jax-aiter-fetch-mha hold installed bytes to). A library changed after the build, with RECORD
+    regenerated to match, is self-consistent for RECORD but not for the pins. What this proves, and what it
+    does not (the identity travels in the same zip): docs/security.md."""
+    layout = layout or Layout.load()
+    member = scanned.members.get(layout.identity_file)
+    try:
+        ident = json.loads(member.data or b"") if member is not None else None
+    except json.JSONDecodeError:
+        ident = None
+    if not isinstance(ident, dict):
+        return [f"{layout.identity_file} is missing or not JSON: the wheel has no pins to check its libraries "
+                "against"]
+    pins = {e.get("name"): e for e in ident.get("pins") or [] if isinstance(e, dict)}
+    problems = []
+    for name, m in sorted(scanned.members.items()):
+        if posixpath.dirname(name) != layout.lib_dir or not name.endswith(".so"):
+            continue
+        pin = pins.get(posixpath.basename(name))
+        if pin is None:
+            problems.append(f"{name} has no pin in {layout.identity_file}: nothing says which bytes it must hold")
+        elif (m.sha256, m.size) != (pin.get("sha256"), pin.get("size")):
+            problems.append(f"{name} is sha256 {m.sha256} ({m.size} bytes), but its pin in {layout.identity_file} "
+                            f"is {pin.get('sha256')} ({pin.get('size')} bytes): the library was changed after the "
+                            f"wheel was built; rebuild the wheel ({REBUILD})")
+    return problems
+
+
+def verify_pins(wheel: Path) -> int:
+    """Raise RecordError unless every library in the wheel has the bytes its pin names; return how many."""
+    try:
+        scanned = scan(wheel)
+    except WheelReadError as e:
+        raise RecordError(f"{e}; rebuild the wheel ({REBUILD})") from None
+    if problems := pin_problems(scanned):
+        raise RecordError(f"{wheel.name}: {'; '.join(problems[:6])}")
+    return sum(1 for n in scanned.members if n.startswith(Layout.load().lib_dir + "/") and n.endswith(".so"))
+
+
 # --- the content policy (jatools/wheel/wheel_layout.toml applied to a wheel read back) -------------------------
 
 IDENTITY_KEYS = ("version", "variant", "kernel_source_revision", "recipe_hash", "cache_id", "gpu_archs",
@@ -297,6 +337,7 @@ def check_contents(wheel: Path | WheelScan, layout: Layout | None = None) -> Con
     if dupes := sorted({n for n in scanned.names if scanned.names.count(n) > 1}):
         problems.append(f"members stored twice: {', '.join(dupes)}")
     problems += record_problems(scanned)
+    problems += pin_problems(scanned, layout)
 
     # The dist-info: its files, METADATA and WHEEL against the file name.
     dist_info = dist_info_dir(path)
