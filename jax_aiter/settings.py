@@ -105,7 +105,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("AITER_SYMBOL_VISIBLE", "build", "1: keep every symbol visible (default: -fvisibility=hidden)",
             key="symbol_visible", rule="flag"),
     Setting("JA_SANITIZE", "build", "sanitizers for the CPU build (address and thread exclude each other)",
-            choices=("address", "undefined", "leak", "thread"), accepts="a comma list of", rule="comma"),
+            choices=("address", "undefined", "leak", "thread"), accepts="a `,` or `;` separated list of", rule="comma"),
     Setting("JA_JIT_LIBS", "build", "build the JIT libraries here, or take them (a consumer: never builds, fails "
             "at once on a miss); auto takes them under CI=true", key="jit_libs", choices=("auto", "build", "take"),
             accepts="one of"),
@@ -260,7 +260,7 @@ def _why(spec: Setting, value: object, from_env: bool, root: Path | None) -> str
         return None if rule == "flag" and isinstance(value, bool) else f"a {type(value).__name__}, not a string"
     text = value.strip()
     if rule == "comma":
-        bad = [v for v in text.split(",") if v.strip() not in spec.choices]
+        bad = [v for v in text.replace(";", ",").split(",") if v.strip() not in spec.choices]
         return f"{', '.join(map(repr, bad))} not one of them" if bad else None
     if spec.choices:
         return None if text in spec.choices else ""

@@ -456,7 +456,7 @@ def _build_locked(settings: config.Settings, options: BuildOptions, layout: Layo
     t_verify = time.monotonic()
 
     tag, tag_source = platform_tag(options, libs)
-    stage_dir, how, staged = stage(settings, layout, variant, project, version, libs, identity, tag)
+    stage_dir, how, staged_digests = stage(settings, layout, variant, project, version, libs, identity, tag)
     if copies := sorted(m for m, h in how.items() if h == "copy" and m.startswith(layout.lib_dir)):
         notes.append(f"copied (no hard link possible): {', '.join(copies)}")
     t_stage = time.monotonic()
@@ -493,7 +493,7 @@ def _build_locked(settings: config.Settings, options: BuildOptions, layout: Layo
         t_pack = time.monotonic()
         log(f"wheel_build: reading {tmp.name} back ({len(written) + 1} members)")
         scanned = read_back(tmp, written, jit_members, expectations, options.jobs,
-                            {layout.lib_member(n): native[n] for n in native_names}, staged)
+                            {layout.lib_member(n): native[n] for n in native_names}, staged_digests)
         os.replace(tmp, wheel)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -692,7 +692,11 @@ def main(argv: list[str] | None = None) -> int:
                    "{name, size, sha256} files (default: build/aiter_build/build_record.json)")
     p.add_argument("--check", action="store_true", help="then run the floor and contents checks on the wheel")
     args = p.parse_args(argv)
-    settings = config.load()
+    try:
+        settings = config.load()
+    except config.SettingError as e:
+        print(f"wheel_build: error: {e}", file=sys.stderr)
+        return 2
     if args.sdist:
         print(f"wheel_build: {sdist(settings.root, (args.dist or settings.root / 'dist').resolve())}", flush=True)
         return 0
