@@ -329,7 +329,7 @@ def shipped(name: str) -> bool:
     """Whether the installed wheel ships library `name` (a lite wheel's attention libraries are fetched later; a
     source checkout ships nothing: what it lacks is not built yet)."""
     identity = build_identity()
-    return identity is not None and (name not in MHA_JIT_LIBS or identity.get("variant") == "full")
+    return identity is not None and (name not in MHA_JIT_LIBS or identity.get("variant") != "lite")
 
 
 def library_report(verify: bool = False) -> list[dict]:

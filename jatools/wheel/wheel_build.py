@@ -515,16 +515,17 @@ def _build_locked(settings: config.Settings, options: BuildOptions, layout: Layo
 
 # --- PEP 517 / PEP 660 hooks, called in the source tree (the current folder) by every front-end ---------------
 
-CONFIG_SETTINGS = {"variant": "lite | full (default lite): -C variant=full, --config-settings variant=full"}
+CONFIG_SETTINGS = {"variant": "lite | full | source (default lite; source from an sdist without libraries): "
+                              "-C variant=full, --config-settings variant=full"}
 EDITABLE_PTH = "_jax_aiter_editable.pth"
 
 
-def _variant(config_settings: dict | None) -> str:
+def _variant(config_settings: dict | None, default: str = "lite") -> str:
     unknown = sorted(set(config_settings or {}) - set(CONFIG_SETTINGS))
     if unknown:
         raise SystemExit(f"jax-aiter build backend: unknown config setting(s) {', '.join(unknown)}; known: "
                          + "; ".join(f"{k}: {v}" for k, v in CONFIG_SETTINGS.items()))
-    value = (config_settings or {}).get("variant", "lite")
+    value = (config_settings or {}).get("variant", default)
     return value[-1] if isinstance(value, list) else value  # a setting given twice: the last one wins
 
 
@@ -565,7 +566,10 @@ def prepare_metadata_for_build_editable(metadata_directory: str, config_settings
     return prepare_metadata_for_build_wheel(metadata_directory, config_settings)
 
 
-def unbuilt_sdist(settings: config.Settings, variant: str) -> bool:
+SOURCE_VARIANT = "source"  # what an sdist without libraries builds by default (jatools/wheel/wheel_layout.toml)
+
+
+def unbuilt_sdist(settings: config.Settings, variant: str = SOURCE_VARIANT) -> bool:
     """An unpacked sdist (it has PKG-INFO) whose build folder lacks a library of `variant`: a source build."""
     layout = Layout.load()
     return (settings.root / "PKG-INFO").is_file() and any(
@@ -598,7 +602,7 @@ def build_wheel(wheel_directory: str, config_settings: dict | None = None,
     stderr = functools.partial(print, file=sys.stderr, flush=True)
     with _backend_errors():
         settings = config.load(root=Path.cwd().resolve())  # the tree being built, whatever JA_ROOT_DIR says
-        variant = _variant(config_settings)
+        variant = _variant(config_settings, SOURCE_VARIANT if unbuilt_sdist(settings) else "lite")
         from_source = unbuilt_sdist(settings, variant)
         if from_source:
             source_build(settings, stderr)
@@ -680,7 +684,7 @@ def sdist(root: Path, dist_dir: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m jatools.wheel.wheel_build", description=__doc__.splitlines()[0])
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--variant", choices=sorted(Layout.load().variants))
+    what.add_argument("--variant", choices=sorted(set(Layout.load().variants) - {SOURCE_VARIANT}))
     what.add_argument("--sdist", action="store_true", help="the sdist instead (what `python -m build --sdist` makes)")
     p.add_argument("--dist", type=Path, default=None, help="output folder (default: <repo>/dist)")
     p.add_argument("--plat-name", help="platform tag (default: JA_WHEEL_PLAT_NAME, else the measured floor)")

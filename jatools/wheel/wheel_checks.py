@@ -314,6 +314,16 @@ class ContentsReport:
         return f"{self.wheel}: " + "".join(f"\n  - {p}" for p in self.problems)
 
 
+def _identity_variant(scanned: WheelScan, layout: Layout) -> str | None:
+    """The variant the wheel's identity names (None when it cannot be read; the checks below report that)."""
+    member = scanned.members.get(layout.identity_file)
+    try:
+        ident = json.loads(member.data or b"") if member is not None else None
+    except json.JSONDecodeError:
+        return None
+    return ident.get("variant") if isinstance(ident, dict) else None
+
+
 def check_contents(wheel: Path | WheelScan, layout: Layout | None = None) -> ContentsReport:
     """The content policy on a wheel (scanned here unless given as a scan)."""
     path = wheel.wheel if isinstance(wheel, WheelScan) else wheel
@@ -325,9 +335,9 @@ def check_contents(wheel: Path | WheelScan, layout: Layout | None = None) -> Con
         problems += [f"tag {t} should be py3-none-<platform>: the libraries are loaded with ctypes, not as CPython "
                      f"extensions, and they are platform-specific" for t in tags
                      if t.interpreter != "py3" or t.abi != "none" or t.platform == "any"]
-        variant = layout.variant_for_version(str(version))
-        report.variant = variant.name
         scanned = wheel if isinstance(wheel, WheelScan) else scan(wheel)
+        variant = layout.variant_for_version(str(version), _identity_variant(scanned, layout))
+        report.variant = variant.name
     except (InvalidWheelFilename, InvalidVersion) as e:
         problems.append(f"not a valid wheel file name ({e})")
         return report
