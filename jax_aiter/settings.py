@@ -298,9 +298,9 @@ def check_environment(env: Mapping[str, str] | None = None, group: str | None = 
     """Check every variable of the table (of `group`) set, not blank, in `env`; the first bad one raises."""
     env = os.environ if env is None else env
     for spec in SETTINGS:
-        if spec.name and (group is None or spec.group == group) and (env.get(spec.name) or "").strip():
-            if spec.kind or spec.choices or spec.rule:
-                check(spec, env[spec.name])
+        checked = spec.kind or spec.choices or spec.rule
+        if checked and spec.name and (group is None or spec.group == group) and (env.get(spec.name) or "").strip():
+            check(spec, env[spec.name])
 
 
 def check_pyproject(table: Mapping[str, object], path: Path) -> None:

@@ -44,7 +44,13 @@ from jatools.wheel.wheel_layout import Layout, Variant, python_files, python_pac
 from jatools.wheel.zip_writer import DeterministicZipWriter, WrittenMember
 from jax_aiter import settings as numeric
 from jax_aiter.fetch_mha import BASE_URL_KEY
-from jax_aiter.integrity import RECORD_NAME, IntegrityError, read_record, sha256_file, verify_entries
+from jax_aiter.integrity import (
+    RECORD_NAME,
+    IntegrityError,
+    read_record,
+    sha256_file,
+    verify_entries,
+)
 
 GENERATOR = "jax-aiter jatools.wheel.wheel_build"
 MIN_EPOCH = 315532800  # 1980-01-01, the first time a zip can hold

@@ -248,20 +248,26 @@ def verify_record(wheel: Path) -> int:
     return len(scanned.members)
 
 
+def _identity(scanned: WheelScan, layout: Layout) -> dict | None:
+    """The wheel's build identity, or None when it is missing or not a JSON object."""
+    member = scanned.members.get(layout.identity_file)
+    try:
+        ident = json.loads(member.data or b"") if member is not None else None
+    except json.JSONDecodeError:
+        return None
+    return ident if isinstance(ident, dict) else None
+
+
 def pin_problems(scanned: WheelScan, layout: Layout | None = None) -> list[str]:
     """Each library in the wheel against the pin its build identity names ({name, size, sha256}: the pins the
     loader and jax-aiter-fetch-mha hold installed bytes to). A library changed after the build, with RECORD
     regenerated to match, is self-consistent for RECORD but not for the pins. What this proves, and what it
     does not (the identity travels in the same zip): docs/security.md."""
     layout = layout or Layout.load()
-    member = scanned.members.get(layout.identity_file)
-    try:
-        ident = json.loads(member.data or b"") if member is not None else None
-    except json.JSONDecodeError:
-        ident = None
-    if not isinstance(ident, dict):
-        return [f"{layout.identity_file} is missing or not JSON: the wheel has no pins to check its libraries "
-                "against"]
+    ident = _identity(scanned, layout)
+    if ident is None:
+        return [(f"{layout.identity_file} is missing or not JSON: the wheel has no pins to check its libraries "
+                 "against")]
     pins = {e.get("name"): e for e in ident.get("pins") or [] if isinstance(e, dict)}
     problems = []
     for name, m in sorted(scanned.members.items()):
@@ -316,12 +322,7 @@ class ContentsReport:
 
 def _identity_variant(scanned: WheelScan, layout: Layout) -> str | None:
     """The variant the wheel's identity names (None when it cannot be read; the checks below report that)."""
-    member = scanned.members.get(layout.identity_file)
-    try:
-        ident = json.loads(member.data or b"") if member is not None else None
-    except json.JSONDecodeError:
-        return None
-    return ident.get("variant") if isinstance(ident, dict) else None
+    return (_identity(scanned, layout) or {}).get("variant")
 
 
 def check_contents(wheel: Path | WheelScan, layout: Layout | None = None) -> ContentsReport:

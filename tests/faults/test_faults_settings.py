@@ -96,20 +96,17 @@ def _checkout_with(tmp_path: Path, edit) -> Path:
 
 def _key(key: str, value: str):
     def edit(text: str) -> str:
-        out, n = re.subn(rf"^{key} = .*$", f"{key} = {value}", text, count=1, flags=re.M)
+        out, n = re.subn(rf"^{key} = .*$", f"{key} = {value}", text, count=1, flags=re.MULTILINE)
         return out if n else text.replace("[tool.jax-aiter]\n", f"[tool.jax-aiter]\n{key} = {value}\n", 1)
     return edit
 
 
 BAD_PYPROJECT = [
-    ("wheel_compress_level", '"high"', "[tool.jax-aiter] wheel_compress_level='high' is not valid: give an integer "
-                                       "from 0 to 12"),
-    ("wheel_compress_level", "99", "[tool.jax-aiter] wheel_compress_level=99 is not valid: give an integer from 0 "
-                                   "to 12"),
+    ("wheel_compress_level", '"high"', "[tool.jax-aiter] wheel_compress_level='high' is not valid: give an integer"),
+    ("wheel_compress_level", "99", "[tool.jax-aiter] wheel_compress_level=99 is not valid: give an integer from 0"),
     ("backend", '"quantum"', "[tool.jax-aiter] backend='quantum' is not valid: give one of auto, cpu, cuda, rocm"),
     ("jit_libs_asset_limit", "-1", "[tool.jax-aiter] jit_libs_asset_limit=-1 is not valid: give an integer from 1"),
-    ("build_dir", '"../elsewhere"', "[tool.jax-aiter] build_dir='../elsewhere' is not valid: it leads outside the "
-                                    "checkout"),
+    ("build_dir", '"../elsewhere"', "[tool.jax-aiter] build_dir='../elsewhere' is not valid: it leads outside"),
     ("build_dir", '"/tmp/abs"', "[tool.jax-aiter] build_dir='/tmp/abs' is not valid: it is absolute"),
     ("gpu_archs_rocm", '"gfx9;;x"', "[tool.jax-aiter] gpu_archs_rocm='gfx9;;x' is not valid"),
     ("toolchain_strict", '"maybe"', "[tool.jax-aiter] toolchain_strict='maybe' is not valid: give 1 or 0"),
