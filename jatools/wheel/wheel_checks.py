@@ -348,7 +348,10 @@ def check_contents(wheel: Path | WheelScan, layout: Layout | None = None) -> Con
     if dupes := sorted({n for n in scanned.names if scanned.names.count(n) > 1}):
         problems.append(f"members stored twice: {', '.join(dupes)}")
     problems += record_problems(scanned)
-    problems += pin_problems(scanned, layout)
+    if not (pinned := pin_problems(scanned, layout)):
+        report.notes.append(f"every library matches its pin in {layout.identity_file}: these are the bytes the wheel "
+                            "was built with; who built it is what a build attestation says (docs/security.md)")
+    problems += pinned
 
     # The dist-info: its files, METADATA and WHEEL against the file name.
     dist_info = dist_info_dir(path)
