@@ -157,9 +157,11 @@ def settings_doc(root: Path | None = None) -> str:
              "Each setting has one home. Its default is in `pyproject.toml` under `[tool.jax-aiter]` (the key",
              "column), or, for the settings the installed runtime reads, in `jax_aiter/settings.py`; the",
              "environment variable overrides the default and a command-line flag overrides both. A blank",
-             "variable counts as unset. Numbers are checked against their range when read: a value outside it",
-             "stops the command with the variable, the value and the range. Settings marked *internal* are set",
-             "by our own processes or by CI; nobody sets them by hand.", ""]
+             "variable counts as unset. Every value is checked when it is read, from the environment and from",
+             "pyproject alike (numbers against their range, choices, flags, GPU arch lists, existing folders,",
+             "paths inside the checkout; an unknown `[tool.jax-aiter]` key is refused): a bad one stops the",
+             "command with the variable or key, the value, what is allowed and where it came from. Settings",
+             "marked *internal* are set by our own processes or by CI; nobody sets them by hand.", ""]
     for group in registry.GROUPS:
         lines += [f"## {group[0].upper()}{group[1:]}", "", "| variable | pyproject key | default | accepts | meaning |",
                   "|---|---|---|---|---|"]
