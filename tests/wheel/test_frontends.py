@@ -265,8 +265,10 @@ SDIST_FRONTS = {
     "pip install <sdist>": lambda py, sd, out: [py, "-m", "pip", "install", "-q", str(sd)],
     "uv pip install <sdist>": lambda py, sd, out: [uv(), "pip", "install", "-q", "--python", py, str(sd)],
     "pip wheel <sdist>": lambda py, sd, out: [py, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(sd)],
-    "python -m build <unpacked sdist>": lambda py, sd, out: [py, "-m", "build", "--wheel", "--outdir", str(out),
-                                                             str(sd).removesuffix(".tar.gz")],
+    # build is the test environment's (the fresh venv has no index to install it from); its isolated build
+    # environment comes from the wheelhouse like the others'
+    "python -m build <unpacked sdist>": lambda py, sd, out: [sys.executable, "-m", "build", "--wheel", "--outdir",
+                                                             str(out), str(sd).removesuffix(".tar.gz")],
 }
 
 
@@ -284,8 +286,6 @@ def test_sdist_builds_a_working_source_wheel_with_each_front_end(front, sdist, b
         tar.extractall(work, filter="data")
     venv = fresh_venv(work / "venv", build_wheelhouse, env)
     py = str(venv / "bin/python")
-    if front == "python -m build <unpacked sdist>":
-        run([uv(), "pip", "install", "-q", "--python", py, "build"], env)
     run(SDIST_FRONTS[front](py, work / sdist.name, work / "out"), env, cwd=work, timeout=1800)
     if (work / "out").is_dir():
         wheel = only_wheel(work / "out")
