@@ -43,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jax_aiter import blob, integrity, reuse_gate, settings
+from jax_aiter import blob, integrity, provenance, reuse_gate, settings
 from jax_aiter import manifest as mf
 from jax_aiter.integrity import diff_entries
 from jax_aiter.progress import Progress
@@ -144,7 +144,8 @@ class _PartSink:
         self._skip = 0 if resumed else self.size
         return self
 
-    def write(self, data) -> None:
+    def write(self, data) -> int:
+        """Take `data`; the number of new bytes (a resent start is skipped, and not counted as progress)."""
         if self._skip:
             n = min(self._skip, len(data))
             data, self._skip = data[n:], self._skip - n
@@ -154,6 +155,7 @@ class _PartSink:
                 self.whole.update(data)
             self.size += len(data)
             self.decoder.feed(data)
+        return len(data)
 
 
 class _LibraryFile:
@@ -248,9 +250,8 @@ def _attempt(url: str, begin: Callable[[bool], object], offset: int, timeout: fl
                 raise _Transient(f"connection lost after {got} bytes ({e!r})") from None
             if not n:
                 break
-            sink.write(view[:n])
             got += n
-            advance(n)
+            advance(sink.write(view[:n]))  # progress counts new bytes only: a resumed part never shows 150 %
     declared = resp.headers.get("Content-Length")
     if declared is not None and declared.isdigit() and got < int(declared):
         raise _Transient(f"connection closed early after {got} of {declared} bytes")
@@ -277,10 +278,10 @@ def fetch_bytes(url: str, opts: FetchOptions, log: Log = _stderr, limit: int = M
     out = io.BytesIO()
 
     class Capped:
-        def write(self, data) -> None:
+        def write(self, data) -> int:
             if out.tell() + len(data) > limit:  # refused while streaming: never more than `limit` in memory
                 raise FetchError(f"{url}: more than {limit} bytes; this is not a manifest or record (check the URL)")
-            out.write(data)
+            return out.write(data)
 
     def begin(resumed: bool) -> Capped:
         out.seek(0)
@@ -372,6 +373,15 @@ def _lock(dest: Path, opts: FetchOptions, log: Log):
             raise FetchError(f"another fetch into {dest} held the lock {lock.lock_file} for more than "
                              f"{opts.lock_timeout_s:g} s; wait for it or stop it, then run again") from None
     return lock
+
+
+def byte_text(n: int) -> str:
+    """A size people read: bytes, kB, MB or GB with three significant digits (a full disk is "0 bytes free",
+    not "0.00 GB")."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} byte{'' if n == 1 else 's'}"
 
 
 def _prepare_parent(dest: Path) -> None:
@@ -536,6 +546,10 @@ def fetch_release(base_url: str, want: dict, dest: Path, names: list[str] | None
     files = mf.select_files(manifest, names)
     check_pins(files, want, url)
     chosen = [f["name"] for f in files]
+    if not want.get("pins"):
+        log(f"fetch: no pins: the release's own manifest is all that vouches for these bytes, so the store at "
+            f"{base_url} is trusted (a wheel's pins, or `invoke jit.fetch --pins-from URL`, hold a fetch to known "
+            "bytes; docs/security.md)")
     lock = _lock(dest, opts, log)
     try:
         _clear_leftovers(dest, log)
@@ -554,7 +568,7 @@ def fetch_release(base_url: str, want: dict, dest: Path, names: list[str] | None
         need = sum(f["size"] for f in files)  # downloads are unpacked as they arrive
         free = shutil.disk_usage(dest.parent).free
         if free < need:
-            raise FetchError(f"not enough disk space in {dest.parent}: {need / 1e9:.2f} GB needed, {free / 1e9:.2f} GB "
+            raise FetchError(f"not enough disk space in {dest.parent}: {byte_text(need)} needed, {byte_text(free)} "
                              "free; free some space or choose another destination (--dest)")
         staging = dest.parent / f".{dest.name}.fetch-{os.getpid()}"
         try:
@@ -568,6 +582,10 @@ def fetch_release(base_url: str, want: dict, dest: Path, names: list[str] | None
         try:
             downloaded = _fetch_all(files, release, staging, window_log, opts, log)
             try:
+                log(f"fetch: {provenance.verify([staging / n for n in chosen], base_url)}")
+            except provenance.ProvenanceError as e:
+                raise FetchError(f"{e}. Nothing was installed; fetch from the project's own release store") from None
+            try:
                 (staging / mf.MANIFEST_NAME).write_text(mf.dumps(manifest))
                 install_staged(staging, dest, chosen)
             except OSError as e:
@@ -579,6 +597,7 @@ def fetch_release(base_url: str, want: dict, dest: Path, names: list[str] | None
     finally:
         lock.release()
     seconds = time.monotonic() - start
+    against = "its pin and the release manifest" if want.get("pins") else "the release manifest (no pins)"
     log(f"fetch: installed {', '.join(chosen)} into {dest} ({downloaded / 1e6:.1f} MB in {seconds:.1f} s), "
-        "every file verified")
+        f"every file verified against {against}")
     return FetchResult("fetched", dest, release, manifest, chosen, downloaded, seconds, warnings)

@@ -87,7 +87,7 @@ class Slot:
             self.fd = -1
 
 
-def _tool_lines(cmd: list[str], env: dict[str, str]) -> list[str] | str | None:
+def tool_lines(cmd: list[str], env: dict[str, str]) -> list[str] | str | None:
     """The tool's output lines; None when it is not installed; a str saying how it failed (exit status, hang)."""
     exe = shutil.which(cmd[0], path=env.get("PATH"))
     if not exe:
@@ -140,7 +140,7 @@ def detect(env: dict[str, str] | None = None) -> Gpus:
     else:
         platform, found, how, failed = "cpu", (), "no GPU: rocminfo and nvidia-smi found none", []
         for kind, cmd, pattern, said in PROBES:
-            out = _tool_lines(cmd, env)
+            out = tool_lines(cmd, env)
             if isinstance(out, str):
                 failed.append(out)
             lines = [ln for ln in out if re.match(pattern, ln)] if isinstance(out, list) else []

@@ -174,3 +174,12 @@ def test_faults_hanging_nvidia_smi_stops_after_a_short_bound(env, tmp_path, monk
     with pytest.raises(gpu_slots.GpuSlotError, match=r"gave no answer within 1 s.*JA_GPU_COUNT=0"):
         gpu_slots.detect(env)
     assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.parametrize("n", ["0", "-1"])
+def test_faults_zero_or_negative_gpus_is_a_usage_error(env, n):
+    """--gpus 0 answered "declare at most 2" (the host's count); the number itself is wrong, whatever the host."""
+    r = _run(env, "true", flags=("--gpus", n))
+    assert r.returncode == 2, r.stderr
+    assert f"--gpus {n}: give the number of devices the command declares, 1 or more" in r.stderr
+    assert "declare at most" not in r.stderr
