@@ -17,7 +17,7 @@ wrong answers:
 - network stalls time out and are retried with exponential backoff, resuming
   with an HTTP range request where the server allows it; a 404 is a cache miss
   and is not retried;
-- work happens in a staging folder beside the destination, under a file lock:
+- work happens in a staging folder beside the destination, under a lock on its folder:
   a fresh destination appears by one rename, an existing one gets each library
   replaced by rename and the manifest copy last, so a killed or failed fetch
   leaves the previous good state; the next fetch clears its leftovers.
@@ -27,6 +27,7 @@ Runs at runtime, so it must not import JAX.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import http.client
 import io
@@ -356,22 +357,45 @@ def check_identity(want: dict, manifest: dict, source: str, strict_toolchain: bo
     return cmp.warnings
 
 
-def _lock(dest: Path, opts: FetchOptions, log: Log):
+class _FolderLock:
+    """An exclusive flock on the destination's parent folder itself: fetches into one folder take turns, and
+    no lock file is made, so none is left behind (a lock file beside the destination outlived every fetch,
+    failed or not, and removing it safely races with a fetch waiting on it). The folder is opened with
+    O_NOFOLLOW: a symlink there is never followed."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self._fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+    def acquire(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = -1
+
+
+def _lock(dest: Path, opts: FetchOptions, log: Log) -> _FolderLock:
     try:
-        from filelock import FileLock, Timeout
-    except ImportError:
-        raise FetchError("the filelock package is needed to fetch safely; install it with `pip install filelock` "
-                         "(or `pip install jax-aiter[fetch]`)") from None
-    lock = FileLock(str(dest.parent / f".{dest.name}.lock"))
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        log(f"fetch: another fetch into {dest} is running; waiting for it (lock {lock.lock_file})")
-        try:
-            lock.acquire(timeout=opts.lock_timeout_s)
-        except Timeout:
-            raise FetchError(f"another fetch into {dest} held the lock {lock.lock_file} for more than "
-                             f"{opts.lock_timeout_s:g} s; wait for it or stop it, then run again") from None
+        lock = _FolderLock(dest.parent)
+    except OSError as e:
+        raise FetchError(f"cannot lock {dest.parent} for the fetch: {e.strerror or e} (it must be a real folder, "
+                         "not a symlink); choose another destination (--dest)") from None
+    if not lock.acquire(timeout=0):
+        log(f"fetch: another fetch into {dest.parent} is running; waiting for it (a lock on that folder)")
+        if not lock.acquire(timeout=opts.lock_timeout_s):
+            lock.release()
+            raise FetchError(f"another fetch into {dest.parent} held its lock for more than "
+                             f"{opts.lock_timeout_s:g} s; wait for it or stop it, then run again")
     return lock
 
 

@@ -303,3 +303,46 @@ def test_faults_provenance_refuses_a_file_gh_finds_no_attestation_for(tmp_path, 
         provenance.verify([good, bad], base)
     assert provenance.github_repo("https://github.com/a/b/releases/download/") == "a/b"
     assert provenance.github_repo("https://example.com/a/b/releases/download") is None
+
+
+def test_faults_failed_fetch_leaves_nothing_beside_the_destination(release, server, tmp_path):
+    """A failed fetch (full disk) leaves the destination's folder as it found it: no staging folder and no lock
+    file (the lock is a flock on the folder itself)."""
+    ident, manifest = release
+    parent = tmp_path / "cache"
+    parent.mkdir()
+    idf = _identity_file(tmp_path, ident, manifest, server.url)
+    r = _fetch_mha(idf, parent / "dest", preexec_fn=_small_files)
+    assert r.returncode == 1 and "File too large" in r.stderr, r.stderr
+    assert sorted(p.name for p in parent.iterdir()) == []
+
+
+def test_faults_fetch_waits_for_a_held_folder_lock_then_names_it(release, server, tmp_path):
+    """Another process holding the folder's lock: the fetch says it waits, then gives up after
+    JA_FETCH_LOCK_TIMEOUT_S naming the folder and the fix; the destination is untouched."""
+    import fcntl
+    ident, manifest = release
+    parent = tmp_path / "cache"
+    parent.mkdir()
+    fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        r = _fetch_mha(_identity_file(tmp_path, ident, manifest, server.url), parent / "dest",
+                       env={"JA_FETCH_LOCK_TIMEOUT_S": "1"})
+    finally:
+        os.close(fd)
+    assert r.returncode == 1, r.stderr
+    assert f"another fetch into {parent} held its lock for more than 1 s; wait for it or stop it" in r.stderr
+    assert sorted(p.name for p in parent.iterdir()) == []
+
+
+def test_faults_fetch_refuses_a_symlinked_destination_folder(release, server, tmp_path):
+    """The destination's folder is a symlink: the lock never follows it, the fetch stops naming it."""
+    ident, manifest = release
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    r = _fetch_mha(_identity_file(tmp_path, ident, manifest, server.url), tmp_path / "link" / "dest")
+    assert r.returncode == 1, r.stderr
+    assert f"cannot lock {tmp_path / 'link'} for the fetch" in r.stderr and "not a symlink" in r.stderr
+    assert list(real.iterdir()) == []
