@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(os.environ.get("JA_ROOT_DIR") or Path(__file__).resolve().parents[2])  # the checkout whose workflows run
 GITHUB_HOSTED = {"ubuntu-24.04"}
 # The stand-in (ci/act/<folder>) of each action the workflows use.
 STANDINS = {"actions/checkout": "checkout", "actions/setup-python": "setup-python",
@@ -54,9 +54,14 @@ class Unit:
 
 
 def _ci_build():
-    sys.path.insert(0, str(ROOT / "ci"))
-    import build  # ci/build.py: the registry
-    return build
+    """ci/build.py of the checkout (the registry the matrices come from)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ja_ci_build_local", ROOT / "ci" / "build.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def _load(path: Path) -> dict:
