@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 from typing import ClassVar
@@ -170,6 +171,10 @@ def jit_modules() -> list[str]:
 
 
 PR_TIER = (("JA_TEST_TIER", "pr"),)
+# The producer's merge job publishes the merged libraries to this folder (jit-libs-<cache id>/, content-addressed)
+# and uploads it as the run's artifact jit-store-<backend>; a GPU job of the same run fetches from it
+# (JA_FETCH_BASE_URL=build/jit-store) when the producer rebuilt, so a kernel PR's GPU jobs test its own kernels.
+JIT_STORE = "build/jit-store"
 # The release base URL is JA_FETCH_BASE_URL (the workflows set it; fetch, decide and the lite wheel read it).
 FETCH_JIT = Invoke("jit.fetch")
 NATIVE = (Nox("umbrella", installs=False), Nox("ja_mods", installs=False))
@@ -233,8 +238,10 @@ for _backend, _runner, _env in (("rocm", BUILD_ONLY_ROCM, ROCM_ENV), ("cuda", BU
               description=f"JIT producer ({_backend}): build {_module} only (offline, no GPU)",
               steps=(Nox("jit", ("--module", _module)),))
     Build(name=f"jit_libs_merge_{_backend}", group="jit_libs", runner=UBUNTU, env=_env, timeout_minutes=30,
-          description=f"JIT producer ({_backend}): merge the shards into build/aiter_build with one manifest, verify",
-          steps=(Invoke("jit.merge-manifests", ("--from", "build/jit-shards")), Invoke("verify")))
+          description=f"JIT producer ({_backend}): merge the shards into build/aiter_build with one manifest, verify, "
+                      f"and stage them as a store in {JIT_STORE} (this run's consumers fetch from it)",
+          steps=(Invoke("jit.merge-manifests", ("--from", "build/jit-shards")), Invoke("verify"),
+                 Invoke("jit.publish", ("--to", JIT_STORE))))
     Build(name=f"jit_libs_publish_{_backend}", group="jit_libs", runner=UBUNTU, env=_env, timeout_minutes=60,
           description=f"JIT producer ({_backend}): compress, verify and upload the merged libraries (write access)",
           steps=(Invoke("verify"), Invoke("jit.publish")))
@@ -332,9 +339,25 @@ def matrix(group: str, event: str | None = None, fork: bool = False, runners: st
         groups = sorted({b.group for b in Build.all_builds().values()})
         raise BuildError(f"no builds in group {group!r}; groups: {', '.join(groups)}")
     return {"include": [{"build": b.name, "runner": b.runner.label, "container": b.runner.container or "",
-                         "options": b.runner.options_text, "timeout_minutes": b.timeout_minutes}
+                         "options": b.runner.options_text, "timeout_minutes": b.timeout_minutes,
+                         "backend": dict(b.env).get("JA_BACKEND", "cpu")}
                         for b in builds if (event is None or not b.events or event in b.events)
                         and not (fork and b.runner.gpus) and runners in (None, "gpu" if b.runner.gpus else "cpu")]}
+
+
+def jit_inputs_changed(base: str | None) -> tuple[bool, str]:
+    """(changed, why): did base...HEAD change an input of the JIT cache id (jit_build.path_filter)? An unknown or
+    missing base counts as changed: the producer's plan then decides by the cache id itself."""
+    if not base or set(base) == {"0"}:
+        return True, "no base revision"
+    diff = subprocess.run(["git", "diff", "--name-only", f"{base}...HEAD"], cwd=ROOT, capture_output=True, text=True)
+    if diff.returncode != 0:
+        return True, f"git diff {base}...HEAD failed: {diff.stderr.strip()[:200]}"
+    patterns = jit_build.path_filter(config.load(backend="cpu", env={}))
+    hits = [f for f in diff.stdout.split() if any(f == p or (p.endswith("/**") and f.startswith(p[:-2]))
+                                                  for p in patterns)]
+    return bool(hits), (f"{len(hits)} input(s) of the JIT cache id changed: {', '.join(hits[:5])}" if hits
+                        else "no input of the JIT cache id changed")
 
 
 def check_release_tag(env: dict[str, str]) -> str:
@@ -366,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--list", action="store_true", help="name and describe every build")
     mode.add_argument("--dump_commands", action="store_true", help="print every build's commands (the golden file)")
     mode.add_argument("--matrix", metavar="GROUP", help="print a GitHub matrix of the group's builds as JSON")
+    mode.add_argument("--jit-inputs-changed", action="store_true",
+                      help="did $JA_BASE_REV...HEAD change an input of the JIT cache id? (jit_changed= to $GITHUB_OUTPUT)")
     mode.add_argument("--check-release-tag", action="store_true",
                       help="fail unless the workflow runs on a version tag ($GITHUB_REF_TYPE, $GITHUB_REF_NAME)")
     p.add_argument("--dry_run", action="store_true", help="with --build: print the commands without running them")
@@ -383,6 +408,10 @@ def main(argv: list[str] | None = None) -> int:
             text = json.dumps(matrix(args.matrix, args.event or event, fork, args.runners))
             print(text)
             steps.github_output({"matrix" + (f"_{args.runners}" if args.runners else ""): text})
+        elif args.jit_inputs_changed:
+            changed, why = jit_inputs_changed(os.environ.get("JA_BASE_REV"))
+            print(f"jit_changed={'true' if changed else 'false'} ({why})")
+            steps.github_output({"jit_changed": "true" if changed else "false"})
         elif args.check_release_tag:
             print(f"release tag: {check_release_tag(dict(os.environ))}")
         else:

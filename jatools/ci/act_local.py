@@ -35,7 +35,7 @@ NEEDS_SERVICE = {"jit.fetch": "the GitHub release store (JA_FETCH_BASE_URL on gi
                  "jit.publish": "a GitHub release to publish to (gh, a write token)",
                  "release.upload": "a GitHub release to upload to (gh, a write token)",
                  "image.publish": "a Docker engine and a registry"}
-EVENTS = ("pull_request", "push", "workflow_dispatch", "schedule")
+EVENTS = ("pull_request", "push", "workflow_dispatch", "schedule", "workflow_call")
 
 
 @dataclasses.dataclass
@@ -100,6 +100,9 @@ def units(cb) -> list[Unit]:
         wf = _load(path)
         event = next(e for e in EVENTS if e in wf["on"])
         for job_id, job in wf["jobs"].items():
+            if "uses" in job:  # a call of a reusable workflow: its jobs are listed (and run) under that file
+                out.append(Unit(path.name, job_id, None, event, f"calls {job['uses']}, whose jobs are listed under it"))
+                continue
             step_builds = [m.group(1) for s in job.get("steps", [])
                            if (m := re.search(r'ci/build\.py --build "?(\w+)"?$', s.get("run", "")))]
             matrix = _matrix_builds(wf, job, cb)

@@ -404,7 +404,8 @@ def derive_identity(settings: config.Settings, tc: toolchain.Toolchain, recipe_h
 
 
 def path_filter(settings: config.Settings) -> list[str]:
-    """The paths whose change can change a cache id (jit-libs.yml's `paths`; a test keeps the two equal): the
+    """The paths whose change can change a cache id (ci/build.py --jit-inputs-changed: ci.yml then calls the
+    producer, jit-libs.yml): the
     folders of every file a build of any backend reads (two levels deep), the code and settings its command
     lines come from, and the workflow; not the op table's data (docs/jit-libs.md says why)."""
     root = settings.root

@@ -145,7 +145,8 @@ def test_matrix_and_github_output(tmp_path: Path) -> None:
     entry = data["include"][0]
     build = ci_build.get_build(entry["build"])
     assert entry == {"build": build.name, "runner": build.runner.label, "container": build.runner.container or "",
-                     "options": build.runner.options_text, "timeout_minutes": build.timeout_minutes}
+                     "options": build.runner.options_text, "timeout_minutes": build.timeout_minutes,
+                     "backend": dict(build.env).get("JA_BACKEND", "cpu")}
     bad = cli("--matrix", "nope")
     assert bad.returncode == 2 and "groups: " in bad.stderr
 

@@ -22,6 +22,7 @@ WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
 RUN_BUILD = re.compile(r'^bash scripts/run\.sh python3 ci/build\.py --build "?([\w${}. ]+?)"?$')
 RUN_MATRIX = re.compile(r"^python3 ci/build\.py --matrix (\w+)(?: --runners (cpu|gpu))?$")
 RUN_TAG_CHECK = "python3 ci/build.py --check-release-tag"
+RUN_CHECKS = {RUN_TAG_CHECK, "python3 ci/build.py --jit-inputs-changed"}  # plan-job checks, no build
 # Every action pinned to a full commit SHA, the release it is named in the comment: `owner/name@<40 hex>  # vX.Y.Z`.
 PINNED_USE = re.compile(r"^\s*-?\s*uses: ([\w.-]+/[\w./-]+)@([0-9a-f]{40})  # (v\d+(?:\.\d+)*)$")
 FORK_GUARD = ("github.event_name != 'pull_request' || "
@@ -74,10 +75,17 @@ def job_builds(wf: dict, job: dict) -> list[str]:
 
 
 def all_jobs():
+    """Every job that runs steps (a job that calls a reusable workflow is checked through that workflow's jobs)."""
     for path in WORKFLOWS:
         wf = load(path)
         for job_id, job in wf["jobs"].items():
-            yield path.name, wf, job_id, job
+            if "uses" not in job:
+                yield path.name, wf, job_id, job
+
+
+def calls(wf: dict) -> dict[str, dict]:
+    """The jobs of `wf` that call a reusable workflow of this repository."""
+    return {j: job for j, job in wf["jobs"].items() if "uses" in job}
 
 
 def test_required_workflows_exist() -> None:
@@ -122,7 +130,7 @@ def test_every_action_is_pinned_to_a_commit_with_its_version() -> None:
     """`uses:` names a full commit SHA and, in a comment, the release it is (a tag can be moved; a SHA cannot)."""
     for path in WORKFLOWS:
         for n, line in enumerate(path.read_text().splitlines(), 1):
-            if re.match(r"^\s*-?\s*uses:", line):
+            if re.match(r"^\s*-?\s*uses:", line) and not re.match(r"^\s*uses: \./\.github/workflows/", line):
                 assert PINNED_USE.match(line), f"{path.name}:{n}: pin it as `uses: OWNER/NAME@<sha>  # vX.Y.Z`: {line}"
 
 
@@ -172,6 +180,9 @@ def test_the_release_checks_its_tag_first_and_attests_its_assets() -> None:
 def test_permissions_and_concurrency(path: Path) -> None:
     wf = load(path)
     assert wf["permissions"] == {"contents": "read"}, "default permissions must be contents: read"
+    if "workflow_call" in wf["on"]:  # a called workflow shares its caller's group (its own would deadlock it)
+        assert "concurrency" not in wf
+        return
     assert wf["concurrency"]["group"] == CONCURRENCY_GROUP
     assert wf["concurrency"]["cancel-in-progress"] in (CANCEL_ON_PRS, False), \
         "cancel in-progress runs on pull requests only, never on main"
@@ -183,7 +194,7 @@ def test_steps_hold_no_logic() -> None:
             if "uses" in step:
                 continue
             run = step["run"].strip()
-            assert RUN_BUILD.match(run) or RUN_MATRIX.match(run) or run == RUN_TAG_CHECK, \
+            assert RUN_BUILD.match(run) or RUN_MATRIX.match(run) or run in RUN_CHECKS, \
                 f"{name}:{job_id}: a run step may only call `bash scripts/run.sh python3 ci/build.py --build NAME`: {run!r}"
 
 
@@ -222,7 +233,7 @@ def test_ci_is_two_matrix_jobs_over_the_pr_builds() -> None:
     the CPU builds and one (behind the fork guard) for the GPU builds."""
     wf = load(ROOT / ".github" / "workflows" / "ci.yml")
     jobs = wf["jobs"]
-    assert set(jobs) == {"plan", "build", "build_gpu"}
+    assert set(jobs) == {"plan", "build", "jit", "build_gpu"}
     cpu, gpu = job_builds(wf, jobs["build"]), job_builds(wf, jobs["build_gpu"])
     assert sorted(cpu + gpu) == sorted(b for b, build in BUILDS.items() if build.group == "pr")
     assert gpu and all(BUILDS[b].runner.gpus for b in gpu) and not any(BUILDS[b].runner.gpus for b in cpu)
@@ -248,6 +259,12 @@ def test_only_upload_jobs_get_write_access() -> None:
         if writes:
             builds = set(job_builds(wf, job))
             assert builds and builds <= WRITE_BUILDS, f"{name}:{job_id} has {writes}: write but runs {builds}"
+    for path in WORKFLOWS:  # a call grants no more than the called workflow's write jobs take, and only those
+        for job_id, job in calls(load(path)).items():
+            called = load(ROOT / job["uses"])
+            taken = {k for j in called["jobs"].values() for k, v in (j.get("permissions") or {}).items() if v == "write"}
+            granted = {k for k, v in (job.get("permissions") or {}).items() if v == "write"}
+            assert granted == taken, f"{path.name}:{job_id} grants {granted}, the called jobs take {taken}"
     release = load(ROOT / ".github" / "workflows" / "release.yml")["jobs"]
     assert [j for j, job in release.items() if job.get("permissions")] == ["release_upload"]
     for _n, _wf, job_id, job in all_jobs():
@@ -256,16 +273,19 @@ def test_only_upload_jobs_get_write_access() -> None:
     assert release["release_upload"]["needs"] == "release"
 
 
-def test_gpu_jobs_never_run_fork_code() -> None:
-    """The fork guard is each GPU job's own job-level `if:` (the matrix leaving fork builds out is a second one)."""
+def test_self_hosted_jobs_never_run_fork_code() -> None:
+    """The fork guard is the job-level `if:` of each GPU job and of each call of the producer (whose shards run on
+    self-hosted build-only runners); the matrix leaving fork builds out is a second guard."""
     guarded = 0
-    for name, wf, job_id, job in all_jobs():
-        if "pull_request" not in (wf["on"] or {}) and "pull_request_target" not in (wf["on"] or {}):
+    for path in WORKFLOWS:
+        wf = load(path)
+        if "pull_request" not in wf["on"] and "pull_request_target" not in wf["on"]:
             continue
-        if any(BUILDS[b].runner.gpus for b in job_builds(wf, job)):
-            assert job.get("if") == FORK_GUARD, f"{name}:{job_id}"
-            guarded += 1
-    assert guarded
+        for job_id, job in wf["jobs"].items():
+            if "uses" in job or any(BUILDS[b].runner.gpus for b in job_builds(wf, job)):
+                assert FORK_GUARD in " ".join(job.get("if", "").split()), f"{path.name}:{job_id}"
+                guarded += 1
+    assert guarded >= 2
 
 
 def test_self_hosted_labels_are_declared_for_actionlint() -> None:
@@ -275,13 +295,31 @@ def test_self_hosted_labels_are_declared_for_actionlint() -> None:
     assert used - GITHUB_HOSTED <= declared
 
 
-def test_the_producer_runs_whenever_an_input_of_the_cache_id_changes() -> None:
-    """jit-libs.yml's path filter is exactly the identity's inputs (jatools.native.jit_build.path_filter)."""
-    from jatools import config
-    from jatools.native import jit_build
-
-    paths = load(ROOT / ".github" / "workflows" / "jit-libs.yml")["on"]["push"]["paths"]
-    assert sorted(paths) == jit_build.path_filter(config.load(backend="cpu", root=ROOT, env={}))
+def test_a_kernel_change_runs_the_producer_in_the_same_run_and_its_gpu_jobs_take_its_libraries() -> None:
+    """ci.yml calls jit-libs.yml when an input of the cache id changed (ci/build.py --jit-inputs-changed, over
+    jit_build.path_filter); the GPU jobs need it and fetch from its store artifact when it rebuilt; only a push
+    to main (or a dispatch) publishes."""
+    wf = load(ROOT / ".github" / "workflows" / "ci.yml")
+    jit, gpu = wf["jobs"]["jit"], wf["jobs"]["build_gpu"]
+    assert jit["uses"] == "./.github/workflows/jit-libs.yml" and "needs.plan.outputs.jit_changed == 'true'" in jit["if"]
+    assert "jit" in gpu["needs"] and "needs.jit.result != 'failure'" in gpu["if"]
+    store = [s for s in gpu["steps"] if s.get("uses", "").startswith("actions/download-artifact@")]
+    assert store and store[0]["with"]["path"] == ci_build.JIT_STORE
+    run = next(s for s in gpu["steps"] if "run" in s)
+    assert f"'{ci_build.JIT_STORE}'" in run["env"]["JA_FETCH_BASE_URL"]
+    producer = load(ROOT / ".github" / "workflows" / "jit-libs.yml")
+    assert set(producer["on"]) == {"workflow_call", "workflow_dispatch"}
+    for b in ("rocm", "cuda"):
+        assert producer["jobs"][f"publish_{b}"]["if"] == \
+            "github.event_name == 'push' || github.event_name == 'workflow_dispatch'"
+        assert ["verify", "jit.publish"] == [s.task for s in ci_build.get_build(f"jit_libs_merge_{b}").steps][1:]
+    # the gate itself: HEAD against HEAD changes nothing; the parent of a commit that touched the kernels does
+    assert ci_build.jit_inputs_changed("HEAD")[0] is False
+    touched = subprocess.run(["git", "log", "-1", "--format=%H", "--", "csrc/kernels"], cwd=ROOT, capture_output=True,
+                             text=True).stdout.strip()
+    if touched:
+        changed, why = ci_build.jit_inputs_changed(f"{touched}~1")
+        assert changed and "csrc/kernels/" in why
 
 
 def test_only_jit_libs_workflow_builds_gpu_jit_libraries() -> None:
@@ -290,6 +328,7 @@ def test_only_jit_libs_workflow_builds_gpu_jit_libraries() -> None:
         if any("jit" in BUILDS[b].sessions() and ("JA_BACKEND", "cpu") not in BUILDS[b].env
                for b in job_builds(wf, job)):
             assert name == "jit-libs.yml", f"{name}:{job_id} builds JIT libraries"
+    assert "jit" in ci_build.get_build("pr_cpu").sessions()  # the CPU exception (docs/ci.md): CPU libraries
 
 
 def test_every_step_has_its_own_time_limit() -> None:
