@@ -19,7 +19,18 @@ TEST_DEPS = ["-e", ".", *nox.project.dependency_groups(PYPROJECT, "test")]
 TOOLING_DEPS = ["-e", ".", *nox.project.dependency_groups(PYPROJECT, "tooling")]
 # What building the JIT libraries needs: ninja, and the pinned nvidia-cutlass headers of the sm_90a instances.
 BUILD_DEPS = nox.project.dependency_groups(PYPROJECT, "build")
+# Installed without their dependencies: the JIT build reads nvidia-cutlass's headers and never imports it (its
+# Python side pulls cuda-python, scipy, networkx ..., some 60 MB an offline GPU host would have to carry).
+HEADERS_ONLY = [r for r in BUILD_DEPS if r.startswith("nvidia-cutlass")]
 WHEEL_DEPS = nox.project.dependency_groups(PYPROJECT, "wheel")
+
+
+def _install(session: nox.Session, *deps: str) -> None:
+    """session.install(deps), the HEADERS_ONLY packages among them with --no-deps."""
+    rest = [d for d in deps if d not in HEADERS_ONLY]
+    session.install(*rest)
+    if len(rest) < len(deps):
+        session.install("--no-deps", *[d for d in deps if d in HEADERS_ONLY])
 
 
 def _session(name: str, tag: str, *argv: str, doc: str, deps: list[str] | None = None, default: bool = False) -> None:
@@ -27,7 +38,7 @@ def _session(name: str, tag: str, *argv: str, doc: str, deps: list[str] | None =
     `argv` is an external command run with no virtualenv (make)."""
     def run(session: nox.Session) -> None:
         if deps is not None:
-            session.install(*deps)
+            _install(session, *deps)
         session.run(*argv, *session.posargs, external=True if deps is None else None)  # None: nox's default
     run.__doc__ = doc
     nox.session(run, name=name, python=None if deps is None else PY, venv_backend="none" if deps is None else None,
@@ -48,7 +59,7 @@ def _tier_session(name: str, *tier: str, doc: str, default: bool = False) -> Non
     """Register session `name`: the native build, then a test tier (docs/testing.md; the tiers, their marker
     expressions and the runner live in jatools/testing/tiers.py)."""
     def run(session: nox.Session) -> None:
-        session.install(*TEST_DEPS, *BUILD_DEPS)
+        _install(session, *TEST_DEPS, *BUILD_DEPS)
         _install_gpu_plugin(session, *tier, *session.posargs)
         session.run("python", "-m", "jatools.native.build")
         session.run("python", "-m", "jatools.testing.tiers", *tier, *session.posargs)

@@ -53,11 +53,11 @@ class Unit:
         return f"{self.workflow}:{self.job}" + (f" [{self.build}]" if self.build else "")
 
 
-def _ci_build():
-    """ci/build.py of the checkout (the registry the matrices come from)."""
+def load_ci_build(root: Path | None = None):
+    """ci/build.py of the checkout (the registry the matrices come from), imported by path."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("ja_ci_build_local", ROOT / "ci" / "build.py")
+    spec = importlib.util.spec_from_file_location("ja_ci_build_local", (root or ROOT) / "ci" / "build.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("jobs", nargs="*", help="build names, WORKFLOW.yml:JOB or WORKFLOW.yml (default: every job)")
     p.add_argument("--list", action="store_true", help="print every job with its verdict, run nothing")
     a = p.parse_args(argv)
-    todo = selected(units(_ci_build()), a.jobs)
+    todo = selected(units(load_ci_build()), a.jobs)
     log_dir = ROOT / "build" / "ci-local"
     log_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ja-act-artifacts-") as artifacts:

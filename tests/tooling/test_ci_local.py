@@ -26,7 +26,7 @@ def _act_on_path() -> dict[str, str]:
 
 
 def test_every_job_of_every_workflow_gets_a_verdict():
-    cb = act_local._ci_build()
+    cb = act_local.load_ci_build()
     units = act_local.units(cb)
     jobs = {(u.workflow, u.job) for u in units}
     for path in (ROOT / ".github" / "workflows").glob("*.yml"):

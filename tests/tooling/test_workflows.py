@@ -6,7 +6,6 @@ write access; every ${NAME} a build takes is set by its workflow.
 """
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import subprocess
@@ -16,6 +15,8 @@ from pathlib import Path
 import pytest
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is needed to read the workflows (pip install --group tooling)")
+
+from jatools.ci import act_local  # noqa: E402  (after the yaml check: it reads the workflows with it)
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
@@ -36,15 +37,7 @@ REQUIRED = {"ci.yml", "jit-libs.yml", "validation-image.yml", "release.yml", "ni
             "weekly-convergence.yml"}
 
 
-def _load_build_module():
-    spec = importlib.util.spec_from_file_location("ja_ci_build_wf", ROOT / "ci" / "build.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ci_build = _load_build_module()
+ci_build = act_local.load_ci_build(ROOT)
 BUILDS = ci_build.Build.all_builds()
 
 
