@@ -350,7 +350,7 @@ def jit_inputs_changed(base: str | None) -> tuple[bool, str]:
     missing base counts as changed: the producer's plan then decides by the cache id itself."""
     if not base or set(base) == {"0"}:
         return True, "no base revision"
-    diff = subprocess.run(["git", "diff", "--name-only", f"{base}...HEAD"], cwd=ROOT, capture_output=True, text=True)
+    diff = subprocess.run(["git", "diff", "--name-only", f"{base}...HEAD"], check=False, cwd=ROOT, capture_output=True, text=True)
     if diff.returncode != 0:
         return True, f"git diff {base}...HEAD failed: {diff.stderr.strip()[:200]}"
     patterns = jit_build.path_filter(config.load(backend="cpu", env={}))

@@ -16,7 +16,7 @@ import pytest
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is needed to read the workflows (pip install --group tooling)")
 
-from jatools.ci import act_local  # noqa: E402  (after the yaml check: it reads the workflows with it)
+from jatools.ci import act_local
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
@@ -150,7 +150,7 @@ def test_jobs_with_a_write_token_install_hash_pinned_tools() -> None:
     tomllib = pytest.importorskip("tomllib")
     group = tomllib.loads((ROOT / "pyproject.toml").read_text())["dependency-groups"]
     direct = {re.split(r"[<>=!~ \[]", r)[0].lower() for g in ("run", "wheel") for r in group[g] if isinstance(r, str)}
-    pinned = set(re.findall(r"^([\w.-]+)==", reqs, re.M))
+    pinned = set(re.findall(r"^([\w.-]+)==", reqs, re.MULTILINE))
     assert direct <= pinned, f"ci/requirements/run.txt lacks {direct - pinned}: regenerate it (docs/ci.md)"
     for name, _wf, job_id, job in all_jobs():
         if any(v == "write" for v in (job.get("permissions") or {}).values()):
@@ -308,7 +308,7 @@ def test_a_kernel_change_runs_the_producer_in_the_same_run_and_its_gpu_jobs_take
         assert ["verify", "jit.publish"] == [s.task for s in ci_build.get_build(f"jit_libs_merge_{b}").steps][1:]
     # the gate itself: HEAD against HEAD changes nothing; the parent of a commit that touched the kernels does
     assert ci_build.jit_inputs_changed("HEAD")[0] is False
-    touched = subprocess.run(["git", "log", "-1", "--format=%H", "--", "csrc/kernels"], cwd=ROOT, capture_output=True,
+    touched = subprocess.run(["git", "log", "-1", "--format=%H", "--", "csrc/kernels"], check=False, cwd=ROOT, capture_output=True,
                              text=True).stdout.strip()
     if touched:
         changed, why = ci_build.jit_inputs_changed(f"{touched}~1")
