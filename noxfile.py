@@ -94,7 +94,8 @@ def lint(session: nox.Session) -> None:
 
 
 _session("compile_only", "build", "python", "-m", "jatools.native.build", "--compile-only", deps=BUILD_DEPS,
-         doc="Compile every library for CUDA (nvcc, sm_90) and ROCm (hipcc, gfx90a) without a GPU.")
+         doc="Compile every library for CUDA (nvcc, sm_90) and ROCm (hipcc, gfx950; gfx90a for an old hipcc) "
+             "without a GPU.")
 _tier_session("tests_pr", "--tier", "pr", doc="The pr tier: fast single-device tests (not slow, not multigpu); "
               "one xdist worker per GPU slot on a GPU host.")
 _tier_session("tests_nightly", "--tier", "nightly",

@@ -7,7 +7,8 @@
 #   3. each BUILD through `ci/build.py --build BUILD` with JA_FETCH_BASE_URL=build/jit-store, as build_gpu
 #      runs it after the producer: env-report, jit.fetch, then each session's --install-only and -R passes.
 # The copy is made a git checkout first when it is none (CI's is; the JIT identity needs one).
-# Results (tier JSON with the GPU tests per device, ci/build.py's records, the bench gate's JSON) go to OUT.
+# Results (tier JSON with the GPU tests per device, ci/build.py's records, the bench gate's JSON) go to OUT,
+# with the producer's store as OUT/jit-store.tar: a later call given it as JIT_STORE_TAR skips the producer.
 #   bash ci/gpu/h200_ci_jobs.sh WHEELS OUT [BUILD...]   (default: pr_gpu_cuda_h200 nightly_cuda_h200_bench)
 # WHEELS: made on a machine with an index by `python3 ci/gpu/offline_index.py download WHEELS`.
 set -uo pipefail
@@ -40,9 +41,14 @@ if [ "$(git rev-parse --show-toplevel 2>/dev/null)" != "$PWD" ]; then
 fi
 nvidia-smi -L
 
-step producer-install 300 bash scripts/run.sh nox -s jit --install-only
-step producer 420 bash scripts/run.sh nox -R -s jit
-step producer-publish 120 bash scripts/run.sh invoke jit.publish --to build/jit-store
+if [ -n "${JIT_STORE_TAR:-}" ]; then
+  step producer-store 60 tar -xf "$JIT_STORE_TAR"  # build/jit-store/jit-libs-<cache id>/, from an earlier call
+else
+  step producer-install 300 bash scripts/run.sh nox -s jit --install-only
+  step producer 420 bash scripts/run.sh nox -R -s jit
+  step producer-publish 120 bash scripts/run.sh invoke jit.publish --to build/jit-store
+  tar -cf "$out/jit-store.tar" build/jit-store
+fi
 rm -rf build/aiter_build  # the jobs fetch what the producer published, as on a fresh runner
 export JA_FETCH_BASE_URL=build/jit-store
 for b in "${builds[@]}"; do
