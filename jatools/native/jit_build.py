@@ -526,8 +526,21 @@ def write_record(settings: config.Settings, tc: toolchain.Toolchain, ident: dict
     return atomic_write.write_text(path, json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 
+def require_utf8_root(root: Path) -> None:
+    """The JIT build writes the checkout's path into its ninja file, build record and cache identity as UTF-8
+    text (JSON); a path whose bytes are not UTF-8 cannot be written so. make alone copes (build/config.mk keeps
+    the bytes), so say it here, naming the path, before anything is compiled."""
+    try:
+        str(root).encode("utf-8")
+    except UnicodeEncodeError:
+        raise BuildError(f"the checkout path {os.fsencode(str(root))!r} is not valid UTF-8; the JIT build records "
+                         "paths as UTF-8 text (ninja file, build record, cache identity). Move or rename the "
+                         "checkout to a UTF-8 path and run again") from None
+
+
 def build(module_names: list[str] | None, jobs: int | None, verbose: bool, log_path: Path | None) -> None:
     settings = config.load()
+    require_utf8_root(settings.root)
     tc = toolchain.detect(settings)
     all_modules = module_table(settings)
     names = module_names or list(all_modules)

@@ -48,6 +48,19 @@ def test_faults_checkout_path_not_utf8_builds_the_umbrella(tmp_path):
     assert os.fsencode(str(root)) in (root / "build" / "config.mk").read_bytes()
 
 
+def test_faults_build_jit_names_a_checkout_path_that_is_not_utf8(tmp_path):
+    """build_jit.py under a path with byte 0xe9: one message naming the path (its bytes) and the fix, exit 2,
+    nothing compiled (it was "'utf-8' codec can't encode '\\udce9'" with a traceback)."""
+    root = make_scratch(tmp_path / NOT_UTF8)
+    r = _run(["make", "-j2", "umbrella"], root)
+    assert r.returncode == 0, f"{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
+    r = _run([sys.executable, "jax_aiter/jit/build_jit.py", "--module", "rmsnorm_fwd"], root)
+    assert r.returncode == 2, f"{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
+    assert "is not valid UTF-8" in r.stderr and "caf\\xe9" in r.stderr and "Move or rename the checkout" in r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    assert not (root / "build" / "aiter_build" / "build_record.json").exists()
+
+
 def test_faults_run_sh_names_a_checkout_path_that_is_not_utf8(tmp_path):
     """scripts/run.sh from a checkout whose path is not UTF-8: one message naming the path and the cause (pip and
     venv write paths as UTF-8), exit 2, before any venv is made (it was "'utf-8' codec can't encode '\\udce9'")."""
