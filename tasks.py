@@ -10,7 +10,8 @@ from pathlib import Path
 from invoke import Collection, Exit, task
 
 from jatools import config
-from jatools.jitlibs import jit_cache, publish
+from jatools.jitlibs import decide, download, publish, record
+from jatools.jitlibs.errors import CLI_ERRORS
 from jatools.native import jit_build
 
 
@@ -94,11 +95,11 @@ def validate_wheelhouse(c, gpu=None, path=""):
         raise Exit(f"validate.wheelhouse: error: {e}", code=2)
 
 
-# --- JIT-library transport and the producer's shard merge: jatools/jitlibs/{jit_cache,publish}.py (docs/jit-libs.md)
+# --- JIT-library transport and the producer's shard merge: jatools/jitlibs/ (docs/architecture.md) (docs/jit-libs.md)
 def _jit_run(name: str, fn, *args, **kwargs):
     try:
         return fn(*args, **kwargs)
-    except jit_cache.errors() as e:
+    except CLI_ERRORS as e:
         raise Exit(f"jit.{name}: error: {e}", code=1) from None
 
 
@@ -108,7 +109,7 @@ def _jit_run(name: str, fn, *args, **kwargs):
                          "pyproject jit_libs_base_url)"})
 def jit_fetch(c, base_url=None, strict=False, force=False, pins_from=None):
     """Fetch this checkout's JIT libraries (release jit-libs-<cache-id>) into build/aiter_build; a miss fails."""
-    _jit_run("fetch", jit_cache.run_fetch, config.load(), base_url=base_url, strict=strict or None, force=force,
+    _jit_run("fetch", download.run_fetch, config.load(), base_url=base_url, strict=strict or None, force=force,
              pins_from=pins_from)
 
 
@@ -127,18 +128,14 @@ def jit_publish(c, to=None, level=None, window_log=None, asset_limit=None, stage
 @task(help={"dir": "folder to check (default build/aiter_build)", "against": "manifest or record (path or URL)"})
 def jit_verify(c, dir=None, against=None):
     """Check build/aiter_build against its build record (or a given manifest); names every differing file."""
-    settings = config.load()
-    folder = Path(dir) if dir else settings.jit_dir
-    source, n = _jit_run("verify", jit_cache.verify, folder, against,
-                         expected=list(jit_build.libraries(settings).values()))
-    print(f"verify: {n} file(s) in {folder} match {source}")
+    print(_jit_run("verify", record.verify_build, config.load(), Path(dir) if dir else None, against))
 
 
 @task(help={"base-url": "where releases live", "against": "compare with this manifest or build record instead",
             "strict": "a toolchain difference means rebuild", "json-out": "decision JSON path"})
 def jit_decide(c, base_url=None, against=None, strict=False, json_out=None):
     """Reuse or rebuild the JIT libraries? Prints every reason; JSON file; decision=/rebuild= in $GITHUB_OUTPUT."""
-    _jit_run("decide", jit_cache.run_decide, config.load(), base_url=base_url,
+    _jit_run("decide", decide.run_decide, config.load(), base_url=base_url,
              against=Path(against) if against else None, strict=strict or None,
              json_path=Path(json_out) if json_out else None)
 
@@ -157,7 +154,7 @@ def jit_identity(c):
 @task(help={"manifest": "manifest path or URL"})
 def jit_show(c, manifest):
     """Validate and summarise a JIT-library manifest (path or URL)."""
-    print("\n".join(_jit_run("show", jit_cache.show, manifest)))
+    print("\n".join(_jit_run("show", decide.show, manifest)))
 
 
 @task(name="merge-manifests", help={"from": "folder holding the downloaded shard artifacts (each: lib*.so + "
@@ -167,7 +164,7 @@ def jit_merge_manifests(c, from_="build/jit-shards", strict=False):
     settings = config.load()
     folder = Path(from_)
     _jit_run("merge-manifests", publish.merge, folder if folder.is_absolute() else Path.cwd() / folder,
-             settings.jit_dir, jit_build.libraries(settings), jit_cache.strict_toolchain(settings, strict or None))
+             settings.jit_dir, jit_build.libraries(settings), decide.strict_toolchain(settings, strict or None))
 
 
 

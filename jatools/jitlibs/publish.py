@@ -41,9 +41,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from jatools import config
-from jatools.jitlibs.jit_cache import JitCacheError, write_json
+from jatools.jitlibs.record import JitCacheError, write_json
 from jatools.native import jit_build
-from jax_aiter import __version__, blob, fetch, reuse_gate
+from jax_aiter import __version__, blob, fetch, remedies, reuse_gate
 from jax_aiter import manifest as mf
 from jax_aiter.integrity import (
     RECORD_NAME,
@@ -86,11 +86,11 @@ class Compression:
 def load_record(jit_dir: Path) -> dict:
     path = jit_dir / RECORD_NAME
     if not path.is_file():
-        raise PublishError(f"{path} does not exist: nothing was built here; run `python3 jax_aiter/jit/build_jit.py`")
+        raise PublishError(f"{path} does not exist: nothing was built here; run `{remedies.door('jit')}`")
     try:
         record = json.loads(path.read_text())
     except ValueError as e:
-        raise PublishError(f"{path} is not valid JSON ({e}); rebuild with `python3 jax_aiter/jit/build_jit.py`")
+        raise PublishError(f"{path} is not valid JSON ({e}); rebuild with `{remedies.door('jit')}`")
     if record.get("schema") != RECORD_SCHEMA:
         raise PublishError(f"{path} has build-record schema {record.get('schema')!r}; this tool reads schema "
                            f"{RECORD_SCHEMA}")
@@ -105,22 +105,22 @@ def publishable_identity(record: dict, jit_dir: Path, settings: config.Settings)
         raise PublishError(
             f"the modules in {jit_dir / RECORD_NAME} were built with different identities "
             f"({', '.join(f'{n}: {c}' for n, c in sorted(per.items()))}); rebuild all of them with "
-            "`python3 jax_aiter/jit/build_jit.py`")
+            f"`{remedies.door('jit')}`")
     if ident.get("kernel_source_dirty"):
         raise PublishError(
             f"the libraries were built from kernel sources with uncommitted changes (revision "
             f"{ident['kernel_source_revision']} plus edits), which no identity describes; commit the changes, "
-            "rebuild (`python3 jax_aiter/jit/build_jit.py`) and publish again")
+            f"rebuild (`{remedies.door('jit')}`) and publish again")
     configured = jit_build.libraries(settings)
     missing = sorted(set(configured) - set(record["modules"]))
     if missing:
         raise PublishError(f"modules {', '.join(missing)} are configured but not built; run "
-                           f"`python3 jax_aiter/jit/build_jit.py --module {','.join(missing)}`")
+                           f"`{remedies.door('jit', missing)}`")
     try:
         verify_entries(jit_dir, record["files"])
     except IntegrityError as e:
         raise PublishError(f"the libraries differ from their build record: {e}; rebuild "
-                           "(`python3 jax_aiter/jit/build_jit.py`) before publishing") from None
+                           f"(`{remedies.door('jit')}`) before publishing") from None
     return ident
 
 
@@ -391,7 +391,7 @@ def publish(settings: config.Settings, to: str, *, level: int | None = None, win
         raise PublishError(
             f"{tag} is already published at {target.description} with other bytes; releases are immutable "
             "(consumers may have fetched it). Its libraries have the same identity, so reuse them "
-            "(`invoke jit.fetch`) instead of publishing")
+            f"(`{remedies.door('jit_fetch')}`) instead of publishing")
     stage_root = settings.build_dir / "jit-libs-publish"
     manifest, folder = stage(record, ident, jit_dir, stage_root, comp, limit, log)
     assets = [folder / p["name"] for f in manifest["files"] for p in f["compressed"]["parts"]]
@@ -437,7 +437,7 @@ def find_shards(from_dir: Path) -> list[Shard]:
             raise JitCacheError(f"shard {name}: cannot read {path}: {e}") from None
         if record.get("schema") != RECORD_SCHEMA or not isinstance(record.get("modules"), dict):
             raise JitCacheError(f"shard {name}: {path} is not a schema-{RECORD_SCHEMA} build record "
-                                f"(schema {record.get('schema')!r}); rebuild it with `nox -s jit -- --module <m>`")
+                                f"(schema {record.get('schema')!r}); rebuild it with `{remedies.door('jit', ['<m>'])}`")
         shards.append(Shard(name, path.parent, record))
     with_record = {s.folder for s in shards}
     orphans = sorted(str(p) for p in from_dir.rglob("lib*.so") if p.parent not in with_record)
@@ -458,7 +458,7 @@ def check_files(shard: Shard) -> None:
                  if p.name not in recorded]
     if problems:
         raise JitCacheError(f"shard {shard.name}: {len(problems)} file(s) differ from its {RECORD_NAME}:\n  "
-                            + "\n  ".join(problems) + "\nre-run that shard's job (`nox -s jit -- --module <m>`)")
+                            + "\n  ".join(problems) + f"\nre-run that shard's job (`{remedies.door('jit', ['<m>'])}`)")
 
 
 def check_modules(shards: list[Shard], wanted: dict[str, str]) -> dict[str, tuple[Shard, dict]]:

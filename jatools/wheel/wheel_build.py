@@ -38,10 +38,11 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from jatools import atomic_write, config
-from jatools.jitlibs import jit_cache
+from jatools.jitlibs import expect
 from jatools.wheel import wheel_checks
 from jatools.wheel.wheel_layout import Layout, Variant, python_files, python_packages
 from jatools.wheel.zip_writer import DeterministicZipWriter, WrittenMember
+from jax_aiter import remedies
 from jax_aiter import settings as numeric
 from jax_aiter.fetch_mha import BASE_URL_KEY
 from jax_aiter.integrity import RECORD_NAME, IntegrityError, read_record, verify_entries
@@ -56,7 +57,7 @@ class WheelBuildError(RuntimeError):
     """The wheel cannot be built; the message says what is wrong and which command fixes it."""
 
 
-BUILD_ERRORS = (WheelBuildError, IntegrityError, jit_cache.JitExpectationError, wheel_checks.FloorError)
+BUILD_ERRORS = (WheelBuildError, IntegrityError, expect.JitExpectationError, wheel_checks.FloorError)
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ def default_epoch(root: Path) -> int:
     return max(MIN_EPOCH, int(out.stdout.strip())) if out.returncode == 0 and out.stdout.strip() else MIN_EPOCH
 
 
-def build_identity(expectations: jit_cache.JitExpectations, version: str, variant: Variant,
+def build_identity(expectations: expect.JitExpectations, version: str, variant: Variant,
                    wheel_arch: str | None, native: dict[str, dict], base_url: str | None) -> dict:
     """The identity baked into the wheel: the JIT libraries' identity plus what this wheel is, the pins
     ({name, size, sha256} of every JIT library of its cache id and of the `native` libraries it ships: the
@@ -143,7 +144,7 @@ def build_identity(expectations: jit_cache.JitExpectations, version: str, varian
         raise WheelBuildError(
             f"JA_WHEEL_ARCH={wheel_arch} but the JIT libraries were built for "
             f"{', '.join(archs) or 'no GPU arch'} (backend {ident.get('backend')}, {expectations.source}); "
-            f"rebuild them with GPU_ARCHS={wheel_arch} python3 jax_aiter/jit/build_jit.py, or unset JA_WHEEL_ARCH")
+            f"rebuild them with GPU_ARCHS={wheel_arch} {remedies.door('jit')}, or unset JA_WHEEL_ARCH")
     ident.update(schema=IDENTITY_SCHEMA, version=version, variant=variant.name,
                  wheel_arch=";".join(config.split_archs(wheel_arch)) if wheel_arch else (";".join(archs) or None),
                  pins=sorted([*expectations.entries.values(), *native.values()], key=lambda e: e["name"]))
@@ -348,7 +349,7 @@ def platform_tag(options: BuildOptions, libs: dict[str, Path]) -> tuple[str, str
 
 
 def read_back(wheel: Path, written: list[WrittenMember], jit_members: dict[str, str],
-              expectations: jit_cache.JitExpectations, jobs: int | None,
+              expectations: expect.JitExpectations, jobs: int | None,
               native: dict[str, dict] | None = None) -> wheel_checks.WheelScan:
     """Decompress every member of the written file: RECORD digests, JIT libraries against their record and
     `native` ({member: entry}, the umbrella and shims) against theirs. Returns the scan, for the checks."""
@@ -376,7 +377,7 @@ LOCK_NAME = ".wheel_build.lock"
 
 
 def build(settings: config.Settings, options: BuildOptions, layout: Layout | None = None,
-          expectations: jit_cache.JitExpectations | None = None,
+          expectations: expect.JitExpectations | None = None,
           log: Callable[[str], None] = print) -> BuildResult:
     """Build one wheel; `log` receives plain progress lines (they read the same on a terminal and in CI).
 
@@ -400,7 +401,7 @@ def build(settings: config.Settings, options: BuildOptions, layout: Layout | Non
 
 
 def _build_locked(settings: config.Settings, options: BuildOptions, layout: Layout | None,
-                  expectations: jit_cache.JitExpectations | None, log: Callable[[str], None]) -> BuildResult:
+                  expectations: expect.JitExpectations | None, log: Callable[[str], None]) -> BuildResult:
     t0 = time.monotonic()
     layout = layout or Layout.load()
     variant = layout.variant(options.variant)
@@ -413,11 +414,11 @@ def _build_locked(settings: config.Settings, options: BuildOptions, layout: Layo
     jit_names = [n for n in variant.libraries if layout.libraries[n].kind == "jit"]
     native_names = [n for n in variant.libraries if layout.libraries[n].kind != "jit"]
     try:
-        expectations = expectations or jit_cache.expectations(settings)
+        expectations = expectations or expect.expectations(settings)
         log(f"wheel_build: {variant.name} {version}: verifying {len(jit_names)} JIT libraries "
             f"({sum(libs[n].stat().st_size for n in jit_names) / 1e6:.1f} MB) against {expectations.source}")
         expectations.verify_folder(settings.jit_dir, jit_names)
-    except jit_cache.JitExpectationError as e:
+    except expect.JitExpectationError as e:
         raise WheelBuildError(str(e)) from e
     native = verify_native(libs, native_names)
     identity = build_identity(expectations, version, variant, options.wheel_arch, native,
@@ -522,7 +523,7 @@ def build_wheel(wheel_directory: str, config_settings: dict | None = None,
     hint = ""
     if (settings.root / "PKG-INFO").is_file() and not settings.build_dir.is_dir():  # before build() locks
         hint = (f"\n  {settings.root} is an unpacked sdist with no native build: build the libraries here "
-                "(make && python3 jax_aiter/jit/build_jit.py && make ja_mods), or point JA_BUILD_DIR at a "
+                f"({remedies.door('native')}), or point JA_BUILD_DIR at a "
                 "checkout's build folder (JA_BUILD_DIR=/path/to/checkout/build python -m build), or build the "
                 "wheel straight from the checkout (python -m build --wheel, uv build --wheel)")
     stderr = functools.partial(print, file=sys.stderr, flush=True)
@@ -623,7 +624,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         options = BuildOptions.from_env(args.variant, args.dist or settings.root / "dist", plat_name=args.plat_name,
                                         wheel_arch=args.wheel_arch, level=args.compress_level, jobs=args.jobs)
-        expectations = jit_cache.expectations(settings, args.jit_record) if args.jit_record else None
+        expectations = expect.expectations(settings, args.jit_record) if args.jit_record else None
         result = build(settings, options, expectations=expectations)
     except (*BUILD_ERRORS, OSError, ValueError) as e:
         print(f"wheel_build: error: {e}", file=sys.stderr)
