@@ -3,10 +3,10 @@
     python -m jatools.release [--fetch-jit URL] [--dry-run]      (nox -s release)
 
 The stages are `stages()`; the native ones are jatools.native.build's sequence (the JIT libraries built, taken,
-or fetched with --fetch-jit: a miss fails). A stage
-whose inputs are unchanged since the last green run is skipped, and the summary says so. The first failing
-stage stops the run with its cause and the command that re-runs just that stage. Ends with a one-screen
-summary and dist/release-report.json, which `invoke release.upload` requires.
+or fetched with --fetch-jit: a miss fails). A stage whose inputs are unchanged since the last green run is
+skipped, and the summary says so. The first failing stage stops the run with its cause and the command that
+re-runs just that stage. Ends with a one-screen summary and dist/release-report.json, which
+`invoke release.upload` requires.
 """
 from __future__ import annotations
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
-
 if TYPE_CHECKING:  # the same names as _LAZY (a test keeps them equal); `as` marks a re-export (PEP 484)
     from jax_aiter.ops.activation import silu_and_mul as silu_and_mul
     from jax_aiter.ops.attention import flash_attn_func as flash_attn_func
@@ -36,6 +34,11 @@ __all__ = sorted(_LAZY)  # noqa: PLE0605 (built from _LAZY, the one list of the 
 
 
 def __getattr__(name: str):
+    if name == "__version__":  # derived (jax_aiter/_version.py): its one home is pyproject.toml
+        from jax_aiter._version import version
+
+        globals()[name] = value = version()
+        return value
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
