@@ -38,7 +38,7 @@ from jatools.native import jit_build
 from jatools.validate import cleanroom_env, wheelhouse
 from jatools.wheel import wheel_build
 from jatools.wheel.wheel_layout import Layout
-from jax_aiter import fetch
+from jax_aiter import fetch, remedies
 from jax_aiter.integrity import RECORD_NAME, file_entry, sha256_files
 
 # The generated corpus: deterministic stand-ins for the production JIT libraries, of their sizes and
@@ -338,7 +338,7 @@ def bench_fetch(ctx: Context) -> Result:
                      f"bound it ({os.cpu_count()}, shared with the HTTP server), the anchor is bounded by curl, "
                      "zstd -d and sha256sum one after another")
     return measured("fetch", t, speedup >= 2, sum(f["size"] for f in manifest["files"]), short,
-                    ours="jax_aiter.fetch.fetch_release (invoke jit.fetch)",
+                    ours=f"jax_aiter.fetch.fetch_release ({remedies.door('jit_fetch')})",
                     anchor="curl; zstd -d --long; sha256sum -c (in sequence)",
                     extra={"compressed_bytes": sum(f["compressed"]["size"] for f in manifest["files"]),
                            "stage_level": FETCH_STAGE_LEVEL, "window_log": window_log})
@@ -355,8 +355,8 @@ def inflated_build(ctx: Context, build: Path) -> None:
     missing = [str(src / spec.dir / name) for name, spec in layout.libraries.items()
                if not (src / spec.dir / name).is_file()]
     if missing:
-        raise AnchorMissing(f"the native CPU build is missing {', '.join(missing)}; build it with `JA_BACKEND=cpu "
-                            "make && JA_BACKEND=cpu python3 jax_aiter/jit/build_jit.py && JA_BACKEND=cpu make ja_mods`")
+        raise AnchorMissing(f"the native CPU build is missing {', '.join(missing)}; build it with "
+                            f"`export JA_BACKEND=cpu; {remedies.door('native')}`")
     c = corpus_of(ctx)
     record_src = (src / "aiter_build" / RECORD_NAME).read_text()
     stamp = build / "inflated.json"
