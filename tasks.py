@@ -10,7 +10,7 @@ from pathlib import Path
 from invoke import Collection, Exit, task
 
 from jatools import config
-from jatools.jitlibs import decide, download, publish, record
+from jatools.jitlibs import decide, download, merge, publish, record
 from jatools.jitlibs.errors import CLI_ERRORS
 from jatools.native import jit_build
 
@@ -163,7 +163,7 @@ def jit_merge_manifests(c, from_="build/jit-shards", strict=False):
     """Join per-module JIT shards into build/aiter_build: re-hash, one identity, every module once, record last."""
     settings = config.load()
     folder = Path(from_)
-    _jit_run("merge-manifests", publish.merge, folder if folder.is_absolute() else Path.cwd() / folder,
+    _jit_run("merge-manifests", merge.merge, folder if folder.is_absolute() else Path.cwd() / folder,
              settings.jit_dir, jit_build.libraries(settings), decide.strict_toolchain(settings, strict or None))
 
 

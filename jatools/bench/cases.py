@@ -39,7 +39,7 @@ from jatools.validate import cleanroom_env, wheelhouse
 from jatools.wheel import wheel_build
 from jatools.wheel.wheel_layout import Layout
 from jax_aiter import fetch, remedies
-from jax_aiter.integrity import RECORD_NAME, file_entry, sha256_files
+from jax_aiter.integrity import RECORD_NAME, RECORD_SCHEMA, file_entry, sha256_files
 
 # The generated corpus: deterministic stand-ins for the production JIT libraries, of their sizes and
 # compressibility (zstd level 3: 0.25 to 0.45, as real GPU code objects), so the benchmarks run the verify /
@@ -144,7 +144,7 @@ def write_record(folder: Path, c: Corpus, identity: dict) -> dict:
     module_of = {name: spec.module for name, spec in Layout.load().libraries.items() if spec.kind == "jit"}
     files = sorted(({"name": n, "size": s, "sha256": digests[n]} for n, s in c.files.items()), key=lambda e: e["name"])
     modules = {module_of[f["name"]]: {"identity": identity, "instances": 1, "file": f} for f in files}
-    record = {"schema": 1, "identity": identity, "modules": modules, "files": files,
+    record = {"schema": RECORD_SCHEMA, "identity": identity, "modules": modules, "files": files,
               "last_build": {"modules": sorted(modules), "seconds": 0.0, "note": "benchmark corpus"}}
     atomic_write.write_text(folder / RECORD_NAME, json.dumps(record, indent=2, sort_keys=True) + "\n")
     return record

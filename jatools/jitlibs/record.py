@@ -12,7 +12,13 @@ from jatools import atomic_write, config
 from jatools.native import jit_build
 from jax_aiter import fetch, remedies
 from jax_aiter import manifest as mf
-from jax_aiter.integrity import RECORD_NAME, IntegrityError, diff_entries, read_record
+from jax_aiter.integrity import (
+    RECORD_NAME,
+    RECORD_SCHEMA,
+    IntegrityError,
+    diff_entries,
+    read_record,
+)
 
 
 class JitCacheError(RuntimeError):
@@ -25,13 +31,13 @@ def write_json(path: Path, data: dict) -> None:
 
 
 def record_from_manifest(manifest: dict, url: str) -> dict:
-    """A build record (schema 1, as the JIT build writes) for fetched libraries, so every later step
+    """A build record (RECORD_SCHEMA, as the JIT build writes) for fetched libraries, so every later step
     (verify, wheel staging) reads one format whether the libraries were built or fetched."""
     ident = manifest["identity"]
     modules = {f.get("module") or f["name"][3:-3]: {"identity": ident, "instances": f.get("instances"),
                                                     "file": {k: f[k] for k in ("name", "size", "sha256")}}
                for f in manifest["files"]}
-    return {"schema": 1, "identity": ident, "modules": modules, "files": mf.raw_entries(manifest["files"]),
+    return {"schema": RECORD_SCHEMA, "identity": ident, "modules": modules, "files": mf.raw_entries(manifest["files"]),
             "last_build": {"fetched_from": url, "release_tag": manifest["release_tag"], "modules": sorted(modules)}}
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from invoke import Context, Exit
 
-from jatools.jitlibs import publish
+from jatools.jitlibs import merge
 from jatools.jitlibs import record as jit_record
 from jax_aiter import reuse_gate
 from tests.tooling.jit_libs_support import (
@@ -47,14 +47,14 @@ def paths(tmp_path: Path) -> tuple[dict[str, str], Path]:
 
 def test_good_merge_installs_every_library_and_one_record_that_verifies(tmp_path, paths):
     wanted, dest = paths
-    record = publish.merge(make_shards(tmp_path), dest, wanted, log=lambda m: None)
+    record = merge.merge(make_shards(tmp_path), dest, wanted, log=lambda m: None)
     assert record["identity"] == IDENT and sorted(record["modules"]) == sorted(MODULES)
     assert sorted(p.name for p in dest.iterdir()) == sorted([*MODULES.values(), "build_record.json"])
     source, n = jit_record.verify(dest)
     assert (source, n) == (str(dest / "build_record.json"), len(MODULES))
     assert not list(dest.parent.glob(".aiter_build.merge-*")), "staging folder left behind"
     # a second merge over an existing build tree replaces it in place
-    publish.merge(make_shards(tmp_path), dest, wanted, log=lambda m: None)
+    merge.merge(make_shards(tmp_path), dest, wanted, log=lambda m: None)
     assert jit_record.verify(dest)[1] == len(MODULES)
 
 
@@ -67,7 +67,7 @@ def test_tampered_library_names_shard_file_and_both_hashes(tmp_path, paths):
     data[100] ^= 0xFF
     lib.write_bytes(bytes(data))
     with pytest.raises(jit_record.JitCacheError) as e:
-        publish.merge(shards, dest, wanted)
+        merge.merge(shards, dest, wanted)
     msg = str(e.value)
     assert "shard jit-shard-jit_libs_rocm_mha_fwd" in msg and "libmha_fwd.so" in msg
     assert recorded in msg and hashlib.sha256(bytes(data)).hexdigest() in msg  # both hashes
@@ -78,7 +78,7 @@ def test_gated_field_mismatch_names_shard_field_and_both_values(tmp_path, paths)
     wanted, dest = paths
     odd = other_identity(IDENT, recipe_hash="c" * 64)
     with pytest.raises(jit_record.JitCacheError) as e:
-        publish.merge(make_shards(tmp_path, {"mha_bwd": odd}), dest, wanted)
+        merge.merge(make_shards(tmp_path, {"mha_bwd": odd}), dest, wanted)
     msg = str(e.value)
     assert "jit-shard-jit_libs_rocm_mha_bwd" in msg and "recipe_hash" in msg
     assert "b" * 64 in msg and "c" * 64 in msg
@@ -90,10 +90,10 @@ def test_toolchain_difference_warns_and_passes_but_strict_fails(tmp_path, paths)
     odd = {**IDENT, "toolchain": {**IDENT["toolchain"], "gpu_compiler_version": "6.4.3"}}
     shards = make_shards(tmp_path, {"rmsnorm_fwd": odd})
     with pytest.raises(jit_record.JitCacheError, match=r"toolchain gpu_compiler_version: wanted 6\.4\.\d, found 6\.4\.\d"):
-        publish.merge(shards, dest, wanted, strict=True)
+        merge.merge(shards, dest, wanted, strict=True)
     assert not dest.exists()
     warnings: list[str] = []
-    record = publish.merge(shards, dest, wanted, strict=False, log=warnings.append)
+    record = merge.merge(shards, dest, wanted, strict=False, log=warnings.append)
     assert any("warning" in w and "gpu_compiler_version" in w and "rmsnorm_fwd" in w for w in warnings), warnings
     assert record["identity"] is None  # the modules' identities are not all the same
     assert reuse_gate.cache_id(odd) == IDENT["cache_id"]  # gated fields agree
@@ -103,7 +103,7 @@ def test_toolchain_difference_warns_and_passes_but_strict_fails(tmp_path, paths)
 def test_missing_module_is_named(tmp_path, paths):
     wanted, dest = paths
     with pytest.raises(jit_record.JitCacheError, match=r"module mha_bwd is in no shard \(expected libmha_bwd\.so\)"):
-        publish.merge(make_shards(tmp_path, modules=["rmsnorm_fwd", "mha_fwd"]), dest, wanted)
+        merge.merge(make_shards(tmp_path, modules=["rmsnorm_fwd", "mha_fwd"]), dest, wanted)
 
 
 def test_duplicate_module_names_both_shards(tmp_path, paths):
@@ -112,7 +112,7 @@ def test_duplicate_module_names_both_shards(tmp_path, paths):
     write_build(shards / "jit-shard-extra", IDENT, {"libmha_fwd.so": 5000})
     with pytest.raises(jit_record.JitCacheError,
                        match=r"module mha_fwd is in 2 shards: jit-shard-extra, jit-shard-jit_libs_rocm_mha_fwd"):
-        publish.merge(shards, dest, wanted)
+        merge.merge(shards, dest, wanted)
 
 
 def test_failed_merge_leaves_the_previous_build_tree(tmp_path, paths):
@@ -123,7 +123,7 @@ def test_failed_merge_leaves_the_previous_build_tree(tmp_path, paths):
     shards = make_shards(tmp_path)
     (shards / "jit-shard-jit_libs_rocm_mha_bwd" / "libmha_bwd.so").write_bytes(b"truncated")
     with pytest.raises(jit_record.JitCacheError, match="size 9 does not match"):
-        publish.merge(shards, dest, wanted)
+        merge.merge(shards, dest, wanted)
     assert snapshot(dest) == before
     assert not list(dest.parent.glob(".aiter_build.merge-*"))
     assert jit_record.verify(dest)[1] == len(MODULES)
