@@ -68,15 +68,10 @@ def validate_run(c, variant="", wheel=None, engine="auto", installer="auto", whe
                  release="", report="", keep=False, deps_from=""):
     """Install each wheel in a clean room (no index, no checkout) and run the smoke tests; summary + JSON report."""
     from jatools.validate import cleanroom
-    argv = ["--engine", engine, "--installer", installer]
-    for w in wheel or []:
-        argv += ["--wheel", w]
-    for flag, value in (("--variant", variant), ("--wheelhouse", wheelhouse), ("--release", release),
-                        ("--report", report), ("--deps-from", deps_from)):
-        if value:
-            argv += [flag, value]
-    argv += ["--no-fill"] * no_fill + ["--keep"] * keep
-    code = cleanroom.main(argv)
+    path = lambda value: Path(value) if value else None  # invoke passes "" for an unset flag
+    code = cleanroom.run([Path(w) for w in wheel or []] or None, variant=variant or None, engine=engine,
+                         installer=installer, wheelhouse_dir=path(wheelhouse), fill=not no_fill,
+                         release=path(release), report=path(report), keep=keep, deps_from=path(deps_from))
     if code:
         raise Exit(code=code)
 
@@ -168,7 +163,7 @@ def jit_merge_manifests(c, from_="build/jit-shards", strict=False):
 
 
 
-# --- wheels: build, symbol floor, content policy: jatools/wheel/{wheel_build,wheel_checks}.py
+# --- wheels: symbol floor, content policy: jatools/wheel/wheel_checks.py
 _WHEEL_ARG = {"wheel": "a wheel path, glob or comma-separated list (repeatable); also any number of wheels after "
                       "`--` (invoke floor -- dist/*.whl); none: every wheel in dist/"}
 
@@ -204,18 +199,6 @@ def contents(c, wheel=None, clients=False):
     _wheel_checks(c, wheel, ["contents", "clients"] if clients else ["contents"])
 
 
-@task(help={"variant": "lite or full", "dist": "output folder (default: dist/)",
-            "plat_name": "platform tag (default: JA_WHEEL_PLAT_NAME, else the measured floor)",
-            "check": "run the floor and contents checks on the new wheel"})
-def wheel_build(c, variant, dist="", plat_name="", check=False):
-    """Build the lite or full wheel from the build tree (never runs build_jit.py)."""
-    from jatools.wheel import wheel_build as wb
-    code = wb.main(["--variant", variant, *(["--dist", dist] if dist else []),
-                    *(["--plat-name", plat_name] if plat_name else []), *(["--check"] if check else [])])
-    if code:
-        raise Exit(f"wheel.build: the {variant} wheel failed (exit {code}); see the messages above", code=code)
-
-
 # --- release upload (jatools/release.py): only a green report for this commit, wheels unchanged
 @task(help={"tag": "release tag to upload to", "to": "gh (GitHub release, both wheels) or pypi (lite wheel, twine)",
             "dry_run": "check the report and print the upload commands only"})
@@ -229,9 +212,11 @@ def release_upload(c, tag, to="gh", dry_run=False):
 
 
 
+# One name per task: the contract's (DESIGN.md) for verify, floor, contents and validate; wheels are built by
+# `nox -s wheel_lite|wheel_full` (docs/architecture.md lists every door and its code).
 ns = Collection(env_report, convergence_check, floor, contents, verify=jit_verify,
                 image=Collection(publish=image_publish),
                 validate=Collection(run=validate_run, wheelhouse=validate_wheelhouse),
                 jit=Collection(identity=jit_identity, show=jit_show, fetch=jit_fetch, publish=jit_publish,
-                               verify=jit_verify, decide=jit_decide, merge_manifests=jit_merge_manifests),
-                wheel=Collection(floor, contents, build=wheel_build), release=Collection(upload=release_upload))
+                               decide=jit_decide, merge_manifests=jit_merge_manifests),
+                release=Collection(upload=release_upload))

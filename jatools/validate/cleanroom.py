@@ -539,21 +539,31 @@ def main(argv: list[str] | None = None) -> int:
                    help="use the packages installed for PYTHON as the dependencies (an offline GPU host's JAX and "
                         "plugin) instead of the wheelhouse's floor pins; engine-free only")
     args = p.parse_args(argv)
+    return run(args.wheel, variant=args.variant, dist=args.dist, engine=args.engine, installer=args.installer,
+               wheelhouse_dir=args.wheelhouse, fill=not args.no_fill, release=args.release, report=args.report,
+               keep=args.keep, deps_from=args.deps_from)
+
+
+def run(wheels: list[Path] | None = None, *, variant: str | None = None, dist: Path | None = None,
+        engine: str = "auto", installer: str = "auto", wheelhouse_dir: Path | None = None, fill: bool = True,
+        release: Path | None = None, report: Path | None = None, keep: bool = False,
+        deps_from: Path | None = None) -> int:
+    """`invoke validate`: validate the wheels (default: every wheel in dist/, or one variant's), print the
+    summary, write the JSON report; the exit status (2: could not validate, 1: a wheel failed)."""
     root = config.repo_root()
     try:
-        wheels = select_wheels(args.wheel, args.dist or root / "dist", args.variant)
-        opts = Options(root=root, wheels=wheels, engine=args.engine, installer=args.installer,
-                       wheelhouse=args.wheelhouse, fill=not args.no_fill, release=args.release, keep=args.keep,
-                       deps_from=args.deps_from)
-        report = validate(opts)
+        opts = Options(root=root, wheels=select_wheels(wheels, dist or root / "dist", variant), engine=engine,
+                       installer=installer, wheelhouse=wheelhouse_dir, fill=fill, release=release, keep=keep,
+                       deps_from=deps_from)
+        result = validate(opts)
     except (ValidationError, cenv.CleanRoomError, wheelhouse.WheelhouseError) as e:
         print(f"validate: error: {e}", file=sys.stderr)
         return 2
-    path = args.report or report_path(root)
-    report.write(path)
-    print(report.summary())
+    path = report or report_path(root)
+    result.write(path)
+    print(result.summary())
     print(f"report: {path}")
-    return 0 if report.ok else 1
+    return 0 if result.ok else 1
 
 
 if __name__ == "__main__":
