@@ -75,7 +75,7 @@ def lint(session: nox.Session) -> None:
 
 _session("compile_only", "build", "python", "-m", "jatools.native.build", "--compile-only", deps=BUILD_DEPS,
          doc="Compile every library for CUDA (nvcc, sm_90) and ROCm (hipcc, gfx90a) without a GPU.")
-_tier_session("tests_pr", "--tier", "pr", doc="The pr tier: fast single-device tests (not slow, not multigpu); "
+_tier_session("tests_pr", "--tier", "pr", doc="The pr tier: fast single-device tests (not slow, not packaging, not multigpu); "
               "one xdist worker per GPU slot on a GPU host.")
 _tier_session("tests_nightly", "--tier", "nightly",
               doc="The nightly tier: the full suite, single-device run then the multi-device run.")

@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds to wait for a slot (JA_GPU_SLOT_TIMEOUT)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command (after --)")
     a = p.parse_args(argv)
+    if a.gpus < 1:  # before any GPU is counted: the number is wrong whatever the host has
+        p.error(f"--gpus {a.gpus}: give the number of devices the command declares, 1 or more")
     cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
     if not cmd:
         p.error("give the command to run after --")

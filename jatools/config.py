@@ -28,15 +28,32 @@ JIT_MODES = registry.BY_NAME["JA_JIT_LIBS"].choices
 
 
 def repo_root() -> Path:
-    """The checkout root: JA_ROOT_DIR when set, else the folder holding this package."""
+    """The checkout root: JA_ROOT_DIR when set (an existing folder), else the folder holding this package."""
     env = os.environ.get("JA_ROOT_DIR")
-    return Path(env).resolve() if env else REPO_ROOT
+    if not (env or "").strip():
+        return REPO_ROOT
+    registry.check(registry.BY_NAME["JA_ROOT_DIR"], env)
+    return Path(env).resolve()
+
+
+SettingError = registry.SettingError
 
 
 @cache
 def _pyproject_defaults(root: str) -> dict:
-    with open(Path(root) / "pyproject.toml", "rb") as f:
-        return dict(tomllib.load(f)["tool"]["jax-aiter"])
+    """The checked ``[tool.jax-aiter]`` table of the checkout `root` (jax_aiter/settings.py's table checks it)."""
+    path = Path(root) / "pyproject.toml"
+    try:
+        with open(path, "rb") as f:
+            table = tomllib.load(f).get("tool", {}).get("jax-aiter")
+    except tomllib.TOMLDecodeError as e:
+        raise SettingError(f"{path} is not valid TOML: {e}; fix the file (https://toml.io)") from None
+    except OSError as e:
+        raise SettingError(f"cannot read {path}: {e.strerror}; set JA_ROOT_DIR to a jax-aiter checkout") from None
+    if not isinstance(table, dict):
+        raise SettingError(f"{path} has no [tool.jax-aiter] table; is {root} a jax-aiter checkout?")
+    registry.check_pyproject(table, path)
+    return dict(table)
 
 
 def defaults(root: Path | None = None) -> dict:
@@ -95,12 +112,14 @@ def load(backend: str | None = None, gpu_archs: str | None = None, root: Path | 
     env = os.environ if env is None else env
     root = root or repo_root()
     raw = defaults(root)
+    for group in ("build", "wheels and validation"):  # every variable these settings read, checked by the table
+        registry.check_environment(env, group)
     chosen_backend = str(backend or setting("JA_BACKEND", env, root)).strip().lower()
-    if chosen_backend not in VALID_BACKENDS:
-        raise ValueError(f"JA_BACKEND={chosen_backend!r} is not a backend; use one of {', '.join(VALID_BACKENDS)}")
+    if chosen_backend not in VALID_BACKENDS:  # a caller's argument: the environment and pyproject are checked
+        raise SettingError(f"backend {chosen_backend!r} is not valid: give one of {', '.join(VALID_BACKENDS)}")
     archs_text = gpu_archs if gpu_archs is not None else env.get("GPU_ARCHS")
     sanitize = tuple(split_archs(env.get("JA_SANITIZE", "")))
-    if any(s not in VALID_SANITIZERS for s in sanitize) or {"address", "thread"} <= set(sanitize):
+    if {"address", "thread"} <= set(sanitize):
         raise ValueError(f"JA_SANITIZE={env.get('JA_SANITIZE')!r}: use a comma list of {', '.join(VALID_SANITIZERS)} "
                          "(address and thread exclude each other), e.g. JA_SANITIZE=address,undefined")
     build_dir = root / setting("JA_BUILD_DIR", env, root)
@@ -138,9 +157,11 @@ def settings_doc(root: Path | None = None) -> str:
              "Each setting has one home. Its default is in `pyproject.toml` under `[tool.jax-aiter]` (the key",
              "column), or, for the settings the installed runtime reads, in `jax_aiter/settings.py`; the",
              "environment variable overrides the default and a command-line flag overrides both. A blank",
-             "variable counts as unset. Numbers are checked against their range when read: a value outside it",
-             "stops the command with the variable, the value and the range. Settings marked *internal* are set",
-             "by our own processes or by CI; nobody sets them by hand.", ""]
+             "variable counts as unset. Every value is checked when it is read, from the environment and from",
+             "pyproject alike (numbers against their range, choices, flags, GPU arch lists, existing folders,",
+             "paths inside the checkout; an unknown `[tool.jax-aiter]` key is refused): a bad one stops the",
+             "command with the variable or key, the value, what is allowed and where it came from. Settings",
+             "marked *internal* are set by our own processes or by CI; nobody sets them by hand.", ""]
     for group in registry.GROUPS:
         lines += [f"## {group[0].upper()}{group[1:]}", "", "| variable | pyproject key | default | accepts | meaning |",
                   "|---|---|---|---|---|"]

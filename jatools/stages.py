@@ -14,8 +14,8 @@ from pathlib import Path
 # (stage, module prefixes, what it is), in order: each stage may import only from itself and those above.
 STAGES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("runtime", ("jax_aiter",), "the shipped package: JAX, numpy and itself, never the tooling"),
-    ("base", ("jatools", "jatools.atomic_write", "jatools.config", "jatools.steps", "jatools.stages"),
-     "settings, the one atomic write, the one step runner, this table"),
+    ("base", ("jatools", "jatools.atomic_write", "jatools.config", "jatools.steps", "jatools.probe", "jatools.stages"),
+     "settings, the one atomic write, the one step runner, the bounded tool probe, this table"),
     ("native-tools", ("jatools.native.toolchain", "jatools.native.jit_build"),
      "toolchain detection and the JIT build and its identity"),
     ("ci", ("jatools.ci",), "environment report, convergence-decision check"),

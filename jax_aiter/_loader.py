@@ -28,7 +28,7 @@ import struct
 import threading
 from pathlib import Path
 
-from jax_aiter import integrity, op_table, remedies
+from jax_aiter import integrity, op_table, remedies, settings
 from jax_aiter.manifest import MANIFEST_NAME
 
 log = logging.getLogger("jax_aiter")
@@ -79,8 +79,14 @@ def fetch_cache_dir(identity: dict | None = None) -> Path | None:
 
 
 def search_dirs(name: str) -> list[tuple[str, Path]]:
+    """Where library `name` is looked for, in order. The runtime's settings are checked first (jax_aiter/settings.py):
+    a JAX_AITER_LIB_DIR that is not a folder stops here instead of falling back to other libraries silently."""
+    try:
+        settings.check_environment(group="runtime")
+    except settings.SettingError as e:
+        raise LibraryNotFoundError(f"jax_aiter: {e}") from None
     dirs: list[tuple[str, Path]] = []
-    if os.environ.get("JAX_AITER_LIB_DIR"):
+    if os.environ.get("JAX_AITER_LIB_DIR", "").strip():
         dirs.append(("JAX_AITER_LIB_DIR", Path(os.environ["JAX_AITER_LIB_DIR"])))
     dirs.append(("wheel", PACKAGED_LIB_DIR))
     dirs += [("checkout", d) for d in _checkout_dirs()]
@@ -161,25 +167,33 @@ def expected_entry(path: Path) -> tuple[dict | None, str]:
 
 
 def elf_soname(path: Path) -> str | None:
-    """DT_SONAME of a 64-bit little-endian ELF file (None when it has none); ValueError when it is not one.
+    """DT_SONAME of a 64-bit little-endian ELF file (None when it has none); ValueError when it is not one, or
+    when its headers, segments or section table run past the end of the file (a truncated file: dlopen would map
+    pages that are not there, and the first touch kills the process with SIGBUS), with or without a record.
 
     A few small reads, so every library is checked before it is loaded."""
     try:
         with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
             head = f.read(64)
             if head[:4] != b"\x7fELF" or head[4:6] != b"\x02\x01":
                 raise ValueError("it is not a 64-bit little-endian ELF shared library")
-            (phoff,) = struct.unpack_from("<Q", head, 32)
-            phentsize, phnum = struct.unpack_from("<HH", head, 54)
+            (phoff, shoff) = struct.unpack_from("<QQ", head, 32)
+            phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", head, 54)
             f.seek(phoff)
             ph = f.read(phentsize * phnum)
+            ends = [phoff + phentsize * phnum, shoff + shentsize * shnum]
             loads, dyn = [], None
             for i in range(phnum):
                 p_type, _, p_offset, p_vaddr, _, p_filesz = struct.unpack_from("<IIQQQQ", ph, i * phentsize)
+                ends.append(p_offset + p_filesz)
                 if p_type == 1:
                     loads.append((p_vaddr, p_offset, p_filesz))
                 elif p_type == 2:
                     dyn = (p_offset, p_filesz)
+            if max(ends) > size:
+                raise ValueError(f"it is {size} bytes but its ELF headers describe {max(ends)}: a truncated file "
+                                 "(loading it would crash the process)")
             if dyn is None:
                 return None
             f.seek(dyn[0])
@@ -311,6 +325,13 @@ def ensure_registered(op: str) -> None:
         _registered.add(op)
 
 
+def shipped(name: str) -> bool:
+    """Whether the installed wheel ships library `name` (a lite wheel's attention libraries are fetched later; a
+    source checkout ships nothing: what it lacks is not built yet)."""
+    identity = build_identity()
+    return identity is not None and (name not in MHA_JIT_LIBS or identity.get("variant") != "lite")
+
+
 def library_report(verify: bool = False) -> list[dict]:
     """Where each library would load from and what is wrong with it (for `python -m jax_aiter info`);
     `verify` also hashes each one against its record."""
@@ -320,7 +341,7 @@ def library_report(verify: bool = False) -> list[dict]:
         try:
             path = find_library(name)
         except LibraryNotFoundError as e:
-            out.append({"library": name, "path": None, "error": str(e)})
+            out.append({"library": name, "path": None, "error": str(e), "required": shipped(name)})
             continue
         try:
             problems = check_library(path, verify)

@@ -17,7 +17,7 @@ wrong answers:
 - network stalls time out and are retried with exponential backoff, resuming
   with an HTTP range request where the server allows it; a 404 is a cache miss
   and is not retried;
-- work happens in a staging folder beside the destination, under a file lock:
+- work happens in a staging folder beside the destination, under a lock on its folder:
   a fresh destination appears by one rename, an existing one gets each library
   replaced by rename and the manifest copy last, so a killed or failed fetch
   leaves the previous good state; the next fetch clears its leftovers.
@@ -27,6 +27,7 @@ Runs at runtime, so it must not import JAX.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import http.client
 import io
@@ -43,7 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jax_aiter import blob, integrity, remedies, reuse_gate, settings
+from jax_aiter import blob, integrity, provenance, remedies, reuse_gate, settings
 from jax_aiter import manifest as mf
 from jax_aiter.integrity import diff_entries
 from jax_aiter.progress import Progress
@@ -144,7 +145,8 @@ class _PartSink:
         self._skip = 0 if resumed else self.size
         return self
 
-    def write(self, data) -> None:
+    def write(self, data) -> int:
+        """Take `data`; the number of new bytes (a resent start is skipped, and not counted as progress)."""
         if self._skip:
             n = min(self._skip, len(data))
             data, self._skip = data[n:], self._skip - n
@@ -154,6 +156,7 @@ class _PartSink:
                 self.whole.update(data)
             self.size += len(data)
             self.decoder.feed(data)
+        return len(data)
 
 
 class _LibraryFile:
@@ -248,9 +251,8 @@ def _attempt(url: str, begin: Callable[[bool], object], offset: int, timeout: fl
                 raise _Transient(f"connection lost after {got} bytes ({e!r})") from None
             if not n:
                 break
-            sink.write(view[:n])
             got += n
-            advance(n)
+            advance(sink.write(view[:n]))  # progress counts new bytes only: a resumed part never shows 150 %
     declared = resp.headers.get("Content-Length")
     if declared is not None and declared.isdigit() and got < int(declared):
         raise _Transient(f"connection closed early after {got} of {declared} bytes")
@@ -277,10 +279,10 @@ def fetch_bytes(url: str, opts: FetchOptions, log: Log = _stderr, limit: int = M
     out = io.BytesIO()
 
     class Capped:
-        def write(self, data) -> None:
+        def write(self, data) -> int:
             if out.tell() + len(data) > limit:  # refused while streaming: never more than `limit` in memory
                 raise FetchError(f"{url}: more than {limit} bytes; this is not a manifest or record (check the URL)")
-            out.write(data)
+            return out.write(data)
 
     def begin(resumed: bool) -> Capped:
         out.seek(0)
@@ -355,23 +357,55 @@ def check_identity(want: dict, manifest: dict, source: str, strict_toolchain: bo
     return cmp.warnings
 
 
-def _lock(dest: Path, opts: FetchOptions, log: Log):
+class _FolderLock:
+    """An exclusive flock on the destination's parent folder itself: fetches into one folder take turns, and
+    no lock file is made, so none is left behind (a lock file beside the destination outlived every fetch,
+    failed or not, and removing it safely races with a fetch waiting on it). The folder is opened with
+    O_NOFOLLOW: a symlink there is never followed."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self._fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+    def acquire(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = -1
+
+
+def _lock(dest: Path, opts: FetchOptions, log: Log) -> _FolderLock:
     try:
-        from filelock import FileLock, Timeout
-    except ImportError:
-        raise FetchError("the filelock package is needed to fetch safely; install it with `pip install filelock` "
-                         "(or `pip install jax-aiter[fetch]`)") from None
-    lock = FileLock(str(dest.parent / f".{dest.name}.lock"))
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        log(f"fetch: another fetch into {dest} is running; waiting for it (lock {lock.lock_file})")
-        try:
-            lock.acquire(timeout=opts.lock_timeout_s)
-        except Timeout:
-            raise FetchError(f"another fetch into {dest} held the lock {lock.lock_file} for more than "
-                             f"{opts.lock_timeout_s:g} s; wait for it or stop it, then run again") from None
+        lock = _FolderLock(dest.parent)
+    except OSError as e:
+        raise FetchError(f"cannot lock {dest.parent} for the fetch: {e.strerror or e} (it must be a real folder, "
+                         "not a symlink); choose another destination (--dest)") from None
+    if not lock.acquire(timeout=0):
+        log(f"fetch: another fetch into {dest.parent} is running; waiting for it (a lock on that folder)")
+        if not lock.acquire(timeout=opts.lock_timeout_s):
+            lock.release()
+            raise FetchError(f"another fetch into {dest.parent} held its lock for more than "
+                             f"{opts.lock_timeout_s:g} s; wait for it or stop it, then run again")
     return lock
+
+
+def byte_text(n: int) -> str:
+    """A size people read: bytes, kB, MB or GB with three significant digits (a full disk is "0 bytes free",
+    not "0.00 GB")."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} byte{'' if n == 1 else 's'}"
 
 
 def _prepare_parent(dest: Path) -> None:
@@ -536,6 +570,10 @@ def fetch_release(base_url: str, want: dict, dest: Path, names: list[str] | None
     files = mf.select_files(manifest, names)
     check_pins(files, want, url)
     chosen = [f["name"] for f in files]
+    if not want.get("pins"):
+        log(f"fetch: no pins: the release's own manifest is all that vouches for these bytes, so the store at "
+            f"{base_url} is trusted (a wheel's pins, or `{remedies.door('jit_fetch')} --pins-from URL`, hold a fetch to known "
+            "bytes; docs/security.md)")
     lock = _lock(dest, opts, log)
     try:
         _clear_leftovers(dest, log)
@@ -554,7 +592,7 @@ def fetch_release(base_url: str, want: dict, dest: Path, names: list[str] | None
         need = sum(f["size"] for f in files)  # downloads are unpacked as they arrive
         free = shutil.disk_usage(dest.parent).free
         if free < need:
-            raise FetchError(f"not enough disk space in {dest.parent}: {need / 1e9:.2f} GB needed, {free / 1e9:.2f} GB "
+            raise FetchError(f"not enough disk space in {dest.parent}: {byte_text(need)} needed, {byte_text(free)} "
                              "free; free some space or choose another destination (--dest)")
         staging = dest.parent / f".{dest.name}.fetch-{os.getpid()}"
         try:
@@ -568,6 +606,10 @@ def fetch_release(base_url: str, want: dict, dest: Path, names: list[str] | None
         try:
             downloaded = _fetch_all(files, release, staging, window_log, opts, log)
             try:
+                log(f"fetch: {provenance.verify([staging / n for n in chosen], base_url)}")
+            except provenance.ProvenanceError as e:
+                raise FetchError(f"{e}. Nothing was installed; fetch from the project's own release store") from None
+            try:
                 (staging / mf.MANIFEST_NAME).write_text(mf.dumps(manifest))
                 install_staged(staging, dest, chosen)
             except OSError as e:
@@ -579,6 +621,7 @@ def fetch_release(base_url: str, want: dict, dest: Path, names: list[str] | None
     finally:
         lock.release()
     seconds = time.monotonic() - start
+    against = "its pin and the release manifest" if want.get("pins") else "the release manifest (no pins)"
     log(f"fetch: installed {', '.join(chosen)} into {dest} ({downloaded / 1e6:.1f} MB in {seconds:.1f} s), "
-        "every file verified")
+        f"every file verified against {against}")
     return FetchResult("fetched", dest, release, manifest, chosen, downloaded, seconds, warnings)

@@ -4,7 +4,9 @@ Each library found is checked as the loader checks it before loading (its size
 against its record or the wheel's pins, its SONAME against its name); `--verify`
 also hashes it. Exit status 1 when any library found is wrong (the line names
 the file, what is wrong and the fix), else 0; a library not found (the attention
-libraries of a lite wheel before `jax-aiter-fetch-mha`) is reported, not an error.
+libraries of a lite wheel before `jax-aiter-fetch-mha`, or what a source checkout has
+not built yet) is reported, not an error; a library the installed wheel ships that is
+gone is an error (exit 1). A closed pipe (`info | head`) ends it quietly.
 
 Reads the build identity baked into the wheel and asks the loader where it would
 find each library, without importing JAX, so it works (and is quick) even when
@@ -13,9 +15,10 @@ JAX itself is broken, which is when people run it.
 from __future__ import annotations
 
 import json
+import os
 import sys
 
-from jax_aiter import __version__, _loader
+from jax_aiter import __version__, _loader, settings
 
 IDENTITY_ORDER = ("version", "variant", "backend", "gpu_archs", "wheel_arch", "kernel_source_revision",
                   "recipe_hash", "cache_id", "ffi_api_version", "toolchain")
@@ -56,10 +59,23 @@ def render(info: dict) -> str:
         for problem in lib.get("problems", []):
             lines.append(f"      PROBLEM: {problem}; {lib['fix']}")
     bad = [lib["library"] for lib in info["libraries"] if lib.get("problems")]
+    gone = [lib["library"] for lib in info["libraries"] if lib.get("required")]
     checked = "size, sha256 and SONAME" if info.get("verified") else "size and SONAME (--verify: sha256 too)"
-    lines.append(f"  {len(bad)} librar{'y' if len(bad) == 1 else 'ies'} with a problem: {', '.join(bad)}" if bad
+    if gone:
+        lines.append(f"  {_count(gone)} the wheel ships {'is' if len(gone) == 1 else 'are'} missing: {', '.join(gone)} "
+                     "(the install is damaged: `pip install --force-reinstall --no-deps jax-aiter`)")
+    lines.append(f"  {_count(bad)} with a problem: {', '.join(bad)}" if bad
                  else f"  every library found is sound ({checked} checked)")
     return "\n".join(lines)
+
+
+def _count(names: list[str]) -> str:
+    return f"{len(names)} librar{'y' if len(names) == 1 else 'ies'}"
+
+
+def failed(info: dict) -> bool:
+    """A library found is wrong, or one the wheel ships is gone."""
+    return any(lib.get("problems") or lib.get("required") for lib in info["libraries"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,6 +85,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"python -m jax_aiter info: unknown option {unknown[0]!r}; options are --verify and --json",
               file=sys.stderr)
         return 2
+    try:
+        settings.check_environment(group="runtime")
+    except settings.SettingError as e:
+        print(f"python -m jax_aiter info: {e}", file=sys.stderr)
+        return 2
     info = collect(verify="--verify" in argv)
-    print(json.dumps(info, indent=2, sort_keys=True) if "--json" in argv else render(info))
-    return 1 if any(lib.get("problems") for lib in info["libraries"]) else 0
+    text = json.dumps(info, indent=2, sort_keys=True) if "--json" in argv else render(info)
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:  # `info | head`: the reader has what it wanted; no traceback, no flush error at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 1 if failed(info) else 0

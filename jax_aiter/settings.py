@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 GROUPS = ("build", "runtime", "tests", "wheels and validation", "CI")
 
@@ -37,6 +39,7 @@ class Setting:
     hi: float = 0
     unit: str = ""
     internal: bool = False    # plumbing between our own processes or set by CI; nobody sets it by hand
+    rule: str = ""            # how check() reads a value that is neither a number nor a choice: one of RULES
 
     def show(self, value: float) -> str:
         return str(int(value)) if self.kind is int else f"{value:g}"
@@ -49,50 +52,72 @@ class Setting:
         """What the setting accepts, in words."""
         if self.kind is not None:
             return self.range_text()
+        if self.rule in RULE_TEXT and not self.accepts:
+            return RULE_TEXT[self.rule]
         return f"{self.accepts} {', '.join(self.choices)}".strip() if self.choices else self.accepts
 
 
 def _n(name: str, group: str, meaning: str, kind: type, lo: float, hi: float, default: float | None,
-       unit: str = "", internal: bool = False) -> Setting:
-    return Setting(name, group, meaning, default=default, kind=kind, lo=lo, hi=hi, unit=unit, internal=internal)
+       unit: str = "", internal: bool = False, key: str = "") -> Setting:
+    return Setting(name, group, meaning, key=key, default=default, kind=kind, lo=lo, hi=hi, unit=unit,
+                   internal=internal)
+
+
+# GPU arch names GPU_ARCHS (and gpu_archs_rocm, gpu_archs_cuda, JA_WHEEL_ARCH) accept: ROCm's gfx<digits><hex>
+# with optional target features (gfx942:xnack+), CUDA's sm_<2-3 digits> with an optional a/f suffix, or the bare
+# CUDA number (90, 90a) the CUDA toolchain writes as sm_90. The toolchain then asks the compiler itself.
+ARCH_NAME = re.compile(r"gfx[0-9]{2,4}[0-9a-f]?(:(sramecc|xnack)[+-])*|(sm_)?[0-9]{2,3}[af]?")
+FLAG_VALUES = ("1", "0", "true", "false", "yes", "no", "on", "off")
+# What each rule accepts, in words (Setting.accepts overrides it where a setting says more).
+RULE_TEXT = {
+    "flag": "1 or 0 (also true/false, yes/no, on/off)",
+    "archs": "a `;` or `,` separated list of GPU arch names (gfx950, gfx942:xnack+, sm_90, sm_90a)",
+    "folder": "an existing folder",
+    "inside": "a path relative to the checkout, inside it",
+    "list": "a list of strings",
+    "text": "a string",
+}
 
 
 SETTINGS: tuple[Setting, ...] = (
     # --- build --------------------------------------------------------------------------------
     Setting("JA_ROOT_DIR", "build", "the checkout the tooling (and a checkout's runtime) works on",
-            default="the folder holding the code", accepts="a folder"),
+            default="the folder holding the code", rule="folder"),
     Setting("JA_BACKEND", "build", "what to build for and test on (auto: ROCm when a ROCm toolchain is found, "
             "else CUDA when nvcc is, else the CPU); with JA_GPU_COUNT, rocm makes the stand-in GPUs ROCm ones",
-            key="backend", choices=("auto", "cpu", "cuda", "rocm")),
-    Setting("GPU_ARCHS", "build", "the GPU archs to compile for", default="gpu_archs_rocm or gpu_archs_cuda",
-            accepts="a `;` or `,` separated list, e.g. gfx942;gfx950"),
-    Setting("", "build", "GPU_ARCHS default for ROCm", key="gpu_archs_rocm"),
-    Setting("", "build", "GPU_ARCHS default for CUDA", key="gpu_archs_cuda"),
+            key="backend", choices=("auto", "cpu", "cuda", "rocm"), accepts="one of"),
+    Setting("GPU_ARCHS", "build", "the GPU archs to compile for (unset: the archs of the GPUs present, from "
+            "rocminfo or nvidia-smi, else gpu_archs_rocm or gpu_archs_cuda)", rule="archs"),
+    Setting("", "build", "GPU_ARCHS default for ROCm when no GPU is present", key="gpu_archs_rocm", rule="archs"),
+    Setting("", "build", "GPU_ARCHS default for CUDA when no GPU is present", key="gpu_archs_cuda", rule="archs"),
     Setting("ROCM_PATH", "build", "the ROCm toolchain (else TheRock's rocm-sdk, rocm_legacy_root, hipcc on PATH)",
             accepts="a folder"),
-    Setting("", "build", "where a legacy ROCm install lives", key="rocm_legacy_root"),
+    Setting("", "build", "where a legacy ROCm install lives", key="rocm_legacy_root", rule="text", accepts="a path"),
     Setting("CUDA_HOME", "build", "the CUDA toolkit (else nvcc on PATH)", accepts="a folder"),
     Setting("JA_BUILD_DIR", "build", "the build tree: jax_aiter_build/ (umbrella, FFI shims) and aiter_build/ "
-            "(JIT libraries)", key="build_dir", accepts="a folder, relative to the checkout"),
+            "(JIT libraries)", key="build_dir", rule="inside"),
     Setting("JA_FFI_INCLUDE_DIR", "build", "the XLA FFI headers the shims compile against", key="ffi_include_dir",
-            accepts="a folder, relative to the checkout"),
-    Setting("", "build", "the kernel sources (their revision is part of the JIT identity)", key="kernel_source_dir"),
-    Setting("", "build", "the op table: JIT modules, their libraries and instance axes", key="jit_config"),
+            rule="inside"),
+    Setting("", "build", "the kernel sources (their revision is part of the JIT identity)", key="kernel_source_dir",
+            rule="inside"),
+    Setting("", "build", "the op table: JIT modules, their libraries and instance axes", key="jit_config",
+            rule="inside"),
     Setting("AITER_SYMBOL_VISIBLE", "build", "1: keep every symbol visible (default: -fvisibility=hidden)",
-            key="symbol_visible", accepts="1 or 0"),
+            key="symbol_visible", rule="flag"),
     Setting("JA_SANITIZE", "build", "sanitizers for the CPU build (address and thread exclude each other)",
-            choices=("address", "undefined", "leak", "thread"), accepts="a comma list of"),
+            choices=("address", "undefined", "leak", "thread"), accepts="a `,` or `;` separated list of", rule="comma"),
     Setting("JA_JIT_LIBS", "build", "build the JIT libraries here, or take them (a consumer: never builds, fails "
-            "at once on a miss); auto takes them under CI=true", key="jit_libs", choices=("auto", "build", "take")),
+            "at once on a miss); auto takes them under CI=true", key="jit_libs", choices=("auto", "build", "take"),
+            accepts="one of"),
     Setting("JA_TOOLCHAIN_STRICT", "build", "1: a toolchain difference refuses the reuse of JIT libraries "
-            "(default: a warning)", key="toolchain_strict", accepts="1 or 0"),
+            "(default: a warning)", key="toolchain_strict", rule="flag"),
     Setting("JA_CLEAN_JIT", "build", "yes: `make clean` deletes the JIT libraries too (they cost hours)",
-            accepts="yes"),
+            choices=("yes", "no"), accepts="one of"),
     # --- runtime ------------------------------------------------------------------------------
     Setting("JAX_AITER_LIB_DIR", "runtime", "a folder of libraries the loader tries first (e.g. fetched MHA "
-            "libraries)", accepts="a folder"),
+            "libraries); a folder that does not exist is an error, not a silent fall-back", rule="folder"),
     Setting("JA_FETCH_BASE_URL", "runtime", "where JIT-library releases live (a wheel bakes the default in)",
-            key="jit_libs_base_url", accepts="https://, http://, file:// or a folder"),
+            key="jit_libs_base_url", rule="text", accepts="https://, http://, file:// or a folder"),
     _n("JA_FETCH_TIMEOUT_S", "runtime", "seconds without data before a fetch attempt is abandoned",
        float, 0.1, 3600, 60.0, "seconds"),
     _n("JA_FETCH_RETRIES", "runtime", "retries of a fetch after the first attempt", int, 0, 20, 4),
@@ -101,20 +126,19 @@ SETTINGS: tuple[Setting, ...] = (
     _n("JA_FETCH_LOCK_TIMEOUT_S", "runtime", "how long a fetch waits for another fetch into the same folder",
        float, 0, 7 * 86400, 3600.0, "seconds"),
     Setting("JA_POISON_OUTPUTS", "runtime", "1: fill each op output with NaN before the kernel writes it (read "
-            "at trace time), so an unwritten output shows", accepts="1"),
-    Setting("JA_NUM_THREADS", "runtime", "threads of the CPU kernels", default="the CPU's cores",
-            accepts="a positive integer"),
+            "at trace time), so an unwritten output shows", choices=("1", "0"), accepts="one of"),
+    _n("JA_NUM_THREADS", "runtime", "threads of the CPU kernels (default: the CPU's cores)", int, 1, 4096, None),
     Setting("JA_CPU_ISA", "runtime", "baseline: the portable CPU attention build even where AVX2+FMA runs",
-            accepts="baseline"),
+            choices=("baseline",), accepts="one of"),
     Setting("JA_GPU_PDL", "runtime", "0: no programmatic dependent launch on CUDA (for A/B benchmarks)",
-            accepts="0"),
+            choices=("0", "1"), accepts="one of"),
     Setting("JA_MHA_FWD_SM90", "runtime", "0: the attention forward skips the Hopper (sm_90a) kernels (read on "
-            "every call, so a test can compare both paths)", accepts="0"),
+            "every call, so a test can compare both paths)", choices=("0", "1"), accepts="one of"),
     Setting("JA_MHA_BWD_SM90", "runtime", "0: the attention backward skips the Hopper (sm_90a) kernels (read on "
-            "every call, so a test can compare both paths)", accepts="0"),
+            "every call, so a test can compare both paths)", choices=("0", "1"), accepts="one of"),
     # --- tests --------------------------------------------------------------------------------
     Setting("JA_TEST_TIER", "tests", "the tier `bash ci/test.sh` and `nox -s tests` run", default="pr",
-            choices=("pr", "nightly", "multigpu")),
+            choices=("pr", "nightly", "multigpu"), accepts="one of"),
     _n("JA_TEST_WORKERS", "tests", "xdist workers of a tier's single-device run (default: one per GPU slot on a "
        "GPU host, none on the CPU)", int, 0, 1024, None),
     _n("JA_TEST_RERUNS", "tests", "retries of a failing test (default: 2 on a GPU host, 0 on the CPU)",
@@ -137,38 +161,41 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("JA_GPU_SLOT_RECORD_DIR", "tests", "where each pinned pytest process writes its slot, devices and "
             "times; the slot speed-up measurement sets it", accepts="a folder", internal=True),
     # --- wheels and validation ----------------------------------------------------------------
-    Setting("", "wheels and validation", "the Python packages every wheel ships", key="packages"),
-    Setting("", "wheels and validation", "what the sdist holds", key="sdist_include"),
+    Setting("", "wheels and validation", "the Python packages every wheel ships", key="packages", rule="list"),
+    Setting("", "wheels and validation", "what the sdist holds", key="sdist_include", rule="list"),
     Setting("", "wheels and validation", "fnmatch patterns (paths or file names) the sdist leaves out",
-            key="sdist_exclude"),
+            key="sdist_exclude", rule="list"),
     Setting("JA_WHEEL_ARCH", "wheels and validation", "the GPU arch a wheel is for, recorded in its build "
-            "identity (the JIT libraries must have been built for it)", accepts="one GPU arch"),
+            "identity (the JIT libraries must have been built for it)", rule="archs", accepts="one GPU arch"),
     Setting("JA_WHEEL_PLAT_NAME", "wheels and validation", "the wheel's platform tag (checked against the "
             "measured symbol floor)", default="the measured symbol floor", accepts="a manylinux tag"),
     _n("SOURCE_DATE_EPOCH", "wheels and validation", "the timestamp of every wheel member", int, 0, 2**32 - 1,
        None, "seconds since 1970"),
-    Setting("", "wheels and validation", "libdeflate level of wheel members (--compress-level overrides)",
-            key="wheel_compress_level"),
+    _n("", "wheels and validation", "libdeflate level of wheel members (--compress-level overrides)", int, 0, 12,
+       None, key="wheel_compress_level"),
     Setting("", "wheels and validation", "where `invoke jit.publish` uploads (--to overrides): gh[:OWNER/REPO], "
-            "http(s)://, file:// or a folder", key="jit_libs_publish_to"),
-    Setting("", "wheels and validation", "zstd level of published JIT-library blobs", key="jit_libs_zstd_level"),
-    Setting("", "wheels and validation", "zstd window log of published blobs", key="jit_libs_zstd_window_log"),
-    Setting("", "wheels and validation", "bytes per uploaded asset; larger blobs are split",
-            key="jit_libs_asset_limit"),
+            "http(s)://, file:// or a folder", key="jit_libs_publish_to", rule="text"),
+    _n("", "wheels and validation", "zstd level of published JIT-library blobs", int, 1, 22, None,
+       key="jit_libs_zstd_level"),
+    _n("", "wheels and validation", "zstd window log of published blobs", int, 10, 31, None,
+       key="jit_libs_zstd_window_log"),
+    _n("", "wheels and validation", "bytes per uploaded asset; larger blobs are split", int, 1, 2**31 - 1, None,
+       "bytes", key="jit_libs_asset_limit"),
     Setting("JA_WHEELHOUSE", "wheels and validation", "the offline wheels the clean room installs from "
-            "(`invoke validate.wheelhouse` fills it)", key="wheelhouse", accepts="a folder"),
-    Setting("", "wheels and validation", "the clean room's Python version", key="validation_python"),
+            "(`invoke validate.wheelhouse` fills it)", key="wheelhouse", rule="inside"),
+    Setting("", "wheels and validation", "the clean room's Python version", key="validation_python", rule="text",
+            accepts="a Python version, e.g. 3.12"),
     Setting("JA_VALIDATE_PYTHON", "wheels and validation", "the clean room's interpreter",
             default="validation_python found on this host", accepts="a path"),
     Setting("", "wheels and validation", "packages the clean room installs at the lowest version the wheel "
-            "declares", key="validation_floor"),
+            "declares", key="validation_floor", rule="list"),
     Setting("", "wheels and validation", "the JAX CUDA plugin (clean room and GPU test sessions)",
-            key="validation_plugins_cuda"),
+            key="validation_plugins_cuda", rule="list"),
     Setting("", "wheels and validation", "the JAX ROCm plugin (clean room and GPU test sessions)",
-            key="validation_plugins_rocm"),
-    Setting("", "wheels and validation", "the clean room's report", key="validation_report"),
+            key="validation_plugins_rocm", rule="list"),
+    Setting("", "wheels and validation", "the clean room's report", key="validation_report", rule="inside"),
     Setting("JA_VALIDATION_IMAGE", "wheels and validation", "the validation image's repository (its tag: "
-            "ci/validation_image_id.sh)", key="validation_image", accepts="an image repository"),
+            "ci/validation_image_id.sh)", key="validation_image", rule="text", accepts="an image repository"),
     # --- CI -----------------------------------------------------------------------------------
     Setting("JA_CONTAINER_IMAGE", "CI", "the job's container image, for the environment report",
             accepts="an image reference", internal=True),
@@ -183,25 +210,107 @@ SETTINGS: tuple[Setting, ...] = (
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS if s.name}
 BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS if s.key}
 # name -> the setting, for every number. Flags that set the same thing are read under the variable's bounds.
-NUMERIC: dict[str, Setting] = {s.name: s for s in SETTINGS if s.kind is not None}
+NUMERIC: dict[str, Setting] = {s.name: s for s in SETTINGS if s.kind is not None and s.name}
+ENVIRONMENT = "from the environment"
 
 
 class SettingError(ValueError):
-    """A setting's value is not usable; the message names it, the value and the accepted range."""
+    """A setting's value is not usable; the message names it, the value, what is allowed and where it came from."""
+
+
+def _fail(shown: str, value: object, accepted: str, where: str, why: str = "") -> SettingError:
+    at = f" ({where})" if where else ""
+    return SettingError(f"{shown}={value!r} is not valid: {why + '; ' if why else ''}give {accepted}{at}")
+
+
+def _number(spec: Setting, value: object, shown: str, where: str) -> int | float:
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        parsed = None
+    else:
+        try:
+            parsed = spec.kind(str(value).strip())
+        except ValueError:
+            parsed = None
+    if parsed is None or not math.isfinite(parsed) or not spec.lo <= parsed <= spec.hi:
+        default = f" (default {spec.show(spec.default)})" if spec.default is not None else ""
+        raise _fail(shown, value, spec.range_text() + default, where)
+    return parsed
 
 
 def number(name: str, text: str, flag: str | None = None) -> int | float:
     """Parse `text` as the setting `name` (its table entry decides type and range)."""
-    spec = NUMERIC[name]
-    shown = flag or name
-    try:
-        value = spec.kind(str(text).strip())
-    except ValueError:
-        value = None
-    if value is None or not math.isfinite(value) or not spec.lo <= value <= spec.hi:
-        raise SettingError(f"{shown}={text!r} is not valid: give {spec.range_text()}"
-                           + (f" (default {spec.show(spec.default)})" if spec.default is not None else ""))
+    return _number(NUMERIC[name], text, flag or name, "" if flag else ENVIRONMENT)
+
+
+def _inside(text: str, root: Path | None) -> str:
+    """Why the relative path `text` is not inside the checkout `root` ("" when it is)."""
+    if Path(text).is_absolute():
+        return "it is absolute"
+    base = (root or Path.cwd()).resolve()
+    target = (base / text).resolve()
+    return "" if target == base or base in target.parents else f"it leads outside the checkout {base}"
+
+
+def _why(spec: Setting, value: object, from_env: bool, root: Path | None) -> str | None:
+    """None when `value` is acceptable for `spec`, else why not ("" when the accepted text says it all)."""
+    rule = spec.rule
+    if rule == "list":
+        return None if isinstance(value, list) and all(isinstance(v, str) for v in value) else ""
+    if not isinstance(value, str):
+        return None if rule == "flag" and isinstance(value, bool) else f"a {type(value).__name__}, not a string"
+    text = value.strip()
+    if rule == "comma":
+        bad = [v for v in text.replace(";", ",").split(",") if v.strip() not in spec.choices]
+        return f"{', '.join(map(repr, bad))} not one of them" if bad else None
+    if spec.choices:
+        return None if text in spec.choices else ""
+    if rule == "flag":
+        return None if text.lower() in FLAG_VALUES else ""
+    if rule == "archs":
+        entries = [e.strip() for e in text.replace(";", ",").split(",")]
+        bad = [e for e in entries if not ARCH_NAME.fullmatch(e)]
+        if spec.accepts == "one GPU arch" and len(entries) > 1:
+            return "more than one arch"
+        return (f"{', '.join(repr(e) if e else 'an empty entry' for e in bad)} "
+                f"{'is' if len(bad) == 1 else 'are'} not a GPU arch name") if bad else None
+    if rule == "folder":
+        return None if Path(text).is_dir() else ("it is not a folder" if Path(text).exists() else "it does not exist")
+    if rule == "inside" and not from_env:
+        return _inside(text, root) or None
+    return None if text or rule != "text" else "it is empty"
+
+
+def check(spec: Setting, value: object, where: str = ENVIRONMENT, root: Path | None = None) -> object:
+    """`value` of setting `spec` from `where` (ENVIRONMENT, or the pyproject.toml it is in; `root`: its checkout),
+    checked against the table; the value, a number parsed. SettingError names the variable or key, the value,
+    what is allowed and where the value came from."""
+    from_env = where == ENVIRONMENT
+    shown = spec.name if from_env else f"[tool.jax-aiter] {spec.key}"
+    if spec.kind is not None:
+        return _number(spec, value, shown, where)
+    why = _why(spec, value, from_env, root)
+    if why is not None:
+        raise _fail(shown, value, spec.accepted(), where, why)
     return value
+
+
+def check_environment(env: Mapping[str, str] | None = None, group: str | None = None) -> None:
+    """Check every variable of the table (of `group`) set, not blank, in `env`; the first bad one raises."""
+    env = os.environ if env is None else env
+    for spec in SETTINGS:
+        checked = spec.kind or spec.choices or spec.rule
+        if checked and spec.name and (group is None or spec.group == group) and (env.get(spec.name) or "").strip():
+            check(spec, env[spec.name])
+
+
+def check_pyproject(table: Mapping[str, object], path: Path) -> None:
+    """Check a pyproject ``[tool.jax-aiter]`` table: every key known, every value as the table says."""
+    unknown = sorted(set(table) - set(BY_KEY))
+    if unknown:
+        raise SettingError(f"unknown key(s) {', '.join(unknown)} under [tool.jax-aiter] in {path}: the known keys "
+                           f"are {', '.join(sorted(BY_KEY))} (docs/settings.md)")
+    for key, value in table.items():
+        check(BY_KEY[key], value, f"in {path}", path.parent)
 
 
 def from_env(name: str, env: Mapping[str, str] | None = None) -> int | float | None:

@@ -9,6 +9,14 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+# pip and venv write the checkout's path into every script they install (#! lines, RECORD) as UTF-8 and stop
+# with "'utf-8' codec can't encode" on a path whose bytes are not UTF-8: say so first, naming the path.
+if command -v iconv >/dev/null 2>&1 && ! printf '%s' "$root" | iconv -f UTF-8 -t UTF-8 >/dev/null 2>&1; then
+  printf 'run.sh: the checkout path %q is not valid UTF-8; pip and venv cannot install tools under it (they\n' \
+    "$root" >&2
+  echo "  write every path as UTF-8). Move or rename the checkout to a UTF-8 path and run again." >&2
+  exit 2
+fi
 export JA_ROOT_DIR="${JA_ROOT_DIR:-$root}"
 
 # Python 3.12: on PATH, else a manylinux container's own (/opt/python/cp312-cp312: the release job

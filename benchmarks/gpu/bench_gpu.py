@@ -15,7 +15,9 @@ SiLU-and-mul over hidden sizes 4096-8192 and 1k-32k rows, against XLA); chain
 (the same ops 8 times back to back in one program, as a model's layers run
 them); decode (seq_q = 1 against a long grouped-query KV cache: K/V bytes read
 per second against copy bandwidth, with cuDNN and XLA); attention (prefill
-forward and backward against cuDNN; --head-dim picks the head dims, 128 by default). The JSON records the GPU's provenance
+forward and backward against cuDNN; --head-dim picks the head dims, 128 by default); model (a
+Llama-like decoder built from our ops against the same model in plain JAX, cuDNN attention:
+prefill, train step, decode; model_bench.py, llama.py). The JSON records the GPU's provenance
 before and after the run (nvidia-smi: driver, clocks, power limit, ECC, other
 processes on the device), so two runs can be compared honestly.
 """
@@ -41,6 +43,12 @@ import numpy as np  # noqa: E402
 
 import jax_aiter as ja  # noqa: E402
 from jatools import config  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import model_bench  # noqa: E402  (benchmarks/gpu)
+from llama import plain_rms_norm as xla_rms_norm  # noqa: E402  (XLA's fusions: the anchors)
+from llama import plain_rms_norm_add as xla_rms_norm_add  # noqa: E402
+from llama import plain_silu_and_mul as xla_silu_and_mul  # noqa: E402
 
 try:  # jatools/native/toolchain.py; trees from before the tooling's package split have jatools/toolchain.py
     from jatools.native import toolchain  # noqa: E402
@@ -172,21 +180,6 @@ def rand(shape, dtype, seed):
 
 def n_sets(bytes_per_set: int, l2: int = 60 << 20) -> int:
     return max(2, min(8, -(-3 * l2 // max(bytes_per_set, 1))))
-
-
-def xla_rms_norm(x, w, eps=1e-6):
-    xf = x.astype(jnp.float32)
-    return (xf * jax.lax.rsqrt(jnp.mean(xf * xf, -1, keepdims=True) + eps) * w.astype(jnp.float32)).astype(x.dtype)
-
-
-def xla_rms_norm_add(x, r, w, eps=1e-6):
-    s = (x.astype(jnp.float32) + r.astype(jnp.float32)).astype(x.dtype)
-    return xla_rms_norm(s, w, eps), s
-
-
-def xla_silu_and_mul(x):
-    a, b = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-    return (jax.nn.silu(a) * b).astype(x.dtype)
 
 
 def median(v):
@@ -463,15 +456,20 @@ def bench_attention(lib, reps, quick, head_dims=(128,)):
     return rows
 
 
+SECTIONS = ["copy", "memory", "chain", "decode", "attention", "model"]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="one size per op (a smoke run)")
     p.add_argument("--reps", type=int, default=30)
-    p.add_argument("--only", choices=["copy", "memory", "chain", "decode", "attention"], action="append")
+    p.add_argument("--only", choices=SECTIONS, action="append")
     p.add_argument("--shape", action="append", default=[], metavar="ROWSxHIDDEN",
                    help="memory-bound shapes to run instead of the default grid (repeatable), e.g. 16384x8192")
     p.add_argument("--head-dim", type=int, action="append", choices=[32, 64, 96, 128, 256],
                    help="attention head dims (repeatable; default 128)")
+    p.add_argument("--model-workload", action="append", choices=[w.name for w in model_bench.WORKLOADS],
+                   help="model workloads to run (repeatable; default all, --quick: " + ", ".join(model_bench.QUICK) + ")")
     p.add_argument("--warm-l2", action="store_true", help="no L2 flush before each timed case (the cases of a "
                    "repetition share inputs, so later ones may read them from L2)")
     p.add_argument("--gpu-ahead", action="store_true", help="a ~200 us GPU spin before each timed case, so host "
@@ -486,16 +484,17 @@ def main(argv=None) -> int:
     lib = build_timer()
     _flush["on"] = not args.warm_l2
     _spin["cycles"] = GPU_AHEAD_CYCLES if args.gpu_ahead else 0
-    only = set(args.only or ["copy", "memory", "chain", "decode", "attention"])
+    only = set(args.only or SECTIONS)
     shapes = [tuple(int(v) for v in sh.lower().split("x")) for sh in args.shape] or None
     start = time.time()
     provenance_before = gpu_provenance()
     copy = bench_copy(lib, args.reps)
     results = {"machine": {"device": devs[0].device_kind, "jax": jax.__version__, "python": platform.python_version(),
-                           "host": platform.node(), "gpu_before": provenance_before},
+                           "host": platform.node(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
+                           "gpu_before": provenance_before},
                "l2_flush_bytes": FLUSH_BYTES if _flush["on"] else 0, "gpu_ahead_cycles": _spin["cycles"],
                "reps": args.reps,
-               "copy": copy, "memory_bound": [], "chains": [], "decode": [], "attention": []}
+               "copy": copy, "memory_bound": [], "chains": [], "decode": [], "attention": [], "model": []}
     if "memory" in only:
         results["memory_bound"] = bench_memory_bound(lib, args.reps, copy["GBps"], args.quick, shapes)
     if "chain" in only:
@@ -505,6 +504,9 @@ def main(argv=None) -> int:
     if "attention" in only:
         results["attention"] = bench_attention(lib, max(5, args.reps // 3), args.quick,
                                                tuple(args.head_dim or [128]))
+    if "model" in only:
+        results["model"] = model_bench.bench_model(
+            max(5, args.reps // 2), args.model_workload or (list(model_bench.QUICK) if args.quick else None))
     results["seconds"] = round(time.time() - start, 1)
     results["machine"]["gpu_after"] = gpu_provenance()
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -538,6 +540,8 @@ def main(argv=None) -> int:
         xla = f"{r['xla_TFLOPs']:.1f}" if "xla_TFLOPs" in r else "-"
         print(f"{r['name']:<16}{r['head_dim']:>4}{r['seq']:>6}{str(r['causal']):>7}{r['ours_TFLOPs']:>11.1f}{r['cudnn_TFLOPs']:>11.1f}"
               f"{xla:>10}{r['frac_of_cudnn']:>9.2f}  {r['met']}")
+    if results["model"]:
+        model_bench.print_table(results["model"])
     print(f"JSON: {args.out}")
     if args.gate:
         return subprocess.call([sys.executable, str(ROOT / "ci/perf/bench_gate.py"), str(args.out)], cwd=ROOT)

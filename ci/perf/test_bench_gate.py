@@ -75,6 +75,16 @@ class BenchGateTests(unittest.TestCase):
         within["attention"][0]["ours_ms"] = base["cases"][name]["ms"] * (1 + (band - 1) / 100)
         self.assertEqual(self.cli(str(self.write(within, "within.json"))).returncode, 0)
 
+    def test_a_slower_model_step_fails_and_names_the_workload(self) -> None:
+        base = json.loads((HERE / "baselines" / "nvidia-h200.json").read_text())
+        slow = copy.deepcopy(self.run1)
+        row = next(r for r in slow["model"] if r["name"] == "decode b8 kv8k")
+        case = base["cases"]["model decode b8 kv8k"]
+        row["ours_ms"] = case["ms"] * (1 + (case["band_pct"] + 5) / 100)
+        r = self.cli(str(self.write(slow, "slow_model.json")))
+        self.assertEqual(r.returncode, bench_gate.EXIT_REGRESSION, r.stdout + r.stderr)
+        self.assertIn("regression: model decode b8 kv8k:", r.stderr)
+
     def test_a_case_missing_from_the_results_fails_and_a_new_one_is_listed(self) -> None:
         fewer = copy.deepcopy(self.run1)
         fewer["decode"] = []

@@ -33,7 +33,7 @@ from jatools.config import REPO_ROOT
 from jatools.testing import gpu_slots
 from jax_aiter import settings
 
-MARKERS = ("gpu", "multigpu", "slow", "cuda_only", "rocm_only")
+MARKERS = ("gpu", "multigpu", "slow", "packaging", "cuda_only", "rocm_only")
 PLATFORMS = ("cpu", "cuda", "rocm")
 CONFIGS = ("cpu", "single_gpu", "multi_gpu")
 
@@ -109,7 +109,8 @@ class Tier:
 
 
 TIERS: dict[str, Tier] = {t.name: t for t in (
-        Tier("pr", "every pull request: fast single-device tests", (("single", Filter(exclude=("slow", "multigpu"))),),
+        Tier("pr", "every pull request: fast single-device tests",
+             (("single", Filter(exclude=("slow", "packaging", "multigpu"))),),
              timeout_s=300),
         Tier("nightly", "the full suite: single-device run, the CPU-device tests on a GPU host, the multi-device run",
              (("single", Filter()), ("host", Filter()), ("multi", Filter(require=("multigpu",)))), timeout_s=1200),

@@ -361,6 +361,10 @@ def validate_wheel(wheel: Path, opts: Options, engine: cenv.Probe | None, wh: Pa
     if not _timed(result, "wheel-record", "wheel",
                   lambda: (f"{wheel_checks.verify_record(wheel)} files match the wheel's RECORD", True)):
         return result
+    if not _timed(result, "wheel-pins", "wheel",  # RECORD can be regenerated; the pins are what the loader trusts
+                  lambda: ((f"{wheel_checks.verify_pins(wheel)} libraries match their pins (the bytes the wheel "
+                            "was built with; provenance: docs/security.md)"), True)):
+        return result
     release: Path | None = None
     if variant == "lite":
         def find_release() -> tuple[str, Path]:

@@ -45,7 +45,13 @@ from jatools.wheel.zip_writer import DeterministicZipWriter, WrittenMember
 from jax_aiter import remedies
 from jax_aiter import settings as numeric
 from jax_aiter.fetch_mha import BASE_URL_KEY
-from jax_aiter.integrity import RECORD_NAME, IntegrityError, read_record, verify_entries
+from jax_aiter.integrity import (
+    RECORD_NAME,
+    IntegrityError,
+    read_record,
+    sha256_file,
+    verify_entries,
+)
 
 GENERATOR = "jax-aiter jatools.wheel.wheel_build"
 MIN_EPOCH = 315532800  # 1980-01-01, the first time a zip can hold
@@ -57,7 +63,8 @@ class WheelBuildError(RuntimeError):
     """The wheel cannot be built; the message says what is wrong and which command fixes it."""
 
 
-BUILD_ERRORS = (WheelBuildError, IntegrityError, expect.JitExpectationError, wheel_checks.FloorError)
+BUILD_ERRORS = (WheelBuildError, IntegrityError, expect.JitExpectationError, wheel_checks.FloorError,
+                config.SettingError)
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,7 @@ class BuildOptions:
     level: int | None = None  # libdeflate's level; None: pyproject's wheel_compress_level
     jobs: int | None = None
     source_date_epoch: int | None = None  # None: SOURCE_DATE_EPOCH, else the HEAD commit's time
+    source_build: bool = False  # the libraries were built by this build, from an sdist (marked in the identity)
 
     @classmethod
     def from_env(cls, variant: str, dist_dir: Path, **flags) -> BuildOptions:
@@ -134,7 +142,8 @@ def default_epoch(root: Path) -> int:
 
 
 def build_identity(expectations: expect.JitExpectations, version: str, variant: Variant,
-                   wheel_arch: str | None, native: dict[str, dict], base_url: str | None) -> dict:
+                   wheel_arch: str | None, native: dict[str, dict], base_url: str | None,
+                   source_build: bool = False) -> dict:
     """The identity baked into the wheel: the JIT libraries' identity plus what this wheel is, the pins
     ({name, size, sha256} of every JIT library of its cache id and of the `native` libraries it ships: the
     loader and jax-aiter-fetch-mha accept only those bytes) and the base URL jax-aiter-fetch-mha fetches from."""
@@ -150,6 +159,8 @@ def build_identity(expectations: expect.JitExpectations, version: str, variant: 
                  pins=sorted([*expectations.entries.values(), *native.values()], key=lambda e: e["name"]))
     if base_url:
         ident[BASE_URL_KEY] = base_url
+    if source_build:  # built from the sdist on the installing machine, not a release build (docs/wheels.md)
+        ident["source_build"] = True
     return ident
 
 
@@ -200,8 +211,10 @@ def anchor_pyproject(project: dict, version: str, packages: list[str], layout: L
 
 
 def stage(settings: config.Settings, layout: Layout, variant: Variant, project: dict, version: str,
-          libs: dict[str, Path], identity: dict, plat_tag: str | None = None) -> tuple[Path, dict[str, str]]:
-    """Write build/wheel_stage/<variant>/ atomically; return it and {member: how it was staged}."""
+          libs: dict[str, Path], identity: dict,
+          plat_tag: str | None = None) -> tuple[Path, dict[str, str], dict[str, str]]:
+    """Write build/wheel_stage/<variant>/ atomically; return it, {member: how it was staged} and {member: sha256}
+    of every file it copied or generated (the libraries are held to their records instead)."""
     stage_root = settings.build_dir / "wheel_stage"
     final = stage_root / variant.name
     tmp = stage_root / f".{variant.name}.tmp-{os.getpid()}"
@@ -213,6 +226,9 @@ def stage(settings: config.Settings, layout: Layout, variant: Variant, project: 
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(settings.root / rel, tmp / rel)
         how: dict[str, str] = dict.fromkeys(copied, "copy")
+        # what each copied file holds now: the read-back holds the wheel to it, so a file changed in the stage
+        # after staging (Python code or data, not only the libraries) does not ship
+        digests = {rel: sha256_file(tmp / rel) for rel in copied}
         (tmp / layout.lib_dir).mkdir(parents=True, exist_ok=True)
         for name, src in sorted(libs.items()):
             try:
@@ -223,6 +239,7 @@ def stage(settings: config.Settings, layout: Layout, variant: Variant, project: 
                 how[layout.lib_member(name)] = "copy"
         (tmp / layout.identity_file).write_text(json.dumps(identity, indent=2, sort_keys=True) + "\n")
         how[layout.identity_file] = "generated"
+        digests[layout.identity_file] = sha256_file(tmp / layout.identity_file)
         (tmp / "pyproject.toml").write_text(anchor_pyproject(project, version, python_packages(settings.root), layout))
         if plat_tag:
             (tmp / "setup.cfg").write_text(f"[bdist_wheel]\npython_tag = py3\nplat_name = {plat_tag}\n")
@@ -234,7 +251,7 @@ def stage(settings: config.Settings, layout: Layout, variant: Variant, project: 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return final, how
+    return final, how, digests
 
 
 def staged_members(stage_dir: Path, layout: Layout) -> list[tuple[str, Path, int]]:
@@ -279,6 +296,14 @@ def metadata_text(project: dict, version: str, root: Path) -> tuple[bytes, list[
         "summary": project.get("description", ""), "requires_python": project.get("requires-python", ""),
         "requires_dist": reqs, "provides_extra": list(extras), "classifiers": list(project.get("classifiers", [])),
         "project_urls": dict(project.get("urls", {})), "license_files": license_files(project, root)}
+    if project.get("keywords"):
+        raw["keywords"] = list(project["keywords"])
+    for role in ("author", "maintainer"):  # PEP 621: names with emails go to *-email, names alone to the name field
+        people = project.get(f"{role}s", [])
+        if emails := [f"{p['name']} <{p['email']}>" if p.get("name") else p["email"] for p in people if p.get("email")]:
+            raw[f"{role}_email"] = ", ".join(emails)
+        if names := [p["name"] for p in people if p.get("name") and not p.get("email")]:
+            raw[role] = ", ".join(names)
     lic = project.get("license")
     if isinstance(lic, str):
         raw["license_expression"] = lic
@@ -313,19 +338,23 @@ def wheel_text(tag: str, purelib: bool = False) -> bytes:
             f"Tag: {tag}\n").encode()
 
 
-def add_dist_info(zw: DeterministicZipWriter, dist_info: str, metadata: bytes, wheel: bytes, project: dict,
-                  root: Path) -> list[WrittenMember]:
-    """METADATA, the license files (PEP 639: .dist-info/licenses/), WHEEL, entry points, then RECORD last.
-    Returns the members RECORD lists (every one before it)."""
-    zw.add_bytes(f"{dist_info}/METADATA", metadata)
-    for rel in license_files(project, root):
-        zw.add_bytes(f"{dist_info}/licenses/{rel}", (root / rel).read_bytes())
-    zw.add_bytes(f"{dist_info}/WHEEL", wheel)
+def dist_info_files(project: dict, metadata: bytes, wheel: bytes, root: Path) -> dict[str, bytes]:
+    """{file in the dist-info: bytes}, RECORD aside: METADATA, the license files (PEP 639: licenses/), WHEEL and
+    the entry points. The wheel and prepare_metadata_for_build_wheel write the same ones."""
     groups = {"console_scripts": project.get("scripts", {}), "gui_scripts": project.get("gui-scripts", {}),
               **project.get("entry-points", {})}
-    zw.add_bytes(f"{dist_info}/entry_points.txt", "".join(
-        f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in entries.items()) + "\n"
-        for group, entries in groups.items() if entries).encode())
+    return {"METADATA": metadata,
+            **{f"licenses/{rel}": (root / rel).read_bytes() for rel in license_files(project, root)},
+            "WHEEL": wheel,
+            "entry_points.txt": "".join(f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in entries.items()) + "\n"
+                                        for group, entries in groups.items() if entries).encode()}
+
+
+def add_dist_info(zw: DeterministicZipWriter, dist_info: str, metadata: bytes, wheel: bytes, project: dict,
+                  root: Path) -> list[WrittenMember]:
+    """dist_info_files, then RECORD last. Returns the members RECORD lists (every one before it)."""
+    for name, data in dist_info_files(project, metadata, wheel, root).items():
+        zw.add_bytes(f"{dist_info}/{name}", data)
     written = zw.members
     record = io.StringIO()
     csv.writer(record, lineterminator="\n").writerows(
@@ -350,9 +379,10 @@ def platform_tag(options: BuildOptions, libs: dict[str, Path]) -> tuple[str, str
 
 def read_back(wheel: Path, written: list[WrittenMember], jit_members: dict[str, str],
               expectations: expect.JitExpectations, jobs: int | None,
-              native: dict[str, dict] | None = None) -> wheel_checks.WheelScan:
-    """Decompress every member of the written file: RECORD digests, JIT libraries against their record and
-    `native` ({member: entry}, the umbrella and shims) against theirs. Returns the scan, for the checks."""
+              native: dict[str, dict] | None = None, staged: dict[str, str] | None = None) -> wheel_checks.WheelScan:
+    """Decompress every member of the written file: RECORD digests, JIT libraries against their record,
+    `native` ({member: entry}, the umbrella and shims) against theirs and `staged` ({member: sha256}, the Python
+    and data files) against what staging wrote. Returns the scan, for the checks."""
     try:
         scanned = wheel_checks.scan(wheel, workers=jobs)
     except wheel_checks.WheelReadError as e:
@@ -364,6 +394,11 @@ def read_back(wheel: Path, written: list[WrittenMember], jit_members: dict[str, 
         if members[member].sha256 != entry["sha256"]:
             raise IntegrityError(f"{wheel.name}:{member}: sha256 {members[member].sha256} does not match the "
                                  f"{entry['sha256']} recorded when it was linked")
+    for member, digest in (staged or {}).items():
+        got = members[member].sha256 if member in members else "missing"
+        if got != digest:
+            raise IntegrityError(f"{wheel.name}:{member}: {got}, but staging wrote sha256 {digest}: the stage was "
+                                 "changed after staging (another process?); build again")
     for m in written:
         got = members[m.arcname]
         if got.sha256 != m.sha256_hex or got.size != m.size:
@@ -422,13 +457,13 @@ def _build_locked(settings: config.Settings, options: BuildOptions, layout: Layo
         raise WheelBuildError(str(e)) from e
     native = verify_native(libs, native_names)
     identity = build_identity(expectations, version, variant, options.wheel_arch, native,
-                              settings.raw.get("jit_libs_base_url"))
+                              settings.raw.get("jit_libs_base_url"), options.source_build)
     if identity.get("kernel_source_dirty"):
         notes.append("the JIT libraries were built from uncommitted kernel sources (kernel_source_dirty)")
     t_verify = time.monotonic()
 
     tag, tag_source = platform_tag(options, libs)
-    stage_dir, how = stage(settings, layout, variant, project, version, libs, identity, tag)
+    stage_dir, how, staged_digests = stage(settings, layout, variant, project, version, libs, identity, tag)
     if copies := sorted(m for m, h in how.items() if h == "copy" and m.startswith(layout.lib_dir)):
         notes.append(f"copied (no hard link possible): {', '.join(copies)}")
     t_stage = time.monotonic()
@@ -465,7 +500,7 @@ def _build_locked(settings: config.Settings, options: BuildOptions, layout: Layo
         t_pack = time.monotonic()
         log(f"wheel_build: reading {tmp.name} back ({len(written) + 1} members)")
         scanned = read_back(tmp, written, jit_members, expectations, options.jobs,
-                            {layout.lib_member(n): native[n] for n in native_names})
+                            {layout.lib_member(n): native[n] for n in native_names}, staged_digests)
         os.replace(tmp, wheel)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -487,16 +522,17 @@ def _build_locked(settings: config.Settings, options: BuildOptions, layout: Layo
 
 # --- PEP 517 / PEP 660 hooks, called in the source tree (the current folder) by every front-end ---------------
 
-CONFIG_SETTINGS = {"variant": "lite | full (default lite): -C variant=full, --config-settings variant=full"}
+CONFIG_SETTINGS = {"variant": "lite | full | source (default lite; source from an sdist without libraries): "
+                              "-C variant=full, --config-settings variant=full"}
 EDITABLE_PTH = "_jax_aiter_editable.pth"
 
 
-def _variant(config_settings: dict | None) -> str:
+def _variant(config_settings: dict | None, default: str = "lite") -> str:
     unknown = sorted(set(config_settings or {}) - set(CONFIG_SETTINGS))
     if unknown:
         raise SystemExit(f"jax-aiter build backend: unknown config setting(s) {', '.join(unknown)}; known: "
                          + "; ".join(f"{k}: {v}" for k, v in CONFIG_SETTINGS.items()))
-    value = (config_settings or {}).get("variant", "lite")
+    value = (config_settings or {}).get("variant", default)
     return value[-1] if isinstance(value, list) else value  # a setting given twice: the last one wins
 
 
@@ -515,19 +551,69 @@ def get_requires_for_build_wheel(config_settings: dict | None = None) -> list[st
 get_requires_for_build_editable = get_requires_for_build_sdist = get_requires_for_build_wheel
 
 
+def prepare_metadata_for_build_wheel(metadata_directory: str, config_settings: dict | None = None) -> str:
+    """PEP 517: the wheel's dist-info (METADATA, licenses, WHEEL, entry points) without building anything, so
+    pip and uv resolve an sdist's dependencies before its native build."""
+    variant = Layout.load().variant(_variant(config_settings))
+    root = Path.cwd().resolve()
+    project = _project(root)
+    version = variant.version(project["version"])
+    dist_info = Path(metadata_directory) / f"{file_name(project)}-{version}.dist-info"
+    with _backend_errors():
+        metadata, _ = metadata_text(project, version, root)
+        # the tag is the build's to measure; WHEEL here says what is known before it (pip reads METADATA)
+        for name, data in dist_info_files(project, metadata, wheel_text("py3-none-any"), root).items():
+            (dist_info / name).parent.mkdir(parents=True, exist_ok=True)
+            (dist_info / name).write_bytes(data)
+    return dist_info.name
+
+
+def prepare_metadata_for_build_editable(metadata_directory: str, config_settings: dict | None = None) -> str:
+    """PEP 660: the editable wheel's dist-info, the same metadata."""
+    return prepare_metadata_for_build_wheel(metadata_directory, config_settings)
+
+
+SOURCE_VARIANT = "source"  # what an sdist without libraries builds by default (jatools/wheel/wheel_layout.toml)
+
+
+def unbuilt_sdist(settings: config.Settings, variant: str = SOURCE_VARIANT) -> bool:
+    """An unpacked sdist (it has PKG-INFO) whose build folder lacks a library of `variant`: a source build."""
+    layout = Layout.load()
+    return (settings.root / "PKG-INFO").is_file() and any(
+        not (settings.build_dir / layout.libraries[n].dir / n).is_file() for n in layout.variant(variant).libraries)
+
+
+def source_build(settings: config.Settings, log: Callable[[str], None]) -> None:
+    """The native build of an unpacked sdist, here (umbrella, JIT libraries, shims: jatools/native/build.py's
+    steps), for the backend JA_BACKEND names (auto: the CPU when no GPU compiler is found)."""
+    from jatools import steps
+    from jatools.native import build as native
+
+    env = {**os.environ, "JA_ROOT_DIR": str(settings.root), "JA_JIT_LIBS": "build"}
+    os.environ["JA_ROOT_DIR"] = str(settings.root)  # native_steps reads the checkout from it
+    log(f"jax-aiter build backend: {settings.root} is an sdist with no native build: building the libraries here "
+        f"(JA_BACKEND={env.get('JA_BACKEND') or settings.raw['backend']}; a release wheel never compiles)")
+    try:
+        steps.run(native.native_steps(jit="build", env=env), "source build", progress=log)
+    except steps.StepFailed as e:
+        raise WheelBuildError(f"the source build failed at {e.record.name}: {e}; the lines above say why "
+                              "(JA_BACKEND=cpu builds the CPU libraries only)") from None
+
+
 def build_wheel(wheel_directory: str, config_settings: dict | None = None,
                 metadata_directory: str | None = None) -> str:
-    """PEP 517: the lite wheel (or -C variant=full) from this tree's build folder; never compiles anything."""
-    settings = config.load(root=Path.cwd().resolve())  # the tree being built, whatever JA_ROOT_DIR says
-    options = BuildOptions.from_env(_variant(config_settings), Path(wheel_directory).resolve())
-    hint = ""
-    if (settings.root / "PKG-INFO").is_file() and not settings.build_dir.is_dir():  # before build() locks
-        hint = (f"\n  {settings.root} is an unpacked sdist with no native build: build the libraries here "
-                f"({remedies.door('native')}), or point JA_BUILD_DIR at a "
-                "checkout's build folder (JA_BUILD_DIR=/path/to/checkout/build python -m build), or build the "
-                "wheel straight from the checkout (python -m build --wheel, uv build --wheel)")
+    """PEP 517: the lite wheel (or -C variant=full) from this tree's build folder. A checkout's build never
+    compiles (a missing library is an error naming its command); an unpacked sdist without libraries (`pip
+    install <sdist>`, `pip wheel`, `uv pip install`, `python -m build`) runs the native build first, and its
+    identity says source_build."""
     stderr = functools.partial(print, file=sys.stderr, flush=True)
-    with _backend_errors(hint):
+    with _backend_errors():
+        settings = config.load(root=Path.cwd().resolve())  # the tree being built, whatever JA_ROOT_DIR says
+        variant = _variant(config_settings, SOURCE_VARIANT if unbuilt_sdist(settings) else "lite")
+        from_source = unbuilt_sdist(settings, variant)
+        if from_source:
+            source_build(settings, stderr)
+        options = replace(BuildOptions.from_env(variant, Path(wheel_directory).resolve()), source_build=from_source)
         result = build(settings, options, log=stderr)
     stderr(result.summary())
     return result.wheel.name
@@ -605,7 +691,7 @@ def sdist(root: Path, dist_dir: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m jatools.wheel.wheel_build", description=__doc__.splitlines()[0])
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--variant", choices=sorted(Layout.load().variants))
+    what.add_argument("--variant", choices=sorted(set(Layout.load().variants) - {SOURCE_VARIANT}))
     what.add_argument("--sdist", action="store_true", help="the sdist instead (what `python -m build --sdist` makes)")
     p.add_argument("--dist", type=Path, default=None, help="output folder (default: <repo>/dist)")
     p.add_argument("--plat-name", help="platform tag (default: JA_WHEEL_PLAT_NAME, else the measured floor)")
@@ -617,7 +703,11 @@ def main(argv: list[str] | None = None) -> int:
                    "{name, size, sha256} files (default: build/aiter_build/build_record.json)")
     p.add_argument("--check", action="store_true", help="then run the floor and contents checks on the wheel")
     args = p.parse_args(argv)
-    settings = config.load()
+    try:
+        settings = config.load()
+    except config.SettingError as e:
+        print(f"wheel_build: error: {e}", file=sys.stderr)
+        return 2
     if args.sdist:
         print(f"wheel_build: {sdist(settings.root, (args.dist or settings.root / 'dist').resolve())}", flush=True)
         return 0
@@ -630,8 +720,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wheel_build: error: {e}", file=sys.stderr)
         return 2
     print(result.summary(), flush=True)
-    # --check: on the read-back's scan, the wheel is not read again
-    return wheel_checks.run_and_print(["floor", "contents"], [result.scan]) if args.check else 0
+    # --check: on the read-back's scan, the wheel is not read again; a wheel that fails leaves dist/
+    code = wheel_checks.run_and_print(["floor", "contents"], [result.scan]) if args.check else 0
+    if code:
+        result.wheel.unlink(missing_ok=True)
+        print(f"wheel_build: removed {result.wheel}: it failed the checks above, so it does not stay in "
+              f"{result.wheel.parent} beside the good wheels", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

@@ -248,6 +248,52 @@ def verify_record(wheel: Path) -> int:
     return len(scanned.members)
 
 
+def _identity(scanned: WheelScan, layout: Layout) -> dict | None:
+    """The wheel's build identity, or None when it is missing or not a JSON object."""
+    member = scanned.members.get(layout.identity_file)
+    try:
+        ident = json.loads(member.data or b"") if member is not None else None
+    except json.JSONDecodeError:
+        return None
+    return ident if isinstance(ident, dict) else None
+
+
+def pin_problems(scanned: WheelScan, layout: Layout | None = None) -> list[str]:
+    """Each library in the wheel against the pin its build identity names ({name, size, sha256}: the pins the
+    loader and jax-aiter-fetch-mha hold installed bytes to). A library changed after the build, with RECORD
+    regenerated to match, is self-consistent for RECORD but not for the pins. What this proves, and what it
+    does not (the identity travels in the same zip): docs/security.md."""
+    layout = layout or Layout.load()
+    ident = _identity(scanned, layout)
+    if ident is None:
+        return [(f"{layout.identity_file} is missing or not JSON: the wheel has no pins to check its libraries "
+                 "against")]
+    pins = {e.get("name"): e for e in ident.get("pins") or [] if isinstance(e, dict)}
+    problems = []
+    for name, m in sorted(scanned.members.items()):
+        if posixpath.dirname(name) != layout.lib_dir or not name.endswith(".so"):
+            continue
+        pin = pins.get(posixpath.basename(name))
+        if pin is None:
+            problems.append(f"{name} has no pin in {layout.identity_file}: nothing says which bytes it must hold")
+        elif (m.sha256, m.size) != (pin.get("sha256"), pin.get("size")):
+            problems.append(f"{name} is sha256 {m.sha256} ({m.size} bytes), but its pin in {layout.identity_file} "
+                            f"is {pin.get('sha256')} ({pin.get('size')} bytes): the library was changed after the "
+                            f"wheel was built; rebuild the wheel ({REBUILD})")
+    return problems
+
+
+def verify_pins(wheel: Path) -> int:
+    """Raise RecordError unless every library in the wheel has the bytes its pin names; return how many."""
+    try:
+        scanned = scan(wheel)
+    except WheelReadError as e:
+        raise RecordError(f"{e}; rebuild the wheel ({REBUILD})") from None
+    if problems := pin_problems(scanned):
+        raise RecordError(f"{wheel.name}: {'; '.join(problems[:6])}")
+    return sum(1 for n in scanned.members if n.startswith(Layout.load().lib_dir + "/") and n.endswith(".so"))
+
+
 # --- the content policy (jatools/wheel/wheel_layout.toml applied to a wheel read back) -------------------------
 
 IDENTITY_KEYS = ("version", "variant", "kernel_source_revision", "recipe_hash", "cache_id", "gpu_archs",
@@ -274,6 +320,11 @@ class ContentsReport:
         return f"{self.wheel}: " + "".join(f"\n  - {p}" for p in self.problems)
 
 
+def _identity_variant(scanned: WheelScan, layout: Layout) -> str | None:
+    """The variant the wheel's identity names (None when it cannot be read; the checks below report that)."""
+    return (_identity(scanned, layout) or {}).get("variant")
+
+
 def check_contents(wheel: Path | WheelScan, layout: Layout | None = None) -> ContentsReport:
     """The content policy on a wheel (scanned here unless given as a scan)."""
     path = wheel.wheel if isinstance(wheel, WheelScan) else wheel
@@ -285,9 +336,9 @@ def check_contents(wheel: Path | WheelScan, layout: Layout | None = None) -> Con
         problems += [f"tag {t} should be py3-none-<platform>: the libraries are loaded with ctypes, not as CPython "
                      f"extensions, and they are platform-specific" for t in tags
                      if t.interpreter != "py3" or t.abi != "none" or t.platform == "any"]
-        variant = layout.variant_for_version(str(version))
-        report.variant = variant.name
         scanned = wheel if isinstance(wheel, WheelScan) else scan(wheel)
+        variant = layout.variant_for_version(str(version), _identity_variant(scanned, layout))
+        report.variant = variant.name
     except (InvalidWheelFilename, InvalidVersion) as e:
         problems.append(f"not a valid wheel file name ({e})")
         return report
@@ -297,6 +348,10 @@ def check_contents(wheel: Path | WheelScan, layout: Layout | None = None) -> Con
     if dupes := sorted({n for n in scanned.names if scanned.names.count(n) > 1}):
         problems.append(f"members stored twice: {', '.join(dupes)}")
     problems += record_problems(scanned)
+    if not (pinned := pin_problems(scanned, layout)):
+        report.notes.append(f"every library matches its pin in {layout.identity_file}: these are the bytes the wheel "
+                            "was built with; who built it is what a build attestation says (docs/security.md)")
+    problems += pinned
 
     # The dist-info: its files, METADATA and WHEEL against the file name.
     dist_info = dist_info_dir(path)

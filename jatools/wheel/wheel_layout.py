@@ -90,12 +90,13 @@ class Layout:
         except KeyError:
             raise LayoutError(f"unknown wheel variant {name!r}; known: {', '.join(self.variants)}") from None
 
-    def variant_for_version(self, version: str) -> Variant:
-        """The variant a wheel version belongs to (by its local label)."""
+    def variant_for_version(self, version: str, named: str | None = None) -> Variant:
+        """The variant a wheel version belongs to (by its local label); where several share the label (lite and
+        source: the public version), the one `named` (the identity's variant), else the first declared."""
         local = Version(version).local or ""
-        for v in self.variants.values():
-            if v.local_version == local:
-                return v
+        matching = [v for v in self.variants.values() if v.local_version == local]
+        if matching:
+            return next((v for v in matching if v.name == named), matching[0])
         raise LayoutError(f"version {version} has local label {local!r}, which no wheel variant uses "
                           f"({', '.join(f'{v.name}: {v.local_version!r}' for v in self.variants.values())})")
 

@@ -138,3 +138,48 @@ def test_precedence_flag_over_env_over_pyproject():
 
 def test_ffi_api_version_of_vendored_headers():
     assert toolchain.ffi_api_version(config.load(env={}).ffi_include_dir) == (0, 3)
+
+
+# --- GPU_ARCHS unset: the archs of the GPUs present (stand-in nvidia-smi / rocminfo for the GPUs we lack) -------
+
+ROCMINFO = """#!/bin/sh
+echo "Agent 1"
+echo "  Name:                    AMD EPYC 9654 96-Core Processor"
+echo "Agent 2"
+echo "  Name:                    gfx942"
+echo "  Marketing Name:          AMD Instinct MI300X"
+echo "Agent 3"
+echo "  Name:                    gfx942"
+"""
+
+
+def test_cuda_archs_from_the_gpus_present(tools):
+    bin_dir, settings, env = tools
+    _tool(bin_dir, "nvcc", NVCC)
+    _tool(bin_dir, "nvidia-smi", '#!/bin/sh\n[ "$1" = --query-gpu=compute_cap ] || exit 9\necho 9.0\necho 8.0\n'
+                                 'echo 9.0\n')
+    tc = toolchain.detect(settings(), env=env())
+    assert tc.archs == ("sm_90", "sm_80")
+    assert "GPU_ARCHS unset: sm_90;sm_80, the GPUs present (nvidia-smi)" in tc.how
+    assert toolchain.detect(settings(archs="sm_86"), env=env()).archs == ("sm_86",)  # GPU_ARCHS wins
+
+
+def test_rocm_archs_from_the_gpus_present(tools, tmp_path):
+    _, settings, env = tools
+    rocm = tmp_path / "rocm"
+    _tool(rocm / "bin", "hipcc", HIPCC)
+    bin_dir, _, _ = tools
+    _tool(bin_dir, "rocminfo", ROCMINFO)
+    tc = toolchain.detect(settings(), env=env(ROCM_PATH=str(rocm)))
+    assert tc.archs == ("gfx942",) and "GPU_ARCHS unset: gfx942, the GPUs present (rocminfo)" in tc.how
+
+
+def test_no_gpu_or_a_failing_probe_keeps_the_default_archs_and_says_why(tools):
+    bin_dir, settings, env = tools
+    _tool(bin_dir, "nvcc", NVCC)
+    tc = toolchain.detect(settings(), env=env())
+    assert tc.archs == ("sm_90",) and "GPU_ARCHS unset and no nvidia-smi on PATH: the default archs" in tc.how
+    _tool(bin_dir, "nvidia-smi", "#!/bin/sh\necho 'NVIDIA-SMI has failed: no devices were found' >&2\nexit 6\n")
+    tc = toolchain.detect(settings(), env=env())
+    assert tc.archs == ("sm_90",)
+    assert any("exited with status 6 (NVIDIA-SMI has failed" in h and h.endswith("the default archs") for h in tc.how)

@@ -212,3 +212,137 @@ def test_faults_release_pins_its_fetch_to_the_producers_base_url():
     argv = jit.argv()
     assert argv[argv.index("--base-url") + 1] == "http://mirror.example"
     assert argv[argv.index("--pins-from") + 1] == config.load().raw["jit_libs_base_url"]
+
+
+def test_faults_fetch_without_pins_says_it_trusts_the_store(release, server, tmp_path, fast_fetch_env):
+    """`invoke jit.fetch` without --pins-from (--force or not) accepts a self-consistent substituted release:
+    that is what trusting the store means, and the fetch now says so instead of 'every file verified'."""
+    ident, _ = release
+    other = tmp_path / "substituted"
+    other.mkdir()
+    make_release(other, ident, sizes=SIZES, seed=1)
+    said: list[str] = []
+    r = fetch.fetch_release(f"file://{other}", ident, tmp_path / "dest", MHA, force=True,
+                            opts=fetch.FetchOptions.from_env(), log=said.append)
+    assert r.status == "fetched"
+    text = "\n".join(said)
+    assert "no pins: the release's own manifest is all that vouches for these bytes" in text, text
+    assert "every file verified against the release manifest (no pins)" in text
+    assert "provenance not checked: file://" in text and "is not a GitHub release store" in text
+
+
+def test_faults_resumed_part_never_shows_more_than_100_percent(release, server, tmp_path, fast_fetch_env):
+    """A server that answers the resume with the whole part again: progress counts the new bytes only."""
+    ident, manifest = release
+    part = mf.select_files(manifest, ["libmha_fwd.so"])[0]["compressed"]["parts"][0]["name"]
+    server.faults[part] = "truncate_once"
+    server.full_206 = True
+    said: list[str] = []
+    fetch.fetch_release(server.url, ident, tmp_path / "dest", MHA, opts=fetch.FetchOptions.from_env(),
+                        log=said.append)
+    shown = [int(m) for line in said for m in re.findall(rf"{re.escape(part)}: (\d+)%", line)]
+    assert shown and max(shown) == 100, said
+
+
+def test_faults_full_disk_gives_sizes_people_read(release, server, tmp_path):
+    """A real 64 KiB tmpfs as the destination's disk: the refusal gives the sizes in kB, not '0.00 GB'."""
+    ident, manifest = release
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True,
+                             text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({mounted.stderr.strip() or 'not permitted'}); the full disk "
+                    "needs one")
+    try:
+        r = _fetch_mha(_identity_file(tmp_path, ident, manifest, server.url), disk / "dest")
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
+    need = sum(f["size"] for f in mf.select_files(manifest, MHA))
+    assert r.returncode == 1, r.stderr
+    assert f"not enough disk space in {disk}: {fetch.byte_text(need)} needed, " in r.stderr, r.stderr
+    assert "0.00 GB" not in r.stderr and re.search(r"needed, \d+(\.\d+)? kB free", r.stderr), r.stderr
+
+
+def test_faults_byte_text_reads_at_every_scale():
+    assert [fetch.byte_text(n) for n in (0, 1, 999, 65_536, 500_000, 2_500_000_000)] == \
+        ["0 bytes", "1 byte", "999 bytes", "65.5 kB", "500 kB", "2.5 GB"]
+
+
+def _gh(tmp_path: Path, attested: str) -> dict[str, str]:
+    """A stand-in GitHub CLI (GitHub's attestation service cannot be reached from a test): logged in, and it
+    vouches for files whose content contains `attested` only."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    gh = bin_dir / "gh"
+    gh.write_text("#!/bin/sh\n"
+                  "[ \"$1\" = auth ] && exit 0\n"
+                  f"if grep -q '{attested}' \"$3\"; then echo \"Verification succeeded for $3 ($5)\"; exit 0; fi\n"
+                  "echo 'Error: no attestations found for subject' >&2; exit 1\n")
+    gh.chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def test_faults_provenance_refuses_a_file_gh_finds_no_attestation_for(tmp_path, monkeypatch):
+    """jax_aiter.provenance through the gh on PATH: a file from a GitHub store that gh cannot vouch for stops the
+    fetch; without gh the note says provenance was not checked."""
+    from jax_aiter import provenance
+
+    good, bad = tmp_path / "libgood.so", tmp_path / "libbad.so"
+    good.write_text("ATTESTED bytes")
+    bad.write_text("other bytes")
+    base = "https://github.com/ROCm/jax-aiter/releases/download"
+    with_gh = _gh(tmp_path, "ATTESTED")["PATH"]
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert "the GitHub CLI (gh) is not installed" in provenance.verify([good], base)
+    monkeypatch.setenv("PATH", with_gh)
+    assert provenance.verify([good], base) == ("provenance: 1 libraries attested by ROCm/jax-aiter's workflows "
+                                               "(gh attestation verify)")
+    with pytest.raises(provenance.ProvenanceError, match=r"libbad.so: `gh attestation verify --repo ROCm/jax-aiter` "
+                                                          r"refused it \(Error: no attestations found"):
+        provenance.verify([good, bad], base)
+    assert provenance.github_repo("https://github.com/a/b/releases/download/") == "a/b"
+    assert provenance.github_repo("https://example.com/a/b/releases/download") is None
+
+
+def test_faults_failed_fetch_leaves_nothing_beside_the_destination(release, server, tmp_path):
+    """A failed fetch (full disk) leaves the destination's folder as it found it: no staging folder and no lock
+    file (the lock is a flock on the folder itself)."""
+    ident, manifest = release
+    parent = tmp_path / "cache"
+    parent.mkdir()
+    idf = _identity_file(tmp_path, ident, manifest, server.url)
+    r = _fetch_mha(idf, parent / "dest", preexec_fn=_small_files)
+    assert r.returncode == 1 and "File too large" in r.stderr, r.stderr
+    assert sorted(p.name for p in parent.iterdir()) == []
+
+
+def test_faults_fetch_waits_for_a_held_folder_lock_then_names_it(release, server, tmp_path):
+    """Another process holding the folder's lock: the fetch says it waits, then gives up after
+    JA_FETCH_LOCK_TIMEOUT_S naming the folder and the fix; the destination is untouched."""
+    import fcntl
+    ident, manifest = release
+    parent = tmp_path / "cache"
+    parent.mkdir()
+    fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        r = _fetch_mha(_identity_file(tmp_path, ident, manifest, server.url), parent / "dest",
+                       env={"JA_FETCH_LOCK_TIMEOUT_S": "1"})
+    finally:
+        os.close(fd)
+    assert r.returncode == 1, r.stderr
+    assert f"another fetch into {parent} held its lock for more than 1 s; wait for it or stop it" in r.stderr
+    assert sorted(p.name for p in parent.iterdir()) == []
+
+
+def test_faults_fetch_refuses_a_symlinked_destination_folder(release, server, tmp_path):
+    """The destination's folder is a symlink: the lock never follows it, the fetch stops naming it."""
+    ident, manifest = release
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    r = _fetch_mha(_identity_file(tmp_path, ident, manifest, server.url), tmp_path / "link" / "dest")
+    assert r.returncode == 1, r.stderr
+    assert f"cannot lock {tmp_path / 'link'} for the fetch" in r.stderr and "not a symlink" in r.stderr
+    assert list(real.iterdir()) == []

@@ -185,3 +185,55 @@ def test_faults_largest_float32_eps_is_still_accepted():
     from jax_aiter.ops import _checks
 
     assert _checks.check_eps("rms_norm", 3.0e38) == 3.0e38
+
+
+def test_faults_truncated_library_in_lib_dir_without_a_record_is_refused(checkout, tmp_path):
+    """JAX_AITER_LIB_DIR with a truncated libjax_aiter.so and no build record beside it (nothing to compare
+    sizes with): the ELF headers describe bytes past the end of the file, so it is refused before dlopen
+    instead of killing the process with SIGBUS (exit 135) at the first op call."""
+    build, env = checkout
+    lib_dir = tmp_path / "lib dir"
+    lib_dir.mkdir()
+    shutil.copyfile(build / "jax_aiter_build" / "libjax_aiter.so", lib_dir / "libjax_aiter.so")
+    _truncate(lib_dir / "libjax_aiter.so", 0.6)
+    assert not (lib_dir / "build_record.json").exists()
+    env = {**env, "JAX_AITER_LIB_DIR": str(lib_dir)}
+    r = _py(env, RMS, tmp_path)
+    assert r.returncode == 1, (r.returncode, r.stderr[-2000:])  # a Python error, not a signal
+    assert f"{lib_dir / 'libjax_aiter.so'}:" in r.stderr and "a truncated file" in r.stderr, r.stderr[-2000:]
+    i = _info(env, tmp_path)
+    assert i.returncode == 1 and "ELF headers describe" in i.stdout
+
+
+def test_faults_lib_dir_that_does_not_exist_is_an_error_not_a_fallback(checkout, tmp_path):
+    _, env = checkout
+    r = _py({**env, "JAX_AITER_LIB_DIR": str(tmp_path / "nonexistent")}, RMS, tmp_path)
+    assert r.returncode == 1 and f"JAX_AITER_LIB_DIR={str(tmp_path / 'nonexistent')!r} is not valid" in r.stderr
+    assert "it does not exist" in r.stderr
+
+
+def test_faults_library_deleted_from_an_install_fails_info(install, tmp_path):
+    """A library the installed wheel ships is gone: info (and --verify) say the install is damaged and exit 1,
+    where they printed NOT FOUND, then 'every library found is sound', and exited 0."""
+    lib, env = install
+    (lib / "silu_and_mul_ja.so").unlink()
+    for flags in ((), ("--verify",)):
+        i = _info(env, tmp_path, *flags)
+        assert i.returncode == 1, (flags, i.stdout)
+        assert "1 library the wheel ships is missing: silu_and_mul_ja.so" in i.stdout
+        assert "pip install --force-reinstall --no-deps jax-aiter" in i.stdout
+
+
+def test_faults_info_into_a_closed_pipe_prints_no_traceback(install, tmp_path):
+    """`python -m jax_aiter info | head -0`: the reader is gone before info writes (a pipe whose read end is
+    closed); info ends without a BrokenPipeError traceback (issue 37)."""
+    _, env = install
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        r = subprocess.run([sys.executable, "-m", "jax_aiter", "info"], env=env, cwd=tmp_path, stdout=write,
+                           stderr=subprocess.PIPE, text=True, timeout=60, check=False)
+    finally:
+        os.close(write)
+    assert "Traceback" not in r.stderr and "BrokenPipeError" not in r.stderr, r.stderr
+    assert r.returncode == 0

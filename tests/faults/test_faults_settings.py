@@ -3,6 +3,7 @@ variable, the value and the accepted range. The table is checked whole, and the 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -42,4 +43,98 @@ def test_faults_wheel_build_names_a_bad_source_date_epoch():
     r = _run(["-m", "jatools.wheel.wheel_build", "--variant", "lite", "--dist", "/nonexistent"],
              SOURCE_DATE_EPOCH="yesterday", JA_ROOT_DIR=str(ROOT))
     assert r.returncode == 2 and "SOURCE_DATE_EPOCH='yesterday' is not valid" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+# --- one validation for every setting: real processes, the messages users see --------------------------------
+
+# (variable, value, what the message must say about what is allowed): each was silently ignored, or accepted
+# into the build identity, before jax_aiter/settings.py checked every setting.
+BAD_ENV = [("GPU_ARCHS", "gfx9;;$(rm)", "'gfx9', an empty entry, '$(rm)' are not a GPU arch name"),
+           ("JA_TOOLCHAIN_STRICT", "maybe", "give 1 or 0"),
+           ("AITER_SYMBOL_VISIBLE", "perhaps", "give 1 or 0"),
+           ("JA_BACKEND", "quantum", "give one of auto, cpu, cuda, rocm"),
+           ("JA_SANITIZE", "adress", "'adress' not one of them"),
+           ("JA_WHEEL_ARCH", "gfx942;gfx950", "more than one arch")]
+
+
+@pytest.mark.parametrize("name, value, allowed", BAD_ENV, ids=[b[0] for b in BAD_ENV])
+def test_faults_bad_build_variable_is_named_by_the_build(name, value, allowed):
+    """The build's first step (the Makefile's configuration) stops with the variable, the value, what is allowed
+    and where it came from; exit 2, no traceback, nothing in the identity."""
+    r = _run(["-m", "jatools.native.toolchain", "--json"], **{name: value})
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert f"{name}={value!r} is not valid" in r.stderr and allowed in r.stderr, r.stderr
+    assert "(from the environment)" in r.stderr and "Traceback" not in r.stderr and not r.stdout
+
+
+@pytest.mark.parametrize("name, value, allowed", [
+    ("JA_NUM_THREADS", "-3", "an integer from 1 to 4096"), ("JA_NUM_THREADS", "abc", "an integer from 1 to 4096"),
+    ("JA_CPU_ISA", "avx9000", "one of baseline"), ("JA_POISON_OUTPUTS", "maybe", "one of 1, 0"),
+    ("JAX_AITER_LIB_DIR", "/nonexistent", "it does not exist; give an existing folder")])
+def test_faults_bad_runtime_variable_is_named_by_info(name, value, allowed):
+    """`python -m jax_aiter info` (what people run when something is wrong) names a bad runtime setting; a
+    JAX_AITER_LIB_DIR that does not exist no longer falls back to other libraries silently."""
+    r = _run(["-m", "jax_aiter", "info"], **{name: value})
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert f"{name}={value!r} is not valid" in r.stderr and allowed in r.stderr and "Traceback" not in r.stderr
+
+
+def test_faults_accepted_values_still_pass():
+    for name, value in [("GPU_ARCHS", "gfx942;gfx950, sm_90a,gfx942:xnack+"), ("JA_TOOLCHAIN_STRICT", "true"),
+                        ("JA_SANITIZE", "address;undefined"), ("JA_NUM_THREADS", "8"), ("JA_CPU_ISA", "baseline")]:
+        settings.check(settings.BY_NAME[name], value)
+
+
+def _checkout_with(tmp_path: Path, edit) -> Path:
+    """A copy of pyproject.toml in a folder that stands for a checkout, edited by `edit(text) -> text`."""
+    root = tmp_path / "checkout with space"
+    root.mkdir()
+    (root / "pyproject.toml").write_text(edit((ROOT / "pyproject.toml").read_text()))
+    return root
+
+
+def _key(key: str, value: str):
+    def edit(text: str) -> str:
+        out, n = re.subn(rf"^{key} = .*$", f"{key} = {value}", text, count=1, flags=re.MULTILINE)
+        return out if n else text.replace("[tool.jax-aiter]\n", f"[tool.jax-aiter]\n{key} = {value}\n", 1)
+    return edit
+
+
+BAD_PYPROJECT = [
+    ("wheel_compress_level", '"high"', "[tool.jax-aiter] wheel_compress_level='high' is not valid: give an integer"),
+    ("wheel_compress_level", "99", "[tool.jax-aiter] wheel_compress_level=99 is not valid: give an integer from 0"),
+    ("backend", '"quantum"', "[tool.jax-aiter] backend='quantum' is not valid: give one of auto, cpu, cuda, rocm"),
+    ("jit_libs_asset_limit", "-1", "[tool.jax-aiter] jit_libs_asset_limit=-1 is not valid: give an integer from 1"),
+    ("build_dir", '"../elsewhere"', "[tool.jax-aiter] build_dir='../elsewhere' is not valid: it leads outside"),
+    ("build_dir", '"/tmp/abs"', "[tool.jax-aiter] build_dir='/tmp/abs' is not valid: it is absolute"),
+    ("gpu_archs_rocm", '"gfx9;;x"', "[tool.jax-aiter] gpu_archs_rocm='gfx9;;x' is not valid"),
+    ("toolchain_strict", '"maybe"', "[tool.jax-aiter] toolchain_strict='maybe' is not valid: give 1 or 0"),
+    ("packages", '"jax_aiter"', "[tool.jax-aiter] packages='jax_aiter' is not valid: give a list of strings"),
+    ("wheel_compres_level", "6", "unknown key(s) wheel_compres_level under [tool.jax-aiter]"),
+]
+
+
+@pytest.mark.parametrize("key, value, said", BAD_PYPROJECT, ids=[f"{b[0]}={b[1]}" for b in BAD_PYPROJECT])
+def test_faults_bad_pyproject_key_is_named_with_its_file(key, value, said, tmp_path):
+    """A real pyproject.toml with one bad key, read by a real process (the wheel build's first step): the error
+    names the key, the value, what is allowed and the file, before anything is built."""
+    root = _checkout_with(tmp_path, _key(key, value))
+    r = _run(["-m", "jatools.wheel.wheel_build", "--variant", "lite", "--dist", str(tmp_path / "dist")],
+             JA_ROOT_DIR=str(root))
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert said in r.stderr and str(root / "pyproject.toml") in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "dist").exists()
+
+
+def test_faults_pyproject_syntax_error_names_the_file(tmp_path):
+    root = _checkout_with(tmp_path, lambda t: t.replace("backend = \"auto\"", "backend = \"auto", 1))
+    r = _run(["-m", "jatools.native.toolchain", "--json"], JA_ROOT_DIR=str(root))
+    assert r.returncode == 2 and f"{root / 'pyproject.toml'} is not valid TOML" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_faults_root_dir_that_does_not_exist_is_named(tmp_path):
+    r = _run(["-m", "jatools.native.toolchain", "--json"], JA_ROOT_DIR=str(tmp_path / "gone"))
+    assert r.returncode == 2 and f"JA_ROOT_DIR={str(tmp_path / 'gone')!r} is not valid: it does not exist" in r.stderr
     assert "Traceback" not in r.stderr

@@ -59,12 +59,13 @@ def test_expressions_select_what_the_table_says(platform, config, markers, expec
 def test_tiers_are_composed_from_the_same_table():
     (kind, config, f), = tf.tier_runs("pr", "cuda")
     assert (kind, config) == ("single", "single_gpu")
-    assert f == tf.tag_filter("cuda", "single_gpu") + tf.Filter(exclude=("slow", "multigpu"))
+    assert f == tf.tag_filter("cuda", "single_gpu") + tf.Filter(exclude=("slow", "packaging", "multigpu"))
     assert not _selected(f.expression(), {"gpu", "slow"}) and _selected(f.expression(), {"gpu"})
+    assert not _selected(f.expression(), {"packaging"})
     assert [r[:2] for r in tf.tier_runs("nightly", "cpu")] == [("single", "cpu"), ("multi", "multi_gpu")]
     assert [r[:2] for r in tf.tier_runs("multigpu", "rocm")] == [("multi", "multi_gpu")]
     # the issue's definitions, as the tiers' own selections
-    assert tf.TIERS["pr"].runs[0][1].expression() == "not slow and not multigpu"
+    assert tf.TIERS["pr"].runs[0][1].expression() == "not slow and not packaging and not multigpu"
     assert tf.TIERS["multigpu"].runs[0][1].expression() == "multigpu"
 
 

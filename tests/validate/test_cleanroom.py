@@ -99,7 +99,8 @@ def test_broken_runpath_is_named(good_wheels, native_build, validate_wheels, tmp
         patch_dynamic_string(shim, "DT_RUNPATH", old, ":".join(map(str, links)))
     else:
         patch_dynamic_string(shim, "DT_RUNPATH", old, "$ORIGIN/../nolib")
-    wheel = rewrite_wheel(src, tmp_path / src.name, put={f"{LIB}/rmsnorm_fwd_ja.so": shim.read_bytes()})
+    wheel = rewrite_wheel(src, tmp_path / src.name, put={f"{LIB}/rmsnorm_fwd_ja.so": shim.read_bytes()},
+                          repin=True)
     res = validate_wheels(wheel).results[0]
     text = failures(res)
     assert not res.ok
@@ -123,7 +124,8 @@ def test_tampered_file_fails_the_record_check(good_wheels, validate_wheels, tmp_
 def test_libraries_built_against_a_newer_ffi_api_are_named(good_wheels, native_build, validate_wheels, tmp_path):
     shim = plants.newer_ffi_shim(tmp_path / "scratch", native_build.build_dir)
     src = good_wheels["full"]
-    wheel = rewrite_wheel(src, tmp_path / src.name, put={f"{LIB}/rmsnorm_fwd_ja.so": shim.read_bytes()})
+    wheel = rewrite_wheel(src, tmp_path / src.name, put={f"{LIB}/rmsnorm_fwd_ja.so": shim.read_bytes()},
+                          repin=True)
     text = failures(validate_wheels(wheel).results[0])
     assert "core-ops[cpu]" in text and "FfiVersionError" in text and "built against XLA FFI API 0.4" in text, text
     assert "supports API 0.3" in text, text

@@ -54,10 +54,10 @@ def test_jit_library_changed_after_staging_is_caught_by_the_read_back(build_copy
     real_stage = wheel_build.stage
 
     def stage_then_tamper(*args, **kwargs):
-        stage_dir, how = real_stage(*args, **kwargs)
+        stage_dir, how, digests = real_stage(*args, **kwargs)
         staged = stage_dir / layout.lib_dir / "librmsnorm_fwd.so"
         staged.write_bytes(staged.read_bytes()[:-1] + b"\x01")
-        return stage_dir, how
+        return stage_dir, how, digests
 
     monkeypatch.setattr(wheel_build, "stage", stage_then_tamper)
     with pytest.raises(IntegrityError, match=r"whl.tmp-\d+:jax_aiter/_lib/librmsnorm_fwd.so: sha256 \w+ does not match "

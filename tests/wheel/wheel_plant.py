@@ -5,23 +5,35 @@ import base64
 import csv
 import hashlib
 import io
+import json
 import zipfile
 from pathlib import Path
 
 from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
 
+IDENTITY = "jax_aiter/_build_identity.json"
+
 
 def rewrite_wheel(src: Path, dst: Path, drop: tuple[str, ...] = (), put: dict[str, bytes] | None = None,
-                  fix_record: bool = True) -> Path:
+                  fix_record: bool = True, repin: bool = False) -> Path:
     """Copy wheel `src` to `dst` without `drop`, with `put` members replaced or added; RECORD rewritten to match
-    unless fix_record is False (then the old RECORD is kept, as a tamperer would leave it)."""
+    unless fix_record is False (then the old RECORD is kept, as a tamperer would leave it). `repin`: the build
+    identity's pins name the libraries put, as if the wheel had been built with them (a defect of the build, not
+    a change after it)."""
     put = dict(put or {})
     with zipfile.ZipFile(src) as zin:
         names = [n for n in zin.namelist() if n not in drop]
         record_name = next(n for n in names if n.endswith(".dist-info/RECORD"))
         data = {n: zin.read(n) for n in names}
     data.update(put)
+    if repin:
+        ident = json.loads(data[IDENTITY])
+        new = {n.rsplit("/", 1)[-1]: b for n, b in put.items() if n.endswith(".so")}
+        for pin in ident["pins"]:
+            if pin["name"] in new:
+                pin.update(size=len(new[pin["name"]]), sha256=hashlib.sha256(new[pin["name"]]).hexdigest())
+        data[IDENTITY] = json.dumps(ident, indent=2, sort_keys=True).encode() + b"\n"
     order = [n for n in names if n != record_name] + [n for n in put if n not in names] + [record_name]
     if fix_record:
         out = io.StringIO()

@@ -1,6 +1,7 @@
 // XLA FFI handler for the flash-attention backward on the GPU (CUDA or ROCm builds only).
 #include "ja/gpu.h"
 #include "mha_bwd_common.h"
+#include "../gpu_handler_traits.h"
 
 namespace ffi = xla::ffi;
 
@@ -20,4 +21,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaMhaBwdGpu, mha_bwd_gpu,
                                   .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().RemainingArgs()
                                   .Ret<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>()
-                                  .Attr<bool>("causal").Attr<float>("scale"));
+                                  .Attr<bool>("causal").Attr<float>("scale"),
+                              JA_GPU_HANDLER_TRAITS);

@@ -1,6 +1,7 @@
 // XLA FFI handler for the flash-attention forward on the GPU (CUDA or ROCm builds only).
 #include "ja/gpu.h"
 #include "mha_fwd_common.h"
+#include "../gpu_handler_traits.h"
 
 namespace ffi = xla::ffi;
 
@@ -17,4 +18,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaMhaFwdGpu, mha_fwd_gpu,
                               ffi::Ffi::Bind().Ctx<ffi::PlatformStream<ja_stream_t>>().Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().RemainingArgs()
                                   .Ret<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>()
-                                  .Attr<bool>("causal").Attr<float>("scale"));
+                                  .Attr<bool>("causal").Attr<float>("scale"),
+                              JA_GPU_HANDLER_TRAITS);

@@ -1,6 +1,7 @@
 // XLA FFI handlers for RMSNorm on the GPU (CUDA or ROCm builds only).
 #include "ja/gpu.h"
 #include "rmsnorm_common.h"
+#include "../gpu_handler_traits.h"
 
 namespace ffi = xla::ffi;
 
@@ -26,8 +27,10 @@ JA_FFI_HANDLER(JaRmsNormFwdAddGpu);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaRmsNormFwdGpu, rmsnorm_gpu,
                               ffi::Ffi::Bind().Ctx<ffi::PlatformStream<ja_stream_t>>().Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>().RemainingArgs().Ret<ffi::AnyBuffer>().Attr<float>("eps"));
+                                  .Arg<ffi::AnyBuffer>().RemainingArgs().Ret<ffi::AnyBuffer>().Attr<float>("eps"),
+                              JA_GPU_HANDLER_TRAITS);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaRmsNormFwdAddGpu, rmsnorm_add_gpu,
                               ffi::Ffi::Bind().Ctx<ffi::PlatformStream<ja_stream_t>>().Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().RemainingArgs().Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>().Attr<float>("eps"));
+                                  .Ret<ffi::AnyBuffer>().Attr<float>("eps"),
+                              JA_GPU_HANDLER_TRAITS);

@@ -1,6 +1,7 @@
 // XLA FFI handler for SiLU-and-mul on the GPU (CUDA or ROCm builds only).
 #include "activation/silu_and_mul_gpu.cuh"
 #include "silu_and_mul_common.h"
+#include "../gpu_handler_traits.h"
 
 namespace ffi = xla::ffi;
 
@@ -23,4 +24,5 @@ static ffi::Error silu_and_mul_gpu(ja_stream_t stream, ffi::AnyBuffer x, ffi::Re
 JA_FFI_HANDLER(JaSiluAndMulGpu);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaSiluAndMulGpu, silu_and_mul_gpu,
                               ffi::Ffi::Bind().Ctx<ffi::PlatformStream<ja_stream_t>>().Arg<ffi::AnyBuffer>().RemainingArgs()
-                                  .Ret<ffi::AnyBuffer>());
+                                  .Ret<ffi::AnyBuffer>(),
+                              JA_GPU_HANDLER_TRAITS);

@@ -90,9 +90,8 @@ const char* silu_and_mul_gpu(const JaSiluAndMulArgs& a, void* stream) {
   if (a.d % VEC == 0) {
     // 128 vectors of a row per block, which tiles the common widths exactly (hidden 4096-8192
     // in 16-bit: 512-1024 vectors): 64 threads x 2 vectors, or at up to 1k rows 128 x 1 (more
-    // loads in flight across the device when the whole op is one wave). Measured on the H200
-    // (benchmarks/gpu/tune_rmsnorm.cu, cold L2) against 256 x 2: 1.01-1.09x from 2k rows,
-    // 1.02-1.10x at 1k rows.
+    // loads in flight across the device when the whole op is one wave). Chosen on the H200
+    // (benchmarks/gpu/tune_rmsnorm.cu, cold L2) over 256 x 2 at every row count it tried.
     const int64_t dv = a.d / VEC;
     const bool small = a.rows <= 1024;
     const int threads = small ? 128 : 64, unroll = small ? 1 : 2;

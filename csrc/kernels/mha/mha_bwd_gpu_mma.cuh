@@ -45,10 +45,10 @@ namespace mha_gpu {
 //   KD_UNROLL   unroll factor of the head-dim loop of S^T / dP^T (2); full unrolling
 //               (8) lets the scheduler hoist more ldmatrix and sits closer to the
 //               255-register limit (nvcc 13, sm_90: no spills either way, 240-251 registers)
-// Measured on an H200 (bf16, b4 h32 d128, seq 1024/4096/8192 x causal or not, fraction
-// of cuDNN's backward in the same run, geometric mean of the six): WARPS=4 0.406;
-// WARPS=8 0.445 (chosen: 128 keys per block halve the dQ atomics and the Q/dO reads);
-// WARPS=8 KD_UNROLL=8 0.436; KD_UNROLL=8 0.409. BR=64 at d128 spills (64 bytes).
+// The defaults were chosen on an H200 (bf16, b4 h32 d128, seq 1024/4096/8192, causal or
+// not, against cuDNN's backward in the same run): WARPS=8 (128 keys per block halve the dQ
+// atomics and the Q/dO reads) beat WARPS=4 and KD_UNROLL=8; BR=64 at d128 spills. The
+// figures live in the benchmark runs' artifacts, not here.
 #ifndef JA_MHA_BWD_MMA_WARPS
 #define JA_MHA_BWD_MMA_WARPS 8
 #endif

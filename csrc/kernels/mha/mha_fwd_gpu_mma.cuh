@@ -21,14 +21,11 @@
 namespace ja {
 namespace mha_gpu {
 
-// Build-time tuning knobs. Defaults from the H200 (bf16, b4 h32 d128 s1024,
-// TFLOP/s non-causal / causal): MI=1 BC=64: 230 / 187; MI=2 BC=64: 284 / 187
-// but 80-116 bytes of register spills at d128; MI=2 BC=32: 272 / 187; MI=2
-// BC=32 FAST_EXP2: 279 / 192; WARPS=8 and MIN_BLOCKS=3 were slower with MI=1.
-// Over seq 1024/4096/8192 x causal or not (fraction of cuDNN's forward in the same
-// run, geometric mean of the six): MI=2 BC=32 0.492; MI=2 BC=64 0.506 (chosen, with
-// FAST_EXP2, despite the spills at d128: longer sequences gain from fewer K/V tile
-// barriers); WARPS=8 0.436.
+// Build-time tuning knobs. The defaults were chosen on the H200 (bf16, b4 h32 d128,
+// seq 1024/4096/8192, causal or not, against cuDNN's forward in the same run):
+// MI=2 BC=64 with FAST_EXP2, despite register spills at d128 (longer sequences gain from
+// fewer K/V tile barriers); MI=1, BC=32, WARPS=8 and MIN_BLOCKS=3 lost. The figures live in
+// the benchmark runs' artifacts (benchmarks/, docs/benchmarks.md), not here.
 //   WARPS       warps per block
 //   MI          16-row MMA tiles per warp (query rows per block = 16 * MI * WARPS);
 //               MI = 1 keeps the Q fragments in registers, MI > 1 reads them from

@@ -248,13 +248,12 @@ const char* rmsnorm_fwd_gpu(const JaRmsNormArgs& a, void* stream) {
   ja_error_t err;
   // Block shape by row length (in 16-byte vectors): blocks that hold the common widths
   // exactly (hidden 4096, 5120 and 7168 in 16-bit: 512, 640 and 896 vectors, 128 x 4,
-  // 160 x 4 and, without a residual, 128 x 7), so no warp idles through the row. Measured
-  // exceptions (tune_rmsnorm.cu, H200, speedup over one row per block with the weight read
-  // after the reduction): plain rows two to a block at 512 vectors up to 8k rows (1.01-1.05x;
-  // 1.00x at 16k-32k) and at 640 vectors (1.00-1.27x); 896 vectors plain as 128 x 7
-  // (0.98-1.09x, against 224 x 4). Four rows to a block was slower at every size. A
-  // residual's weight held in registers at 512 vectors measured 1.01-1.12x before the rows of
-  // a block were reduced together, 0.97-1.01x after (within the runs' noise).
+  // 160 x 4 and, without a residual, 128 x 7), so no warp idles through the row. The
+  // exceptions benchmarks/gpu/tune_rmsnorm.cu chose on the H200 (against one row per block
+  // with the weight read after the reduction): plain rows two to a block at 512 vectors up to
+  // 8k rows and at 640 vectors; 896 vectors plain as 128 x 7 rather than 224 x 4. Four rows to
+  // a block lost at every size; a residual's weight held in registers at 512 vectors stopped
+  // gaining once the rows of a block were reduced together (within the runs' noise).
   if (nvec <= 64) {
     err = rmsnorm_launch_rows<T, 64, 1>(a, s);
   } else if (nvec <= 256) {

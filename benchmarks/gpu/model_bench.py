@@ -1,0 +1,161 @@
+"""The model section of bench_gpu.py: the Llama-like decoder of llama.py, ours against plain JAX.
+
+Each workload builds one set of weights and runs it through both models (llama.our_ops and
+llama.plain_ops, cuDNN attention where cuDNN takes the shape). First a check that the two agree
+(logits, loss, gradients: relative L2 error against plain JAX), then host-timed samples: one sample
+is `calls` back-to-back calls of the jitted step (dispatched asynchronously, as a training or serving
+loop runs them) and one wait at the end; ours and plain alternate sample by sample, after two untimed
+calls of each. The figure is the median sample divided by `calls`; the JSON keeps every sample.
+Host timing is deliberate: a model step includes what a per-kernel event cannot see (launch gaps
+between XLA's kernels and ours, command buffers, the host's dispatch).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import llama  # benchmarks/gpu, beside this file
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    kind: str            # prefill, train or decode
+    cfg: llama.Config
+    batch: int
+    seq: int             # tokens per sequence (prefill, train) or keys in the cache (decode)
+    calls: int           # calls per timed sample
+    goal: float = 1.0    # ours must take at most 1/goal of plain JAX's time
+
+
+HKV4 = llama.LLAMA.with_(heads_kv=4)
+WORKLOADS = (
+    Workload("prefill b4 s2048", "prefill", llama.LLAMA, 4, 2048, 3),
+    Workload("train b4 s2048", "train", llama.LLAMA, 4, 2048, 2),
+    Workload("decode b8 kv8k", "decode", llama.LLAMA, 8, 8192, 32),
+    Workload("decode b8 kv32k", "decode", llama.LLAMA, 8, 32768, 32),
+    Workload("decode b8 kv8k hkv4", "decode", HKV4, 8, 8192, 32, goal=1.15),
+    Workload("decode b8 kv32k hkv4", "decode", HKV4, 8, 32768, 32, goal=1.15),
+    Workload("train d256 b4 s2048", "train", llama.GEMMA_LIKE, 4, 2048, 2),
+)
+# --quick runs these (and the perf gate's baseline holds them); a full run adds the others.
+QUICK = ("prefill b4 s2048", "train b4 s2048", "decode b8 kv8k", "decode b8 kv8k hkv4")
+# Largest relative L2 error against plain JAX (bf16 weights and activations, float32 accumulation)
+# at which the two models are said to agree: logits, the loss, and the worst single gradient.
+AGREE = {"logits": 2e-2, "loss": 5e-3, "grad": 5e-2}
+
+
+def plain_attention(w: Workload) -> tuple[str | None, str | None]:
+    """("cudnn", None) when cuDNN compiles this workload's attention (and its gradient for a train
+    step), else (None, why): plain JAX then lets jax.nn.dot_product_attention pick."""
+    cfg = w.cfg
+    sq, sk = (1, w.seq) if w.kind == "decode" else (w.seq, w.seq)
+    q = jax.ShapeDtypeStruct((w.batch, sq, cfg.heads_q, cfg.head_dim), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((w.batch, sk, cfg.heads_kv, cfg.head_dim), jnp.bfloat16)
+    attn = llama.plain_ops("cudnn").attention
+    f = (lambda q, k, v: attn(q, k, v, w.kind != "decode"))
+    g = jax.grad(lambda q, k, v: f(q, k, v).astype(jnp.float32).sum(), argnums=(0, 1, 2))
+    try:
+        jax.jit(f).lower(q, kv, kv).compile()
+        if w.kind == "train":
+            jax.jit(g).lower(q, kv, kv).compile()
+        return "cudnn", None
+    except Exception as e:  # noqa: BLE001 -- any refusal is recorded and the default implementation runs
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+
+
+def build(w: Workload, ops: llama.Ops, params, key):
+    """(step, state, outputs): step(state) -> state runs one call; outputs are what the check compares."""
+    cfg = w.cfg
+    if w.kind == "decode":
+        fn = jax.jit(lambda p, c, t, pos: llama.decode_step(cfg, ops, p, c, t, pos), donate_argnums=(1,))
+        token = jax.random.randint(jax.random.fold_in(key, 1), (w.batch,), 0, cfg.vocab)
+        pos = jnp.int32(w.seq - 1)
+        logits, cache = fn(params, llama.init_cache(cfg, jax.random.fold_in(key, 2), w.batch, w.seq), token, pos)
+        return (lambda c: fn(params, c, token, pos)[1]), cache, {"logits": logits}
+    if w.kind == "prefill":
+        fn = jax.jit(lambda p, t: llama.forward(cfg, ops, p, t))
+        tokens = jax.random.randint(jax.random.fold_in(key, 1), (w.batch, w.seq), 0, cfg.vocab)
+        return (lambda _: fn(params, tokens)), None, {"logits": fn(params, tokens)}
+    fn = jax.jit(llama.train_step(cfg, ops))
+    tokens = jax.random.randint(jax.random.fold_in(key, 1), (w.batch, w.seq + 1), 0, cfg.vocab)
+    loss, grads = fn(params, tokens)
+    return (lambda _: fn(params, tokens)), None, {"loss": loss, "grads": grads}
+
+
+def agreement(ours: dict, plain: dict) -> dict:
+    """Relative errors of our outputs against plain JAX's, and whether each is within AGREE."""
+    out = {}
+    if "logits" in ours:
+        out["logits_rel_err"] = llama.rel_err(ours["logits"], plain["logits"])
+    if "loss" in ours:
+        out["loss_rel_err"] = abs(float(ours["loss"]) - float(plain["loss"])) / abs(float(plain["loss"]))
+        out["grad_worst_rel_err"] = llama.worst_leaf_err(ours["grads"], plain["grads"])
+        out["grad_rel_err"] = llama.rel_err(ours["grads"], plain["grads"])
+    limits = {"logits_rel_err": AGREE["logits"], "loss_rel_err": AGREE["loss"], "grad_worst_rel_err": AGREE["grad"]}
+    out["agree"] = all(out[k] <= v for k, v in limits.items() if k in out)
+    return out
+
+
+def time_models(steps: dict, states: dict, calls: int, samples: int) -> dict[str, list[float]]:
+    """ms per call of each model, `samples` samples of `calls` calls, the models alternating."""
+    for name, step in steps.items():  # two untimed calls each
+        for _ in range(2):
+            states[name] = step(states[name])
+        jax.block_until_ready(states[name])
+    times: dict[str, list[float]] = {n: [] for n in steps}
+    for _ in range(samples):
+        for name, step in steps.items():
+            t0 = time.perf_counter()
+            st = states[name]
+            for _ in range(calls):
+                st = step(st)
+            jax.block_until_ready(st)
+            times[name].append((time.perf_counter() - t0) * 1e3 / calls)
+            states[name] = st
+    return times
+
+
+def bench_workload(w: Workload, samples: int) -> dict:
+    impl, refused = plain_attention(w)
+    models = {"ours": llama.our_ops(), "plain": llama.plain_ops(impl)}
+    key = jax.random.key(0)
+    params = llama.init_params(w.cfg, jax.random.fold_in(key, 7))
+    steps, states, outs = {}, {}, {}
+    for name, ops in models.items():
+        steps[name], states[name], outs[name] = build(w, ops, params, key)
+    row = {"name": w.name, "kind": w.kind, "batch": w.batch, "seq": w.seq, "config": vars(w.cfg),
+           "plain_attention": impl or "default", **({"cudnn_refused": refused} if refused else {}),
+           **agreement(outs["ours"], outs["plain"])}
+    del outs
+    t = time_models(steps, states, w.calls, samples)
+    ours, plain = statistics.median(t["ours"]), statistics.median(t["plain"])
+    row.update({"calls_per_sample": w.calls, "ours_ms": ours, "plain_ms": plain, "ours_over_plain": ours / plain,
+                "speedup": plain / ours, "goal_ours_over_plain": round(1 / w.goal, 4), "met": ours * w.goal <= plain,
+                "samples_ms": t})
+    return row
+
+
+def bench_model(samples: int, names: list[str] | None = None) -> list[dict]:
+    rows = []
+    for w in WORKLOADS:
+        if names and w.name not in names:
+            continue
+        rows.append(bench_workload(w, samples))
+        print(f"model {w.name}: ours {rows[-1]['ours_ms']:.3f} ms, plain {rows[-1]['plain_ms']:.3f} ms, "
+              f"ours/plain {rows[-1]['ours_over_plain']:.3f}, agree {rows[-1]['agree']}", flush=True)
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"{'model workload':<24}{'ours ms':>10}{'plain ms':>10}{'ours/plain':>11}{'<= goal':>8}  met   agree "
+          f"(logits / loss / worst grad rel err; plain attention)")
+    for r in rows:
+        errs = " / ".join(f"{r[k]:.1e}" if k in r else "-" for k in ("logits_rel_err", "loss_rel_err",
+                                                                       "grad_worst_rel_err"))
+        print(f"{r['name']:<24}{r['ours_ms']:>10.3f}{r['plain_ms']:>10.3f}{r['ours_over_plain']:>11.3f}"
+              f"{r['goal_ours_over_plain']:>8.2f}  {r['met']!s:<6}{r['agree']!s:<6}{errs}; "
+              f"{r['plain_attention']}")

@@ -1,0 +1,112 @@
+"""The model benchmark's Llama-like decoder (benchmarks/gpu/llama.py) at a tiny size: the model built
+from our ops agrees with the same model in plain JAX, and its decode step agrees with its prefill.
+
+bench_gpu.py --only model times these models at full size on a GPU and checks the same agreement
+there (model_bench.agreement); here they run on every device the op tests run on, so CI covers
+the model code and a change to an op that breaks the model shows up without a GPU.
+
+Bounds: float32 runs the same math in a different order (flash attention's online softmax against
+a materialised one), about 1e-6 apart; 1e-4 leaves room and still catches any real difference
+(a wrong mask, position or residual is off by 1e-1 or more). bfloat16 uses model_bench.AGREE, the
+bounds the GPU benchmark applies (measured at this size on the CPU: logits 7e-3, loss 4e-4, worst
+gradient 1.3e-2).
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "benchmarks/gpu"
+
+
+def _module(name: str):
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))  # model_bench imports llama as its neighbour
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return _module("llama")
+
+
+@pytest.fixture(scope="module")
+def model_bench():
+    _module("llama")
+    return _module("model_bench")
+
+
+def tiny(llama, head_dim=32):
+    return llama.Config(layers=2, d_model=64, heads_q=4, heads_kv=2, head_dim=head_dim, ffn=96, vocab=101)
+
+
+BOUNDS = {jnp.float32: {"logits": 1e-4, "loss": 1e-5, "grad": 1e-4}}
+
+
+@pytest.mark.parametrize("head_dim,dtype", [(32, jnp.float32), (32, jnp.bfloat16), (256, jnp.bfloat16)],
+                         ids=["d32-float32", "d32-bfloat16", "d256-bfloat16"])
+def test_our_model_agrees_with_plain_jax(device, llama, model_bench, dtype, head_dim):
+    cfg = tiny(llama, head_dim)
+    bounds = BOUNDS.get(dtype, model_bench.AGREE)
+    params = llama.init_params(cfg, jax.random.key(1), dtype)
+    tokens = jax.random.randint(jax.random.key(2), (2, 17), 0, cfg.vocab)
+    ours, plain = llama.our_ops(), llama.plain_ops()
+
+    logits = [jax.jit(lambda p, t, o=o: llama.forward(cfg, o, p, t))(params, tokens[:, :-1]) for o in (ours, plain)]
+    assert llama.rel_err(*logits) <= bounds["logits"]
+
+    (l_ours, g_ours), (l_plain, g_plain) = (jax.jit(llama.train_step(cfg, o))(params, tokens) for o in (ours, plain))
+    assert abs(float(l_ours) - float(l_plain)) <= bounds["loss"] * abs(float(l_plain))
+    assert llama.worst_leaf_err(g_ours, g_plain) <= bounds["grad"]
+    assert all(float(jnp.abs(g).max()) > 0 for g in jax.tree_util.tree_leaves(g_ours))  # every weight learns
+
+    cache = llama.init_cache(cfg, jax.random.key(3), 2, 24, dtype)
+    step = [jax.jit(lambda p, c, t, pos, o=o: llama.decode_step(cfg, o, p, c, t, pos))(params, cache, tokens[:, 0],
+                                                                                         jnp.int32(23))
+            for o in (ours, plain)]
+    assert llama.rel_err(step[0][0], step[1][0]) <= bounds["logits"]
+    assert llama.rel_err(step[0][1], step[1][1]) <= bounds["logits"]  # the caches the two steps wrote
+
+
+@pytest.mark.parametrize("which", ["ours", "plain"])
+def test_decode_step_continues_the_prefill(device, llama, which):
+    """Prefill s - 1 tokens, then decode token s - 1 at position s - 1: the logits equal the prefill's of all s."""
+    cfg = tiny(llama)
+    ops = llama.our_ops() if which == "ours" else llama.plain_ops()
+    params = llama.init_params(cfg, jax.random.key(4), jnp.float32)
+    s = 12
+    tokens = jax.random.randint(jax.random.key(5), (2, s), 0, cfg.vocab)
+    prefill = jax.jit(lambda p, t: llama.prefill(cfg, ops, p, t))
+    full, _ = prefill(params, tokens)
+    _, cache = prefill(params, tokens[:, :-1])
+    cache = [tuple(jnp.pad(x, ((0, 0), (0, 1), (0, 0), (0, 0))) for x in kv) for kv in cache]  # a slot for the token
+    logits, new_cache = jax.jit(lambda p, c, t, pos: llama.decode_step(cfg, ops, p, c, t, pos))(
+        params, cache, tokens[:, -1], jnp.int32(s - 1))
+    assert llama.rel_err(logits, full[:, -1]) <= 1e-5
+    assert all(float(jnp.abs(k[:, -1]).max()) > 0 for k, _ in new_cache)  # the token's keys were written
+
+
+def test_agreement_check_fails_on_a_wrong_model(device, llama, model_bench):
+    """The benchmark's check is not a formality: plain JAX with its attention's mask dropped disagrees."""
+    cfg = tiny(llama)
+    params = llama.init_params(cfg, jax.random.key(6), jnp.bfloat16)
+    tokens = jax.random.randint(jax.random.key(7), (2, 16), 0, cfg.vocab)
+    plain = llama.plain_ops()
+    unmasked = plain.__class__("unmasked", plain.rms_norm, plain.rms_norm_add, plain.silu_and_mul,
+                               lambda q, k, v, causal: plain.attention(q, k, v, False))
+    outs = [{"logits": jax.jit(lambda p, t, o=o: llama.forward(cfg, o, p, t))(params, tokens)}
+            for o in (llama.our_ops(), unmasked)]
+    verdict = model_bench.agreement(*outs)
+    assert not verdict["agree"], verdict
+    assert verdict["logits_rel_err"] > 10 * model_bench.AGREE["logits"]
