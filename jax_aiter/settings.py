@@ -201,6 +201,11 @@ SETTINGS: tuple[Setting, ...] = (
             accepts="an image reference", internal=True),
     Setting("JA_ENV_REPORT", "CI", "the environment report ci/build.py wrote first; the later commands of the "
             "build (the release) take it instead of reporting again", accepts="a file", internal=True),
+    Setting("JA_ACT_ARTIFACTS", "CI", "the folder where the local stand-ins of the artifact actions keep artifacts "
+            "under `nox -s ci_local` (it makes one per run)", accepts="a folder", internal=True),
+    Setting("JA_TOOLS_REQUIREMENTS", "CI", "a hash-pinned requirements file scripts/run.sh installs the tools from "
+            "(--require-hashes) instead of the `run` group; the jobs that hold a write token set it",
+            accepts="a file", internal=True),
     Setting("JA_BASE_REV", "CI", "the revision the convergence gate compares with (`${JA_BASE_REV}` in "
             "ci/build.py)", accepts="a git revision", internal=True),
     Setting("JA_RELEASE_TAG", "CI", "the tag a release upload publishes (`${JA_RELEASE_TAG}` in ci/build.py)",

@@ -43,13 +43,20 @@ if ! (command -v python3.12 >/dev/null 2>&1 && python3.12 -c '' 2>/dev/null); th
 fi
 py=python3.12
 venv="$root/.venv-tools"
-stamp="$venv/.installed-$(sha256sum pyproject.toml scripts/run.sh | sha256sum | cut -c1-16)"
+# JA_TOOLS_REQUIREMENTS: a hash-pinned requirements file of the same group (ci/requirements/run.txt), installed
+# with --require-hashes instead; the CI jobs that hold a write token set it.
+reqs="${JA_TOOLS_REQUIREMENTS:-}"
+stamp="$venv/.installed-$(sha256sum pyproject.toml scripts/run.sh ${reqs:+"$reqs"} | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   echo "run.sh: preparing $venv (pyproject's dependency group 'run': nox, invoke, uv, the wheel writer's needs)" >&2
   rm -rf "$venv"
   "$py" -m venv "$venv"
-  "$venv/bin/python" -m pip install -q --upgrade "pip>=25.1"  # 25.1: the first pip that reads --group (PEP 735)
-  "$venv/bin/python" -m pip install -q --group run
+  if [ -n "$reqs" ]; then
+    "$venv/bin/python" -m pip install -q --require-hashes --no-deps -r "$reqs"
+  else
+    "$venv/bin/python" -m pip install -q --upgrade "pip>=25.1"  # 25.1: the first pip that reads --group (PEP 735)
+    "$venv/bin/python" -m pip install -q --group run
+  fi
   touch "$stamp"
 fi
 export PATH="$venv/bin:$PATH"

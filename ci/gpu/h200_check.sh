@@ -17,4 +17,6 @@ t0=$(date +%s)
 # through the tier runner: it fails when JAX sees no GPU or no GPU test runs, and counts them per device
 JA_TESTS_PER_GPU=4 "$py" -m jatools.testing.tiers --tier pr --deps-from "$py" --results-dir "$out" -m gpu -q \
   -p no:cacheprovider tests/ops 2>&1 | tee "$out/gpu_tests.log" | tail -n 25
-echo "gpu tests: $(( $(date +%s) - t0 )) s"
+rc=${PIPESTATUS[0]}
+echo "gpu tests: exit $rc, $(( $(date +%s) - t0 )) s"
+exit "$rc"

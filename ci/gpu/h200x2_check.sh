@@ -12,9 +12,10 @@ t0=$(date +%s)
 "$py" -m jatools.native.build --jit build -j "$(nproc)" >"$out/build.log" 2>&1 \
   || { tail -n 40 "$out/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
-step() { local name=$1 limit=$2; shift 2; echo "=== $name"; local s=$(date +%s)
-  timeout "$limit" "$@"; echo "--- $name: exit $?, $(( $(date +%s) - s )) s"; }
+# shellcheck source=ci/gpu/steps.sh
+. "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 step slot-speedup 200 "$py" ci/measure_slot_speedup.py --workers 2 --out "$out/slot_speedup.json"
 step multigpu 90 env JA_TEST_TIER=multigpu PYTHON="$py" bash ci/test.sh
 step sanitize 110 bash ci/gpu/sanitize.sh "$out/san"
 step bench 200 "$py" benchmarks/gpu/bench_gpu.py --reps 15 --out "$out/bench.json"
+finish

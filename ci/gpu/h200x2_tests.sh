@@ -10,8 +10,9 @@ export JA_BACKEND=cuda GPU_ARCHS="${GPU_ARCHS:-sm_90}" PYTHONUNBUFFERED=1 NCCL_N
 py="${PYTHON:-python3}"
 "$py" -m jatools.native.build --jit build -j "$(nproc)" >"$out/build.log" 2>&1 \
   || { tail -n 40 "$out/build.log"; exit 1; }
-step() { local name=$1 limit=$2; shift 2; echo "=== $name"; local s=$(date +%s)
-  timeout "$limit" "$@"; echo "--- $name: exit $?, $(( $(date +%s) - s )) s"; }
+# shellcheck source=ci/gpu/steps.sh
+. "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 step slot-speedup 150 "$py" ci/measure_slot_speedup.py --workers 2 --out "$out/slot_speedup.json" tests/ops
 step gpu-full 150 env JA_TESTS_PER_GPU=1 "$py" -m pytest tests/ops -m gpu -n 2 -q -p no:cacheprovider
 step multigpu 90 env JA_TEST_TIER=multigpu PYTHON="$py" bash ci/test.sh tests/multigpu
+finish

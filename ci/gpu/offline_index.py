@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""A local package index for an offline GPU host, so CI's own install passes run there unchanged.
+
+    python3 ci/gpu/offline_index.py download DEST          # here, online: the wheels the host may lack
+    python3 ci/gpu/offline_index.py index DEST --carried DIR [--python PY]   # there: DEST = carried + repacked
+
+`download` fetches (pip download, cp312 manylinux x86_64) every package of pyproject's test, build, run, bench
+and wheel groups with its dependencies, but not the JAX stack, numpy or scipy (the GPU host has them installed)
+nor nvidia-cutlass's Python dependencies (the sessions install it --no-deps).
+`index` copies the carried wheels to DEST and repacks as wheels, from their RECORD, the distributions
+installed in PY that the test group's jax pin and the GPU plugin need (jax, jaxlib, the jax-cuda13 plugin
+and PJRT, and what they require), unless a carried wheel already provides them. Point pip and uv at DEST
+(PIP_NO_INDEX=1 PIP_FIND_LINKS=DEST UV_OFFLINE=1 UV_NO_INDEX=1 UV_FIND_LINKS=DEST). Standard library only
+(plus the host's packaging, or pip's vendored copy).
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import importlib.metadata as md
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+GROUPS = ("test", "build", "run", "bench", "wheel")
+ON_THE_HOST = {"jax", "jaxlib", "numpy", "scipy"}  # present on the GPU host, large: never carried
+HEADERS_ONLY = {"nvidia-cutlass"}  # installed --no-deps by the sessions (noxfile.HEADERS_ONLY)
+SEEDS = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt")
+
+try:
+    from packaging.requirements import Requirement
+except ImportError:  # a bare host: pip's vendored copy
+    from pip._vendor.packaging.requirements import Requirement
+
+
+def norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def group_requirements() -> list[str]:
+    groups = tomllib.loads((ROOT / "pyproject.toml").read_text())["dependency-groups"]
+
+    def expand(name: str) -> list[str]:
+        return [x for r in groups[name] for x in (expand(r["include-group"]) if isinstance(r, dict) else [r])]
+    return sorted({r for g in GROUPS for r in expand(g)})
+
+
+def download(dest: Path) -> int:
+    reqs = [r for r in group_requirements() if norm(Requirement(r).name) not in ON_THE_HOST | HEADERS_ONLY]
+    common = [sys.executable, "-m", "pip", "download", "-q", "-d", str(dest), "--only-binary=:all:",
+              "--python-version", "3.12", "--implementation", "cp", "--platform", "manylinux_2_28_x86_64",
+              "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64"]
+    headers = [r for r in group_requirements() if norm(Requirement(r).name) in HEADERS_ONLY]
+    for argv in ([*common, *reqs], [*common, "--no-deps", *headers]):
+        if subprocess.run(argv, check=False).returncode:
+            return 1
+    for whl in dest.glob("*.whl"):  # a dependency of a carried package that the host has
+        if norm(whl.name.split("-")[0]) in ON_THE_HOST:
+            whl.unlink()
+    print(f"offline_index: {len(list(dest.glob('*.whl')))} wheels, "
+          f"{sum(p.stat().st_size for p in dest.glob('*.whl')) / 2**20:.1f} MiB in {dest}")
+    return 0
+
+
+def closure(seeds: tuple[str, ...]) -> list[md.Distribution]:
+    """The installed distributions the seeds need (Requires-Dist without extras, markers evaluated)."""
+    found, todo = {}, list(seeds)
+    while todo:
+        name = norm(todo.pop())
+        if name in found:
+            continue
+        try:
+            dist = md.distribution(name)
+        except md.PackageNotFoundError:
+            print(f"offline_index: {name} is not installed here; it must be among the carried wheels")
+            found[name] = None
+            continue
+        found[name] = dist
+        for raw in dist.requires or []:
+            req = Requirement(raw)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return [d for d in found.values() if d is not None]
+
+
+def repack(dist: md.Distribution, dest: Path) -> Path:
+    """A wheel of an installed distribution: its RECORD's files (scripts outside site-packages left out)."""
+    base = Path(dist.locate_file(""))
+    info = next(f for f in dist.files if f.parts[0].endswith(".dist-info")).parts[0]
+    tags = [line.split(":", 1)[1].strip() for line in (dist.read_text("WHEEL") or "").splitlines()
+            if line.startswith("Tag:")] or ["py3-none-any"]
+    name = re.sub(r"[-.]+", "_", dist.metadata["Name"])
+    out = dest / f"{name}-{dist.version}-{tags[0]}.whl"
+    records = []
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:
+        for f in dist.files:
+            path = base / f
+            if ".." in f.parts or f.name == "RECORD" or "__pycache__" in f.parts or not path.is_file():
+                continue
+            data = path.read_bytes()
+            z.writestr(f.as_posix(), data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            records.append(f"{f.as_posix()},sha256={digest},{len(data)}")
+        z.writestr(f"{info}/RECORD", "\n".join([*records, f"{info}/RECORD,,"]) + "\n")
+    return out
+
+
+def index(dest: Path, carried: Path | None) -> int:
+    dest.mkdir(parents=True, exist_ok=True)
+    have = set()
+    for whl in sorted(carried.glob("*.whl")) if carried else []:
+        shutil.copy2(whl, dest / whl.name)
+        have.add(norm(whl.name.split("-")[0]))
+    made = [repack(d, dest) for d in closure(SEEDS) if norm(d.metadata["Name"]) not in have]
+    print(f"offline_index: {len(have)} carried wheel(s), {len(made)} repacked from {sys.prefix}: "
+          f"{', '.join(p.name for p in made)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="ci/gpu/offline_index.py", description=__doc__.splitlines()[0])
+    p.add_argument("action", choices=("download", "index"))
+    p.add_argument("dest", type=Path)
+    p.add_argument("--carried", type=Path, help="with index: the carried wheels")
+    a = p.parse_args(argv)
+    return download(a.dest) if a.action == "download" else index(a.dest, a.carried)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""nox -s compile_only: ROCm compiles gfx950 where the HIP compiler accepts it, gfx90a where it does not.
+
+The HIP compiler is stood in for (this machine has none): a script that compiles (writes the object) for the
+archs it knows and fails like an old hipcc for the others."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from jatools.native import build
+
+HIPCC = """#!/usr/bin/env bash
+for a in "$@"; do case "$a" in --offload-arch=*) arch=${a#--offload-arch=};; esac; done
+case " $KNOWN " in *" $arch "*) ;; *) echo "clang: error: unsupported HIP gpu architecture: $arch" >&2; exit 1;; esac
+while [ $# -gt 0 ]; do [ "$1" = -o ] && : >"$2"; shift; done
+"""
+
+
+@pytest.mark.parametrize(("known", "want"), [("gfx90a gfx942 gfx950", "gfx950"), ("gfx900 gfx90a", "gfx90a")])
+def test_the_rocm_arch_is_the_newest_the_compiler_accepts(known, want, tmp_path, monkeypatch, capsys):
+    hipcc = tmp_path / "hipcc"
+    hipcc.write_text(HIPCC)
+    hipcc.chmod(0o755)
+    monkeypatch.setenv("KNOWN", known)
+    assert build.rocm_compile_arch(str(hipcc)) == want
+    if want == "gfx90a":
+        assert "does not compile for gfx950" in capsys.readouterr().out
+    assert build.COMPILE_ONLY["rocm"]["GPU_ARCHS"] == "gfx950"
+
+
+def test_a_missing_compiler_is_an_error_not_a_silent_fallback(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        build.rocm_compile_arch(str(Path(tmp_path, "no-hipcc")))

@@ -1,0 +1,38 @@
+"""ci/gpu/offline_index.py: an installed distribution repacked as a wheel installs offline and works."""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import venv
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("offline_index", ROOT / "ci" / "gpu" / "offline_index.py")
+offline_index = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(offline_index)
+
+
+def test_a_repacked_distribution_installs_offline_and_imports(tmp_path):
+    dists = offline_index.closure(("pytest",))  # pytest and what it needs, as installed here
+    names = {offline_index.norm(d.metadata["Name"]) for d in dists}
+    assert {"pytest", "pluggy", "iniconfig", "packaging"} <= names
+    wheels = [offline_index.repack(d, tmp_path) for d in dists]
+    for whl in wheels:
+        with zipfile.ZipFile(whl) as z:
+            record = next(n for n in z.namelist() if n.endswith(".dist-info/RECORD"))
+            listed = {line.split(",")[0] for line in z.read(record).decode().splitlines()}
+            assert set(z.namelist()) == listed, whl.name
+    target = tmp_path / "venv"
+    venv.create(target, with_pip=True)
+    py = target / "bin" / "python"
+    r = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-index", "--find-links", str(tmp_path),
+                        "--isolated", "pytest"], check=False, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = subprocess.run([str(py), "-m", "pytest", "--version"], check=False, capture_output=True, text=True)
+    assert r.returncode == 0 and "pytest" in r.stdout + r.stderr
+
+
+def test_a_missing_seed_is_named_not_fatal(capsys):
+    assert offline_index.closure(("no-such-distribution-ja",)) == []
+    assert "no-such-distribution-ja is not installed here" in capsys.readouterr().out
