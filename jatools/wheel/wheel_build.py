@@ -435,6 +435,21 @@ def build(settings: config.Settings, options: BuildOptions, layout: Layout | Non
         return _build_locked(settings, options, layout, expectations, log)
 
 
+def _verify_libraries(settings: config.Settings, variant: Variant, version: str, libs: dict[str, Path],
+                      jit_names: list[str], native_names: list[str], expectations: expect.JitExpectations | None,
+                      log: Callable[[str], None]) -> tuple[expect.JitExpectations, dict[str, dict]]:
+    """Every library the wheel will hold checked before staging: the JIT libraries against their record (the
+    expectations), the native ones against theirs; (the expectations, {native library: its entry})."""
+    try:
+        expectations = expectations or expect.expectations(settings)
+        log(f"wheel_build: {variant.name} {version}: verifying {len(jit_names)} JIT libraries "
+            f"({sum(libs[n].stat().st_size for n in jit_names) / 1e6:.1f} MB) against {expectations.source}")
+        expectations.verify_folder(settings.jit_dir, jit_names)
+    except expect.JitExpectationError as e:
+        raise WheelBuildError(str(e)) from e
+    return expectations, verify_native(libs, native_names)
+
+
 def _build_locked(settings: config.Settings, options: BuildOptions, layout: Layout | None,
                   expectations: expect.JitExpectations | None, log: Callable[[str], None]) -> BuildResult:
     t0 = time.monotonic()
@@ -448,14 +463,8 @@ def _build_locked(settings: config.Settings, options: BuildOptions, layout: Layo
     libs = library_sources(settings, layout, variant)
     jit_names = [n for n in variant.libraries if layout.libraries[n].kind == "jit"]
     native_names = [n for n in variant.libraries if layout.libraries[n].kind != "jit"]
-    try:
-        expectations = expectations or expect.expectations(settings)
-        log(f"wheel_build: {variant.name} {version}: verifying {len(jit_names)} JIT libraries "
-            f"({sum(libs[n].stat().st_size for n in jit_names) / 1e6:.1f} MB) against {expectations.source}")
-        expectations.verify_folder(settings.jit_dir, jit_names)
-    except expect.JitExpectationError as e:
-        raise WheelBuildError(str(e)) from e
-    native = verify_native(libs, native_names)
+    expectations, native = _verify_libraries(settings, variant, version, libs, jit_names, native_names,
+                                             expectations, log)
     identity = build_identity(expectations, version, variant, options.wheel_arch, native,
                               settings.raw.get("jit_libs_base_url"), options.source_build)
     if identity.get("kernel_source_dirty"):
