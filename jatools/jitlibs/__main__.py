@@ -28,8 +28,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(record.verify_build(config.load()), flush=True)
     except CLI_ERRORS as e:
-        print(f"jatools.jitlibs {a.step}: error: {e}", file=sys.stderr)
-        return 1
+        raise SystemExit(f"jatools.jitlibs {a.step}: error: {e}") from None  # exit status 1
     return 0
 
 
