@@ -173,11 +173,11 @@ def _wheel_checks(c, wheel: list[str] | str | None, checks: list[str]) -> None:
     pyinvoke/invoke#132)."""
     import shlex
 
-    from jatools.wheel import wheel_checks
+    from jatools.wheel import wheel_checks, wheel_scan
     specs = ([wheel] if isinstance(wheel, str) else list(wheel or [])) + shlex.split(getattr(c, "remainder", "") or "")
     try:
-        paths = [p for spec in specs or [""] for p in wheel_checks.find_wheels(spec, config.repo_root() / "dist")]
-    except wheel_checks.WheelReadError as e:
+        paths = [p for spec in specs or [""] for p in wheel_scan.find_wheels(spec, config.repo_root() / "dist")]
+    except wheel_scan.WheelReadError as e:
         raise Exit(f"error: {e}", code=2) from None
     ok, failed = wheel_checks.run(checks, paths)
     for line in ok:

@@ -41,7 +41,7 @@ from jatools import atomic_write, config, steps
 from jatools.jitlibs import publish
 from jatools.validate import cleanroom_env as cenv
 from jatools.validate import wheelhouse
-from jatools.wheel import wheel_checks
+from jatools.wheel import wheel_scan
 from jax_aiter import manifest as mf
 from jax_aiter import reuse_gate
 from jax_aiter.integrity import sha256_file, sha256_files
@@ -345,7 +345,7 @@ def _timed(result: WheelResult, name: str, phase: str, fn: Callable[[], tuple[st
     start = time.perf_counter()
     try:
         (msg, value), ok = fn(), True
-    except (wheel_checks.RecordError, cenv.CleanRoomError, ValidationError, wheelhouse.WheelhouseError) as e:
+    except (wheel_scan.RecordError, cenv.CleanRoomError, ValidationError, wheelhouse.WheelhouseError) as e:
         msg, value, ok = str(e), None, False
     result.checks.append(Check(name, phase, ok, round(time.perf_counter() - start, 3), msg))
     return value
@@ -359,10 +359,10 @@ def validate_wheel(wheel: Path, opts: Options, engine: cenv.Probe | None, wh: Pa
                          "")
     opts.log(f"cleanroom: {variant}: {wheel.name}")
     if not _timed(result, "wheel-record", "wheel",
-                  lambda: (f"{wheel_checks.verify_record(wheel)} files match the wheel's RECORD", True)):
+                  lambda: (f"{wheel_scan.verify_record(wheel)} files match the wheel's RECORD", True)):
         return result
     if not _timed(result, "wheel-pins", "wheel",  # RECORD can be regenerated; the pins are what the loader trusts
-                  lambda: ((f"{wheel_checks.verify_pins(wheel)} libraries match their pins (the bytes the wheel "
+                  lambda: ((f"{wheel_scan.verify_pins(wheel)} libraries match their pins (the bytes the wheel "
                             "was built with; provenance: docs/security.md)"), True)):
         return result
     release: Path | None = None
@@ -378,7 +378,7 @@ def validate_wheel(wheel: Path, opts: Options, engine: cenv.Probe | None, wh: Pa
     try:  # the files the smoke step reads: the script, the references, the wheel's RECORD
         shutil.copy2(SMOKE_SOURCE, room.smoke / SMOKE_SCRIPT)
         shutil.copy2(opts.root / REFERENCE_SOURCE, room.smoke / "reference.py")
-        (room.smoke / RECORD_COPY).write_text(wheel_checks.read_record_text(wheel))
+        (room.smoke / RECORD_COPY).write_text(wheel_scan.read_record_text(wheel))
         if engine is None:
             _engine_free(result, room, opts, wheel, wh, python, pins, release, host)
         else:

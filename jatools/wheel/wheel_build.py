@@ -39,7 +39,7 @@ from packaging.utils import canonicalize_name
 
 from jatools import atomic_write, config
 from jatools.jitlibs import expect
-from jatools.wheel import wheel_checks
+from jatools.wheel import wheel_checks, wheel_scan
 from jatools.wheel.wheel_layout import Layout, Variant, python_files, python_packages
 from jatools.wheel.zip_writer import DeterministicZipWriter, WrittenMember
 from jax_aiter import remedies
@@ -101,7 +101,7 @@ class BuildResult:
     seconds: dict[str, float] = field(default_factory=dict)
     identity: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    scan: wheel_checks.WheelScan | None = field(default=None, repr=False)  # the read-back, for the checks
+    scan: wheel_scan.WheelScan | None = field(default=None, repr=False)  # the read-back, for the checks
 
     def summary(self) -> str:
         secs = ", ".join(f"{k} {v:.2f} s" for k, v in self.seconds.items())
@@ -358,14 +358,14 @@ def add_dist_info(zw: DeterministicZipWriter, dist_info: str, metadata: bytes, w
     written = zw.members
     record = io.StringIO()
     csv.writer(record, lineterminator="\n").writerows(
-        [*([m.arcname, wheel_checks.record_hash(m.sha256), m.size] for m in written), [f"{dist_info}/RECORD", "", ""]])
+        [*([m.arcname, wheel_scan.record_hash(m.sha256), m.size] for m in written), [f"{dist_info}/RECORD", "", ""]])
     zw.add_bytes(f"{dist_info}/RECORD", record.getvalue().encode())
     return written
 
 
 def platform_tag(options: BuildOptions, libs: dict[str, Path]) -> tuple[str, str]:
     """(tag, where it came from): JA_WHEEL_PLAT_NAME, else the measured symbol floor."""
-    infos = {name: wheel_checks.read_dynamic(p) for name, p in libs.items()}
+    infos = {name: wheel_scan.read_dynamic(p) for name, p in libs.items()}
     arch = wheel_checks.elf_arch(list(infos.values()))
     if options.plat_name:
         tag = options.plat_name.strip().replace("-", "_").replace(".", "_")  # as bdist_wheel normalises it
@@ -379,13 +379,13 @@ def platform_tag(options: BuildOptions, libs: dict[str, Path]) -> tuple[str, str
 
 def read_back(wheel: Path, written: list[WrittenMember], jit_members: dict[str, str],
               expectations: expect.JitExpectations, jobs: int | None,
-              native: dict[str, dict] | None = None, staged: dict[str, str] | None = None) -> wheel_checks.WheelScan:
+              native: dict[str, dict] | None = None, staged: dict[str, str] | None = None) -> wheel_scan.WheelScan:
     """Decompress every member of the written file: RECORD digests, JIT libraries against their record,
     `native` ({member: entry}, the umbrella and shims) against theirs and `staged` ({member: sha256}, the Python
     and data files) against what staging wrote. Returns the scan, for the checks."""
     try:
-        scanned = wheel_checks.scan(wheel, workers=jobs)
-    except wheel_checks.WheelReadError as e:
+        scanned = wheel_scan.scan(wheel, workers=jobs)
+    except wheel_scan.WheelReadError as e:
         raise IntegrityError(f"reading the new wheel back failed: {e}") from e
     members = scanned.members
     for member, name in jit_members.items():
