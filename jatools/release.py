@@ -150,9 +150,9 @@ def _native(ctx: Context, stage) -> list[steps.Step]:
                     "artifacts": lambda: sorted(umbrella_dir.glob("*_ja.so"))},
     }
     out = [stage(s.name.removesuffix(" (taken)"), s.argv, env=s.env, **extra[s.name]) for s in native]
-    if ctx.fetch_jit:  # the release's pins come from where the producer publishes (pyproject)
-        fetch = [ctx.python, "-m", "jatools.jitlibs", "fetch", "--base-url", ctx.fetch_jit, "--pins-from",
-                 config.load().raw["jit_libs_base_url"]]
+    if ctx.fetch_jit:  # the release's pins come from where the producer publishes (pyproject, read at the stage)
+        fetch = lambda: [ctx.python, "-m", "jatools.jitlibs", "fetch", "--base-url", ctx.fetch_jit,
+                         "--pins-from", config.load().raw["jit_libs_base_url"]]
         out[0] = stage("jit", fetch, f"{remedies.door('jit_fetch')} --base-url {ctx.fetch_jit}",
                        artifacts=lambda: sorted(jit_dir.glob("lib*.so")))
     return out
