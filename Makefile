@@ -24,6 +24,8 @@ UMBRELLA_DIR := $(BUILD)/jax_aiter_build
 JIT_DIR := $(BUILD)/aiter_build
 STAGE_DIR := $(BUILD)/wheel_stage
 
+# The settings with config_key=True in jax_aiter/settings.py (tests/tooling/test_cfg_key.py keeps them equal), the
+# compiler make uses and the GPU compilers on PATH: a change to any regenerates build/config.mk.
 CFG_KEY_NOW := $(strip $(JA_BACKEND)|$(GPU_ARCHS)|$(JA_FFI_INCLUDE_DIR)|$(ROCM_PATH)|$(CUDA_HOME)|$(AITER_SYMBOL_VISIBLE)|$(JA_SANITIZE)|$(CXX)|$(shell command -v hipcc nvcc rocm-sdk 2>/dev/null | tr '\n' ' '))
 
 ifeq ($(filter clean clean-stage,$(MAKECMDGOALS)),)

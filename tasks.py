@@ -10,7 +10,8 @@ from pathlib import Path
 from invoke import Collection, Exit, task
 
 from jatools import config
-from jatools.jitlibs import jit_cache, publish
+from jatools.jitlibs import decide, download, merge, publish, record
+from jatools.jitlibs.errors import CLI_ERRORS
 from jatools.native import jit_build
 
 
@@ -67,15 +68,10 @@ def validate_run(c, variant="", wheel=None, engine="auto", installer="auto", whe
                  release="", report="", keep=False, deps_from=""):
     """Install each wheel in a clean room (no index, no checkout) and run the smoke tests; summary + JSON report."""
     from jatools.validate import cleanroom
-    argv = ["--engine", engine, "--installer", installer]
-    for w in wheel or []:
-        argv += ["--wheel", w]
-    for flag, value in (("--variant", variant), ("--wheelhouse", wheelhouse), ("--release", release),
-                        ("--report", report), ("--deps-from", deps_from)):
-        if value:
-            argv += [flag, value]
-    argv += ["--no-fill"] * no_fill + ["--keep"] * keep
-    code = cleanroom.main(argv)
+    path = lambda value: Path(value) if value else None  # invoke passes "" for an unset flag
+    code = cleanroom.run([Path(w) for w in wheel or []] or None, variant=variant or None, engine=engine,
+                         installer=installer, wheelhouse_dir=path(wheelhouse), fill=not no_fill,
+                         release=path(release), report=path(report), keep=keep, deps_from=path(deps_from))
     if code:
         raise Exit(code=code)
 
@@ -94,11 +90,11 @@ def validate_wheelhouse(c, gpu=None, path=""):
         raise Exit(f"validate.wheelhouse: error: {e}", code=2)
 
 
-# --- JIT-library transport and the producer's shard merge: jatools/jitlibs/{jit_cache,publish}.py (docs/jit-libs.md)
+# --- JIT-library transport and the producer's shard merge: jatools/jitlibs/ (docs/architecture.md) (docs/jit-libs.md)
 def _jit_run(name: str, fn, *args, **kwargs):
     try:
         return fn(*args, **kwargs)
-    except jit_cache.errors() as e:
+    except CLI_ERRORS as e:
         raise Exit(f"jit.{name}: error: {e}", code=1) from None
 
 
@@ -108,7 +104,7 @@ def _jit_run(name: str, fn, *args, **kwargs):
                          "pyproject jit_libs_base_url)"})
 def jit_fetch(c, base_url=None, strict=False, force=False, pins_from=None):
     """Fetch this checkout's JIT libraries (release jit-libs-<cache-id>) into build/aiter_build; a miss fails."""
-    _jit_run("fetch", jit_cache.run_fetch, config.load(), base_url=base_url, strict=strict or None, force=force,
+    _jit_run("fetch", download.run_fetch, config.load(), base_url=base_url, strict=strict or None, force=force,
              pins_from=pins_from)
 
 
@@ -127,18 +123,14 @@ def jit_publish(c, to=None, level=None, window_log=None, asset_limit=None, stage
 @task(help={"dir": "folder to check (default build/aiter_build)", "against": "manifest or record (path or URL)"})
 def jit_verify(c, dir=None, against=None):
     """Check build/aiter_build against its build record (or a given manifest); names every differing file."""
-    settings = config.load()
-    folder = Path(dir) if dir else settings.jit_dir
-    source, n = _jit_run("verify", jit_cache.verify, folder, against,
-                         expected=list(jit_build.libraries(settings).values()))
-    print(f"verify: {n} file(s) in {folder} match {source}")
+    print(_jit_run("verify", record.verify_build, config.load(), Path(dir) if dir else None, against))
 
 
 @task(help={"base-url": "where releases live", "against": "compare with this manifest or build record instead",
             "strict": "a toolchain difference means rebuild", "json-out": "decision JSON path"})
 def jit_decide(c, base_url=None, against=None, strict=False, json_out=None):
     """Reuse or rebuild the JIT libraries? Prints every reason; JSON file; decision=/rebuild= in $GITHUB_OUTPUT."""
-    _jit_run("decide", jit_cache.run_decide, config.load(), base_url=base_url,
+    _jit_run("decide", decide.run_decide, config.load(), base_url=base_url,
              against=Path(against) if against else None, strict=strict or None,
              json_path=Path(json_out) if json_out else None)
 
@@ -157,7 +149,7 @@ def jit_identity(c):
 @task(help={"manifest": "manifest path or URL"})
 def jit_show(c, manifest):
     """Validate and summarise a JIT-library manifest (path or URL)."""
-    print("\n".join(_jit_run("show", jit_cache.show, manifest)))
+    print("\n".join(_jit_run("show", decide.show, manifest)))
 
 
 @task(name="merge-manifests", help={"from": "folder holding the downloaded shard artifacts (each: lib*.so + "
@@ -166,12 +158,12 @@ def jit_merge_manifests(c, from_="build/jit-shards", strict=False):
     """Join per-module JIT shards into build/aiter_build: re-hash, one identity, every module once, record last."""
     settings = config.load()
     folder = Path(from_)
-    _jit_run("merge-manifests", publish.merge, folder if folder.is_absolute() else Path.cwd() / folder,
-             settings.jit_dir, jit_build.libraries(settings), jit_cache.strict_toolchain(settings, strict or None))
+    _jit_run("merge-manifests", merge.merge, folder if folder.is_absolute() else Path.cwd() / folder,
+             settings.jit_dir, jit_build.libraries(settings), decide.strict_toolchain(settings, strict or None))
 
 
 
-# --- wheels: build, symbol floor, content policy: jatools/wheel/{wheel_build,wheel_checks}.py
+# --- wheels: symbol floor, content policy: jatools/wheel/wheel_checks.py
 _WHEEL_ARG = {"wheel": "a wheel path, glob or comma-separated list (repeatable); also any number of wheels after "
                       "`--` (invoke floor -- dist/*.whl); none: every wheel in dist/"}
 
@@ -181,11 +173,11 @@ def _wheel_checks(c, wheel: list[str] | str | None, checks: list[str]) -> None:
     pyinvoke/invoke#132)."""
     import shlex
 
-    from jatools.wheel import wheel_checks
+    from jatools.wheel import wheel_checks, wheel_scan
     specs = ([wheel] if isinstance(wheel, str) else list(wheel or [])) + shlex.split(getattr(c, "remainder", "") or "")
     try:
-        paths = [p for spec in specs or [""] for p in wheel_checks.find_wheels(spec, config.repo_root() / "dist")]
-    except wheel_checks.WheelReadError as e:
+        paths = [p for spec in specs or [""] for p in wheel_scan.find_wheels(spec, config.repo_root() / "dist")]
+    except wheel_scan.WheelReadError as e:
         raise Exit(f"error: {e}", code=2) from None
     ok, failed = wheel_checks.run(checks, paths)
     for line in ok:
@@ -207,18 +199,6 @@ def contents(c, wheel=None, clients=False):
     _wheel_checks(c, wheel, ["contents", "clients"] if clients else ["contents"])
 
 
-@task(help={"variant": "lite or full", "dist": "output folder (default: dist/)",
-            "plat_name": "platform tag (default: JA_WHEEL_PLAT_NAME, else the measured floor)",
-            "check": "run the floor and contents checks on the new wheel"})
-def wheel_build(c, variant, dist="", plat_name="", check=False):
-    """Build the lite or full wheel from the build tree (never runs build_jit.py)."""
-    from jatools.wheel import wheel_build as wb
-    code = wb.main(["--variant", variant, *(["--dist", dist] if dist else []),
-                    *(["--plat-name", plat_name] if plat_name else []), *(["--check"] if check else [])])
-    if code:
-        raise Exit(f"wheel.build: the {variant} wheel failed (exit {code}); see the messages above", code=code)
-
-
 # --- release upload (jatools/release.py): only a green report for this commit, wheels unchanged
 @task(help={"tag": "release tag to upload to", "to": "gh (GitHub release, both wheels) or pypi (lite wheel, twine)",
             "dry_run": "check the report and print the upload commands only"})
@@ -232,9 +212,11 @@ def release_upload(c, tag, to="gh", dry_run=False):
 
 
 
+# One name per task: the contract's (DESIGN.md) for verify, floor, contents and validate; wheels are built by
+# `nox -s wheel_lite|wheel_full` (docs/architecture.md lists every door and its code).
 ns = Collection(env_report, convergence_check, floor, contents, verify=jit_verify,
                 image=Collection(publish=image_publish),
                 validate=Collection(run=validate_run, wheelhouse=validate_wheelhouse),
                 jit=Collection(identity=jit_identity, show=jit_show, fetch=jit_fetch, publish=jit_publish,
-                               verify=jit_verify, decide=jit_decide, merge_manifests=jit_merge_manifests),
-                wheel=Collection(floor, contents, build=wheel_build), release=Collection(upload=release_upload))
+                               decide=jit_decide, merge_manifests=jit_merge_manifests),
+                release=Collection(upload=release_upload))

@@ -6,7 +6,7 @@
     python3 ci/tag_filters.py --all              # the whole table
     python3 ci/tag_filters.py --update-golden    # rewrite ci/tag_filters_golden.txt
 
-The table lives in jatools/testing/tiers.py; this script only prints it.
+The table lives in jatools/testing/tag_filters.py; this script only prints it.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from jatools import atomic_write
-from jatools.testing import tiers as tf
+from jatools.testing import tag_filters as tf
 
 GOLDEN = ROOT / "ci" / "tag_filters_golden.txt"
 

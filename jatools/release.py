@@ -2,10 +2,11 @@
 
     python -m jatools.release [--fetch-jit URL] [--dry-run]      (nox -s release)
 
-The stages are `stages()`; the JIT libraries are built, or fetched with --fetch-jit (a miss fails). A stage
-whose inputs are unchanged since the last green run is skipped, and the summary says so. The first failing
-stage stops the run with its cause and the command that re-runs just that stage. Ends with a one-screen
-summary and dist/release-report.json, which `invoke release.upload` requires.
+The stages are `stages()`; the native ones are jatools.native.build's sequence (the JIT libraries built, taken,
+or fetched with --fetch-jit: a miss fails). A stage whose inputs are unchanged since the last green run is
+skipped, and the summary says so. The first failing stage stops the run with its cause and the command that
+re-runs just that stage. Ends with a one-screen summary and dist/release-report.json, which
+`invoke release.upload` requires.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from pathlib import Path
 from jatools import atomic_write, config, steps
 from jatools.ci import env_report
 from jatools.native import build as native_build
+from jax_aiter import remedies
 from jax_aiter.integrity import sha256_file, sha256_files
 
 REPORT = "dist/release-report.json"
@@ -131,6 +133,31 @@ def _validated(ctx: Context) -> str | None:
     return "both wheels (same sha256) already passed validation" if covered else None
 
 
+def _native(ctx: Context, stage) -> list[steps.Step]:
+    """The native sequence as jatools.native.build writes it (umbrella, JIT libraries built or taken, shims; a
+    consumer's check first), each step given the release's log, re-run command, skip test and artifacts. With
+    --fetch-jit the consumer's check is the fetch, which verifies what it fetched."""
+    env = {**os.environ, "JA_ROOT_DIR": str(ctx.root)}
+    native = native_build.native_steps(jit="take" if ctx.fetch_jit else None, env=env)
+    jit_dir, umbrella_dir = config.load().jit_dir, config.load().umbrella_dir
+    taken = f"{remedies.door('jit_fetch')}  (or {remedies.door('jit')})"
+    extra = {
+        "umbrella": {"rerun": "make  (or nox -s umbrella)", "up_to_date": lambda: _make_q(ctx, "umbrella"),
+                     "artifacts": lambda: [umbrella_dir / "libjax_aiter.so"]},
+        "jit": {"rerun": remedies.door("jit"), "artifacts": lambda: sorted(jit_dir.glob("lib*.so"))},
+        "jit (taken)": {"rerun": taken, "artifacts": lambda: sorted(jit_dir.glob("lib*.so"))},
+        "ja_mods": {"rerun": "make ja_mods  (or nox -s ja_mods)", "up_to_date": lambda: _make_q(ctx, "ja_mods"),
+                    "artifacts": lambda: sorted(umbrella_dir.glob("*_ja.so"))},
+    }
+    out = [stage(s.name.removesuffix(" (taken)"), s.argv, env=s.env, **extra[s.name]) for s in native]
+    if ctx.fetch_jit:  # the release's pins come from where the producer publishes (pyproject, read at the stage)
+        fetch = lambda: [ctx.python, "-m", "jatools.jitlibs", "fetch", "--base-url", ctx.fetch_jit,
+                         "--pins-from", config.load().raw["jit_libs_base_url"]]
+        out[0] = stage("jit", fetch, f"{remedies.door('jit_fetch')} --base-url {ctx.fetch_jit}",
+                       artifacts=lambda: sorted(jit_dir.glob("lib*.so")))
+    return out
+
+
 def stages(ctx: Context) -> list[steps.Step]:
     """The release's stages, in order; a command that names wheels is read when its stage starts."""
     py = ctx.python
@@ -138,13 +165,6 @@ def stages(ctx: Context) -> list[steps.Step]:
     def stage(name: str, argv, rerun, **kw) -> steps.Step:
         return steps.Step(name, argv, cwd=ctx.root, log=ctx.root / LOG_DIR / f"{name}.log", rerun=rerun, **kw)
 
-    if ctx.fetch_jit:
-        jit = (lambda: [py, "-m", "invoke", "jit.fetch", "--base-url", ctx.fetch_jit, "--pins-from",
-                        config.load().raw["jit_libs_base_url"]], f"invoke jit.fetch --base-url {ctx.fetch_jit}")
-    elif native_build.jit_mode(None, dict(os.environ)) == "build":
-        jit = ([py, "-m", "jatools.native.jit_build"], "nox -s jit  (or make jit, python3 jax_aiter/jit/build_jit.py)")
-    else:  # a consumer (CI=true or JA_JIT_LIBS=take): never builds, fails at once on a miss
-        jit = ([py, "-m", "jatools.native.build", "--check-taken"], "invoke jit.fetch  (or nox -s jit)")
     wheels = lambda: " ".join(_wheels(ctx))
     sdists = lambda: sorted((ctx.root / "dist").glob("*.tar.gz"))
     return [
@@ -152,18 +172,12 @@ def stages(ctx: Context) -> list[steps.Step]:
               "invoke env-report", up_to_date=lambda: (f"the CI driver reported this job's environment first ({p})"
                                                        if (p := env_report.written_by_ci()) else None),
               artifacts=lambda: [env_report.written_by_ci() or ctx.root / "dist/env-report.json"]),
-        stage("umbrella", ["make", "umbrella"], "make  (or nox -s umbrella)",
-              up_to_date=lambda: _make_q(ctx, "umbrella"),
-              artifacts=lambda: [config.load().umbrella_dir / "libjax_aiter.so"]),
-        stage("jit", *jit, artifacts=lambda: sorted(config.load().jit_dir.glob("lib*.so"))),
-        stage("ja_mods", ["make", "ja_mods"], "make ja_mods  (or nox -s ja_mods)",
-              up_to_date=lambda: _make_q(ctx, "ja_mods"),
-              artifacts=lambda: sorted(config.load().umbrella_dir.glob("*_ja.so"))),
+        *_native(ctx, stage),
         *[stage(f"wheel_{v}", [py, "-m", WHEEL_BUILDER, "--variant", v],
                 f"nox -s wheel_{v}  (or bash scripts/build_wheel.sh --variant {v})",
                 up_to_date=lambda v=v: _wheel_up_to_date(ctx, v), artifacts=lambda v=v: _wheel_artifact(ctx, v))
           for v in VARIANTS],
-        stage("verify", [py, "-m", "invoke", "verify"], "invoke verify"),
+        stage("verify", [py, "-m", "jatools.jitlibs", "verify"], "invoke verify"),
         # One scan of each wheel feeds both checks (the symbol floor and the content policy).
         stage("floor+contents", lambda: [py, "-m", CHECKER, "--floor", "--contents", *_wheels(ctx)],
               lambda: f"invoke floor -- {wheels()}; invoke contents -- {wheels()}"),

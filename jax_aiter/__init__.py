@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from jax_aiter import op_table
 
 if TYPE_CHECKING:  # the same names as _LAZY (a test keeps them equal); `as` marks a re-export (PEP 484)
     from jax_aiter.ops.activation import silu_and_mul as silu_and_mul
@@ -23,19 +23,19 @@ if TYPE_CHECKING:  # the same names as _LAZY (a test keeps them equal); `as` mar
     from jax_aiter.ops.rmsnorm import rms_norm as rms_norm
     from jax_aiter.ops.rmsnorm import rms_norm_with_add as rms_norm_with_add
 
-_LAZY = {
-    "rms_norm": "jax_aiter.ops.rmsnorm",
-    "rms_norm_with_add": "jax_aiter.ops.rmsnorm",
-    "silu_and_mul": "jax_aiter.ops.activation",
-    "flash_attn_func": "jax_aiter.ops.attention",
-    "register": "jax_aiter.ops.export",
-    "disabled_checks": "jax_aiter.ops.export",
-}
+# name -> its module: the ops' public functions come from the op table (`api`), then the export helpers.
+_LAZY = {**op_table.public_api(op_table.load()),
+         "register": "jax_aiter.ops.export", "disabled_checks": "jax_aiter.ops.export"}
 
 __all__ = sorted(_LAZY)  # noqa: PLE0605 (built from _LAZY, the one list of the public names)
 
 
 def __getattr__(name: str):
+    if name == "__version__":  # derived (jax_aiter/_version.py): its one home is pyproject.toml
+        from jax_aiter._version import version
+
+        globals()[name] = value = version()
+        return value
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value

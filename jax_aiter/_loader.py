@@ -28,7 +28,7 @@ import struct
 import threading
 from pathlib import Path
 
-from jax_aiter import integrity, op_table, settings
+from jax_aiter import integrity, op_table, remedies, settings
 from jax_aiter.manifest import MANIFEST_NAME
 
 log = logging.getLogger("jax_aiter")
@@ -126,7 +126,7 @@ def _fix(name: str, path: Path | None = None) -> str:
         return "run `make` (or `nox -s umbrella`)"
     modules = {lib: m for m, lib in op_table.jit_libraries(OPS).items()}
     if name in modules:
-        return f"run `python3 jax_aiter/jit/build_jit.py --module {modules[name]}` (or `invoke jit.fetch`)"
+        return remedies.build_or_fetch([modules[name]])
     return "run `make ja_mods` (or `nox -s ja_mods`)"  # a shim
 
 

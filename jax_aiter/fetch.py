@@ -44,7 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jax_aiter import blob, integrity, provenance, reuse_gate, settings
+from jax_aiter import blob, integrity, provenance, remedies, reuse_gate, settings
 from jax_aiter import manifest as mf
 from jax_aiter.integrity import diff_entries
 from jax_aiter.progress import Progress
@@ -340,8 +340,8 @@ def read_manifest(base_url: str, cache_id: str, opts: FetchOptions, log: Log = _
     except ReleaseNotFound:
         raise ReleaseNotFound(
             f"no release {reuse_gate.release_tag(cache_id)} at {as_url(base_url)} ({url} not found): no JIT "
-            "libraries were published for this identity. Build them (`python3 jax_aiter/jit/build_jit.py`) "
-            "and publish them (`invoke jit.publish`), or use a base URL that has them") from None
+            f"libraries were published for this identity. Build them (`{remedies.door('jit')}`) "
+            f"and publish them (`{remedies.door('jit_publish')}`), or use a base URL that has them") from None
     return mf.parse(data, url), url
 
 
@@ -572,7 +572,7 @@ def fetch_release(base_url: str, want: dict, dest: Path, names: list[str] | None
     chosen = [f["name"] for f in files]
     if not want.get("pins"):
         log(f"fetch: no pins: the release's own manifest is all that vouches for these bytes, so the store at "
-            f"{base_url} is trusted (a wheel's pins, or `invoke jit.fetch --pins-from URL`, hold a fetch to known "
+            f"{base_url} is trusted (a wheel's pins, or `{remedies.door('jit_fetch')} --pins-from URL`, hold a fetch to known "
             "bytes; docs/security.md)")
     lock = _lock(dest, opts, log)
     try:

@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from jax_aiter import _loader, op_table, settings
+from jax_aiter import _loader, op_table, remedies, settings
 from jax_aiter.fetch import (
     ENV_BASE_URL,
     ENV_RETRIES,
@@ -103,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         if not identity:
             raise FetchError(
                 "this jax-aiter is not an installed wheel (no jax_aiter/_build_identity.json), so there is no "
-                "identity to fetch for; in a source checkout run `invoke jit.fetch` or build the libraries with "
-                f"`python3 jax_aiter/jit/build_jit.py --module {','.join(op_table.fetched_libraries(_loader.OPS))}`")
+                "identity to fetch for; in a source checkout "
+                f"{remedies.build_or_fetch(op_table.fetched_libraries(_loader.OPS))}")
         if identity.get("variant") == "full":
             _log("jax-aiter-fetch-mha: note: this is the +full wheel, which already ships the attention libraries")
         if not args.skip_arch_check:

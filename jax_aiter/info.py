@@ -17,11 +17,9 @@ from __future__ import annotations
 import json
 import os
 import sys
-from importlib import metadata
 
 from jax_aiter import __version__, _loader, settings
 
-DIST = "jax-aiter"
 IDENTITY_ORDER = ("version", "variant", "backend", "gpu_archs", "wheel_arch", "kernel_source_revision",
                   "recipe_hash", "cache_id", "ffi_api_version", "toolchain")
 
@@ -29,12 +27,8 @@ IDENTITY_ORDER = ("version", "variant", "backend", "gpu_archs", "wheel_arch", "k
 def collect(verify: bool = False) -> dict:
     """Everything `info` prints, as one JSON-ready dict."""
     identity = _loader.build_identity()
-    try:
-        dist_version = metadata.version(DIST)
-    except metadata.PackageNotFoundError:
-        dist_version = None
     return {
-        "version": (identity or {}).get("version") or dist_version or __version__,
+        "version": __version__,
         "variant": (identity or {}).get("variant") or "source checkout",
         "package_dir": str(_loader.PACKAGE_DIR),
         "identity": identity,

@@ -70,6 +70,7 @@ class IntegrityError(RuntimeError):
 
 
 RECORD_NAME = "build_record.json"  # written beside the libraries it records, last
+RECORD_SCHEMA = 1  # the build record's schema: the JIT build, a fetch, a shard merge and the umbrella's write it
 MAX_RECORD_BYTES = 16 << 20  # a record or manifest is a few KB; anything this big is not one
 
 
@@ -151,7 +152,7 @@ def record_files(paths: Iterable[Path]) -> Path:
         for p in paths:
             entries[p.name] = file_entry(p, digests[str(p)])
         tmp = folder / f".{RECORD_NAME}.tmp-{os.getpid()}"
-        tmp.write_text(json.dumps({"schema": 1, "files": sorted(entries.values(), key=lambda e: e["name"])},
+        tmp.write_text(json.dumps({"schema": RECORD_SCHEMA, "files": sorted(entries.values(), key=lambda e: e["name"])},
                                   indent=2, sort_keys=True) + "\n")
         os.replace(tmp, record)
     return record

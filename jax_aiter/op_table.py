@@ -13,7 +13,7 @@ from pathlib import Path
 
 TABLE_FILE = "op_table.toml"
 SCHEMA = 1
-_FIELDS = {"targets": dict, "jit": list, "mha": bool, "fetched": bool}
+_FIELDS = {"targets": dict, "jit": list, "mha": bool, "fetched": bool, "python": str, "api": list}
 
 
 class OpTableError(ValueError):
@@ -32,6 +32,8 @@ class Op:
     modules: tuple[str, ...]  # JIT modules whose libraries the shim needs
     mha: bool  # only `make ja_mods` builds its shim (it needs the MHA JIT libraries)
     fetched: bool  # the lite wheel leaves its JIT libraries out; jax-aiter-fetch-mha downloads them
+    python: str | None = None  # its public functions' module, jax_aiter/ops/<python>.py
+    api: tuple[str, ...] = ()  # the public functions defined there: jax_aiter.<name>
 
     @property
     def shim(self) -> str:
@@ -55,13 +57,18 @@ def _op(name: str, row: object, where: Path) -> Op:
                            f"{', '.join(f for f in _FIELDS if f != 'targets')}; got {row!r}; {fix}")
     wrong = [f for f, kind in _FIELDS.items() if f in row and not isinstance(row[f], kind)]
     targets, modules = row["targets"], row.get("jit", [])
-    if wrong or not targets or not all(isinstance(v, str) for v in [*targets.values(), *modules]):
-        raise OpTableError(f"{where}: op {name}: {', '.join(wrong) or 'targets/jit'} has the wrong type (targets: "
-                           "a non-empty table of strings, jit: a list of strings, mha and fetched: true or false); "
-                           + fix)
+    api = row.get("api", [])
+    if wrong or not targets or not all(isinstance(v, str) for v in [*targets.values(), *modules, *api]):
+        raise OpTableError(f"{where}: op {name}: {', '.join(wrong) or 'targets/jit/api'} has the wrong type "
+                           "(targets: a non-empty table of strings, jit and api: lists of strings, python: a string, "
+                           "mha and fetched: true or false); " + fix)
     if row.get("fetched") and not modules:
         raise OpTableError(f"{where}: op {name}: fetched = true but it names no JIT module to fetch; {fix}")
-    return Op(name, tuple(targets.items()), tuple(modules), row.get("mha", False), row.get("fetched", False))
+    if bool(api) != bool(row.get("python")):
+        raise OpTableError(f"{where}: op {name}: `api` (the public functions) and `python` (their module under "
+                           f"jax_aiter/ops) go together; {fix}")
+    return Op(name, tuple(targets.items()), tuple(modules), row.get("mha", False), row.get("fetched", False),
+              row.get("python"), tuple(api))
 
 
 def load(root: Path | None = None) -> dict[str, Op]:
@@ -75,6 +82,10 @@ def load(root: Path | None = None) -> dict[str, Op]:
         raise OpTableError(f"{where}: expected schema = {SCHEMA} and an [ops] table, found schema "
                            f"{data.get('schema')!r}; a newer jax-aiter wrote it, or it was edited by hand")
     ops = {name: _op(name, row, where) for name, row in data["ops"].items()}
+    exported = [n for op in ops.values() for n in op.api]
+    if twice := sorted({n for n in exported if exported.count(n) > 1}):
+        raise OpTableError(f"{where}: {', '.join(twice)} is in the `api` of more than one op; a public name has "
+                           "one home: keep it in one row")
     for module, users in _users(ops).items():
         if len({op.fetched for op in users}) > 1:
             raise OpTableError(f"{where}: JIT module {module} is fetched for {', '.join(o.name for o in users if o.fetched)}"
@@ -99,3 +110,8 @@ def jit_libraries(ops: dict[str, Op]) -> dict[str, str]:
 def fetched_libraries(ops: dict[str, Op]) -> dict[str, str]:
     """{JIT module: its library} of those the lite wheel leaves out and jax-aiter-fetch-mha downloads."""
     return {m: library(m) for m, users in _users(ops).items() if users[0].fetched}
+
+
+def public_api(ops: dict[str, Op]) -> dict[str, str]:
+    """{public function name: the module that defines it}, in table order: what `jax_aiter.<name>` loads."""
+    return {n: f"jax_aiter.ops.{op.python}" for op in ops.values() for n in op.api}

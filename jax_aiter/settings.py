@@ -40,6 +40,7 @@ class Setting:
     unit: str = ""
     internal: bool = False    # plumbing between our own processes or set by CI; nobody sets it by hand
     rule: str = ""            # how check() reads a value that is neither a number nor a choice: one of RULES
+    config_key: bool = False  # a change regenerates build/config.mk: the Makefile's CFG_KEY_NOW names it (tested)
 
     def show(self, value: float) -> str:
         return str(int(value)) if self.kind is int else f"{value:g}"
@@ -85,27 +86,28 @@ SETTINGS: tuple[Setting, ...] = (
             default="the folder holding the code", rule="folder"),
     Setting("JA_BACKEND", "build", "what to build for and test on (auto: ROCm when a ROCm toolchain is found, "
             "else CUDA when nvcc is, else the CPU); with JA_GPU_COUNT, rocm makes the stand-in GPUs ROCm ones",
-            key="backend", choices=("auto", "cpu", "cuda", "rocm"), accepts="one of"),
+            key="backend", choices=("auto", "cpu", "cuda", "rocm"), accepts="one of", config_key=True),
     Setting("GPU_ARCHS", "build", "the GPU archs to compile for (unset: the archs of the GPUs present, from "
-            "rocminfo or nvidia-smi, else gpu_archs_rocm or gpu_archs_cuda)", rule="archs"),
+            "rocminfo or nvidia-smi, else gpu_archs_rocm or gpu_archs_cuda)", rule="archs", config_key=True),
     Setting("", "build", "GPU_ARCHS default for ROCm when no GPU is present", key="gpu_archs_rocm", rule="archs"),
     Setting("", "build", "GPU_ARCHS default for CUDA when no GPU is present", key="gpu_archs_cuda", rule="archs"),
     Setting("ROCM_PATH", "build", "the ROCm toolchain (else TheRock's rocm-sdk, rocm_legacy_root, hipcc on PATH)",
-            accepts="a folder"),
+            accepts="a folder", config_key=True),
     Setting("", "build", "where a legacy ROCm install lives", key="rocm_legacy_root", rule="text", accepts="a path"),
-    Setting("CUDA_HOME", "build", "the CUDA toolkit (else nvcc on PATH)", accepts="a folder"),
+    Setting("CUDA_HOME", "build", "the CUDA toolkit (else nvcc on PATH)", accepts="a folder", config_key=True),
     Setting("JA_BUILD_DIR", "build", "the build tree: jax_aiter_build/ (umbrella, FFI shims) and aiter_build/ "
             "(JIT libraries)", key="build_dir", rule="inside"),
     Setting("JA_FFI_INCLUDE_DIR", "build", "the XLA FFI headers the shims compile against", key="ffi_include_dir",
-            rule="inside"),
+            rule="inside", config_key=True),
     Setting("", "build", "the kernel sources (their revision is part of the JIT identity)", key="kernel_source_dir",
             rule="inside"),
     Setting("", "build", "the op table: JIT modules, their libraries and instance axes", key="jit_config",
             rule="inside"),
     Setting("AITER_SYMBOL_VISIBLE", "build", "1: keep every symbol visible (default: -fvisibility=hidden)",
-            key="symbol_visible", rule="flag"),
+            key="symbol_visible", rule="flag", config_key=True),
     Setting("JA_SANITIZE", "build", "sanitizers for the CPU build (address and thread exclude each other)",
-            choices=("address", "undefined", "leak", "thread"), accepts="a `,` or `;` separated list of", rule="comma"),
+            choices=("address", "undefined", "leak", "thread"), accepts="a `,` or `;` separated list of", rule="comma",
+            config_key=True),
     Setting("JA_JIT_LIBS", "build", "build the JIT libraries here, or take them (a consumer: never builds, fails "
             "at once on a miss); auto takes them under CI=true", key="jit_libs", choices=("auto", "build", "take"),
             accepts="one of"),

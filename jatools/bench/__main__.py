@@ -1,3 +1,3 @@
-from jatools.bench.harness import main
+from jatools.bench.runner import main
 
 raise SystemExit(main())

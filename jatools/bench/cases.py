@@ -32,14 +32,14 @@ from jatools.bench.harness import (
     run_command,
     timed,
 )
-from jatools.jitlibs import jit_cache, publish
-from jatools.jitlibs.jit_cache import RECORD_NAME
+from jatools.jitlibs import publish
+from jatools.jitlibs import record as jit_record
 from jatools.native import jit_build
 from jatools.validate import cleanroom_env, wheelhouse
 from jatools.wheel import wheel_build
 from jatools.wheel.wheel_layout import Layout
-from jax_aiter import fetch
-from jax_aiter.integrity import file_entry, sha256_files
+from jax_aiter import fetch, remedies
+from jax_aiter.integrity import RECORD_NAME, RECORD_SCHEMA, file_entry, sha256_files
 
 # The generated corpus: deterministic stand-ins for the production JIT libraries, of their sizes and
 # compressibility (zstd level 3: 0.25 to 0.45, as real GPU code objects), so the benchmarks run the verify /
@@ -144,7 +144,7 @@ def write_record(folder: Path, c: Corpus, identity: dict) -> dict:
     module_of = {name: spec.module for name, spec in Layout.load().libraries.items() if spec.kind == "jit"}
     files = sorted(({"name": n, "size": s, "sha256": digests[n]} for n, s in c.files.items()), key=lambda e: e["name"])
     modules = {module_of[f["name"]]: {"identity": identity, "instances": 1, "file": f} for f in files}
-    record = {"schema": 1, "identity": identity, "modules": modules, "files": files,
+    record = {"schema": RECORD_SCHEMA, "identity": identity, "modules": modules, "files": files,
               "last_build": {"modules": sorted(modules), "seconds": 0.0, "note": "benchmark corpus"}}
     atomic_write.write_text(folder / RECORD_NAME, json.dumps(record, indent=2, sort_keys=True) + "\n")
     return record
@@ -180,7 +180,7 @@ def single_core_rate(seconds: float = 1.0) -> float:
 
 def bench_verify(ctx: Context) -> Result:
     """verify: sha256 of the three libraries (page cache warm) by `invoke verify`'s code path
-    (jatools.jitlibs.jit_cache.verify) against `sha256sum` (what the reference's wheel script runs)."""
+    (jatools.jitlibs.record.verify) against `sha256sum` (what the reference's wheel script runs)."""
     require("sha256sum")
     c = corpus_of(ctx)
     folder = ctx.work("verify")
@@ -191,7 +191,7 @@ def bench_verify(ctx: Context) -> Result:
     if got != want:
         raise RuntimeError(f"sha256sum disagrees with the record: {got} vs {want}")
     rate_before = single_core_rate()
-    t = ctx.alternate("verify", lambda: jit_cache.verify(folder), lambda: run_command(["sha256sum", *map(str, paths)]))
+    t = ctx.alternate("verify", lambda: jit_record.verify(folder), lambda: run_command(["sha256sum", *map(str, paths)]))
     rate = (rate_before + single_core_rate()) / 2
     cores = os.cpu_count() or 1
     ours_rate = c.total_bytes / t.ours_s
@@ -208,7 +208,7 @@ def bench_verify(ctx: Context) -> Result:
         short.append(f"{100 * share:.0f}% of cores x 1-core rate, goal 80%; per-file hashing bounds it at "
                      f"{100 * bound:.0f}% here (the largest file is one thread's work)")
     return measured("verify", t, speedup >= 8 and share >= 0.8, c.total_bytes, short,
-                    ours="jatools.jitlibs.jit_cache.verify(folder) (invoke verify)", anchor="sha256sum <3 files>",
+                    ours="jatools.jitlibs.record.verify(folder) (invoke verify)", anchor="sha256sum <3 files>",
                     extra={"single_core_sha256_Bps": rate, "ours_Bps": ours_rate,
                            "anchor_Bps": c.total_bytes / t.anchor_s, "share_of_cores_x_rate": share,
                            "ceiling_share": bound})
@@ -338,7 +338,7 @@ def bench_fetch(ctx: Context) -> Result:
                      f"bound it ({os.cpu_count()}, shared with the HTTP server), the anchor is bounded by curl, "
                      "zstd -d and sha256sum one after another")
     return measured("fetch", t, speedup >= 2, sum(f["size"] for f in manifest["files"]), short,
-                    ours="jax_aiter.fetch.fetch_release (invoke jit.fetch)",
+                    ours=f"jax_aiter.fetch.fetch_release ({remedies.door('jit_fetch')})",
                     anchor="curl; zstd -d --long; sha256sum -c (in sequence)",
                     extra={"compressed_bytes": sum(f["compressed"]["size"] for f in manifest["files"]),
                            "stage_level": FETCH_STAGE_LEVEL, "window_log": window_log})
@@ -355,10 +355,10 @@ def inflated_build(ctx: Context, build: Path) -> None:
     missing = [str(src / spec.dir / name) for name, spec in layout.libraries.items()
                if not (src / spec.dir / name).is_file()]
     if missing:
-        raise AnchorMissing(f"the native CPU build is missing {', '.join(missing)}; build it with `JA_BACKEND=cpu "
-                            "make && JA_BACKEND=cpu python3 jax_aiter/jit/build_jit.py && JA_BACKEND=cpu make ja_mods`")
+        raise AnchorMissing(f"the native CPU build is missing {', '.join(missing)}; build it with "
+                            f"`export JA_BACKEND=cpu; {remedies.door('native')}`")
     c = corpus_of(ctx)
-    record_src = (src / "aiter_build" / jit_cache.RECORD_NAME).read_text()
+    record_src = (src / "aiter_build" / RECORD_NAME).read_text()
     stamp = build / "inflated.json"
     key = f"{c.folder}:{sorted(c.files.items())}:{hash(record_src)}"
     if stamp.is_file() and stamp.read_text() == key:
@@ -378,9 +378,9 @@ def inflated_build(ctx: Context, build: Path) -> None:
         entry = file_entry(dst)
         record["files"] = [entry if f["name"] == name else f for f in record["files"]]
         record["modules"][spec.module]["file"] = entry
-    (build / "aiter_build" / jit_cache.RECORD_NAME).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    (build / "aiter_build" / RECORD_NAME).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     # The umbrella and shims are hard links of the linked files, so make's record of them holds as it is.
-    os.link(src / "jax_aiter_build" / jit_cache.RECORD_NAME, build / "jax_aiter_build" / jit_cache.RECORD_NAME)
+    os.link(src / "jax_aiter_build" / RECORD_NAME, build / "jax_aiter_build" / RECORD_NAME)
     stamp.write_text(key)
 
 

@@ -1,5 +1,4 @@
 """CI plumbing: the environment report and the convergence-decision check.
 
-Small services every stage uses. May import: jatools.config, jatools.atomic_write,
-jatools.native (toolchain identity for the environment report).
+Small services later stages use; what it may import: jatools/stages.py.
 """

@@ -1,6 +1,6 @@
-"""JIT libraries: the reuse decision, fetch, verify, what a wheel expects (jit_cache), shard merge and publish (publish).
+"""JIT libraries after the build: the record and verify (record), what a wheel expects (expect), the reuse
+decision (decide), fetch (download), shard merge (merge), publish (publish), and the command-line errors (errors).
 
-Owns build/aiter_build's record and the `jit-libs-<cache-id>` releases. May import:
-jatools.native (toolchain identity), jatools.config, jatools.atomic_write,
-jatools.ci (retry, GitHub outputs) and the runtime's jax_aiter.fetch/manifest/integrity.
+Owns build/aiter_build's record and the `jit-libs-<cache-id>` releases. What each module may import:
+jatools/stages.py.
 """

@@ -1,6 +1,5 @@
 """Native build: toolchain detection (build/config.mk for make), compile-only and sanitizer builds.
 
-Owns how the C++/CUDA/HIP sources become libraries. May import: jatools.config,
-jatools.atomic_write, jatools.steps, the standard library. Nothing else in jatools imports
-from the later stages into this one.
+Owns how the C++/CUDA/HIP sources become libraries. Its modules sit in two stages (jatools/stages.py):
+the toolchain and the JIT build early, the native-build sequence (whose consumer check reads jitlibs) later.
 """

@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 from jatools import atomic_write, config, steps
-from jatools.jitlibs import jit_cache
+from jatools.jitlibs import decide, record
 
 COMPILE_ONLY = {
     "cuda": {"GPU_ARCHS": "sm_90", "tool": "nvcc", "install": "install the CUDA toolkit (nvcc) or set CUDA_HOME"},
@@ -130,12 +130,12 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     try:
         if a.check_taken:
-            jit_cache.require_built(config.load())
+            decide.require_built(config.load())
             return 0
         if a.compile_only:
             return compile_only_main(a.backend, a.jobs or os.cpu_count() or 2)
         records = steps.run(native_steps(jit=a.jit, shims=a.shims, jobs=a.jobs), "native build")
-    except jit_cache.JitCacheError as e:
+    except record.JitCacheError as e:
         print(f"native build: error: {e}", file=sys.stderr)
         return 2
     except steps.StepFailed as e:

@@ -36,10 +36,9 @@ from pathlib import Path
 from jatools import atomic_write, config
 from jatools.native import toolchain
 from jax_aiter import op_table
-from jax_aiter.integrity import RECORD_NAME, file_entry, sha256_files
+from jax_aiter.integrity import RECORD_NAME, RECORD_SCHEMA, file_entry, sha256_files
 from jax_aiter.reuse_gate import cache_id
 
-RECORD_SCHEMA = 1
 # A module may add a template kind gpu_<code> (gpu_sm90a: the wgmma/TMA attention kernels), compiled for that
 # one code instead of GPU_ARCHS' codes and only by a CUDA build whose GPU_ARCHS holds the base arch; its
 # instance table is written (empty) either way, so the dispatcher includes it on every build.

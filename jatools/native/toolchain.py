@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from jatools import atomic_write, config
+from jatools import atomic_write, config, probe
 from jax_aiter import op_table
 
 
@@ -161,10 +161,8 @@ ARCH_PROBES = {"cuda": (["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,
 def present_archs(backend: str, env: dict[str, str]) -> tuple[tuple[str, ...], str]:
     """The archs of the GPUs on this host for `backend` (none when its tool is absent or fails) and a note saying
     where they came from, or why none did."""
-    from jatools.testing.gpu_slots import tool_lines
-
     cmd, pattern = ARCH_PROBES[backend]
-    lines = tool_lines(cmd, env)
+    lines = probe.tool_lines(cmd, env)
     if not isinstance(lines, list):
         return (), f"GPU_ARCHS unset and {lines or f'no {cmd[0]} on PATH'}: the default archs"
     found = [m.groups() for m in map(re.compile(pattern).fullmatch, lines) if m]

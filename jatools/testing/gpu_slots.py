@@ -18,15 +18,14 @@ import errno
 import fcntl
 import os
 import re
-import shutil
 import stat
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from jatools.probe import tool_lines
 from jax_aiter import settings
 
 GPU_COUNT_ENV = "JA_GPU_COUNT"          # override: number of GPUs (skips rocminfo / nvidia-smi)
@@ -44,7 +43,6 @@ BLAS_THREADS_ENV = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS"
 POOL_ENV = {"cuda": "CUDA_VISIBLE_DEVICES", "rocm": "ROCR_VISIBLE_DEVICES"}
 DEFAULT_TIMEOUT_S = settings.NUMERIC[TIMEOUT_ENV].default
 EXIT_NO_SLOT = 75  # EX_TEMPFAIL: the exit code of a command that found no free slot in time
-TOOL_TIMEOUT_S = 10.0  # a GPU probe that takes longer is broken, not slow
 POLL_S = 0.2  # between rounds of tries while waiting for a slot
 NO_GPU_FIX = f"set {GPU_COUNT_ENV}=0 to run without GPUs, or {GPU_COUNT_ENV}=<n> to skip the probe"
 
@@ -85,29 +83,6 @@ class Slot:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-
-
-def tool_lines(cmd: list[str], env: dict[str, str]) -> list[str] | str | None:
-    """The tool's output lines; None when it is not installed; a str saying how it failed (exit status, hang)."""
-    exe = shutil.which(cmd[0], path=env.get("PATH"))
-    if not exe:
-        return None
-    shown = " ".join([exe, *cmd[1:]])
-    try:  # its own process group, so a hung probe and anything it started are stopped together
-        proc = subprocess.Popen([exe, *cmd[1:]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    except OSError as e:
-        return f"`{shown}` cannot run: {e}"
-    try:
-        stdout, stderr = proc.communicate(timeout=TOOL_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        proc.communicate()
-        return f"`{shown}` gave no answer within {TOOL_TIMEOUT_S:g} s"
-    if proc.returncode != 0:
-        said = (stderr.strip() or stdout.strip()).splitlines()[:1]
-        return f"`{shown}` exited with status {proc.returncode}" + (f" ({said[0][:200]})" if said else "")
-    return stdout.splitlines()
 
 
 def _check_pool(var: str, value: str, found: tuple[str, ...], uuids: tuple[str, ...], how: str) -> tuple[str, ...]:

@@ -1,13 +1,11 @@
-"""Test tiers: which tests a machine runs (one table of pytest marker expressions) and the runner of a tier.
+"""The runner of a test tier (which tests each tier runs: tag_filters.py).
 
     python3 -m jatools.testing.tiers --tier pr [--platform cuda] [--workers N] [--reruns N] [pytest args]
     JA_TEST_TIER=nightly bash ci/test.sh
 
-Owns the tag filters (composed as XLA composes its ROCm ones: a platform's base list plus each CI
-configuration's requirements; the tiers use the same ``Filter``, so this is the one source of every
-``pytest -m`` expression CI uses, printed by ci/tag_filters.py), the tier runner (docs/testing.md:
-xdist workers pinned to GPU slots, multi-device runs, each run's report, tier-<tier>.json, the GPU
-checks, exit 7 when GPUs go unused) and the slot speed-up measurement (ci/measure_slot_speedup.py).
+Owns the tier runner (docs/testing.md): xdist workers pinned to GPU slots, multi-device runs, each run's
+report, tier-<tier>.json, the GPU checks, exit 7 when GPUs go unused. The tiers and tag filters it runs are
+tag_filters.py; the slot speed-up measurement (ci/measure_slot_speedup.py) is speedup.py.
 
 Stdlib only (plus jatools.validate.wheelhouse for --plugin-requirements): it runs under the system
 ``python3`` on any CI runner.
@@ -20,10 +18,8 @@ import json
 import os
 import re
 import shlex
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,139 +27,16 @@ from pathlib import Path
 from jatools import atomic_write
 from jatools.config import REPO_ROOT
 from jatools.testing import gpu_slots
+from jatools.testing.tag_filters import (
+    DEFAULT_TIER,
+    PLATFORMS,
+    TIER_ENV,
+    TIERS,
+    TagFilterError,
+    tier_named,
+    tier_runs,
+)
 from jax_aiter import settings
-
-MARKERS = ("gpu", "multigpu", "slow", "packaging", "cuda_only", "rocm_only")
-PLATFORMS = ("cpu", "cuda", "rocm")
-CONFIGS = ("cpu", "single_gpu", "multi_gpu")
-
-
-class TagFilterError(ValueError):
-    """An unknown platform, configuration or tier; the message lists the valid ones."""
-
-
-@dataclass(frozen=True)
-class Filter:
-    """A marker selection: a test must carry every ``require`` marker and no ``exclude`` marker."""
-
-    require: tuple[str, ...] = ()
-    exclude: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        unknown = [m for m in (*self.require, *self.exclude) if m not in MARKERS]
-        if unknown:
-            raise TagFilterError(f"unknown marker(s) {', '.join(unknown)}; markers are {', '.join(MARKERS)} "
-                                 "(registered in pyproject.toml [tool.pytest.ini_options])")
-
-    def __add__(self, other: Filter) -> Filter:
-        return Filter(tuple(dict.fromkeys((*self.require, *other.require))),
-                      tuple(dict.fromkeys((*self.exclude, *other.exclude))))
-
-    def contradiction(self) -> str | None:
-        """Why this filter can select no test, or None when it can select some."""
-        both = [m for m in self.require if m in self.exclude]
-        return f"requires and excludes {', '.join(both)}" if both else None
-
-    def expression(self) -> str:
-        """The ``pytest -m`` expression ('' selects everything)."""
-        return " and ".join([*self.require, *(f"not {m}" for m in self.exclude)])
-
-
-# What each platform must never attempt (XLA: rocm_tag_filters.sh's base list).
-PLATFORM_BASE: dict[str, Filter] = {
-    "cpu": Filter(exclude=("gpu", "cuda_only", "rocm_only")),
-    "cuda": Filter(exclude=("rocm_only",)),
-    "rocm": Filter(exclude=("cuda_only",)),
-}
-
-# Per-configuration additions (XLA: ci_rocm_cpu / ci_single_gpu / ci_multi_gpu).
-CONFIG_ADDS: dict[str, Filter] = {
-    "cpu": Filter(exclude=("gpu", "multigpu")),
-    "single_gpu": Filter(require=("gpu",), exclude=("multigpu",)),
-    "multi_gpu": Filter(require=("multigpu",)),
-}
-
-
-# Run kinds and their configuration: "single", the platform's single-device tests (config cpu on the CPU
-# platform); "host", the CPU-device tests on a GPU host (on a CPU host they are the single run, so it is
-# dropped); "multi", the multi-device tests.
-RUN_CONFIGS = {"single": "single_gpu", "host": "cpu", "multi": "multi_gpu"}
-RUN_KINDS = tuple(RUN_CONFIGS)
-
-
-@dataclass(frozen=True)
-class Tier:
-    """A test tier: one or more pytest runs, each a device kind plus the tier's own selection;
-    ``timeout_s`` is pytest-timeout's limit per test (a hung test fails instead of holding the job)."""
-
-    name: str
-    doc: str
-    runs: tuple[tuple[str, Filter], ...]  # (kind: one of RUN_KINDS, tier selection)
-    timeout_s: int
-
-    def __post_init__(self) -> None:
-        bad = [kind for kind, _ in self.runs if kind not in RUN_KINDS]
-        if bad or self.timeout_s <= 0:
-            raise TagFilterError(f"tier {self.name}: run kinds must be {', '.join(RUN_KINDS)} (got {bad}) and "
-                                 f"timeout_s positive (got {self.timeout_s})")
-
-
-TIERS: dict[str, Tier] = {t.name: t for t in (
-        Tier("pr", "every pull request: fast single-device tests",
-             (("single", Filter(exclude=("slow", "packaging", "multigpu"))),),
-             timeout_s=300),
-        Tier("nightly", "the full suite: single-device run, the CPU-device tests on a GPU host, the multi-device run",
-             (("single", Filter()), ("host", Filter()), ("multi", Filter(require=("multigpu",)))), timeout_s=1200),
-        Tier("multigpu", "the sharded multi-device tests only", (("multi", Filter(require=("multigpu",))),),
-             timeout_s=600))}
-TIER_ENV = "JA_TEST_TIER"
-DEFAULT_TIER = settings.BY_NAME[TIER_ENV].default
-
-
-def _check(kind: str, value: str, valid) -> None:
-    if value not in valid:
-        raise TagFilterError(f"unknown {kind} {value!r}; valid {kind}s: {', '.join(valid)}")
-
-
-def tag_filter(platform: str, config: str) -> Filter:
-    """The platform's base list plus the configuration's additions."""
-    _check("platform", platform, PLATFORMS)
-    _check("config", config, CONFIGS)
-    return PLATFORM_BASE[platform] + CONFIG_ADDS[config]
-
-
-def tier_named(name: str) -> Tier:
-    _check("tier", name, tuple(TIERS))
-    return TIERS[name]
-
-
-def tier_runs(name: str, platform: str) -> list[tuple[str, str, Filter]]:
-    """[(kind, config, filter)] for a tier on a platform: tag filter plus the tier's selection (no "host" run
-    on the CPU platform)."""
-    configs = {**RUN_CONFIGS, "single": "cpu"} if platform == "cpu" else RUN_CONFIGS
-    return [(kind, configs[kind], tag_filter(platform, configs[kind]) + sel)
-            for kind, sel in tier_named(name).runs if not (kind == "host" and platform == "cpu")]
-
-
-def render_table() -> str:
-    """The whole table as text: the golden file's content."""
-    lines = ["# pytest -m expressions by (platform, config): platform base + config additions.",
-             "# Regenerate: python3 ci/tag_filters.py --update-golden", ""]
-    for platform in PLATFORMS:
-        for config in CONFIGS:
-            f = tag_filter(platform, config)
-            note = f"   # selects nothing: {f.contradiction()}" if f.contradiction() else ""
-            lines.append(f"{platform:<5} {config:<10} {f.expression()!r}{note}")
-    lines += ["", "# tiers: the tier's own selection, then each run as materialised per platform", ""]
-    for t in TIERS.values():
-        own = " | ".join(f"{kind}: {sel.expression() or '<all>'!r}" for kind, sel in t.runs)
-        lines.append(f"tier {t.name:<9} {own}   # {t.doc}")
-        lines.append(f"  timeout per test: {t.timeout_s} s")
-        for platform in PLATFORMS:
-            for kind, config, f in tier_runs(t.name, platform):
-                lines.append(f"  {platform:<5} {kind:<6} {config:<10} {f.expression()!r}")
-    return "\n".join(lines) + "\n"
-
 
 # --- the runner ---------------------------------------------------------------------------------
 
@@ -459,7 +332,7 @@ def summarize(tier: str, platform: str, why: str, results: list[dict], results_d
     return rc
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python3 -m jatools.testing.tiers", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("--tier", default=None, help=f"{' | '.join(TIERS)} (default: ${TIER_ENV} or pr)")
@@ -479,7 +352,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="print the JAX GPU plugin requirements for the platform (none on the CPU or with "
                         "--deps-from) and exit; `nox -s tests` installs them")
     p.add_argument("--dry-run", action="store_true", help="print the pytest commands and exit")
-    a, pytest_args = p.parse_known_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a, pytest_args = _parser().parse_known_args(argv)
     env = dict(os.environ)
     results_dir = (a.results_dir or REPO_ROOT / RESULTS_DIR).resolve()
     tier = a.tier or env.get(TIER_ENV) or DEFAULT_TIER
@@ -526,152 +403,6 @@ def main(argv: list[str] | None = None) -> int:
     gpu = {"expected": expect, "how": expect_how, "jax": seen.get("jax"), "problems": problems}
     # with a device problem no test runs (it would run on the wrong devices)
     return summarize(tier, platform, why, [] if problems else execute(runs, gpus, REPO_ROOT), results_dir, notes, gpu)
-
-
-# --- the slot speed-up measurement (ci/measure_slot_speedup.py; docs/testing.md) -----------------------
-# The pr tier's GPU tests with N xdist workers (one GPU each) vs 1, with the tier's own pytest command
-# (plan) and retries off: untimed warm-up rounds, then timed rounds, the N-worker run first in each (a
-# warm-cache effect left favours the 1-worker run). Every worker of the N-worker run must have seen exactly
-# one GPU, none shared. Each run's wall time is split by the workers' records into start (launch to the
-# first test), tests (first test started to last ended) and end (last test ended to exit): start and end
-# are paid once per run, so they bound the wall-time speed-up.
-
-SPEEDUP_GOAL = 1.8
-
-
-def check_pinning(records: list[dict], workers: int) -> list[str]:
-    """Problems with how the workers were pinned (empty when each saw exactly one, different, GPU)."""
-    problems = [f"{len(records)} worker records for {workers} workers"] if len(records) != workers else []
-    gpus = [r["gpu"] for r in records]
-    if len(set(gpus)) != len(gpus):
-        problems.append(f"workers shared a GPU: {gpus}")
-    for r in records:
-        devs = r.get("jax_devices")
-        if devs is None:
-            problems.append(f"{r['worker']}: JAX never started (no GPU test ran there?)")
-        elif len(devs) != 1:
-            problems.append(f"{r['worker']}: JAX saw {len(devs)} devices ({devs}), expected exactly 1")
-    return problems
-
-
-def phases(records: list[dict], launched: float, ended: float) -> dict | None:
-    """Split a run's wall time (time.time() at launch and exit) by its workers' first and last test; None when
-    no worker recorded a test."""
-    ran = [r["tests"] for r in records if (r.get("tests") or {}).get("count")]
-    if not ran:
-        return None
-    first, last = min(t["first_start"] for t in ran), max(t["last_end"] for t in ran)
-    return {"start": round(first - launched, 2), "tests": round(last - first, 2), "end": round(ended - last, 2)}
-
-
-def timed_run(run: PytestRun, root: Path, records: Path) -> dict:
-    env = {**os.environ, **run.env, gpu_slots.RECORD_ENV: str(records)}
-    launched, start = time.time(), time.monotonic()
-    proc = subprocess.run(list(run.argv), cwd=root, env=env, capture_output=True, text=True, check=False)
-    seconds, ended = time.monotonic() - start, time.time()
-    sys.stdout.write("\n".join(proc.stdout.splitlines()[-4:]) + "\n")
-    recs = [json.loads(p.read_text()) for p in sorted(records.glob("*.json"))]
-    tail = "\n".join(proc.stdout.strip().splitlines()[-3:])
-    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected|rerun)", tail)}
-    return {"rc": proc.returncode, "seconds": round(seconds, 2), "counts": counts, "workers_seen": recs,
-            "phases": phases(recs, launched, ended), "output_tail": proc.stdout[-4000:] + proc.stderr[-2000:]}
-
-
-def phase_summary(timed: list[dict], workers: int) -> dict | None:
-    """Median start / tests / end of the 1- and N-worker runs, the test phase's speed-up, and the bound
-    start and end put on the wall-time speed-up. None unless every timed run has its phases."""
-    if not timed or any(x["phases"] is None for x in timed):
-        return None
-    med = {n: {k: round(statistics.median(x["phases"][k] for x in timed if x["workers"] == n), 2)
-               for k in ("start", "tests", "end")} for n in (1, workers)}
-    one, par = med[1], med[workers]
-    fixed = {n: round(med[n]["start"] + med[n]["end"], 2) for n in (1, workers)}
-    return {"median_1_worker": one, f"median_{workers}_workers": par,
-            "start_end_1_worker": fixed[1], f"start_end_{workers}_workers": fixed[workers],
-            "test_phase_speedup": round(one["tests"] / par["tests"], 3) if par["tests"] else None,
-            "wall_speedup_bound": round((fixed[1] + one["tests"]) / (fixed[1] + one["tests"] / workers), 3)}
-
-
-def round_speedups(timed: list[dict], workers: int) -> list[float]:
-    """Each timed round's own speed-up (its 1-worker run over its N-worker run), in round order: the
-    spread shows how much of a difference between medians the host's run-to-run noise could make."""
-    by_round: dict[int, dict[int, float]] = {}
-    for x in timed:
-        by_round.setdefault(x["round"], {})[x["workers"]] = x["seconds"]
-    return [round(r[1] / r[workers], 3) for _, r in sorted(by_round.items()) if r.get(workers)]
-
-
-def speedup_main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python3 ci/measure_slot_speedup.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
-    p.add_argument("--workers", type=int, default=2, help="workers of the parallel run, one GPU each (2)")
-    p.add_argument("--repeats", type=int, default=1, help="rounds of (N workers, 1 worker); medians are compared")
-    p.add_argument("--warmup", type=int, default=1, help="untimed rounds first, not in the medians (1)")
-    p.add_argument("--tier", default="pr", help="tier whose single-device run is timed (pr)")
-    p.add_argument("--platform", default=None, help="cuda | rocm (default: detected)")
-    p.add_argument("--out", type=Path, default=Path("build/test-results/slot_speedup.json"))
-    a, pytest_args = p.parse_known_args(argv)
-    if a.repeats < 1 or a.warmup < 0 or a.workers < 2:
-        p.error("--repeats must be >= 1, --warmup >= 0 and --workers >= 2")
-    n_w = a.workers
-    gpus = gpu_slots.detect()
-    platform, why = choose_platform(a.platform, dict(os.environ), gpus)
-    if platform == "cpu" or gpus.count < n_w:
-        print(f"measure_slot_speedup: needs {n_w} GPUs, found {gpus.count} ({gpus.how}); run it on the GPU host",
-              file=sys.stderr)
-        return 2
-    rounds = []
-    for r in range(a.warmup + a.repeats):
-        warmup = r < a.warmup
-        label = f"warm-up {r + 1}" if warmup else f"round {r - a.warmup + 1}"
-        for n in (n_w, 1):
-            (run,) = [x for x in plan(a.tier, platform, gpus, pytest_args, workers=n, reruns=0,
-                                      results_dir=REPO_ROOT / RESULTS_DIR) if x.kind == "single"]
-            print(f"measure_slot_speedup: {label}, {n} worker(s): {run.command_line()}", flush=True)
-            with tempfile.TemporaryDirectory(prefix="ja-slots-") as tmp:
-                res = timed_run(run, REPO_ROOT, Path(tmp))
-            res.update(workers=n, round=r - a.warmup + 1, warmup=warmup, label=label, command=run.command_line(),
-                       pinning_problems=check_pinning(res["workers_seen"], n))
-            rounds.append(res)
-    timed = [x for x in rounds if not x["warmup"]]
-    t_n = statistics.median(x["seconds"] for x in timed if x["workers"] == n_w)
-    t_1 = statistics.median(x["seconds"] for x in timed if x["workers"] == 1)
-    failures = [f"{x['workers']} worker(s), {x['label']}: exit {x['rc']}" for x in rounds if x["rc"] != 0]
-    failures += [f"{x['workers']} worker(s), {x['label']}: {pr}" for x in rounds for pr in x["pinning_problems"]]
-    speedup = t_1 / t_n if t_n else 0.0
-    split = phase_summary(timed, n_w)
-    per_round = round_speedups(timed, n_w)
-    result = {"tier": a.tier, "platform": platform, "platform_how": why, "gpus": list(gpus.ids),
-              "gpus_how": gpus.how, "workers": n_w, "repeats": a.repeats, "warmup": a.warmup,
-              "seconds_1_worker": t_1, f"seconds_{n_w}_workers": t_n, "speedup": round(speedup, 3),
-              "round_speedups": per_round, "goal": SPEEDUP_GOAL,
-              "met_goal": speedup >= SPEEDUP_GOAL and not failures, "phases": split, "failures": failures,
-              "runs": rounds}
-    atomic_write.write_text(a.out, json.dumps(result, indent=1) + "\n")
-    print(f"\n== slot speed-up, tier {a.tier} on {platform} ({gpus.how}) ==")
-    for x in rounds:
-        pins = ", ".join(f"{w['worker']}->GPU {w['gpu']} ({len(w.get('jax_devices') or [])} dev)"
-                         for w in x["workers_seen"])
-        ph = x["phases"]
-        split_s = f" (start {ph['start']:.1f} + tests {ph['tests']:.1f} + end {ph['end']:.1f})" if ph else ""
-        print(f"{x['workers']} worker(s) {x['label']}: {x['seconds']:.1f} s{split_s}, exit {x['rc']}, "
-              f"{x['counts']}; {pins}")
-    print(f"1 worker {t_1:.1f} s, {n_w} workers {t_n:.1f} s: speed-up {speedup:.2f}x (goal {SPEEDUP_GOAL}x)")
-    print(f"each round's own speed-up: {', '.join(f'{r:.2f}x' for r in per_round)} "
-          f"(from {min(per_round):.2f}x to {max(per_round):.2f}x)")
-    if split:
-        one, par = split["median_1_worker"], split[f"median_{n_w}_workers"]
-        test_speedup = (f"{split['test_phase_speedup']:.2f}x" if split["test_phase_speedup"]
-                        else "not measurable (test phase under 0.01 s)")
-        print(f"test phase (first test started to last ended), medians: 1 worker {one['tests']:.1f} s, "
-              f"{n_w} workers {par['tests']:.1f} s: {test_speedup}")
-        print(f"start + end, paid once per run: {split['start_end_1_worker']:.1f} s with 1 worker, "
-              f"{split[f'start_end_{n_w}_workers']:.1f} s with {n_w}; with the 1-worker start and end, a perfect "
-              f"{n_w}-way split of its test phase gives at most {split['wall_speedup_bound']:.2f}x")
-    for f in failures:
-        print(f"FAILED: {f}")
-    print(f"results: {a.out}")
-    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ from jatools import atomic_write, config, steps
 from jatools.jitlibs import publish
 from jatools.validate import cleanroom_env as cenv
 from jatools.validate import wheelhouse
-from jatools.wheel import wheel_checks
+from jatools.wheel import wheel_scan
 from jax_aiter import manifest as mf
 from jax_aiter import reuse_gate
 from jax_aiter.integrity import sha256_file, sha256_files
@@ -345,7 +345,7 @@ def _timed(result: WheelResult, name: str, phase: str, fn: Callable[[], tuple[st
     start = time.perf_counter()
     try:
         (msg, value), ok = fn(), True
-    except (wheel_checks.RecordError, cenv.CleanRoomError, ValidationError, wheelhouse.WheelhouseError) as e:
+    except (wheel_scan.RecordError, cenv.CleanRoomError, ValidationError, wheelhouse.WheelhouseError) as e:
         msg, value, ok = str(e), None, False
     result.checks.append(Check(name, phase, ok, round(time.perf_counter() - start, 3), msg))
     return value
@@ -359,10 +359,10 @@ def validate_wheel(wheel: Path, opts: Options, engine: cenv.Probe | None, wh: Pa
                          "")
     opts.log(f"cleanroom: {variant}: {wheel.name}")
     if not _timed(result, "wheel-record", "wheel",
-                  lambda: (f"{wheel_checks.verify_record(wheel)} files match the wheel's RECORD", True)):
+                  lambda: (f"{wheel_scan.verify_record(wheel)} files match the wheel's RECORD", True)):
         return result
     if not _timed(result, "wheel-pins", "wheel",  # RECORD can be regenerated; the pins are what the loader trusts
-                  lambda: ((f"{wheel_checks.verify_pins(wheel)} libraries match their pins (the bytes the wheel "
+                  lambda: ((f"{wheel_scan.verify_pins(wheel)} libraries match their pins (the bytes the wheel "
                             "was built with; provenance: docs/security.md)"), True)):
         return result
     release: Path | None = None
@@ -378,7 +378,7 @@ def validate_wheel(wheel: Path, opts: Options, engine: cenv.Probe | None, wh: Pa
     try:  # the files the smoke step reads: the script, the references, the wheel's RECORD
         shutil.copy2(SMOKE_SOURCE, room.smoke / SMOKE_SCRIPT)
         shutil.copy2(opts.root / REFERENCE_SOURCE, room.smoke / "reference.py")
-        (room.smoke / RECORD_COPY).write_text(wheel_checks.read_record_text(wheel))
+        (room.smoke / RECORD_COPY).write_text(wheel_scan.read_record_text(wheel))
         if engine is None:
             _engine_free(result, room, opts, wheel, wh, python, pins, release, host)
         else:
@@ -543,21 +543,31 @@ def main(argv: list[str] | None = None) -> int:
                    help="use the packages installed for PYTHON as the dependencies (an offline GPU host's JAX and "
                         "plugin) instead of the wheelhouse's floor pins; engine-free only")
     args = p.parse_args(argv)
+    return run(args.wheel, variant=args.variant, dist=args.dist, engine=args.engine, installer=args.installer,
+               wheelhouse_dir=args.wheelhouse, fill=not args.no_fill, release=args.release, report=args.report,
+               keep=args.keep, deps_from=args.deps_from)
+
+
+def run(wheels: list[Path] | None = None, *, variant: str | None = None, dist: Path | None = None,
+        engine: str = "auto", installer: str = "auto", wheelhouse_dir: Path | None = None, fill: bool = True,
+        release: Path | None = None, report: Path | None = None, keep: bool = False,
+        deps_from: Path | None = None) -> int:
+    """`invoke validate`: validate the wheels (default: every wheel in dist/, or one variant's), print the
+    summary, write the JSON report; the exit status (2: could not validate, 1: a wheel failed)."""
     root = config.repo_root()
     try:
-        wheels = select_wheels(args.wheel, args.dist or root / "dist", args.variant)
-        opts = Options(root=root, wheels=wheels, engine=args.engine, installer=args.installer,
-                       wheelhouse=args.wheelhouse, fill=not args.no_fill, release=args.release, keep=args.keep,
-                       deps_from=args.deps_from)
-        report = validate(opts)
+        opts = Options(root=root, wheels=select_wheels(wheels, dist or root / "dist", variant), engine=engine,
+                       installer=installer, wheelhouse=wheelhouse_dir, fill=fill, release=release, keep=keep,
+                       deps_from=deps_from)
+        result = validate(opts)
     except (ValidationError, cenv.CleanRoomError, wheelhouse.WheelhouseError) as e:
         print(f"validate: error: {e}", file=sys.stderr)
         return 2
-    path = args.report or report_path(root)
-    report.write(path)
-    print(report.summary())
+    path = report or report_path(root)
+    result.write(path)
+    print(result.summary())
     print(f"report: {path}")
-    return 0 if report.ok else 1
+    return 0 if result.ok else 1
 
 
 if __name__ == "__main__":

@@ -187,6 +187,7 @@ class Smoke:
     def identity(self) -> str:
         from importlib import metadata
 
+        import jax_aiter
         from jax_aiter import _loader
 
         ident = _loader.build_identity()
@@ -198,6 +199,8 @@ class Smoke:
             problems.append(f"variant is {ident['variant']!r}, but the wheel is named as {self.args.variant!r}")
         if ident.get("version") and version.split("+")[0] != str(ident["version"]).split("+")[0]:
             problems.append(f"version {ident['version']} differs from the installed distribution's {version}")
+        if (derived := jax_aiter.__version__) != version:  # derived from the identity: one home, pyproject.toml
+            problems.append(f"jax_aiter.__version__ is {derived}, the installed distribution {version}")
         if problems:
             raise CheckFailed(f"{_loader.IDENTITY_FILE.name}: " + "; ".join(problems))
         return f"{version} {ident['variant']} cache_id={ident['cache_id']} backend={ident.get('backend', '?')}"

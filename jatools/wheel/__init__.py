@@ -2,6 +2,5 @@
 builder (also the PEP 517/660 build backend and the sdist: wheel_build.py), and one read of a wheel with every
 check on it (RECORD, contents, ELF, symbol floor, the clients users run: wheel_checks.py).
 
-Owns dist/*.whl. May import: jatools.jitlibs (what a wheel pins), jatools.config,
-jatools.atomic_write and the runtime's jax_aiter.integrity.
+Owns dist/*.whl; what it may import: jatools/stages.py.
 """

@@ -38,10 +38,11 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from jatools import atomic_write, config
-from jatools.jitlibs import jit_cache
-from jatools.wheel import wheel_checks
+from jatools.jitlibs import expect
+from jatools.wheel import wheel_checks, wheel_scan
 from jatools.wheel.wheel_layout import Layout, Variant, python_files, python_packages
 from jatools.wheel.zip_writer import DeterministicZipWriter, WrittenMember
+from jax_aiter import remedies
 from jax_aiter import settings as numeric
 from jax_aiter.fetch_mha import BASE_URL_KEY
 from jax_aiter.integrity import (
@@ -62,7 +63,7 @@ class WheelBuildError(RuntimeError):
     """The wheel cannot be built; the message says what is wrong and which command fixes it."""
 
 
-BUILD_ERRORS = (WheelBuildError, IntegrityError, jit_cache.JitExpectationError, wheel_checks.FloorError,
+BUILD_ERRORS = (WheelBuildError, IntegrityError, expect.JitExpectationError, wheel_checks.FloorError,
                 config.SettingError)
 
 
@@ -100,7 +101,7 @@ class BuildResult:
     seconds: dict[str, float] = field(default_factory=dict)
     identity: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    scan: wheel_checks.WheelScan | None = field(default=None, repr=False)  # the read-back, for the checks
+    scan: wheel_scan.WheelScan | None = field(default=None, repr=False)  # the read-back, for the checks
 
     def summary(self) -> str:
         secs = ", ".join(f"{k} {v:.2f} s" for k, v in self.seconds.items())
@@ -140,7 +141,7 @@ def default_epoch(root: Path) -> int:
     return max(MIN_EPOCH, int(out.stdout.strip())) if out.returncode == 0 and out.stdout.strip() else MIN_EPOCH
 
 
-def build_identity(expectations: jit_cache.JitExpectations, version: str, variant: Variant,
+def build_identity(expectations: expect.JitExpectations, version: str, variant: Variant,
                    wheel_arch: str | None, native: dict[str, dict], base_url: str | None,
                    source_build: bool = False) -> dict:
     """The identity baked into the wheel: the JIT libraries' identity plus what this wheel is, the pins
@@ -152,7 +153,7 @@ def build_identity(expectations: jit_cache.JitExpectations, version: str, varian
         raise WheelBuildError(
             f"JA_WHEEL_ARCH={wheel_arch} but the JIT libraries were built for "
             f"{', '.join(archs) or 'no GPU arch'} (backend {ident.get('backend')}, {expectations.source}); "
-            f"rebuild them with GPU_ARCHS={wheel_arch} python3 jax_aiter/jit/build_jit.py, or unset JA_WHEEL_ARCH")
+            f"rebuild them with GPU_ARCHS={wheel_arch} {remedies.door('jit')}, or unset JA_WHEEL_ARCH")
     ident.update(schema=IDENTITY_SCHEMA, version=version, variant=variant.name,
                  wheel_arch=";".join(config.split_archs(wheel_arch)) if wheel_arch else (";".join(archs) or None),
                  pins=sorted([*expectations.entries.values(), *native.values()], key=lambda e: e["name"]))
@@ -357,14 +358,14 @@ def add_dist_info(zw: DeterministicZipWriter, dist_info: str, metadata: bytes, w
     written = zw.members
     record = io.StringIO()
     csv.writer(record, lineterminator="\n").writerows(
-        [*([m.arcname, wheel_checks.record_hash(m.sha256), m.size] for m in written), [f"{dist_info}/RECORD", "", ""]])
+        [*([m.arcname, wheel_scan.record_hash(m.sha256), m.size] for m in written), [f"{dist_info}/RECORD", "", ""]])
     zw.add_bytes(f"{dist_info}/RECORD", record.getvalue().encode())
     return written
 
 
 def platform_tag(options: BuildOptions, libs: dict[str, Path]) -> tuple[str, str]:
     """(tag, where it came from): JA_WHEEL_PLAT_NAME, else the measured symbol floor."""
-    infos = {name: wheel_checks.read_dynamic(p) for name, p in libs.items()}
+    infos = {name: wheel_scan.read_dynamic(p) for name, p in libs.items()}
     arch = wheel_checks.elf_arch(list(infos.values()))
     if options.plat_name:
         tag = options.plat_name.strip().replace("-", "_").replace(".", "_")  # as bdist_wheel normalises it
@@ -377,14 +378,14 @@ def platform_tag(options: BuildOptions, libs: dict[str, Path]) -> tuple[str, str
 
 
 def read_back(wheel: Path, written: list[WrittenMember], jit_members: dict[str, str],
-              expectations: jit_cache.JitExpectations, jobs: int | None,
-              native: dict[str, dict] | None = None, staged: dict[str, str] | None = None) -> wheel_checks.WheelScan:
+              expectations: expect.JitExpectations, jobs: int | None,
+              native: dict[str, dict] | None = None, staged: dict[str, str] | None = None) -> wheel_scan.WheelScan:
     """Decompress every member of the written file: RECORD digests, JIT libraries against their record,
     `native` ({member: entry}, the umbrella and shims) against theirs and `staged` ({member: sha256}, the Python
     and data files) against what staging wrote. Returns the scan, for the checks."""
     try:
-        scanned = wheel_checks.scan(wheel, workers=jobs)
-    except wheel_checks.WheelReadError as e:
+        scanned = wheel_scan.scan(wheel, workers=jobs)
+    except wheel_scan.WheelReadError as e:
         raise IntegrityError(f"reading the new wheel back failed: {e}") from e
     members = scanned.members
     for member, name in jit_members.items():
@@ -411,7 +412,7 @@ LOCK_NAME = ".wheel_build.lock"
 
 
 def build(settings: config.Settings, options: BuildOptions, layout: Layout | None = None,
-          expectations: jit_cache.JitExpectations | None = None,
+          expectations: expect.JitExpectations | None = None,
           log: Callable[[str], None] = print) -> BuildResult:
     """Build one wheel; `log` receives plain progress lines (they read the same on a terminal and in CI).
 
@@ -434,8 +435,23 @@ def build(settings: config.Settings, options: BuildOptions, layout: Layout | Non
         return _build_locked(settings, options, layout, expectations, log)
 
 
+def _verify_libraries(settings: config.Settings, variant: Variant, version: str, libs: dict[str, Path],
+                      jit_names: list[str], native_names: list[str], expectations: expect.JitExpectations | None,
+                      log: Callable[[str], None]) -> tuple[expect.JitExpectations, dict[str, dict]]:
+    """Every library the wheel will hold checked before staging: the JIT libraries against their record (the
+    expectations), the native ones against theirs; (the expectations, {native library: its entry})."""
+    try:
+        expectations = expectations or expect.expectations(settings)
+        log(f"wheel_build: {variant.name} {version}: verifying {len(jit_names)} JIT libraries "
+            f"({sum(libs[n].stat().st_size for n in jit_names) / 1e6:.1f} MB) against {expectations.source}")
+        expectations.verify_folder(settings.jit_dir, jit_names)
+    except expect.JitExpectationError as e:
+        raise WheelBuildError(str(e)) from e
+    return expectations, verify_native(libs, native_names)
+
+
 def _build_locked(settings: config.Settings, options: BuildOptions, layout: Layout | None,
-                  expectations: jit_cache.JitExpectations | None, log: Callable[[str], None]) -> BuildResult:
+                  expectations: expect.JitExpectations | None, log: Callable[[str], None]) -> BuildResult:
     t0 = time.monotonic()
     layout = layout or Layout.load()
     variant = layout.variant(options.variant)
@@ -447,14 +463,8 @@ def _build_locked(settings: config.Settings, options: BuildOptions, layout: Layo
     libs = library_sources(settings, layout, variant)
     jit_names = [n for n in variant.libraries if layout.libraries[n].kind == "jit"]
     native_names = [n for n in variant.libraries if layout.libraries[n].kind != "jit"]
-    try:
-        expectations = expectations or jit_cache.expectations(settings)
-        log(f"wheel_build: {variant.name} {version}: verifying {len(jit_names)} JIT libraries "
-            f"({sum(libs[n].stat().st_size for n in jit_names) / 1e6:.1f} MB) against {expectations.source}")
-        expectations.verify_folder(settings.jit_dir, jit_names)
-    except jit_cache.JitExpectationError as e:
-        raise WheelBuildError(str(e)) from e
-    native = verify_native(libs, native_names)
+    expectations, native = _verify_libraries(settings, variant, version, libs, jit_names, native_names,
+                                             expectations, log)
     identity = build_identity(expectations, version, variant, options.wheel_arch, native,
                               settings.raw.get("jit_libs_base_url"), options.source_build)
     if identity.get("kernel_source_dirty"):
@@ -713,7 +723,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         options = BuildOptions.from_env(args.variant, args.dist or settings.root / "dist", plat_name=args.plat_name,
                                         wheel_arch=args.wheel_arch, level=args.compress_level, jobs=args.jobs)
-        expectations = jit_cache.expectations(settings, args.jit_record) if args.jit_record else None
+        expectations = expect.expectations(settings, args.jit_record) if args.jit_record else None
         result = build(settings, options, expectations=expectations)
     except (*BUILD_ERRORS, OSError, ValueError) as e:
         print(f"wheel_build: error: {e}", file=sys.stderr)

@@ -1,297 +1,50 @@
-"""Read a wheel once and judge it: RECORD, the content policy, the ELF rules, the glibc symbol floor, the clients.
+"""Judge a wheel read once (wheel_scan.py): the content policy, the ELF rules, the glibc symbol floor, the clients.
 
     python -m jatools.wheel.wheel_checks [--floor] [--contents] [--clients] DIST...   (none given: floor + contents)
 
-`scan` reads, inflates (libdeflate) and hashes each member once, on threads, keeping the small members' bytes
-and each library's dynamic section and symbol versions (pyelftools); every check runs on a scan, so one command
-inflates a wheel once. The floor is auditwheel's own `sym_tag` (why not `overall_tag`: docs/wheels.md); a
+Every check runs on one wheel_scan.scan, so one command inflates a wheel once. The floor is auditwheel's own `sym_tag` (why not `overall_tag`: docs/wheels.md); a
 failure names the symbol versions above the claimed tag and the libraries that import them.
 """
 from __future__ import annotations
 
 import argparse
-import base64
-import contextlib
-import csv
 import email.parser
-import glob
-import hashlib
-import io
+import functools
 import json
-import mmap
 import os
 import posixpath
 import re
-import struct
 import subprocess
 import sys
 import tempfile
 import zipfile
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO
 
-import deflate
 from auditwheel.architecture import Architecture
-from auditwheel.elfutils import elf_find_versioned_symbols
 from auditwheel.libc import Libc
 from auditwheel.policy import WheelPolicies
-from elftools.common.exceptions import ELFError
-from elftools.elf.dynamic import DynamicSection
-from elftools.elf.elffile import ELFFile
 from packaging.metadata import Metadata
 from packaging.utils import (
     InvalidWheelFilename,
     canonicalize_name,
     parse_wheel_filename,
 )
-from packaging.version import InvalidVersion
+from packaging.version import InvalidVersion, Version
 
-from jatools.wheel.wheel_layout import Layout, LayoutError, python_packages
-from jatools.wheel.zip_writer import LOCAL_HEADER, LOCAL_HEADER_SIGNATURE
+from jatools.wheel.wheel_layout import Layout, LayoutError, Variant, python_packages
+from jatools.wheel.wheel_scan import (
+    ElfDynamic,
+    WheelReadError,
+    WheelScan,
+    baked_identity,
+    dist_info_dir,
+    pin_problems,
+    record_problems,
+    scan,
+)
 
-ELF_MAGIC = b"\x7fELF"
 ORIGIN_TOKENS = ("$ORIGIN", "${ORIGIN}")
-REBUILD = "`bash scripts/build_wheel.sh --variant lite|full`"
-
-
-class WheelReadError(RuntimeError):
-    """The wheel cannot be read as a zip, or a member cannot be read back."""
-
-
-@dataclass(frozen=True)
-class ElfDynamic:
-    """The dynamic-linking facts of one ELF file (auditwheel sums them over the wheel; a failure names the library)."""
-    machine: str
-    soname: str | None
-    needed: tuple[str, ...]
-    rpath: tuple[str, ...]
-    runpath: tuple[str, ...]
-    # {needed library: sorted version names} as auditwheel counts them, e.g. {"libstdc++.so.6": ["GLIBCXX_3.4.29"]}
-    version_needs: dict[str, list[str]]
-
-
-def read_dynamic(path: str | Path, stream: BinaryIO | _ReadOnlyView | None = None) -> ElfDynamic:
-    """Parse the ELF file at `path` (or `stream`, named `path` in errors); ValueError when it is not one."""
-    try:
-        with contextlib.ExitStack() as stack:
-            elf = ELFFile(stream or stack.enter_context(open(path, "rb")))
-            tags = [t for s in elf.iter_sections() if isinstance(s, DynamicSection) for t in s.iter_tags()]
-
-            def values(d_tag: str) -> list[str]:
-                return [getattr(t, d_tag[3:].lower()) for t in tags if t.entry.d_tag == d_tag]
-
-            # RPATH/RUNPATH entries as written, empty ones kept: the contents check rejects them.
-            rpath, runpath = (tuple(e for v in values(d) for e in v.split(":")) for d in ("DT_RPATH", "DT_RUNPATH"))
-            versions: dict[str, set[str]] = {}
-            for lib, version in elf_find_versioned_symbols(elf):
-                versions.setdefault(lib, set()).add(version)
-            return ElfDynamic(elf["e_machine"], (values("DT_SONAME") or [None])[-1], tuple(values("DT_NEEDED")),
-                              rpath, runpath, {lib: sorted(v) for lib, v in sorted(versions.items())})
-    except (ELFError, OSError) as e:
-        raise ValueError(f"{path}: not a readable ELF shared library ({e})") from e
-
-
-class _ReadOnlyView:
-    """A file over a buffer for pyelftools (seek, tell, read), without the copy io.BytesIO makes of the
-    bytearray libdeflate returns: a library's bytes are held once, however large."""
-
-    def __init__(self, buffer: bytes | bytearray):
-        self._view, self._pos = memoryview(buffer), 0
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        self._pos = offset + (0, self._pos, len(self._view))[whence]
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
-
-    def read(self, size: int = -1) -> bytes:
-        out = bytes(self._view[self._pos:len(self._view) if size < 0 else self._pos + size])
-        self._pos += len(out)
-        return out
-
-
-@dataclass(frozen=True)
-class Member:
-    name: str
-    size: int
-    sha256: str  # hex
-    data: bytes | None = None  # a non-ELF member's bytes (metadata, modules); None for a library
-    elf: ElfDynamic | None = None
-    elf_error: str | None = None  # ELF magic, but not a readable ELF file
-
-
-@dataclass(frozen=True)
-class WheelScan:
-    wheel: Path
-    names: tuple[str, ...]  # as the central directory lists them (twice if stored twice)
-    members: dict[str, Member]
-
-
-def record_hash(digest: bytes) -> str:
-    """A digest as RECORD spells it: sha256=<urlsafe base64, no padding>."""
-    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
-
-
-def dist_info_dir(wheel: Path) -> str:
-    name, version, _, _ = parse_wheel_filename(wheel.name)
-    return f"{str(name).replace('-', '_')}-{version}.dist-info"
-
-
-def _inflate(zf: zipfile.ZipFile, mm: mmap.mmap, info: zipfile.ZipInfo) -> bytes | bytearray:
-    """A member's bytes: deflated ones inflated whole by libdeflate, CRC-32 checked as zipfile would."""
-    if info.compress_type != zipfile.ZIP_DEFLATED:
-        return zf.read(info)  # stored: zipfile checks the CRC
-    signature, *_, name_length, extra_length = LOCAL_HEADER.unpack_from(mm, info.header_offset)
-    if signature != LOCAL_HEADER_SIGNATURE:
-        raise zipfile.BadZipFile("bad local header signature")
-    start = info.header_offset + LOCAL_HEADER.size + name_length + extra_length
-    if start + info.compress_size > len(mm):
-        raise EOFError("it runs past the end of the file")
-    with memoryview(mm) as view, view[start:start + info.compress_size] as compressed:
-        data = deflate.deflate_decompress(compressed, info.file_size)
-    if deflate.crc32(data) != info.CRC:
-        raise zipfile.BadZipFile("bad CRC-32")
-    return data
-
-
-def scan(wheel: Path, workers: int | None = None) -> WheelScan:
-    """Read every member of `wheel` once; WheelReadError names an unreadable file or a corrupt member."""
-    try:
-        with zipfile.ZipFile(wheel) as zf, open(wheel, "rb") as f, \
-                mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            infos = [i for i in zf.infolist() if not i.is_dir()]
-
-            def one(info: zipfile.ZipInfo) -> Member:
-                try:
-                    data = _inflate(zf, mm, info)
-                    name, size, digest = info.filename, len(data), hashlib.sha256(data).hexdigest()
-                    if data[:4] != ELF_MAGIC:
-                        return Member(name, size, digest, bytes(data))
-                    try:
-                        return Member(name, size, digest, elf=read_dynamic(name, _ReadOnlyView(data)))
-                    except ValueError as e:
-                        return Member(name, size, digest, elf_error=str(e))
-                except (zipfile.BadZipFile, deflate.DeflateError, EOFError, OSError, struct.error) as e:
-                    raise WheelReadError(f"{wheel.name}: member {info.filename} cannot be read back ({e})") from e
-
-            # Largest first, so the big libraries start at once and the small files fill in around them.
-            order = sorted(infos, key=lambda i: -i.file_size)
-            with ThreadPoolExecutor(max_workers=max(1, min(len(order), workers or os.cpu_count() or 1))) as pool:
-                members = {m.name: m for m in pool.map(one, order)}
-    except (zipfile.BadZipFile, OSError, ValueError) as e:
-        raise WheelReadError(f"{wheel}: not a readable zip/wheel ({e})") from e
-    return WheelScan(wheel, tuple(i.filename for i in infos), members)
-
-
-def find_wheels(spec: str, dist_dir: Path) -> list[Path]:
-    """Wheels named by `spec`: paths or globs, comma-separated (`invoke floor -w 'dist/*.whl'`, `-w a.whl,b.whl`);
-    empty means every wheel in `dist_dir`."""
-    parts = [p.strip() for p in spec.split(",") if p.strip()] if spec else [str(dist_dir / "*.whl")]
-    found = [Path(m) for part in parts for m in (sorted(glob.glob(part)) if any(c in part for c in "*?[") else [part])]
-    missing = [str(p) for p in found if not p.is_file()]
-    if missing or not found:
-        where = ", ".join(missing) if missing else (spec or str(dist_dir / "*.whl"))
-        raise WheelReadError(f"no wheel at {where}; build one with `nox -s wheel_lite` / `nox -s wheel_full` "
-                             f"(or {REBUILD})")
-    return found
-
-
-class RecordError(RuntimeError):
-    """The wheel's bytes differ from its RECORD; the message names the files."""
-
-
-def record_problems(scanned: WheelScan) -> list[str]:
-    """How the members differ from RECORD (every member listed with its hash and size, nothing else listed).
-    Installers (pip, uv) do not compare them, so a file changed after the build would install silently."""
-    record_path = f"{dist_info_dir(scanned.wheel)}/RECORD"
-    record = scanned.members.get(record_path)
-    if record is None or record.data is None:
-        return [f"{record_path} is missing"]
-    rows: dict[str, tuple[str, str]] = {}
-    for row in filter(None, csv.reader(io.StringIO(record.data.decode("utf-8")))):
-        if len(row) != 3:
-            return [f"malformed RECORD row {row!r}"]
-        if row[0] in rows:
-            return [f"RECORD lists {row[0]} twice"]
-        rows[row[0]] = (row[1], row[2])
-    problems = []
-    for name, got in scanned.members.items():
-        if name == record_path:
-            continue
-        if name not in rows:
-            problems.append(f"{name} is in the zip but not in RECORD")
-        elif rows[name] != ((got_hash := record_hash(bytes.fromhex(got.sha256))), str(got.size)):
-            problems.append(f"{name}: RECORD says {rows[name][0]} ({rows[name][1]} bytes), the member is "
-                            f"{got_hash} ({got.size} bytes); the wheel was altered after it was built")
-    return problems + [f"RECORD lists {n}, which is not in the wheel" for n in rows if n not in scanned.members]
-
-
-def read_record_text(wheel: Path) -> str:
-    """The RECORD file of `wheel`, as text (shipped to the clean room to check the installed bytes)."""
-    with zipfile.ZipFile(wheel) as zf:
-        return zf.read(f"{dist_info_dir(wheel)}/RECORD").decode()
-
-
-def verify_record(wheel: Path) -> int:
-    """Raise RecordError unless every member matches RECORD and RECORD lists only members; return the count.
-    The clean room refuses such a wheel before making an environment."""
-    try:
-        scanned = scan(wheel)
-    except WheelReadError as e:
-        raise RecordError(f"{e}; rebuild the wheel ({REBUILD})") from None
-    if problems := record_problems(scanned):
-        raise RecordError(f"{wheel.name} does not match its RECORD: {'; '.join(problems[:6])}. Rebuild the "
-                          f"wheel ({REBUILD}) instead of editing it")
-    return len(scanned.members)
-
-
-def _identity(scanned: WheelScan, layout: Layout) -> dict | None:
-    """The wheel's build identity, or None when it is missing or not a JSON object."""
-    member = scanned.members.get(layout.identity_file)
-    try:
-        ident = json.loads(member.data or b"") if member is not None else None
-    except json.JSONDecodeError:
-        return None
-    return ident if isinstance(ident, dict) else None
-
-
-def pin_problems(scanned: WheelScan, layout: Layout | None = None) -> list[str]:
-    """Each library in the wheel against the pin its build identity names ({name, size, sha256}: the pins the
-    loader and jax-aiter-fetch-mha hold installed bytes to). A library changed after the build, with RECORD
-    regenerated to match, is self-consistent for RECORD but not for the pins. What this proves, and what it
-    does not (the identity travels in the same zip): docs/security.md."""
-    layout = layout or Layout.load()
-    ident = _identity(scanned, layout)
-    if ident is None:
-        return [(f"{layout.identity_file} is missing or not JSON: the wheel has no pins to check its libraries "
-                 "against")]
-    pins = {e.get("name"): e for e in ident.get("pins") or [] if isinstance(e, dict)}
-    problems = []
-    for name, m in sorted(scanned.members.items()):
-        if posixpath.dirname(name) != layout.lib_dir or not name.endswith(".so"):
-            continue
-        pin = pins.get(posixpath.basename(name))
-        if pin is None:
-            problems.append(f"{name} has no pin in {layout.identity_file}: nothing says which bytes it must hold")
-        elif (m.sha256, m.size) != (pin.get("sha256"), pin.get("size")):
-            problems.append(f"{name} is sha256 {m.sha256} ({m.size} bytes), but its pin in {layout.identity_file} "
-                            f"is {pin.get('sha256')} ({pin.get('size')} bytes): the library was changed after the "
-                            f"wheel was built; rebuild the wheel ({REBUILD})")
-    return problems
-
-
-def verify_pins(wheel: Path) -> int:
-    """Raise RecordError unless every library in the wheel has the bytes its pin names; return how many."""
-    try:
-        scanned = scan(wheel)
-    except WheelReadError as e:
-        raise RecordError(f"{e}; rebuild the wheel ({REBUILD})") from None
-    if problems := pin_problems(scanned):
-        raise RecordError(f"{wheel.name}: {'; '.join(problems[:6])}")
-    return sum(1 for n in scanned.members if n.startswith(Layout.load().lib_dir + "/") and n.endswith(".so"))
 
 
 # --- the content policy (jatools/wheel/wheel_layout.toml applied to a wheel read back) -------------------------
@@ -322,138 +75,213 @@ class ContentsReport:
 
 def _identity_variant(scanned: WheelScan, layout: Layout) -> str | None:
     """The variant the wheel's identity names (None when it cannot be read; the checks below report that)."""
-    return (_identity(scanned, layout) or {}).get("variant")
+    return (baked_identity(scanned, layout) or {}).get("variant")
 
 
-def check_contents(wheel: Path | WheelScan, layout: Layout | None = None) -> ContentsReport:
-    """The content policy on a wheel (scanned here unless given as a scan)."""
+@dataclass
+class _Wheel:
+    """What every content rule reads: the wheel's scan, its file name's parts, its variant and the layout."""
+
+    path: Path
+    scanned: WheelScan
+    layout: Layout
+    variant: Variant
+    name: str
+    version: Version
+    tags: frozenset
+    report: ContentsReport
+
+    @functools.cached_property
+    def dist_info(self) -> str:
+        return dist_info_dir(self.path)
+
+    @functools.cached_property
+    def dist_files(self) -> dict[str, bytes | None]:
+        """{name under the dist-info: its bytes}."""
+        prefix = self.dist_info + "/"
+        return {n[len(prefix):]: m.data for n, m in self.scanned.members.items() if n.startswith(prefix)}
+
+    @functools.cached_property
+    def required(self) -> list[str]:
+        return [*self.layout.required_files, self.layout.identity_file,
+                *map(self.layout.lib_member, self.variant.libraries)]
+
+    @functools.cached_property
+    def identity(self) -> tuple[dict | None, str | None]:
+        """(the identity file's JSON, or None; why it cannot be read, or None). A missing one is a missing file."""
+        f = self.layout.identity_file
+        try:
+            return (json.loads(self.scanned.members[f].data or b"") if f in self.scanned.members else None), None
+        except json.JSONDecodeError as e:
+            return None, f"{f} is not valid JSON ({e})"
+
+
+def _read_wheel(wheel: Path | WheelScan, layout: Layout, report: ContentsReport) -> _Wheel | None:
+    """The wheel, scanned and named; None (and the problem in the report) when its name or members cannot be read.
+    The tag is checked here, on the file name, before anything is read."""
     path = wheel.wheel if isinstance(wheel, WheelScan) else wheel
-    layout = layout or Layout.load()
-    report = ContentsReport(path.name)
-    problems = report.problems
     try:
         name, version, _, tags = parse_wheel_filename(path.name)
-        problems += [f"tag {t} should be py3-none-<platform>: the libraries are loaded with ctypes, not as CPython "
-                     f"extensions, and they are platform-specific" for t in tags
-                     if t.interpreter != "py3" or t.abi != "none" or t.platform == "any"]
+        report.problems += [f"tag {t} should be py3-none-<platform>: the libraries are loaded with ctypes, not as "
+                            f"CPython extensions, and they are platform-specific" for t in tags
+                            if t.interpreter != "py3" or t.abi != "none" or t.platform == "any"]
         scanned = wheel if isinstance(wheel, WheelScan) else scan(wheel)
         variant = layout.variant_for_version(str(version), _identity_variant(scanned, layout))
-        report.variant = variant.name
     except (InvalidWheelFilename, InvalidVersion) as e:
-        problems.append(f"not a valid wheel file name ({e})")
-        return report
+        report.problems.append(f"not a valid wheel file name ({e})")
+        return None
     except (LayoutError, WheelReadError) as e:
-        problems.append(str(e))
-        return report
-    if dupes := sorted({n for n in scanned.names if scanned.names.count(n) > 1}):
-        problems.append(f"members stored twice: {', '.join(dupes)}")
-    problems += record_problems(scanned)
-    if not (pinned := pin_problems(scanned, layout)):
-        report.notes.append(f"every library matches its pin in {layout.identity_file}: these are the bytes the wheel "
-                            "was built with; who built it is what a build attestation says (docs/security.md)")
-    problems += pinned
+        report.problems.append(str(e))
+        return None
+    report.variant = variant.name
+    return _Wheel(path, scanned, layout, variant, name, version, tags, report)
 
-    # The dist-info: its files, METADATA and WHEEL against the file name.
-    dist_info = dist_info_dir(path)
-    files = {n[len(dist_info) + 1:]: m.data for n, m in scanned.members.items() if n.startswith(dist_info + "/")}
-    expected = set(layout.dist_info_files)
-    if files.get("METADATA") is not None:
+
+def _members_rule(w: _Wheel) -> list[str]:
+    """No member twice; RECORD as the members are."""
+    dupes = sorted({n for n in w.scanned.names if w.scanned.names.count(n) > 1})
+    return ([f"members stored twice: {', '.join(dupes)}"] if dupes else []) + record_problems(w.scanned)
+
+
+def _pins_rule(w: _Wheel) -> list[str]:
+    """Every library matches its pin in the identity file."""
+    pinned = pin_problems(w.scanned, w.layout)
+    if not pinned:
+        w.report.notes.append(f"every library matches its pin in {w.layout.identity_file}: these are the bytes the "
+                              "wheel was built with; who built it is what a build attestation says (docs/security.md)")
+    return pinned
+
+
+def _dist_info_rule(w: _Wheel) -> list[str]:
+    """The dist-info holds exactly its files; METADATA is valid and names the file name's project and version."""
+    problems, expected = [], set(w.layout.dist_info_files)
+    if w.dist_files.get("METADATA") is not None:
         try:
-            meta = Metadata.from_email(files["METADATA"], validate=True)
-            if canonicalize_name(meta.name) != canonicalize_name(name) or str(meta.version) != str(version):
-                problems.append(f"METADATA names {meta.name} {meta.version}, the file name {name} {version}")
+            meta = Metadata.from_email(w.dist_files["METADATA"], validate=True)
+            if canonicalize_name(meta.name) != canonicalize_name(w.name) or str(meta.version) != str(w.version):
+                problems.append(f"METADATA names {meta.name} {meta.version}, the file name {w.name} {w.version}")
             expected |= {f"licenses/{f}" for f in meta.license_files or []}  # PEP 639: in the dist-info's licenses/
         except Exception as e:  # noqa: BLE001 - packaging raises an ExceptionGroup of InvalidMetadata
             problems.append("METADATA is invalid: " + "; ".join(str(x) for x in getattr(e, "exceptions", [e])))
-    problems += [f"{dist_info}/{missing} is missing" for missing in sorted(expected - set(files))]
-    problems += [f"{dist_info}/{extra} is not expected in the dist-info" for extra in sorted(set(files) - expected)]
-    if files.get("WHEEL") is not None:
-        msg = email.parser.Parser().parsestr(files["WHEEL"].decode("utf-8"))
-        if msg.get("Wheel-Version") != "1.0":
-            problems.append(f"WHEEL: Wheel-Version is {msg.get('Wheel-Version')!r}, expected '1.0'")
-        if (msg.get("Root-Is-Purelib") or "").lower() != "false":
-            problems.append("WHEEL: Root-Is-Purelib must be false (the wheel holds native libraries)")
-        if (wheel_tags := set(msg.get_all("Tag") or [])) != {str(t) for t in tags}:
-            problems.append(f"WHEEL: Tag {sorted(wheel_tags)} differs from the file name's {sorted(map(str, tags))}")
+    problems += [f"{w.dist_info}/{missing} is missing" for missing in sorted(expected - set(w.dist_files))]
+    return problems + [f"{w.dist_info}/{extra} is not expected in the dist-info"
+                       for extra in sorted(set(w.dist_files) - expected)]
 
-    # The files: the variant's, none it leaves out, nothing else but the modules of the packages.
-    required = [*layout.required_files, layout.identity_file, *map(layout.lib_member, variant.libraries)]
-    problems += [f"{r} is missing from the {variant.name} wheel (jatools/wheel/wheel_layout.toml requires it)"
-                 for r in required if r not in scanned.names]
-    not_here = [layout.lib_member(n) for n in layout.libraries if n not in variant.libraries]
+
+def _wheel_file_rule(w: _Wheel) -> list[str]:
+    """WHEEL: version 1.0, not purelib, the file name's tags."""
+    if w.dist_files.get("WHEEL") is None:
+        return []  # reported as a missing file
+    msg = email.parser.Parser().parsestr(w.dist_files["WHEEL"].decode("utf-8"))
+    wheel_tags = set(msg.get_all("Tag") or [])
+    return [problem for bad, problem in (
+        (msg.get("Wheel-Version") != "1.0", f"WHEEL: Wheel-Version is {msg.get('Wheel-Version')!r}, expected '1.0'"),
+        ((msg.get("Root-Is-Purelib") or "").lower() != "false",
+         "WHEEL: Root-Is-Purelib must be false (the wheel holds native libraries)"),
+        (wheel_tags != {str(t) for t in w.tags},
+         f"WHEEL: Tag {sorted(wheel_tags)} differs from the file name's {sorted(map(str, w.tags))}")) if bad]
+
+
+def _files_rule(w: _Wheel) -> list[str]:
+    """The variant's files, none it leaves out, nothing else but the modules of the packages."""
+    problems = [f"{r} is missing from the {w.variant.name} wheel (jatools/wheel/wheel_layout.toml requires it)"
+                for r in w.required if r not in w.scanned.names]
+    not_here = [w.layout.lib_member(n) for n in w.layout.libraries if n not in w.variant.libraries]
     py_dirs = {p.replace(".", "/") for p in python_packages()}
-    for n in scanned.names:
-        if n.startswith(dist_info + "/") or n in required:
+    for n in w.scanned.names:
+        if n.startswith(w.dist_info + "/") or n in w.required:
             continue
         if n in not_here:
-            fetched = posixpath.basename(n) in variant.fetched
-            problems.append(f"{n} must not be in the {variant.name} wheel"
+            fetched = posixpath.basename(n) in w.variant.fetched
+            problems.append(f"{n} must not be in the {w.variant.name} wheel"
                             + (" (users fetch it with jax-aiter-fetch-mha)" if fetched else ""))
         elif not (n.endswith(".py") and posixpath.dirname(n) in py_dirs):
             problems.append(f"{n} is not expected in a wheel (not a library of the variant, not a module of the "
                             f"packages pyproject lists)")
+    return problems
 
-    # The identity file (a missing one is reported as a missing file).
-    f, ident = layout.identity_file, None
-    try:
-        ident = json.loads(scanned.members[f].data or b"") if f in scanned.members else None
-    except json.JSONDecodeError as e:
-        problems.append(f"{f} is not valid JSON ({e})")
-    if ident is not None:
-        missing = [k for k in IDENTITY_KEYS if k not in ident]
-        problems += [problem for bad, problem in (
-            (missing, f"{f} lacks {', '.join(missing)}"),
-            (ident.get("version") != str(version), f"{f} says version {ident.get('version')}, the wheel is {version}"),
-            (ident.get("variant") != variant.name,
-             f"{f} says variant {ident.get('variant')}, the version's local label makes it {variant.name}"),
-            (ident.get("backend") not in BACKENDS,
-             f"{f}: backend {ident.get('backend')!r} is not one of {', '.join(BACKENDS)}")) if bad]
 
-    # The libraries: ELF files in the library folder, named by their SONAME, needing only what the wheel has or
-    # the backend allows, looking only inside the wheel.
-    backend, names = (ident or {}).get("backend", "cpu"), list(scanned.members)
-    in_wheel = {posixpath.basename(n) for n in names if n.startswith(layout.lib_dir + "/")}
-    dirs = {str(d) for n in names for d in PurePosixPath(n).parents if d.parts}  # the folders the wheel has
-    for lib in variant.libraries:
-        if (member := scanned.members.get(layout.lib_member(lib))) is not None and member.data is not None:
-            problems.append(f"{member.name} is not an ELF shared library")
-    for member, m in sorted(scanned.members.items()):
-        if m.elf_error:
-            problems.append(m.elf_error)
+def _identity_rule(w: _Wheel) -> list[str]:
+    """The identity file: valid JSON, every key, the wheel's version and variant, a known backend."""
+    (ident, error), f = w.identity, w.layout.identity_file
+    if ident is None:
+        return [error] if error else []
+    missing = [k for k in IDENTITY_KEYS if k not in ident]
+    return [problem for bad, problem in (
+        (missing, f"{f} lacks {', '.join(missing)}"),
+        (ident.get("version") != str(w.version), f"{f} says version {ident.get('version')}, the wheel is {w.version}"),
+        (ident.get("variant") != w.variant.name,
+         f"{f} says variant {ident.get('variant')}, the version's local label makes it {w.variant.name}"),
+        (ident.get("backend") not in BACKENDS,
+         f"{f}: backend {ident.get('backend')!r} is not one of {', '.join(BACKENDS)}")) if bad]
+
+
+def _elf_rule(w: _Wheel) -> list[str]:
+    """The libraries: ELF files in the library folder, named by their SONAME, needing only what the wheel has or
+    the backend allows."""
+    backend = (w.identity[0] or {}).get("backend", "cpu")
+    in_wheel = {posixpath.basename(n) for n in w.scanned.members if n.startswith(w.layout.lib_dir + "/")}
+    problems = [f"{member.name} is not an ELF shared library" for lib in w.variant.libraries
+                if (member := w.scanned.members.get(w.layout.lib_member(lib))) is not None and member.data is not None]
+    for member, m in sorted(w.scanned.members.items()):
+        problems += [m.elf_error] if m.elf_error else []
         if m.elf is None:
             continue
-        info, folder = m.elf, posixpath.dirname(member)
-        if folder != layout.lib_dir:
-            problems.append(f"{member} is a native library outside {layout.lib_dir}/")
-        if info.soname and info.soname != posixpath.basename(member):
-            problems.append(f"{member}: SONAME {info.soname} differs from its file name; other libraries find it by "
+        if posixpath.dirname(member) != w.layout.lib_dir:
+            problems.append(f"{member} is a native library outside {w.layout.lib_dir}/")
+        if m.elf.soname and m.elf.soname != posixpath.basename(member):
+            problems.append(f"{member}: SONAME {m.elf.soname} differs from its file name; other libraries find it by "
                             f"that name")
         problems += [f"{member} needs {dep}, which is neither in the wheel nor allowed from outside for the {backend} "
-                     f"backend (allowlist in jatools/wheel/wheel_layout.toml [external])" for dep in info.needed
-                     if not (dep in in_wheel or layout.external_allowed(dep, backend) or dep in variant.fetched)]
-        for kind, entries in (("RPATH", info.rpath), ("RUNPATH", info.runpath)):
-            for entry in entries:
-                bad = [s for s in layout.runpath_forbidden if s in entry]
-                token = next((t for t in ORIGIN_TOKENS if entry == t or entry.startswith(t + "/")), None)
-                # Where an $ORIGIN entry points in the wheel ('..': outside it); None: not $ORIGIN-relative.
-                target = token and posixpath.normpath(posixpath.join(folder, entry[len(token) + 1:]))
-                where = f"{member}: {kind} entry {entry!r}"
-                if not entry:
-                    problems.append(f"{member}: {kind} has an empty entry ({':'.join(entries)!r}), which glibc reads "
-                                    f"as the current directory: a library would load from wherever Python runs. "
-                                    f"Remove the stray ':' from the link line and rebuild")
-                elif bad:
-                    problems.append(f"{where} names {bad[0]}; TheRock resolves its runtime through ldconfig, never "
-                                    f"that folder. Remove it from the link line and rebuild")
-                elif target is None:
-                    problems.append(f"{where} is not relative to $ORIGIN (a build-machine path); link with -rpath "
-                                    f"'$ORIGIN' only and rebuild")
-                elif target == ".." or target.startswith("../"):
-                    problems.append(f"{where} points outside the wheel ({target})")
-                elif target not in dirs:
-                    report.notes.append(f"{where} names {target}/, which the wheel does not have (a build-tree "
-                                        f"folder; harmless, the loader ignores it)")
-    report.problems = list(dict.fromkeys(problems))  # a missing RECORD is a missing file and no RECORD
+                     f"backend (allowlist in jatools/wheel/wheel_layout.toml [external])" for dep in m.elf.needed
+                     if not (dep in in_wheel or w.layout.external_allowed(dep, backend) or dep in w.variant.fetched)]
+    return problems
+
+
+def _runpath_problem(w: _Wheel, member: str, kind: str, entries: list[str], entry: str, dirs: set[str]) -> str | None:
+    """What is wrong with one RPATH/RUNPATH entry (None: nothing; a harmless one becomes a note)."""
+    folder, bad = posixpath.dirname(member), [s for s in w.layout.runpath_forbidden if s in entry]
+    token = next((t for t in ORIGIN_TOKENS if entry == t or entry.startswith(t + "/")), None)
+    # Where an $ORIGIN entry points in the wheel ('..': outside it); None: not $ORIGIN-relative.
+    target = token and posixpath.normpath(posixpath.join(folder, entry[len(token) + 1:]))
+    where = f"{member}: {kind} entry {entry!r}"
+    if not entry:
+        return (f"{member}: {kind} has an empty entry ({':'.join(entries)!r}), which glibc reads as the current "
+                f"directory: a library would load from wherever Python runs. Remove the stray ':' from the link line "
+                f"and rebuild")
+    if bad:
+        return (f"{where} names {bad[0]}; TheRock resolves its runtime through ldconfig, never that folder. Remove it "
+                f"from the link line and rebuild")
+    if target is None:
+        return f"{where} is not relative to $ORIGIN (a build-machine path); link with -rpath '$ORIGIN' only and rebuild"
+    if target == ".." or target.startswith("../"):
+        return f"{where} points outside the wheel ({target})"
+    if target not in dirs:
+        w.report.notes.append(f"{where} names {target}/, which the wheel does not have (a build-tree folder; "
+                              f"harmless, the loader ignores it)")
+    return None
+
+
+def _runpath_rule(w: _Wheel) -> list[str]:
+    """Every RPATH/RUNPATH entry relative to $ORIGIN, inside the wheel, never a forbidden folder."""
+    dirs = {str(d) for n in w.scanned.members for d in PurePosixPath(n).parents if d.parts}  # the wheel's folders
+    return [problem for member, m in sorted(w.scanned.members.items()) if m.elf is not None
+            for kind, entries in (("RPATH", m.elf.rpath), ("RUNPATH", m.elf.runpath)) for entry in entries
+            if (problem := _runpath_problem(w, member, kind, entries, entry, dirs))]
+
+
+# The content policy, rule by rule, in the order their problems are listed.
+CONTENTS_RULES = (_members_rule, _pins_rule, _dist_info_rule, _wheel_file_rule, _files_rule, _identity_rule,
+                  _elf_rule, _runpath_rule)
+
+
+def check_contents(wheel: Path | WheelScan, layout: Layout | None = None) -> ContentsReport:
+    """The content policy on a wheel (scanned here unless given as a scan): CONTENTS_RULES, each a list of problems."""
+    report = ContentsReport((wheel.wheel if isinstance(wheel, WheelScan) else wheel).name)
+    read = _read_wheel(wheel, layout or Layout.load(), report)
+    for rule in CONTENTS_RULES if read else ():
+        report.problems += rule(read)
+    report.problems = list(dict.fromkeys(report.problems))  # a missing RECORD is a missing file and no RECORD
     return report
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from jatools import config
-from jax_aiter import op_table
+from jax_aiter import op_table, remedies
 
 LAYOUT_FILE = Path(__file__).with_name("wheel_layout.toml")
 
@@ -34,8 +34,7 @@ class LibrarySpec:
     def fix_command(self) -> str:
         """The command that produces this library, for error messages."""
         if self.kind == "jit":
-            return (f"python3 jax_aiter/jit/build_jit.py --module {self.module} (or fetch published ones: "
-                    "invoke jit.fetch)")
+            return remedies.build_or_fetch([self.module])
         return "make ja_mods (or nox -s ja_mods)" if self.kind == "shim" else "make (or nox -s umbrella)"
 
 

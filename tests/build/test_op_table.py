@@ -1,13 +1,15 @@
 """The op table (jax_aiter/op_table.toml) is the one home of the ops: adding one is one row.
 
-A scratch copy of the checkout gets one new row (plus its JIT module's compile settings, the kernel part);
-the Makefile, the wheel layout, the loader and the JIT build all pick it up with nothing else edited.
+A scratch copy of the checkout gets one new row (plus its JIT module's compile settings, the kernel part, and
+its Python op); the Makefile, the wheel layout, the loader, the JIT build, the CI producer's shards and the
+public API all pick it up with nothing else edited (docs/architecture.md, "Adding an op").
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,9 +20,10 @@ from jatools import config
 from jatools.native import jit_build
 from jatools.wheel.wheel_layout import Layout
 from jax_aiter import op_table
-from tests.build.scratch import env_for, make_scratch, run
+from tests.build.scratch import REPO, env_for, make_scratch, run
 
-ROW = 'gelu_and_mul = { targets = { ja_gelu_and_mul = "JaGeluAndMul" }, jit = ["gelu_fwd"], mha = true, fetched = true }\n'
+ROW = ('gelu_and_mul = { targets = { ja_gelu_and_mul = "JaGeluAndMul" }, jit = ["gelu_fwd"], mha = true, '
+       'fetched = true, python = "gelu", api = ["gelu_and_mul"] }\n')
 
 
 def add_op(root: Path) -> None:
@@ -31,11 +34,13 @@ def add_op(root: Path) -> None:
     cfg = json.loads(cfg_path.read_text())
     cfg["modules"]["gelu_fwd"] = {**cfg["modules"]["rmsnorm_fwd"], "symbol": "ja_gelu_fwd_{backend}__{dtype}"}
     cfg_path.write_text(json.dumps(cfg))
+    (root / "jax_aiter/ops/gelu.py").write_text("def gelu_and_mul(x):\n    return x\n")  # its Python op
 
 
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory) -> Path:
     root = make_scratch(tmp_path_factory.mktemp("op-table"))
+    shutil.copytree(REPO / "ci", root / "ci", ignore=shutil.ignore_patterns("__pycache__"))
     run(["make", "-n", f"PYTHON={sys.executable}", "ja_mods"], root)  # writes build/config.mk from the old table
     mk = root / "build/config.mk"
     assert "gelu" not in mk.read_text()
@@ -83,6 +88,20 @@ def test_the_jit_build_builds_the_new_module(scratch):
                                              "mha_bwd": "libmha_bwd.so", "gelu_fwd": "libgelu_fwd.so"}
 
 
+def test_the_ci_producer_builds_a_shard_of_the_new_module(scratch):
+    out = run([sys.executable, "ci/build.py", "--dump_commands"], scratch, env_for(scratch, PYTHONPATH=str(scratch)))
+    builds = [b.split("\n", 1) for b in out.stdout.split("# BEGIN ")[1:]]  # [name, its commands]
+    shards = [name for name, commands in builds if "--module gelu_fwd" in commands]
+    assert shards == ["jit_libs_cuda_gelu_fwd", "jit_libs_rocm_gelu_fwd"], shards
+
+
+def test_the_public_api_exports_the_new_function(scratch):
+    code = "import jax_aiter; print(jax_aiter.__file__, 'gelu_and_mul' in jax_aiter.__all__, jax_aiter.gelu_and_mul)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=scratch, env=env_for(scratch, PYTHONPATH=str(scratch)),
+                         capture_output=True, text=True, check=True).stdout.split(" ", 1)
+    assert out[0].startswith(str(scratch)) and out[1].startswith("True <function gelu_and_mul"), out
+
+
 @pytest.fixture
 def tables(tmp_path) -> tuple[config.Settings, Path, Path]:
     """Settings of a checkout at tmp_path holding only the op table and the JIT config."""
@@ -116,7 +135,10 @@ def test_the_jit_config_and_the_op_table_must_name_the_same_modules(tables):
 @pytest.mark.parametrize("row, why", [
     ('x = { targets = { ja_x = "JaX" }, shim = "x.so" }', "a row is a table with `targets`"),
     ('x = { jit = ["x"] }', "a row is a table with `targets`"),
-    ('x = { targets = {} }', "targets/jit has the wrong type"),
+    ('x = { targets = {} }', "targets/jit/api has the wrong type"),
+    ('x = { targets = { ja_x = "JaX" }, api = ["x"] }', "`api` .the public functions. and `python`"),
+    ('x = { targets = { ja_x = "JaX" }, python = "x" }', "`api` .the public functions. and `python`"),
+    ('x = { targets = { ja_x = "JaX" }, python = "x", api = ["rms_norm"] }', "rms_norm is in the `api` of more"),
     ('x = { targets = { ja_x = "JaX" }, jit = "x" }', "jit has the wrong type"),
     ('x = { targets = { ja_x = "JaX" }, mha = "yes" }', "mha has the wrong type"),
     ('x = { targets = { ja_x = "JaX" }, fetched = true }', "fetched = true but it names no JIT module"),

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from jatools import probe
 from jatools.testing import gpu_slots
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -168,8 +169,8 @@ def test_faults_broken_nvidia_smi_is_an_error_not_no_gpu(env, tmp_path, body, sa
 def test_faults_hanging_nvidia_smi_stops_after_a_short_bound(env, tmp_path, monkeypatch):
     smi = tmp_path / "bin" / "nvidia-smi"
     smi.write_text("#!/bin/sh\nsleep 120 &\nsleep 120\n")  # the probe and a child of it both hang
-    assert gpu_slots.TOOL_TIMEOUT_S <= 10  # the bound a real run gets
-    monkeypatch.setattr(gpu_slots, "TOOL_TIMEOUT_S", 1.0)
+    assert probe.TOOL_TIMEOUT_S <= 10  # the bound a real run gets
+    monkeypatch.setattr(probe, "TOOL_TIMEOUT_S", 1.0)
     t0 = time.monotonic()
     with pytest.raises(gpu_slots.GpuSlotError, match=r"gave no answer within 1 s.*JA_GPU_COUNT=0"):
         gpu_slots.detect(env)

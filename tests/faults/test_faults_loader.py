@@ -105,7 +105,7 @@ def test_faults_truncated_mha_library_in_a_checkout_is_a_clear_error(checkout, t
     r = _py(env, ATTN, tmp_path)
     assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
     assert f"{build / 'aiter_build' / 'libmha_fwd.so'}:" in r.stderr and "build_record.json records" in r.stderr
-    assert "build_jit.py --module mha_fwd" in r.stderr
+    assert "nox -s jit -- --module mha_fwd" in r.stderr
     assert _info(env, tmp_path).returncode == 1
 
 

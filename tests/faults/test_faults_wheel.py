@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from jatools import config
-from jatools.wheel import wheel_build, wheel_checks
+from jatools.wheel import wheel_build, wheel_checks, wheel_scan
 from jax_aiter.integrity import IntegrityError
 from tests.wheel.wheel_plant import rewrite_wheel
 
@@ -61,19 +61,19 @@ def test_faults_library_changed_after_the_build_with_record_regenerated_fails_co
     """libmha_fwd.so altered (same size) and RECORD rewritten to match: RECORD agrees, the pins do not.
     `invoke contents` (wheel_checks --contents) and the clean room's first check refuse it."""
     good = _build(build_dir, "full", tmp_path / "dist").wheel
-    assert wheel_checks.check_contents(good).ok and wheel_checks.verify_pins(good) > 0
+    assert wheel_checks.check_contents(good).ok and wheel_scan.verify_pins(good) > 0
     member = "jax_aiter/_lib/libmha_fwd.so"
     with zipfile.ZipFile(good) as zf:
         data = bytearray(zf.read(member))
     data[len(data) // 2] ^= 0xFF
     (tmp_path / "bad").mkdir()
     bad = rewrite_wheel(good, tmp_path / "bad" / good.name, put={member: bytes(data)})
-    assert wheel_checks.verify_record(bad) > 0  # self-consistent: RECORD alone cannot tell
+    assert wheel_scan.verify_record(bad) > 0  # self-consistent: RECORD alone cannot tell
     r = _checks("--contents", str(bad), env=_env(build_dir))
     assert r.returncode == 1, r.stdout + r.stderr
     assert f"{member} is sha256" in r.stderr and "its pin in jax_aiter/_build_identity.json" in r.stderr, r.stderr
-    with pytest.raises(wheel_checks.RecordError, match="the library was changed after the wheel was built"):
-        wheel_checks.verify_pins(bad)
+    with pytest.raises(wheel_scan.RecordError, match="the library was changed after the wheel was built"):
+        wheel_scan.verify_pins(bad)
 
 
 def test_faults_python_file_changed_in_the_stage_after_staging_does_not_ship(build_dir, tmp_path):

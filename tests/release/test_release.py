@@ -82,6 +82,24 @@ def test_dry_run_prints_the_plan_and_runs_nothing(scratch):
     assert not (scratch / "dist/release-report.json").exists()
 
 
+@pytest.mark.parametrize("jit, fetch", [("build", None), ("take", None), ("take", "file:///releases")])
+def test_the_release_runs_the_native_sequence_of_native_build_and_no_door(monkeypatch, jit, fetch):
+    """The native stages are jatools.native.build's sequence (a consumer's check before anything compiles),
+    not a second copy; no stage calls a door (invoke, nox) back: each runs a module or make."""
+    from jatools.native import build as native_build
+    monkeypatch.setenv("JA_JIT_LIBS", jit)
+    plan = release_mod.stages(release_mod.Context(REPO, sys.executable, fetch, {}))
+    native = [list(s.argv) for s in native_build.native_steps(jit=jit)]
+    got = [list(s.argv() if callable(s.argv) else s.argv) for s in plan[1:4]]
+    assert [s.name for s in plan[1:4]] == (["umbrella", "jit", "ja_mods"] if jit == "build" else
+                                           ["jit", "umbrella", "ja_mods"])
+    assert got[1:] == native[1:] and (got[0] == native[0]) == (fetch is None)
+    if fetch:
+        assert got[0][1:5] == ["-m", "jatools.jitlibs", "fetch", "--base-url"] and fetch in got[0]
+    for step in plan:  # (the commands read when their stage starts name the wheels and run a module too)
+        assert callable(step.argv) or not {"invoke", "nox"} & set(step.argv), (step.name, step.argv)
+
+
 def test_the_environment_report_the_ci_driver_wrote_is_taken_not_made_again(tmp_path, monkeypatch):
     ctx = release_mod.Context(REPO, sys.executable, None, {})
     step = next(s for s in release_mod.stages(ctx) if s.name == "env-report")
@@ -171,10 +189,13 @@ def test_the_wheel_fingerprint_covers_what_the_wheel_builder_imports():
     a change to the floor check, the ELF reader, the JIT expectations or the settings makes the wheel stale."""
     files = {p.relative_to(REPO.resolve()).as_posix() for p in release_mod.code_inputs(REPO.resolve(), release_mod.WHEEL_BUILDER)}
     for rel in ("jatools/wheel/wheel_build.py", "jatools/wheel/wheel_checks.py", "jatools/wheel/zip_writer.py",
-                "jatools/jitlibs/jit_cache.py", "jatools/config.py", "jatools/wheel/wheel_layout.toml",
+                "jatools/jitlibs/expect.py", "jatools/config.py", "jatools/wheel/wheel_layout.toml",
                 "jax_aiter/_loader.py", "pyproject.toml"):
         assert rel in files, rel
-    assert "jatools/validate/cleanroom.py" not in files  # not imported by the builder: no false staleness
+    # not imported by the builder: no false staleness (the clean room; the JIT fetch, decision and compiler driver)
+    for rel in ("jatools/validate/cleanroom.py", "jatools/jitlibs/download.py", "jatools/jitlibs/decide.py",
+                "jatools/native/jit_build.py", "jatools/native/toolchain.py"):
+        assert rel not in files, rel
 
 
 GH_STANDIN = """#!/bin/sh

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from jatools.bench import cases, harness
+from jatools.bench import cases, harness, runner
 
 CHEAP = ["verify", "publish", "fetch"]
 KEYS = {"name", "ours_s", "anchor_s", "ratio", "goal", "met", "bytes"}
@@ -69,7 +69,7 @@ def test_a_benchmark_that_cannot_run_is_reported_with_its_goal_and_the_others_st
     monkeypatch.setitem(cases.BENCHMARKS, "broken", cases.Case(broken, "goal b"))
     logged = []
     ctx = SimpleNamespace(log=logged.append)
-    results = [harness.run_one("missing", ctx), harness.run_one("broken", ctx)]
+    results = [runner.run_one("missing", ctx), runner.run_one("broken", ctx)]
     assert [(r.goal, r.met, r.error) for r in results] == [("goal m", None, "zstd is not installed"),
                                                            ("goal b", None, "ValueError: bad")]
     assert "ValueError: bad" in logged[0], "the traceback is logged"
@@ -84,7 +84,7 @@ def test_tiny_run_writes_results_and_table(tmp_path, monkeypatch, capsys):
         pytest.skip(f"anchor tools missing: {', '.join(missing)} (apt-get install -y zstd curl coreutils)")
     out = tmp_path / "results.json"
     monkeypatch.setattr(harness, "BENCH_DIR", tmp_path / "bench")
-    code = harness.main(["--scale", "0.001", "--runs", "1", "--warmup", "0", "--out", str(out),
+    code = runner.main(["--scale", "0.001", "--runs", "1", "--warmup", "0", "--out", str(out),
                          *[f"--only={n}" for n in CHEAP]])
     text = capsys.readouterr().out
     report = json.loads(out.read_text())
@@ -107,5 +107,5 @@ def test_tiny_run_writes_results_and_table(tmp_path, monkeypatch, capsys):
 
 
 def test_unknown_benchmark_is_refused(capsys):
-    assert harness.main(["--only", "nope"]) == 2
+    assert runner.main(["--only", "nope"]) == 2
     assert "unknown benchmark(s) nope" in capsys.readouterr().err

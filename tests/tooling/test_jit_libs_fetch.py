@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from jatools.jitlibs import jit_cache
+from jatools.jitlibs import download
+from jatools.jitlibs import record as jit_record
 from jax_aiter import _loader, fetch, reuse_gate
 from jax_aiter import manifest as mf
 from jax_aiter.integrity import diff_entries
@@ -125,7 +126,7 @@ def test_no_release_is_a_miss_that_names_the_fix(checkout, server, tmp_path, fas
     ident = checkout_identity(checkout)
     dest = tmp_path / "out"
     with pytest.raises(fetch.ReleaseNotFound, match=rf"no release jit-libs-{ident['cache_id']} at {server.url}.*"
-                                                     r"build_jit.py.*invoke jit.publish"):
+                                                     r"nox -s jit.*invoke jit.publish"):
         _fetch(server, ident, dest)
     assert not dest.exists()
 
@@ -314,17 +315,17 @@ def test_ci_fetch_installs_into_the_build_tree_with_a_build_record(release, serv
     monkeypatch.setenv("JA_FETCH_BASE_URL", server.url)
     from tests.tooling.jit_libs_support import settings_for
     settings = settings_for(checkout)
-    jit_cache.run_fetch(settings, log=lambda m: None)
+    download.run_fetch(settings, log=lambda m: None)
     record = json.loads((settings.jit_dir / "build_record.json").read_text())
     assert record["identity"] == ident and record["files"] == mf.raw_entries(manifest["files"])
     assert set(record["modules"]) == {"rmsnorm_fwd", "mha_fwd", "mha_bwd"}
-    assert jit_cache.verify(settings.jit_dir)[1] == 3
+    assert jit_record.verify(settings.jit_dir)[1] == 3
     summary = json.loads((settings.build_dir / "jit_libs_fetch.json").read_text())
     assert summary["status"] == "fetched" and summary["downloaded_bytes"] == sum(
         f["compressed"]["size"] for f in manifest["files"])
     (checkout / "csrc/kernels/mha/mha_fwd_cpu.inst.in").write_text("// edited, not committed\n")
-    with pytest.raises(jit_cache.JitCacheError, match="uncommitted changes"):
-        jit_cache.run_fetch(settings, log=lambda m: None)
+    with pytest.raises(jit_record.JitCacheError, match="uncommitted changes"):
+        download.run_fetch(settings, log=lambda m: None)
 
 
 def test_ci_wrapper_script_fetches_and_fails_on_a_miss(release, server, checkout):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from jatools import config
-from jatools.jitlibs import jit_cache
+from jatools.jitlibs import decide
 from jatools.native import jit_build, toolchain
 from jax_aiter import reuse_gate
 from tests.tooling.jit_libs_support import (  # noqa: F401  (pytest fixtures)
@@ -153,11 +153,11 @@ def test_compare_names_every_gated_difference_and_keeps_toolchain_advisory():
 
 def test_decision_reuse_only_when_everything_gated_matches(checkout):
     want = checkout_identity(checkout)
-    assert jit_cache.decide(want, dict(want), "here").decision == "reuse"
-    d = jit_cache.decide(want, other_identity(want, recipe_hash="0" * 64), "there")
+    assert decide.decide(want, dict(want), "here").decision == "reuse"
+    d = decide.decide(want, other_identity(want, recipe_hash="0" * 64), "there")
     assert d.rebuild and d.reasons == [f"recipe_hash: wanted {want['recipe_hash']}, found {'0' * 64}"]
-    assert jit_cache.decide(want, None, "nowhere").reasons == ["no build found at nowhere"]
-    dirty = jit_cache.decide({**want, "kernel_source_dirty": True}, dict(want), "here")
+    assert decide.decide(want, None, "nowhere").reasons == ["no build found at nowhere"]
+    dirty = decide.decide({**want, "kernel_source_dirty": True}, dict(want), "here")
     assert dirty.rebuild and "uncommitted changes" in dirty.reasons[0]
 
 
@@ -185,11 +185,11 @@ def test_decide_against_a_local_record_names_the_changed_field(checkout, tmp_pat
     old = checkout_identity(checkout)
     write_build(tmp_path / "aiter_build", old)
     (checkout / "csrc/include/ja/dtype.h").write_text("// a header the kernels include, v2\n")
-    d = jit_cache.run_decide(settings_for(checkout), against=tmp_path / "aiter_build" / "build_record.json",
+    d = decide.run_decide(settings_for(checkout), against=tmp_path / "aiter_build" / "build_record.json",
                              json_path=tmp_path / "d.json", log=lambda m: None)
     assert d.rebuild and len(d.reasons) == 1 and d.reasons[0].startswith("recipe_hash: wanted")
     (tmp_path / "aiter_build" / "libmha_fwd.so").write_bytes(b"damaged")
-    d2 = jit_cache.run_decide(settings_for(checkout), against=tmp_path / "aiter_build" / "build_record.json",
+    d2 = decide.run_decide(settings_for(checkout), against=tmp_path / "aiter_build" / "build_record.json",
                               json_path=tmp_path / "d.json", log=lambda m: None)
     assert d2.rebuild and "libmha_fwd.so: size 7" in d2.reasons[0]
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from invoke import Context, Exit
 
-from jatools.jitlibs import jit_cache, publish
+from jatools.jitlibs import merge
+from jatools.jitlibs import record as jit_record
 from jax_aiter import reuse_gate
 from tests.tooling.jit_libs_support import (
     MODULES,
@@ -46,15 +47,15 @@ def paths(tmp_path: Path) -> tuple[dict[str, str], Path]:
 
 def test_good_merge_installs_every_library_and_one_record_that_verifies(tmp_path, paths):
     wanted, dest = paths
-    record = publish.merge(make_shards(tmp_path), dest, wanted, log=lambda m: None)
+    record = merge.merge(make_shards(tmp_path), dest, wanted, log=lambda m: None)
     assert record["identity"] == IDENT and sorted(record["modules"]) == sorted(MODULES)
     assert sorted(p.name for p in dest.iterdir()) == sorted([*MODULES.values(), "build_record.json"])
-    source, n = jit_cache.verify(dest)
+    source, n = jit_record.verify(dest)
     assert (source, n) == (str(dest / "build_record.json"), len(MODULES))
     assert not list(dest.parent.glob(".aiter_build.merge-*")), "staging folder left behind"
     # a second merge over an existing build tree replaces it in place
-    publish.merge(make_shards(tmp_path), dest, wanted, log=lambda m: None)
-    assert jit_cache.verify(dest)[1] == len(MODULES)
+    merge.merge(make_shards(tmp_path), dest, wanted, log=lambda m: None)
+    assert jit_record.verify(dest)[1] == len(MODULES)
 
 
 def test_tampered_library_names_shard_file_and_both_hashes(tmp_path, paths):
@@ -65,8 +66,8 @@ def test_tampered_library_names_shard_file_and_both_hashes(tmp_path, paths):
     data = bytearray(lib.read_bytes())
     data[100] ^= 0xFF
     lib.write_bytes(bytes(data))
-    with pytest.raises(jit_cache.JitCacheError) as e:
-        publish.merge(shards, dest, wanted)
+    with pytest.raises(jit_record.JitCacheError) as e:
+        merge.merge(shards, dest, wanted)
     msg = str(e.value)
     assert "shard jit-shard-jit_libs_rocm_mha_fwd" in msg and "libmha_fwd.so" in msg
     assert recorded in msg and hashlib.sha256(bytes(data)).hexdigest() in msg  # both hashes
@@ -76,8 +77,8 @@ def test_tampered_library_names_shard_file_and_both_hashes(tmp_path, paths):
 def test_gated_field_mismatch_names_shard_field_and_both_values(tmp_path, paths):
     wanted, dest = paths
     odd = other_identity(IDENT, recipe_hash="c" * 64)
-    with pytest.raises(jit_cache.JitCacheError) as e:
-        publish.merge(make_shards(tmp_path, {"mha_bwd": odd}), dest, wanted)
+    with pytest.raises(jit_record.JitCacheError) as e:
+        merge.merge(make_shards(tmp_path, {"mha_bwd": odd}), dest, wanted)
     msg = str(e.value)
     assert "jit-shard-jit_libs_rocm_mha_bwd" in msg and "recipe_hash" in msg
     assert "b" * 64 in msg and "c" * 64 in msg
@@ -88,30 +89,30 @@ def test_toolchain_difference_warns_and_passes_but_strict_fails(tmp_path, paths)
     wanted, dest = paths
     odd = {**IDENT, "toolchain": {**IDENT["toolchain"], "gpu_compiler_version": "6.4.3"}}
     shards = make_shards(tmp_path, {"rmsnorm_fwd": odd})
-    with pytest.raises(jit_cache.JitCacheError, match=r"toolchain gpu_compiler_version: wanted 6\.4\.\d, found 6\.4\.\d"):
-        publish.merge(shards, dest, wanted, strict=True)
+    with pytest.raises(jit_record.JitCacheError, match=r"toolchain gpu_compiler_version: wanted 6\.4\.\d, found 6\.4\.\d"):
+        merge.merge(shards, dest, wanted, strict=True)
     assert not dest.exists()
     warnings: list[str] = []
-    record = publish.merge(shards, dest, wanted, strict=False, log=warnings.append)
+    record = merge.merge(shards, dest, wanted, strict=False, log=warnings.append)
     assert any("warning" in w and "gpu_compiler_version" in w and "rmsnorm_fwd" in w for w in warnings), warnings
     assert record["identity"] is None  # the modules' identities are not all the same
     assert reuse_gate.cache_id(odd) == IDENT["cache_id"]  # gated fields agree
-    assert jit_cache.verify(dest)[1] == len(MODULES)
+    assert jit_record.verify(dest)[1] == len(MODULES)
 
 
 def test_missing_module_is_named(tmp_path, paths):
     wanted, dest = paths
-    with pytest.raises(jit_cache.JitCacheError, match=r"module mha_bwd is in no shard \(expected libmha_bwd\.so\)"):
-        publish.merge(make_shards(tmp_path, modules=["rmsnorm_fwd", "mha_fwd"]), dest, wanted)
+    with pytest.raises(jit_record.JitCacheError, match=r"module mha_bwd is in no shard \(expected libmha_bwd\.so\)"):
+        merge.merge(make_shards(tmp_path, modules=["rmsnorm_fwd", "mha_fwd"]), dest, wanted)
 
 
 def test_duplicate_module_names_both_shards(tmp_path, paths):
     wanted, dest = paths
     shards = make_shards(tmp_path)
     write_build(shards / "jit-shard-extra", IDENT, {"libmha_fwd.so": 5000})
-    with pytest.raises(jit_cache.JitCacheError,
+    with pytest.raises(jit_record.JitCacheError,
                        match=r"module mha_fwd is in 2 shards: jit-shard-extra, jit-shard-jit_libs_rocm_mha_fwd"):
-        publish.merge(shards, dest, wanted)
+        merge.merge(shards, dest, wanted)
 
 
 def test_failed_merge_leaves_the_previous_build_tree(tmp_path, paths):
@@ -121,11 +122,11 @@ def test_failed_merge_leaves_the_previous_build_tree(tmp_path, paths):
     before = snapshot(dest)
     shards = make_shards(tmp_path)
     (shards / "jit-shard-jit_libs_rocm_mha_bwd" / "libmha_bwd.so").write_bytes(b"truncated")
-    with pytest.raises(jit_cache.JitCacheError, match="size 9 does not match"):
-        publish.merge(shards, dest, wanted)
+    with pytest.raises(jit_record.JitCacheError, match="size 9 does not match"):
+        merge.merge(shards, dest, wanted)
     assert snapshot(dest) == before
     assert not list(dest.parent.glob(".aiter_build.merge-*"))
-    assert jit_cache.verify(dest)[1] == len(MODULES)
+    assert jit_record.verify(dest)[1] == len(MODULES)
 
 
 def test_invoke_task_merges_then_verify_passes_and_errors_exit_1(tmp_path, monkeypatch, capsys):

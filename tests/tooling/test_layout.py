@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 from jatools import config
-from jatools.testing import tiers
+from jatools.testing import tag_filters
 from jax_aiter import settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,5 +78,5 @@ def test_every_pyproject_default_is_in_the_table() -> None:
 
 
 def test_the_settings_other_modules_choose_from_are_the_tables() -> None:
-    assert tuple(tiers.TIERS) == settings.BY_NAME[tiers.TIER_ENV].choices
-    assert config.VALID_BACKENDS == ("auto", "cpu", *tiers.PLATFORMS[1:])
+    assert tuple(tag_filters.TIERS) == settings.BY_NAME[tag_filters.TIER_ENV].choices
+    assert config.VALID_BACKENDS == ("auto", "cpu", *tag_filters.PLATFORMS[1:])

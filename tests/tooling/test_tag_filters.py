@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from jatools.testing import tiers as tf
+from jatools.testing import tag_filters as tf
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "ci" / "tag_filters_golden.txt"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from jatools.testing import gpu_slots, tiers
+from jatools.testing import gpu_slots, tag_filters, tiers
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = gpu_slots.Gpus("cpu", (), "none")
@@ -23,8 +23,8 @@ def _plan(tier, platform, gpus, **kw):
 
 def test_pr_on_the_cpu_is_one_in_process_run_with_the_tables_expression():
     (run,) = _plan("pr", "cpu", CPU)
-    assert run.expression == tiers.tier_runs("pr", "cpu")[0][2].expression()
-    timeout = str(tiers.tier_named("pr").timeout_s)
+    assert run.expression == tag_filters.tier_runs("pr", "cpu")[0][2].expression()
+    timeout = str(tag_filters.tier_named("pr").timeout_s)
     assert run.argv == ("py", "-m", "pytest", "-m", run.expression, "-p", "pytest_timeout", "--timeout", timeout)
     assert "-n" not in run.argv and not run.exclusive
     (bare,) = _plan("pr", "cpu", CPU, have_timeout_plugin=False)
@@ -69,7 +69,7 @@ def test_nightly_on_a_gpu_host_is_the_whole_suite_the_cpu_device_tests_included(
         ("host", "not cuda_only and not gpu and not multigpu"),  # the CPU-parameterised cases, slow ones too
         ("multi", "multigpu and not cuda_only")]
     assert [r.kind for r in _plan("nightly", "cpu", CPU)] == ["single", "multi"]  # host == single on the CPU
-    assert {r.argv[r.argv.index("--timeout") + 1] for r in runs} == {str(tiers.tier_named("nightly").timeout_s)}
+    assert {r.argv[r.argv.index("--timeout") + 1] for r in runs} == {str(tag_filters.tier_named("nightly").timeout_s)}
 
 
 def test_retries_only_when_the_plugin_is_there():
@@ -132,7 +132,7 @@ def _tier(tmp_path, *args, tests=TREE, extra_env=None):
     tree = tmp_path / "tree"
     tree.mkdir(exist_ok=True)
     (tree / "pytest.ini").write_text("[pytest]\naddopts = -ra -p no:cacheprovider --strict-markers\nmarkers =\n"
-                                     + "".join(f"    {m}: x\n" for m in tiers.MARKERS))
+                                     + "".join(f"    {m}: x\n" for m in tag_filters.MARKERS))
     (tree / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text().replace(
         "Path(__file__).resolve().parent.parent", repr(str(ROOT))))
     (tree / "test_tree.py").write_text(textwrap.dedent(tests))
@@ -210,7 +210,7 @@ def test_ci_test_sh_takes_the_tier_from_the_environment(tmp_path):
 
 
 def test_slot_speedup_pinning_check_names_each_problem():
-    from jatools.testing.tiers import check_pinning
+    from jatools.testing.speedup import check_pinning
 
     good = [{"worker": "gw0", "gpu": "0", "jax_devices": ["cuda:0"]},
             {"worker": "gw1", "gpu": "1", "jax_devices": ["cuda:0"]}]
@@ -223,7 +223,7 @@ def test_slot_speedup_pinning_check_names_each_problem():
 
 
 def test_slot_speedup_splits_each_run_into_start_tests_and_end():
-    from jatools.testing.tiers import phase_summary, phases
+    from jatools.testing.speedup import phase_summary, phases
 
     recs = [{"worker": "gw0", "tests": {"count": 3, "first_start": 110.5, "last_end": 118.0}},
             {"worker": "gw1", "tests": {"count": 2, "first_start": 110.7, "last_end": 118.4}},
@@ -241,7 +241,7 @@ def test_slot_speedup_splits_each_run_into_start_tests_and_end():
 
 
 def test_slot_speedup_gives_each_rounds_own_speedup_in_round_order():
-    from jatools.testing.tiers import round_speedups
+    from jatools.testing.speedup import round_speedups
 
     timed = [{"round": 2, "workers": 2, "seconds": 10.0}, {"round": 2, "workers": 1, "seconds": 15.0},
              {"round": 1, "workers": 2, "seconds": 9.0}, {"round": 1, "workers": 1, "seconds": 18.0}]
@@ -255,7 +255,7 @@ def test_slot_speedup_runs_warm_ups_first_and_leaves_them_out_of_the_medians(tmp
     tree = tmp_path / "tree"
     tree.mkdir()
     (tree / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider --strict-markers\nmarkers =\n"
-                                     + "".join(f"    {m}: x\n" for m in tiers.MARKERS))
+                                     + "".join(f"    {m}: x\n" for m in tag_filters.MARKERS))
     (tree / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text().replace(
         "Path(__file__).resolve().parent.parent", repr(str(ROOT))))
     (tree / "test_tree.py").write_text("import pytest\n\n\n@pytest.mark.parametrize('i', range(4))\n"

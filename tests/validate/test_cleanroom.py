@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from jatools.validate import cleanroom
-from jatools.wheel import wheel_checks
+from jatools.wheel import wheel_scan
 from tests.validate import plants
 from tests.validate.conftest import REPO, failures, member
 from tests.wheel.wheel_plant import patch_dynamic_string, rewrite_wheel
@@ -92,7 +92,7 @@ def test_broken_runpath_is_named(good_wheels, native_build, validate_wheels, tmp
     src = good_wheels["full"]
     shim = tmp_path / "rmsnorm_fwd_ja.so"
     shim.write_bytes(member(src, f"{LIB}/rmsnorm_fwd_ja.so"))
-    old = ":".join(wheel_checks.read_dynamic(shim).runpath)  # $ORIGIN:$ORIGIN/../aiter_build
+    old = ":".join(wheel_scan.read_dynamic(shim).runpath)  # $ORIGIN:$ORIGIN/../aiter_build
     if how == "into-build-tree":  # works on the build machine only: the classic absolute build-tree RUNPATH
         links = plants.short_links([native_build.build_dir / "jax_aiter_build", native_build.build_dir / "aiter_build"],
                                    tmp_path.name[-4:])

@@ -16,7 +16,7 @@ from packaging.utils import parse_wheel_filename
 from wheel.wheelfile import WheelFile
 
 from jatools import config
-from jatools.wheel import wheel_build, wheel_checks
+from jatools.wheel import wheel_build, wheel_checks, wheel_scan
 from jatools.wheel.wheel_build import BuildOptions, WheelBuildError, build
 
 PROJECT_VERSION = config.project_version(ROOT)
@@ -50,7 +50,7 @@ def test_floor_is_what_auditwheel_show_measures(wheels):
     cannot drift apart when auditwheel changes."""
     for result in wheels.values():
         shown = auditwheel_show(result.wheel)
-        scanned = wheel_checks.scan(result.wheel)
+        scanned = wheel_scan.scan(result.wheel)
         ours: dict[str, set[str]] = {}
         for member in scanned.members.values():
             for lib, versions in (member.elf.version_needs if member.elf else {}).items():
@@ -129,7 +129,7 @@ def test_check_runs_floor_and_contents_on_the_read_back(build_copy, tmp_path, mo
     scan feeds the floor and contents checks."""
     for key, value in {**cpu_env(build_copy.build_dir), "SOURCE_DATE_EPOCH": str(EPOCH)}.items():
         monkeypatch.setenv(key, value)
-    scanned, real_scan = [], wheel_checks.scan
+    scanned, real_scan = [], wheel_scan.scan
     monkeypatch.setattr(wheel_checks, "scan", lambda wheel, *a, **k: scanned.append(wheel) or real_scan(wheel, *a, **k))
     assert wheel_build.main(["--variant", "lite", "--dist", str(tmp_path), "--check"]) == 0
     out = capsys.readouterr().out

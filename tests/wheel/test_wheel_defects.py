@@ -15,7 +15,7 @@ from invoke import Context, Exit
 from wheel_plant import patch_dynamic_string, rewrite_wheel
 
 import tasks
-from jatools.jitlibs import jit_cache
+from jatools.jitlibs import expect
 from jatools.wheel import wheel_build, wheel_checks, zip_writer
 from jatools.wheel.wheel_build import BuildOptions, WheelBuildError, build
 from jax_aiter.integrity import IntegrityError
@@ -35,7 +35,7 @@ def _no_wheels(tmp_path):
 # --- a library changed after its record was written -----------------------------------------------------
 
 @pytest.mark.parametrize("folder, name, says", [
-    ("jit_dir", "librmsnorm_fwd.so", ("does not match", "python3 jax_aiter/jit/build_jit.py", "invoke jit.fetch")),
+    ("jit_dir", "librmsnorm_fwd.so", ("does not match", "`nox -s jit`", "invoke jit.fetch")),
     ("umbrella_dir", "libjax_aiter.so", ("size", "changed after make linked it", "make -B")),  # issue 27
 ])
 def test_faults_library_modified_after_its_record_fails_before_staging(build_copy, layout, tmp_path, folder, name,
@@ -98,14 +98,14 @@ def test_read_back_compares_jit_members_with_the_record(wheels, native_build, tm
     with zipfile.ZipFile(src) as zf:
         data = zf.read(member)
     bad = rewrite_wheel(src, tmp_path / src.name, put={member: data + b"\0"})
-    expectations = jit_cache.expectations(native_build)
+    expectations = expect.expectations(native_build)
     with pytest.raises(IntegrityError, match=r"librmsnorm_fwd.so: sha256 \w+ does not match \w+ recorded in"):
         wheel_build.read_back(bad, [], {member: "librmsnorm_fwd.so"}, expectations, None)
 
 
 def test_missing_build_record_names_the_producing_command(build_copy, layout, tmp_path):
     (build_copy.jit_dir / "build_record.json").unlink()
-    with pytest.raises(WheelBuildError, match=r"build_record.json is missing.*build_jit.py.*invoke jit.fetch"):
+    with pytest.raises(WheelBuildError, match=r"build_record.json is missing.*nox -s jit.*invoke jit.fetch"):
         build(build_copy, _opts(tmp_path), layout=layout)
 
 
@@ -117,7 +117,7 @@ def test_missing_jit_library_fails_at_once_without_running_build_jit(build_copy,
         build(build_copy, _opts(tmp_path, "full"), layout=layout)
     msg = str(e.value)
     assert "librmsnorm_fwd.so" in msg
-    assert "python3 jax_aiter/jit/build_jit.py --module rmsnorm_fwd" in msg and "invoke jit.fetch" in msg
+    assert "nox -s jit -- --module rmsnorm_fwd" in msg and "invoke jit.fetch" in msg
     assert "never runs build_jit.py" in msg
 
 
@@ -125,8 +125,8 @@ def test_real_layout_needs_the_mha_libraries_for_full(build_copy, tmp_path):
     """With the production layout, a tree without libmha_*.so cannot make a full wheel (says which command)."""
     for name in ("libmha_fwd.so", "libmha_bwd.so"):
         (build_copy.jit_dir / name).unlink(missing_ok=True)
-    with pytest.raises(WheelBuildError, match=r"libmha_fwd.so \(produce it with: python3 jax_aiter/jit/"
-                                              r"build_jit.py --module mha_fwd"):
+    with pytest.raises(WheelBuildError, match=r"libmha_fwd.so \(produce it with: build the JIT libraries "
+                                              r"with `nox -s jit -- --module mha_fwd`"):
         build(build_copy, _opts(tmp_path, "full"))
 
 

@@ -8,7 +8,7 @@ import zipfile
 
 import pytest
 
-from jatools.wheel import wheel_checks, zip_writer
+from jatools.wheel import wheel_scan, zip_writer
 from jatools.wheel.zip_writer import DeterministicZipWriter
 
 WHEN = (2024, 5, 6, 7, 8, 10)
@@ -62,7 +62,7 @@ def test_zip64_records_when_sizes_pass_the_limit(tmp_path, monkeypatch):
     with zipfile.ZipFile(tmp_path / "z64.zip") as zf:
         assert zf.testzip() is None and zf.read("pkg/lib.so") == data
         assert zf.getinfo("pkg/lib.so").extract_version == 45
-    assert wheel_checks.scan(tmp_path / "z64.zip").members["pkg/lib.so"].sha256 == hashlib.sha256(data).hexdigest()
+    assert wheel_scan.scan(tmp_path / "z64.zip").members["pkg/lib.so"].sha256 == hashlib.sha256(data).hexdigest()
     assert b"PK\x06\x06" in (tmp_path / "z64.zip").read_bytes(), "ZIP64 end of central directory written"
 
 
@@ -97,12 +97,12 @@ def test_the_scan_hashes_every_member_and_names_a_damaged_one(tmp_path, method):
     if method == "stored":
         info = _stored_copy(out, tmp_path / "s.zip")["pkg/lib.so"]
         out, damage_at = tmp_path / "s.zip", info.header_offset + 30 + len(info.filename) + info.file_size // 2
-    scanned = wheel_checks.scan(out)
+    scanned = wheel_scan.scan(out)
     assert {m.arcname: (m.size, m.sha256_hex) for m in members} == {
         n: (s.size, s.sha256) for n, s in scanned.members.items()}
     assert scanned.members["pkg/META"].data == b"hello\n" * 100, "a small member's bytes are kept for the checks"
     raw = bytearray(out.read_bytes())
     raw[damage_at] ^= 0x55  # inside the member's data
     out.write_bytes(raw)
-    with pytest.raises(wheel_checks.WheelReadError, match="member pkg/lib.so cannot be read back"):
-        wheel_checks.scan(out)
+    with pytest.raises(wheel_scan.WheelReadError, match="member pkg/lib.so cannot be read back"):
+        wheel_scan.scan(out)
