@@ -130,7 +130,13 @@ def test_check_runs_floor_and_contents_on_the_read_back(build_copy, tmp_path, mo
     for key, value in {**cpu_env(build_copy.build_dir), "SOURCE_DATE_EPOCH": str(EPOCH)}.items():
         monkeypatch.setenv(key, value)
     scanned, real_scan = [], wheel_scan.scan
-    monkeypatch.setattr(wheel_checks, "scan", lambda wheel, *a, **k: scanned.append(wheel) or real_scan(wheel, *a, **k))
+
+    def counted(wheel, *a, **k):
+        scanned.append(wheel)
+        return real_scan(wheel, *a, **k)
+    # every way in: the build's read-back (wheel_scan.scan) and the checks' own (wheel_checks imports scan)
+    monkeypatch.setattr(wheel_scan, "scan", counted)
+    monkeypatch.setattr(wheel_checks, "scan", counted)
     assert wheel_build.main(["--variant", "lite", "--dist", str(tmp_path), "--check"]) == 0
     out = capsys.readouterr().out
     wheel = next(tmp_path.glob("*.whl"))
