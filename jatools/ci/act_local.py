@@ -150,9 +150,12 @@ def run(u: Unit, artifacts: Path, log_dir: Path) -> str:
     event_file = log_dir / "event.json"
     event_file.write_text(json.dumps(event(u)))
     log = log_dir / re.sub(r"[^\w.-]+", "_", u.name)
+    # act's host mode hands this environment to the job, which runs in act's own copy of the checkout: the
+    # JA_ROOT_DIR that scripts/run.sh exports names this checkout, not that copy, so it stays out (as on GitHub).
+    env = {k: v for k, v in os.environ.items() if k != "JA_ROOT_DIR"}
     with open(f"{log}.log", "w") as f:
         rc = subprocess.run(act_command(u, artifacts, event_file), check=False, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
-                            env={**os.environ, "GITHUB_REF_TYPE": "tag", "GITHUB_REF_NAME": "v0.0.0-local"}).returncode
+                            env={**env, "GITHUB_REF_TYPE": "tag", "GITHUB_REF_NAME": "v0.0.0-local"}).returncode
     return "succeeded" if rc == 0 else f"failed (act exit {rc}; {log}.log)"
 
 
