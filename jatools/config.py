@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import tomllib
 from dataclasses import dataclass
@@ -74,6 +75,18 @@ def setting(name: str, env: dict[str, str] | None = None, root: Path | None = No
 def project_version(root: Path | None = None) -> str:
     with open((root or repo_root()) / "pyproject.toml", "rb") as f:
         return tomllib.load(f)["project"]["version"]
+
+
+def python_version(root: Path | None = None) -> str:
+    """The Python every build, session and CI job uses: the floor of pyproject's ``requires-python`` (its one
+    home; JAX 0.11 needs 3.12), e.g. ``>=3.12`` gives ``3.12``."""
+    with open((root or repo_root()) / "pyproject.toml", "rb") as f:
+        spec = tomllib.load(f)["project"]["requires-python"]
+    floor = re.fullmatch(r"\s*>=\s*(\d+\.\d+)\s*", spec)
+    if not floor:
+        raise SettingError(f"pyproject.toml: requires-python {spec!r} is not of the form '>=X.Y'; "
+                           "write the Python floor the builds use, e.g. '>=3.12'")
+    return floor.group(1)
 
 
 def split_archs(value: str) -> list[str]:

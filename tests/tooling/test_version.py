@@ -8,6 +8,10 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
+from jatools import config
+
 REPO = Path(__file__).resolve().parents[2]
 HOME = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 PROBE = "import jax_aiter, sys; sys.stdout.write(jax_aiter.__version__)"
@@ -53,3 +57,13 @@ def test_with_neither_it_says_what_is_missing(tmp_path):
         assert out.stdout == HOME
     else:
         assert "has no version: no _build_identity.json (a wheel), no jax-aiter pyproject.toml" in out.stderr
+
+
+def test_python_version_is_the_requires_python_floor(tmp_path):
+    """The one home of the Python version is pyproject's requires-python floor; any other form is refused."""
+    assert config.python_version(REPO) == "3.12"
+    (tmp_path / "pyproject.toml").write_text('[project]\nrequires-python = ">=3.13"\n')
+    assert config.python_version(tmp_path) == "3.13"
+    (tmp_path / "pyproject.toml").write_text('[project]\nrequires-python = "~=3.12"\n')
+    with pytest.raises(config.SettingError, match="requires-python '~=3.12' is not of the form"):
+        config.python_version(tmp_path)
