@@ -10,7 +10,8 @@
 # Results (tier JSON with the GPU tests per device, ci/build.py's records, the bench gate's JSON) go to OUT,
 # with the producer's store as OUT/jit-store.tar: a later call given it as JIT_STORE_TAR skips the producer.
 #   bash ci/gpu/h200_ci_jobs.sh WHEELS OUT [BUILD...]   (default: pr_gpu_cuda_h200 nightly_cuda_h200_bench)
-# WHEELS: made on a machine with an index by `python3 ci/gpu/offline_index.py download WHEELS`.
+# WHEELS: made on a machine with an index by `python3 ci/gpu/offline_index.py download WHEELS [--on-host NAME ...]`
+# (--on-host: what the GPU image already has, left behind to keep the carried folder under the 64 MiB limit).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
 wheels=$(realpath "$1") out=$(realpath -m "$2")

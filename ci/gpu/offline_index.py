@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 """A local package index for an offline GPU host, so CI's own install passes run there unchanged.
 
-    python3 ci/gpu/offline_index.py download DEST          # here, online: the wheels the host may lack
-    python3 ci/gpu/offline_index.py index DEST --carried DIR [--python PY]   # there: DEST = carried + repacked
+    python3 ci/gpu/offline_index.py download DEST [--on-host NAME ...]   # here, online: the wheels the host may lack
+    python3 ci/gpu/offline_index.py index DEST --carried DIR                # there: DEST = carried + repacked
 
 `download` fetches (pip download, cp312 manylinux x86_64) every package of pyproject's test, build, run, bench
 and wheel groups with its dependencies, but not the JAX stack, numpy or scipy (the GPU host has them installed)
-nor nvidia-cutlass's Python dependencies (the sessions install it --no-deps).
-`index` copies the carried wheels to DEST and repacks as wheels, from their RECORD, the distributions
-installed in PY that the test group's jax pin and the GPU plugin need (jax, jaxlib, the jax-cuda13 plugin
-and PJRT, and what they require), unless a carried wheel already provides them. Point pip and uv at DEST
+nor nvidia-cutlass's Python dependencies (the sessions install it --no-deps). `--on-host` names more packages
+the GPU host has installed (its image's list: the device's KINDS.md), left out to keep what travels small.
+`index` copies the carried wheels to DEST and repacks as wheels, from their RECORD, every distribution installed
+on the host that something needs and no carried wheel provides: the GPU plugin and PJRT, the groups'
+requirements and the carried wheels' own (what they require in turn too). Then it checks that every group
+requirement has a wheel in DEST whose version satisfies it, naming each that has none. Point pip and uv at DEST
 (PIP_NO_INDEX=1 PIP_FIND_LINKS=DEST UV_OFFLINE=1 UV_NO_INDEX=1 UV_FIND_LINKS=DEST). Standard library only
 (plus the host's packaging, or pip's vendored copy).
 """
@@ -51,8 +53,9 @@ def group_requirements() -> list[str]:
     return sorted({r for g in GROUPS for r in expand(g)})
 
 
-def download(dest: Path) -> int:
-    reqs = [r for r in group_requirements() if norm(Requirement(r).name) not in ON_THE_HOST | HEADERS_ONLY]
+def download(dest: Path, on_host: set[str] = frozenset()) -> int:
+    on_host = ON_THE_HOST | {norm(n) for n in on_host}
+    reqs = [r for r in group_requirements() if norm(Requirement(r).name) not in on_host | HEADERS_ONLY]
     common = [sys.executable, "-m", "pip", "download", "-q", "-d", str(dest), "--only-binary=:all:",
               "--python-version", "3.12", "--implementation", "cp", "--platform", "manylinux_2_28_x86_64",
               "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64"]
@@ -61,16 +64,17 @@ def download(dest: Path) -> int:
         if subprocess.run(argv, check=False).returncode:
             return 1
     for whl in dest.glob("*.whl"):  # a dependency of a carried package that the host has
-        if norm(whl.name.split("-")[0]) in ON_THE_HOST:
+        if norm(whl.name.split("-")[0]) in on_host:
             whl.unlink()
     print(f"offline_index: {len(list(dest.glob('*.whl')))} wheels, "
           f"{sum(p.stat().st_size for p in dest.glob('*.whl')) / 2**20:.1f} MiB in {dest}")
     return 0
 
 
-def closure(seeds: tuple[str, ...]) -> list[md.Distribution]:
-    """The installed distributions the seeds need (Requires-Dist without extras, markers evaluated)."""
-    found, todo = {}, list(seeds)
+def closure(seeds: tuple[str, ...] | list[str], have: set[str] = frozenset()) -> list[md.Distribution]:
+    """The installed distributions the seeds need (Requires-Dist without extras, markers evaluated), those
+    named in `have` (carried) and what only they need left out."""
+    found, todo = dict.fromkeys(have), list(seeds)
     while todo:
         name = norm(todo.pop())
         if name in found:
@@ -111,15 +115,37 @@ def repack(dist: md.Distribution, dest: Path) -> Path:
     return out
 
 
+def wheel_requires(whl: Path) -> list[str]:
+    """The names a wheel requires (Requires-Dist without extras, markers evaluated here)."""
+    with zipfile.ZipFile(whl) as z:
+        meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    reqs = [Requirement(line.split(":", 1)[1]) for line in meta.splitlines() if line.startswith("Requires-Dist:")]
+    return [r.name for r in reqs if r.marker is None or r.marker.evaluate({"extra": ""})]
+
+
+def unmet(dest: Path) -> list[str]:
+    """The group requirements no wheel in `dest` satisfies (by name and version)."""
+    versions = {}
+    for whl in dest.glob("*.whl"):
+        versions.setdefault(norm(whl.name.split("-")[0]), []).append(whl.name.split("-")[1])
+    return [r for r in group_requirements() if not any(Requirement(r).specifier.contains(v, prereleases=True)
+                                                      for v in versions.get(norm(Requirement(r).name), []))]
+
+
 def index(dest: Path, carried: Path | None) -> int:
     dest.mkdir(parents=True, exist_ok=True)
-    have = set()
+    have, needed = set(), [*SEEDS, *(Requirement(r).name for r in group_requirements())]
     for whl in sorted(carried.glob("*.whl")) if carried else []:
         shutil.copy2(whl, dest / whl.name)
         have.add(norm(whl.name.split("-")[0]))
-    made = [repack(d, dest) for d in closure(SEEDS) if norm(d.metadata["Name"]) not in have]
+        needed += wheel_requires(whl)
+    made = [repack(d, dest) for d in closure(needed, have)]
     print(f"offline_index: {len(have)} carried wheel(s), {len(made)} repacked from {sys.prefix}: "
           f"{', '.join(p.name for p in made)}")
+    if missing := unmet(dest):
+        print(f"offline_index: nothing in {dest} satisfies {', '.join(missing)}: carry a wheel of each "
+              "(`download` without --on-host for it) or install it on this host")
+        return 1
     return 0
 
 
@@ -128,8 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("action", choices=("download", "index"))
     p.add_argument("dest", type=Path)
     p.add_argument("--carried", type=Path, help="with index: the carried wheels")
+    p.add_argument("--on-host", nargs="*", default=[], metavar="NAME",
+                   help="with download: packages the GPU host has installed, not downloaded")
     a = p.parse_args(argv)
-    return download(a.dest) if a.action == "download" else index(a.dest, a.carried)
+    return download(a.dest, set(a.on_host)) if a.action == "download" else index(a.dest, a.carried)
 
 
 if __name__ == "__main__":

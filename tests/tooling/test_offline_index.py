@@ -36,3 +36,21 @@ def test_a_repacked_distribution_installs_offline_and_imports(tmp_path):
 def test_a_missing_seed_is_named_not_fatal(capsys):
     assert offline_index.closure(("no-such-distribution-ja",)) == []
     assert "no-such-distribution-ja is not installed here" in capsys.readouterr().out
+
+
+def test_index_fills_the_gaps_from_the_host_and_names_what_nothing_satisfies(tmp_path, monkeypatch, capsys):
+    """A package left out of the carried wheels (--on-host) is repacked from the host when something needs it;
+    a group requirement nothing satisfies (absent, or too old) fails the index and is named."""
+    carried = tmp_path / "carried"
+    carried.mkdir()
+    pytest_dist = next(d for d in offline_index.closure(("pytest",)) if offline_index.norm(d.metadata["Name"]) == "pytest")
+    offline_index.repack(pytest_dist, carried)  # pytest carried; pluggy, iniconfig ... left to the host
+    monkeypatch.setattr(offline_index, "SEEDS", ())
+    monkeypatch.setattr(offline_index, "group_requirements", lambda: ["pytest>=8"])
+    assert offline_index.index(tmp_path / "idx", carried) == 0
+    names = {offline_index.norm(p.name.split("-")[0]) for p in (tmp_path / "idx").glob("*.whl")}
+    assert {"pytest", "pluggy", "iniconfig"} <= names
+    assert len([p for p in (tmp_path / "idx").glob("*.whl") if p.name.startswith("pytest-")]) == 1  # not repacked twice
+    monkeypatch.setattr(offline_index, "group_requirements", lambda: ["pytest>=999", "no-such-distribution-ja>=1"])
+    assert offline_index.index(tmp_path / "idx2", carried) == 1
+    assert "satisfies pytest>=999, no-such-distribution-ja>=1: carry a wheel" in capsys.readouterr().out
