@@ -100,7 +100,9 @@ def repack(dist: md.Distribution, dest: Path) -> Path:
     tags = [line.split(":", 1)[1].strip() for line in (dist.read_text("WHEEL") or "").splitlines()
             if line.startswith("Tag:")] or ["py3-none-any"]
     name = re.sub(r"[-.]+", "_", dist.metadata["Name"])
-    out = dest / f"{name}-{dist.version}-{tags[0]}.whl"
+    parts = [t.split("-") for t in tags]  # every tag in the name's compressed tag set (py2.py3-none-any)
+    tag = "-".join(".".join(dict.fromkeys(p[i] for p in parts)) for i in range(3))
+    out = dest / f"{name}-{dist.version}-{tag}.whl"
     records = []
     with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:
         for f in dist.files:
@@ -138,7 +140,7 @@ def index(dest: Path, carried: Path | None) -> int:
     for whl in sorted(carried.glob("*.whl")) if carried else []:
         shutil.copy2(whl, dest / whl.name)
         have.add(norm(whl.name.split("-")[0]))
-        needed += wheel_requires(whl)
+        needed += [] if norm(whl.name.split("-")[0]) in HEADERS_ONLY else wheel_requires(whl)  # installed --no-deps
     made = [repack(d, dest) for d in closure(needed, have)]
     print(f"offline_index: {len(have)} carried wheel(s), {len(made)} repacked from {sys.prefix}: "
           f"{', '.join(p.name for p in made)}")

@@ -54,3 +54,18 @@ def test_index_fills_the_gaps_from_the_host_and_names_what_nothing_satisfies(tmp
     monkeypatch.setattr(offline_index, "group_requirements", lambda: ["pytest>=999", "no-such-distribution-ja>=1"])
     assert offline_index.index(tmp_path / "idx2", carried) == 1
     assert "satisfies pytest>=999, no-such-distribution-ja>=1: carry a wheel" in capsys.readouterr().out
+
+
+def test_a_repacked_wheel_keeps_every_tag_of_its_wheel_file(tmp_path):
+    """An installed py2.py3 wheel (flatbuffers ships one) is repacked as py2.py3-none-any, not py2-none-any,
+    which a cp312 installer would refuse."""
+    import importlib.metadata as md
+
+    info = tmp_path / "site" / "twotags-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: twotags\nVersion: 1.0\n")
+    (info / "WHEEL").write_text("Wheel-Version: 1.0\nTag: py2-none-any\nTag: py3-none-any\n")
+    (info / "RECORD").write_text("twotags-1.0.dist-info/METADATA,,\ntwotags-1.0.dist-info/WHEEL,,\n"
+                                 "twotags-1.0.dist-info/RECORD,,\n")
+    out = offline_index.repack(md.PathDistribution(info), tmp_path)
+    assert out.name == "twotags-1.0-py2.py3-none-any.whl"
