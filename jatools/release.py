@@ -128,8 +128,8 @@ def _wheels(ctx: Context) -> list[str]:
 
 
 def _validated(ctx: Context) -> str | None:
-    from jatools.validate import cleanroom
-    covered = cleanroom.covers(cleanroom.report_path(ctx.root), [ctx.wheels[v] for v in VARIANTS])
+    from jatools.validate import cleanroom_report
+    covered = cleanroom_report.covers(cleanroom_report.report_path(ctx.root), [ctx.wheels[v] for v in VARIANTS])
     return "both wheels (same sha256) already passed validation" if covered else None
 
 

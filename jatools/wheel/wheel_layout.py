@@ -17,6 +17,7 @@ from jatools import config
 from jax_aiter import op_table, remedies
 
 LAYOUT_FILE = Path(__file__).with_name("wheel_layout.toml")
+SOURCE_VARIANT = "source"  # what an sdist without libraries builds by default (build_backend.py)
 
 
 class LayoutError(RuntimeError):

@@ -33,7 +33,7 @@ SETTING_NAME = re.compile(r"\b(JA_[A-Z0-9_]*[A-Z0-9]|JAX_AITER_[A-Z0-9_]*[A-Z0-9
 NATIVE_READ = re.compile(r'"((?:JA_|JAX_AITER_|AITER_)[A-Z0-9_]+)"')
 # Names of that shape that are no environment variable.
 NOT_SETTINGS = {"JA_BACKEND_RESOLVED": "the make variable jatools/native/toolchain.py writes into build/config.mk",
-                "JA_INSTANCE": "the macro jatools/native/jit_build.py writes into generated instance sources"}
+                "JA_INSTANCE": "the macro jatools/native/jit_modules.py writes into generated instance sources"}
 
 
 def _tracked(*paths: str) -> list[Path]:
