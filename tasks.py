@@ -153,11 +153,12 @@ def jit_show(c, manifest):
 
 
 @task(name="merge-manifests", help={"from": "folder holding the downloaded shard artifacts (each: lib*.so + "
-                                    "build_record.json)", "strict": "a toolchain difference between shards fails too"})
-def jit_merge_manifests(c, from_="build/jit-shards", strict=False):
+                                    "build_record.json; default build/jit-shards)",
+                                    "strict": "a toolchain difference between shards fails too"})
+def jit_merge_manifests(c, from_="", strict=False):
     """Join per-module JIT shards into build/aiter_build: re-hash, one identity, every module once, record last."""
     settings = config.load()
-    folder = Path(from_)
+    folder = Path(from_) if from_ else settings.path("jit_shards")
     _jit_run("merge-manifests", merge.merge, folder if folder.is_absolute() else Path.cwd() / folder,
              settings.jit_dir, jit_build.libraries(settings), decide.strict_toolchain(settings, strict or None))
 

@@ -79,6 +79,11 @@ RULE_TEXT = {
     "text": "a string",
 }
 
+# The build tree's library folders under JA_BUILD_DIR: the loader searches them in a checkout, and the build tooling's
+# table of every build folder takes them from here.
+LIBRARY_DIRS = {"umbrella": "jax_aiter_build",  # libjax_aiter.so and the FFI shims (make, make ja_mods)
+                "jit": "aiter_build"}           # the JIT libraries and their build record
+
 
 SETTINGS: tuple[Setting, ...] = (
     # --- build --------------------------------------------------------------------------------
@@ -95,8 +100,8 @@ SETTINGS: tuple[Setting, ...] = (
             accepts="a folder", config_key=True),
     Setting("", "build", "where a legacy ROCm install lives", key="rocm_legacy_root", rule="text", accepts="a path"),
     Setting("CUDA_HOME", "build", "the CUDA toolkit (else nvcc on PATH)", accepts="a folder", config_key=True),
-    Setting("JA_BUILD_DIR", "build", "the build tree: jax_aiter_build/ (umbrella, FFI shims) and aiter_build/ "
-            "(JIT libraries)", key="build_dir", rule="inside"),
+    Setting("JA_BUILD_DIR", "build", f"the build tree: {LIBRARY_DIRS['umbrella']}/ (umbrella, FFI shims) and "
+            f"{LIBRARY_DIRS['jit']}/ (JIT libraries)", key="build_dir", rule="inside"),
     Setting("JA_FFI_INCLUDE_DIR", "build", "the XLA FFI headers the shims compile against", key="ffi_include_dir",
             rule="inside", config_key=True),
     Setting("", "build", "the kernel sources (their revision is part of the JIT identity)", key="kernel_source_dir",

@@ -53,7 +53,7 @@ def link_args(flags: dict[str, list[str]], settings: config.Settings) -> list[st
     lp = flags["link_pass"][0]
     umb_dir = os.path.relpath(settings.umbrella_dir, settings.root)
     return [f"{lp}--no-as-needed", f"-L{umb_dir}", "-ljax_aiter", f"{lp}-soname=$soname",
-            f"{lp}--enable-new-dtags", f"{lp}-rpath=$ORIGIN:$ORIGIN/../jax_aiter_build", *flags["libs"]]
+            f"{lp}--enable-new-dtags", f"{lp}-rpath=$ORIGIN:$ORIGIN/../{config.BUILD_TREE['umbrella']}", *flags["libs"]]
 
 
 def _q(args) -> str:

@@ -56,7 +56,7 @@ def package_include(root: Path, placeholder: str) -> str:
     inc = Path(str(found.locate_file(sub)))
     if not inc.is_dir():
         raise BuildError(f"{dist} {found.version} has no {sub} (looked in {inc}): reinstall it ({fix})")
-    return str(stable_copy(inc.resolve(), config.load(root=root).build_dir / "pkg-include" / f"{dist}-{pin}"))
+    return str(stable_copy(inc.resolve(), config.load(root=root).path("pkg_include") / f"{dist}-{pin}"))
 
 
 def stable_copy(src: Path, dest: Path) -> Path:

@@ -77,7 +77,7 @@ def release_folder(root: Path, cache_id: str, given: Path | None, log: Log) -> P
                                   f"jit.publish --to DIR` wrote, for the lite wheel's cache id {cache_id}")
         return given
     settings = config.load(root=root)
-    staged = settings.build_dir / "jit-libs-publish"  # where jatools.jitlibs.publish stages a release
+    staged = settings.path("jit_publish")  # where jatools.jitlibs.publish stages a release
     if not holds(staged):
         log(f"cleanroom: staging this checkout's JIT libraries as {tag} (the lite wheel fetches them)")
         try:

@@ -108,4 +108,4 @@ def covers(path: Path, wheels: list[Path]) -> bool:
 
 def report_path(root: Path) -> Path:
     """Where the report goes: pyproject's `validation_report` (default build/validate/report.json)."""
-    return root / str(config.defaults(root).get("validation_report", "build/validate/report.json"))
+    return root / str(config.defaults(root)["validation_report"])

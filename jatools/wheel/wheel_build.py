@@ -149,7 +149,8 @@ def build(settings: config.Settings, options: BuildOptions, layout: Layout | Non
     from filelock import FileLock, Timeout
 
     with contextlib.ExitStack() as held:
-        for folder, lock_at in ((settings.build_dir / "wheel_stage", settings.build_dir / ".wheel_stage.lock"),
+        stage = settings.path("wheel_stage")
+        for folder, lock_at in ((stage, stage.with_name(f".{stage.name}.lock")),
                                 (options.dist_dir, options.dist_dir / LOCK_NAME)):
             lock_at.parent.mkdir(parents=True, exist_ok=True)
             lock = FileLock(str(lock_at))
@@ -275,7 +276,7 @@ def _build_locked(settings: config.Settings, options: BuildOptions, layout: Layo
         identity=v.identity, notes=v.notes, scan=replace(scanned, wheel=wheel))
     report = {k: str(x) if isinstance(x, Path) else x for k, x in asdict(replace(result, scan=None)).items()
               if k != "scan"}
-    atomic_write.write_text(settings.build_dir / "reports" / f"wheel_{v.variant.name}.json",
+    atomic_write.write_text(settings.path("reports") / f"wheel_{v.variant.name}.json",
                             json.dumps(report, indent=2, sort_keys=True) + "\n")
     return result
 

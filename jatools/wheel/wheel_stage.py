@@ -117,7 +117,7 @@ def stage(settings: config.Settings, layout: Layout, variant: Variant, project: 
           plat_tag: str | None = None) -> tuple[Path, dict[str, str], dict[str, str]]:
     """Write build/wheel_stage/<variant>/ atomically; return it, {member: how it was staged} and {member: sha256}
     of every file it copied or generated (the libraries are held to their records instead)."""
-    stage_root = settings.build_dir / "wheel_stage"
+    stage_root = settings.path("wheel_stage")
     final = stage_root / variant.name
     tmp = stage_root / f".{variant.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
