@@ -83,7 +83,7 @@ def validate_wheelhouse(c, gpu=None, path=""):
     from jatools.validate import cleanroom_env, wheelhouse
     root = config.repo_root()
     try:
-        python = cleanroom_env.find_python(str(config.defaults(root)["validation_python"]))
+        python = cleanroom_env.find_python(config.python_version(root))
         wanted = wheelhouse.requirements(root, tuple(gpu or ()), build=True)  # also offline `pip install .`
         wheelhouse.fill(wheelhouse.location(root, path or None), wanted, python)
     except (wheelhouse.WheelhouseError, cleanroom_env.CleanRoomError) as e:

@@ -190,10 +190,8 @@ SETTINGS: tuple[Setting, ...] = (
        "bytes", key="jit_libs_asset_limit"),
     Setting("JA_WHEELHOUSE", "wheels and validation", "the offline wheels the clean room installs from "
             "(`invoke validate.wheelhouse` fills it)", key="wheelhouse", rule="inside"),
-    Setting("", "wheels and validation", "the clean room's Python version", key="validation_python", rule="text",
-            accepts="a Python version, e.g. 3.12"),
     Setting("JA_VALIDATE_PYTHON", "wheels and validation", "the clean room's interpreter",
-            default="validation_python found on this host", accepts="a path"),
+            default="the Python of requires-python's floor found on this host", accepts="a path"),
     Setting("", "wheels and validation", "packages the clean room installs at the lowest version the wheel "
             "declares", key="validation_floor", rule="list"),
     Setting("", "wheels and validation", "the JAX CUDA plugin (clean room and GPU test sessions)",

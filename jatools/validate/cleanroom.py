@@ -171,8 +171,8 @@ def _in_container(result: WheelResult, room: cenv.Room, opts: Options, engine: s
     mounts = cenv.Mounts(wheel=wheel, smoke=room.smoke, out=room.tmp, release=release)
     name = f"ja-validate-{uuid.uuid4().hex[:12]}"
     home, mount = cenv.HOME, cenv.MOUNT
-    layout = Layout(python="python3.12", venv=f"{home}/venv", work=home, smoke=f"{mount}/smoke", out=f"{mount}/out",
-                    wheel=f"{mount}/wheel/{wheel.name}", wheelhouse="/opt/wheelhouse",
+    layout = Layout(python=cenv.image_python(opts.root), venv=f"{home}/venv", work=home, smoke=f"{mount}/smoke",
+                    out=f"{mount}/out", wheel=f"{mount}/wheel/{wheel.name}", wheelhouse="/opt/wheelhouse",
                     release=f"{mount}/release" if release else None, checkout=str(opts.root),
                     gpu=backend if flags else None)
     todo = [dataclasses.replace(s, argv=cenv.exec_command(engine, name, s.argv, home))
@@ -207,7 +207,7 @@ def validate(opts: Options) -> Report:
     backends = sorted({wheel_identity(w).get("backend", "cpu") for w in opts.wheels} & {"cuda", "rocm"})
     wanted = wheelhouse.requirements(opts.root, tuple(b for b in backends if cenv.host_gpu(b)))
     pins = [r for r in wanted if "==" in r]
-    python = Path("python3.12")  # the image's
+    python = Path(cenv.image_python(opts.root))
     host = None
     if opts.deps_from is not None:
         # Its packages are the dependencies (the floor pins do not apply); the wheelhouse only adds what it
@@ -215,7 +215,7 @@ def validate(opts: Options) -> Report:
         host = host_dependencies(opts.deps_from)
         python, pins = opts.deps_from, []
     elif engine is None:
-        python = cenv.find_python(str(config.defaults(opts.root).get("validation_python", "3.12")))
+        python = cenv.find_python(config.python_version(opts.root))
         wheelhouse.ensure(wh, wanted, python, allow_fill=opts.fill, log=opts.log)
     for wheel in opts.wheels:
         report.results.append(validate_wheel(wheel, opts, engine, wh, python, pins, host))

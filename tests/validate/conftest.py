@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="session")
 def python312() -> Path:
-    return cleanroom_env.find_python(str(config.defaults(REPO)["validation_python"]))
+    return cleanroom_env.find_python(config.python_version(REPO))
 
 
 @pytest.fixture(scope="session")

@@ -3,12 +3,14 @@ exact command lines it would run. A recording runner stands in for the engine, w
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from jatools import config
 from jatools.validate import cleanroom, cleanroom_steps
 from jatools.validate import cleanroom_env as cenv
 from tests.validate.conftest import REPO
@@ -183,3 +185,12 @@ def test_a_gpu_host_makes_the_smoke_step_require_the_gpu():
     smoke = cleanroom_steps.plan(layout, cenv.Installer("pip"), "full", [])[-1]
     assert smoke.argv[smoke.argv.index("--expect-gpu") + 1] == "rocm" and "--release" not in smoke.argv
 
+
+def test_the_image_installs_the_projects_python():
+    """The container route runs the image's interpreter (cleanroom_env.image_python: the project's Python); the
+    Dockerfile, whose hash is the image's tag, installs that one and fills the wheelhouse with it."""
+    text = cenv.dockerfile(REPO).read_text()
+    py = cenv.image_python(REPO)
+    assert py == f"python{config.python_version(REPO)}"
+    assert f" {py} {py}-venv " in text and f"RUN {py} -m pip download" in text
+    assert set(re.findall(r"\bpython3\.\d+\b", text)) == {py}, "the Dockerfile names another Python"

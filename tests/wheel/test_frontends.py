@@ -40,7 +40,7 @@ SILU_1_SUM = 8 * 0.7310585786  # silu(1) * 1 over the 2 x 4 output
 @pytest.fixture(scope="session")
 def build_wheelhouse() -> Path:
     """The checkout's wheelhouse with the build backend's requirements too (filled once, then offline)."""
-    python = cleanroom_env.find_python(str(config.defaults(ROOT)["validation_python"]))
+    python = cleanroom_env.find_python(config.python_version(ROOT))
     path = wheelhouse.location(ROOT)
     try:
         wheelhouse.ensure(path, wheelhouse.requirements(ROOT, build=True), python, allow_fill=True,
@@ -307,7 +307,7 @@ def test_sdist_builds_a_working_source_wheel_with_each_front_end(front, sdist, b
 def fresh_venv(path: Path, wh: Path, env: dict[str, str]) -> Path:
     """`python -m venv` (so pip is there), with jax and the runtime dependencies installed from the wheelhouse
     by uv (fast: hard links from its cache); the front-end under test then installs jax-aiter itself."""
-    python = cleanroom_env.find_python(str(config.defaults(ROOT)["validation_python"]))
+    python = cleanroom_env.find_python(config.python_version(ROOT))
     run([str(python), "-m", "venv", str(path)], env)
     run([uv(), "pip", "install", "-q", "--python", str(path / "bin/python"),
          *wheelhouse.requirements(ROOT)], env)
