@@ -11,7 +11,7 @@ and the accepted range. So ``nan``, ``inf``, ``0`` where zero makes no sense, ne
 stop at once instead of waiting forever, overflowing later or eating memory.
 
 The runtime (jax-aiter-fetch-mha, the loader) and the build tooling both read it, so it imports only the
-standard library.
+standard library (and jax_aiter.remedies, the doors a meaning names, which is standard library only too).
 """
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from jax_aiter import remedies
 
 GROUPS = ("build", "runtime", "tests", "wheels and validation", "CI")
 
@@ -189,7 +191,7 @@ SETTINGS: tuple[Setting, ...] = (
     _n("", "wheels and validation", "bytes per uploaded asset; larger blobs are split", int, 1, 2**31 - 1, None,
        "bytes", key="jit_libs_asset_limit"),
     Setting("JA_WHEELHOUSE", "wheels and validation", "the offline wheels the clean room installs from "
-            "(`invoke validate.wheelhouse` fills it)", key="wheelhouse", rule="inside"),
+            f"(`{remedies.door('wheelhouse')}` fills it)", key="wheelhouse", rule="inside"),
     Setting("JA_VALIDATE_PYTHON", "wheels and validation", "the clean room's interpreter",
             default="the Python of requires-python's floor found on this host", accepts="a path"),
     Setting("", "wheels and validation", "packages the clean room installs at the lowest version the wheel "

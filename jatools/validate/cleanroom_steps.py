@@ -14,6 +14,7 @@ from pathlib import Path
 from jatools import steps
 from jatools.validate import cleanroom_env as cenv
 from jatools.validate.cleanroom_report import Check, WheelResult
+from jax_aiter import remedies
 
 Log = Callable[[str], None]
 SMOKE_SCRIPT = "cleanroom_smoke.py"
@@ -80,7 +81,7 @@ def _step_failure(rec: steps.Record) -> str:
     why = f"{rec.note}: {_tail(rec) or rec.command}"
     if rec.name == "install":
         return (f"offline install failed ({why}). If a dependency is missing from the wheelhouse, refill it with "
-                "`invoke validate.wheelhouse`")
+                f"`{remedies.door('wheelhouse')}`")
     if rec.name == "venv":
         return f"could not create the environment ({why})"
     return why

@@ -201,5 +201,5 @@ def test_invoke_task_passes_its_flags_through(tmp_path):
     import tasks
 
     with pytest.raises(Exit) as e:
-        tasks.validate_run(MockContext(), wheel=[str(tmp_path / "missing.whl")], engine="none")
+        tasks.validate(MockContext(), wheel=[str(tmp_path / "missing.whl")], engine="none")
     assert e.value.code == 2

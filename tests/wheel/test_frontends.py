@@ -6,7 +6,7 @@ and must make the bytes `nox -s wheel_lite|wheel_full` makes; `pip install [-e] 
 check-wheel-contents and `wheel unpack`/`pack` accept the wheels and the sdist; the
 sdist holds what a rebuild needs and rebuilds into a wheel that passes every check.
 The build isolation and the installs read only the checkout's wheelhouse
-(`invoke validate.wheelhouse`, filled once from the index when cold).
+(`invoke wheelhouse`, filled once from the index when cold).
 """
 from __future__ import annotations
 
