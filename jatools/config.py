@@ -39,6 +39,26 @@ def repo_root() -> Path:
 
 SettingError = registry.SettingError
 
+# The build tree: what the build and the tooling write under the build dir (JA_BUILD_DIR, pyproject build_dir),
+# one name each (`Settings.path`, `build_path`). The library folders are jax_aiter/settings.py's (the runtime's
+# loader searches them); the Makefile spells the ones make writes, and tests/tooling/test_build_tree.py holds it
+# (and every other copy outside Python) to this table.
+BUILD_TREE = {
+    **registry.LIBRARY_DIRS,            # umbrella: libjax_aiter.so and the FFI shims; jit: the JIT libraries
+    "config_mk": "config.mk",           # make's toolchain and flags (jatools/native/toolchain.py writes it)
+    "obj": "obj",                       # make's objects, a folder per backend
+    "pkg_include": "pkg-include",       # pinned header packages, copied once per pin (jatools/native/jit_packages.py)
+    "compile_only": "compile_only",     # a build tree per GPU backend (nox -s compile_only)
+    "sanitize": "sanitize",             # the sanitizer builds' trees (nox -s sanitize, nox -s tsan)
+    "sanitize_thread": "sanitize-thread",
+    "wheel_stage": "wheel_stage",       # the staged wheel trees (make clean-stage removes them)
+    "reports": "reports",               # the wheel builds' JSON reports
+    "jit_publish": "jit-libs-publish",  # a JIT-library release staged for publishing
+    "jit_shards": "jit-shards",         # the JIT producer's per-module shards, before the merge
+    "release": "release",               # the release's log per stage
+    "test_results": "test-results",     # the tiers' JSON results
+}
+
 
 @cache
 def _pyproject_defaults(root: str) -> dict:
@@ -89,6 +109,12 @@ def python_version(root: Path | None = None) -> str:
     return floor.group(1)
 
 
+def build_path(name: str, env: dict[str, str] | None = None) -> Path:
+    """BUILD_TREE[name] under the build dir, relative to the checkout as JA_BUILD_DIR gives it (build/sanitize),
+    without loading every setting: for a build tree of its own (a sanitizer's) or a run that reads no other."""
+    return Path(str(setting("JA_BUILD_DIR", env))) / BUILD_TREE[name]
+
+
 def split_archs(value: str) -> list[str]:
     """GPU_ARCHS accepts ';' or ',' separated lists; blanks are dropped, order kept, no repeats."""
     return list(dict.fromkeys(filter(None, (part.strip() for part in value.replace(";", ",").split(",")))))
@@ -113,6 +139,10 @@ class Settings:
     toolchain_strict: bool
     raw: dict
     sanitize: tuple[str, ...] = ()  # JA_SANITIZE, e.g. address,undefined (CPU backend only)
+
+    def path(self, name: str) -> Path:
+        """Where BUILD_TREE's `name` is in this build tree."""
+        return self.build_dir / BUILD_TREE[name]
 
     def default_archs(self, backend: str) -> tuple[str, ...]:
         key = {"rocm": "gpu_archs_rocm", "cuda": "gpu_archs_cuda"}.get(backend)
@@ -139,7 +169,8 @@ def load(backend: str | None = None, gpu_archs: str | None = None, root: Path | 
     return Settings(root=root, backend=chosen_backend,
                     gpu_archs=tuple(split_archs(archs_text or "")) or None,
                     symbol_visible=truthy(setting("AITER_SYMBOL_VISIBLE", env, root)),
-                    umbrella_dir=build_dir / "jax_aiter_build", jit_dir=build_dir / "aiter_build", build_dir=build_dir,
+                    umbrella_dir=build_dir / BUILD_TREE["umbrella"], jit_dir=build_dir / BUILD_TREE["jit"],
+                    build_dir=build_dir,
                     kernel_source_dir=root / raw["kernel_source_dir"], jit_config=root / raw["jit_config"],
                     ffi_include_dir=root / setting("JA_FFI_INCLUDE_DIR", env, root),
                     toolchain_strict=truthy(setting("JA_TOOLCHAIN_STRICT", env, root)), raw=raw, sanitize=sanitize)

@@ -31,7 +31,6 @@ REPORT = "dist/release-report.json"
 SCHEMA = 1
 WHEEL_BUILDER = "jatools.wheel.wheel_build"  # the module the wheel stages run (its imports decide the bytes too)
 CHECKER = "jatools.wheel.wheel_checks"
-LOG_DIR = "build/release"  # one log per stage
 GREEN = ("ok", "up-to-date")  # the results of a stage that passed
 VARIANTS = ("lite", "full")
 
@@ -118,7 +117,7 @@ def _wheel_up_to_date(ctx: Context, variant: str) -> str | None:
 
 def _wheel_artifact(ctx: Context, variant: str) -> list[Path]:
     if variant not in ctx.wheels:
-        report = config.load().build_dir / "reports" / f"wheel_{variant}.json"
+        report = config.load().path("reports") / f"wheel_{variant}.json"
         ctx.wheels[variant] = Path(json.loads(report.read_text())["wheel"])
     return [ctx.wheels[variant]]
 
@@ -128,8 +127,8 @@ def _wheels(ctx: Context) -> list[str]:
 
 
 def _validated(ctx: Context) -> str | None:
-    from jatools.validate import cleanroom
-    covered = cleanroom.covers(cleanroom.report_path(ctx.root), [ctx.wheels[v] for v in VARIANTS])
+    from jatools.validate import cleanroom_report
+    covered = cleanroom_report.covers(cleanroom_report.report_path(ctx.root), [ctx.wheels[v] for v in VARIANTS])
     return "both wheels (same sha256) already passed validation" if covered else None
 
 
@@ -161,9 +160,10 @@ def _native(ctx: Context, stage) -> list[steps.Step]:
 def stages(ctx: Context) -> list[steps.Step]:
     """The release's stages, in order; a command that names wheels is read when its stage starts."""
     py = ctx.python
+    log_dir = config.load(root=ctx.root).path("release")  # one log per stage
 
     def stage(name: str, argv, rerun, **kw) -> steps.Step:
-        return steps.Step(name, argv, cwd=ctx.root, log=ctx.root / LOG_DIR / f"{name}.log", rerun=rerun, **kw)
+        return steps.Step(name, argv, cwd=ctx.root, log=log_dir / f"{name}.log", rerun=rerun, **kw)
 
     wheels = lambda: " ".join(_wheels(ctx))
     sdists = lambda: sorted((ctx.root / "dist").glob("*.tar.gz"))

@@ -37,6 +37,9 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 PACKAGED_LIB_DIR = PACKAGE_DIR / "_lib"
 IDENTITY_FILE = PACKAGE_DIR / "_build_identity.json"
 UMBRELLA = "libjax_aiter.so"
+# JA_BUILD_DIR's default, pyproject's build_dir (which a wheel has not; tests/tooling/test_build_tree.py keeps them
+# equal)
+DEFAULT_BUILD_DIR = "build"
 OPS: dict[str, op_table.Op] = op_table.load()  # op name -> FFI targets, shim, JIT libraries (op_table.toml)
 MHA_JIT_LIBS = tuple(op_table.fetched_libraries(OPS).values())  # a lite wheel's user fetches them (jax-aiter-fetch-mha)
 
@@ -56,8 +59,8 @@ class FfiVersionError(ImportError):
 
 def _checkout_dirs() -> list[Path]:
     root = Path(os.environ.get("JA_ROOT_DIR") or PACKAGE_DIR.parent)
-    build = root / os.environ.get("JA_BUILD_DIR", "build")
-    return [build / "jax_aiter_build", build / "aiter_build"]
+    build = root / os.environ.get("JA_BUILD_DIR", DEFAULT_BUILD_DIR)
+    return [build / settings.LIBRARY_DIRS["umbrella"], build / settings.LIBRARY_DIRS["jit"]]
 
 
 def build_identity() -> dict | None:

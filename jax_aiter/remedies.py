@@ -14,6 +14,8 @@ DOORS = {
     "jit_publish": "invoke jit.publish",
     # every library of a build tree, in order, through make alone (an unpacked sdist has no noxfile.py)
     "native": "make && make jit && make ja_mods",
+    # fill the clean room's offline wheelhouse from the package index (`--gpu cuda|rocm` adds the JAX plugin)
+    "wheelhouse": "invoke wheelhouse",
 }
 
 

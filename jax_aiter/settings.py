@@ -11,7 +11,7 @@ and the accepted range. So ``nan``, ``inf``, ``0`` where zero makes no sense, ne
 stop at once instead of waiting forever, overflowing later or eating memory.
 
 The runtime (jax-aiter-fetch-mha, the loader) and the build tooling both read it, so it imports only the
-standard library.
+standard library (and jax_aiter.remedies, the doors a meaning names, which is standard library only too).
 """
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from jax_aiter import remedies
 
 GROUPS = ("build", "runtime", "tests", "wheels and validation", "CI")
 
@@ -79,6 +81,11 @@ RULE_TEXT = {
     "text": "a string",
 }
 
+# The build tree's library folders under JA_BUILD_DIR: the loader searches them in a checkout, and the build tooling's
+# table of every build folder takes them from here.
+LIBRARY_DIRS = {"umbrella": "jax_aiter_build",  # libjax_aiter.so and the FFI shims (make, make ja_mods)
+                "jit": "aiter_build"}           # the JIT libraries and their build record
+
 
 SETTINGS: tuple[Setting, ...] = (
     # --- build --------------------------------------------------------------------------------
@@ -95,8 +102,8 @@ SETTINGS: tuple[Setting, ...] = (
             accepts="a folder", config_key=True),
     Setting("", "build", "where a legacy ROCm install lives", key="rocm_legacy_root", rule="text", accepts="a path"),
     Setting("CUDA_HOME", "build", "the CUDA toolkit (else nvcc on PATH)", accepts="a folder", config_key=True),
-    Setting("JA_BUILD_DIR", "build", "the build tree: jax_aiter_build/ (umbrella, FFI shims) and aiter_build/ "
-            "(JIT libraries)", key="build_dir", rule="inside"),
+    Setting("JA_BUILD_DIR", "build", f"the build tree: {LIBRARY_DIRS['umbrella']}/ (umbrella, FFI shims) and "
+            f"{LIBRARY_DIRS['jit']}/ (JIT libraries)", key="build_dir", rule="inside"),
     Setting("JA_FFI_INCLUDE_DIR", "build", "the XLA FFI headers the shims compile against", key="ffi_include_dir",
             rule="inside", config_key=True),
     Setting("", "build", "the kernel sources (their revision is part of the JIT identity)", key="kernel_source_dir",
@@ -184,11 +191,9 @@ SETTINGS: tuple[Setting, ...] = (
     _n("", "wheels and validation", "bytes per uploaded asset; larger blobs are split", int, 1, 2**31 - 1, None,
        "bytes", key="jit_libs_asset_limit"),
     Setting("JA_WHEELHOUSE", "wheels and validation", "the offline wheels the clean room installs from "
-            "(`invoke validate.wheelhouse` fills it)", key="wheelhouse", rule="inside"),
-    Setting("", "wheels and validation", "the clean room's Python version", key="validation_python", rule="text",
-            accepts="a Python version, e.g. 3.12"),
+            f"(`{remedies.door('wheelhouse')}` fills it)", key="wheelhouse", rule="inside"),
     Setting("JA_VALIDATE_PYTHON", "wheels and validation", "the clean room's interpreter",
-            default="validation_python found on this host", accepts="a path"),
+            default="the Python of requires-python's floor found on this host", accepts="a path"),
     Setting("", "wheels and validation", "packages the clean room installs at the lowest version the wheel "
             "declares", key="validation_floor", rule="list"),
     Setting("", "wheels and validation", "the JAX CUDA plugin (clean room and GPU test sessions)",

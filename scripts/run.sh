@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run a jax-aiter command (nox, invoke, pytest ...) with the project's tools
-# installed: makes .venv-tools (Python 3.12, the `run` dependency group of
-# pyproject.toml: nox, invoke, uv, the wheel writer's needs) once, then runs
+# installed: makes .venv-tools (the project's Python, the `run` dependency group
+# of pyproject.toml: nox, invoke, uv, the wheel writer's needs) once, then runs
 # the command with it first on PATH.
 #
 #   bash scripts/run.sh nox -s release
@@ -19,29 +19,36 @@ if command -v iconv >/dev/null 2>&1 && ! printf '%s' "$root" | iconv -f UTF-8 -t
 fi
 export JA_ROOT_DIR="${JA_ROOT_DIR:-$root}"
 
-# Python 3.12: on PATH, else a manylinux container's own (/opt/python/cp312-cp312: the release job
-# uses the container's Python, not actions/setup-python), else a pyenv-installed 3.12 made visible
-# through PYENV_VERSION (exported, so nox finds python3.12 for its sessions too).
-manylinux_py=/opt/python/cp312-cp312/bin
-if ! (command -v python3.12 >/dev/null 2>&1 && python3.12 -c '' 2>/dev/null) && [ -x "$manylinux_py/python3.12" ]; then
-  export PATH="$manylinux_py:$PATH"
-  echo "run.sh: using the container's Python 3.12 ($manylinux_py)" >&2
+# The project's Python: the floor of pyproject's requires-python, its one home (jatools.config.python_version
+# reads the same field; tests/tooling/test_version.py runs this line against it), e.g. ">=3.12" gives 3.12.
+pyv="$(sed -n 's/^requires-python *= *">= *\([0-9][0-9]*\.[0-9][0-9]*\)".*/\1/p' pyproject.toml)"
+if [ -z "$pyv" ]; then
+  echo "run.sh: pyproject.toml's requires-python is not of the form '>=X.Y'; write the Python floor the builds use" >&2
+  exit 2
 fi
-if ! (command -v python3.12 >/dev/null 2>&1 && python3.12 -c '' 2>/dev/null); then
+py="python$pyv"
+# On PATH, else a manylinux container's own (/opt/python/cp312-cp312 for 3.12: the release job uses the
+# container's Python, not actions/setup-python), else a pyenv-installed one made visible through PYENV_VERSION
+# (exported, so nox finds it for its sessions too).
+manylinux_py="/opt/python/cp${pyv/./}-cp${pyv/./}/bin"
+if ! (command -v "$py" >/dev/null 2>&1 && "$py" -c '' 2>/dev/null) && [ -x "$manylinux_py/$py" ]; then
+  export PATH="$manylinux_py:$PATH"
+  echo "run.sh: using the container's Python $pyv ($manylinux_py)" >&2
+fi
+if ! (command -v "$py" >/dev/null 2>&1 && "$py" -c '' 2>/dev/null); then
   v=""
   if command -v pyenv >/dev/null 2>&1; then
-    v="$(pyenv versions --bare 2>/dev/null | grep -E '^3\.12(\.[0-9]+)?$' | tail -n 1 || true)"
+    v="$(pyenv versions --bare 2>/dev/null | grep -E "^${pyv//./\\.}(\.[0-9]+)?\$" | tail -n 1 || true)"
   fi
   if [ -z "$v" ]; then
-    echo "run.sh: Python 3.12 is required (JAX 0.11 needs it). Install it (e.g. 'pyenv install 3.12'" \
-         "or 'apt-get install python3.12') and run again." >&2
+    echo "run.sh: Python $pyv is required (pyproject.toml's requires-python). Install it (e.g. 'pyenv install $pyv'" \
+         "or 'apt-get install $py') and run again." >&2
     exit 2
   fi
   current="$(pyenv version-name 2>/dev/null | tr -d ' ' || true)"
   export PYENV_VERSION="${current:+$current:}$v"
   echo "run.sh: using Python $v from pyenv (PYENV_VERSION=$PYENV_VERSION)" >&2
 fi
-py=python3.12
 venv="$root/.venv-tools"
 # JA_TOOLS_REQUIREMENTS: a hash-pinned requirements file of the same group (ci/requirements/run.txt), installed
 # with --require-hashes instead; the CI jobs that hold a write token set it.

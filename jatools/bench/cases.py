@@ -526,7 +526,7 @@ def bench_validate(ctx: Context) -> Result:
     except (wheel_build.WheelBuildError, OSError) as e:
         raise AnchorMissing(f"cannot build the lite wheel ({e}); build the CPU libraries first") from None
     wh = wheelhouse.location(ctx.root)
-    python = cleanroom_env.find_python(str(config.defaults(ctx.root)["validation_python"]))
+    python = cleanroom_env.find_python(config.python_version(ctx.root))
     wheelhouse.ensure(wh, wheelhouse.requirements(ctx.root), python, allow_fill=True, log=ctx.log)
     env = {**os.environ, "JA_BACKEND": "cpu"}
 

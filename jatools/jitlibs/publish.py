@@ -385,7 +385,7 @@ def publish(settings: config.Settings, to: str, *, level: int | None = None, win
             f"{tag} is already published at {target.description} with other bytes; releases are immutable "
             "(consumers may have fetched it). Its libraries have the same identity, so reuse them "
             f"(`{remedies.door('jit_fetch')}`) instead of publishing")
-    stage_root = settings.build_dir / "jit-libs-publish"
+    stage_root = settings.path("jit_publish")
     manifest, folder = stage(record, ident, jit_dir, stage_root, comp, limit, log)
     assets = [folder / p["name"] for f in manifest["files"] for p in f["compressed"]["parts"]]
     if target is not None:

@@ -33,7 +33,6 @@ COMPILE_ONLY = {
     "rocm": {"GPU_ARCHS": "gfx950", "fallback": "gfx90a", "tool": "hipcc",
              "install": "apt-get install hipcc (or install ROCm/TheRock)"},
 }
-COMPILE_ONLY_DIR = "build/compile_only"
 
 
 def jit_mode(requested: str | None, env: dict[str, str]) -> str:
@@ -87,7 +86,7 @@ def compile_only(backend: str, jobs: int) -> dict:
     if not shutil.which(spec["tool"]) and not (backend == "rocm" and os.environ.get("ROCM_PATH")):
         raise SystemExit(f"compile_only: {spec['tool']} not found for the {backend} backend; {spec['install']}")
     root = config.repo_root()
-    out_dir = f"{COMPILE_ONLY_DIR}/{backend}"
+    out_dir = (config.build_path("compile_only") / backend).as_posix()
     hipcc = shutil.which("hipcc") or str(Path(os.environ.get("ROCM_PATH", ""), "bin", "hipcc"))
     archs = rocm_compile_arch(hipcc) if backend == "rocm" else spec["GPU_ARCHS"]
     env = {**os.environ, "JA_BACKEND": backend, "GPU_ARCHS": archs, "JA_BUILD_DIR": out_dir,
@@ -105,14 +104,15 @@ def compile_only_main(backends: str, jobs: int) -> int:
         if backend not in COMPILE_ONLY:
             raise SystemExit(f"compile_only: unknown backend {backend!r}; use cuda and/or rocm")
         results.append(compile_only(backend, jobs))
-    atomic_write.write_text(config.repo_root() / COMPILE_ONLY_DIR / "summary.json",
+    summary = config.build_path("compile_only") / "summary.json"
+    atomic_write.write_text(config.repo_root() / summary,
                             json.dumps(results, indent=2) + "\n")
     print("\ncompile_only summary")
     for r in results:
         sizes = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in r["libraries"].items())
         print(f"  {r['backend']:<5} {r['archs']:<7} {sum(r['seconds'].values()):7.1f} s  "
               f"({', '.join(f'{k} {v} s' for k, v in r['seconds'].items())})\n        {sizes}")
-    print(f"  JSON: {COMPILE_ONLY_DIR}/summary.json")
+    print(f"  JSON: {summary}")
     return 0
 
 

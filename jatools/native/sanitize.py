@@ -33,15 +33,20 @@ TSAN_THREADS = "4"  # the driver's inner threads (JA_NUM_THREADS); it sets them 
 
 @dataclass(frozen=True)
 class Sanitizer:
-    """One sanitizer build: its JA_SANITIZE value and its build folder."""
+    """One sanitizer build: its JA_SANITIZE value and its build tree (config.BUILD_TREE's `tree`)."""
 
     name: str
     flags: str
-    build_dir: str
+    tree: str
+
+    @property
+    def build_dir(self) -> str:
+        """The tree as JA_BUILD_DIR names it for the build, relative to the checkout (build/sanitize)."""
+        return config.build_path(self.tree).as_posix()
 
 
-SANITIZER_KINDS = {s.name: s for s in (Sanitizer("address", "address,undefined", "build/sanitize"),
-                                       Sanitizer("thread", "thread", "build/sanitize-thread"))}
+SANITIZER_KINDS = {s.name: s for s in (Sanitizer("address", "address,undefined", "sanitize"),
+                                       Sanitizer("thread", "thread", "sanitize_thread"))}
 ASAN = SANITIZER_KINDS["address"]
 SANITIZERS = ASAN.flags
 TEST_PATHS = ("tests/ops",)

@@ -98,7 +98,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds first, not in the medians (1)")
     p.add_argument("--tier", default="pr", help="tier whose single-device run is timed (pr)")
     p.add_argument("--platform", default=None, help="cuda | rocm (default: detected)")
-    p.add_argument("--out", type=Path, default=Path("build/test-results/slot_speedup.json"))
+    p.add_argument("--out", type=Path, default=RESULTS_DIR / "slot_speedup.json")
     return p
 
 

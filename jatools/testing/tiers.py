@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from jatools import atomic_write
-from jatools.config import REPO_ROOT
+from jatools.config import REPO_ROOT, build_path
 from jatools.testing import gpu_slots
 from jatools.testing.tag_filters import (
     DEFAULT_TIER,
@@ -44,7 +44,7 @@ WORKERS_ENV = "JA_TEST_WORKERS"
 RERUNS_ENV = "JA_TEST_RERUNS"
 REPORT_ENV = "JA_FLAKY_JSON"  # where a pytest process writes its run report (the plugin's RunReport)
 AUTOLOAD_ENV = "PYTEST_DISABLE_PLUGIN_AUTOLOAD"  # pytest's own switch; set to empty, every installed plugin loads
-RESULTS_DIR = Path("build") / "test-results"
+RESULTS_DIR = build_path("test_results")  # relative to the checkout
 PLUGIN = "jatools.testing.pytest_plugin"
 CPU_MULTI_DEVICES = 4
 DEFAULT_RERUNS = {"cpu": 0, "cuda": 2, "rocm": 2}  # XLA's single-GPU CI: 3 attempts

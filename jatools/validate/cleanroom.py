@@ -1,71 +1,60 @@
 """Clean-room validation: prove each wheel works on a machine that has never seen the source tree.
 
-For every wheel: its bytes are checked against its RECORD; a fresh environment
+For every wheel: its bytes are checked against its RECORD and its pins; a fresh environment
 is made (jatools/validate/cleanroom_env.py: a container of the validation image
 when an engine answers, else a venv outside the checkout); the wheel and its
 dependencies are installed from the local wheelhouse with no package index
 reachable; then the shipped smoke tests (jatools/validate/cleanroom_smoke.py)
 run from outside the checkout in isolated mode. A lite wheel fetches its
 attention libraries from a release of this checkout's JIT libraries served on
-127.0.0.1.
+127.0.0.1 (cleanroom_inputs.py finds the wheels and that release).
 
-The steps of one wheel are data (`plan`), with paths as the room's processes
-see them (a `Layout`), so one plan runs both locally, in the room's scrubbed
-environment, and through `<engine> exec`. jatools/steps.py runs and times them,
-a log per step in the room; each becomes a check of the report (one screen of
-text, and JSON, default build/validate/report.json). The JSON names each wheel
-by file name and sha256, so a wheel changed after validation no longer matches
-its report (`covers`, which the release job reads). `invoke validate` and
-scripts/validate_wheel.sh call `main`.
+The steps of one wheel are data (cleanroom_steps.py), run in the room; each
+becomes a check of the report (cleanroom_report.py: one screen of text, and
+JSON, default build/validate/report.json). `invoke validate` and
+scripts/validate_wheel.sh call `run`.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import os
-import platform
 import shutil
 import subprocess
 import sys
 import time
 import uuid
-import zipfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from packaging.utils import parse_wheel_filename
 
-from jatools import atomic_write, config, steps
-from jatools.jitlibs import publish
+from jatools import config
 from jatools.validate import cleanroom_env as cenv
 from jatools.validate import wheelhouse
+from jatools.validate.cleanroom_inputs import (
+    HostDeps,
+    ValidationError,
+    host_dependencies,
+    release_folder,
+    select_wheels,
+    wheel_identity,
+    wheel_variant,
+)
+from jatools.validate.cleanroom_report import Check, Report, WheelResult, report_path
+from jatools.validate.cleanroom_steps import (
+    RECORD_COPY,
+    REFERENCE_SOURCE,
+    SMOKE_SCRIPT,
+    SMOKE_SOURCE,
+    Layout,
+    plan,
+    run_plan,
+)
 from jatools.wheel import wheel_scan
-from jax_aiter import manifest as mf
-from jax_aiter import reuse_gate
-from jax_aiter.integrity import sha256_file, sha256_files
+from jax_aiter.integrity import sha256_file
 
 Log = Callable[[str], None]
-SMOKE_SCRIPT = "cleanroom_smoke.py"
-SMOKE_SOURCE = Path(__file__).with_name(SMOKE_SCRIPT)
-SMOKE_RESULTS = "smoke.json"
-REFERENCE_SOURCE = Path("tests/ops/reference.py")
-RECORD_COPY = "wheel-RECORD"
-IDENTITY_MEMBER = "jax_aiter/_build_identity.json"
-STEP_TIMEOUT_S = 900
-HOST_DEPS_PTH = "ja-host-deps.pth"  # cleanroom_smoke.py names it too (it imports no jatools)
-# Appends the given folders to the venv's sys.path (after its own site-packages, so the wheel's
-# jax_aiter still comes first) through a .pth file in its site-packages.
-_HOST_DEPS_CODE = ("import sys, sysconfig, pathlib; pathlib.Path(sysconfig.get_paths()['purelib'], "
-                   f"{HOST_DEPS_PTH!r}).write_text(''.join(p + chr(10) for p in sys.argv[1:]))")
-SCHEMA = 1
-PHASES = ("wheel", "environment", "install", "smoke")
-STEP_PHASES = {"venv": "environment", "host-deps": "environment", "install": "install", "smoke": "smoke"}
-
-
-class ValidationError(RuntimeError):
-    """Validation could not run at all (bad arguments, no wheels); the message names the fix."""
 
 
 @dataclass
@@ -81,264 +70,6 @@ class Options:
     deps_from: Path | None = None     # an interpreter whose installed packages are the dependencies (engine-free)
     log: Log = field(default=lambda m: print(m, file=sys.stderr, flush=True))
 
-
-# --- what a validation found ----------------------------------------------------------
-
-@dataclass
-class Check:
-    name: str
-    phase: str          # one of PHASES
-    ok: bool
-    seconds: float
-    message: str = ""
-
-
-@dataclass
-class WheelResult:
-    wheel: str
-    sha256: str
-    variant: str
-    version: str
-    backend: str
-    route: str                                  # "engine-free (uv)", "container docker (pulled)", ...
-    checks: list[Check] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    kept: str | None = None                     # the room, when kept for inspection
-
-    @property
-    def ok(self) -> bool:
-        return bool(self.checks) and all(c.ok for c in self.checks)
-
-    def phase_seconds(self) -> dict[str, float]:
-        out = {p: sum(c.seconds for c in self.checks if c.phase == p) for p in PHASES}
-        return {k: round(v, 2) for k, v in {**out, "total": sum(out.values())}.items()}
-
-
-@dataclass
-class Report:
-    route_note: str
-    wheelhouse: str
-    results: list[WheelResult] = field(default_factory=list)
-    started: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return bool(self.results) and all(r.ok for r in self.results)
-
-    def to_json(self) -> dict:
-        return {
-            "schema": SCHEMA, "kind": "jax-aiter-validation", "ok": self.ok, "started": self.started,
-            "seconds": round(self.seconds, 2), "route": self.route_note, "wheelhouse": self.wheelhouse,
-            "host": {"machine": platform.machine(), "python": platform.python_version(),
-                     "cpus": os.cpu_count(), "system": platform.platform()},
-            "wheels": [{**{k: v for k, v in asdict(r).items() if k != "checks"}, "ok": r.ok,
-                        "phases": r.phase_seconds(), "checks": [asdict(c) for c in r.checks]}
-                       for r in self.results],
-        }
-
-    def write(self, path: Path) -> None:
-        atomic_write.write_text(path, json.dumps(self.to_json(), indent=2) + "\n")
-
-    def summary(self, width: int = 100) -> str:
-        """The closing screen: one line per check, phase times per wheel, the verdict."""
-        lines = [f"clean-room validation ({self.route_note})"]
-        for r in self.results:
-            ph = r.phase_seconds()
-            lines += ["", f"{r.variant:<5} {r.wheel}  [{r.route}]"]
-            for c in r.checks:
-                text = f"  {'pass' if c.ok else 'FAIL'}  {c.name:<24} {c.seconds:7.2f} s  {c.message}"
-                lines.append(text[:width] if c.ok else text)  # a failure is shown whole
-            lines += [f"  note  {n}"[:width] for n in r.notes]
-            lines.append(f"  {'PASS' if r.ok else 'FAIL'}  {r.variant}: environment {ph['environment']:.1f} s, "
-                         f"install {ph['install']:.1f} s, smoke {ph['smoke']:.1f} s, total {ph['total']:.1f} s")
-        lines += ["", (f"{'PASS' if self.ok else 'FAIL'}: {sum(r.ok for r in self.results)} of "
-                       f"{len(self.results)} wheel(s) validated in {self.seconds:.1f} s")]
-        return "\n".join(lines)
-
-
-def covers(path: Path, wheels: list[Path]) -> bool:
-    """Whether the report at `path` shows every one of `wheels` (same name and sha256) validated and passing:
-    the release job skips an up-to-date validation, and a wheel changed since has another sha256."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return False
-    if data.get("kind") != "jax-aiter-validation" or data.get("schema") != SCHEMA:
-        return False
-    passed = {(w["wheel"], w["sha256"]) for w in data.get("wheels", []) if w.get("ok")}
-    digests = sha256_files(wheels)
-    return bool(wheels) and all((w.name, digests[str(w)]) in passed for w in wheels)
-
-
-def report_path(root: Path) -> Path:
-    """Where the report goes: pyproject's `validation_report` (default build/validate/report.json)."""
-    return root / str(config.defaults(root).get("validation_report", "build/validate/report.json"))
-
-
-# --- which wheels ---------------------------------------------------------------------
-
-def wheel_variant(wheel: Path) -> str:
-    """'full' for a +full local version, else 'lite' (the public wheel)."""
-    _, version, _, _ = parse_wheel_filename(wheel.name)
-    return "full" if version.local and "full" in version.local.split(".") else "lite"
-
-
-def find_wheels(dist: Path, variant: str | None = None) -> list[Path]:
-    """The jax_aiter wheels in `dist`, optionally of one variant; an error naming the build command if none."""
-    found = sorted(dist.glob("jax_aiter-*.whl"))
-    if variant:
-        found = [w for w in found if wheel_variant(w) == variant]
-    if not found:
-        what = f"{variant} wheel" if variant else "jax_aiter wheel"
-        raise ValidationError(f"no {what} in {dist}; build one with "
-                              f"`bash scripts/build_wheel.sh --variant {variant or 'lite'}` (or pass --wheel PATH)")
-    return found
-
-
-def select_wheels(given: list[Path] | None, dist: Path, variant: str | None) -> list[Path]:
-    """--wheel paths (checked to exist), else the wheels in dist/; either way only `variant` when given."""
-    if not given:
-        return find_wheels(dist, variant)
-    wheels = [w.resolve() for w in given]
-    missing = [str(w) for w in wheels if not w.is_file()]
-    if missing:
-        raise ValidationError(f"no such wheel: {', '.join(missing)}")
-    chosen = [w for w in wheels if variant is None or wheel_variant(w) == variant]
-    if not chosen:
-        raise ValidationError(f"none of the given wheels is a {variant} wheel: {', '.join(w.name for w in wheels)}")
-    return chosen
-
-
-def wheel_identity(wheel: Path) -> dict:
-    """The build identity baked into the wheel ({} when it has none; the smoke test reports that)."""
-    try:
-        with zipfile.ZipFile(wheel) as zf:
-            return json.loads(zf.read(IDENTITY_MEMBER))
-    except (KeyError, ValueError, OSError, zipfile.BadZipFile):
-        return {}
-
-
-# --- the release a lite wheel fetches from ---------------------------------------------
-
-def release_folder(root: Path, cache_id: str, given: Path | None, log: Log) -> Path:
-    """A folder holding jit-libs-<cache_id>/ with its manifest: --release, else this checkout's staged publish
-    (`invoke jit.publish --stage-only`, run here when this checkout has not staged that release yet)."""
-    tag = reuse_gate.release_tag(cache_id)
-    holds = lambda folder: (folder / tag / mf.MANIFEST_NAME).is_file()
-    if given is not None:
-        if not holds(given):
-            raise ValidationError(f"{given} holds no {tag}/{mf.MANIFEST_NAME}; pass the folder that `invoke "
-                                  f"jit.publish --to DIR` wrote, for the lite wheel's cache id {cache_id}")
-        return given
-    settings = config.load(root=root)
-    staged = settings.build_dir / "jit-libs-publish"  # where jatools.jitlibs.publish stages a release
-    if not holds(staged):
-        log(f"cleanroom: staging this checkout's JIT libraries as {tag} (the lite wheel fetches them)")
-        try:
-            publish.publish(settings, "stage-only", stage_only=True, log=log)
-        except publish.PublishError as e:
-            raise ValidationError(f"cannot stage this checkout's JIT libraries for the lite wheel's fetch: {e}") \
-                from None
-    if not holds(staged):
-        have = sorted(p.name for p in staged.glob(f"{reuse_gate.TAG_PREFIX}*") if p.is_dir())
-        raise ValidationError(
-            f"the lite wheel needs the JIT libraries of cache id {cache_id}, but this checkout's build/aiter_build "
-            f"publishes {', '.join(have) or 'nothing'}; build the wheel from this checkout's libraries, or pass "
-            "--release DIR holding its release")
-    return staged
-
-
-# --- the steps of one wheel -------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Layout:
-    """Where things are, as seen from inside the clean room."""
-
-    python: str       # the base interpreter the venv is made from
-    venv: str
-    work: str         # working directory of every step (outside the checkout)
-    smoke: str        # folder with the smoke script, reference.py and the wheel's RECORD
-    out: str          # folder the smoke step writes its results to
-    wheel: str
-    wheelhouse: str
-    release: str | None  # folder the lite wheel's smoke step serves and fetches from
-    checkout: str     # the source tree that must stay unreachable
-    pycache: str | None = None  # -X pycache_prefix for the smoke step (dependencies' bytecode kept between rooms)
-    gpu: str | None = None      # cuda | rocm: the host has such a GPU and the wheel is built for it
-    host_deps: tuple[str, ...] = ()  # site-packages folders whose installed packages serve as the dependencies
-
-
-def plan(layout: Layout, installer: cenv.Installer, variant: str, pins: list[str]) -> list[steps.Step]:
-    """Every step for one wheel. `pins` (e.g. jax==0.11.0) keep the resolver at the versions under test.
-    With `layout.host_deps` the venv sees those folders' installed packages (an offline GPU host's JAX and
-    plugin), and the installer adds only the wheel and what they lack."""
-    py = f"{layout.venv}/bin/python"
-    todo = [("venv", installer.create(layout.python, layout.venv))]
-    if layout.host_deps:
-        todo.append(("host-deps", [py, "-I", "-c", _HOST_DEPS_CODE, *layout.host_deps]))
-    todo.append(("install", installer.install(layout.venv, layout.wheelhouse, [f"{layout.wheel}[fetch]", *pins])))
-    extra: list[str] = []
-    if variant == "lite":
-        if layout.release is None:
-            raise ValueError("a lite wheel needs a release folder to fetch the attention libraries from")
-        extra = ["--release", layout.release]
-    prefix = ["-X", f"pycache_prefix={layout.pycache}"] if layout.pycache else []
-    extra += ["--expect-gpu", layout.gpu] if layout.gpu else []
-    todo.append(("smoke", [py, "-I", *prefix, f"{layout.smoke}/{SMOKE_SCRIPT}", "--variant", variant, "--checkout",
-                           layout.checkout, "--record", f"{layout.smoke}/{RECORD_COPY}", *extra,
-                           "--out", f"{layout.out}/{SMOKE_RESULTS}"]))
-    return [steps.Step(name, argv, timeout=STEP_TIMEOUT_S) for name, argv in todo]
-
-
-def _tail(rec: steps.Record, n: int = 12) -> str:
-    return " | ".join(rec.tail[-n:])
-
-
-def _step_failure(rec: steps.Record) -> str:
-    why = f"{rec.note}: {_tail(rec) or rec.command}"
-    if rec.name == "install":
-        return (f"offline install failed ({why}). If a dependency is missing from the wheelhouse, refill it with "
-                "`invoke validate.wheelhouse`")
-    if rec.name == "venv":
-        return f"could not create the environment ({why})"
-    return why
-
-
-def _smoke_checks(rec: steps.Record, results: Path) -> list[Check]:
-    try:
-        rows = json.loads(results.read_text())
-    except (OSError, ValueError):
-        return [Check(rec.name, "smoke", False, rec.seconds,
-                      f"the smoke script wrote no results ({rec.note or 'exit 0'}): {_tail(rec)}")]
-    checks = [Check(r["check"], "smoke", bool(r["ok"]), float(r["seconds"]), r["message"]) for r in rows]
-    # Time outside the checks themselves (interpreter start, importing JAX) is the step's own.
-    overhead = max(0.0, rec.seconds - sum(c.seconds for c in checks))
-    checks.insert(0, Check("smoke-start", "smoke", True, round(overhead, 3), "interpreter start, importing JAX"))
-    if rec.result != "ok" and all(c.ok for c in checks):
-        checks.append(Check(rec.name, "smoke", False, 0.0, f"{rec.note}: {_tail(rec)}"))
-    return checks
-
-
-def run_plan(todo: list[steps.Step], variant: str, room: cenv.Room, result: WheelResult, log: Log) -> None:
-    """Run the steps in order, a log each in the room; the first failing one stops the rest. Each is a check."""
-    todo = [dataclasses.replace(s, log=room.root / "logs" / f"{s.name}.log") for s in todo]
-    try:
-        records = steps.run(todo, f"cleanroom {variant}", echo=False, progress=log)
-    except steps.StepFailed as e:
-        records = e.records
-    for rec in records:
-        if rec.result == "not run":
-            break
-        if rec.name == "smoke":
-            result.checks += _smoke_checks(rec, room.tmp / SMOKE_RESULTS)
-        else:
-            ok = rec.result == "ok"
-            result.checks.append(Check(rec.name, STEP_PHASES[rec.name], ok, rec.seconds,
-                                       _tail(rec, 2) if ok else _step_failure(rec)))
-
-
-# --- one wheel ------------------------------------------------------------------------
 
 def _timed(result: WheelResult, name: str, phase: str, fn: Callable[[], tuple[str, object]]):
     """Run fn as one check; its (message, value) on success, None (a failed check recorded) on a known error."""
@@ -392,39 +123,6 @@ def validate_wheel(wheel: Path, opts: Options, engine: cenv.Probe | None, wh: Pa
     return result
 
 
-@dataclass(frozen=True)
-class HostDeps:
-    """An interpreter whose installed packages are the clean room's dependencies (`--deps-from`)."""
-
-    python: Path
-    paths: tuple[str, ...]  # its site-packages folders
-    have: str               # the JAX, jaxlib and GPU plugin versions it holds, for the report
-
-
-def host_dependencies(python: Path) -> HostDeps:
-    """What `python` holds, or an error when it has no JAX. For `--deps-from`: an offline GPU host (where no
-    wheelhouse can be filled) whose installed JAX and plugin replace the wheelhouse's floor pins."""
-    code = ("import json, site, importlib.metadata as m\n"
-            "def v(n):\n try: return m.version(n)\n except m.PackageNotFoundError: return None\n"
-            "names = ['jax', 'jaxlib'] + sorted({d.metadata['Name'] for d in m.distributions() "
-            "if (d.metadata['Name'] or '').lower().startswith(('jax-cuda', 'jax-rocm'))})\n"
-            "print(json.dumps({'paths': site.getsitepackages(), 'versions': {n: v(n) for n in names}}))")
-    try:
-        cp = subprocess.run([str(python), "-I", "-c", code], capture_output=True, text=True, timeout=120, check=False)
-    except OSError as e:
-        raise ValidationError(f"--deps-from {python}: cannot run it ({e}); pass a Python interpreter") from None
-    if cp.returncode != 0:
-        raise ValidationError(f"--deps-from {python}: it failed to describe its packages (exit {cp.returncode}): "
-                              f"{cp.stderr.strip()[-400:]}")
-    info = json.loads(cp.stdout)
-    versions = info["versions"]
-    if not versions.get("jax") or not versions.get("jaxlib"):
-        raise ValidationError(f"--deps-from {python}: it has no jax/jaxlib installed (found {versions}); pass the "
-                              "interpreter that has JAX and its GPU plugin, or leave --deps-from out")
-    have = ", ".join(f"{n} {v}" for n, v in versions.items() if v)
-    return HostDeps(python, tuple(info["paths"]), have)
-
-
 def _engine_free(result: WheelResult, room: cenv.Room, opts: Options, wheel: Path, wh: Path, python: Path,
                  pins: list[str], release: Path | None, host: HostDeps | None) -> None:
     if host is not None:
@@ -473,8 +171,8 @@ def _in_container(result: WheelResult, room: cenv.Room, opts: Options, engine: s
     mounts = cenv.Mounts(wheel=wheel, smoke=room.smoke, out=room.tmp, release=release)
     name = f"ja-validate-{uuid.uuid4().hex[:12]}"
     home, mount = cenv.HOME, cenv.MOUNT
-    layout = Layout(python="python3.12", venv=f"{home}/venv", work=home, smoke=f"{mount}/smoke", out=f"{mount}/out",
-                    wheel=f"{mount}/wheel/{wheel.name}", wheelhouse="/opt/wheelhouse",
+    layout = Layout(python=cenv.image_python(opts.root), venv=f"{home}/venv", work=home, smoke=f"{mount}/smoke",
+                    out=f"{mount}/out", wheel=f"{mount}/wheel/{wheel.name}", wheelhouse="/opt/wheelhouse",
                     release=f"{mount}/release" if release else None, checkout=str(opts.root),
                     gpu=backend if flags else None)
     todo = [dataclasses.replace(s, argv=cenv.exec_command(engine, name, s.argv, home))
@@ -495,8 +193,6 @@ def _checked(cp: subprocess.CompletedProcess, cmd: list[str]) -> tuple[str, bool
     return f"started {cp.stdout.strip()[:12]}", True
 
 
-# --- all wheels -----------------------------------------------------------------------
-
 def validate(opts: Options) -> Report:
     start = time.perf_counter()
     engine, why = cenv.choose("none" if opts.deps_from is not None and opts.engine == "auto" else opts.engine)
@@ -511,7 +207,7 @@ def validate(opts: Options) -> Report:
     backends = sorted({wheel_identity(w).get("backend", "cpu") for w in opts.wheels} & {"cuda", "rocm"})
     wanted = wheelhouse.requirements(opts.root, tuple(b for b in backends if cenv.host_gpu(b)))
     pins = [r for r in wanted if "==" in r]
-    python = Path("python3.12")  # the image's
+    python = Path(cenv.image_python(opts.root))
     host = None
     if opts.deps_from is not None:
         # Its packages are the dependencies (the floor pins do not apply); the wheelhouse only adds what it
@@ -519,7 +215,7 @@ def validate(opts: Options) -> Report:
         host = host_dependencies(opts.deps_from)
         python, pins = opts.deps_from, []
     elif engine is None:
-        python = cenv.find_python(str(config.defaults(opts.root).get("validation_python", "3.12")))
+        python = cenv.find_python(config.python_version(opts.root))
         wheelhouse.ensure(wh, wanted, python, allow_fill=opts.fill, log=opts.log)
     for wheel in opts.wheels:
         report.results.append(validate_wheel(wheel, opts, engine, wh, python, pins, host))

@@ -365,6 +365,12 @@ def dockerfile(root: Path | None = None) -> Path:
     return path
 
 
+def image_python(root: Path | None = None) -> str:
+    """The interpreter of the validation image: the project's Python (the Dockerfile installs it, and
+    tests/validate/test_container.py holds the Dockerfile to it)."""
+    return f"python{config.python_version(root)}"
+
+
 def variants(root: Path | None = None) -> tuple[str, ...]:
     """The variants the Dockerfile defines, as its ``FROM ... AS base-<variant>`` stages."""
     text = dockerfile(root).read_text()

@@ -346,11 +346,15 @@ class Smoke:
     def gpu_visible(self) -> str:
         import jax
 
+        from jax_aiter import (
+            remedies,  # the installed wheel's: this script imports nothing from jatools
+        )
+
         gpus = [d for d in jax.devices() if d.platform != "cpu"]
         if not gpus:
             raise CheckFailed(f"this host has a {self.args.expect_gpu} GPU, but JAX sees only {jax.devices()}; the "
                               f"JAX {self.args.expect_gpu} plugin is missing or failed to start (refill the wheelhouse "
-                              f"with `invoke validate.wheelhouse --gpu {self.args.expect_gpu}`)")
+                              f"with `{remedies.door('wheelhouse')} --gpu {self.args.expect_gpu}`)")
         return f"{gpus[0].device_kind} ({gpus[0].platform}); the op checks run on it too"
 
     # --- the run -------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The offline wheelhouse the clean room installs from: filled once from the package index, then reused.
 
-Every dependency wheel is downloaded once (`invoke validate.wheelhouse`) into a
+Every dependency wheel is downloaded once (`invoke wheelhouse`) into a
 folder (default build/wheelhouse); installs then use `--no-index --find-links`,
 so validation proves an offline install and stays quick.
 
@@ -29,6 +29,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 from jatools import atomic_write, config
+from jax_aiter import remedies
 from jax_aiter.integrity import file_entry, sha256_files
 
 STAMP = "wheelhouse.json"
@@ -182,6 +183,6 @@ def ensure(path: Path, wanted: list[str], python: str | Path, allow_fill: bool, 
         return st
     if not allow_fill:
         raise WheelhouseError(f"the wheelhouse is not ready: {st.reason}; fill it once with "
-                              "`invoke validate.wheelhouse` (needs the package index)")
+                              f"`{remedies.door('wheelhouse')}` (needs the package index)")
     log(f"wheelhouse: filling it now because {st.reason}")
     return fill(path, wanted, python, log)

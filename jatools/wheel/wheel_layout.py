@@ -17,6 +17,9 @@ from jatools import config
 from jax_aiter import op_table, remedies
 
 LAYOUT_FILE = Path(__file__).with_name("wheel_layout.toml")
+SOURCE_VARIANT = "source"  # what an sdist without libraries builds by default (build_backend.py)
+# The build folder (config.BUILD_TREE) each kind of library is made in.
+KIND_TREE = {"umbrella": "umbrella", "shim": "umbrella", "jit": "jit"}
 
 
 class LayoutError(RuntimeError):
@@ -26,7 +29,7 @@ class LayoutError(RuntimeError):
 @dataclass(frozen=True)
 class LibrarySpec:
     name: str
-    dir: str  # build folder under the build dir: jax_aiter_build | aiter_build
+    dir: str  # build folder under the build dir (KIND_TREE)
     kind: str  # umbrella | shim | jit
     module: str | None = None  # JIT module (the op table's)
     op: str | None = None  # shim's op (csrc/ffi/<op>)
@@ -71,10 +74,10 @@ class Layout:
         jax_aiter package imported here)."""
         data = tomllib.loads(LAYOUT_FILE.read_text())
         ops = op_table.load(root)
-        dirs, files = data["op_library_dirs"], data["files"]
-        libs = {name: LibrarySpec(name=name, **spec) for name, spec in data["libraries"].items()}
-        libs |= {lib: LibrarySpec(lib, dirs["jit"], "jit", module=m) for m, lib in op_table.jit_libraries(ops).items()}
-        libs |= {op.shim: LibrarySpec(op.shim, dirs["shim"], "shim", op=name) for name, op in ops.items()}
+        files, folder = data["files"], lambda kind: config.BUILD_TREE[KIND_TREE[kind]]
+        libs = {name: LibrarySpec(name, folder(spec["kind"]), **spec) for name, spec in data["libraries"].items()}
+        libs |= {lib: LibrarySpec(lib, folder("jit"), "jit", module=m) for m, lib in op_table.jit_libraries(ops).items()}
+        libs |= {op.shim: LibrarySpec(op.shim, folder("shim"), "shim", op=name) for name, op in ops.items()}
         fetched = tuple(op_table.fetched_libraries(ops).values())
         variants = {}
         for name, v in data["variants"].items():

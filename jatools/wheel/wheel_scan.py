@@ -1,7 +1,8 @@
 """Read a wheel once: every member inflated (libdeflate) and hashed on threads, the small members' bytes kept,
 each library's dynamic section and symbol versions read (pyelftools); RECORD and the pins checked against it.
 
-Every check of jatools/wheel/wheel_checks.py runs on one `scan`, so one command inflates a wheel once.
+Every check of jatools/wheel/wheel_checks.py (floor, contents) runs on one `scan`, so one command inflates a
+wheel once.
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from jatools import config
-from jatools.native import jit_build
+from jatools.native import jit_build, jit_modules
 from jatools.wheel.wheel_layout import Layout
 from jax_aiter import op_table
 from tests.build.scratch import REPO, env_for, make_scratch, run
@@ -115,21 +115,21 @@ def tables(tmp_path) -> tuple[config.Settings, Path, Path]:
 
 def test_the_jit_config_and_the_op_table_must_name_the_same_modules(tables):
     settings, table, cfg_path = tables
-    assert list(jit_build.module_table(settings)) == ["rmsnorm_fwd", "mha_fwd", "mha_bwd"]  # the real pair agrees
+    assert list(jit_modules.module_table(settings)) == ["rmsnorm_fwd", "mha_fwd", "mha_bwd"]  # the real pair agrees
     original = table.read_text()
     table.write_text(original + ROW)
     with pytest.raises(op_table.OpTableError, match=r"module gelu_fwd is needed by the op table .* but has no "
                                                     r"compile settings in .*optCompilerConfig.json"):
-        jit_build.module_table(settings)
+        jit_modules.module_table(settings)
     table.write_text(original.replace(', jit = ["mha_bwd"], mha = true, fetched = true', ""))
     with pytest.raises(op_table.OpTableError, match="module mha_bwd has compile settings in .* but no op in"):
-        jit_build.module_table(settings)
+        jit_modules.module_table(settings)
     table.write_text(original)
     cfg = json.loads(cfg_path.read_text())
     cfg["modules"]["mha_fwd"]["library"] = "libattention.so"
     cfg_path.write_text(json.dumps(cfg))
     with pytest.raises(op_table.OpTableError, match=r"module mha_fwd names `library` .*derived \(libmha_fwd.so\)"):
-        jit_build.module_table(settings)
+        jit_modules.module_table(settings)
 
 
 @pytest.mark.parametrize("row, why", [

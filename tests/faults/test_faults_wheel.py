@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from jatools import config
-from jatools.wheel import wheel_build, wheel_checks, wheel_scan
+from jatools.wheel import wheel_build, wheel_contents, wheel_scan
 from jax_aiter.integrity import IntegrityError
 from tests.wheel.wheel_plant import rewrite_wheel
 
@@ -61,7 +61,7 @@ def test_faults_library_changed_after_the_build_with_record_regenerated_fails_co
     """libmha_fwd.so altered (same size) and RECORD rewritten to match: RECORD agrees, the pins do not.
     `invoke contents` (wheel_checks --contents) and the clean room's first check refuse it."""
     good = _build(build_dir, "full", tmp_path / "dist").wheel
-    assert wheel_checks.check_contents(good).ok and wheel_scan.verify_pins(good) > 0
+    assert wheel_contents.check_contents(good).ok and wheel_scan.verify_pins(good) > 0
     member = "jax_aiter/_lib/libmha_fwd.so"
     with zipfile.ZipFile(good) as zf:
         data = bytearray(zf.read(member))

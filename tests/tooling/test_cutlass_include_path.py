@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from jatools.native import jit_build
+from jatools.native import jit_packages
 from tests.tooling.jit_libs_support import checkout_fixture  # noqa: F401  (pytest fixture)
 
 
@@ -25,14 +25,14 @@ class _Installed:
 
 
 def test_two_venvs_get_the_same_include_path_and_the_first_copy_is_kept(checkout, tmp_path, monkeypatch):
-    pin = jit_build.package_pin(checkout, "nvidia-cutlass")
+    pin = jit_packages.package_pin(checkout, "nvidia-cutlass")
     first, second = _Installed(tmp_path / "venv-a", pin), _Installed(tmp_path / "venv-b", pin)
-    monkeypatch.setattr(jit_build.importlib.metadata, "distribution", lambda name: first)
-    a = jit_build.package_include(checkout, "cutlass_include")
+    monkeypatch.setattr(jit_packages.importlib.metadata, "distribution", lambda name: first)
+    a = jit_packages.package_include(checkout, "cutlass_include")
     header = Path(a) / "cute/tensor.hpp"
     os.utime(header, (1_000_000, 1_000_000))
-    monkeypatch.setattr(jit_build.importlib.metadata, "distribution", lambda name: second)
-    b = jit_build.package_include(checkout, "cutlass_include")
+    monkeypatch.setattr(jit_packages.importlib.metadata, "distribution", lambda name: second)
+    b = jit_packages.package_include(checkout, "cutlass_include")
     assert a == b
     assert Path(a).is_relative_to(checkout / "build") and f"nvidia-cutlass-{pin}" in a
     assert not Path(a).is_relative_to(tmp_path / "venv-a") and not Path(a).is_relative_to(tmp_path / "venv-b")
@@ -44,5 +44,5 @@ def test_an_interrupted_copy_is_not_taken_for_a_finished_one(checkout, tmp_path)
     src = _Installed(tmp_path / "venv", "1").locate_file("cutlass_library/source/include")
     dest = checkout / "build/pkg-include/x-1"
     (dest.parent / f".{dest.name}.{os.getpid()}.tmp").mkdir(parents=True)  # a copy that died half-way
-    assert jit_build.stable_copy(src, dest) == dest
+    assert jit_packages.stable_copy(src, dest) == dest
     assert (dest / "cute/tensor.hpp").read_text() == "// cute\n"

@@ -9,9 +9,9 @@ import pytest
 from jax_aiter import remedies
 
 REPO = Path(__file__).resolve().parents[2]
-# How a message could spell the door that builds or fetches the JIT libraries by hand (the alias too).
+# How a message could spell a door of the table by hand (the JIT build's alias too).
 SPELLINGS = ("python3 jax_aiter/jit/build_jit.py", "build_jit.py --module", "nox -s jit", "make jit",
-             "invoke jit.fetch")
+             "invoke jit.fetch", "invoke wheelhouse", "invoke validate.wheelhouse")
 
 
 def _hand_spelled(path: Path) -> list[str]:

@@ -67,3 +67,29 @@ def test_python_version_is_the_requires_python_floor(tmp_path):
     (tmp_path / "pyproject.toml").write_text('[project]\nrequires-python = "~=3.12"\n')
     with pytest.raises(config.SettingError, match="requires-python '~=3.12' is not of the form"):
         config.python_version(tmp_path)
+
+
+def test_the_sessions_run_the_python_floor():
+    """noxfile.py takes the sessions' Python from config.python_version(): every session with a virtualenv runs it."""
+    names = subprocess.run([sys.executable, "-m", "nox", "-l"], cwd=REPO, capture_output=True, text=True, check=True)
+    sessions = [line.split()[1] for line in names.stdout.splitlines() if line[:2] in ("* ", "- ")]
+    out = subprocess.run([sys.executable, "-m", "nox", "-l", "--json", "-s", *sessions], cwd=REPO,
+                         capture_output=True, text=True, check=True)
+    pythons = {s["session"]: s["python"] for s in json.loads(out.stdout)}
+    assert set(pythons) == set(sessions)
+    assert {p for p in pythons.values() if p} == {config.python_version(REPO)}, pythons
+
+
+def test_run_sh_takes_its_python_from_requires_python(tmp_path):
+    """scripts/run.sh runs before any Python: it reads requires-python itself (the same floor as the home), and
+    a checkout that asks for another Python makes it look for that one."""
+    line = next(x for x in (REPO / "scripts/run.sh").read_text().splitlines() if x.startswith("pyv="))
+    here = subprocess.run(["bash", "-c", f'{line}; printf %s "$pyv"'], cwd=REPO, capture_output=True, text=True,
+                          check=True)
+    assert here.stdout == config.python_version(REPO)
+    (tmp_path / "scripts").mkdir()
+    shutil.copy2(REPO / "scripts/run.sh", tmp_path / "scripts/run.sh")
+    (tmp_path / "pyproject.toml").write_text('[project]\nrequires-python = ">=3.99"\n')
+    out = subprocess.run(["bash", str(tmp_path / "scripts/run.sh"), "true"], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}, check=False)
+    assert out.returncode == 2 and "Python 3.99 is required" in out.stderr, out.stderr

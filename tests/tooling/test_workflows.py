@@ -16,6 +16,7 @@ import pytest
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is needed to read the workflows (pip install --group tooling)")
 
+from jatools import config
 from jatools.ci import act_local
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -346,7 +347,11 @@ def test_manylinux_jobs_use_the_containers_python_and_the_upload_checks_out_the_
         if any("manylinux" in image for image in images):
             uses = [s.get("uses", "") for s in job["steps"]]
             assert not any(u.startswith("actions/setup-python") for u in uses), f"{name}:{job_id}"
-    assert "/opt/python/cp312-cp312/bin" in (ROOT / "scripts" / "run.sh").read_text()
+    lines = [x for x in (ROOT / "scripts" / "run.sh").read_text().splitlines() if x.startswith(("pyv=", "manylinux_py="))]
+    found = subprocess.run(["bash", "-c", "; ".join([*lines, 'printf %s "$manylinux_py"'])], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout
+    xy = config.python_version(ROOT).replace(".", "")
+    assert found == f"/opt/python/cp{xy}-cp{xy}/bin", found  # run.sh derives it from requires-python
     upload = load(ROOT / ".github" / "workflows" / "release.yml")["jobs"]["release_upload"]
     checkout = next(s for s in upload["steps"] if s.get("uses", "").startswith("actions/checkout"))
     assert checkout.get("with", {}).get("fetch-depth") == 0

@@ -19,7 +19,13 @@ import pytest
 
 from jatools import config
 from jatools.jitlibs import publish
-from jatools.validate import cleanroom, cleanroom_env, wheelhouse
+from jatools.validate import (
+    cleanroom,
+    cleanroom_env,
+    cleanroom_inputs,
+    cleanroom_report,
+    wheelhouse,
+)
 from tests.wheel.conftest import layout, native_build, wheels  # noqa: F401  (fixtures: the real wheels)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,7 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="session")
 def python312() -> Path:
-    return cleanroom_env.find_python(str(config.defaults(REPO)["validation_python"]))
+    return cleanroom_env.find_python(config.python_version(REPO))
 
 
 @pytest.fixture(scope="session")
@@ -73,9 +79,9 @@ def release(native_build) -> Path:  # noqa: F811  (the wheel tests' fixture)
 def validate_wheels(warm_wheelhouse, request):
     """Validate wheels engine-free against the warm wheelhouse; returns the Report."""
 
-    def run(*wheels: Path, **kw) -> cleanroom.Report:  # noqa: F811
+    def run(*wheels: Path, **kw) -> cleanroom_report.Report:  # noqa: F811
         kw.setdefault("release", request.getfixturevalue("release") if any(
-            cleanroom.wheel_variant(w) == "lite" for w in wheels) else None)
+            cleanroom_inputs.wheel_variant(w) == "lite" for w in wheels) else None)
         opts = cleanroom.Options(root=REPO, wheels=list(wheels), engine="none", wheelhouse=warm_wheelhouse,
                                  fill=False, log=lambda m: None, **kw)
         report = cleanroom.validate(opts)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from jatools.validate import cleanroom
+from jatools.validate import cleanroom, cleanroom_inputs
 from jatools.wheel import wheel_scan
 from tests.validate import plants
 from tests.validate.conftest import REPO, failures, member
@@ -177,7 +177,7 @@ def test_report_json_and_summary(good_wheels, tmp_path, warm_wheelhouse):
 
 
 def test_a_report_covers_exactly_the_wheels_it_validated(good_wheels, validate_wheels, tmp_path):
-    from jatools.validate.cleanroom import covers
+    from jatools.validate.cleanroom_report import covers
 
     report = validate_wheels(good_wheels["full"])
     path = tmp_path / "report.json"
@@ -192,7 +192,7 @@ def test_a_report_covers_exactly_the_wheels_it_validated(good_wheels, validate_w
 
 def test_no_wheel_is_an_error_naming_the_build_command(tmp_path):
     with pytest.raises(cleanroom.ValidationError, match="scripts/build_wheel.sh --variant full"):
-        cleanroom.find_wheels(tmp_path, "full")
+        cleanroom_inputs.find_wheels(tmp_path, "full")
 
 
 def test_invoke_task_passes_its_flags_through(tmp_path):
@@ -201,5 +201,5 @@ def test_invoke_task_passes_its_flags_through(tmp_path):
     import tasks
 
     with pytest.raises(Exit) as e:
-        tasks.validate_run(MockContext(), wheel=[str(tmp_path / "missing.whl")], engine="none")
+        tasks.validate(MockContext(), wheel=[str(tmp_path / "missing.whl")], engine="none")
     assert e.value.code == 2

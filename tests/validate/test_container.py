@@ -3,13 +3,15 @@ exact command lines it would run. A recording runner stands in for the engine, w
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from jatools.validate import cleanroom
+from jatools import config
+from jatools.validate import cleanroom, cleanroom_steps
 from jatools.validate import cleanroom_env as cenv
 from tests.validate.conftest import REPO
 
@@ -124,10 +126,10 @@ def test_exact_container_command_lines(tmp_path):
         "--volume", f"{wheel}:/validate/wheel/{wheel.name}:ro", "--volume", f"{smoke}:/validate/smoke:ro",
         "--volume", f"{out}:/validate/out:rw", "--volume", f"{release}:/validate/release:ro",
         "reg/img:vabc-cpu", "sleep", "infinity"]
-    layout = cleanroom.Layout(python="python3.12", venv="/tmp/validator/venv", work="/tmp/validator",
+    layout = cleanroom_steps.Layout(python="python3.12", venv="/tmp/validator/venv", work="/tmp/validator",
                               smoke="/validate/smoke", out="/validate/out", wheel=f"/validate/wheel/{wheel.name}",
                               wheelhouse="/opt/wheelhouse", release="/validate/release", checkout="/src")
-    plan = cleanroom.plan(layout, cenv.Installer("pip"), "lite", ["jax==0.11.0", "jaxlib==0.11.0"])
+    plan = cleanroom_steps.plan(layout, cenv.Installer("pip"), "lite", ["jax==0.11.0", "jaxlib==0.11.0"])
     lines = [" ".join(cenv.exec_command("docker", "ja-validate-1", s.argv, layout.work)) for s in plan]
     ex = "docker exec --workdir /tmp/validator ja-validate-1 "
     py = "/tmp/validator/venv/bin/python"
@@ -178,7 +180,17 @@ def test_container_route_runs_the_plan_through_the_engine(good_wheels, monkeypat
 
 
 def test_a_gpu_host_makes_the_smoke_step_require_the_gpu():
-    layout = cleanroom.Layout(python="p", venv="/v", work="/w", smoke="/s", out="/o", wheel="/x.whl",
+    layout = cleanroom_steps.Layout(python="p", venv="/v", work="/w", smoke="/s", out="/o", wheel="/x.whl",
                               wheelhouse="/wh", release=None, checkout="/src", gpu="rocm")
-    smoke = cleanroom.plan(layout, cenv.Installer("pip"), "full", [])[-1]
+    smoke = cleanroom_steps.plan(layout, cenv.Installer("pip"), "full", [])[-1]
     assert smoke.argv[smoke.argv.index("--expect-gpu") + 1] == "rocm" and "--release" not in smoke.argv
+
+
+def test_the_image_installs_the_projects_python():
+    """The container route runs the image's interpreter (cleanroom_env.image_python: the project's Python); the
+    Dockerfile, whose hash is the image's tag, installs that one and fills the wheelhouse with it."""
+    text = cenv.dockerfile(REPO).read_text()
+    py = cenv.image_python(REPO)
+    assert py == f"python{config.python_version(REPO)}"
+    assert f" {py} {py}-venv " in text and f"RUN {py} -m pip download" in text
+    assert set(re.findall(r"\bpython3\.\d+\b", text)) == {py}, "the Dockerfile names another Python"

@@ -60,7 +60,7 @@ def test_warm_cold_and_damaged(warm_wheelhouse, python312, tmp_path):
     victim = min(copy.glob("*.whl"))
     victim.write_bytes(b"truncated")
     assert "another size" in wheelhouse.status(copy, wanted, tag).reason
-    with pytest.raises(wheelhouse.WheelhouseError, match="invoke validate.wheelhouse"):
+    with pytest.raises(wheelhouse.WheelhouseError, match="invoke wheelhouse"):
         wheelhouse.ensure(copy, wanted, python312, allow_fill=False)
 
 

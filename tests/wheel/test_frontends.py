@@ -6,7 +6,7 @@ and must make the bytes `nox -s wheel_lite|wheel_full` makes; `pip install [-e] 
 check-wheel-contents and `wheel unpack`/`pack` accept the wheels and the sdist; the
 sdist holds what a rebuild needs and rebuilds into a wheel that passes every check.
 The build isolation and the installs read only the checkout's wheelhouse
-(`invoke validate.wheelhouse`, filled once from the index when cold).
+(`invoke wheelhouse`, filled once from the index when cold).
 """
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ from wheel_plant import rewrite_wheel
 
 from jatools import config
 from jatools.validate import cleanroom_env, wheelhouse
-from jatools.wheel import wheel_build, wheel_checks
+from jatools.wheel import build_backend, wheel_clients, wheel_contents, wheel_floor
+from jatools.wheel import sdist as sdist_module
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 RUN_OP = ("import jax.numpy as jnp, jax_aiter, json; y = jax_aiter.silu_and_mul(jnp.ones((2, 8), jnp.float32)); "
@@ -39,7 +40,7 @@ SILU_1_SUM = 8 * 0.7310585786  # silu(1) * 1 over the 2 x 4 output
 @pytest.fixture(scope="session")
 def build_wheelhouse() -> Path:
     """The checkout's wheelhouse with the build backend's requirements too (filled once, then offline)."""
-    python = cleanroom_env.find_python(str(config.defaults(ROOT)["validation_python"]))
+    python = cleanroom_env.find_python(config.python_version(ROOT))
     path = wheelhouse.location(ROOT)
     try:
         wheelhouse.ensure(path, wheelhouse.requirements(ROOT, build=True), python, allow_fill=True,
@@ -136,7 +137,7 @@ def test_dev_dependencies_are_groups_and_the_wheel_group_is_the_backends_require
     assert set(PYPROJECT["project"]["optional-dependencies"]) == {"fetch"}
     assert groups["wheel"] == PYPROJECT["build-system"]["requires"], \
         "the `wheel` dependency group and [build-system].requires must name the same packages"
-    assert PYPROJECT["build-system"]["build-backend"] == "jatools.wheel.wheel_build"
+    assert PYPROJECT["build-system"]["build-backend"] == "jatools.wheel.build_backend"
     assert PYPROJECT["build-system"]["backend-path"] == ["."]
 
 
@@ -170,10 +171,10 @@ def test_backend_hooks_refuse_an_unknown_setting_and_missing_libraries(native_bu
     """The PEP 517 hooks, called as a front-end calls them (in the source tree): clear errors, no wheel."""
     monkeypatch.chdir(ROOT)
     with pytest.raises(SystemExit, match=r"unknown config setting\(s\) flavour; known: variant"):
-        wheel_build.build_wheel(str(tmp_path), {"flavour": "full"})
+        build_backend.build_wheel(str(tmp_path), {"flavour": "full"})
     monkeypatch.setenv("JA_BUILD_DIR", str(tmp_path / "no-build"))
     with pytest.raises(SystemExit) as e:
-        wheel_build.build_wheel(str(tmp_path), {"variant": "full"})
+        build_backend.build_wheel(str(tmp_path), {"variant": "full"})
     assert "never runs build_jit.py" in str(e.value) and "make (or nox -s umbrella)" in str(e.value)
     assert "nox -s jit -- --module mha_fwd" in str(e.value)
     assert not list(tmp_path.glob("*.whl"))
@@ -192,22 +193,22 @@ def test_prepare_metadata_gives_the_wheels_metadata_without_a_build(sdist, wheel
     dist_info = f"jax_aiter-{lite.version}.dist-info"
     with zipfile.ZipFile(lite.wheel) as zf:
         want = {n: zf.read(f"{dist_info}/{n}") for n in ("METADATA", "entry_points.txt", "licenses/LICENSE")}
-    for hook in (wheel_build.prepare_metadata_for_build_wheel, wheel_build.prepare_metadata_for_build_editable):
+    for hook in (build_backend.prepare_metadata_for_build_wheel, build_backend.prepare_metadata_for_build_editable):
         out = tmp_path / hook.__name__
         assert hook(str(out)) == dist_info
         assert {n: (out / dist_info / n).read_bytes() for n in want} == want
     assert not (src / "build").exists(), "metadata must not build anything"
     with pytest.raises(SystemExit, match=r"unknown config setting\(s\) flavour"):
-        wheel_build.prepare_metadata_for_build_wheel(str(tmp_path / "x"), {"flavour": "full"})
+        build_backend.prepare_metadata_for_build_wheel(str(tmp_path / "x"), {"flavour": "full"})
 
 
 # --- clients -------------------------------------------------------------------------------------------
 
 def test_clients_accept_both_wheels_and_the_sdist(wheels, sdist):
     dists = [wheels["lite"].wheel, wheels["full"].wheel, sdist]
-    assert wheel_checks.client_problems(dists) == []
+    assert wheel_clients.client_problems(dists) == []
     for result in wheels.values():  # auditwheel show's sym_tag is the floor the build measured and tagged
-        report = wheel_checks.check_floor(result.wheel)
+        report = wheel_floor.check_floor(result.wheel)
         assert report.ok and report.sym_tag == result.platform_tag, report.message
 
 
@@ -220,19 +221,19 @@ def test_clients_reject_what_users_clients_reject(wheels, tmp_path):
     lower = "\n".join(line.split(":", 1)[0].lower() + ":" + line.split(":", 1)[1] if ": " in line and
                       not line.startswith(" ") else line for line in meta.split("\n\n", 1)[0].splitlines())
     old_style = rewrite_wheel(lite, tmp_path / lite.name, put={f"{dist_info}/METADATA": lower.encode() + b"\n"})
-    said = wheel_checks.client_problems([old_style])
+    said = wheel_clients.client_problems([old_style])
     assert any("twine check --strict rejects it" in s and "Metadata-Version" in s for s in said), said
     (tmp_path / "dup").mkdir()
     dup = rewrite_wheel(lite, tmp_path / "dup" / lite.name,
                         put={"jax_aiter/ops/copy_of_init.py": init + b"# a copy\n",
                              "jax_aiter/ops/another_copy.py": init + b"# a copy\n"})
-    said = wheel_checks.client_problems([dup])
+    said = wheel_clients.client_problems([dup])
     assert any("check-wheel-contents rejects it" in s and "W002" in s for s in said), said
 
 
 def test_wheel_unpack_then_pack_gives_the_same_members(wheels):
     for result in wheels.values():
-        assert wheel_checks.repack_problems(result.wheel) == []
+        assert wheel_clients.repack_problems(result.wheel) == []
 
 
 # --- sdist -------------------------------------------------------------------------------------------------
@@ -249,13 +250,13 @@ def test_sdist_holds_exactly_what_a_rebuild_needs(sdist, tmp_path, monkeypatch):
                     "jatools", "third_party"}, tops
     assert not [n for n in names if "__pycache__" in n or n.endswith((".pyc", ".so", ".o")) or "/." in n]
     assert not [n for n in names if n.startswith("jatools/bench/")], "benchmarks are not needed to rebuild"
-    assert {"jax_aiter/jit/build_jit.py", "jatools/wheel/wheel_build.py", "jatools/wheel/wheel_layout.toml",
+    assert {"jax_aiter/jit/build_jit.py", "jatools/wheel/build_backend.py", "jatools/wheel/wheel_layout.toml",
             "third_party/xla_ffi/include/xla/ffi/api/ffi.h"} <= set(names)
     assert all(m.uid == 0 and m.gid == 0 and m.mtime == EPOCH for m in members)
     meta = Metadata.from_email(pkg_info, validate=True)
     assert str(meta.metadata_version) == "2.4" and str(meta.version) == PYPROJECT["project"]["version"]
     monkeypatch.setenv("SOURCE_DATE_EPOCH", str(EPOCH))
-    again = wheel_build.sdist(ROOT, tmp_path)  # the function build_sdist calls, in-process, same epoch
+    again = sdist_module.sdist(ROOT, tmp_path)  # the function build_sdist calls, in-process, same epoch
     assert again.read_bytes() == sdist.read_bytes(), "the sdist is not reproducible"
 
 
@@ -289,9 +290,9 @@ def test_sdist_builds_a_working_source_wheel_with_each_front_end(front, sdist, b
     run(SDIST_FRONTS[front](py, work / sdist.name, work / "out"), env, cwd=work, timeout=1800)
     if (work / "out").is_dir():
         wheel = only_wheel(work / "out")
-        assert wheel_checks.check_contents(wheel).ok, wheel_checks.check_contents(wheel).message
-        assert wheel_checks.check_floor(wheel).ok
-        assert wheel_checks.client_problems([wheel]) == []
+        assert wheel_contents.check_contents(wheel).ok, wheel_contents.check_contents(wheel).message
+        assert wheel_floor.check_floor(wheel).ok
+        assert wheel_clients.client_problems([wheel]) == []
         run([py, "-m", "pip", "install", "-q", "--no-deps", str(wheel)], env)
     check = ("import jax.numpy as jnp, jax_aiter as ja, json; from jax_aiter import _loader; "
              "y = ja.rms_norm(jnp.ones((2, 64), jnp.float32), jnp.ones(64, jnp.float32), 1e-6); "
@@ -306,7 +307,7 @@ def test_sdist_builds_a_working_source_wheel_with_each_front_end(front, sdist, b
 def fresh_venv(path: Path, wh: Path, env: dict[str, str]) -> Path:
     """`python -m venv` (so pip is there), with jax and the runtime dependencies installed from the wheelhouse
     by uv (fast: hard links from its cache); the front-end under test then installs jax-aiter itself."""
-    python = cleanroom_env.find_python(str(config.defaults(ROOT)["validation_python"]))
+    python = cleanroom_env.find_python(config.python_version(ROOT))
     run([str(python), "-m", "venv", str(path)], env)
     run([uv(), "pip", "install", "-q", "--python", str(path / "bin/python"),
          *wheelhouse.requirements(ROOT)], env)
@@ -344,7 +345,7 @@ def test_install_from_the_checkout_then_run_an_op(front, editable, fe_build, bui
     lib_dir = fe_build / "jax_aiter_build" if editable else package / "_lib"
     assert where["silu_and_mul_ja.so"] == str(lib_dir / "silu_and_mul_ja.so"), where
     listed = [p.name for p in (venv / "lib").glob("python3*/site-packages/*")]
-    assert (wheel_build.EDITABLE_PTH in listed) == editable and ("jax_aiter" in listed) != editable, listed
+    assert (build_backend.EDITABLE_PTH in listed) == editable and ("jax_aiter" in listed) != editable, listed
     if not editable:
         assert info["variant"] == "lite" and lib_dir.is_relative_to(venv)
     shutil.rmtree(venv)

@@ -16,7 +16,13 @@ from packaging.utils import parse_wheel_filename
 from wheel.wheelfile import WheelFile
 
 from jatools import config
-from jatools.wheel import wheel_build, wheel_checks, wheel_scan
+from jatools.wheel import (
+    wheel_build,
+    wheel_checks,
+    wheel_contents,
+    wheel_floor,
+    wheel_scan,
+)
 from jatools.wheel.wheel_build import BuildOptions, WheelBuildError, build
 
 PROJECT_VERSION = config.project_version(ROOT)
@@ -56,7 +62,7 @@ def test_floor_is_what_auditwheel_show_measures(wheels):
             for lib, versions in (member.elf.version_needs if member.elf else {}).items():
                 ours.setdefault(lib, set()).update(versions)
         assert {lib: sorted(v) for lib, v in ours.items()} == shown["versioned_symbols"]
-        assert wheel_checks.check_floor(scanned).sym_tag == shown["sym_tag"]
+        assert wheel_floor.check_floor(scanned).sym_tag == shown["sym_tag"]
 
 
 def test_names_versions_and_tags(wheels):
@@ -118,9 +124,9 @@ def test_identity_is_baked_in(wheels, native_build):
 
 def test_checks_pass_on_good_wheels(wheels, layout):
     for result in wheels.values():
-        report = wheel_checks.check_floor(result.wheel)
+        report = wheel_floor.check_floor(result.wheel)
         assert report.ok, report.message
-        contents = wheel_checks.check_contents(result.wheel, layout)
+        contents = wheel_contents.check_contents(result.wheel, layout)
         assert contents.ok, contents.message
 
 
@@ -134,9 +140,9 @@ def test_check_runs_floor_and_contents_on_the_read_back(build_copy, tmp_path, mo
     def counted(wheel, *a, **k):
         scanned.append(wheel)
         return real_scan(wheel, *a, **k)
-    # every way in: the build's read-back (wheel_scan.scan) and the checks' own (wheel_checks imports scan)
-    monkeypatch.setattr(wheel_scan, "scan", counted)
-    monkeypatch.setattr(wheel_checks, "scan", counted)
+    # every way in: the build's read-back (wheel_scan.scan) and the checks' own (each imports scan)
+    for module in (wheel_scan, wheel_checks, wheel_contents, wheel_floor):
+        monkeypatch.setattr(module, "scan", counted)
     assert wheel_build.main(["--variant", "lite", "--dist", str(tmp_path), "--check"]) == 0
     out = capsys.readouterr().out
     wheel = next(tmp_path.glob("*.whl"))
@@ -167,9 +173,9 @@ def test_plat_name_is_honoured_and_validated(native_build, layout, tmp_path):
     r = build(native_build, BuildOptions(variant="lite", dist_dir=tmp_path, plat_name="manylinux-2.39-x86_64",
                                          source_date_epoch=EPOCH), layout=layout)
     assert r.wheel.name.endswith("-py3-none-manylinux_2_39_x86_64.whl") and r.tag_source == "JA_WHEEL_PLAT_NAME"
-    report = wheel_checks.check_floor(r.wheel)
+    report = wheel_floor.check_floor(r.wheel)
     assert report.ok and "stricter than needed" in report.message
-    with pytest.raises(wheel_checks.FloorError, match="not a Linux platform tag"):
+    with pytest.raises(wheel_floor.FloorError, match="not a Linux platform tag"):
         build(native_build, BuildOptions(variant="lite", dist_dir=tmp_path, plat_name="macosx_14_0_arm64"),
               layout=layout)
     with pytest.raises(WheelBuildError, match="for aarch64, but the libraries are x86_64"):

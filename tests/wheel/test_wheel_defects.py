@@ -16,7 +16,14 @@ from wheel_plant import patch_dynamic_string, rewrite_wheel
 
 import tasks
 from jatools.jitlibs import expect
-from jatools.wheel import wheel_build, wheel_checks, zip_writer
+from jatools.wheel import (
+    wheel_build,
+    wheel_checks,
+    wheel_contents,
+    wheel_floor,
+    wheel_stage,
+    zip_writer,
+)
 from jatools.wheel.wheel_build import BuildOptions, WheelBuildError, build
 from jax_aiter.integrity import IntegrityError
 
@@ -51,7 +58,7 @@ def test_faults_library_modified_after_its_record_fails_before_staging(build_cop
 
 
 def test_jit_library_changed_after_staging_is_caught_by_the_read_back(build_copy, layout, tmp_path, monkeypatch):
-    real_stage = wheel_build.stage
+    real_stage = wheel_stage.stage
 
     def stage_then_tamper(*args, **kwargs):
         stage_dir, how, digests = real_stage(*args, **kwargs)
@@ -59,7 +66,7 @@ def test_jit_library_changed_after_staging_is_caught_by_the_read_back(build_copy
         staged.write_bytes(staged.read_bytes()[:-1] + b"\x01")
         return stage_dir, how, digests
 
-    monkeypatch.setattr(wheel_build, "stage", stage_then_tamper)
+    monkeypatch.setattr(wheel_stage, "stage", stage_then_tamper)
     with pytest.raises(IntegrityError, match=r"whl.tmp-\d+:jax_aiter/_lib/librmsnorm_fwd.so: sha256 \w+ does not match "
                                              r"\w+ recorded in .*build_record.json; the JIT library changed"):
         build(build_copy, _opts(tmp_path), layout=layout)
@@ -142,7 +149,7 @@ def test_contents_catches_a_file_missing_from_the_variant(wheels, layout, tmp_pa
     with zipfile.ZipFile(src) as zf:
         assert member in zf.namelist()
     bad = rewrite_wheel(src, tmp_path / src.name, drop=(member,))
-    report = wheel_checks.check_contents(bad, layout)
+    report = wheel_contents.check_contents(bad, layout)
     assert not report.ok
     assert f"{member} is missing from the lite wheel" in report.message
 
@@ -152,7 +159,7 @@ def test_contents_catches_mha_libraries_in_lite(wheels, layout, tmp_path):
     with zipfile.ZipFile(src) as zf:
         elf_bytes = zf.read("jax_aiter/_lib/librmsnorm_fwd.so")
     bad = rewrite_wheel(src, tmp_path / src.name, put={"jax_aiter/_lib/libmha_fwd.so": elf_bytes})
-    report = wheel_checks.check_contents(bad, layout)
+    report = wheel_contents.check_contents(bad, layout)
     assert "jax_aiter/_lib/libmha_fwd.so must not be in the lite wheel (users fetch it with jax-aiter-fetch-mha)" \
         in report.message
 
@@ -162,13 +169,13 @@ def test_contents_catches_stray_files_and_tampering(wheels, layout, tmp_path):
     (tmp_path / "a").mkdir()
     stray = rewrite_wheel(src, tmp_path / "a" / src.name,
                           put={"jax_aiter/_lib/build_record.json": b"{}", "notes.txt": b"x"})
-    msg = wheel_checks.check_contents(stray, layout).message
+    msg = wheel_contents.check_contents(stray, layout).message
     assert "jax_aiter/_lib/build_record.json is not expected in a wheel" in msg
     assert "notes.txt is not expected in a wheel" in msg
     (tmp_path / "b").mkdir()
     tampered = rewrite_wheel(src, tmp_path / "b" / src.name, put={"jax_aiter/info.py": b"print('hi')\n"},
                              fix_record=False)
-    msg = wheel_checks.check_contents(tampered, layout).message
+    msg = wheel_contents.check_contents(tampered, layout).message
     assert "jax_aiter/info.py: RECORD says sha256=" in msg and "altered after it was built" in msg
 
 
@@ -183,7 +190,7 @@ def test_contents_catches_bad_runpath(build_copy, layout, tmp_path, entry, expec
     patch_dynamic_string(build_copy.umbrella_dir / "silu_and_mul_ja.so", "DT_RUNPATH", SHIM_RUNPATH, entry,
                          as_linked=True)
     wheel = build(build_copy, _opts(tmp_path), layout=layout).wheel
-    report = wheel_checks.check_contents(wheel, layout)
+    report = wheel_contents.check_contents(wheel, layout)
     assert not report.ok
     assert f"jax_aiter/_lib/silu_and_mul_ja.so: RUNPATH entry {entry!r} {expected}" in report.message
 
@@ -193,7 +200,7 @@ def test_faults_contents_rejects_an_empty_runpath_entry(build_copy, layout, tmp_
     patch_dynamic_string(build_copy.umbrella_dir / "silu_and_mul_ja.so", "DT_RUNPATH", SHIM_RUNPATH, ":$ORIGIN",
                          as_linked=True)
     wheel = build(build_copy, _opts(tmp_path), layout=layout).wheel
-    report = wheel_checks.check_contents(wheel, layout)
+    report = wheel_contents.check_contents(wheel, layout)
     assert not report.ok
     assert ("jax_aiter/_lib/silu_and_mul_ja.so: RUNPATH has an empty entry (':$ORIGIN'), which glibc reads as the "
             "current directory") in report.message
@@ -272,7 +279,7 @@ def test_faults_two_wheel_builds_at_once_take_turns(build_copy, layout, tmp_path
             time.sleep(0.1)
     assert [p.wait(timeout=600) for p in procs] == [0, 0], [x.read_text() for x in logs]
     wheels = list((tmp_path / "dist").glob("*.whl"))
-    assert len(wheels) == 1 and wheel_checks.check_contents(wheels[0], layout).ok
+    assert len(wheels) == 1 and wheel_contents.check_contents(wheels[0], layout).ok
     assert not list((tmp_path / "dist").glob(".*.tmp-*"))
 
 
@@ -280,7 +287,7 @@ def test_contents_catches_an_external_library_outside_the_allowlist(build_copy, 
     patch_dynamic_string(build_copy.umbrella_dir / "silu_and_mul_ja.so", "DT_NEEDED", "libm.so.6", "libz.so.1",
                          as_linked=True)
     wheel = build(build_copy, _opts(tmp_path), layout=layout).wheel
-    msg = wheel_checks.check_contents(wheel, layout).message
+    msg = wheel_contents.check_contents(wheel, layout).message
     assert "jax_aiter/_lib/silu_and_mul_ja.so needs libz.so.1, which is neither in the wheel nor allowed from " \
            "outside for the cpu backend" in msg
 
@@ -289,7 +296,7 @@ def test_contents_catches_an_external_library_outside_the_allowlist(build_copy, 
 
 def test_floor_catches_manylinux_2_28_with_glibcxx_3_4_29(native_build, layout, tmp_path):
     wheel = build(native_build, _opts(tmp_path, plat_name="manylinux_2_28_x86_64"), layout=layout).wheel
-    report = wheel_checks.check_floor(wheel)
+    report = wheel_floor.check_floor(wheel)
     assert not report.ok
     msg = report.message
     assert "tagged manylinux_2_28_x86_64, but the versioned symbols need manylinux_2_34_x86_64" in msg
