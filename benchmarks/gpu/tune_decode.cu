@@ -11,6 +11,7 @@
 //        -DJA_HAS_GPU=1 -DJA_BACKEND_CUDA=1 benchmarks/gpu/tune_decode.cu -o build/tune_decode \
 //        -Lbuild/jax_aiter_build -ljax_aiter -ldl -Xlinker -rpath=$PWD/build/jax_aiter_build
 //   build/tune_decode [reps|check] [path/to/libmha_fwd.so]
+//   (TUNE_DECODE_CASES=4 in the environment: the first four cases only, the model section's)
 //
 // Each line: median microseconds of one call between two events (as bench_gpu.py times it:
 // "ev"), the per-call time of 16 calls back to back ("b2b", launch gaps hidden by PDL), and
@@ -243,7 +244,10 @@ int main(int argc, char** argv) {
 
   const std::vector<Case> cases = {{8, 32, 8, 8192}, {8, 32, 8, 32768}, {8, 32, 4, 8192}, {8, 32, 4, 32768},
                                    {1, 32, 8, 32768}, {2, 32, 4, 8192}, {8, 32, 1, 16384}, {32, 32, 8, 2048}};
-  for (const Case& c : cases) {
+  const char* ncases_env = std::getenv("TUNE_DECODE_CASES");  // the first N cases only (N = 4: the model's)
+  const size_t ncases = ncases_env ? std::min<size_t>(cases.size(), std::strtoul(ncases_env, nullptr, 10)) : cases.size();
+  for (size_t ci = 0; ci < ncases; ++ci) {
+    const Case& c = cases[ci];
     const int64_t nq = c.b * c.hq * D, nkv = c.b * c.sk * c.hkv * D;
     const double kv_bytes = 2.0 * nkv * sizeof(T);
     const int sets = int(std::max<int64_t>(2, std::min<int64_t>(4, int64_t(std::ceil(3 * 60e6 / kv_bytes)))));
