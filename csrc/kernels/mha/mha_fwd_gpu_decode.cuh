@@ -38,41 +38,31 @@ namespace mha_gpu {
 
 // Build-time knobs (see docs/gpu.md for how to try one):
 //   WARPS       warps per block; each takes 16 keys of every tile (BC = 16 * WARPS)
-//   STAGES      K/V tile buffers per block (0: by DEEP)
-//   DEEP        with STAGES 0: 1, as many buffers as one block's shared memory holds (at most 8; one
-//               block per multiprocessor, the most bytes in flight); 0, 3 up to head_dim 128, 2 above
+//   STAGES      K/V tiles in flight per block (0: 3 up to head_dim 128, 2 above)
 //   MIN_TILES   fewest key tiles a split gets (the pipeline's fill is paid per split)
 //   MAX_ROWS    query rows per kv head (group x seq_q) up to which this path is taken
-//   INTERLEAVE  1: split s takes key tiles s, s + splits, ... (the splits of a kv head sweep the
-//               keys together); 0: split s takes one contiguous chunk of tiles
-//   BULK        1 (sm_90): K/V rows arrive by bulk copies (cp.async.bulk, one 16-byte-aligned row per
-//               copy) completing on one mbarrier per stage; 0: 16-byte cp.async by every thread
+// Measured alternatives (H200, bf16, batch 8, 32 query heads, 4 and 8 kv heads, 8k and 32k keys,
+// benchmarks/gpu/tune_decode.cu against this kernel in the same run; the figures are in issue 39's
+// notes, not here): as many stage buffers as one block's shared memory holds (6 at head_dim 128, one
+// block per multiprocessor: 5 K/V tiles in flight per multiprocessor instead of at most 4), splits
+// that take interleaved key tiles instead of one contiguous chunk, 2 warps with 6 stages, and a merge
+// kernel that loads its splits' rows in parallel were all within 1-2% of this kernel or slower; K/V
+// rows brought in by cp.async.bulk (one copy per 256-byte row, on one mbarrier per stage) took about
+// 4x as long. So neither the bytes in flight nor the order of the splits bound it. cuDNN's decode
+// kernel runs the same grid (splits x kv heads x batch, 128 threads, sm_80-style mma) in about 8%
+// less time at 32k keys (Nsight Compute), so the memory system does not bound it either; what
+// differs is not found yet.
 #ifndef JA_MHA_DECODE_WARPS
 #define JA_MHA_DECODE_WARPS 4
 #endif
 #ifndef JA_MHA_DECODE_STAGES
 #define JA_MHA_DECODE_STAGES 0
 #endif
-#ifndef JA_MHA_DECODE_DEEP
-#define JA_MHA_DECODE_DEEP 0
-#endif
 #ifndef JA_MHA_DECODE_MIN_TILES
 #define JA_MHA_DECODE_MIN_TILES 4
 #endif
 #ifndef JA_MHA_DECODE_MAX_ROWS
 #define JA_MHA_DECODE_MAX_ROWS 64
-#endif
-#ifndef JA_MHA_DECODE_INTERLEAVE
-#define JA_MHA_DECODE_INTERLEAVE 0
-#endif
-#ifndef JA_MHA_DECODE_BULK
-#define JA_MHA_DECODE_BULK 0
-#endif
-// The bulk-copy path needs sm_90's cp.async.bulk; other device passes take the cp.async path.
-#if JA_MHA_DECODE_BULK && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define JA_MHA_DECODE_BULK_DEVICE 1
-#else
-#define JA_MHA_DECODE_BULK_DEVICE 0
 #endif
 
 constexpr int kDecodeMaxSplits = 1024;
@@ -83,15 +73,9 @@ struct DecodeTiles {
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int BC = 16 * kWarps;  // keys per tile, 16 per warp
   static constexpr int LD = D + 8;        // 16-byte row pad: ldmatrix rows hit distinct banks
+  static constexpr int kStages = JA_MHA_DECODE_STAGES > 0 ? JA_MHA_DECODE_STAGES : (D <= 128 ? 3 : 2);
   static constexpr int kStageElems = 2 * BC * LD;  // K tile, then V tile
-  // DEEP: the stage buffers that fit beside the Q tile and the mbarriers in a block's shared memory
-  static constexpr int kDeepStages = (kSmemMax - 16 * LD * int(sizeof(T)) - 64) / (kStageElems * int(sizeof(T)));
-  static constexpr int kStages = JA_MHA_DECODE_STAGES > 0 ? JA_MHA_DECODE_STAGES
-                                 : JA_MHA_DECODE_DEEP     ? (kDeepStages < 8 ? kDeepStages : 8)
-                                                          : (D <= 128 ? 3 : 2);
-  static constexpr int kQOffset = kStages * kStageElems;  // elements: the Q tile after the stages
-  static constexpr int kBarOffset = (kQOffset + 16 * LD) * int(sizeof(T));  // bytes: the stages' mbarriers (BULK)
-  static constexpr int kSmemBytes = kBarOffset + (JA_MHA_DECODE_BULK ? 8 * kStages : 0);
+  static constexpr int kSmemBytes = (kStages * kStageElems + 16 * LD) * int(sizeof(T));  // + the Q tile
   static constexpr bool kQInRegs = D <= 128;
   // The end-of-block merge reuses the stage buffers: per warp, m and l of 16 rows and 16 x D of O.
   static constexpr int kMergeBytes = kWarps * 16 * (D + 2) * int(sizeof(float));
@@ -99,42 +83,7 @@ struct DecodeTiles {
   static_assert(kMergeBytes <= kStages * kStageElems * int(sizeof(T)), "decode merge exceeds the stage buffers");
   static_assert(kSmemBytes <= 227 * 1024, "decode tiles exceed shared memory");
   static_assert(D % 16 == 0, "head_dim must be a multiple of 16");
-  static_assert(kBarOffset % 8 == 0, "mbarriers need 8-byte alignment");
 };
-
-#if JA_MHA_DECODE_BULK_DEVICE
-// mbarrier and bulk-copy primitives (sm_90), for the BULK path.
-JA_DEVICE void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(mma::smem_addr(bar)), "r"(count) : "memory");
-}
-// Makes the barriers' initialisation visible to the async proxy (the bulk copies) and to the other threads.
-JA_DEVICE void mbar_fence_init() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-// This thread's arrival, announcing `bytes` more to come by complete_tx in the current phase.
-JA_DEVICE void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(mma::smem_addr(bar)), "r"(bytes)
-               : "memory");
-}
-JA_DEVICE void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.b32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(mma::smem_addr(bar)), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-// bytes (a multiple of 16; both addresses 16-byte aligned) global -> shared, completing on bar.
-JA_DEVICE void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                   mma::smem_addr(dst)),
-               "l"(src), "r"(bytes), "r"(mma::smem_addr(bar))
-               : "memory");
-}
-#endif
 
 struct DecodeArgs {
   JaMhaFwdArgs a;
@@ -206,7 +155,7 @@ JA_GLOBAL void __launch_bounds__(DecodeTiles<T, D>::kThreads) mha_decode_kernel(
   constexpr int NO = D / 8;   // 16x8 output fragments
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* smem = reinterpret_cast<T*>(smem_raw);
-  T* q_s = smem + Tl::kQOffset;
+  T* q_s = smem + NS * Tl::kStageElems;
   const JaMhaFwdArgs& a = d.a;
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -219,17 +168,9 @@ JA_GLOBAL void __launch_bounds__(DecodeTiles<T, D>::kThreads) mha_decode_kernel(
   const int64_t b = blockIdx.z;
   const int64_t kv_stride = hkv * D;
   const float s2 = a.scale * ja_log2e;
-#if JA_MHA_DECODE_INTERLEAVE
-  // Tiles blockIdx.x, + gridDim.x, ...: the splits of one kv head read neighbouring tiles at a time.
-  const int64_t key1 = sk, all_tiles = (sk + BC - 1) / BC, x = blockIdx.x, nx = gridDim.x;
-  const int ntiles = x < all_tiles ? int((all_tiles - x + nx - 1) / nx) : 0;
-  auto tile_key = [&](int i) { return (x + int64_t(i) * nx) * BC; };  // first key of this block's tile i
-#else
   const int64_t key0 = int64_t(blockIdx.x) * d.chunk;
-  const int64_t key1 = key0 + d.chunk < sk ? key0 + d.chunk : sk;  // past this split's last key
+  const int64_t key1 = key0 + d.chunk < sk ? key0 + d.chunk : sk;
   const int ntiles = key1 > key0 ? int((key1 - key0 + BC - 1) / BC) : 0;
-  auto tile_key = [&](int i) { return key0 + int64_t(i) * BC; };
-#endif
   const T* k = static_cast<const T*>(a.k) + (b * sk * hkv + hk) * D;
   const T* v = static_cast<const T*>(a.v) + (b * sk * hkv + hk) * D;
   const T* q = static_cast<const T*>(a.q);
@@ -248,47 +189,10 @@ JA_GLOBAL void __launch_bounds__(DecodeTiles<T, D>::kThreads) mha_decode_kernel(
   }
   mma::cp_async_commit();
 
-#if JA_MHA_DECODE_BULK_DEVICE
-  // Tile i -> stage i % NS by bulk copies of whole rows (warp 0 issues them; lane 0 arms the stage's
-  // barrier with the byte count). Rows at or past key1 are zeroed by warp 0 instead: P is 0 there, and
-  // 0 times whatever the buffer held (NaN bits) must not reach O. Those rows belong to the tile with
-  // the last key, the last this block loads, so no later bulk copy writes over them.
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem_raw + Tl::kBarOffset);
-  if (threadIdx.x == 0) {
-    for (int st = 0; st < NS; ++st) mbar_init(&full[st], 1);
-    mbar_fence_init();
-  }
-  __syncthreads();
-  auto load = [&](int i) {  // warp 0 only
-    T* ks = smem + (i % NS) * Tl::kStageElems;
-    const int64_t kv0 = tile_key(i);
-    const int nk = int(key1 - kv0 < BC ? key1 - kv0 : BC);
-    constexpr uint32_t kRow = uint32_t(D * sizeof(T));
-    if (lane == 0) mbar_arrive_expect_tx(&full[i % NS], 2 * kRow * uint32_t(nk));
-    for (int r = lane; r < BC; r += 32) {
-      if (r < nk) {
-        bulk_copy_g2s(ks + r * LD, k + (kv0 + r) * kv_stride, kRow, &full[i % NS]);
-        bulk_copy_g2s(ks + (BC + r) * LD, v + (kv0 + r) * kv_stride, kRow, &full[i % NS]);
-      } else {
-        for (int c = 0; c < D; c += 8) {
-          *reinterpret_cast<uint4*>(ks + r * LD + c) = make_uint4(0, 0, 0, 0);
-          *reinterpret_cast<uint4*>(ks + (BC + r) * LD + c) = make_uint4(0, 0, 0, 0);
-        }
-      }
-    }
-  };
-  if (warp == 0) {
-#pragma unroll
-    for (int i = 0; i < NS - 1; ++i)
-      if (i < ntiles) load(i);
-  }
-  mma::cp_async_wait<0>();  // the Q group is complete
-  __syncthreads();
-#else
-  // Tile i -> stage i % NS; keys at or past key1 are zero-filled.
+  // Tile i (keys key0 + i BC ...) -> stage i % NS; keys at or past key1 are zero-filled.
   auto load = [&](int i) {
     T* ks = smem + (i % NS) * Tl::kStageElems;
-    const int64_t kv0 = tile_key(i);
+    const int64_t kv0 = key0 + int64_t(i) * BC;
     const int nk = int(key1 - kv0 < BC ? key1 - kv0 : BC);
     cp_async_tile<T, BC, D, LD, NT>(ks, k + kv0 * kv_stride, kv_stride, nk);
     cp_async_tile<T, BC, D, LD, NT>(ks + BC * LD, v + kv0 * kv_stride, kv_stride, nk);
@@ -301,7 +205,6 @@ JA_GLOBAL void __launch_bounds__(DecodeTiles<T, D>::kThreads) mha_decode_kernel(
 
   mma::cp_async_wait<NS - 1>();  // the Q group is complete
   __syncthreads();
-#endif
   uint32_t qa[QREG ? KD : 1][4];
   if constexpr (QREG) {
 #pragma unroll
@@ -323,16 +226,10 @@ JA_GLOBAL void __launch_bounds__(DecodeTiles<T, D>::kThreads) mha_decode_kernel(
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
   for (int i = 0; i < ntiles; ++i) {
-#if JA_MHA_DECODE_BULK_DEVICE
-    mbar_wait(&full[i % NS], uint32_t(i / NS) & 1u);
-    __syncthreads();  // tile i is in shared memory; every warp is done with tile i - 1's stage
-    if (warp == 0 && i + NS - 1 < ntiles) load(i + NS - 1);
-#else
     mma::cp_async_wait<NS - 2>();
     __syncthreads();  // tile i is in shared memory; every warp is done with tile i - 1's stage
     if (i + NS - 1 < ntiles) load(i + NS - 1);
     mma::cp_async_commit();
-#endif
 
     const T* ks = smem + (i % NS) * Tl::kStageElems + warp * 16 * LD;  // this warp's 16 keys
     const T* vs = ks + BC * LD;
@@ -353,7 +250,7 @@ JA_GLOBAL void __launch_bounds__(DecodeTiles<T, D>::kThreads) mha_decode_kernel(
     }
 
     // Scale into the log2 domain; mask keys past this split (and seq_k) and, causal, past the diagonal.
-    const int64_t kbase = tile_key(i) + warp * 16;
+    const int64_t kbase = key0 + int64_t(i) * BC + warp * 16;
 #pragma unroll
     for (int n = 0; n < 2; ++n)
 #pragma unroll
@@ -454,10 +351,7 @@ JA_GLOBAL void __launch_bounds__(DecodeTiles<T, D>::kThreads) mha_decode_kernel(
   }
 }
 
-// One warp per query row: merge the splits' (lse_s, O_s) into the output and lse. The lanes read 32
-// splits' lse at a time and turn them into weights together; the O rows of those splits are then
-// summed with the weights broadcast from their lanes, the loads unrolled so that several splits' rows
-// are in flight at once (a loop that read one split's lse, then its row, waited on memory twice a split).
+// One warp per query row: merge the splits' (lse_s, O_s) into the output and lse.
 template <typename T, int D>
 JA_GLOBAL void __launch_bounds__(128) mha_decode_combine_kernel(DecodeArgs d, int splits) {
   constexpr int kPer = (D + 31) / 32;  // output columns per lane
@@ -477,11 +371,9 @@ JA_GLOBAL void __launch_bounds__(128) mha_decode_combine_kernel(DecodeArgs d, in
   const int64_t hk = y / d.rblocks;
   const int64_t qi = rg / group, h = hk * group + rg % group;
   const int64_t part = (b * ys + y) * splits * 16 + r;  // + s * 16: split s of this row
-  const float* lse_s = d.ws_lse + part;
-  const float* o_s = d.ws_o + part * D + lane;
 
   float mx = -INFINITY;
-  for (int s = lane; s < splits; s += 32) mx = fmaxf(mx, lse_s[int64_t(s) * 16]);
+  for (int s = lane; s < splits; s += 32) mx = fmaxf(mx, d.ws_lse[part + int64_t(s) * 16]);
   mx = ja_warp_max(mx);
   T* out = static_cast<T*>(a.o) + ((b * sq + qi) * hq + h) * D;
   if (mx == -INFINITY) {  // no split saw a key
@@ -494,22 +386,15 @@ JA_GLOBAL void __launch_bounds__(128) mha_decode_combine_kernel(DecodeArgs d, in
   float sum = 0.0f, acc[kPer];
 #pragma unroll
   for (int j = 0; j < kPer; ++j) acc[j] = 0.0f;
-  for (int s0 = 0; s0 < splits; s0 += 32) {
-    const float w = s0 + lane < splits ? ja_exp2(lse_s[int64_t(s0 + lane) * 16] - mx) : 0.0f;  // 0: no key
-    sum += w;
-    const int n = splits - s0 < 32 ? splits - s0 : 32;
-    for (int i0 = 0; i0 < n; i0 += 8) {
+  for (int s = 0; s < splits; ++s) {
+    const int64_t p = part + int64_t(s) * 16;
+    const float f = ja_exp2(d.ws_lse[p] - mx);
+    sum += f;
+    const float* os = d.ws_o + p * D;
 #pragma unroll
-      for (int i = i0; i < i0 + 8; ++i) {
-        const float f = __shfl_sync(0xffffffffu, w, i);  // every lane takes part: i is warp-uniform
-        const float* os = o_s + int64_t(s0 + i) * 16 * D;
-#pragma unroll
-        for (int j = 0; j < kPer; ++j)
-          if (i < n && lane + 32 * j < D) acc[j] += f * os[32 * j];
-      }
-    }
+    for (int j = 0; j < kPer; ++j)
+      if (lane + 32 * j < D) acc[j] += f * os[lane + 32 * j];
   }
-  sum = ja_warp_sum(sum);
   const float inv = 1.0f / sum;
 #pragma unroll
   for (int j = 0; j < kPer; ++j)
