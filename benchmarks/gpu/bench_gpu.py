@@ -59,6 +59,7 @@ from llama import plain_rms_norm as xla_rms_norm  # noqa: E402  (XLA's fusions: 
 from llama import plain_rms_norm_add as xla_rms_norm_add  # noqa: E402
 from llama import plain_silu_and_mul as xla_silu_and_mul  # noqa: E402
 
+
 def bench_copy(lib, reps):
     x_sets = [(rand((1 << 29,), jnp.bfloat16, s),) for s in range(2)]  # 1 GiB each
     t = time_cases(lib, {"memcpy": memcpy}, x_sets, reps)

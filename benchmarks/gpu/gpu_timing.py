@@ -16,16 +16,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-from jatools import config  # noqa: E402
+from jatools import config
 
 try:  # jatools/native/toolchain.py; trees from before the tooling's package split have jatools/toolchain.py
-    from jatools.native import toolchain  # noqa: E402
+    from jatools.native import toolchain
 except ImportError:  # pragma: no cover
-    from jatools import toolchain  # noqa: E402
+    from jatools import toolchain
 
 _slot = 0
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from jatools import atomic_write, config
+from jatools import config
 from jatools.bench.corpus import Corpus, ensure_corpus, link_tree, write_record
 from jatools.bench.harness import (
     AnchorMissing,
