@@ -24,11 +24,9 @@ processes on the device), so two runs can be compared honestly.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -39,207 +37,27 @@ sys.path.insert(0, str(ROOT))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 
 import jax_aiter as ja  # noqa: E402
-from jatools import config  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import model_bench  # noqa: E402  (benchmarks/gpu)
+from gpu_provenance import gpu_provenance  # noqa: E402
+from gpu_timing import (  # noqa: E402
+    FLUSH,
+    FLUSH_BYTES,
+    GPU_AHEAD_CYCLES,
+    SPIN,
+    build_timer,
+    median,
+    memcpy,
+    n_sets,
+    rand,
+    time_cases,
+)
 from llama import plain_rms_norm as xla_rms_norm  # noqa: E402  (XLA's fusions: the anchors)
 from llama import plain_rms_norm_add as xla_rms_norm_add  # noqa: E402
 from llama import plain_silu_and_mul as xla_silu_and_mul  # noqa: E402
-
-try:  # jatools/native/toolchain.py; trees from before the tooling's package split have jatools/toolchain.py
-    from jatools.native import toolchain  # noqa: E402
-except ImportError:  # pragma: no cover
-    from jatools import toolchain  # noqa: E402
-
-_slot = 0
-
-
-def build_timer() -> ctypes.CDLL:
-    settings = config.load()
-    tc = toolchain.detect(settings)
-    if tc.backend == "cpu":
-        raise SystemExit("bench_gpu: no GPU toolchain (nvcc/hipcc) found; this benchmark needs a GPU host")
-    flags = toolchain.compile_flags(tc, settings)
-    out = ROOT / "build/bench/gpu_timer.so"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [*flags["link"], *flags["gpu"], "-o", str(out), "benchmarks/gpu/timer.cu",
-           "-Lbuild/jax_aiter_build", "-ljax_aiter", f"{flags['link_pass'][0]}-rpath={ROOT}/build/jax_aiter_build"]
-    stamp = out.with_suffix(".cmd")  # rebuilt when its source, the umbrella or the command changed
-    inputs = [ROOT / "benchmarks/gpu/timer.cu", ROOT / "build/jax_aiter_build/libjax_aiter.so"]
-    fresh = (out.is_file() and stamp.is_file() and stamp.read_text() == " ".join(cmd)
-             and all(p.is_file() and p.stat().st_mtime <= out.stat().st_mtime for p in inputs))
-    if not fresh:
-        subprocess.run(cmd, cwd=ROOT, check=True)
-        stamp.write_text(" ".join(cmd))
-    lib = ctypes.CDLL(str(out))
-    lib.ja_bench_elapsed_ms.restype = ctypes.c_float
-    lib.ja_bench_elapsed_ms.argtypes = [ctypes.c_int64, ctypes.c_int64]
-    platform_name = {"cuda": "CUDA", "rocm": "ROCM"}[tc.backend]
-    for target, sym in (("ja_bench_record", "JaBenchRecord"), ("ja_bench_copy", "JaBenchCopy"),
-                        ("ja_bench_spin", "JaBenchSpin")):
-        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, sym)), platform=platform_name)
-    return lib
-
-
-def _record(token, deps, slot):
-    return jax.ffi.ffi_call("ja_bench_record", jax.ShapeDtypeStruct((), jnp.int32), has_side_effect=True)(
-        token, *deps, slot=np.int64(slot))
-
-
-def spin(token, cycles):
-    return jax.ffi.ffi_call("ja_bench_spin", jax.ShapeDtypeStruct((), jnp.int32), has_side_effect=True)(
-        token, cycles=np.int64(cycles))
-
-
-def memcpy(x):
-    return jax.ffi.ffi_call("ja_bench_copy", jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
-
-
-# L2 flush: before each timed case the program reads this many bytes (a sum over a
-# float32 buffer, outside the events), so every case starts with its inputs out of L2
-# (60 MB on an H200) and with no dirty lines to write back, whatever ran before it. Without
-# it the cases of one repetition, which share an input set, could find the inputs of the
-# case before them in L2 (--warm-l2 keeps that old behaviour).
-FLUSH_BYTES = 256 << 20
-_flush = {"on": True}
-# --gpu-ahead: one GPU thread spins this many clock cycles (~200 us) before each start event, so the
-# host has enqueued the case before the GPU reaches it: a case's time is then GPU time alone, with no
-# host launch latency in it (at small shapes the two can differ).
-_spin = {"cycles": 0}
-GPU_AHEAD_CYCLES = 400_000
-
-
-def case_program(cases: dict, reps: int, base: int, flush: bool):
-    """The timed program of time_cases: each case's run(tree) between two recorded events.
-
-    The L2 flush (a sum over `scratch`) is a dep of the start event's record, so XLA keeps it
-    and the stream runs it after the previous stop event and the case's prepare, and before
-    the start event. (A flush whose result nothing uses is dead code to XLA: an earlier
-    version passed it through an optimization barrier, and XLA dropped it.)
-    """
-    names = list(cases)
-
-    def program(sets, scratch):
-        token = jnp.zeros((), jnp.int32)
-        for r in range(reps):
-            for c, name in enumerate(names):
-                prepare, run = cases[name] if isinstance(cases[name], tuple) else (lambda *a: a, None)
-                fn = run or (lambda args, f=cases[name]: f(*args))
-                tree, token = jax.lax.optimization_barrier((prepare(*sets[r % len(sets)]), token))
-                deps = []
-                if flush:  # after the previous stop event and the prepare (token), before this start event
-                    buf, tree, token = jax.lax.optimization_barrier((scratch, tree, token))
-                    deps = [jnp.sum(buf)]
-                slot = base + 2 * (r * len(names) + c)
-                if _spin["cycles"]:
-                    token = spin(token, _spin["cycles"])
-                token = _record(token, deps, slot)
-                tree, token = jax.lax.optimization_barrier((tree, token))
-                token = _record(token, jax.tree_util.tree_leaves(fn(tree)), slot + 1)
-        return token
-
-    return program
-
-
-def time_cases(lib, cases: dict, input_sets: list, reps: int) -> dict[str, list[float]]:
-    """Device times (ms) of each case, the cases alternating within each repetition.
-
-    cases: name -> fn(*inputs), or name -> (prepare, run): prepare(*inputs)
-    builds an untimed pytree (e.g. a forward pass and its vjp), run(tree) is timed.
-    Each case starts with a cold L2 (FLUSH_BYTES read after the previous case's stop
-    event and before its own start event) unless --warm-l2.
-    """
-    global _slot
-    names = list(cases)
-    base = _slot
-    _slot += 2 * reps * len(names)
-    flush = _flush["on"]
-    program = case_program(cases, reps, base, flush)
-    scratch = jnp.ones((FLUSH_BYTES // 4 if flush else 1,), jnp.float32)
-    fn = jax.jit(program)
-    fn(input_sets, scratch).block_until_ready()  # compile and warm up; the timed pass follows
-    fn(input_sets, scratch).block_until_ready()
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(reps):
-        for c, name in enumerate(names):
-            slot = base + 2 * (r * len(names) + c)
-            ms = lib.ja_bench_elapsed_ms(slot, slot + 1)
-            if ms < 0:
-                raise RuntimeError(f"event timing failed for {name}")
-            times[name].append(ms)
-    return times
-
-
-def rand(shape, dtype, seed):
-    return jax.device_put(jax.random.normal(jax.random.key(seed), shape, jnp.float32).astype(dtype))
-
-
-def n_sets(bytes_per_set: int, l2: int = 60 << 20) -> int:
-    return max(2, min(8, -(-3 * l2 // max(bytes_per_set, 1))))
-
-
-def median(v):
-    return statistics.median(v)
-
-
-# nvidia-smi --query-gpu fields recorded before and after the run: two runs compare
-# honestly only on the same driver, clocks, power limit and ECC mode, with the GPU to
-# themselves (the compute-apps list shows anyone else's processes on it).
-GPU_FIELDS = ("name", "uuid", "pci.bus_id", "driver_version", "vbios_version", "persistence_mode",
-              "ecc.mode.current", "power.limit", "power.default_limit", "power.max_limit", "power.draw",
-              "clocks.sm", "clocks.mem", "clocks.max.sm", "clocks.max.mem", "clocks.applications.graphics",
-              "clocks.applications.memory", "clocks_event_reasons.active", "temperature.gpu",
-              "memory.total", "memory.used", "utilization.gpu", "compute_mode", "mig.mode.current")
-
-
-def _smi(args: list[str]) -> tuple[list[list[str]], str | None]:
-    """Rows of `nvidia-smi ARGS --format=csv,noheader,nounits`, or ([], why) when it cannot run."""
-    try:
-        proc = subprocess.run(["nvidia-smi", *args, "--format=csv,noheader,nounits"], capture_output=True,
-                              text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return [], f"nvidia-smi: {e}"
-    if proc.returncode != 0:
-        return [], f"nvidia-smi {' '.join(args)}: exit {proc.returncode}: {(proc.stderr or proc.stdout).strip()[:300]}"
-    return [[c.strip() for c in line.split(",")] for line in proc.stdout.splitlines() if line.strip()], None
-
-
-def gpu_provenance() -> dict:
-    """Driver, clocks, power limit, ECC, and every process using a GPU, read by nvidia-smi.
-
-    A field the driver does not know is retried alone and listed under "unsupported";
-    on a host without nvidia-smi (ROCm) the reason is recorded instead.
-    """
-    out: dict = {"read_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    fields = list(GPU_FIELDS)
-    rows, err = _smi([f"--query-gpu={','.join(fields)}"])
-    if err:  # an older driver rejects a field it does not know: query one at a time, keep what answers
-        rows, fields, unsupported = [], [], []
-        for f in GPU_FIELDS:
-            r, e = _smi([f"--query-gpu={f}"])
-            if e:
-                unsupported.append(f)
-                continue
-            fields.append(f)
-            for i, row in enumerate(r):
-                rows.extend([] for _ in range(i + 1 - len(rows)))
-                rows[i].append(row[0])
-        if not fields:
-            return {**out, "error": err}
-        out["unsupported"] = unsupported
-    out["gpus"] = [dict(zip(fields, row)) for row in rows]
-    apps, err = _smi(["--query-compute-apps=gpu_uuid,pid,process_name,used_memory"])
-    own = str(os.getpid())
-    out["compute_apps"] = [{"gpu_uuid": a[0], "pid": a[1], "process_name": a[2], "used_memory_MiB": a[3],
-                            "this_benchmark": a[1] == own} for a in apps if len(a) >= 4]
-    out["other_processes"] = sum(1 for a in out["compute_apps"] if not a["this_benchmark"])
-    if err:
-        out["compute_apps_error"] = err
-    return out
 
 
 def bench_copy(lib, reps):
@@ -459,7 +277,7 @@ def bench_attention(lib, reps, quick, head_dims=(128,)):
 SECTIONS = ["copy", "memory", "chain", "decode", "attention", "model"]
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="one size per op (a smoke run)")
     p.add_argument("--reps", type=int, default=30)
@@ -477,22 +295,20 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "build/bench/gpu.json")
     p.add_argument("--gate", action="store_true", help="then gate the JSON against the committed baseline of this "
                    "GPU model (ci/perf/bench_gate.py; exit 1 names each regression)")
-    args = p.parse_args(argv)
-    devs = jax.devices()
-    if devs[0].platform not in ("gpu", "cuda", "rocm"):
-        raise SystemExit(f"bench_gpu: JAX sees no GPU (devices: {devs}); run on a GPU host")
-    lib = build_timer()
-    _flush["on"] = not args.warm_l2
-    _spin["cycles"] = GPU_AHEAD_CYCLES if args.gpu_ahead else 0
+    return p.parse_args(argv)
+
+
+def run_sections(args: argparse.Namespace, lib, device_kind: str) -> dict:
+    """The JSON of one run: the machine, the copy bandwidth, and the rows of every section asked for."""
     only = set(args.only or SECTIONS)
     shapes = [tuple(int(v) for v in sh.lower().split("x")) for sh in args.shape] or None
     start = time.time()
     provenance_before = gpu_provenance()
     copy = bench_copy(lib, args.reps)
-    results = {"machine": {"device": devs[0].device_kind, "jax": jax.__version__, "python": platform.python_version(),
+    results = {"machine": {"device": device_kind, "jax": jax.__version__, "python": platform.python_version(),
                            "host": platform.node(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
                            "gpu_before": provenance_before},
-               "l2_flush_bytes": FLUSH_BYTES if _flush["on"] else 0, "gpu_ahead_cycles": _spin["cycles"],
+               "l2_flush_bytes": FLUSH_BYTES if FLUSH["on"] else 0, "gpu_ahead_cycles": SPIN["cycles"],
                "reps": args.reps,
                "copy": copy, "memory_bound": [], "chains": [], "decode": [], "attention": [], "model": []}
     if "memory" in only:
@@ -509,14 +325,11 @@ def main(argv=None) -> int:
             max(5, args.reps // 2), args.model_workload or (list(model_bench.QUICK) if args.quick else None))
     results["seconds"] = round(time.time() - start, 1)
     results["machine"]["gpu_after"] = gpu_provenance()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
-    gpu = (provenance_before.get("gpus") or [{}])[0]
-    print(f"\ndevice {results['machine']['device']}; copy bandwidth {copy['GBps']:.0f} GB/s (memcpy, read+write); "
-          f"driver {gpu.get('driver_version', '?')}, SM clock {gpu.get('clocks.sm', '?')}/"
-          f"{gpu.get('clocks.max.sm', '?')} MHz, power limit {gpu.get('power.limit', '?')} W, "
-          f"ECC {gpu.get('ecc.mode.current', '?')}, other processes on the GPU: "
-          f"{provenance_before.get('other_processes', provenance_before.get('error', '?'))}")
+    return results
+
+
+def print_kernel_tables(results: dict) -> None:
+    """The memory-bound, decode and attention tables of one run."""
     print(f"{'op':<20}{'shape':>14}{'ours ms':>10}{'xla ms':>10}{'GB/s':>8}{'of copy':>9}{'vs xla':>8}  met"
           f"  (of a same-size copy)")
     for r in results["memory_bound"] + results["chains"]:
@@ -540,6 +353,27 @@ def main(argv=None) -> int:
         xla = f"{r['xla_TFLOPs']:.1f}" if "xla_TFLOPs" in r else "-"
         print(f"{r['name']:<16}{r['head_dim']:>4}{r['seq']:>6}{str(r['causal']):>7}{r['ours_TFLOPs']:>11.1f}{r['cudnn_TFLOPs']:>11.1f}"
               f"{xla:>10}{r['frac_of_cudnn']:>9.2f}  {r['met']}")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    devs = jax.devices()
+    if devs[0].platform not in ("gpu", "cuda", "rocm"):
+        raise SystemExit(f"bench_gpu: JAX sees no GPU (devices: {devs}); run on a GPU host")
+    lib = build_timer()
+    FLUSH["on"] = not args.warm_l2
+    SPIN["cycles"] = GPU_AHEAD_CYCLES if args.gpu_ahead else 0
+    results = run_sections(args, lib, devs[0].device_kind)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    gpu = (results["machine"]["gpu_before"].get("gpus") or [{}])[0]
+    before = results["machine"]["gpu_before"]
+    print(f"\ndevice {results['machine']['device']}; copy bandwidth {results['copy']['GBps']:.0f} GB/s (memcpy, "
+          f"read+write); driver {gpu.get('driver_version', '?')}, SM clock {gpu.get('clocks.sm', '?')}/"
+          f"{gpu.get('clocks.max.sm', '?')} MHz, power limit {gpu.get('power.limit', '?')} W, "
+          f"ECC {gpu.get('ecc.mode.current', '?')}, other processes on the GPU: "
+          f"{before.get('other_processes', before.get('error', '?'))}")
+    print_kernel_tables(results)
     if results["model"]:
         model_bench.print_table(results["model"])
     print(f"JSON: {args.out}")

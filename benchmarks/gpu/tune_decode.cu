@@ -11,6 +11,8 @@
 //        -DJA_HAS_GPU=1 -DJA_BACKEND_CUDA=1 benchmarks/gpu/tune_decode.cu -o build/tune_decode \
 //        -Lbuild/jax_aiter_build -ljax_aiter -ldl -Xlinker -rpath=$PWD/build/jax_aiter_build
 //   build/tune_decode [reps|check] [path/to/libmha_fwd.so]
+//   (TUNE_DECODE_CASES=4 in the environment: the first four cases only, the model section's;
+//    TUNE_DECODE_FIRST=N: from case N on, e.g. one case under ncu)
 //
 // Each line: median microseconds of one call between two events (as bench_gpu.py times it:
 // "ev"), the per-call time of 16 calls back to back ("b2b", launch gaps hidden by PDL), and
@@ -20,8 +22,9 @@
 // first).
 //
 // "check" runs no timing: the op tests' small decode shapes (GQA, multi-query with several
-// row blocks, draft tokens, causal and not, odd lengths) against the reference; for
-// compute-sanitizer (memcheck, racecheck). It exits 1 on a mismatch.
+// row blocks, draft tokens, causal and not, odd lengths) against the library's output, or
+// without one against float64 attention on the host; for compute-sanitizer (memcheck,
+// racecheck) and for build-time variants of the kernel. It exits 1 on a mismatch.
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -108,6 +111,39 @@ int64_t python_ws_bytes(const Case& c) {
 
 using Entry = const char* (*)(const JaMhaFwdArgs*, void*);
 
+// Float64 attention on the host, the check's reference without a library: bottom-right causal
+// alignment, a row with no visible key outputs 0 with lse +inf (the kernels' conventions).
+template <bool CAUSAL>
+void host_attention(const T* q, const T* k, const T* v, int64_t b, int64_t sq, int64_t sk, int64_t hq, int64_t hkv,
+                    double scale, T* o, float* lse) {
+  const int64_t group = hq / hkv;
+  std::vector<double> p(static_cast<size_t>(sk)), acc(D);
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t qi = 0; qi < sq; ++qi)
+      for (int64_t h = 0; h < hq; ++h) {
+        const T* qr = q + ((bi * sq + qi) * hq + h) * D;
+        T* orow = o + ((bi * sq + qi) * hq + h) * D;
+        const int64_t last = std::min(sk - 1, CAUSAL ? qi + sk - sq : sk - 1);
+        double mx = -INFINITY, sum = 0.0;
+        for (int64_t j = 0; j <= last; ++j) {
+          const T* kr = k + ((bi * sk + j) * hkv + h / group) * D;
+          double dot = 0.0;
+          for (int c = 0; c < D; ++c) dot += double(ja::to_f32(qr[c])) * ja::to_f32(kr[c]);
+          p[size_t(j)] = dot * scale;
+          mx = std::max(mx, p[size_t(j)]);
+        }
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int64_t j = 0; j <= last; ++j) {
+          const double w = std::exp(p[size_t(j)] - mx);
+          const T* vr = v + ((bi * sk + j) * hkv + h / group) * D;
+          sum += w;
+          for (int c = 0; c < D; ++c) acc[size_t(c)] += w * ja::to_f32(vr[c]);
+        }
+        for (int c = 0; c < D; ++c) orow[c] = ja::from_f32<T>(last < 0 ? 0.0f : float(acc[size_t(c)] / sum));
+        lse[(bi * hq + h) * sq + qi] = last < 0 ? INFINITY : float(mx + std::log(sum));
+      }
+}
+
 // Check mode (see the header): returns the number of mismatches.
 template <bool CAUSAL>
 int check_shapes(Entry lib_entry, cudaStream_t s) {
@@ -139,12 +175,24 @@ int check_shapes(Entry lib_entry, cudaStream_t s) {
       CK(cudaMemsetAsync(o, 0xff, nq * sizeof(T), s));
       CK(cudaMemsetAsync(lse, 0xff, nl * 4, s));
     };
-    poison();
-    const char* err = lib_entry ? lib_entry(&a, s) : ja::mha_fwd_gpu<T, D, CAUSAL>(a, s);
-    if (err) { std::fprintf(stderr, "%s\n", err); std::exit(1); }
-    CK(cudaStreamSynchronize(s));
-    CK(cudaMemcpy(h_ref.data(), o, nq * sizeof(T), cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(l_ref.data(), lse, nl * 4, cudaMemcpyDeviceToHost));
+    const char* err = nullptr;
+    if (lib_entry) {
+      poison();
+      if ((err = lib_entry(&a, s))) { std::fprintf(stderr, "%s\n", err); std::exit(1); }
+      CK(cudaStreamSynchronize(s));
+      CK(cudaMemcpy(h_ref.data(), o, nq * sizeof(T), cudaMemcpyDeviceToHost));
+      CK(cudaMemcpy(l_ref.data(), lse, nl * 4, cudaMemcpyDeviceToHost));
+    } else {
+      std::vector<T> hq_(nq), hk(nkv), hv(nkv);
+      CK(cudaStreamSynchronize(s));
+      CK(cudaMemcpy(hq_.data(), q, nq * sizeof(T), cudaMemcpyDeviceToHost));
+      CK(cudaMemcpy(hk.data(), k, nkv * sizeof(T), cudaMemcpyDeviceToHost));
+      CK(cudaMemcpy(hv.data(), v, nkv * sizeof(T), cudaMemcpyDeviceToHost));
+      host_attention<CAUSAL>(hq_.data(), hk.data(), hv.data(), c.b, c.sq, c.sk, c.hq, c.hkv, a.scale, h_ref.data(),
+                             l_ref.data());
+    }
+    // Against the host's float64 the kernel's P rounding (2^-9 relative, |V| <= 2) is an absolute error.
+    const double floor = lib_entry ? 0.05 : 0.5;
     auto compare = [&](const char* name, int) {
       CK(cudaStreamSynchronize(s));
       CK(cudaGetLastError());
@@ -153,7 +201,7 @@ int check_shapes(Entry lib_entry, cudaStream_t s) {
       double eo = 0, el = 0;
       for (int64_t i = 0; i < nq; ++i) {
         const double x = ja::to_f32(h_out[i]), y = ja::to_f32(h_ref[i]);
-        eo = std::isnan(x) || std::isnan(y) ? 1e30 : std::max(eo, std::fabs(x - y) / (std::fabs(y) + 0.05));
+        eo = std::isnan(x) || std::isnan(y) ? 1e30 : std::max(eo, std::fabs(x - y) / (std::fabs(y) + floor));
       }
       for (int64_t i = 0; i < nl; ++i) {
         const double x = l_out[i], y = l_ref[i];
@@ -243,7 +291,11 @@ int main(int argc, char** argv) {
 
   const std::vector<Case> cases = {{8, 32, 8, 8192}, {8, 32, 8, 32768}, {8, 32, 4, 8192}, {8, 32, 4, 32768},
                                    {1, 32, 8, 32768}, {2, 32, 4, 8192}, {8, 32, 1, 16384}, {32, 32, 8, 2048}};
-  for (const Case& c : cases) {
+  const char* ncases_env = std::getenv("TUNE_DECODE_CASES");  // the first N cases only (N = 4: the model's)
+  const size_t ncases = ncases_env ? std::min<size_t>(cases.size(), std::strtoul(ncases_env, nullptr, 10)) : cases.size();
+  const char* first_env = std::getenv("TUNE_DECODE_FIRST");  // skip the cases before this one (for ncu)
+  for (size_t ci = first_env ? std::strtoul(first_env, nullptr, 10) : 0; ci < ncases; ++ci) {
+    const Case& c = cases[ci];
     const int64_t nq = c.b * c.hq * D, nkv = c.b * c.sk * c.hkv * D;
     const double kv_bytes = 2.0 * nkv * sizeof(T);
     const int sets = int(std::max<int64_t>(2, std::min<int64_t>(4, int64_t(std::ceil(3 * 60e6 / kv_bytes)))));

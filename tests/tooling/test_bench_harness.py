@@ -13,30 +13,30 @@ from types import SimpleNamespace
 
 import pytest
 
-from jatools.bench import cases, harness, runner
+from jatools.bench import cases, corpus, harness, runner
 
 CHEAP = ["verify", "publish", "fetch"]
 KEYS = {"name", "ours_s", "anchor_s", "ratio", "goal", "met", "bytes"}
 
 
 def test_corpus_is_deterministic_and_compresses_like_gpu_code(tmp_path):
-    a = cases.ensure_corpus(tmp_path / "a", 0.004, log=lambda m: None)
-    b = cases.ensure_corpus(tmp_path / "b", 0.004, log=lambda m: None)
-    assert a.files == cases.corpus_sizes(0.004) and a.files["libmha_bwd.so"] == 5_197_824  # whole pages
+    a = corpus.ensure_corpus(tmp_path / "a", 0.004, log=lambda m: None)
+    b = corpus.ensure_corpus(tmp_path / "b", 0.004, log=lambda m: None)
+    assert a.files == corpus.corpus_sizes(0.004) and a.files["libmha_bwd.so"] == 5_197_824  # whole pages
     for name in a.files:
         data = (a.folder / name).read_bytes()
         assert data == (b.folder / name).read_bytes(), f"{name} differs between two generations"
-        assert 0.25 <= cases.zstd3_ratio(data) <= 0.45, name
-    assert a.folder.name == f"v{cases.CORPUS_VERSION}-s0.004", "cached by (generator version, scale)"
+        assert 0.25 <= corpus.zstd3_ratio(data) <= 0.45, name
+    assert a.folder.name == f"v{corpus.CORPUS_VERSION}-s0.004", "cached by (generator version, scale)"
 
 
 def test_corpus_cache_is_reused_and_a_damaged_one_regenerated(tmp_path):
-    c = cases.ensure_corpus(tmp_path, 0.001, log=lambda m: None)
+    c = corpus.ensure_corpus(tmp_path, 0.001, log=lambda m: None)
     mtime = c.paths[0].stat().st_mtime_ns
-    assert cases.ensure_corpus(tmp_path, 0.001, log=lambda m: None).paths[0].stat().st_mtime_ns == mtime
+    assert corpus.ensure_corpus(tmp_path, 0.001, log=lambda m: None).paths[0].stat().st_mtime_ns == mtime
     c.paths[1].write_bytes(b"short")
     said = []
-    again = cases.ensure_corpus(tmp_path, 0.001, log=said.append)
+    again = corpus.ensure_corpus(tmp_path, 0.001, log=said.append)
     assert said and again.paths[1].stat().st_size == c.files[c.paths[1].name]
 
 

@@ -41,6 +41,26 @@ namespace mha_gpu {
 //   STAGES      K/V tiles in flight per block (0: 3 up to head_dim 128, 2 above)
 //   MIN_TILES   fewest key tiles a split gets (the pipeline's fill is paid per split)
 //   MAX_ROWS    query rows per kv head (group x seq_q) up to which this path is taken
+//   L2PF        L2 prefetch size of the K/V cp.async in bytes: 0 (none), 128 or 256
+// Measured alternatives (H200, bf16, batch 8, 32 query heads, 4 and 8 kv heads, 8k and 32k keys,
+// benchmarks/gpu/tune_decode.cu against this kernel in the same run; the figures are in issue 39's
+// notes, not here): as many stage buffers as one block's shared memory holds (6 at head_dim 128, one
+// block per multiprocessor: 5 K/V tiles in flight per multiprocessor instead of at most 4), splits
+// that take interleaved key tiles instead of one contiguous chunk, 2 warps with 6 stages, and a merge
+// kernel that loads its splits' rows in parallel were all within 1-2% of this kernel or slower; K/V
+// rows brought in by cp.async.bulk (one copy per 256-byte row, on one mbarrier per stage) took about
+// 4x as long. So neither the bytes in flight nor the order of the splits bound it. cuDNN's decode
+// kernel runs the same grid (splits x kv heads x batch, 128 threads, sm_80-style mma) in about 8%
+// less time at 32k keys (Nsight Compute), so the memory system does not bound it either; what
+// differs is not found yet.
+// A third round (same shapes and harness, 2-5 rounds each against the previous kernel in the same
+// run): the K/V cp.async with an L2 prefetch size of 128 bytes took 0.972-0.975 of the time in all
+// four model shapes (Nsight Compute at 32k keys: DRAM 4.06 -> 4.18 TB/s, L2 hit rate 35% -> 48%,
+// L2 throughput at 93% of peak in both, the unit closest to its limit); so it is the default.
+// 256 bytes took 0.99, and on top of either an L2 evict_first policy, K and V as separate cp.async
+// groups (S waits for K only), 32 keys per warp (128-key tiles of 4 warps, as cuDNN's kernel), 8
+// warps, masking only the boundary tiles and skipping the O rescale when no row maximum moved,
+// and 2, 8 or 16 splits instead of the plan's were all within 1% or slower.
 #ifndef JA_MHA_DECODE_WARPS
 #define JA_MHA_DECODE_WARPS 4
 #endif
@@ -52,6 +72,9 @@ namespace mha_gpu {
 #endif
 #ifndef JA_MHA_DECODE_MAX_ROWS
 #define JA_MHA_DECODE_MAX_ROWS 64
+#endif
+#ifndef JA_MHA_DECODE_L2PF
+#define JA_MHA_DECODE_L2PF 128
 #endif
 
 constexpr int kDecodeMaxSplits = 1024;
@@ -183,8 +206,8 @@ JA_GLOBAL void __launch_bounds__(DecodeTiles<T, D>::kThreads) mha_decode_kernel(
     T* ks = smem + (i % NS) * Tl::kStageElems;
     const int64_t kv0 = key0 + int64_t(i) * BC;
     const int nk = int(key1 - kv0 < BC ? key1 - kv0 : BC);
-    cp_async_tile<T, BC, D, LD, NT>(ks, k + kv0 * kv_stride, kv_stride, nk);
-    cp_async_tile<T, BC, D, LD, NT>(ks + BC * LD, v + kv0 * kv_stride, kv_stride, nk);
+    cp_async_tile<T, BC, D, LD, NT, JA_MHA_DECODE_L2PF>(ks, k + kv0 * kv_stride, kv_stride, nk);
+    cp_async_tile<T, BC, D, LD, NT, JA_MHA_DECODE_L2PF>(ks + BC * LD, v + kv0 * kv_stride, kv_stride, nk);
   };
 #pragma unroll
   for (int i = 0; i < NS - 1; ++i) {
