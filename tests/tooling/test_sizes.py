@@ -1,16 +1,16 @@
 """No tooling function over 60 lines, no tooling module over 500 (issue 38): the tooling is read by people who
 change it, and a long function or module holds several concerns. Measured with ast over jatools/, ci/,
-noxfile.py, tasks.py and scripts/ (blank lines and comments count: they are read too)."""
+benchmarks/, noxfile.py, tasks.py and scripts/ (blank lines and comments count: they are read too)."""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-TOOLING = ("jatools", "ci", "noxfile.py", "tasks.py", "scripts")
+TOOLING = ("jatools", "ci", "benchmarks", "noxfile.py", "tasks.py", "scripts")
 MAX_FUNCTION, MAX_MODULE = 60, 500
 # Modules over the limit that their owners have yet to split, with why; each must still be over it (else drop it).
-NOT_YET = {"jatools/bench/cases.py": "the tooling benchmarks' table, split with the issue-39 work"}
+NOT_YET: dict[str, str] = {}
 
 
 def _files() -> list[Path]:
