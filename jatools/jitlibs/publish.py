@@ -11,7 +11,7 @@ Order of work, so that nothing half-made is ever visible:
    is complete and is never overwritten.
 
 The upload target is swappable: a folder, a file:// URL, an HTTP(S) server that
-takes PUT, or a GitHub release (`gh release upload`, run through a runner the
+takes PUT, or a GitHub release (named as gh[:OWNER/REPO] or by its release-download URL) (`gh release upload`, run through a runner the
 caller may replace, e.g. invoke's context). Each has a `description`,
 `existing_manifest()` (the published manifest, else None) and `upload(paths)`
 (called for the parts, then for the manifest alone).
@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -350,11 +351,20 @@ class GhReleaseTarget:
                                "manifest yet, so consumers ignore it; run the publish again")
 
 
+# Where a GitHub repository's release assets are downloaded from (JA_FETCH_BASE_URL on GitHub): publishing to it
+# is publishing its releases, through gh (which names a repository on another host as HOST/OWNER/REPO).
+GITHUB_RELEASES = re.compile(r"https://(?P<host>[^/]+)/(?P<repo>[^/]+/[^/]+)/releases/download/?")
+
+
 def target_for(spec: str, tag: str, runner: Runner | None = None,
                notes: str = "") -> FolderTarget | HttpTarget | GhReleaseTarget:
-    """`gh` or `gh:OWNER/REPO`, an http(s):// URL, a file:// URL, or a folder."""
+    """`gh` or `gh:OWNER/REPO`, a GitHub repository's release-download URL (its releases, through gh), another
+    http(s):// URL, a file:// URL, or a folder: so a job can publish to the base URL its consumers fetch from."""
     if spec == "gh" or spec.startswith("gh:"):
         return GhReleaseTarget(tag, spec[3:] or None, runner or subprocess_runner, notes)
+    if github := GITHUB_RELEASES.fullmatch(spec):
+        host, repo = github.group("host", "repo")
+        return GhReleaseTarget(tag, repo if host == "github.com" else f"{host}/{repo}", runner or subprocess_runner, notes)
     if spec.startswith(("http://", "https://")):
         return HttpTarget(spec, tag, fetch.FetchOptions.from_env())
     return FolderTarget(Path(urllib.request.url2pathname(fetch.as_url(spec)[len("file://"):])), tag)
