@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -37,7 +36,7 @@ from pathlib import Path
 
 from jatools import config
 from jatools.native import jit_build
-from jax_aiter import __version__, blob, fetch, remedies, reuse_gate
+from jax_aiter import __version__, blob, fetch, provenance, remedies, reuse_gate
 from jax_aiter import manifest as mf
 from jax_aiter.integrity import (
     RECORD_NAME,
@@ -351,20 +350,14 @@ class GhReleaseTarget:
                                "manifest yet, so consumers ignore it; run the publish again")
 
 
-# Where a GitHub repository's release assets are downloaded from (JA_FETCH_BASE_URL on GitHub): publishing to it
-# is publishing its releases, through gh (which names a repository on another host as HOST/OWNER/REPO).
-GITHUB_RELEASES = re.compile(r"https://(?P<host>[^/]+)/(?P<repo>[^/]+/[^/]+)/releases/download/?")
-
-
 def target_for(spec: str, tag: str, runner: Runner | None = None,
                notes: str = "") -> FolderTarget | HttpTarget | GhReleaseTarget:
-    """`gh` or `gh:OWNER/REPO`, a GitHub repository's release-download URL (its releases, through gh), another
-    http(s):// URL, a file:// URL, or a folder: so a job can publish to the base URL its consumers fetch from."""
-    if spec == "gh" or spec.startswith("gh:"):
-        return GhReleaseTarget(tag, spec[3:] or None, runner or subprocess_runner, notes)
-    if github := GITHUB_RELEASES.fullmatch(spec):
-        host, repo = github.group("host", "repo")
-        return GhReleaseTarget(tag, repo if host == "github.com" else f"{host}/{repo}", runner or subprocess_runner, notes)
+    """`gh` or `gh:OWNER/REPO`, a GitHub repository's release-download URL (JA_FETCH_BASE_URL on GitHub: its
+    releases, through gh), another http(s):// URL, a file:// URL, or a folder: so a job can publish to the base URL
+    its consumers fetch from."""
+    repo = provenance.github_repo(spec)
+    if spec == "gh" or spec.startswith("gh:") or repo:
+        return GhReleaseTarget(tag, repo or spec[3:] or None, runner or subprocess_runner, notes)
     if spec.startswith(("http://", "https://")):
         return HttpTarget(spec, tag, fetch.FetchOptions.from_env())
     return FolderTarget(Path(urllib.request.url2pathname(fetch.as_url(spec)[len("file://"):])), tag)

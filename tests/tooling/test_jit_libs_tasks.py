@@ -55,12 +55,12 @@ def test_publish_to_a_github_release_runs_these_gh_commands_in_this_order(tasks,
 
 
 def test_publish_targets_by_name():
-    """A release-download URL on another GitHub host names the repository as gh does (HOST/OWNER/REPO); any other
-    URL is an HTTP store that takes PUT, anything else a folder."""
+    """A GitHub release-download URL is that repository's releases; any other URL is an HTTP store that takes PUT
+    (the store ci_local serves), anything else a folder."""
     from jatools.jitlibs import publish
 
-    t = publish.target_for("https://ghe.example.com/org/repo/releases/download/", "jit-libs-x")
-    assert isinstance(t, publish.GhReleaseTarget) and t.repo == "ghe.example.com/org/repo"
+    t = publish.target_for("https://github.com/org/repo/releases/download/", "jit-libs-x")
+    assert isinstance(t, publish.GhReleaseTarget) and t.repo == "org/repo"
     t = publish.target_for("http://127.0.0.1:8000/releases", "jit-libs-x")
     assert isinstance(t, publish.HttpTarget) and t.url == "http://127.0.0.1:8000/releases/jit-libs-x"
     assert isinstance(publish.target_for("build/jit-store", "jit-libs-x"), publish.FolderTarget)
