@@ -105,7 +105,8 @@ def units(cb) -> list[Unit]:
         event = next(e for e in EVENTS if e in wf["on"])
         for job_id, job in wf["jobs"].items():
             if "uses" in job:  # a call of a reusable workflow: its jobs are listed (and run) under that file
-                out.append(Unit(path.name, job_id, None, event, f"calls {job['uses']}, whose jobs are listed under it"))
+                out.append(Unit(path.name, job_id, None, event,
+                                why_not=f"calls {job['uses']}, whose jobs are listed under it"))
                 continue
             step_builds = [m.group(1) for s in job.get("steps", [])
                            if (m := re.search(r'ci/build\.py --build "?(\w+)"?$', s.get("run", "")))]
@@ -119,7 +120,7 @@ def units(cb) -> list[Unit]:
                          tuple([needs] if isinstance(needs, str) else needs))
                 u.why_not = _why_not(build, runner, container, cb)
                 blocked = [n for n in u.needs if any(o.workflow == u.workflow and o.job == n and o.why_not for o in out)]
-                if blocked:  # the first thing missing here
+                if blocked and (not u.why_not or u.why_not.startswith("needs ")):  # hardware first, then the order
                     u.why_not = f"needs the job {', '.join(blocked)}, which cannot run here"
                 out.append(u)
     return out

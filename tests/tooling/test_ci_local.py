@@ -44,6 +44,8 @@ def test_every_job_of_every_workflow_gets_a_verdict():
     for name in ("pr_cpu", "pr_convergence_gate", "nightly_cpu_sanitize", "nightly_cpu_tsan", "nightly_cpu_bench_smoke",
                  *(f"jit_libs_cpu_{m}" for m in cb.jit_modules())):
         assert by_build[name].why_not == "", (name, by_build[name].why_not)
+    call = next(u for u in units if (u.workflow, u.job) == ("ci.yml", "jit"))
+    assert call.why_not == "calls ./.github/workflows/jit-libs.yml, whose jobs are listed under it" and not call.needs
     producer = {u.job: u.why_not for u in units if u.workflow == "jit-libs.yml" and not u.build}
     assert all(producer[f"{j}_cpu"] == "" for j in ("plan", "merge", "publish", "check")), producer
     assert producer["merge_rocm"] == "needs the job shards_rocm, which cannot run here"
