@@ -13,6 +13,7 @@ before any virtual environment exists.
     python3 ci/build.py --build pr_cpu [--dry_run]
     python3 ci/build.py --matrix pr --event pull_request   # a workflow's matrix (JSON, also to $GITHUB_OUTPUT)
     PYTHONDONTWRITEBYTECODE=1 python3 ci/build.py --dump_commands > ci/golden_commands.txt  # after changing a build
+    python3 ci/build.py --workflows            # write runners, timeouts and the Python version into the workflows
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from jatools import atomic_write, config, steps
-from jatools.ci import env_report
+from jatools.ci import env_report, workflow_facts
 from jatools.native import jit_build
 
 ENV_REPORT = ("invoke", "env-report", "--json-out", env_report.CI_REPORT)
@@ -69,6 +70,12 @@ ROCM_GPU_OPTIONS = ("--device=/dev/kfd", "--device=/dev/dri", "--group-add", "vi
 CUDA_GPU_OPTIONS = ("--gpus", "all", "--ipc=host", "--shm-size=64G")
 
 UBUNTU = Runner("ubuntu-24.04")
+# The runner labels GitHub hosts (every other label is a self-hosted pool, declared for actionlint in
+# .github/actionlint.yaml), and the runner of the jobs that run no build of their own: the plan jobs, which print
+# the matrices. `python3 ci/build.py --workflows` writes these, the builds' runners and timeouts and the Python
+# version into the workflows (docs/ci.md).
+GITHUB_HOSTED = frozenset({UBUNTU.label})
+PLAN_RUNNER = UBUNTU
 UBUNTU_THEROCK = Runner("ubuntu-24.04", container=THEROCK_DEV)
 UBUNTU_CUDA = Runner("ubuntu-24.04", container=CUDA_DEVEL)
 BUILD_ONLY_ROCM = Runner("build-only-jax-aiter", container=THEROCK_DEV)
@@ -227,9 +234,15 @@ Build(name="multigpu_cuda_h200_2gpu", group="multigpu", runner=H200_2, env=CUDA_
       description="Multi-GPU: sharded cases (multigpu tier) across 2x H200, unpinned",
       steps=(FETCH_JIT, Nox("tests", env=(("JA_TEST_TIER", "multigpu"),))))
 
-# The JIT-library producer: the only builds that compile JIT libraries. One shard per (backend, module)
-# on build-only runners with no GPU; the merge step joins the shards into one manifest, then publishes.
-for _backend, _runner, _env in (("rocm", BUILD_ONLY_ROCM, ROCM_ENV), ("cuda", BUILD_ONLY_CUDA, CUDA_ENV)):
+# The JIT-library producer: the only builds that compile GPU JIT libraries. One shard per (backend, module)
+# on build-only runners with no GPU; the merge step joins the shards into one manifest and stages it as this
+# run's store; the publish step uploads it where consumers fetch from (JA_FETCH_BASE_URL: the repository's
+# releases through gh, or an HTTP store that takes PUT), and the check step fetches it back from there, pinned to
+# the bytes the merge staged. The CPU backend runs the same chain on a GitHub-hosted runner in minutes: jit-libs.yml
+# runs it when asked (its `backends` input), and `nox -s ci_local` runs it against a store on 127.0.0.1 as the
+# stand-in for the GPU backends' runners and containers; no CI job consumes CPU libraries.
+PRODUCER_BACKENDS = (("rocm", BUILD_ONLY_ROCM, ROCM_ENV), ("cuda", BUILD_ONLY_CUDA, CUDA_ENV), ("cpu", UBUNTU, CPU_ENV))
+for _backend, _runner, _env in PRODUCER_BACKENDS:
     Build(name=f"jit_libs_plan_{_backend}", group="jit_libs", runner=UBUNTU, env=_env, timeout_minutes=15,
           description=f"JIT producer ({_backend}): reuse or rebuild? (decision= and rebuild= to $GITHUB_OUTPUT)",
           steps=(Invoke("jit.decide"),))
@@ -244,8 +257,13 @@ for _backend, _runner, _env in (("rocm", BUILD_ONLY_ROCM, ROCM_ENV), ("cuda", BU
           steps=(Invoke("jit.merge-manifests", ("--from", "build/jit-shards")), Invoke("verify"),
                  Invoke("jit.publish", ("--to", JIT_STORE))))
     Build(name=f"jit_libs_publish_{_backend}", group="jit_libs", runner=UBUNTU, env=_env, timeout_minutes=60,
-          description=f"JIT producer ({_backend}): compress, verify and upload the merged libraries (write access)",
-          steps=(Invoke("verify"), Invoke("jit.publish")))
+          description=f"JIT producer ({_backend}): compress, verify and upload the merged libraries where consumers "
+                      "fetch from (write access)",
+          steps=(Invoke("verify"), Invoke("jit.publish", ("--to", "${JA_FETCH_BASE_URL}"))))
+    Build(name=f"jit_libs_check_{_backend}", group="jit_libs", runner=UBUNTU, env=_env, timeout_minutes=30,
+          description=f"JIT producer ({_backend}): a consumer fetches the published libraries back, pinned to the "
+                      f"ones the merge staged ({JIT_STORE})",
+          steps=(Invoke("jit.fetch", ("--pins-from", JIT_STORE)),))
 
 Build(name="weekly_convergence", group="convergence", runner=MI355_1, env=ROCM_ENV, timeout_minutes=120,
       description="Weekly: a small LM trained with the kernels and with plain JAX must reach the same loss "
@@ -372,6 +390,27 @@ def check_release_tag(env: dict[str, str]) -> str:
     return name
 
 
+def workflow_files() -> dict[Path, str]:
+    """Each workflow, and actionlint's runner labels, with this file's facts written in (docs/ci.md)."""
+    def facts(name: str) -> tuple[str, int]:
+        return get_build(name).runner.label, get_build(name).timeout_minutes
+
+    python = config.python_version(ROOT)
+    files = {p: workflow_facts.workflow(p.read_text(), facts, PLAN_RUNNER.label, python)
+             for p in sorted((ROOT / ".github" / "workflows").glob("*.yml"))}
+    labels = sorted({b.runner.label for b in Build.all_builds().values()} - GITHUB_HOSTED)
+    lint = ROOT / ".github" / "actionlint.yaml"
+    return {**files, lint: workflow_facts.actionlint_config(lint.read_text(), labels)}
+
+
+def write_workflows() -> list[Path]:
+    """Write the files workflow_files() changes; returns them."""
+    changed = [p for p, text in workflow_files().items() if p.read_text() != text]
+    for p in changed:
+        atomic_write.write_text(p, workflow_files()[p])
+    return changed
+
+
 def list_builds() -> str:
     lines = []
     by_group = sorted(Build.all_builds().values(), key=lambda b: b.group)
@@ -392,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--matrix", metavar="GROUP", help="print a GitHub matrix of the group's builds as JSON")
     mode.add_argument("--jit-inputs-changed", action="store_true",
                       help="did $JA_BASE_REV...HEAD change an input of the JIT cache id? (jit_changed= to $GITHUB_OUTPUT)")
+    mode.add_argument("--workflows", action="store_true",
+                      help="write this file's facts (runners, timeouts, Python version) into .github/workflows")
     mode.add_argument("--check-release-tag", action="store_true",
                       help="fail unless the workflow runs on a version tag ($GITHUB_REF_TYPE, $GITHUB_REF_NAME)")
     p.add_argument("--dry_run", action="store_true", help="with --build: print the commands without running them")
@@ -413,6 +454,9 @@ def main(argv: list[str] | None = None) -> int:
             changed, why = jit_inputs_changed(os.environ.get("JA_BASE_REV"))
             print(f"jit_changed={'true' if changed else 'false'} ({why})")
             steps.github_output({"jit_changed": "true" if changed else "false"})
+        elif args.workflows:
+            changed = write_workflows()
+            print("\n".join(f"wrote {p.relative_to(ROOT)}" for p in changed) or "the workflows are up to date")
         elif args.check_release_tag:
             print(f"release tag: {check_release_tag(dict(os.environ))}")
         else:

@@ -32,18 +32,32 @@ def _matches(paths: str) -> list[Path]:
     return found
 
 
+def _root(paths: str) -> Path:
+    """The folder an artifact's paths are stored relative to, as actions/upload-artifact chooses it: the least common
+    ancestor of the search paths (each pattern up to its first glob segment); one file alone: its folder."""
+    search = []
+    for pattern in filter(None, (p.strip().rstrip("/") for p in paths.splitlines())):
+        parts = Path(pattern).parts
+        literal = next((i for i, part in enumerate(parts) if glob.has_magic(part)), len(parts))
+        search.append(Path(*parts[:literal]) if literal else Path("."))
+    if len(search) == 1 and search[0].is_file():
+        return search[0].parent
+    return Path(os.path.commonpath([str(p) for p in search]))
+
+
 def upload(name: str, if_none: str, paths: str) -> int:
-    files = _matches(paths)
+    found = _matches(paths)
+    files = [f for p in found for f in ([q for q in sorted(p.rglob("*")) if q.is_file()] if p.is_dir() else [p])]
     if not files:
         print(f"upload-artifact (stand-in): no files for {name!r} ({if_none})")
         return 1 if if_none == "error" else 0
-    dest = _store() / name
+    dest, root = _store() / name, _root(paths)
     shutil.rmtree(dest, ignore_errors=True)
     for f in files:
-        target = dest / f
+        target = dest / f.relative_to(root)
         target.parent.mkdir(parents=True, exist_ok=True)
-        (shutil.copytree if f.is_dir() else shutil.copy2)(f, target, **({"dirs_exist_ok": True} if f.is_dir() else {}))
-    print(f"upload-artifact (stand-in): {name}: {len(files)} path(s) -> {dest}")
+        shutil.copy2(f, target)
+    print(f"upload-artifact (stand-in): {name}: {len(files)} file(s) from {root}/ -> {dest}")
     return 0
 
 

@@ -11,7 +11,7 @@ Order of work, so that nothing half-made is ever visible:
    is complete and is never overwritten.
 
 The upload target is swappable: a folder, a file:// URL, an HTTP(S) server that
-takes PUT, or a GitHub release (`gh release upload`, run through a runner the
+takes PUT, or a GitHub release (named as gh[:OWNER/REPO] or by its release-download URL) (`gh release upload`, run through a runner the
 caller may replace, e.g. invoke's context). Each has a `description`,
 `existing_manifest()` (the published manifest, else None) and `upload(paths)`
 (called for the parts, then for the manifest alone).
@@ -36,7 +36,7 @@ from pathlib import Path
 
 from jatools import config
 from jatools.native import jit_build
-from jax_aiter import __version__, blob, fetch, remedies, reuse_gate
+from jax_aiter import __version__, blob, fetch, provenance, remedies, reuse_gate
 from jax_aiter import manifest as mf
 from jax_aiter.integrity import (
     RECORD_NAME,
@@ -352,9 +352,12 @@ class GhReleaseTarget:
 
 def target_for(spec: str, tag: str, runner: Runner | None = None,
                notes: str = "") -> FolderTarget | HttpTarget | GhReleaseTarget:
-    """`gh` or `gh:OWNER/REPO`, an http(s):// URL, a file:// URL, or a folder."""
-    if spec == "gh" or spec.startswith("gh:"):
-        return GhReleaseTarget(tag, spec[3:] or None, runner or subprocess_runner, notes)
+    """`gh` or `gh:OWNER/REPO`, a GitHub repository's release-download URL (JA_FETCH_BASE_URL on GitHub: its
+    releases, through gh), another http(s):// URL, a file:// URL, or a folder: so a job can publish to the base URL
+    its consumers fetch from."""
+    repo = provenance.github_repo(spec)
+    if spec == "gh" or spec.startswith("gh:") or repo:
+        return GhReleaseTarget(tag, repo or spec[3:] or None, runner or subprocess_runner, notes)
     if spec.startswith(("http://", "https://")):
         return HttpTarget(spec, tag, fetch.FetchOptions.from_env())
     return FolderTarget(Path(urllib.request.url2pathname(fetch.as_url(spec)[len("file://"):])), tag)

@@ -266,14 +266,20 @@ def snapshot(folder: Path) -> dict[str, tuple[str, int]]:
             for p in sorted(folder.iterdir()) if p.is_file()}
 
 
+def hermetic_environ() -> dict[str, str]:
+    """This process's environment less the store a CI job names: a workflow sets JA_FETCH_BASE_URL for every job
+    (nox -s ci_local found pr_cpu's fetch tests reaching the job's store instead of their own server through it)."""
+    return {k: v for k, v in os.environ.items() if k != "JA_FETCH_BASE_URL"}
+
+
 def run_py(args: list[str], env: dict[str, str] | None = None, **kw) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **FAST_FETCH_ENV, **(env or {})}
+    full_env = {**hermetic_environ(), "PYTHONPATH": str(REPO), **FAST_FETCH_ENV, **(env or {})}
     return subprocess.run([sys.executable, *args], check=False, capture_output=True, text=True, env=full_env, cwd=REPO,
                           timeout=60, **kw)
 
 
 def popen_py(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **FAST_FETCH_ENV, **(env or {})}
+    full_env = {**hermetic_environ(), "PYTHONPATH": str(REPO), **FAST_FETCH_ENV, **(env or {})}
     return subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=full_env, cwd=REPO)
 

@@ -30,7 +30,10 @@ def test_collection_has_the_contract_names(tasks):
     assert {"verify", "jit.fetch", "jit.publish", "jit.decide"} <= names and "jit.verify" not in names
 
 
-def test_publish_to_a_github_release_runs_these_gh_commands_in_this_order(tasks, checkout):
+# The repository's release-download URL (JA_FETCH_BASE_URL on GitHub, where the producer's publish job sends
+# `--to`) is its releases: the same gh commands as gh:OWNER/REPO.
+@pytest.mark.parametrize("to", ["gh:ROCm/jax-aiter", "https://github.com/ROCm/jax-aiter/releases/download"])
+def test_publish_to_a_github_release_runs_these_gh_commands_in_this_order(tasks, checkout, to):
     ident = checkout_identity(checkout)
     write_build(checkout / "build/aiter_build", ident)
     tag = reuse_gate.release_tag(ident["cache_id"])
@@ -40,7 +43,7 @@ def test_publish_to_a_github_release_runs_these_gh_commands_in_this_order(tasks,
         re.compile(r"^gh release create "): Result(exited=0),
         re.compile(r"^gh release upload "): [Result(exited=0), Result(exited=0)],
     }, repeat=False)
-    tasks.jit_publish(c, to="gh:ROCm/jax-aiter", level="3", window_log="20")
+    tasks.jit_publish(c, to=to, level="3", window_log="20")
     cmds = [call.args[0] for call in c.run.call_args_list]
     stage = checkout / "build/jit-libs-publish" / tag
     assert cmds[0] == f"gh release download {tag} --pattern {mf.MANIFEST_NAME} --output - --repo ROCm/jax-aiter"
@@ -49,6 +52,18 @@ def test_publish_to_a_github_release_runs_these_gh_commands_in_this_order(tasks,
                        + " --clobber --repo ROCm/jax-aiter")
     assert cmds[-1] == f"gh release upload {tag} {stage / mf.MANIFEST_NAME} --clobber --repo ROCm/jax-aiter"
     assert len(cmds) == 6
+
+
+def test_publish_targets_by_name():
+    """A GitHub release-download URL is that repository's releases; any other URL is an HTTP store that takes PUT
+    (the store ci_local serves), anything else a folder."""
+    from jatools.jitlibs import publish
+
+    t = publish.target_for("https://github.com/org/repo/releases/download/", "jit-libs-x")
+    assert isinstance(t, publish.GhReleaseTarget) and t.repo == "org/repo"
+    t = publish.target_for("http://127.0.0.1:8000/releases", "jit-libs-x")
+    assert isinstance(t, publish.HttpTarget) and t.url == "http://127.0.0.1:8000/releases/jit-libs-x"
+    assert isinstance(publish.target_for("build/jit-store", "jit-libs-x"), publish.FolderTarget)
 
 
 def test_gh_failure_becomes_exit_with_the_command_and_reason(tasks, checkout):

@@ -31,15 +31,21 @@ FORK_GUARD = ("github.event_name != 'pull_request' || "
               "github.event.pull_request.head.repo.full_name == github.repository")
 CONCURRENCY_GROUP = "${{ github.workflow }}-${{ github.head_ref || github.ref }}"
 CANCEL_ON_PRS = "${{ github.event_name == 'pull_request' }}"
-# Builds allowed to run in a job with write permission (uploads and publishing only).
-WRITE_BUILDS = {"release_upload", "validation_image", "jit_libs_publish_rocm", "jit_libs_publish_cuda"}
-GITHUB_HOSTED = {"ubuntu-24.04"}
 REQUIRED = {"ci.yml", "jit-libs.yml", "validation-image.yml", "release.yml", "nightly.yml", "multigpu.yml",
             "weekly-convergence.yml"}
 
 
 ci_build = act_local.load_ci_build(ROOT)
 BUILDS = ci_build.Build.all_builds()
+BACKENDS = [b for b, _runner, _env in ci_build.PRODUCER_BACKENDS]
+# Builds allowed to run in a job with write permission (uploads and publishing only).
+WRITE_BUILDS = {"release_upload", "validation_image", *(f"jit_libs_publish_{b}" for b in BACKENDS)}
+GITHUB_HOSTED = ci_build.GITHUB_HOSTED
+# Where the JIT-library releases live: the repository variable when set (nox -s ci_local sets it to its store on
+# 127.0.0.1), else the repository's own releases.
+FETCH_BASE_URL = ("${{ vars.JA_FETCH_BASE_URL || format('{0}/{1}/releases/download', github.server_url, "
+                  "github.repository) }}")
+REFRESH = "python3 ci/build.py --workflows"
 
 
 def load(path: Path) -> dict:
@@ -196,6 +202,44 @@ MATRIX_JOB = {"runs-on": "${{ matrix.runner }}", "timeout-minutes": "${{ matrix.
               "container": {"image": "${{ matrix.container }}", "options": "${{ matrix.options }}"}}
 
 
+def test_the_workflows_carry_ci_build_facts() -> None:
+    """Runners, timeouts, the Python version and actionlint's runner labels are ci/build.py's: each checked-in file
+    is what `python3 ci/build.py --workflows` writes."""
+    stale = [p.relative_to(ROOT) for p, text in ci_build.workflow_files().items() if p.read_text() != text]
+    assert not stale, f"{', '.join(map(str, stale))} differ from ci/build.py; run `{REFRESH}`"
+
+
+def test_the_refresh_writes_each_fact_and_leaves_the_rest() -> None:
+    """A stale runner, timeout and Python version are written back, a matrix job's runner and every other line are
+    left as they are; a job that runs no build gets the plan runner."""
+    path = ROOT / ".github" / "workflows" / "jit-libs.yml"
+    good = path.read_text()
+    merge = ci_build.get_build("jit_libs_merge_cpu")
+    python = ci_build.config.python_version(ROOT)
+    stale = good.replace(f'python-version: "{python}"', 'python-version: "3.99"')
+    head, tail = stale.split("\n  merge_cpu:\n", 1)
+    tail = tail.replace(f"    runs-on: {merge.runner.label}\n", "    runs-on: some-old-label\n", 1)
+    tail = tail.replace(f"        timeout-minutes: {merge.timeout_minutes}\n", "        timeout-minutes: 999\n", 1)
+    stale = head + "\n  merge_cpu:\n" + tail
+    assert stale.count("3.99") > 1 and "some-old-label" in stale and "999" in stale
+    from jatools.ci import workflow_facts
+
+    facts = lambda name: (BUILDS[name].runner.label, BUILDS[name].timeout_minutes)
+    assert workflow_facts.workflow(stale, facts, ci_build.PLAN_RUNNER.label, python) == good
+    plan = load(ROOT / ".github" / "workflows" / "ci.yml")["jobs"]["plan"]
+    assert plan["runs-on"] == ci_build.PLAN_RUNNER.label
+
+
+def test_every_workflow_fetches_from_one_place() -> None:
+    """JA_FETCH_BASE_URL is the same expression in every workflow that sets it: the repository variable, else its
+    releases; the producer publishes there too (jit.publish --to ${JA_FETCH_BASE_URL})."""
+    envs = [load(p).get("env", {}) for p in WORKFLOWS]
+    assert {e["JA_FETCH_BASE_URL"] for e in envs if "JA_FETCH_BASE_URL" in e} == {FETCH_BASE_URL}
+    for b in BACKENDS:
+        assert ci_build.get_build(f"jit_libs_publish_{b}").commands()[-1][-3:] == \
+            ["jit.publish", "--to", "${JA_FETCH_BASE_URL}"]
+
+
 def test_jobs_match_their_builds() -> None:
     """A job names its build's runner, container, options and timeout, or takes each from the build's matrix
     entry (which ci/build.py --matrix writes from the same data)."""
@@ -303,10 +347,20 @@ def test_a_kernel_change_runs_the_producer_in_the_same_run_and_its_gpu_jobs_take
     assert f"'{ci_build.JIT_STORE}'" in run["env"]["JA_FETCH_BASE_URL"]
     producer = load(ROOT / ".github" / "workflows" / "jit-libs.yml")
     assert set(producer["on"]) == {"workflow_call", "workflow_dispatch"}
-    for b in ("rocm", "cuda"):
-        assert producer["jobs"][f"publish_{b}"]["if"] == \
-            "github.event_name == 'push' || github.event_name == 'workflow_dispatch'"
+    for event in producer["on"].values():  # rocm and cuda unless asked; cpu on request (and under ci_local)
+        assert event["inputs"]["backends"]["default"] == "rocm cuda"
+    for b in BACKENDS:
+        jobs = producer["jobs"]
+        assert jobs[f"plan_{b}"]["if"] == f"contains(inputs.backends, '{b}')"
+        assert jobs[f"publish_{b}"]["if"] == "github.event_name == 'push' || github.event_name == 'workflow_dispatch'"
         assert ["verify", "jit.publish"] == [s.task for s in ci_build.get_build(f"jit_libs_merge_{b}").steps][1:]
+        # the consumer: a fresh job fetches the published release, pinned to the libraries the merge staged
+        check = jobs[f"check_{b}"]
+        assert check["needs"] == f"publish_{b}"
+        store = [s for s in check["steps"] if s.get("uses", "").startswith("actions/download-artifact@")]
+        assert store[0]["with"] == {"name": f"jit-store-{b}", "path": ci_build.JIT_STORE}
+        assert ci_build.get_build(f"jit_libs_check_{b}").commands()[-1][-3:] == \
+            ["jit.fetch", "--pins-from", ci_build.JIT_STORE]
     # the gate itself: HEAD against HEAD changes nothing; the parent of a commit that touched the kernels does
     assert ci_build.jit_inputs_changed("HEAD")[0] is False
     touched = subprocess.run(["git", "log", "-1", "--format=%H", "--", "csrc/kernels"], check=False, cwd=ROOT, capture_output=True,
