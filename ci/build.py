@@ -269,7 +269,7 @@ Build(name="weekly_convergence", group="convergence", runner=MI355_1, env=ROCM_E
       description="Weekly: a small LM trained with the kernels and with plain JAX must reach the same loss "
                   "(float32 and bfloat16, 1x MI355); logs summarised to the job summary",
       steps=(FETCH_JIT, *NATIVE,
-             Nox("convergence", ("--steps", "300", "--out", "build/convergence/float32")),
+             Nox("convergence", ("--steps", "300", "--repeats", "3", "--out", "build/convergence/float32")),
              Nox("convergence", ("--steps", "300", "--dtype", "bfloat16", "--repeats", "3",
                                  "--out", "build/convergence/bfloat16"))))
 
