@@ -23,8 +23,9 @@ py=$(command -v "${PYTHON:-python3}")
 # shellcheck source=ci/gpu/steps.sh
 . ci/gpu/steps.sh
 
-bin=$(mktemp -d)  # python3.12 on PATH for scripts/run.sh and nox: the host's interpreter
-ln -s "$py" "$bin/python3.12"
+bin=$(mktemp -d)  # python<X.Y> (the project's Python) on PATH for scripts/run.sh and nox: the host's interpreter
+pyv=$("$py" -c 'from jatools.config import python_version; print(python_version())') || exit 1
+ln -s "$py" "$bin/python$pyv"
 export PATH="$bin:$PATH" PYTHONUNBUFFERED=1 CI=true JA_BACKEND="${JA_BACKEND:-cuda}" GPU_ARCHS="${GPU_ARCHS-sm_90}"
 idx=$(mktemp -d)
 "$py" ci/gpu/offline_index.py index "$idx" --carried "$wheels" || exit 1

@@ -4,7 +4,7 @@
     python3 ci/gpu/offline_index.py download DEST [--on-host NAME ...]   # here, online: the wheels the host may lack
     python3 ci/gpu/offline_index.py index DEST --carried DIR                # there: DEST = carried + repacked
 
-`download` fetches (pip download, cp312 manylinux x86_64) every package of pyproject's test, build, run, bench
+`download` fetches (pip download, CPython at the project's Python version, manylinux x86_64) every package of pyproject's test, build, run, bench
 and wheel groups with its dependencies, but not the JAX stack, numpy or scipy (the GPU host has them installed)
 nor nvidia-cutlass's Python dependencies (the sessions install it --no-deps). `--on-host` names more packages
 the GPU host has installed (its image's list: the device's KINDS.md), left out to keep what travels small.
@@ -12,8 +12,8 @@ the GPU host has installed (its image's list: the device's KINDS.md), left out t
 on the host that something needs and no carried wheel provides: the GPU plugin and PJRT, the groups'
 requirements and the carried wheels' own (what they require in turn too). Then it checks that every group
 requirement has a wheel in DEST whose version satisfies it, naming each that has none. Point pip and uv at DEST
-(PIP_NO_INDEX=1 PIP_FIND_LINKS=DEST UV_OFFLINE=1 UV_NO_INDEX=1 UV_FIND_LINKS=DEST). Standard library only
-(plus the host's packaging, or pip's vendored copy).
+(PIP_NO_INDEX=1 PIP_FIND_LINKS=DEST UV_OFFLINE=1 UV_NO_INDEX=1 UV_FIND_LINKS=DEST). Standard library and
+jatools only (plus the host's packaging, or pip's vendored copy).
 """
 from __future__ import annotations
 
@@ -30,6 +30,10 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # jatools: the Python version's one home (pyproject's requires-python floor)
+
+from jatools.config import python_version
+
 GROUPS = ("test", "build", "run", "bench", "wheel")
 ON_THE_HOST = {"jax", "jaxlib", "numpy", "scipy"}  # present on the GPU host, large: never carried
 HEADERS_ONLY = {"nvidia-cutlass"}  # installed --no-deps by the sessions (noxfile.HEADERS_ONLY)
@@ -57,7 +61,7 @@ def download(dest: Path, on_host: set[str] = frozenset()) -> int:
     on_host = ON_THE_HOST | {norm(n) for n in on_host}
     reqs = [r for r in group_requirements() if norm(Requirement(r).name) not in on_host | HEADERS_ONLY]
     common = [sys.executable, "-m", "pip", "download", "-q", "-d", str(dest), "--only-binary=:all:",
-              "--python-version", "3.12", "--implementation", "cp", "--platform", "manylinux_2_28_x86_64",
+              "--python-version", python_version(), "--implementation", "cp", "--platform", "manylinux_2_28_x86_64",
               "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64"]
     headers = [r for r in group_requirements() if norm(Requirement(r).name) in HEADERS_ONLY]
     for argv in ([*common, *reqs], [*common, "--no-deps", *headers]):
