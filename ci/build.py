@@ -181,7 +181,7 @@ PR_TIER = (("JA_TEST_TIER", "pr"),)
 # The producer's merge job publishes the merged libraries to this folder (jit-libs-<cache id>/, content-addressed)
 # and uploads it as the run's artifact jit-store-<backend>; a GPU job of the same run fetches from it
 # (JA_FETCH_BASE_URL=build/jit-store) when the producer rebuilt, so a kernel PR's GPU jobs test its own kernels.
-JIT_STORE = "build/jit-store"
+JIT_STORE = config.build_path("jit_store").as_posix()
 # The release base URL is JA_FETCH_BASE_URL (the workflows set it; fetch, decide and the lite wheel read it).
 FETCH_JIT = Invoke("jit.fetch")
 NATIVE = (Nox("umbrella", installs=False), Nox("ja_mods", installs=False))
@@ -254,7 +254,7 @@ for _backend, _runner, _env in PRODUCER_BACKENDS:
     Build(name=f"jit_libs_merge_{_backend}", group="jit_libs", runner=UBUNTU, env=_env, timeout_minutes=30,
           description=f"JIT producer ({_backend}): merge the shards into build/aiter_build with one manifest, verify, "
                       f"and stage them as a store in {JIT_STORE} (this run's consumers fetch from it)",
-          steps=(Invoke("jit.merge-manifests", ("--from", "build/jit-shards")), Invoke("verify"),
+          steps=(Invoke("jit.merge-manifests", ("--from", config.build_path("jit_shards").as_posix())), Invoke("verify"),
                  Invoke("jit.publish", ("--to", JIT_STORE))))
     Build(name=f"jit_libs_publish_{_backend}", group="jit_libs", runner=UBUNTU, env=_env, timeout_minutes=60,
           description=f"JIT producer ({_backend}): compress, verify and upload the merged libraries where consumers "

@@ -55,6 +55,7 @@ BUILD_TREE = {
     "reports": "reports",               # the wheel builds' JSON reports
     "jit_publish": "jit-libs-publish",  # a JIT-library release staged for publishing
     "jit_shards": "jit-shards",         # the JIT producer's per-module shards, before the merge
+    "jit_store": "jit-store",           # a run's own JIT-library store (a kernel PR's producer publishes there)
     "release": "release",               # the release's log per stage
     "test_results": "test-results",     # the tiers' JSON results
 }

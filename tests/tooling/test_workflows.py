@@ -421,3 +421,17 @@ def test_every_container_job_names_its_image_for_the_environment_report() -> Non
             assert job.get("env", {}).get("JA_CONTAINER_IMAGE") == image, f"{name}:{job_id}"
     assert all(b.commands()[0][-3:] == ["env-report", "--json-out", "build/ci/env-report.json"]
                for b in BUILDS.values())
+
+
+def test_the_producers_shard_artifacts_use_the_build_folder_of_the_shards() -> None:
+    """The shards jit-libs.yml's merge jobs download lie where ci/build.py's merge reads them from: the
+    build-folder table's jit_shards (config.BUILD_TREE, the one home of build folder names)."""
+    from jatools import config
+
+    producer = load(ROOT / ".github" / "workflows" / "jit-libs.yml")
+    paths = {s["with"]["path"].rstrip("/") for job in producer["jobs"].values() for s in job.get("steps", [])
+             if s.get("uses", "").startswith("actions/download-artifact@")
+             and "shard" in str(s["with"].get("name", s["with"].get("pattern", "")))}
+    assert paths == {config.build_path("jit_shards").as_posix()}
+    assert ("--from", config.build_path("jit_shards").as_posix()) == tuple(
+        next(c for c in ci_build.dump_commands().splitlines() if "jit.merge-manifests" in c).split()[-2:])
