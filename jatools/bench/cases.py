@@ -109,7 +109,7 @@ def corpus_build(ctx: Context, name: str, scale: float) -> tuple[Corpus, Path, d
     """(corpus, jit_dir, identity, build record, settings): the corpus of `scale` as a build folder of `name`'s work,
     with this checkout's identity (CPU backend): what a real publish would carry."""
     c = corpus_of(ctx, scale)
-    jit_dir = ctx.work(name) / "aiter_build"
+    jit_dir = ctx.work(name) / config.BUILD_TREE["jit"]
     link_tree(c, jit_dir)
     settings = ctx.settings()
     ident = jit_build.checkout_identity(settings)[0]
@@ -249,7 +249,7 @@ def inflated_build(ctx: Context, build: Path) -> None:
         raise AnchorMissing(f"the native CPU build is missing {', '.join(missing)}; build it with "
                             f"`export JA_BACKEND=cpu; {remedies.door('native')}`")
     c = corpus_of(ctx)
-    record_src = (src / "aiter_build" / RECORD_NAME).read_text()
+    record_src = (src / config.BUILD_TREE["jit"] / RECORD_NAME).read_text()
     stamp = build / "inflated.json"
     key = f"{c.folder}:{sorted(c.files.items())}:{hash(record_src)}"
     if stamp.is_file() and stamp.read_text() == key:
@@ -269,9 +269,10 @@ def inflated_build(ctx: Context, build: Path) -> None:
         entry = file_entry(dst)
         record["files"] = [entry if f["name"] == name else f for f in record["files"]]
         record["modules"][spec.module]["file"] = entry
-    (build / "aiter_build" / RECORD_NAME).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    (build / config.BUILD_TREE["jit"] / RECORD_NAME).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     # The umbrella and shims are hard links of the linked files, so make's record of them holds as it is.
-    os.link(src / "jax_aiter_build" / RECORD_NAME, build / "jax_aiter_build" / RECORD_NAME)
+    umbrella = config.BUILD_TREE["umbrella"]
+    os.link(src / umbrella / RECORD_NAME, build / umbrella / RECORD_NAME)
     stamp.write_text(key)
 
 
@@ -288,7 +289,7 @@ def bench_wheel_full(ctx: Context) -> Result:
     inflated_build(ctx, build)
     settings = ctx.settings(JA_BUILD_DIR=str(build))
     ours_dist, anchor_dist = work / "dist-ours", work / "dist-anchor"
-    stage = build / "wheel_stage" / "full"
+    stage = settings.path("wheel_stage") / "full"
     sizes: dict[str, int] = {}
     phases: list[dict] = []  # wheel_build's own phase times (verify, stage, pack, read_back) per run
 
@@ -372,7 +373,7 @@ def bench_incremental(ctx: Context) -> Result:
     build_jit = [sys.executable, "jax_aiter/jit/build_jit.py", "-j", "2"]
     run_command(["make", "-j2", "umbrella"], cwd=scratch, env=env)
     cold = timed(lambda: run_command(build_jit, cwd=scratch, env=env))
-    build = scratch / "build" / "aiter_build"
+    build = scratch / "build" / config.BUILD_TREE["jit"]
     total = len(instance_objects(build))
     spec = json.loads((scratch / "jax_aiter/jit/optCompilerConfig.json").read_text())["modules"][module]
     template = scratch / spec["templates"]["cpu"]
