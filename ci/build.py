@@ -405,9 +405,10 @@ def workflow_files() -> dict[Path, str]:
 
 def write_workflows() -> list[Path]:
     """Write the files workflow_files() changes; returns them."""
-    changed = [p for p, text in workflow_files().items() if p.read_text() != text]
+    files = workflow_files()
+    changed = [p for p, text in files.items() if p.read_text() != text]
     for p in changed:
-        atomic_write.write_text(p, workflow_files()[p])
+        atomic_write.write_text(p, files[p])
     return changed
 
 
