@@ -24,6 +24,8 @@ from pathlib import Path
 
 import yaml
 
+from jatools import config
+from jatools.ci import workflow_facts
 from jatools.ci.local_store import LocalStore
 
 ROOT = Path(os.environ.get("JA_ROOT_DIR") or Path(__file__).resolve().parents[2])  # the checkout whose workflows run
@@ -109,7 +111,7 @@ def units(cb) -> list[Unit]:
                                 why_not=f"calls {job['uses']}, whose jobs are listed under it"))
                 continue
             step_builds = [m.group(1) for s in job.get("steps", [])
-                           if (m := re.search(r'ci/build\.py --build "?(\w+)"?$', s.get("run", "")))]
+                           if (m := workflow_facts.NAMED_BUILD.search(s.get("run", "")))]
             matrix = _matrix_builds(wf, job, cb)
             for build in matrix if matrix is not None else (step_builds or [None]):
                 runner = cb.get_build(build).runner.label if matrix is not None else job["runs-on"]
@@ -267,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     cb = load_ci_build()
     every = units(cb)
     todo = selected(every, a.jobs)
-    log_dir = ROOT / "build" / "ci-local"
+    log_dir = ROOT / config.build_path("ci_local")
     log_dir.mkdir(parents=True, exist_ok=True)
     for u in todo:
         u.result = f"not runnable here ({u.why_not})" if u.why_not else ("would run" if a.list else "")
