@@ -12,7 +12,7 @@ into the stream and normalises it in one call. A decode step writes the new toke
 values into the cache (donated, updated in place) and attends over the whole cache.
 
 Used by benchmarks/gpu/model_bench.py at full size on a GPU and by
-tests/tooling/test_model_agreement.py at a tiny size on the CPU.
+tests/ops/test_model.py at a tiny size on the CPU.
 """
 from __future__ import annotations
 
