@@ -89,12 +89,16 @@ def validate_wheel(wheel: Path, opts: Options, engine: cenv.Probe | None, wh: Pa
     result = WheelResult(wheel.name, sha256_file(wheel), variant, str(parse_wheel_filename(wheel.name)[1]), backend,
                          "")
     opts.log(f"cleanroom: {variant}: {wheel.name}")
-    if not _timed(result, "wheel-record", "wheel",
-                  lambda: (f"{wheel_scan.verify_record(wheel)} files match the wheel's RECORD", True)):
+    def check_record() -> tuple[str, wheel_scan.WheelScan]:  # one scan of the wheel serves both checks
+        scanned = wheel_scan.scan_or_refuse(wheel)
+        return f"{wheel_scan.verify_record(wheel, scanned)} files match the wheel's RECORD", scanned
+
+    scanned = _timed(result, "wheel-record", "wheel", check_record)
+    if scanned is None:
         return result
     if not _timed(result, "wheel-pins", "wheel",  # RECORD can be regenerated; the pins are what the loader trusts
-                  lambda: ((f"{wheel_scan.verify_pins(wheel)} libraries match their pins (the bytes the wheel "
-                            "was built with; provenance: docs/security.md)"), True)):
+                  lambda: ((f"{wheel_scan.verify_pins(wheel, scanned)} libraries match their pins (the bytes the "
+                            "wheel was built with; provenance: docs/security.md)"), True)):
         return result
     release: Path | None = None
     if variant == "lite":

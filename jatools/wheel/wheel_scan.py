@@ -218,13 +218,18 @@ def read_record_text(wheel: Path) -> str:
         return zf.read(f"{dist_info_dir(wheel)}/RECORD").decode()
 
 
-def verify_record(wheel: Path) -> int:
-    """Raise RecordError unless every member matches RECORD and RECORD lists only members; return the count.
-    The clean room refuses such a wheel before making an environment."""
+def scan_or_refuse(wheel: Path) -> WheelScan:
+    """scan(wheel), a wheel that cannot be read refused as a RecordError (what the checks below raise)."""
     try:
-        scanned = scan(wheel)
+        return scan(wheel)
     except WheelReadError as e:
         raise RecordError(f"{e}; rebuild the wheel ({REBUILD})") from None
+
+
+def verify_record(wheel: Path, scanned: WheelScan | None = None) -> int:
+    """Raise RecordError unless every member matches RECORD and RECORD lists only members; return the count.
+    The clean room refuses such a wheel before making an environment. `scanned`: the wheel's scan, if made."""
+    scanned = scanned or scan_or_refuse(wheel)
     if problems := record_problems(scanned):
         raise RecordError(f"{wheel.name} does not match its RECORD: {'; '.join(problems[:6])}. Rebuild the "
                           f"wheel ({REBUILD}) instead of editing it")
@@ -266,12 +271,10 @@ def pin_problems(scanned: WheelScan, layout: Layout | None = None) -> list[str]:
     return problems
 
 
-def verify_pins(wheel: Path) -> int:
-    """Raise RecordError unless every library in the wheel has the bytes its pin names; return how many."""
-    try:
-        scanned = scan(wheel)
-    except WheelReadError as e:
-        raise RecordError(f"{e}; rebuild the wheel ({REBUILD})") from None
-    if problems := pin_problems(scanned):
+def verify_pins(wheel: Path, scanned: WheelScan | None = None) -> int:
+    """Raise RecordError unless every library in the wheel has the bytes its pin names; return how many.
+    `scanned`: the wheel's scan, if made."""
+    scanned, layout = scanned or scan_or_refuse(wheel), Layout.load()
+    if problems := pin_problems(scanned, layout):
         raise RecordError(f"{wheel.name}: {'; '.join(problems[:6])}")
-    return sum(1 for n in scanned.members if n.startswith(Layout.load().lib_dir + "/") and n.endswith(".so"))
+    return sum(1 for n in scanned.members if n.startswith(layout.lib_dir + "/") and n.endswith(".so"))
