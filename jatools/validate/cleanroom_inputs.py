@@ -3,22 +3,21 @@ of JIT libraries a lite wheel fetches from, and with --deps-from the packages an
 """
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from packaging.utils import parse_wheel_filename
-
 from jatools import config
 from jatools.jitlibs import publish
+from jatools.wheel import wheel_scan
+from jatools.wheel.wheel_layout import Layout, LayoutError
 from jax_aiter import manifest as mf
 from jax_aiter import reuse_gate
 
 Log = Callable[[str], None]
-IDENTITY_MEMBER = "jax_aiter/_build_identity.json"
 
 
 class ValidationError(RuntimeError):
@@ -26,9 +25,12 @@ class ValidationError(RuntimeError):
 
 
 def wheel_variant(wheel: Path) -> str:
-    """'full' for a +full local version, else 'lite' (the public wheel)."""
-    _, version, _, _ = parse_wheel_filename(wheel.name)
-    return "full" if version.local and "full" in version.local.split(".") else "lite"
+    """The wheel's variant (wheel_scan.wheel_variant: the layout's labels, the identity's name); an error for a
+    wheel whose version label no variant uses."""
+    try:
+        return wheel_scan.wheel_variant(wheel, _layout())
+    except LayoutError as e:
+        raise ValidationError(f"{wheel.name}: {e}; pass a wheel that scripts/build_wheel.sh built") from None
 
 
 def find_wheels(dist: Path, variant: str | None = None) -> list[Path]:
@@ -59,11 +61,12 @@ def select_wheels(given: list[Path] | None, dist: Path, variant: str | None) -> 
 
 def wheel_identity(wheel: Path) -> dict:
     """The build identity baked into the wheel ({} when it has none; the smoke test reports that)."""
-    try:
-        with zipfile.ZipFile(wheel) as zf:
-            return json.loads(zf.read(IDENTITY_MEMBER))
-    except (KeyError, ValueError, OSError, zipfile.BadZipFile):
-        return {}
+    return wheel_scan.read_identity(wheel, _layout()) or {}
+
+
+@functools.cache
+def _layout() -> Layout:
+    return Layout.load()
 
 
 def release_folder(root: Path, cache_id: str, given: Path | None, log: Log) -> Path:

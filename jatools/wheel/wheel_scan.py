@@ -236,14 +236,37 @@ def verify_record(wheel: Path, scanned: WheelScan | None = None) -> int:
     return len(scanned.members)
 
 
+def _identity(data: bytes | None) -> dict | None:
+    """An identity file's bytes as its JSON object; None when missing, not JSON, or not an object."""
+    try:
+        ident = json.loads(data) if data is not None else None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return ident if isinstance(ident, dict) else None
+
+
 def baked_identity(scanned: WheelScan, layout: Layout) -> dict | None:
     """The wheel's build identity, or None when it is missing or not a JSON object."""
     member = scanned.members.get(layout.identity_file)
+    return _identity(member.data or b"" if member is not None else None)
+
+
+def read_identity(wheel: Path, layout: Layout) -> dict | None:
+    """baked_identity without a scan: only the identity member is read (for choosing wheels before checking them);
+    None also when the wheel cannot be read as a zip."""
     try:
-        ident = json.loads(member.data or b"") if member is not None else None
-    except json.JSONDecodeError:
+        with zipfile.ZipFile(wheel) as zf:
+            data = zf.read(layout.identity_file)
+    except (KeyError, OSError, zipfile.BadZipFile):
         return None
-    return ident if isinstance(ident, dict) else None
+    return _identity(data)
+
+
+def wheel_variant(wheel: Path, layout: Layout) -> str:
+    """The variant `wheel` belongs to: its version's local label, the identity's variant where several share it
+    (Layout.variant_for_version). LayoutError for a label no variant uses."""
+    version = parse_wheel_filename(wheel.name)[1]
+    return layout.variant_for_version(str(version), (read_identity(wheel, layout) or {}).get("variant")).name
 
 
 def pin_problems(scanned: WheelScan, layout: Layout | None = None) -> list[str]:

@@ -195,6 +195,42 @@ def test_no_wheel_is_an_error_naming_the_build_command(tmp_path):
         cleanroom_inputs.find_wheels(tmp_path, "full")
 
 
+def _identity_only_wheel(folder: Path, version: str, identity: bytes | None) -> Path:
+    """A zip named as a wheel of `version`, holding only the identity file (what choosing wheels reads)."""
+    path = folder / f"jax_aiter-{version}-py3-none-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        if identity is not None:
+            zf.writestr("jax_aiter/_build_identity.json", identity)
+    return path
+
+
+@pytest.mark.parametrize(("version", "named", "variant"), [
+    ("0.1.0", "source", "source"),  # lite and source share the public version: the identity tells them apart
+    ("0.1.0", "lite", "lite"),
+    ("0.1.0", None, "lite"),        # no identity: the first variant declared with that label
+    ("0.1.0+full", "full", "full"),
+])
+def test_a_wheels_variant_comes_from_the_layout_and_its_identity(tmp_path, version, named, variant):
+    ident = None if named is None else json.dumps({"variant": named, "backend": "cpu"}).encode()
+    wheel = _identity_only_wheel(tmp_path, version, ident)
+    assert cleanroom_inputs.wheel_variant(wheel) == variant
+    assert cleanroom_inputs.wheel_identity(wheel) == ({} if ident is None else json.loads(ident))
+    if variant == "source":  # --variant lite does not take a source build for a lite wheel
+        with pytest.raises(cleanroom.ValidationError, match="none of the given wheels is a lite wheel"):
+            cleanroom_inputs.select_wheels([wheel], tmp_path, "lite")
+
+
+def test_a_wheel_whose_label_no_variant_uses_is_refused_by_name(tmp_path):
+    wheel = _identity_only_wheel(tmp_path, "0.1.0+cu12", b"{}")
+    with pytest.raises(cleanroom.ValidationError, match=r"\+cu12.*local label 'cu12'"):
+        cleanroom_inputs.wheel_variant(wheel)
+
+
+@pytest.mark.parametrize("identity", [b"not json", b"[1, 2]", b"\xff\xfe"])
+def test_an_unreadable_identity_is_empty(tmp_path, identity):
+    assert cleanroom_inputs.wheel_identity(_identity_only_wheel(tmp_path, "0.1.0", identity)) == {}
+
+
 def test_invoke_task_passes_its_flags_through(tmp_path):
     from invoke import Exit, MockContext
 
