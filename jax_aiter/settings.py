@@ -66,15 +66,20 @@ def _n(name: str, group: str, meaning: str, kind: type, lo: float, hi: float, de
                    internal=internal)
 
 
-# GPU arch names GPU_ARCHS (and gpu_archs_rocm, gpu_archs_cuda, JA_WHEEL_ARCH) accept: ROCm's gfx<digits><hex>
-# with optional target features (gfx942:xnack+), CUDA's sm_<2-3 digits> with an optional a/f suffix, or the bare
-# CUDA number (90, 90a) the CUDA toolchain writes as sm_90. The toolchain then asks the compiler itself.
-ARCH_NAME = re.compile(r"gfx[0-9]{2,4}[0-9a-f]?(:(sramecc|xnack)[+-])*|(sm_)?[0-9]{2,3}[af]?")
+# GPU arch names GPU_ARCHS (and gpu_archs_rocm, gpu_archs_cuda, JA_WHEEL_ARCH) accept, the one home of their
+# spelling (the native build's toolchain check reads these too). ROCm's gfx<digits><hex> with optional target
+# features (gfx942:xnack+); CUDA's sm_<2-3 digits>, or the bare number (90) the CUDA toolchain writes as sm_90,
+# with an optional suffix: `a`, the arch-specific features of one GPU (sm_90a, sm_100a), or `f`, CUDA 12.9+'s
+# family-specific code that runs on every GPU of a family (sm_100f). Which numbers take which suffix (nvcc 13
+# takes sm_90a and sm_100f, refuses sm_90f and sm_80a) is the compiler's to say: the toolchain asks it.
+ROCM_ARCH = r"gfx[0-9]{2,4}[0-9a-f]?(:(sramecc|xnack)[+-])*"
+CUDA_ARCH = r"(sm_)?[0-9]{2,3}[af]?"
+ARCH_NAME = re.compile(f"{ROCM_ARCH}|{CUDA_ARCH}")
 FLAG_VALUES = ("1", "0", "true", "false", "yes", "no", "on", "off")
 # What each rule accepts, in words (Setting.accepts overrides it where a setting says more).
 RULE_TEXT = {
     "flag": "1 or 0 (also true/false, yes/no, on/off)",
-    "archs": "a `;` or `,` separated list of GPU arch names (gfx950, gfx942:xnack+, sm_90, sm_90a)",
+    "archs": "a `;` or `,` separated list of GPU arch names (gfx950, gfx942:xnack+, sm_90, sm_90a, sm_100f)",
     "folder": "an existing folder",
     "inside": "a path relative to the checkout, inside it",
     "list": "a list of strings",

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from jatools import atomic_write, config, probe
 from jax_aiter import op_table
+from jax_aiter import settings as registry
 
 
 class ToolchainError(RuntimeError):
@@ -119,26 +120,36 @@ def find_nvcc(env: dict[str, str], which=shutil.which) -> tuple[str | None, list
 
 
 def normalise_cuda_arch(arch: str) -> str:
-    a = arch.strip().lower()
-    if re.fullmatch(r"\d+a?", a):
-        a = "sm_" + a
-    if not re.fullmatch(r"sm_\d+a?", a):
-        raise ToolchainError(f"GPU arch {arch!r} is not a CUDA arch; CUDA archs look like sm_90")
-    return a
+    """sm_<number>[a|f] from a GPU_ARCHS entry (90, 90a, sm_100f): the spelling jax_aiter/settings.py accepts."""
+    a = arch.strip()
+    if not re.fullmatch(registry.CUDA_ARCH, a):
+        raise ToolchainError(f"GPU arch {arch!r} is not a CUDA arch; CUDA archs look like sm_90, sm_90a or sm_100f")
+    return a if a.startswith("sm_") else f"sm_{a}"
+
+
+def cuda_arch_flag(arch: str) -> str:
+    """nvcc's code-generation flag for one arch: sm_90a -> arch=compute_90a,code=sm_90a (PTX and SASS alike)."""
+    return f"--generate-code=arch=compute_{arch[3:]},code={arch}"
 
 
 def check_cuda_archs(nvcc: str, archs: list[str]) -> None:
-    listed = set(_run([nvcc, "--list-gpu-code"]).stdout.split())
+    """Ask nvcc whether it generates code for each arch: a --dryrun, which checks the flags without compiling
+    (milliseconds). --list-gpu-code alone would not do: it lists sm_90 and sm_100 but not the a/f variants nvcc 13
+    takes (sm_90a, sm_100f); it only names the choices when an arch is refused."""
     for a in archs:
-        if listed and a not in listed:
-            raise ToolchainError(f"GPU arch {a} is not supported by {nvcc} (it supports {', '.join(sorted(listed))}); "
-                                 "set GPU_ARCHS to one of those")
+        out = _run([nvcc, "--dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull, cuda_arch_flag(a)])
+        if out.returncode != 0:
+            reason = _first_line(out.stderr) or f"exit {out.returncode}"
+            listed = " ".join(_run([nvcc, "--list-gpu-code"]).stdout.split())
+            raise ToolchainError(f"GPU arch {a} is refused by {nvcc}: {reason}; set GPU_ARCHS to an arch it "
+                                 f"supports ({listed or 'see nvcc --list-gpu-code'}, with an a or f suffix where "
+                                 "the CUDA docs give one)")
 
 
 def check_rocm_archs(hipcc: str, archs: list[str], env: dict[str, str]) -> None:
     """Ask the HIP compiler to compile an empty file for each arch; a rejection names the arch."""
     for a in archs:
-        if not re.fullmatch(r"gfx[0-9a-f]+(:[a-z+\-:]+)?", a):
+        if not re.fullmatch(registry.ROCM_ARCH, a):
             raise ToolchainError(f"GPU arch {a!r} is not a ROCm arch; ROCm archs look like gfx950")
         with tempfile.TemporaryDirectory() as tmp:
             src = Path(tmp, "probe.hip")
@@ -219,7 +230,7 @@ def detect(settings: config.Settings, env: dict[str, str] | None = None, which=s
 def arch_flags(tc: Toolchain) -> list[str]:
     """One code-generation flag per arch, as the reference recipe does."""
     if tc.backend == "cuda":  # sm_90a -> arch=compute_90a,code=sm_90a
-        return [f"--generate-code=arch=compute_{a[3:]},code={a}" for a in tc.archs]
+        return [cuda_arch_flag(a) for a in tc.archs]
     if tc.backend == "rocm":
         return [f"--offload-arch={a}" for a in tc.archs]
     return []

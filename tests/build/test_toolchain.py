@@ -24,11 +24,22 @@ for a in "$@"; do
 done
 exit 0
 """
+# stand-in nvcc 13: lists the plain archs only, and takes the a/f variants the real one takes (a --dryrun checks
+# the flags); test_real_nvcc_takes_the_suffixes_this_stand_in_does holds it to the real one where nvcc is installed.
+NVCC_TAKES = ("sm_80", "sm_86", "sm_90", "sm_90a", "sm_100", "sm_100a", "sm_100f")
 NVCC = """#!/bin/sh
 case "$1" in
-  --version) echo "Cuda compilation tools, release 13.0, V13.0.48";;
-  --list-gpu-code) echo "sm_80 sm_86 sm_90 sm_90a";;
+  --version) echo "Cuda compilation tools, release 13.0, V13.0.48"; exit 0;;
+  --list-gpu-code) echo "sm_80 sm_86 sm_90 sm_100"; exit 0;;
 esac
+for a in "$@"; do
+  case "$a" in
+""" + "".join(f"    --generate-code=arch=compute_{a[3:]},code={a}) ;;\n" for a in NVCC_TAKES) + """\
+    --generate-code=*) c="${a#--generate-code=arch=}"; echo "nvcc fatal   : Unsupported gpu architecture '${c%%,*}'" >&2
+                       exit 1;;
+  esac
+done
+exit 0
 """
 
 
@@ -115,6 +126,52 @@ def test_rejected_cuda_arch_names_arch_and_compiler(tools):
     with pytest.raises(toolchain.ToolchainError) as e:
         toolchain.detect(settings(backend="cuda", archs="sm_90,sm_120"), env=env())
     assert "sm_120" in str(e.value) and str(nvcc) in str(e.value)
+
+
+CUDA_NAMES = ["sm_90", "90", "sm_90a", "90a", "sm_100f", "sm_100a", "100f", "sm_120"]
+NOT_CUDA_NAMES = ["sm90", "sm_9", "sm_90x", "sm_90af", "SM_90", "gfx950", "sm_1000"]
+
+
+@pytest.mark.parametrize("name", CUDA_NAMES + NOT_CUDA_NAMES)
+def test_the_settings_and_the_toolchain_accept_the_same_cuda_arch_names(name):
+    """One spelling of a CUDA arch: what GPU_ARCHS accepts, the CUDA toolchain takes (sm_100f, CUDA 12.9's
+    family-specific name, passed the setting and was refused by the toolchain)."""
+    from jax_aiter import settings as registry
+
+    if name in CUDA_NAMES:
+        assert registry.check(registry.BY_NAME["GPU_ARCHS"], name) == name
+        assert toolchain.normalise_cuda_arch(name) == (name if name.startswith("sm_") else f"sm_{name}")
+    else:
+        with pytest.raises(toolchain.ToolchainError, match="CUDA archs look like sm_90, sm_90a or sm_100f"):
+            toolchain.normalise_cuda_arch(name)
+        if not name.startswith("gfx"):
+            with pytest.raises(registry.SettingError, match="not a GPU arch name"):
+                registry.check(registry.BY_NAME["GPU_ARCHS"], name)
+
+
+def test_arch_specific_and_family_archs_reach_nvcc_and_a_refused_one_is_named(tools):
+    bin_dir, settings, env = tools
+    nvcc = _tool(bin_dir, "nvcc", NVCC)
+    tc = toolchain.detect(settings(backend="cuda", archs="sm_90a;100f"), env=env())
+    assert toolchain.arch_flags(tc) == ["--generate-code=arch=compute_90a,code=sm_90a",
+                                        "--generate-code=arch=compute_100f,code=sm_100f"]
+    with pytest.raises(toolchain.ToolchainError) as e:
+        toolchain.detect(settings(backend="cuda", archs="sm_90,sm_90f"), env=env())
+    assert f"GPU arch sm_90f is refused by {nvcc}: nvcc fatal   : Unsupported gpu architecture 'compute_90f'" \
+        in str(e.value) and "sm_80 sm_86 sm_90 sm_100" in str(e.value)
+
+
+def test_real_nvcc_takes_the_suffixes_this_stand_in_does():
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("no nvcc on PATH: the stand-in's a/f arch rules are checked against the real one where it is")
+    listed = toolchain._run([nvcc, "--list-gpu-code"]).stdout.split()
+    takes = [a for a in NVCC_TAKES if a.rstrip("af") in listed]
+    toolchain.check_cuda_archs(nvcc, takes)
+    assert {"sm_90a", "sm_100f"} <= set(takes), f"{nvcc} lists {listed}"
+    for refused in ("sm_90f", "sm_80a"):
+        with pytest.raises(toolchain.ToolchainError, match=f"Unsupported gpu architecture 'compute_{refused[3:]}'"):
+            toolchain.check_cuda_archs(nvcc, [refused])
 
 
 @pytest.mark.parametrize("backend, what", [("rocm", "no ROCm toolchain"), ("cuda", "nvcc was not found")])
