@@ -18,13 +18,12 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from jatools import atomic_write, config, steps
 from jatools.jitlibs import decide, record
+from jatools.native import toolchain
 
 COMPILE_ONLY = {
     "cuda": {"GPU_ARCHS": "sm_90", "tool": "nvcc", "install": "install the CUDA toolkit (nvcc) or set CUDA_HOME"},
@@ -66,17 +65,14 @@ def native_steps(*, jit: str | None = None, shims: str = "ja_mods", jobs: int | 
 
 
 def rocm_compile_arch(hipcc: str) -> str:
-    """COMPILE_ONLY's ROCm arch if `hipcc` compiles an empty HIP file for it, else the fallback (said so)."""
+    """COMPILE_ONLY's ROCm arch if `hipcc` compiles for it (toolchain.rocm_arch_refusal, the probe the build's own
+    arch check runs), else the fallback (said so)."""
     spec = COMPILE_ONLY["rocm"]
-    with tempfile.TemporaryDirectory(prefix="ja-arch-probe-") as d:
-        src = Path(d, "probe.hip")
-        src.write_text("__global__ void k() {}\n")
-        r = subprocess.run([hipcc, f"--offload-arch={spec['GPU_ARCHS']}", "-c", str(src), "-o", str(Path(d, "p.o"))],
-                           check=False, capture_output=True, text=True, timeout=300)
-    if r.returncode == 0:
+    reason = toolchain.rocm_arch_refusal(hipcc, spec["GPU_ARCHS"], {})
+    if reason is None:
         return spec["GPU_ARCHS"]
-    print(f"compile_only: {hipcc} does not compile for {spec['GPU_ARCHS']} ({(r.stderr or r.stdout).strip()[-200:]}); "
-          f"compiling for {spec['fallback']} instead", flush=True)
+    print(f"compile_only: {hipcc} does not compile for {spec['GPU_ARCHS']} ({reason}); compiling for "
+          f"{spec['fallback']} instead", flush=True)
     return spec["fallback"]
 
 

@@ -146,19 +146,24 @@ def check_cuda_archs(nvcc: str, archs: list[str]) -> None:
                                  "the CUDA docs give one)")
 
 
+def rocm_arch_refusal(hipcc: str, arch: str, env: dict[str, str]) -> str | None:
+    """Why `hipcc` refuses to compile an empty kernel for `arch` (its first error line), or None when it compiles
+    it: the one probe of a ROCm arch (check_rocm_archs, and compile-only's choice of arch in native/build.py)."""
+    with tempfile.TemporaryDirectory(prefix="ja-arch-probe-") as tmp:
+        src = Path(tmp, "probe.hip")
+        src.write_text("__global__ void ja_probe() {}\n")
+        out = subprocess.run([hipcc, "-x", "hip", f"--offload-arch={arch}", "--cuda-device-only", "-c", str(src),
+                              "-o", str(Path(tmp, "p.o"))], check=False, capture_output=True, text=True,
+                             timeout=300, env={**os.environ, **env, "HIP_PLATFORM": "amd"})
+    return None if out.returncode == 0 else (_first_line(out.stderr) or f"exit {out.returncode}")
+
+
 def check_rocm_archs(hipcc: str, archs: list[str], env: dict[str, str]) -> None:
     """Ask the HIP compiler to compile an empty file for each arch; a rejection names the arch."""
     for a in archs:
         if not re.fullmatch(registry.ROCM_ARCH, a):
             raise ToolchainError(f"GPU arch {a!r} is not a ROCm arch; ROCm archs look like gfx950")
-        with tempfile.TemporaryDirectory() as tmp:
-            src = Path(tmp, "probe.hip")
-            src.write_text("__global__ void ja_probe() {}\n")
-            out = subprocess.run([hipcc, "-x", "hip", f"--offload-arch={a}", "--cuda-device-only", "-c", str(src),
-                                  "-o", str(Path(tmp, "p.o"))], check=False, capture_output=True, text=True,
-                                 timeout=300, env={**os.environ, **env, "HIP_PLATFORM": "amd"})
-        if out.returncode != 0:
-            reason = _first_line(out.stderr) or f"exit {out.returncode}"
+        if (reason := rocm_arch_refusal(hipcc, a, env)) is not None:
             raise ToolchainError(f"GPU arch {a} is rejected by {hipcc}: {reason}; "
                                  "use an arch this ROCm release supports (e.g. gfx90a, gfx942) or a newer ROCm")
 

@@ -4,13 +4,15 @@ The HIP compiler is stood in for (this machine has none): a script that compiles
 archs it knows and fails like an old hipcc for the others."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
-from jatools.native import build
+from jatools.native import build, toolchain
 
 HIPCC = """#!/usr/bin/env bash
+echo "$*" >>"$PROBES"
 for a in "$@"; do case "$a" in --offload-arch=*) arch=${a#--offload-arch=};; esac; done
 case " $KNOWN " in *" $arch "*) ;; *) echo "clang: error: unsupported HIP gpu architecture: $arch" >&2; exit 1;; esac
 while [ $# -gt 0 ]; do [ "$1" = -o ] && : >"$2"; shift; done
@@ -23,10 +25,19 @@ def test_the_rocm_arch_is_the_newest_the_compiler_accepts(known, want, tmp_path,
     hipcc.write_text(HIPCC)
     hipcc.chmod(0o755)
     monkeypatch.setenv("KNOWN", known)
+    probes = tmp_path / "probes.log"
+    monkeypatch.setenv("PROBES", str(probes))
     assert build.rocm_compile_arch(str(hipcc)) == want
     if want == "gfx90a":
-        assert "does not compile for gfx950" in capsys.readouterr().out
+        assert "does not compile for gfx950 (clang: error: unsupported HIP gpu architecture: gfx950)" \
+            in capsys.readouterr().out
     assert build.COMPILE_ONLY["rocm"]["GPU_ARCHS"] == "gfx950"
+    # The choice is made by the build's own arch check (one probe, one command line); the arch it took passes it.
+    toolchain.check_rocm_archs(str(hipcc), [want], {})
+    lines = probes.read_text().splitlines()
+    assert len(lines) == 2, lines  # compile-only probes gfx950 once; then the check
+    chosen, checked = (re.sub(r"/\S*/|--offload-arch=\S+", "X", line) for line in (lines[0], lines[-1]))
+    assert chosen == checked, "compile-only probes an arch with another command than the build's check"
 
 
 def test_a_missing_compiler_is_an_error_not_a_silent_fallback(tmp_path):
