@@ -37,6 +37,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 PACKAGED_LIB_DIR = PACKAGE_DIR / "_lib"
 IDENTITY_FILE = PACKAGE_DIR / "_build_identity.json"
 UMBRELLA = "libjax_aiter.so"
+LIB_DIR_ENV = "JAX_AITER_LIB_DIR"  # a folder the lookup tries first (jax_aiter/settings.py)
 # JA_BUILD_DIR's default, pyproject's build_dir (which a wheel has not; tests/tooling/test_build_tree.py keeps them
 # equal)
 DEFAULT_BUILD_DIR = "build"
@@ -72,8 +73,8 @@ def build_identity() -> dict | None:
 
 def fetch_cache_dir(identity: dict | None = None) -> Path | None:
     """Where jax-aiter-fetch-mha puts the MHA JIT libraries for this install."""
-    if os.environ.get("JAX_AITER_LIB_DIR"):
-        return Path(os.environ["JAX_AITER_LIB_DIR"])
+    if os.environ.get(LIB_DIR_ENV):
+        return Path(os.environ[LIB_DIR_ENV])
     identity = identity or build_identity()
     if not identity or not identity.get("cache_id"):
         return None
@@ -82,15 +83,15 @@ def fetch_cache_dir(identity: dict | None = None) -> Path | None:
 
 
 def search_dirs(name: str) -> list[tuple[str, Path]]:
-    """Where library `name` is looked for, in order. The runtime's settings are checked first (jax_aiter/settings.py):
-    a JAX_AITER_LIB_DIR that is not a folder stops here instead of falling back to other libraries silently."""
-    try:
-        settings.check_environment(group="runtime")
-    except settings.SettingError as e:
-        raise LibraryNotFoundError(f"jax_aiter: {e}") from None
+    """Where library `name` is looked for, in order. JAX_AITER_LIB_DIR, the one setting the lookup reads, is checked
+    (jax_aiter/settings.py): one that is not a folder stops here instead of falling back to other libraries silently."""
     dirs: list[tuple[str, Path]] = []
-    if os.environ.get("JAX_AITER_LIB_DIR", "").strip():
-        dirs.append(("JAX_AITER_LIB_DIR", Path(os.environ["JAX_AITER_LIB_DIR"])))
+    if (lib_dir := os.environ.get(LIB_DIR_ENV, "")).strip():
+        try:
+            settings.check(settings.BY_NAME[LIB_DIR_ENV], lib_dir)
+        except settings.SettingError as e:
+            raise LibraryNotFoundError(f"jax_aiter: {e}") from None
+        dirs.append((LIB_DIR_ENV, Path(lib_dir)))
     dirs.append(("wheel", PACKAGED_LIB_DIR))
     dirs += [("checkout", d) for d in _checkout_dirs()]
     if name in MHA_JIT_LIBS:
@@ -304,6 +305,9 @@ def ensure_registered(op: str) -> None:
     with _lock:
         if op in _registered:
             return
+        # The kernels read the other runtime settings themselves (JA_NUM_THREADS, JA_GPU_PDL ...), where a bad
+        # value would be ignored: checked once per op, before its libraries load.
+        settings.check_environment(group="runtime")
         import jax
 
         spec = OPS[op]

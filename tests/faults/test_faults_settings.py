@@ -80,6 +80,26 @@ def test_faults_bad_runtime_variable_is_named_by_info(name, value, allowed):
     assert f"{name}={value!r} is not valid" in r.stderr and allowed in r.stderr and "Traceback" not in r.stderr
 
 
+def test_faults_a_library_lookup_checks_the_lib_dir_not_every_runtime_setting(monkeypatch, tmp_path):
+    """The lookup reads JAX_AITER_LIB_DIR only, and checks only it; the settings the kernels read are checked
+    where an op's libraries are loaded (once per op), so a bad one still stops with its name."""
+    from jax_aiter import _loader
+
+    monkeypatch.delenv(_loader.LIB_DIR_ENV, raising=False)
+    monkeypatch.setenv("JA_NUM_THREADS", "abc")
+    assert [label for label, _ in _loader.search_dirs(_loader.UMBRELLA)][:1] == ["wheel"]
+    monkeypatch.setenv(_loader.LIB_DIR_ENV, str(tmp_path))
+    assert _loader.search_dirs(_loader.UMBRELLA)[0] == (_loader.LIB_DIR_ENV, tmp_path)
+    monkeypatch.setenv(_loader.LIB_DIR_ENV, str(tmp_path / "nonexistent"))
+    with pytest.raises(_loader.LibraryNotFoundError, match=r"JAX_AITER_LIB_DIR=.*nonexistent'? is not valid"):
+        _loader.search_dirs(_loader.UMBRELLA)
+    monkeypatch.setenv(_loader.LIB_DIR_ENV, str(tmp_path))
+    op = next(iter(_loader.OPS))
+    monkeypatch.setattr(_loader, "_registered", set())  # this process may have registered it already
+    with pytest.raises(settings.SettingError, match="JA_NUM_THREADS='abc' is not valid"):
+        _loader.ensure_registered(op)
+
+
 def test_faults_accepted_values_still_pass():
     for name, value in [("GPU_ARCHS", "gfx942;gfx950, sm_90a,gfx942:xnack+"), ("JA_TOOLCHAIN_STRICT", "true"),
                         ("JA_SANITIZE", "address;undefined"), ("JA_NUM_THREADS", "8"), ("JA_CPU_ISA", "baseline")]:
