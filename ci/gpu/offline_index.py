@@ -33,10 +33,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # jatools: the Python version's one home (pyproject's requires-python floor)
 
 from jatools.config import python_version
+from jatools.native.jit_packages import HEADERS_ONLY  # installed --no-deps, here as by the sessions
 
 GROUPS = ("test", "build", "run", "bench", "wheel")
 ON_THE_HOST = {"jax", "jaxlib", "numpy", "scipy"}  # present on the GPU host, large: never carried
-HEADERS_ONLY = {"nvidia-cutlass"}  # installed --no-deps by the sessions (noxfile.HEADERS_ONLY)
 SEEDS = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt")
 
 try:
@@ -57,13 +57,19 @@ def group_requirements() -> list[str]:
     return sorted({r for g in GROUPS for r in expand(g)})
 
 
+def to_download(on_host: set[str]) -> tuple[list[str], list[str]]:
+    """The group requirements to download with their dependencies, and the header-only ones (without)."""
+    reqs = group_requirements()
+    return ([r for r in reqs if norm(Requirement(r).name) not in on_host | HEADERS_ONLY],
+            [r for r in reqs if norm(Requirement(r).name) in HEADERS_ONLY])
+
+
 def download(dest: Path, on_host: set[str] = frozenset()) -> int:
     on_host = ON_THE_HOST | {norm(n) for n in on_host}
-    reqs = [r for r in group_requirements() if norm(Requirement(r).name) not in on_host | HEADERS_ONLY]
+    reqs, headers = to_download(on_host)
     common = [sys.executable, "-m", "pip", "download", "-q", "-d", str(dest), "--only-binary=:all:",
               "--python-version", python_version(), "--implementation", "cp", "--platform", "manylinux_2_28_x86_64",
               "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64"]
-    headers = [r for r in group_requirements() if norm(Requirement(r).name) in HEADERS_ONLY]
     for argv in ([*common, *reqs], [*common, "--no-deps", *headers]):
         if subprocess.run(argv, check=False).returncode:
             return 1

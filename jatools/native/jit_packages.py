@@ -20,6 +20,16 @@ from jatools.native.jit_modules import BuildError
 # takes the installed one, which must be the version pinned in pyproject's [dependency-groups] build; the
 # recipe hash names that pin, never the install path.
 PACKAGE_INCLUDES = {"cutlass_include": ("nvidia-cutlass", "cutlass_library/source/include")}
+# They are installed without their dependencies (nox's sessions, ci/gpu/offline_index.py): the build reads their
+# headers and never imports them (nvidia-cutlass's Python side pulls cuda-python, scipy, networkx ...: some 60 MB
+# an offline GPU host would have to carry).
+HEADERS_ONLY = frozenset(dist for dist, _ in PACKAGE_INCLUDES.values())
+
+
+def is_headers_only(requirement: str) -> bool:
+    """Whether a requirement (nvidia-cutlass==4.2.0) names one of HEADERS_ONLY."""
+    name = re.match(r"\s*([A-Za-z0-9._-]*)", requirement).group(1)
+    return re.sub(r"[-_.]+", "-", name).lower() in HEADERS_ONLY
 
 
 def package_pin(root: Path, dist: str) -> str:
