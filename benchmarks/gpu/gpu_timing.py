@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jatools import config
+from jatools.bench.harness import BENCH_DIR
 
 try:  # jatools/native/toolchain.py; trees from before the tooling's package split have jatools/toolchain.py
     from jatools.native import toolchain
@@ -36,12 +37,13 @@ def build_timer() -> ctypes.CDLL:
     if tc.backend == "cpu":
         raise SystemExit("bench_gpu: no GPU toolchain (nvcc/hipcc) found; this benchmark needs a GPU host")
     flags = toolchain.compile_flags(tc, settings)
-    out = ROOT / "build/bench/gpu_timer.so"
+    out = ROOT / BENCH_DIR / "gpu_timer.so"
     out.parent.mkdir(parents=True, exist_ok=True)
+    umbrella = settings.umbrella_dir  # the build tree's (JA_BUILD_DIR), where make links libjax_aiter.so
     cmd = [*flags["link"], *flags["gpu"], "-o", str(out), "benchmarks/gpu/timer.cu",
-           "-Lbuild/jax_aiter_build", "-ljax_aiter", f"{flags['link_pass'][0]}-rpath={ROOT}/build/jax_aiter_build"]
+           f"-L{umbrella}", "-ljax_aiter", f"{flags['link_pass'][0]}-rpath={umbrella}"]
     stamp = out.with_suffix(".cmd")  # rebuilt when its source, the umbrella or the command changed
-    inputs = [ROOT / "benchmarks/gpu/timer.cu", ROOT / "build/jax_aiter_build/libjax_aiter.so"]
+    inputs = [ROOT / "benchmarks/gpu/timer.cu", umbrella / "libjax_aiter.so"]
     fresh = (out.is_file() and stamp.is_file() and stamp.read_text() == " ".join(cmd)
              and all(p.is_file() and p.stat().st_mtime <= out.stat().st_mtime for p in inputs))
     if not fresh:

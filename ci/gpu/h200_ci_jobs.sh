@@ -3,8 +3,8 @@
 #   1. a local package index (ci/gpu/offline_index.py index: the carried wheels plus the host's jax, jaxlib and
 #      jax-cuda13 plugin repacked), which pip and uv use offline, so every install pass is CI's own;
 #   2. the producer, as ci.yml runs it for a kernel change: `nox -s jit` (install pass, then -R), then
-#      `invoke jit.publish --to build/jit-store` (the merge build's step), and build/aiter_build emptied;
-#   3. each BUILD through `ci/build.py --build BUILD` with JA_FETCH_BASE_URL=build/jit-store, as build_gpu
+#      `invoke jit.publish --to <the run's JIT store>` (the merge build's step), and the JIT libraries emptied;
+#   3. each BUILD through `ci/build.py --build BUILD` with JA_FETCH_BASE_URL=<that store>, as build_gpu
 #      runs it after the producer: env-report, jit.fetch, then each session's --install-only and -R passes.
 # The copy is made a git checkout first when it is none (CI's is; the JIT identity needs one).
 # Results (tier JSON with the GPU tests per device, ci/build.py's records, the bench gate's JSON) go to OUT,
@@ -42,21 +42,25 @@ if [ "$(git rev-parse --show-toplevel 2>/dev/null)" != "$PWD" ]; then
   fi
 fi
 nvidia-smi -L
+# The build folders from their one home (jatools/config.py BUILD_TREE, under JA_BUILD_DIR): the run's JIT store,
+# the JIT libraries, the tiers' results.
+IFS=$'\t' read -r store jit results < <("$py" -c 'from jatools import config
+print(*(config.build_path(n) for n in ("jit_store", "jit", "test_results")), sep="\t")') && [ -n "$results" ] || exit 1
 
 if [ -n "${JIT_STORE_TAR:-}" ]; then
-  step producer-store 60 tar -xf "$JIT_STORE_TAR"  # build/jit-store/jit-libs-<cache id>/, from an earlier call
+  step producer-store 60 tar -xf "$JIT_STORE_TAR"  # $store/jit-libs-<cache id>/, from an earlier call
 else
   step producer-install 300 bash scripts/run.sh nox -s jit --install-only
   step producer 420 bash scripts/run.sh nox -R -s jit
-  step producer-publish 120 bash scripts/run.sh invoke jit.publish --to build/jit-store
-  tar -cf "$out/jit-store.tar" build/jit-store
+  step producer-publish 120 bash scripts/run.sh invoke jit.publish --to "$store"
+  tar -cf "$out/jit-store.tar" "$store"
 fi
-rm -rf build/aiter_build  # the jobs fetch what the producer published, as on a fresh runner
-export JA_FETCH_BASE_URL=build/jit-store
+rm -rf "$jit"  # the jobs fetch what the producer published, as on a fresh runner
+export JA_FETCH_BASE_URL=$store
 for b in "${builds[@]}"; do
   step "$b" 1200 bash scripts/run.sh python3 ci/build.py --build "$b"
 done
-cp build/test-results/tier-*.json build/ci/*.json build/bench/gpu.json "$out"/ 2>/dev/null
+cp "$results"/tier-*.json build/ci/*.json build/bench/gpu.json "$out"/ 2>/dev/null
 "$py" - "$out" <<'PY'
 import glob, json, sys
 for f in sorted(glob.glob(sys.argv[1] + "/tier-*.json")):

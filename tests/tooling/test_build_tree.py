@@ -47,7 +47,7 @@ def _spellings(path: Path) -> list[str]:
 
 
 def test_no_python_spells_a_build_folder_but_the_table():
-    files = [p for top in ("jax_aiter", "jatools") for p in sorted((ROOT / top).rglob("*.py"))
+    files = [p for top in ("jax_aiter", "jatools", "ci", "benchmarks") for p in sorted((ROOT / top).rglob("*.py"))
              if "__pycache__" not in p.parts and p not in HOME]
     files += [ROOT / "noxfile.py", ROOT / "tasks.py"]
     found = [hit for p in files for hit in _spellings(p)]
@@ -62,3 +62,32 @@ def test_the_scan_finds_a_spelled_folder(tmp_path):
         assert sorted(h.split(":")[1] for h in _spellings(bad)) == ["2", "3"]
     finally:
         bad.unlink()
+
+
+def _shell_spellings(path: Path) -> list[str]:
+    """Where a shell script's commands (its comments left out) spell `build/<folder of the table>`."""
+    names = "|".join(map(re.escape, TREE.values()))
+    found = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        command = re.sub(r"(^|\s)#.*$", "", line)
+        if re.search(rf"(?<![\w/$}}])build/({names})(?![\w-])", command):
+            found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    return found
+
+
+def test_no_shell_script_spells_a_build_folder_but_the_table():
+    """The CI and helper scripts ask jatools.config for a folder (`config.build_path`), which honours
+    JA_BUILD_DIR, instead of spelling build/<folder>."""
+    scripts = sorted((ROOT / "ci").rglob("*.sh")) + sorted((ROOT / "scripts").rglob("*.sh"))
+    found = [hit for p in scripts for hit in _shell_spellings(p)]
+    assert scripts and not found, "ask jatools.config.build_path for these:\n" + "\n".join(found)
+
+
+def test_the_shell_scan_finds_a_spelled_folder(tmp_path):
+    probe = ROOT / "ci" / f".probe_{tmp_path.name}.sh"
+    try:
+        probe.write_text('# a comment may say build/aiter_build\nrm -rf build/aiter_build  # build/jit-store\n'
+                         'x="$store/build/jit-store"; tar -cf o.tar build/jit-store/\ncp build/ci/*.json .\n')
+        assert [h.split(":")[1] for h in _shell_spellings(probe)] == ["2", "3"]
+    finally:
+        probe.unlink()
