@@ -33,10 +33,11 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # jatools: the Python version's one home (pyproject's requires-python floor)
 
 from jatools.config import python_version
-from jatools.native.jit_packages import HEADERS_ONLY  # installed --no-deps, here as by the sessions
+from jatools.native.jit_packages import HEADERS_ONLY
 
 GROUPS = ("test", "build", "run", "bench", "wheel")
 ON_THE_HOST = {"jax", "jaxlib", "numpy", "scipy"}  # present on the GPU host, large: never carried
+# HEADERS_ONLY (nvidia-cutlass): downloaded without their dependencies, as nox's sessions install them.
 SEEDS = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt")
 
 try:
