@@ -1,21 +1,21 @@
-"""The doors (docs/architecture.md, "From a command to its code") against `nox -l` and invoke's collection:
+"""The doors (docs/architecture.md, "From a command to its code") against nox's sessions and invoke's collection:
 every session and task is a row, every door the table names exists, each task is one name (no alias pairs),
 and every file the code column names is in the repository."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import tasks
+from tests.tooling.test_ci_build import nox_sessions
 
 REPO = Path(__file__).resolve().parents[2]
 HEADER = "| door | code | aliases |"
 
 
-def _rows() -> list[list[str]]:
-    text = (REPO / "docs/architecture.md").read_text()
+def _rows(text: str | None = None) -> list[list[str]]:
+    """The door table of docs/architecture.md (or of `text`, a version of it)."""
+    text = (REPO / "docs/architecture.md").read_text() if text is None else text
     table = text[text.index(HEADER):].split("\n\n", 1)[0].splitlines()[2:]
     return [[c.strip() for c in row.strip("|").split(" | ")] for row in table]
 
@@ -26,9 +26,12 @@ def _named(cells: list[str], tool: str) -> set[str]:
     return {m for c in cells for m in re.findall(rf"`{verb}([\w.-]+)", c)}
 
 
-def nox_sessions() -> set[str]:
-    out = subprocess.run([sys.executable, "-m", "nox", "-l"], cwd=REPO, capture_output=True, text=True, check=True)
-    return {line.split()[1] for line in out.stdout.splitlines() if line[:2] in ("* ", "- ")}
+def session_differences(text: str | None = None) -> dict[str, set[str]]:
+    """How the table (docs/architecture.md's, or `text`) and noxfile.py's sessions differ: sessions no row names,
+    and sessions a row names that nox has not."""
+    rows, sessions = _rows(text), set(nox_sessions())
+    named = _named([r[0] for r in rows], "nox") | _named([r[2] for r in rows], "nox")
+    return {k: v for k, v in {"not in the table": sessions - named, "no such session": named - sessions}.items() if v}
 
 
 def invoke_doors() -> set[str]:
@@ -38,8 +41,7 @@ def invoke_doors() -> set[str]:
 
 
 def test_every_nox_session_is_in_the_table_and_every_session_there_exists():
-    rows = _rows()
-    assert _named([r[0] for r in rows], "nox") | _named([r[2] for r in rows], "nox") == nox_sessions()
+    assert session_differences() == {}
 
 
 def test_every_invoke_task_is_a_door_of_the_table_and_every_task_there_exists():
@@ -61,7 +63,12 @@ def test_the_code_column_names_files_that_exist():
     assert paths and not [p for p in sorted(paths) if not (REPO / p).is_file()]
 
 
-def test_the_check_sees_a_missing_session():
-    """The comparison can fail: a table without a session differs from `nox -l`."""
-    rows = [r for r in _rows() if r[0] != "`nox -s lint`"]
-    assert _named([r[0] for r in rows], "nox") | _named([r[2] for r in rows], "nox") != nox_sessions()
+def test_the_check_sees_a_missing_row_and_a_session_that_does_not_exist():
+    """The comparison names what differs: the table without the lint row (its session then unlisted), and with a
+    row for a session noxfile.py does not define."""
+    text = (REPO / "docs/architecture.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| `nox -s lint` |"))
+    assert session_differences(text.replace(row + "\n", "")) == {"not in the table": {"lint"}}
+    renamed = row.replace("`nox -s lint`", "`nox -s lint_all`", 1)
+    assert session_differences(text.replace(row, renamed)) == {"not in the table": {"lint"},
+                                                                "no such session": {"lint_all"}}

@@ -2,10 +2,8 @@
 setting has one home (jax_aiter/settings.py's table, docs/settings.md generated from it)."""
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 from jatools import config
@@ -87,10 +85,8 @@ def test_the_settings_other_modules_choose_from_are_the_tables() -> None:
 def test_the_ci_builds_run_tiers_of_the_table() -> None:
     """ci/build.py names tiers by their string (JA_TEST_TIER in a build's or a step's environment): each is one of
     jatools/testing/tag_filters.py's TIERS, the one home the setting's choices and the nox sessions come from."""
-    spec = importlib.util.spec_from_file_location("ja_ci_build_tiers", ROOT / "ci" / "build.py")
-    ci_build = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = ci_build
-    spec.loader.exec_module(ci_build)
+    from tests.tooling.test_ci_build import ci_build
+
     used = {value for b in ci_build.Build.all_builds().values() for env in (b.env, *(s.env for s in b.steps))
             for name, value in env if name == tag_filters.TIER_ENV}
     assert used and used <= set(tag_filters.TIERS), f"ci/build.py runs tiers the table lacks: {used - set(tag_filters.TIERS)}"

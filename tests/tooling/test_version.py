@@ -70,14 +70,14 @@ def test_python_version_is_the_requires_python_floor(tmp_path):
 
 
 def test_the_sessions_run_the_python_floor():
-    """noxfile.py takes the sessions' Python from config.python_version(): every session with a virtualenv runs it."""
-    names = subprocess.run([sys.executable, "-m", "nox", "-l"], cwd=REPO, capture_output=True, text=True, check=True)
-    sessions = [line.split()[1] for line in names.stdout.splitlines() if line[:2] in ("* ", "- ")]
-    out = subprocess.run([sys.executable, "-m", "nox", "-l", "--json", "-s", *sessions], cwd=REPO,
-                         capture_output=True, text=True, check=True)
-    pythons = {s["session"]: s["python"] for s in json.loads(out.stdout)}
-    assert set(pythons) == set(sessions)
-    assert {p for p in pythons.values() if p} == {config.python_version(REPO)}, pythons
+    """noxfile.py takes the sessions' Python from config.python_version(): every session with a virtualenv runs it
+    (a session without one, venv_backend none, runs make and has no Python of its own)."""
+    from tests.tooling.test_ci_build import nox_sessions
+
+    sessions = nox_sessions()
+    pythons = {name: f.python for name, f in sessions.items() if f.venv_backend != "none"}
+    assert pythons and set(pythons.values()) == {config.python_version(REPO)}, pythons
+    assert all(f.python is None for f in sessions.values() if f.venv_backend == "none")
 
 
 def test_run_sh_takes_its_python_from_requires_python(tmp_path):
