@@ -14,6 +14,7 @@ import argparse
 import hashlib
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -132,35 +133,42 @@ def _validated(ctx: Context) -> str | None:
     return "both wheels (same sha256) already passed validation" if covered else None
 
 
-def _native(ctx: Context, stage) -> list[steps.Step]:
+def _door(ctx: Context, action: str, *args: str) -> list[str]:
+    """The contract's door for `action` (jax_aiter/remedies.py, e.g. `invoke jit.fetch`) run with the release's
+    Python: the one command line of that action (the tasks parse its flags and call the module)."""
+    tool, *words = shlex.split(remedies.door(action))
+    return [ctx.python, "-m", tool, *words, *args]
+
+
+def _native(ctx: Context, stage, settings: config.Settings) -> list[steps.Step]:
     """The native sequence as jatools.native.build writes it (umbrella, JIT libraries built or taken, shims; a
     consumer's check first), each step given the release's log, re-run command, skip test and artifacts. With
     --fetch-jit the consumer's check is the fetch, which verifies what it fetched."""
     env = {**os.environ, "JA_ROOT_DIR": str(ctx.root)}
     native = native_build.native_steps(jit="take" if ctx.fetch_jit else None, env=env)
-    jit_dir, umbrella_dir = config.load().jit_dir, config.load().umbrella_dir
-    taken = f"{remedies.door('jit_fetch')}  (or {remedies.door('jit')})"
+    jit_dir, umbrella_dir = settings.jit_dir, settings.umbrella_dir
+    jit_libs = lambda: sorted(jit_dir.glob("lib*.so"))
+    taken = {"rerun": f"{remedies.door('jit_fetch')}  (or {remedies.door('jit')})", "artifacts": jit_libs}
+    if ctx.fetch_jit:  # the release's pins come from where the producer publishes (pyproject)
+        taken = {"argv": _door(ctx, "jit_fetch", "--base-url", ctx.fetch_jit,
+                               "--pins-from", settings.raw["jit_libs_base_url"]),
+                 "rerun": f"{remedies.door('jit_fetch')} --base-url {ctx.fetch_jit}", "artifacts": jit_libs}
     extra = {
         "umbrella": {"rerun": "make  (or nox -s umbrella)", "up_to_date": lambda: _make_q(ctx, "umbrella"),
                      "artifacts": lambda: [umbrella_dir / "libjax_aiter.so"]},
-        "jit": {"rerun": remedies.door("jit"), "artifacts": lambda: sorted(jit_dir.glob("lib*.so"))},
-        "jit (taken)": {"rerun": taken, "artifacts": lambda: sorted(jit_dir.glob("lib*.so"))},
+        "jit": {"rerun": remedies.door("jit"), "artifacts": jit_libs},
+        "jit (taken)": taken,
         "ja_mods": {"rerun": "make ja_mods  (or nox -s ja_mods)", "up_to_date": lambda: _make_q(ctx, "ja_mods"),
                     "artifacts": lambda: sorted(umbrella_dir.glob("*_ja.so"))},
     }
-    out = [stage(s.name.removesuffix(" (taken)"), s.argv, env=s.env, **extra[s.name]) for s in native]
-    if ctx.fetch_jit:  # the release's pins come from where the producer publishes (pyproject, read at the stage)
-        fetch = lambda: [ctx.python, "-m", "jatools.jitlibs", "fetch", "--base-url", ctx.fetch_jit,
-                         "--pins-from", config.load().raw["jit_libs_base_url"]]
-        out[0] = stage("jit", fetch, f"{remedies.door('jit_fetch')} --base-url {ctx.fetch_jit}",
-                       artifacts=lambda: sorted(jit_dir.glob("lib*.so")))
-    return out
+    return [stage(s.name.removesuffix(" (taken)"), **{"argv": s.argv, **extra[s.name]}, env=s.env) for s in native]
 
 
 def stages(ctx: Context) -> list[steps.Step]:
     """The release's stages, in order; a command that names wheels is read when its stage starts."""
     py = ctx.python
-    log_dir = config.load(root=ctx.root).path("release")  # one log per stage
+    settings = config.load(root=ctx.root)
+    log_dir = settings.path("release")  # one log per stage
 
     def stage(name: str, argv, rerun, **kw) -> steps.Step:
         return steps.Step(name, argv, cwd=ctx.root, log=log_dir / f"{name}.log", rerun=rerun, **kw)
@@ -172,12 +180,12 @@ def stages(ctx: Context) -> list[steps.Step]:
               "invoke env-report", up_to_date=lambda: (f"the CI driver reported this job's environment first ({p})"
                                                        if (p := env_report.written_by_ci()) else None),
               artifacts=lambda: [env_report.written_by_ci() or ctx.root / "dist/env-report.json"]),
-        *_native(ctx, stage),
+        *_native(ctx, stage, settings),
         *[stage(f"wheel_{v}", [py, "-m", WHEEL_BUILDER, "--variant", v],
                 f"nox -s wheel_{v}  (or bash scripts/build_wheel.sh --variant {v})",
                 up_to_date=lambda v=v: _wheel_up_to_date(ctx, v), artifacts=lambda v=v: _wheel_artifact(ctx, v))
           for v in VARIANTS],
-        stage("verify", [py, "-m", "jatools.jitlibs", "verify"], "invoke verify"),
+        stage("verify", _door(ctx, "verify"), remedies.door("verify")),
         # One scan of each wheel feeds both checks (the symbol floor and the content policy).
         stage("floor+contents", lambda: [py, "-m", CHECKER, "--floor", "--contents", *_wheels(ctx)],
               lambda: f"invoke floor -- {wheels()}; invoke contents -- {wheels()}"),

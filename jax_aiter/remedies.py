@@ -12,6 +12,7 @@ DOORS = {
     "jit": "nox -s jit",                # build the JIT libraries (the producer)
     "jit_fetch": "invoke jit.fetch",    # fetch this checkout's published JIT libraries (a consumer)
     "jit_publish": "invoke jit.publish",
+    "verify": "invoke verify",          # the JIT libraries against their build record (the release's stage too)
     # every library of a build tree, in order, through make alone (an unpacked sdist has no noxfile.py)
     "native": "make && make jit && make ja_mods",
     # fill the clean room's offline wheelhouse from the package index (`--gpu cuda|rocm` adds the JAX plugin)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from jatools import config
 from jatools import release as release_mod
 
 REPO = Path(__file__).resolve().parents[2]
@@ -85,7 +86,9 @@ def test_dry_run_prints_the_plan_and_runs_nothing(scratch):
 @pytest.mark.parametrize("jit, fetch", [("build", None), ("take", None), ("take", "file:///releases")])
 def test_the_release_runs_the_native_sequence_of_native_build_and_no_door(monkeypatch, jit, fetch):
     """The native stages are jatools.native.build's sequence (a consumer's check before anything compiles),
-    not a second copy; no stage calls a door (invoke, nox) back: each runs a module or make."""
+    not a second copy. No stage runs nox (the release is itself `nox -s release`); the JIT fetch and verify
+    stages run the contract's doors (`invoke jit.fetch`, `invoke verify`: one command line each), every other
+    stage a module or make."""
     from jatools.native import build as native_build
     monkeypatch.setenv("JA_JIT_LIBS", jit)
     plan = release_mod.stages(release_mod.Context(REPO, sys.executable, fetch, {}))
@@ -94,10 +97,25 @@ def test_the_release_runs_the_native_sequence_of_native_build_and_no_door(monkey
     assert [s.name for s in plan[1:4]] == (["umbrella", "jit", "ja_mods"] if jit == "build" else
                                            ["jit", "umbrella", "ja_mods"])
     assert got[1:] == native[1:] and (got[0] == native[0]) == (fetch is None)
+    pins = config.load(root=REPO).raw["jit_libs_base_url"]
     if fetch:
-        assert got[0][1:5] == ["-m", "jatools.jitlibs", "fetch", "--base-url"] and fetch in got[0]
+        assert got[0][1:] == ["-m", "invoke", "jit.fetch", "--base-url", fetch, "--pins-from", pins]
+    doors = {"jit": got[0] if fetch else None, "verify": [sys.executable, "-m", "invoke", "verify"]}
     for step in plan:  # (the commands read when their stage starts name the wheels and run a module too)
-        assert callable(step.argv) or not {"invoke", "nox"} & set(step.argv), (step.name, step.argv)
+        argv = None if callable(step.argv) else list(step.argv)
+        assert argv is None or "nox" not in argv, (step.name, argv)
+        assert argv is None or "invoke" not in argv or argv == doors.get(step.name), (step.name, argv)
+    assert next(s for s in plan if s.name == "verify").argv == doors["verify"]
+
+
+@pytest.mark.parametrize(("door", "flags"), [("verify", []), ("jit.fetch", ["--base-url", "--pins-from"])])
+def test_the_doors_the_release_runs_take_the_flags_it_passes(door, flags):
+    """What the release runs as `python -m invoke NAME` is a task invoke finds from the checkout, with the flags
+    the release passes (asked of invoke itself)."""
+    r = subprocess.run([sys.executable, "-m", "invoke", "--help", door], cwd=REPO, capture_output=True, text=True,
+                       timeout=120, check=False)
+    assert r.returncode == 0 and f"Usage: inv[oke] [--core-opts] {door}" in r.stdout, r.stdout + r.stderr
+    assert all(f in r.stdout for f in flags), r.stdout
 
 
 def test_the_environment_report_the_ci_driver_wrote_is_taken_not_made_again(tmp_path, monkeypatch):
