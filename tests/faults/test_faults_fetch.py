@@ -174,7 +174,7 @@ def _release_fetch(checkout, base_url: str, monkeypatch) -> subprocess.Completed
     monkeypatch.setenv("JA_ROOT_DIR", str(checkout))
     jit = next(s for s in release_job.stages(release_job.Context(checkout, sys.executable, base_url, {}))
                if s.name == "jit")
-    argv = jit.argv()
+    argv = list(jit.argv)  # the stage's command, known when the stages are made
     env = {**os.environ, **FAST_FETCH_ENV, "JA_ROOT_DIR": str(checkout), "JA_BACKEND": "cpu"}
     return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
 
@@ -209,7 +209,7 @@ def test_faults_release_pins_its_fetch_to_the_producers_base_url():
 
     jit = next(s for s in release_job.stages(release_job.Context(REPO, sys.executable, "http://mirror.example", {}))
                if s.name == "jit")
-    argv = jit.argv()
+    argv = list(jit.argv)  # the stage's command, known when the stages are made
     assert argv[argv.index("--base-url") + 1] == "http://mirror.example"
     assert argv[argv.index("--pins-from") + 1] == config.load().raw["jit_libs_base_url"]
 
