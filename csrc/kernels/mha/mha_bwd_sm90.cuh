@@ -2,7 +2,9 @@
 //
 // The middle kernel of the backward (dK, dV and the float32 dQ accumulation); the
 // preprocess (delta = rowsum(dO * O), zeroed dq_accum) is mha_bwd_gpu.cuh's kernel, the dQ
-// conversion its kernel four elements a thread (the same rounding).
+// conversion its kernel four elements a thread (the same rounding). Head dims 64 and 128 run the
+// kernel below; head dim 256, whose dK and dV would not fit a warpgroup's registers here, runs
+// mha_bwd_sm90_d256.cuh's (64 keys a block, the head dim split over the warpgroups).
 //
 // One block of two warpgroups per (128 keys, kv head, batch); warpgroup w owns key rows
 // [64 w, 64 w + 64) of the tile and keeps their dK and dV (64 x D each, float32) in
@@ -29,6 +31,7 @@
 // query rows past the ends are zero-filled by TMA and masked.
 #pragma once
 #include "mha/mha_bwd_gpu.cuh"
+#include "mha/mha_bwd_sm90_d256.cuh"  // head_dim 256: the head dim split over the warpgroups
 #include "mha/mha_fwd_sm90.cuh"
 
 namespace ja {
@@ -42,7 +45,7 @@ struct BwdTraits {
   static constexpr int kBlockN = 128;  // keys per block: 2 warpgroups x 64
   static constexpr int kStages = 3;
   static constexpr int kThreads = 256;
-  static_assert(D % 64 == 0 && D <= 128, "the backward covers head_dim 64 and 128");
+  static_assert(D % 64 == 0 && D <= 128, "this kernel covers head_dim 64 and 128 (256: mha_bwd_sm90_d256.cuh)");
   static constexpr int BM = kBlockM, BN = kBlockN;
 
   using TiledMmaSdP = decltype(make_tiled_mma(
@@ -417,7 +420,7 @@ __global__ void __launch_bounds__(256) convert_dq4(const float4* acc, T* dq, int
   }
 }
 
-constexpr bool bwd_supported_head_dim(int d) { return d == 64 || d == 128; }
+constexpr bool bwd_supported_head_dim(int d) { return d == 64 || d == 128 || d == 256; }
 
 // Runs the whole backward (preprocess, this kernel, dQ conversion) when the Hopper kernel
 // applies: sets *handled and returns the launch status; otherwise leaves *handled = 0 and the
@@ -444,7 +447,11 @@ const char* mha_bwd_sm90(const JaMhaBwdArgs& a, void* stream, int* handled) {
     mha_gpu::mha_bwd_preprocess<T, D><<<unsigned(blocks), kThreads, 0, s>>>(a);
     if (const char* e = mha_gpu::launch_status("mha_bwd (preprocess)")) return e;
   }
-  if (const char* e = mha_bwd_sm90_launch<T, D, CAUSAL>(a, s)) return e;
+  if constexpr (D == 256) {
+    if (const char* e = mha_bwd_sm90_d256_launch<T, CAUSAL>(a, s)) return e;
+  } else {
+    if (const char* e = mha_bwd_sm90_launch<T, D, CAUSAL>(a, s)) return e;
+  }
   {
     const int64_t n = q_rows * D;  // a multiple of 4; dq_accum is 16-byte aligned
     if ((reinterpret_cast<uintptr_t>(a.dq) & 7u) == 0) {
