@@ -30,8 +30,7 @@
 // rows with no visible key (lse = +inf) contribute 0. Keys and query rows past the ends are
 // zero-filled by TMA and masked.
 #pragma once
-#include "mha/mha_bwd_gpu.cuh"
-#include "mha/mha_fwd_sm90.cuh"
+#include "mha/mha_bwd_sm90_common.cuh"
 
 // Build-time knob: dQ = dS K in 2 slices of 128 columns (default; 32 accumulator registers a
 // thread, each slice's atomics overlap the next product) or in 1 (64 registers, larger MMAs).
@@ -42,14 +41,13 @@
 namespace ja {
 namespace mha_sm90 {
 
+// 64 query rows a tile, 64 keys a block (shared by the 2 warpgroups), 2 Q/dO stages.
 template <typename Element_>
-struct BwdTraitsD256 {
+struct BwdTraitsD256 : BwdLayouts<Element_, 256, 64, 64, 2> {
+  using Layouts = BwdLayouts<Element_, 256, 64, 64, 2>;
   using Element = Element_;
-  static constexpr int kHeadDim = 256;
-  static constexpr int D = kHeadDim;
-  static constexpr int BM = 64;      // query rows per tile
-  static constexpr int BN = 64;      // keys per block, shared by the 2 warpgroups
-  static constexpr int kStages = 2;  // Q/dO stages
+  static constexpr int D = 256;
+  static constexpr int BM = Layouts::BM, BN = Layouts::BN;
   static constexpr int kSlots = 3;   // lse/delta slots (written one tile earlier than Q/dO land)
   static constexpr int kThreads = 256;
   static constexpr int DH = D / 2;   // dK/dV columns per warpgroup
@@ -73,13 +71,6 @@ struct BwdTraitsD256 {
                            GMMA::Major::MN>(),
       Layout<Shape<_1, _2, _1>>{}));
 
-  using SmemLayoutQ =
-      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<BM>, Int<D>, Int<kStages>>{}));
-  using SmemLayoutQt = decltype(composition(
-      SmemLayoutQ{}, make_layout(Shape<Int<D>, Int<BM>, Int<kStages>>{}, Stride<Int<BM>, _1, Int<BM * D>>{})));
-  using SmemLayoutK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<BN>, Int<D>>{}));
-  using SmemLayoutKt =
-      decltype(composition(SmemLayoutK{}, make_layout(Shape<Int<D>, Int<BN>>{}, Stride<Int<BN>, _1>{})));
   // P and dS: (queries, keys), keys contiguous (one 128-byte swizzle row), two buffers; the
   // transposed view (keys, queries) is the A operand of dV and dK.
   using SmemLayoutPdS =
@@ -87,46 +78,16 @@ struct BwdTraitsD256 {
   using SmemLayoutPdSt = decltype(composition(
       SmemLayoutPdS{}, make_layout(Shape<Int<BN>, Int<BM>, _2>{}, Stride<Int<BM>, _1, Int<BM * BN>>{})));
 
-  using ShapeQKV = Shape<int32_t, int32_t, int32_t, int32_t>;  // (seq, head_dim, heads, batch)
-  using StrideQKV = Stride<int64_t, _1, int64_t, int64_t>;
-  using TmaQ = decltype(make_tma_copy(
-      SM90_TMA_LOAD{},
-      make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}),
-      take<0, 2>(SmemLayoutQ{}), Shape<Int<BM>, Int<D>>{}, _1{}));
-  using TmaK = decltype(make_tma_copy(
-      SM90_TMA_LOAD{},
-      make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}), SmemLayoutK{},
-      Shape<Int<BN>, Int<D>>{}, _1{}));
-
-  static constexpr uint32_t kBytesQ = uint32_t(BM * D * sizeof(Element));
-  static constexpr uint32_t kBytesK = uint32_t(BN * D * sizeof(Element));
-
-  struct SharedStorage {
-    array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q;
-    array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> dO;
-    array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
-    array_aligned<Element, cosize_v<SmemLayoutK>, 1024> v;
+  struct SharedStorage : BwdSmem<Layouts, kSlots> {
     array_aligned<Element, cosize_v<SmemLayoutPdS>, 1024> p;
     array_aligned<Element, cosize_v<SmemLayoutPdS>, 1024> ds;
-    float lse[kSlots][BM];  // lse * log2(e) of the query tile, +inf past seq_q
-    float delta[kSlots][BM];
-    cutlass::arch::ClusterTransactionBarrier barrier_kv;
-    cutlass::arch::ClusterTransactionBarrier barrier_q[kStages];
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "MHA backward (sm90, head_dim 256) tiles exceed shared memory");
 
-  struct Params {
-    TmaQ tma_q, tma_do;
-    TmaK tma_k, tma_v;
-    ShapeQKV shape_q, shape_k;
-    const float* lse;
-    const float* delta;
-    float* dq_accum;
-    Element* dk;
-    Element* dv;
-    int32_t heads_q, heads_kv, group;
-    float scale, scale_log2;
+  struct Params : BwdArgs<Element> {
+    typename Layouts::TmaQ tma_q, tma_do;
+    typename Layouts::TmaK tma_k, tma_v;
   };
 };
 
@@ -148,86 +109,18 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   using TileK = Shape<Int<BN>, Int<D>>;
   using TiledQ = Shape<Int<BM>, Int<DQS>>;
 
-  extern __shared__ __align__(1024) char smem_raw[];
-  auto& ss = *reinterpret_cast<typename Tr::SharedStorage*>(smem_raw);
-
-  const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
-  const int sq = get<0>(p.shape_q), sk = get<0>(p.shape_k);
+  auto& ss = bwd_smem<Tr>();
+  const BwdWork w = bwd_work<BM, BN, CAUSAL>(p);
+  const int b = w.b, sq = w.sq, sk = w.sk, kv0 = w.kv0, nk = w.nk, n_iter = w.n_iter;
   const int tid = threadIdx.x;
-  const int kv0 = n_block * BN;
-  const int nk = min(BN, sk - kv0);
 
-  // Query tiles per head: causal blocks start at the tile holding the first query that sees key kv0.
-  const int m_begin = CAUSAL ? int(mha_gpu::first_query_for_key(kv0, sq, sk) / BM) : 0;
-  const int m_tiles = (sq + BM - 1) / BM;
-  const int q_tiles = m_tiles > m_begin ? m_tiles - m_begin : 0;
-  const int n_iter = p.group * q_tiles;
-
-  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Tr::SmemLayoutQ{});
-  Tensor sdO = make_tensor(make_smem_ptr(ss.dO.data()), typename Tr::SmemLayoutQ{});
-  Tensor sQt = make_tensor(make_smem_ptr(ss.q.data()), typename Tr::SmemLayoutQt{});
-  Tensor sdOt = make_tensor(make_smem_ptr(ss.dO.data()), typename Tr::SmemLayoutQt{});
-  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Tr::SmemLayoutK{});
-  Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Tr::SmemLayoutK{});
-  Tensor sKt = make_tensor(make_smem_ptr(ss.k.data()), typename Tr::SmemLayoutKt{});
+  auto [sQ, sdO, sQt, sdOt, sK, sV, sKt] = bwd_smem_tensors<Tr>(ss);
   Tensor sP = make_tensor(make_smem_ptr(ss.p.data()), typename Tr::SmemLayoutPdS{});
   Tensor sPt = make_tensor(make_smem_ptr(ss.p.data()), typename Tr::SmemLayoutPdSt{});
   Tensor sdS = make_tensor(make_smem_ptr(ss.ds.data()), typename Tr::SmemLayoutPdS{});
   Tensor sdSt = make_tensor(make_smem_ptr(ss.ds.data()), typename Tr::SmemLayoutPdSt{});
 
-  Tensor mQ = p.tma_q.get_tma_tensor(p.shape_q);
-  Tensor mdO = p.tma_do.get_tma_tensor(p.shape_q);
-  Tensor mK = p.tma_k.get_tma_tensor(p.shape_k);
-  Tensor mV = p.tma_v.get_tma_tensor(p.shape_k);
-
-  // Issued by thread 0: Q and dO of iteration `it` into stage it % kStages.
-  auto load_q = [&](int it) {
-    const int h = hk * p.group + it / q_tiles, m = m_begin + it % q_tiles;
-    const int s = it % kStages;
-    Tensor gQ = local_tile(mQ(_, _, h, b), TileQ{}, make_coord(m, _0{}));
-    Tensor gdO = local_tile(mdO(_, _, h, b), TileQ{}, make_coord(m, _0{}));
-    Tensor sQs = sQ(_, _, s);
-    Tensor sdOs = sdO(_, _, s);
-    auto [tQg, tQs] = tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQs), group_modes<0, 2>(gQ));
-    auto [tGg, tGs] = tma_partition(p.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdOs), group_modes<0, 2>(gdO));
-    auto& bar = reinterpret_cast<cutlass::arch::ClusterTransactionBarrier::ValueType&>(ss.barrier_q[s]);
-    ss.barrier_q[s].arrive_and_expect_tx(2 * Tr::kBytesQ);
-    copy(p.tma_q.with(bar, 0), tQg, tQs);
-    copy(p.tma_do.with(bar, 0), tGg, tGs);
-  };
-
-  // Threads [0, 2 BM): lse (log2 domain) and delta of iteration `it` into slot it % kSlots.
-  auto load_rows = [&](int it) {
-    if (tid >= 2 * BM) return;
-    const int h = hk * p.group + it / q_tiles, q = (m_begin + it % q_tiles) * BM + tid % BM;
-    const int64_t off = (int64_t(b) * p.heads_q + h) * sq + q;
-    if (tid < BM) ss.lse[it % kSlots][tid] = q < sq ? p.lse[off] * ja_log2e : INFINITY;
-    else ss.delta[it % kSlots][tid - BM] = q < sq ? p.delta[off] : 0.0f;
-  };
-  if (n_iter > 0) load_rows(0);
-  if (n_iter > 1) load_rows(1);
-  if (tid == 0) {
-    cute::prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
-    cute::prefetch_tma_descriptor(p.tma_do.get_tma_descriptor());
-    cute::prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
-    cute::prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
-    ss.barrier_kv.init(1);
-    for (int i = 0; i < kStages; ++i) ss.barrier_q[i].init(1);
-    cutlass::arch::fence_barrier_init();
-  }
-  __syncthreads();
-  if (tid == 0) {
-    Tensor gK = local_tile(mK(_, _, hk, b), TileK{}, make_coord(n_block, _0{}));
-    Tensor gV = local_tile(mV(_, _, hk, b), TileK{}, make_coord(n_block, _0{}));
-    auto [tKg, tKs] = tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-    auto [tVg, tVs] = tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
-    auto& bar = reinterpret_cast<cutlass::arch::ClusterTransactionBarrier::ValueType&>(ss.barrier_kv);
-    ss.barrier_kv.arrive_and_expect_tx(2 * Tr::kBytesK);
-    copy(p.tma_k.with(bar, 0), tKg, tKs);
-    copy(p.tma_v.with(bar, 0), tVg, tVs);
-    if (n_iter > 0) load_q(0);
-    if (n_iter > 1) load_q(1);
-  }
+  bwd_start<Tr>(p, ss, w);  // K, V and the Q/dO tiles of iterations 0 and 1
 
   typename Tr::TiledMmaSdP mma_sdp;
   typename Tr::TiledMmadKV mma_dkv;
@@ -260,7 +153,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   Tensor tScS = thr_sdp.partition_C(cS);
   Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
   constexpr int kRows = decltype(size<0>(tScS_rc))::value;  // queries of this thread
-  constexpr int kCols = decltype(size<1>(tScS_rc))::value;  // keys of this thread
   Tensor cdQ = make_identity_tensor(TiledQ{});  // (query, column within the slice)
   Tensor tdQcdQ = thr_dq.partition_C(cdQ);
   const int64_t q_stride = int64_t(p.heads_q) * D;
@@ -270,8 +162,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   ss.barrier_kv.wait(0);
   CUTLASS_PRAGMA_NO_UNROLL
   for (int it = 0; it < n_iter; ++it) {
-    const int h = hk * p.group + it / q_tiles, m = m_begin + it % q_tiles;
-    const int q0 = m * BM;
+    const int h = w.head(it), q0 = w.tile(it) * BM;
     const int st = it % kStages, buf = it % 2;
     const float* lse2 = ss.lse[it % kSlots];
     const float* dlt = ss.delta[it % kSlots];
@@ -292,34 +183,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
     Tensor dp = make_tensor(tSrdP.data(), acc_rowcol(tSrdP.layout()));
     // Visible iff key < seq_k, query < seq_q (lse), and (causal) key - query <= q0 + sk - sq - kv0.
-    const int diag = q0 + sk - sq - kv0;
-    CUTLASS_PRAGMA_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      const int qr = int(get<0>(tScS_rc(r, 0)));
-      CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < kCols; ++c) {
-        const int kr = int(get<1>(tScS_rc(r, c)));
-        float pv = ja_exp2_approx(s(r, c) * s2 - row_lse[r]);
-        if (kr >= nk || (CAUSAL && kr - qr > diag)) pv = 0.0f;
-        s(r, c) = pv;
-      }
-    }
-    warpgroup_wait<0>();
-    CUTLASS_PRAGMA_UNROLL
-    for (int r = 0; r < kRows; ++r)
-      CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < kCols; ++c) dp(r, c) = s(r, c) * (dp(r, c) - row_delta[r]);
+    bwd_p_ds<CAUSAL>(
+        s, dp, [&](int r, int c) { return int(get<1>(tScS_rc(r, c))); },
+        [&](int r, int) { return int(get<0>(tScS_rc(r, 0))); }, [&](int r, int) { return row_lse[r]; },
+        [&](int r, int) { return row_delta[r]; }, s2, nk, q0 + sk - sq - kv0, [] { warpgroup_wait<0>(); });
 
     // P and dS rounded to the input dtype, to shared memory by stmatrix (buffer it % 2).
     {
-      constexpr int N = decltype(size(tSrS))::value;
       Tensor rP = make_tensor<Element>(tSrS.layout());
       Tensor rdS = make_tensor<Element>(tSrdP.layout());
-      cutlass::NumericArrayConverter<Element, float, N> cvt;
-      *reinterpret_cast<cutlass::Array<Element, N>*>(rP.data()) =
-          cvt(*reinterpret_cast<cutlass::Array<float, N> const*>(tSrS.data()));
-      *reinterpret_cast<cutlass::Array<Element, N>*>(rdS.data()) =
-          cvt(*reinterpret_cast<cutlass::Array<float, N> const*>(tSrdP.data()));
+      bwd_round(tSrS, rP);
+      bwd_round(tSrdP, rdS);
       copy(r2s, thr_r2s.retile_S(rP), tPsP(_, _, _, buf));
       copy(r2s, thr_r2s.retile_S(rdS), tdSsdS(_, _, _, buf));
     }
@@ -327,8 +201,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // P and dS complete; every warpgroup is done with iteration it - 1: its Q/dO stage
     // ((it + 1) % 2), its lse/delta slot and P/dS buffer may be refilled.
     __syncthreads();
-    if (it + 2 < n_iter) load_rows(it + 2);  // read at iteration it + 2, after iteration it + 1's barrier
-    if (it >= 1 && it + 1 < n_iter && tid == 0) load_q(it + 1);  // tiles 0 and 1 came with K and V
+    if (it + 2 < n_iter) bwd_load_rows<Tr>(p, ss, w, it + 2);  // read at iteration it + 2, after it + 1's barrier
+    if (it >= 1 && it + 1 < n_iter && tid == 0) bwd_load_q<Tr>(p, ss, w, it + 1);  // 0 and 1 came with K, V
 
     // 2 slices: dQ slice 0 and dV, slice 0 goes out while dV runs; slice 1 and dK, slice 1 out while dK
     // runs. 1 slice: dQ, dV and dK, dQ goes out while dV and dK run.
@@ -372,24 +246,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     warpgroup_fence_operand(tdKacc);
   }
 
-  // Epilogue: dK * scale and dV rounded to the input dtype, keys < seq_k.
-  Tensor cK = make_identity_tensor(TileK{});
-  Tensor tdKcdK = thr_dkv.partition_C(cK);
-  const int64_t kv_stride = int64_t(p.heads_kv) * D;
-  Element* dk = p.dk + ((int64_t(b) * sk + kv0) * p.heads_kv + hk) * D;
-  Element* dv = p.dv + ((int64_t(b) * sk + kv0) * p.heads_kv + hk) * D;
-  CUTLASS_PRAGMA_UNROLL
-  for (int i = 0; i < decltype(size(tdKacc))::value; i += 2) {
-    const int kr = int(get<0>(tdKcdK(i))), col = int(get<1>(tdKcdK(i)));
-    if (kr >= nk) continue;
-    cutlass::Array<Element, 2> vk, vv;
-    vk[0] = Element(tdKacc(i) * p.scale);
-    vk[1] = Element(tdKacc(i + 1) * p.scale);
-    vv[0] = Element(tdVacc(i));
-    vv[1] = Element(tdVacc(i + 1));
-    *reinterpret_cast<cutlass::Array<Element, 2>*>(dk + kr * kv_stride + col) = vk;
-    *reinterpret_cast<cutlass::Array<Element, 2>*>(dv + kr * kv_stride + col) = vv;
-  }
+  bwd_store_dkdv<Tr>(p, w, thr_dkv, tdKacc, tdVacc);
 #else
   __trap();  // built for another target than sm_90a: never launched (the host checks the device)
 #endif
@@ -398,41 +255,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 template <typename T, bool CAUSAL>
 const char* mha_bwd_sm90_d256_launch(const JaMhaBwdArgs& a, cudaStream_t stream) {
   using Tr = BwdTraitsD256<typename CutlassType<T>::type>;
-  using Element = typename Tr::Element;
-  constexpr int D = Tr::kHeadDim;
   const int sq = int(a.seq_q), sk = int(a.seq_k), hq = int(a.heads_q), hkv = int(a.heads_kv), bt = int(a.batch);
-  auto tensor = [&](const void* ptr, int seq, int heads) { return bshd_tensor<Element, D>(ptr, seq, heads, bt); };
-  using SmemQ = decltype(take<0, 2>(typename Tr::SmemLayoutQ{}));
-  typename Tr::Params p{
-      make_tma_copy(SM90_TMA_LOAD{}, tensor(a.q, sq, hq), SmemQ{}, Shape<Int<Tr::BM>, Int<D>>{}, _1{}),
-      make_tma_copy(SM90_TMA_LOAD{}, tensor(a.dout, sq, hq), SmemQ{}, Shape<Int<Tr::BM>, Int<D>>{}, _1{}),
-      make_tma_copy(SM90_TMA_LOAD{}, tensor(a.k, sk, hkv), typename Tr::SmemLayoutK{},
-                    Shape<Int<Tr::BN>, Int<D>>{}, _1{}),
-      make_tma_copy(SM90_TMA_LOAD{}, tensor(a.v, sk, hkv), typename Tr::SmemLayoutK{},
-                    Shape<Int<Tr::BN>, Int<D>>{}, _1{}),
-      make_shape(sq, int(D), hq, bt),
-      make_shape(sk, int(D), hkv, bt),
-      a.lse,
-      a.delta,
-      a.dq_accum,
-      static_cast<Element*>(a.dk),
-      static_cast<Element*>(a.dv),
-      hq,
-      hkv,
-      hq / hkv,
-      a.scale,
-      a.scale * ja_log2e};
-  auto kernel = mha_bwd_sm90_d256_kernel<Tr, CAUSAL>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
-  if (err != cudaSuccess)
-    return ja_error("mha_bwd (sm90, head_dim 256): could not enable %d bytes of shared memory: %s", Tr::kSmemBytes,
-                    cudaGetErrorString(err));
-  const dim3 grid(unsigned((sk + Tr::BN - 1) / Tr::BN), unsigned(hkv), unsigned(bt));
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
-  err = cudaGetLastError();
-  if (err != cudaSuccess)
-    return ja_error("mha_bwd (sm90, head_dim 256): kernel launch failed: %s", cudaGetErrorString(err));
-  return nullptr;
+  typename Tr::Params p{bwd_args<typename Tr::Element, Tr::kHeadDim>(a), bwd_tma_q<Tr>(a.q, sq, hq, bt),
+                        bwd_tma_q<Tr>(a.dout, sq, hq, bt), bwd_tma_k<Tr>(a.k, sk, hkv, bt),
+                        bwd_tma_k<Tr>(a.v, sk, hkv, bt)};
+  return bwd_launch<Tr>(mha_bwd_sm90_d256_kernel<Tr, CAUSAL>, p, a, stream, "mha_bwd (sm90, head_dim 256)");
 }
 
 }  // namespace mha_sm90
