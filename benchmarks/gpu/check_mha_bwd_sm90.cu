@@ -1,19 +1,24 @@
-// Standalone check and timing of the Hopper attention backward (csrc/kernels/mha/mha_bwd_sm90.cuh)
-// against the mma.sync backward (mha_bwd_gpu.cuh, itself tested against a float64 reference
-// by tests/ops/test_attention.py), bfloat16, on random data; no JAX.
+// Standalone check and timing of the Hopper attention backward (csrc/kernels/mha/mha_bwd_sm90.cuh,
+// head_dim 256: mha_bwd_sm90_d256.cuh) against the mma.sync backward (mha_bwd_gpu.cuh) and, for
+// the small cases, against a float64 host reference; bfloat16 and float16, random data; no JAX.
 //
 //   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a \
 //        -Icsrc/include -Icsrc/kernels -isystem <nvidia-cutlass>/cutlass_library/source/include \
 //        -DJA_HAS_GPU=1 -DJA_BACKEND_CUDA=1 -DNDEBUG benchmarks/gpu/check_mha_bwd_sm90.cu -o check_mha_bwd_sm90
-//   ./check_mha_bwd_sm90 [reps] [cases]     (reps 0: no timing; cases N: the first N checks only)
+//   ./check_mha_bwd_sm90 [reps] [cases] [head_dim]
+//     reps 0: no timing; cases N: the first N checks only; head_dim: time only that head dim
 //
 // o and lse come from the mma.sync forward. The Hopper outputs are filled with NaN first; each
-// gradient is compared by ||x - ref|| / ||ref||. The timing table gives the whole backward
-// (preprocess, main kernel, dQ conversion) of both paths in ms.
+// gradient is compared by ||x - ref|| / ||ref|| with the bounds of tests/ops/reference.py
+// (bfloat16 1e-2, float16 2e-3) against float64, 2e-2 against the mma.sync path. The timing
+// table gives the whole backward (preprocess, main kernel, dQ conversion) of both paths in ms,
+// b4 h32, seq 1k-8k, inputs of a device-side hash (no comparison there).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "mha/mha_fwd_gpu.cuh"
@@ -29,36 +34,85 @@
     }                                          \
   } while (0)
 
-static uint16_t to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fff + ((u >> 16) & 1);
-  return uint16_t(u >> 16);
-}
-static float from_bf16(uint16_t h) {
-  uint32_t u = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 static int g_fail = 0;
 
-template <int D, bool C>
-void run_case(int B, int sq, int sk, int hq, int hkv, int reps) {
-  using T = ja::bf16_t;
-  const size_t nq = size_t(B) * sq * hq * D, nk = size_t(B) * sk * hkv * D, nl = size_t(B) * hq * sq;
-  uint64_t rng = 0x9e3779b97f4a7c15ull * uint64_t(1234 + sq * 7 + sk);
-  auto rnd = [&](size_t n) {  // uniform in [-1, 1), xorshift64* (fast enough for the 8k cases)
-    std::vector<uint16_t> v(n);
-    for (auto& x : v) {
-      rng ^= rng >> 12, rng ^= rng << 25, rng ^= rng >> 27;
-      x = to_bf16(float(int64_t(rng * 0x2545f4914f6cdd1dull) >> 40) * 0x1p-23f);
+template <typename T>
+static std::vector<double> to_host(const T* d, size_t n) {
+  std::vector<T> h(n);
+  CK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+  std::vector<double> r(n);
+  for (size_t i = 0; i < n; ++i) r[i] = ja::to_f32(h[i]);
+  return r;
+}
+
+// float64 gradients of softmax(Q K^T * scale) V (bottom-right causal; rows without a visible
+// key give 0; GQA heads summed into their kv head), layouts [b, s, h, d].
+struct Ref {
+  std::vector<double> dq, dk, dv;
+};
+static Ref reference(const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
+                     const std::vector<double>& g, int B, int sq, int sk, int hq, int hkv, int D, bool causal,
+                     double scale) {
+  Ref r{std::vector<double>(q.size()), std::vector<double>(k.size()), std::vector<double>(k.size())};
+  std::vector<double> p(sk), dp(sk);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < hq; ++h) {
+      const int hk = h / (hq / hkv);
+      auto Q = [&](int i) { return &q[((size_t(b) * sq + i) * hq + h) * D]; };
+      auto G = [&](int i) { return &g[((size_t(b) * sq + i) * hq + h) * D]; };
+      auto K = [&](const std::vector<double>& x, int j) { return &x[((size_t(b) * sk + j) * hkv + hk) * D]; };
+      for (int i = 0; i < sq; ++i) {
+        const int last = causal ? i + sk - sq : sk - 1;  // keys [0, last] visible
+        if (last < 0) continue;
+        double mx = -1e300, sum = 0, delta = 0;
+        for (int j = 0; j <= last; ++j) {
+          double dot = 0;
+          for (int c = 0; c < D; ++c) dot += Q(i)[c] * K(k, j)[c];
+          p[j] = dot * scale;
+          mx = std::max(mx, p[j]);
+        }
+        for (int j = 0; j <= last; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        for (int j = 0; j <= last; ++j) {
+          p[j] /= sum;
+          double dot = 0;
+          for (int c = 0; c < D; ++c) dot += G(i)[c] * K(v, j)[c];
+          dp[j] = dot;
+          delta += p[j] * dot;
+        }
+        double* dq = &r.dq[((size_t(b) * sq + i) * hq + h) * D];
+        for (int j = 0; j <= last; ++j) {
+          const double ds = p[j] * (dp[j] - delta);
+          double* dk = &r.dk[((size_t(b) * sk + j) * hkv + hk) * D];
+          double* dv = &r.dv[((size_t(b) * sk + j) * hkv + hk) * D];
+          for (int c = 0; c < D; ++c) {
+            dq[c] += scale * ds * K(k, j)[c];
+            dk[c] += scale * ds * Q(i)[c];
+            dv[c] += p[j] * G(i)[c];
+          }
+        }
+      }
     }
-    return v;
-  };
-  auto hq_ = rnd(nq), hk_ = rnd(nk), hv_ = rnd(nk), hdo = rnd(nq);
-  uint16_t *q, *k, *v, *o, *dout, *dq[2], *dk[2], *dv[2];
+  return r;
+}
+
+static bool cmp(const char* name, const std::vector<double>& r, const std::vector<double>& x, double bound) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < r.size(); ++i) {
+    num += (x[i] - r[i]) * (x[i] - r[i]);
+    den += r[i] * r[i];
+  }
+  const double rel = std::sqrt(num / (den > 0 ? den : 1));
+  const bool ok = rel < bound;  // NaN fails
+  if (!ok) g_fail = 1;
+  std::printf(" %s %.2e%s", name, rel, ok ? "" : " FAIL");
+  return ok;
+}
+
+// mode 0: check against the mma.sync path (and float64 when ref64); mode > 0: time with reps = mode.
+template <typename T, int D, bool C>
+void run_case(int B, int sq, int sk, int hq, int hkv, int reps, bool ref64 = false) {
+  const size_t nq = size_t(B) * sq * hq * D, nk = size_t(B) * sk * hkv * D, nl = size_t(B) * hq * sq;
+  T *q, *k, *v, *o, *dout, *dq[2], *dk[2], *dv[2];
   float *lse, *acc, *delta;
   CK(cudaMalloc(&q, nq * 2));
   CK(cudaMalloc(&o, nq * 2));
@@ -73,10 +127,12 @@ void run_case(int B, int sq, int sk, int hq, int hkv, int reps) {
   CK(cudaMalloc(&lse, nl * 4));
   CK(cudaMalloc(&delta, nl * 4));
   CK(cudaMalloc(&acc, nq * 4));
-  CK(cudaMemcpy(q, hq_.data(), nq * 2, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(k, hk_.data(), nk * 2, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(v, hv_.data(), nk * 2, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(dout, hdo.data(), nq * 2, cudaMemcpyHostToDevice));
+  const uint32_t seed = 1234u + uint32_t(sq * 7 + sk + D);
+  fill_random<T><<<1024, 256>>>(q, int64_t(nq), seed);
+  fill_random<T><<<1024, 256>>>(k, int64_t(nk), seed + 1);
+  fill_random<T><<<1024, 256>>>(v, int64_t(nk), seed + 2);
+  fill_random<T><<<1024, 256>>>(dout, int64_t(nq), seed + 3);
+  CK(cudaGetLastError());
   const float scale = 1.0f / std::sqrt(float(D));
   JaMhaFwdArgs fa{};
   fa.dtype = int32_t(ja::dtype_of<T>::value);
@@ -90,40 +146,43 @@ void run_case(int B, int sq, int sk, int hq, int hkv, int reps) {
   a.causal = C, a.scale = scale, a.q = q, a.k = k, a.v = v, a.o = o, a.dout = dout, a.lse = lse;
   a.dq_accum = acc, a.delta = delta;
   auto set_out = [&](int i) { a.dq = dq[i], a.dk = dk[i], a.dv = dv[i]; };
-  set_out(0);
-  CE((ja::mha_bwd_gpu<T, D, C>(a, nullptr)));
-  set_out(1);
-  CK(cudaMemset(dq[1], 0xff, nq * 2));  // NaN
-  CK(cudaMemset(dk[1], 0xff, nk * 2));
-  CK(cudaMemset(dv[1], 0xff, nk * 2));
+  const char* dt = std::is_same<T, ja::bf16_t>::value ? "bf16" : "f16";
+  std::printf("%s b%d sq%d sk%d hq%d hkv%d d%d c%d:", dt, B, sq, sk, hq, hkv, D, int(C));
   int handled = 0;
-  CE((ja::mha_sm90::mha_bwd_sm90<T, D, C>(a, nullptr, &handled)));
-  CK(cudaDeviceSynchronize());
-  if (!handled) {
-    std::printf("not handled\n");
-    g_fail = 1;
-    return;
-  }
-  auto cmp = [&](const char* name, uint16_t* r, uint16_t* x, size_t n) {
-    std::vector<uint16_t> hr(n), hx(n);
-    CK(cudaMemcpy(hr.data(), r, n * 2, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(hx.data(), x, n * 2, cudaMemcpyDeviceToHost));
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; ++i) {
-      const double fr = from_bf16(hr[i]), fx = from_bf16(hx[i]);
-      num += (fx - fr) * (fx - fr);
-      den += fr * fr;
+  if (reps == 0) {
+    set_out(0);
+    CE((ja::mha_bwd_gpu<T, D, C>(a, nullptr)));
+    set_out(1);
+    CK(cudaMemset(dq[1], 0xff, nq * 2));  // NaN
+    CK(cudaMemset(dk[1], 0xff, nk * 2));
+    CK(cudaMemset(dv[1], 0xff, nk * 2));
+    CE((ja::mha_sm90::mha_bwd_sm90<T, D, C>(a, nullptr, &handled)));
+    CK(cudaDeviceSynchronize());
+    if (!handled) {
+      std::printf(" not handled FAIL\n");
+      g_fail = 1;
+      return;
     }
-    const double rel = std::sqrt(num / (den > 0 ? den : 1));
-    const bool ok = rel < 2e-2;  // NaN fails
-    if (!ok) g_fail = 1;
-    std::printf(" %s %.2e%s", name, rel, ok ? "" : " FAIL");
-  };
-  std::printf("b%d sq%d sk%d hq%d hkv%d d%d c%d:", B, sq, sk, hq, hkv, D, int(C));
-  cmp("dq", dq[0], dq[1], nq);
-  cmp("dk", dk[0], dk[1], nk);
-  cmp("dv", dv[0], dv[1], nk);
-  if (reps > 0) {
+    const auto mdq = to_host(dq[0], nq), mdk = to_host(dk[0], nk), mdv = to_host(dv[0], nk);
+    const auto hdq = to_host(dq[1], nq), hdk = to_host(dk[1], nk), hdv = to_host(dv[1], nk);
+    std::printf(" vs mma:");
+    cmp("dq", mdq, hdq, 2e-2);
+    cmp("dk", mdk, hdk, 2e-2);
+    cmp("dv", mdv, hdv, 2e-2);
+    if (ref64) {
+      const double bound = std::is_same<T, ja::bf16_t>::value ? 1e-2 : 2e-3;
+      const Ref r = reference(to_host(q, nq), to_host(k, nk), to_host(v, nk), to_host(dout, nq), B, sq, sk, hq, hkv,
+                              D, C, scale);
+      std::printf(" | f64: sm90");
+      cmp("dq", r.dq, hdq, bound);
+      cmp("dk", r.dk, hdk, bound);
+      cmp("dv", r.dv, hdv, bound);
+      std::printf(" mma");
+      cmp("dq", r.dq, mdq, bound);
+      cmp("dk", r.dk, mdk, bound);
+      cmp("dv", r.dv, mdv, bound);
+    }
+  } else {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
@@ -133,6 +192,7 @@ void run_case(int B, int sq, int sk, int hq, int hkv, int reps) {
       auto call = [&]() {
         if (i == 0) CE((ja::mha_bwd_gpu<T, D, C>(a, nullptr)));
         else if (i == 1) CE((ja::mha_sm90::mha_bwd_sm90<T, D, C>(a, nullptr, &handled)));
+        else if constexpr (D == 256) CE((ja::mha_sm90::mha_bwd_sm90_d256_launch<T, C>(a, nullptr)));
         else CE((ja::mha_sm90::mha_bwd_sm90_launch<T, D, C>(a, nullptr)));  // the main kernel alone
       };
       call();
@@ -155,24 +215,43 @@ void run_case(int B, int sq, int sk, int hq, int hkv, int reps) {
 }
 
 int main(int argc, char** argv) {
+  using ja::bf16_t;
+  using ja::f16_t;
   const int reps = argc > 1 ? std::atoi(argv[1]) : 10;
   const int ncases = argc > 2 ? std::atoi(argv[2]) : 1000;
+  const int time_d = argc > 3 ? std::atoi(argv[3]) : 0;
   int n = 0;
-#define CASE(D, C, ...) \
-  if (n++ < ncases) run_case<D, C>(__VA_ARGS__, 0);
-  CASE(128, false, 1, 128, 128, 2, 2)
-  CASE(128, true, 1, 128, 128, 2, 1)
-  CASE(128, false, 2, 200, 333, 4, 2)
-  CASE(128, true, 2, 200, 333, 4, 2)
-  CASE(128, true, 1, 333, 200, 4, 1)
-  CASE(64, false, 2, 257, 190, 4, 2)
-  CASE(64, true, 2, 190, 257, 4, 4)
-  CASE(128, true, 2, 1024, 1024, 8, 2)
+#define CASE(T, D, C, REF, ...) \
+  if (n++ < ncases) run_case<T, D, C>(__VA_ARGS__, 0, REF);
+  CASE(bf16_t, 256, false, true, 1, 128, 128, 2, 2)
+  CASE(bf16_t, 256, true, true, 1, 128, 128, 2, 1)
+  CASE(bf16_t, 256, false, true, 2, 200, 333, 4, 2)
+  CASE(bf16_t, 256, true, true, 2, 200, 333, 4, 2)
+  CASE(f16_t, 256, true, true, 1, 333, 200, 4, 1)
+  CASE(f16_t, 256, false, true, 2, 65, 63, 4, 4)
+  CASE(bf16_t, 256, true, true, 1, 1, 300, 4, 4)
+  CASE(f16_t, 256, true, true, 1, 20, 5, 2, 2)
+  CASE(bf16_t, 256, true, false, 2, 1024, 1024, 8, 2)
+  CASE(f16_t, 256, false, false, 1, 1000, 1000, 8, 1)
+  CASE(bf16_t, 128, false, true, 1, 128, 128, 2, 2)
+  CASE(bf16_t, 128, true, false, 1, 128, 128, 2, 1)
+  CASE(bf16_t, 128, false, false, 2, 200, 333, 4, 2)
+  CASE(bf16_t, 128, true, true, 2, 200, 333, 4, 2)
+  CASE(f16_t, 128, true, false, 1, 333, 200, 4, 1)
+  CASE(bf16_t, 64, false, false, 2, 257, 190, 4, 2)
+  CASE(bf16_t, 64, true, false, 2, 190, 257, 4, 4)
+  CASE(bf16_t, 128, true, false, 2, 1024, 1024, 8, 2)
 #undef CASE
   if (reps > 0) {
-    for (int s : {1024, 4096, 8192}) {
-      run_case<128, false>(4, s, s, 32, 32, reps);
-      run_case<128, true>(4, s, s, 32, 32, reps);
+    for (int s : {1024, 2048, 4096, 8192}) {
+      if (time_d == 0 || time_d == 256) {
+        run_case<bf16_t, 256, false>(4, s, s, 32, 32, reps);
+        run_case<bf16_t, 256, true>(4, s, s, 32, 32, reps);
+      }
+      if (time_d == 0 || time_d == 128) {
+        run_case<bf16_t, 128, false>(4, s, s, 32, 32, reps);
+        run_case<bf16_t, 128, true>(4, s, s, 32, 32, reps);
+      }
     }
   }
   std::printf(g_fail ? "FAILED\n" : "ALL OK\n");

@@ -312,9 +312,9 @@ def test_hopper_forward_is_not_used_for_decode_or_float32(monkeypatch):
 
 
 # --- the Hopper backward -----------------------------------------------------------------
-# On an sm_90 device the bfloat16/float16 backward of head dims 64 and 128 runs the wgmma + TMA
-# kernel (csrc/kernels/mha/mha_bwd_sm90.cuh); JA_MHA_BWD_SM90=0 sends the same call to the
-# mma.sync kernel. libmha_bwd.so counts the calls the Hopper kernel handled.
+# On an sm_90 device the bfloat16/float16 backward of head dims 64, 128 and 256 runs the wgmma + TMA
+# kernel (csrc/kernels/mha/mha_bwd_sm90.cuh; head dim 256: mha_bwd_sm90_d256.cuh); JA_MHA_BWD_SM90=0
+# sends the same call to the mma.sync kernel. libmha_bwd.so counts the calls the Hopper kernel handled.
 
 def _sm90_bwd_calls() -> int:
     from jax_aiter import _loader
@@ -330,7 +330,7 @@ HOPPER_BWD = [(2, 300, 500, 4, 2), (2, 513, 200, 4, 4), (1, 129, 1000, 8, 1), (2
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", HOPPER_BWD, ids=lambda s: f"b{s[0]}-sq{s[1]}-sk{s[2]}-hq{s[3]}-hkv{s[4]}")
 def test_hopper_backward_matches_reference_and_fallback(dtype, d, causal, shape, monkeypatch):

@@ -2,7 +2,9 @@
 //
 // The middle kernel of the backward (dK, dV and the float32 dQ accumulation); the
 // preprocess (delta = rowsum(dO * O), zeroed dq_accum) is mha_bwd_gpu.cuh's kernel, the dQ
-// conversion its kernel four elements a thread (the same rounding).
+// conversion its kernel four elements a thread (the same rounding). Head dims 64 and 128 run the
+// kernel below; head dim 256, whose dK and dV would not fit a warpgroup's registers here, runs
+// mha_bwd_sm90_d256.cuh's (64 keys a block, the head dim split over the warpgroups).
 //
 // One block of two warpgroups per (128 keys, kv head, batch); warpgroup w owns key rows
 // [64 w, 64 w + 64) of the tile and keeps their dK and dV (64 x D each, float32) in
@@ -28,22 +30,21 @@
 // block's keys skipped, rows with no visible key (lse = +inf) contribute 0. Keys and
 // query rows past the ends are zero-filled by TMA and masked.
 #pragma once
-#include "mha/mha_bwd_gpu.cuh"
-#include "mha/mha_fwd_sm90.cuh"
+#include "mha/mha_bwd_sm90_common.cuh"
+#include "mha/mha_bwd_sm90_d256.cuh"  // head_dim 256: the head dim split over the warpgroups
 
 namespace ja {
 namespace mha_sm90 {
 
+// 64 query rows a tile, 128 keys a block (2 warpgroups x 64), 3 Q/dO stages.
 template <typename Element_, int D>
-struct BwdTraits {
+struct BwdTraits : BwdLayouts<Element_, D, 64, 128, 3> {
+  using Layouts = BwdLayouts<Element_, D, 64, 128, 3>;
   using Element = Element_;
-  static constexpr int kHeadDim = D;
-  static constexpr int kBlockM = 64;   // query rows per tile
-  static constexpr int kBlockN = 128;  // keys per block: 2 warpgroups x 64
-  static constexpr int kStages = 3;
+  static constexpr int BM = Layouts::BM, BN = Layouts::BN, kStages = Layouts::kStages;
+  static constexpr int kSlots = kStages;  // lse/delta slots
   static constexpr int kThreads = 256;
-  static_assert(D % 64 == 0 && D <= 128, "the backward covers head_dim 64 and 128");
-  static constexpr int BM = kBlockM, BN = kBlockN;
+  static_assert(D % 64 == 0 && D <= 128, "this kernel covers head_dim 64 and 128 (256: mha_bwd_sm90_d256.cuh)");
 
   using TiledMmaSdP = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<BM>, Int<D>>>(), Layout<Shape<_2, _1, _1>>{}));
@@ -55,13 +56,6 @@ struct BwdTraits {
                            GMMA::Major::MN>(),
       Layout<Shape<_1, _2, _1>>{}));
 
-  using SmemLayoutQ =
-      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<BM>, Int<D>, Int<kStages>>{}));
-  using SmemLayoutQt = decltype(composition(
-      SmemLayoutQ{}, make_layout(Shape<Int<D>, Int<BM>, Int<kStages>>{}, Stride<Int<BM>, _1, Int<BM * D>>{})));
-  using SmemLayoutK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<BN>, Int<D>>{}));
-  using SmemLayoutKt =
-      decltype(composition(SmemLayoutK{}, make_layout(Shape<Int<D>, Int<BN>>{}, Stride<Int<BN>, _1>{})));
   // dS as the A operand of dQ = dS K: (queries, keys), queries contiguous.
   using SmemLayoutdS = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, Shape<Int<BM>, Int<BN>>{}));
   // The same memory as (keys, queries), the accumulator's shape, for the stmatrix store of dS.
@@ -72,50 +66,21 @@ struct BwdTraits {
   using SmemLayoutdQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<float>{}, Shape<Int<BM>, Int<D>>{}));
   using SmemLayoutdQh = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<float>{}, Shape<Int<BM>, Int<D / 2>>{}));
 
-  using ShapeQKV = Shape<int32_t, int32_t, int32_t, int32_t>;  // (seq, head_dim, heads, batch)
-  using StrideQKV = Stride<int64_t, _1, int64_t, int64_t>;
-  using TmaQ = decltype(make_tma_copy(
-      SM90_TMA_LOAD{},
-      make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}),
-      take<0, 2>(SmemLayoutQ{}), Shape<Int<BM>, Int<D>>{}, _1{}));
-  using TmaK = decltype(make_tma_copy(
-      SM90_TMA_LOAD{},
-      make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}), SmemLayoutK{},
-      Shape<Int<BN>, Int<D>>{}, _1{}));
   using TmadQ = decltype(make_tma_copy(
-      SM90_TMA_REDUCE_ADD{}, make_tensor(make_gmem_ptr(static_cast<float*>(nullptr)), ShapeQKV{}, StrideQKV{}),
+      SM90_TMA_REDUCE_ADD{}, make_tensor(make_gmem_ptr(static_cast<float*>(nullptr)), BwdShape{}, BwdStride{}),
       SmemLayoutdQh{}, Shape<Int<BM>, Int<D / 2>>{}, _1{}));
 
-  static constexpr uint32_t kBytesQ = uint32_t(BM * D * sizeof(Element));
-  static constexpr uint32_t kBytesK = uint32_t(BN * D * sizeof(Element));
-
-  struct SharedStorage {
-    array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q;
-    array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> dO;
-    array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
-    array_aligned<Element, cosize_v<SmemLayoutK>, 1024> v;
+  struct SharedStorage : BwdSmem<Layouts, kSlots> {
     array_aligned<Element, cosize_v<SmemLayoutdS>, 1024> ds[2];
     array_aligned<float, cosize_v<SmemLayoutdQ>, 1024> dq;
-    float lse[kStages][BM];  // lse * log2(e) of the query tile, +inf past seq_q
-    float delta[kStages][BM];
-    cutlass::arch::ClusterTransactionBarrier barrier_kv;
-    cutlass::arch::ClusterTransactionBarrier barrier_q[kStages];
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "MHA backward (sm90) tiles exceed shared memory");
 
-  struct Params {
-    TmaQ tma_q, tma_do;
-    TmaK tma_k, tma_v;
+  struct Params : BwdArgs<Element> {
+    typename Layouts::TmaQ tma_q, tma_do;
+    typename Layouts::TmaK tma_k, tma_v;
     TmadQ tma_dq;
-    ShapeQKV shape_q, shape_k;
-    const float* lse;
-    const float* delta;
-    float* dq_accum;
-    Element* dk;
-    Element* dv;
-    int32_t heads_q, heads_kv, group;
-    float scale, scale_log2;
   };
 };
 
@@ -127,85 +92,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
   using TileQ = Shape<Int<BM>, Int<D>>;
   using TileK = Shape<Int<BN>, Int<D>>;
 
-  extern __shared__ __align__(1024) char smem_raw[];
-  auto& ss = *reinterpret_cast<typename Tr::SharedStorage*>(smem_raw);
-
-  const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
-  const int sq = get<0>(p.shape_q), sk = get<0>(p.shape_k);
+  auto& ss = bwd_smem<Tr>();
+  const BwdWork w = bwd_work<BM, BN, CAUSAL>(p);
+  const int b = w.b, sq = w.sq, sk = w.sk, kv0 = w.kv0, nk = w.nk, n_iter = w.n_iter;
   const int tid = threadIdx.x;
-  const int kv0 = n_block * BN;
-  const int nk = min(BN, sk - kv0);
 
-  // Query tiles per head: causal blocks start at the tile holding the first query that sees key kv0.
-  const int m_begin = CAUSAL ? int(mha_gpu::first_query_for_key(kv0, sq, sk) / BM) : 0;
-  const int m_tiles = (sq + BM - 1) / BM;
-  const int q_tiles = m_tiles > m_begin ? m_tiles - m_begin : 0;
-  const int n_iter = p.group * q_tiles;
-
-  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Tr::SmemLayoutQ{});
-  Tensor sdO = make_tensor(make_smem_ptr(ss.dO.data()), typename Tr::SmemLayoutQ{});
-  Tensor sQt = make_tensor(make_smem_ptr(ss.q.data()), typename Tr::SmemLayoutQt{});
-  Tensor sdOt = make_tensor(make_smem_ptr(ss.dO.data()), typename Tr::SmemLayoutQt{});
-  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Tr::SmemLayoutK{});
-  Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Tr::SmemLayoutK{});
-  Tensor sKt = make_tensor(make_smem_ptr(ss.k.data()), typename Tr::SmemLayoutKt{});
+  auto [sQ, sdO, sQt, sdOt, sK, sV, sKt] = bwd_smem_tensors<Tr>(ss);
   Tensor sdS = make_tensor(make_smem_ptr(ss.ds[0].data()), typename Tr::SmemLayoutdS{});
   Tensor sdS1 = make_tensor(make_smem_ptr(ss.ds[1].data()), typename Tr::SmemLayoutdS{});
 
-  Tensor mQ = p.tma_q.get_tma_tensor(p.shape_q);
-  Tensor mdO = p.tma_do.get_tma_tensor(p.shape_q);
-  Tensor mK = p.tma_k.get_tma_tensor(p.shape_k);
-  Tensor mV = p.tma_v.get_tma_tensor(p.shape_k);
-
-  // Issued by thread 0: Q and dO of iteration `it` into stage it % kStages.
-  auto load_q = [&](int it) {
-    const int h = hk * p.group + it / q_tiles, m = m_begin + it % q_tiles;
-    const int s = it % kStages;
-    Tensor gQ = local_tile(mQ(_, _, h, b), TileQ{}, make_coord(m, _0{}));
-    Tensor gdO = local_tile(mdO(_, _, h, b), TileQ{}, make_coord(m, _0{}));
-    Tensor sQs = sQ(_, _, s);
-    Tensor sdOs = sdO(_, _, s);
-    auto [tQg, tQs] = tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQs), group_modes<0, 2>(gQ));
-    auto [tGg, tGs] = tma_partition(p.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdOs), group_modes<0, 2>(gdO));
-    auto& bar = reinterpret_cast<cutlass::arch::ClusterTransactionBarrier::ValueType&>(ss.barrier_q[s]);
-    ss.barrier_q[s].arrive_and_expect_tx(2 * Tr::kBytesQ);
-    copy(p.tma_q.with(bar, 0), tQg, tQs);
-    copy(p.tma_do.with(bar, 0), tGg, tGs);
-  };
-
-  // Threads [0, 2 BM): lse (log2 domain) and delta of iteration `it` into stage it % kStages.
-  auto load_rows = [&](int it) {
-    if (tid >= 2 * BM) return;
-    const int h = hk * p.group + it / q_tiles, q = (m_begin + it % q_tiles) * BM + tid % BM;
-    const int64_t off = (int64_t(b) * p.heads_q + h) * sq + q;
-    if (tid < BM) ss.lse[it % kStages][tid] = q < sq ? p.lse[off] * ja_log2e : INFINITY;
-    else ss.delta[it % kStages][tid - BM] = q < sq ? p.delta[off] : 0.0f;
-  };
-  if (n_iter > 0) load_rows(0);
-  if (n_iter > 1) load_rows(1);
-  if (tid == 0) {
-    cute::prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
-    cute::prefetch_tma_descriptor(p.tma_do.get_tma_descriptor());
-    cute::prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
-    cute::prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
-    cute::prefetch_tma_descriptor(p.tma_dq.get_tma_descriptor());
-    ss.barrier_kv.init(1);
-    for (int i = 0; i < kStages; ++i) ss.barrier_q[i].init(1);
-    cutlass::arch::fence_barrier_init();
-  }
-  __syncthreads();
-  if (tid == 0) {
-    Tensor gK = local_tile(mK(_, _, hk, b), TileK{}, make_coord(n_block, _0{}));
-    Tensor gV = local_tile(mV(_, _, hk, b), TileK{}, make_coord(n_block, _0{}));
-    auto [tKg, tKs] = tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-    auto [tVg, tVs] = tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
-    auto& bar = reinterpret_cast<cutlass::arch::ClusterTransactionBarrier::ValueType&>(ss.barrier_kv);
-    ss.barrier_kv.arrive_and_expect_tx(2 * Tr::kBytesK);
-    copy(p.tma_k.with(bar, 0), tKg, tKs);
-    copy(p.tma_v.with(bar, 0), tVg, tVs);
-    if (n_iter > 0) load_q(0);
-    if (n_iter > 1) load_q(1);
-  }
+  if (tid == 0) cute::prefetch_tma_descriptor(p.tma_dq.get_tma_descriptor());
+  bwd_start<Tr>(p, ss, w);
 
   typename Tr::TiledMmaSdP mma_sdp;
   typename Tr::TiledMmadKV mma_dkv;
@@ -234,8 +131,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
   Tensor cS = make_identity_tensor(Shape<Int<BN>, Int<BM>>{});  // (key, query)
   Tensor tScS = thr_sdp.partition_C(cS);
   Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
-  constexpr int kRows = decltype(size<0>(tScS_rc))::value;  // keys of this thread
-  constexpr int kCols = decltype(size<1>(tScS_rc))::value;  // queries of this thread
   const int wg = tid / 128;
   const bool wg_leader = tid % 128 == 0;  // issues its warpgroup's dQ reduce-add
   Tensor sdQ = make_tensor(make_smem_ptr(ss.dq.data()), typename Tr::SmemLayoutdQ{});
@@ -247,7 +142,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
   ss.barrier_kv.wait(0);
   CUTLASS_PRAGMA_NO_UNROLL
   for (int it = 0; it < n_iter; ++it) {
-    const int h = hk * p.group + it / q_tiles, m = m_begin + it % q_tiles;
+    const int h = w.head(it), m = w.tile(it);
     const int q0 = m * BM;
     const int st = it % kStages;
     // lse (log2 domain; +inf past seq_q gives P = 0) and delta of the tile's rows.
@@ -263,35 +158,18 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
     Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
     Tensor dp = make_tensor(tSrdP.data(), acc_rowcol(tSrdP.layout()));
     // Visible iff key < seq_k, query < seq_q (lse), and (causal) key - query <= q0 + sk - sq - kv0.
-    const int diag = q0 + sk - sq - kv0;
-    CUTLASS_PRAGMA_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      const int kr = int(get<0>(tScS_rc(r, 0)));
-      CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < kCols; ++c) {
-        const int qr = int(get<1>(tScS_rc(r, c)));
-        float pv = ja_exp2_approx(s(r, c) * s2 - lse2[qr]);
-        if (kr >= nk || (CAUSAL && kr - qr > diag)) pv = 0.0f;
-        s(r, c) = pv;
-      }
-    }
-    warpgroup_wait<0>();
-    CUTLASS_PRAGMA_UNROLL
-    for (int r = 0; r < kRows; ++r)
-      CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < kCols; ++c) dp(r, c) = s(r, c) * (dp(r, c) - dlt[int(get<1>(tScS_rc(r, c)))]);
+    bwd_p_ds<CAUSAL>(
+        s, dp, [&](int r, int) { return int(get<0>(tScS_rc(r, 0))); },
+        [&](int r, int c) { return int(get<1>(tScS_rc(r, c))); },
+        [&](int r, int c) { return lse2[int(get<1>(tScS_rc(r, c)))]; },
+        [&](int r, int c) { return dlt[int(get<1>(tScS_rc(r, c)))]; }, s2, nk, q0 + sk - sq - kv0,
+        [] { warpgroup_wait<0>(); });
 
     // P^T and dS^T rounded to the input dtype, as A operands of dV and dK.
-    constexpr int N = decltype(size(tSrS))::value;
     Tensor tdVrP = make_tensor<Element>(acc_as_a(tSrS.layout()));
     Tensor tdKrdS = make_tensor<Element>(acc_as_a(tSrdP.layout()));
-    {
-      cutlass::NumericArrayConverter<Element, float, N> cvt;
-      *reinterpret_cast<cutlass::Array<Element, N>*>(tdVrP.data()) =
-          cvt(*reinterpret_cast<cutlass::Array<float, N> const*>(tSrS.data()));
-      *reinterpret_cast<cutlass::Array<Element, N>*>(tdKrdS.data()) =
-          cvt(*reinterpret_cast<cutlass::Array<float, N> const*>(tSrdP.data()));
-    }
+    bwd_round(tSrS, tdVrP);
+    bwd_round(tSrdP, tdKrdS);
     // dS (queries x keys) to shared memory for dQ = dS K, by stmatrix (8 x 8 tiles, queries contiguous).
     {
       Tensor sdStb = make_tensor(make_smem_ptr(ss.ds[it % 2].data()), typename Tr::SmemLayoutdSt{});
@@ -306,8 +184,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
     // the dQ tile in shared memory may be overwritten.
     __syncthreads();
     if (it + 2 < n_iter) {
-      if (tid == 0) load_q(it + 2);
-      load_rows(it + 2);  // read at iteration it + 2, after iteration it + 1's barrier
+      if (tid == 0) bwd_load_q<Tr>(p, ss, w, it + 2);
+      bwd_load_rows<Tr>(p, ss, w, it + 2);  // read at iteration it + 2, after iteration it + 1's barrier
     }
 
     // dQ (waits for dV), then dK, which runs while dQ goes out.
@@ -337,24 +215,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
   }
   if (wg_leader) tma_store_wait<0>();
 
-  // Epilogue: dK * scale and dV rounded to the input dtype, keys < seq_k.
-  Tensor cK = make_identity_tensor(TileK{});
-  Tensor tdKcdK = thr_dkv.partition_C(cK);
-  const int64_t kv_stride = int64_t(p.heads_kv) * D;
-  Element* dk = p.dk + ((int64_t(b) * sk + kv0) * p.heads_kv + hk) * D;
-  Element* dv = p.dv + ((int64_t(b) * sk + kv0) * p.heads_kv + hk) * D;
-  CUTLASS_PRAGMA_UNROLL
-  for (int i = 0; i < decltype(size(tdKacc))::value; i += 2) {
-    const int kr = int(get<0>(tdKcdK(i))), col = int(get<1>(tdKcdK(i)));
-    if (kr >= nk) continue;
-    cutlass::Array<Element, 2> vk, vv;
-    vk[0] = Element(tdKacc(i) * p.scale);
-    vk[1] = Element(tdKacc(i + 1) * p.scale);
-    vv[0] = Element(tdVacc(i));
-    vv[1] = Element(tdVacc(i + 1));
-    *reinterpret_cast<cutlass::Array<Element, 2>*>(dk + kr * kv_stride + col) = vk;
-    *reinterpret_cast<cutlass::Array<Element, 2>*>(dv + kr * kv_stride + col) = vv;
-  }
+  bwd_store_dkdv<Tr>(p, w, thr_dkv, tdKacc, tdVacc);
 #else
   __trap();  // built for another target than sm_90a: never launched (the host checks the device)
 #endif
@@ -363,41 +224,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
 template <typename T, int D, bool CAUSAL>
 const char* mha_bwd_sm90_launch(const JaMhaBwdArgs& a, cudaStream_t stream) {
   using Tr = BwdTraits<typename CutlassType<T>::type, D>;
-  using Element = typename Tr::Element;
   const int sq = int(a.seq_q), sk = int(a.seq_k), hq = int(a.heads_q), hkv = int(a.heads_kv), bt = int(a.batch);
-  auto tensor = [&](const void* ptr, int seq, int heads) { return bshd_tensor<Element, D>(ptr, seq, heads, bt); };
-  using SmemQ = decltype(take<0, 2>(typename Tr::SmemLayoutQ{}));
   typename Tr::Params p{
-      make_tma_copy(SM90_TMA_LOAD{}, tensor(a.q, sq, hq), SmemQ{}, Shape<Int<Tr::BM>, Int<D>>{}, _1{}),
-      make_tma_copy(SM90_TMA_LOAD{}, tensor(a.dout, sq, hq), SmemQ{}, Shape<Int<Tr::BM>, Int<D>>{}, _1{}),
-      make_tma_copy(SM90_TMA_LOAD{}, tensor(a.k, sk, hkv), typename Tr::SmemLayoutK{},
-                    Shape<Int<Tr::BN>, Int<D>>{}, _1{}),
-      make_tma_copy(SM90_TMA_LOAD{}, tensor(a.v, sk, hkv), typename Tr::SmemLayoutK{},
-                    Shape<Int<Tr::BN>, Int<D>>{}, _1{}),
+      bwd_args<typename Tr::Element, D>(a),
+      bwd_tma_q<Tr>(a.q, sq, hq, bt),
+      bwd_tma_q<Tr>(a.dout, sq, hq, bt),
+      bwd_tma_k<Tr>(a.k, sk, hkv, bt),
+      bwd_tma_k<Tr>(a.v, sk, hkv, bt),
       make_tma_copy(SM90_TMA_REDUCE_ADD{}, bshd_tensor<float, D>(a.dq_accum, sq, hq, bt),
-                    typename Tr::SmemLayoutdQh{}, Shape<Int<Tr::BM>, Int<D / 2>>{}, _1{}),
-      make_shape(sq, int(D), hq, bt),
-      make_shape(sk, int(D), hkv, bt),
-      a.lse,
-      a.delta,
-      a.dq_accum,
-      static_cast<Element*>(a.dk),
-      static_cast<Element*>(a.dv),
-      hq,
-      hkv,
-      hq / hkv,
-      a.scale,
-      a.scale * ja_log2e};
-  auto kernel = mha_bwd_sm90_kernel<Tr, CAUSAL>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
-  if (err != cudaSuccess)
-    return ja_error("mha_bwd (sm90): could not enable %d bytes of shared memory: %s", Tr::kSmemBytes,
-                    cudaGetErrorString(err));
-  const dim3 grid(unsigned((sk + Tr::BN - 1) / Tr::BN), unsigned(hkv), unsigned(bt));
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
-  err = cudaGetLastError();
-  if (err != cudaSuccess) return ja_error("mha_bwd (sm90): kernel launch failed: %s", cudaGetErrorString(err));
-  return nullptr;
+                    typename Tr::SmemLayoutdQh{}, Shape<Int<Tr::BM>, Int<D / 2>>{}, _1{})};
+  return bwd_launch<Tr>(mha_bwd_sm90_kernel<Tr, CAUSAL>, p, a, stream, "mha_bwd (sm90)");
 }
 
 // mha_bwd_convert_dq four elements a thread (n4 = elements / 4, dq 8-byte aligned): the same
@@ -417,7 +253,7 @@ __global__ void __launch_bounds__(256) convert_dq4(const float4* acc, T* dq, int
   }
 }
 
-constexpr bool bwd_supported_head_dim(int d) { return d == 64 || d == 128; }
+constexpr bool bwd_supported_head_dim(int d) { return d == 64 || d == 128 || d == 256; }
 
 // Runs the whole backward (preprocess, this kernel, dQ conversion) when the Hopper kernel
 // applies: sets *handled and returns the launch status; otherwise leaves *handled = 0 and the
@@ -444,7 +280,11 @@ const char* mha_bwd_sm90(const JaMhaBwdArgs& a, void* stream, int* handled) {
     mha_gpu::mha_bwd_preprocess<T, D><<<unsigned(blocks), kThreads, 0, s>>>(a);
     if (const char* e = mha_gpu::launch_status("mha_bwd (preprocess)")) return e;
   }
-  if (const char* e = mha_bwd_sm90_launch<T, D, CAUSAL>(a, s)) return e;
+  if constexpr (D == 256) {
+    if (const char* e = mha_bwd_sm90_d256_launch<T, CAUSAL>(a, s)) return e;
+  } else {
+    if (const char* e = mha_bwd_sm90_launch<T, D, CAUSAL>(a, s)) return e;
+  }
   {
     const int64_t n = q_rows * D;  // a multiple of 4; dq_accum is 16-byte aligned
     if ((reinterpret_cast<uintptr_t>(a.dq) & 7u) == 0) {

@@ -5,7 +5,8 @@
 #pragma once
 #include "ja/kernels/mha.h"
 
-#if (defined(JA_SM90_DT_bf16) || defined(JA_SM90_DT_f16)) && (defined(JA_SM90_HD_64) || defined(JA_SM90_HD_128))
+#if (defined(JA_SM90_DT_bf16) || defined(JA_SM90_DT_f16)) && (defined(JA_SM90_HD_64) || defined(JA_SM90_HD_128) || \
+                                                              defined(JA_SM90_HD_256))
 #define JA_SM90_BWD_BUILT 1
 #include "mha/mha_bwd_sm90.cuh"
 #else
