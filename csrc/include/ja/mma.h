@@ -99,11 +99,20 @@ JA_DEVICE void ldmatrix_x4_trans(uint32_t r[4], const void* p) {
 }
 
 // 16-byte global -> shared copy; when !valid the destination is zero-filled
-// and nothing is read (src must still be a mapped address).
+// and nothing is read (src must still be a mapped address). PF is an L2
+// prefetch-size hint: 128 or 256 bytes around the address come from memory
+// into L2 at once (the .L2::128B / .L2::256B qualifier); 0 is the plain copy.
+template <int PF = 0>
 JA_DEVICE void cp_async_16(void* dst, const void* src, bool valid) {
+  static_assert(PF == 0 || PF == 128 || PF == 256, "the L2 prefetch size is 0, 128 or 256 bytes");
 #if JA_MMA_SM80
   const int n = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
+  if constexpr (PF == 0)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
+  else if constexpr (PF == 128)
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
+  else
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
 #else
   __trap();
 #endif
