@@ -28,10 +28,13 @@
 // caps the number of splits, and without one the kernel runs with one split.
 #pragma once
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "gpu_launch.cuh"
 #include "ja/mma.h"
+#include "mha/mha_decode_calls.h"
 #include "mha/mha_fwd_gpu_mma.cuh"
 #include "mha/mha_gpu_common.cuh"
 
@@ -90,6 +93,11 @@ namespace mha_gpu {
 // DRAM 4.18 -> 4.37 TB/s, L2 hit rate 48% -> 2% (no sector is fetched twice), instructions
 // 58M -> 42M. 3 stages (two blocks per multiprocessor) took 0.96-1.00, 2 stages 0.97-1.06, 6 stages
 // 0.95-0.96, 8 warps (128-key tiles) 0.96, no L2 promotion the same as 128 bytes, 256 bytes 0.97-1.02.
+// The merge kernel: Nsight Compute times it at 5-6 us a call at 32k keys, but under PDL most of that
+// overlaps the split kernel's tail: making the splits of one kv head a thread-block cluster that merges
+// through distributed shared memory (no merge kernel, no workspace) took 0.995-1.00 of this kernel's
+// time where it applied (one round), and clusters of 4 splits did not all fit at once (30 of 32 with
+// 4 kv heads at one block per multiprocessor), so the two-kernel merge stays.
 #ifndef JA_MHA_DECODE_TMA
 #define JA_MHA_DECODE_TMA 1
 #endif
@@ -581,7 +589,9 @@ bool encode_decode_maps(const JaMhaFwdArgs& a, DecodeMaps* maps) {
 
 // Whether the TMA kernel runs here: JA_MHA_DECODE_TMA, 16-bit types at head_dim 64, 128 or 256, a device
 // of compute capability 9.0+ whose loaded code for the kernel was compiled for 9.0+ (not sm_80 PTX
-// JIT-compiled, where the kernel's TMA branch traps), sizes the maps hold (cached per device).
+// JIT-compiled, where the kernel's TMA branch traps; cached per device), sizes the maps hold, and
+// not JA_MHA_FWD_DECODE_TMA=0 in the environment (read on every call, so a test can compare both
+// paths in one process).
 template <typename T, int D, bool CAUSAL>
 bool decode_tma_applies(const JaMhaFwdArgs& a) {
   if constexpr (!kDecodeTmaBuilt<T, D>) {
@@ -590,6 +600,8 @@ bool decode_tma_applies(const JaMhaFwdArgs& a) {
     if (a.seq_k <= 0 || a.seq_k >= (int64_t(1) << 31) || a.batch >= (int64_t(1) << 31) ||
         a.heads_kv >= (int64_t(1) << 31))
       return false;
+    const char* off = std::getenv("JA_MHA_FWD_DECODE_TMA");
+    if (off && std::strcmp(off, "0") == 0) return false;
     static std::atomic<int> cache[64];  // 1 no, 2 yes
     const int dev = ja::current_device();
     if (dev < 0) return false;
@@ -643,8 +655,11 @@ template <typename T, int D, bool CAUSAL>
 const char* mha_decode_launch(const JaMhaFwdArgs& a, ja_stream_t stream) {
   DecodeMaps maps{};
   if constexpr (kDecodeTmaBuilt<T, D>) {
-    if (decode_tma_applies<T, D, CAUSAL>(a) && encode_decode_maps<T, D>(a, &maps))
-      return mha_decode_launch_with<T, D, CAUSAL, true>(a, maps, stream);
+    if (decode_tma_applies<T, D, CAUSAL>(a) && encode_decode_maps<T, D>(a, &maps)) {
+      const char* err = mha_decode_launch_with<T, D, CAUSAL, true>(a, maps, stream);
+      if (!err) mha_decode_tma_calls().fetch_add(1, std::memory_order_relaxed);
+      return err;
+    }
   }
   return mha_decode_launch_with<T, D, CAUSAL, false>(a, maps, stream);
 }
