@@ -150,6 +150,9 @@ SETTINGS: tuple[Setting, ...] = (
             "every call, so a test can compare both paths)", choices=("0", "1"), accepts="one of"),
     Setting("JA_MHA_BWD_SM90", "runtime", "0: the attention backward skips the Hopper (sm_90a) kernels (read on "
             "every call, so a test can compare both paths)", choices=("0", "1"), accepts="one of"),
+    Setting("JA_MHA_FWD_DECODE_TMA", "runtime", "0: the split-KV decode forward loads K and V with cp.async "
+            "instead of TMA on sm_90 (read on every call, so a test can compare both paths)", choices=("0", "1"),
+            accepts="one of"),
     # --- tests --------------------------------------------------------------------------------
     Setting("JA_TEST_TIER", "tests", "the tier `bash ci/test.sh` and `nox -s tests` run", default="pr",
             choices=("pr", "nightly", "multigpu"), accepts="one of"),

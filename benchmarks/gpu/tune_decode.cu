@@ -12,7 +12,8 @@
 //        -Lbuild/jax_aiter_build -ljax_aiter -ldl -Xlinker -rpath=$PWD/build/jax_aiter_build
 //   build/tune_decode [reps|check] [path/to/libmha_fwd.so]
 //   (TUNE_DECODE_CASES=4 in the environment: the first four cases only, the model section's;
-//    TUNE_DECODE_FIRST=N: from case N on, e.g. one case under ncu)
+//    TUNE_DECODE_FIRST=N: from case N on, e.g. one case under ncu; JA_MHA_FWD_DECODE_TMA=0: the
+//    shipped kernel with its cp.async loads instead of TMA on sm_90, for both modes)
 //
 // Each line: median microseconds of one call between two events (as bench_gpu.py times it:
 // "ev"), the per-call time of 16 calls back to back ("b2b", launch gaps hidden by PDL), and

@@ -258,12 +258,41 @@ def test_forward_lse_and_workspace_written_under_poison(device, monkeypatch):
 # kernel (csrc/kernels/mha/mha_fwd_sm90.cuh; not for decode shapes); JA_MHA_FWD_SM90=0 sends the
 # same call to the mma.sync kernel. libmha_fwd.so counts the calls the Hopper kernel handled.
 
-def _sm90_calls() -> int:
+def _lib_calls(lib: str, counter: str) -> int:
+    """A call counter that an MHA library exports (int64_t counter(void))."""
     from jax_aiter import _loader
 
-    fn = ctypes.CDLL(str(_loader.find_library("libmha_fwd.so"))).ja_mha_fwd_sm90_calls
+    fn = getattr(ctypes.CDLL(str(_loader.find_library(lib))), counter)
     fn.restype = ctypes.c_int64
     return int(fn())
+
+
+def _sm90_calls() -> int:
+    return _lib_calls("libmha_fwd.so", "ja_mha_fwd_sm90_calls")
+
+
+def _both_paths(fwd, args, env, calls, expected, monkeypatch):
+    """fwd(*args) twice: without `env` (a path that `calls` counts `expected` times), then with env=0
+    (the fallback, not counted). Returns both (out, lse)."""
+    monkeypatch.delenv(env, raising=False)
+    before = calls()
+    o1, lse1 = jax.block_until_ready(fwd(*args))
+    assert calls() == before + expected
+    monkeypatch.setenv(env, "0")
+    o2, lse2 = jax.block_until_ready(fwd(*args))
+    assert calls() == before + expected
+    return o1, lse1, o2, lse2
+
+
+def _assert_paths_agree(dtype, ref_o, o1, lse1, o2, lse2):
+    """Two kernels' (out, lse) of one call: each within the reference bound, and of each other;
+    the same rows without keys (lse +inf), the other lse equal up to float32 rounding."""
+    assert rel_err(o1, ref_o) <= RTOL[dtype] and rel_err(o2, ref_o) <= RTOL[dtype]
+    assert rel_err(o1, f64(o2)) <= RTOL[dtype]
+    lse1, lse2 = np.asarray(lse1), np.asarray(lse2)
+    assert np.array_equal(np.isinf(lse1), np.isinf(lse2)) and np.all(lse1[np.isinf(lse1)] > 0)
+    fin = np.isfinite(lse2)
+    np.testing.assert_allclose(lse1[fin], lse2[fin], rtol=0, atol=1e-3)
 
 
 def _is_sm90() -> bool:
@@ -284,21 +313,10 @@ def test_hopper_forward_matches_reference_and_fallback(dtype, d, causal, shape, 
     batch, sq, sk, hq, hkv = shape
     (q, k, v, _), (qe, ke, ve, doe) = make_inputs(sk + d, dtype, batch, sq, sk, hq, hkv, d, "gpu")
     fwd, _ = attention._prims(causal, d ** -0.5)
-    fwd = jax.jit(fwd)
-    monkeypatch.delenv("JA_MHA_FWD_SM90", raising=False)
-    before = _sm90_calls()
-    o1, lse1 = jax.block_until_ready(fwd(q, k, v))
-    assert _sm90_calls() == before + (1 if _is_sm90() else 0)
-    monkeypatch.setenv("JA_MHA_FWD_SM90", "0")
-    o2, lse2 = jax.block_until_ready(fwd(q, k, v))
-    assert _sm90_calls() == before + (1 if _is_sm90() else 0)
+    o1, lse1, o2, lse2 = _both_paths(jax.jit(fwd), (q, k, v), "JA_MHA_FWD_SM90", _sm90_calls,
+                                     1 if _is_sm90() else 0, monkeypatch)
     ref_o, _ = attention_ref(qe, ke, ve, doe, causal, d ** -0.5)
-    assert rel_err(o1, ref_o) <= RTOL[dtype] and rel_err(o2, ref_o) <= RTOL[dtype]
-    assert rel_err(o1, f64(o2)) <= RTOL[dtype]
-    lse1, lse2 = np.asarray(lse1), np.asarray(lse2)
-    assert np.array_equal(np.isinf(lse1), np.isinf(lse2)) and np.all(lse1[np.isinf(lse1)] > 0)
-    fin = np.isfinite(lse2)
-    np.testing.assert_allclose(lse1[fin], lse2[fin], rtol=0, atol=1e-3)
+    _assert_paths_agree(dtype, ref_o, o1, lse1, o2, lse2)
 
 
 @pytest.mark.gpu
@@ -311,17 +329,47 @@ def test_hopper_forward_is_not_used_for_decode_or_float32(monkeypatch):
     assert _sm90_calls() == before
 
 
+# --- the decode path's TMA loads ----------------------------------------------------------
+# Decode shapes take the split-KV kernel (csrc/kernels/mha/mha_fwd_gpu_decode.cuh); on an sm_90 (or
+# newer) device, in bfloat16/float16 at head dims 64, 128 and 256, its K and V tiles come by TMA, and
+# JA_MHA_FWD_DECODE_TMA=0 sends the same call to its cp.async loads. libmha_fwd.so counts the TMA calls.
+
+def _decode_tma_calls() -> int:
+    return _lib_calls("libmha_fwd.so", "ja_mha_fwd_decode_tma_calls")
+
+
+def _is_sm90_or_newer() -> bool:
+    cc = getattr(jax.devices("gpu")[0], "compute_capability", None)
+    return cc is not None and int(str(cc).split(".")[0]) >= 9
+
+
+DECODE_TMA = [(2, 1, 3001, 32, 4), (2, 3, 1000, 8, 2), (1, 1, 65, 8, 1)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", DECODE_TMA, ids=lambda s: f"b{s[0]}-sq{s[1]}-sk{s[2]}-hq{s[3]}-hkv{s[4]}")
+def test_decode_tma_matches_reference_and_cp_async(dtype, d, causal, shape, monkeypatch):
+    """The decode kernel's TMA path runs where it should, matches the float64 reference, and its
+    cp.async path (JA_MHA_FWD_DECODE_TMA=0) within the same bound; lse equal up to float32 rounding."""
+    batch, sq, sk, hq, hkv = shape
+    (q, k, v, _), (qe, ke, ve, doe) = make_inputs(sk + d, dtype, batch, sq, sk, hq, hkv, d, "gpu")
+    fwd = jax.jit(attention._prims(causal, d ** -0.5)[0])
+    o1, lse1, o2, lse2 = _both_paths(fwd, (q, k, v), "JA_MHA_FWD_DECODE_TMA", _decode_tma_calls,
+                                     1 if _is_sm90_or_newer() else 0, monkeypatch)
+    ref_o, _ = attention_ref(qe, ke, ve, doe, causal, d ** -0.5)
+    _assert_paths_agree(dtype, ref_o, o1, lse1, o2, lse2)
+
+
 # --- the Hopper backward -----------------------------------------------------------------
 # On an sm_90 device the bfloat16/float16 backward of head dims 64, 128 and 256 runs the wgmma + TMA
 # kernel (csrc/kernels/mha/mha_bwd_sm90.cuh; head dim 256: mha_bwd_sm90_d256.cuh); JA_MHA_BWD_SM90=0
 # sends the same call to the mma.sync kernel. libmha_bwd.so counts the calls the Hopper kernel handled.
 
 def _sm90_bwd_calls() -> int:
-    from jax_aiter import _loader
-
-    fn = ctypes.CDLL(str(_loader.find_library("libmha_bwd.so"))).ja_mha_bwd_sm90_calls
-    fn.restype = ctypes.c_int64
-    return int(fn())
+    return _lib_calls("libmha_bwd.so", "ja_mha_bwd_sm90_calls")
 
 
 HOPPER_BWD = [(2, 300, 500, 4, 2), (2, 513, 200, 4, 4), (1, 129, 1000, 8, 1), (2, 1000, 1000, 2, 2),

@@ -99,11 +99,20 @@ JA_DEVICE void ldmatrix_x4_trans(uint32_t r[4], const void* p) {
 }
 
 // 16-byte global -> shared copy; when !valid the destination is zero-filled
-// and nothing is read (src must still be a mapped address).
+// and nothing is read (src must still be a mapped address). PF is an L2
+// prefetch-size hint: 128 or 256 bytes around the address come from memory
+// into L2 at once (the .L2::128B / .L2::256B qualifier); 0 is the plain copy.
+template <int PF = 0>
 JA_DEVICE void cp_async_16(void* dst, const void* src, bool valid) {
+  static_assert(PF == 0 || PF == 128 || PF == 256, "the L2 prefetch size is 0, 128 or 256 bytes");
 #if JA_MMA_SM80
   const int n = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
+  if constexpr (PF == 0)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
+  else if constexpr (PF == 128)
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
+  else
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
 #else
   __trap();
 #endif
@@ -128,6 +137,73 @@ template <int N>
 JA_DEVICE void cp_async_wait() {
 #if JA_MMA_SM80
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+// Hopper (sm_90) asynchronous copies: the tensor memory accelerator (TMA) moves a box of a
+// tensor, described by a CUtensorMap encoded on the host, into shared memory and reports the
+// bytes it wrote on an mbarrier (the "transaction count"). One thread issues the copies;
+// every thread that reads the data waits on the barrier's phase. Older targets trap.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define JA_MMA_SM90 1
+#else
+#define JA_MMA_SM90 0
+#endif
+
+// An mbarrier in shared memory that completes a phase after `count` arrivals (and their bytes).
+JA_DEVICE void mbar_init(uint64_t* bar, int count) {
+#if JA_MMA_SM90
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+#else
+  __trap();
+#endif
+}
+// Makes the initialised barriers visible to the async proxy (the TMA unit) before its first copy.
+JA_DEVICE void mbar_fence_init() {
+#if JA_MMA_SM90
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+// One arrival that also expects `bytes` more bytes of copies before the phase completes.
+JA_DEVICE void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+#if JA_MMA_SM90
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+#else
+  __trap();
+#endif
+}
+// Waits until the phase with this parity (0, 1, 0, ... for its uses in order) has completed.
+JA_DEVICE void mbar_wait(uint64_t* bar, uint32_t parity) {
+#if JA_MMA_SM90
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+#else
+  __trap();
+#endif
+}
+// Fetches a tensor map (a __grid_constant__ kernel parameter) into the descriptor cache.
+JA_DEVICE void tma_prefetch_map(const void* map) {
+#if JA_MMA_SM90
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
+#endif
+}
+// The box of a 4-d tensor map at coordinates (c0 innermost .. c3) -> dst (shared memory, aligned as the
+// map's swizzle needs); elements past the tensor's ends are zero-filled. Completes its bytes on bar.
+JA_DEVICE void tma_load_4d(void* dst, const void* map, uint64_t* bar, int c0, int c1, int c2, int c3) {
+#if JA_MMA_SM90
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(smem_addr(dst)),
+      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
+      : "memory");
+#else
+  __trap();
 #endif
 }
 

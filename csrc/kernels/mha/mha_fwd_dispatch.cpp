@@ -5,7 +5,9 @@
 // a dtype and head dim it covers, not a decode shape) and otherwise the regular instances
 // (mma.sync, SIMT, split-KV decode) run. JA_MHA_FWD_SM90=0 in the environment skips them
 // (read on every call, so a test can compare both paths in one process);
-// ja_mha_fwd_sm90_calls() counts the calls they handled.
+// ja_mha_fwd_sm90_calls() counts the calls they handled. Decode shapes take the split-KV kernel,
+// on sm_90 with TMA loads; ja_mha_fwd_decode_tma_calls() counts those (JA_MHA_FWD_DECODE_TMA=0,
+// read on every call, sends them to its cp.async loads).
 #define JA_MHA_NAME "mha_fwd"
 #define JA_MHA_ARGS JaMhaFwdArgs
 #define JA_MHA_CPU_TABLE "mha_fwd_cpu_instances.inc"
@@ -16,3 +18,9 @@
 #define JA_MHA_SM90_OFF "JA_MHA_FWD_SM90"
 #define JA_MHA_SM90_CALLS ja_mha_fwd_sm90_calls
 #include "mha/mha_dispatch_entries.inc"
+
+#if defined(JA_HAS_GPU)
+#include "mha/mha_decode_calls.h"
+
+JA_API int64_t ja_mha_fwd_decode_tma_calls(void) { return ja::mha_decode_tma_calls().load(std::memory_order_relaxed); }
+#endif

@@ -11,7 +11,9 @@
 //
 //   pass 1 (mha_decode_kernel): block (split, kv head x row block, batch) runs
 //     the online softmax over its keys; its kWarps warps each take 16 keys of
-//     every BC-key tile (cp.async pipeline of kStages tiles), and merge their
+//     every BC-key tile (a pipeline of kStages tiles: on sm_90 at head_dim 64,
+//     128 and 256 each tile is a few TMA tensor-map copies that one thread
+//     issues on the stage's mbarrier; elsewhere cp.async), and merge their
 //     (max, sum, O) at the end through shared memory. With one split it
 //     writes the output and lse directly; otherwise it writes O / l and the
 //     log2-domain lse of its keys (float32) to a scratch buffer.
@@ -26,13 +28,19 @@
 // caps the number of splits, and without one the kernel runs with one split.
 #pragma once
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
 
 #include "gpu_launch.cuh"
 #include "ja/mma.h"
+#include "mha/mha_decode_calls.h"
 #include "mha/mha_fwd_gpu_mma.cuh"
 #include "mha/mha_gpu_common.cuh"
 
 #if JA_HAS_WARP_MMA
+#include <cuda.h>  // CUtensorMap and its enums only: the encoder is found at run time, nothing links libcuda
+
 namespace ja {
 namespace mha_gpu {
 
@@ -52,7 +60,7 @@ namespace mha_gpu {
 // 4x as long. So neither the bytes in flight nor the order of the splits bound it. cuDNN's decode
 // kernel runs the same grid (splits x kv heads x batch, 128 threads, sm_80-style mma) in about 8%
 // less time at 32k keys (Nsight Compute), so the memory system does not bound it either; what
-// differs is not found yet.
+// differs is not found; the TMA path below (fourth round) closes about half of the gap.
 // A third round (same shapes and harness, 2-5 rounds each against the previous kernel in the same
 // run): the K/V cp.async with an L2 prefetch size of 128 bytes took 0.972-0.975 of the time in all
 // four model shapes (Nsight Compute at 32k keys: DRAM 4.06 -> 4.18 TB/s, L2 hit rate 35% -> 48%,
@@ -76,18 +84,54 @@ namespace mha_gpu {
 #ifndef JA_MHA_DECODE_L2PF
 #define JA_MHA_DECODE_L2PF 128
 #endif
+// TMA         1: on sm_90+ at head_dim 64, 128, 256, K and V tiles come by TMA (tensor-map copies)
+// TMA_STAGES  K/V tiles in flight per block on the TMA path (0: 4 up to head_dim 128, 3 above)
+// TMA_L2      the tensor maps' L2 promotion in bytes: 0, 64, 128 or 256
+// A fourth round (same shapes and harness, two rounds against the kernel before it): the TMA path
+// with 4 stages (one block per multiprocessor) took 0.946 / 0.957 / 0.950 / 0.952 of the cp.async
+// kernel's time (8k, 32k, 8k with 4 kv heads, 32k with 4 kv heads); Nsight Compute at 32k keys:
+// DRAM 4.18 -> 4.37 TB/s, L2 hit rate 48% -> 2% (no sector is fetched twice), instructions
+// 58M -> 42M. 3 stages (two blocks per multiprocessor) took 0.96-1.00, 2 stages 0.97-1.06, 6 stages
+// 0.95-0.96, 8 warps (128-key tiles) 0.96, no L2 promotion the same as 128 bytes, 256 bytes 0.97-1.02.
+// The merge kernel: Nsight Compute times it at 5-6 us a call at 32k keys, but under PDL most of that
+// overlaps the split kernel's tail: making the splits of one kv head a thread-block cluster that merges
+// through distributed shared memory (no merge kernel, no workspace) took 0.995-1.00 of this kernel's
+// time where it applied (one round), and clusters of 4 splits did not all fit at once (30 of 32 with
+// 4 kv heads at one block per multiprocessor), so the two-kernel merge stays.
+#ifndef JA_MHA_DECODE_TMA
+#define JA_MHA_DECODE_TMA 1
+#endif
+#ifndef JA_MHA_DECODE_TMA_STAGES
+#define JA_MHA_DECODE_TMA_STAGES 0
+#endif
+#ifndef JA_MHA_DECODE_TMA_L2
+#define JA_MHA_DECODE_TMA_L2 128
+#endif
 
 constexpr int kDecodeMaxSplits = 1024;
 
+// Whether this build has the TMA kernel at this type and head_dim (decode_tma_applies: whether it runs).
 template <typename T, int D>
+constexpr bool kDecodeTmaBuilt = JA_MHA_DECODE_TMA && D % 64 == 0 && sizeof(T) == 2;
+
+// TMA: K and V tiles arrive by tensor-map copies (one box of BC keys x 64 columns, 128 bytes a row,
+// 128-byte swizzle, per 64 columns) instead of cp.async; their stages are swizzled, not padded.
+template <typename T, int D, bool TMA = false>
 struct DecodeTiles {
   static constexpr int kWarps = JA_MHA_DECODE_WARPS;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int BC = 16 * kWarps;  // keys per tile, 16 per warp
   static constexpr int LD = D + 8;        // 16-byte row pad: ldmatrix rows hit distinct banks
-  static constexpr int kStages = JA_MHA_DECODE_STAGES > 0 ? JA_MHA_DECODE_STAGES : (D <= 128 ? 3 : 2);
-  static constexpr int kStageElems = 2 * BC * LD;  // K tile, then V tile
-  static constexpr int kSmemBytes = (kStages * kStageElems + 16 * LD) * int(sizeof(T));  // + the Q tile
+  static constexpr int kStages = TMA ? (JA_MHA_DECODE_TMA_STAGES > 0 ? JA_MHA_DECODE_TMA_STAGES : (D <= 128 ? 4 : 3))
+                                     : (JA_MHA_DECODE_STAGES > 0 ? JA_MHA_DECODE_STAGES : (D <= 128 ? 3 : 2));
+  static constexpr int kTileElems = TMA ? BC * D : BC * LD;
+  static constexpr int kStageElems = 2 * kTileElems;  // K tile, then V tile
+  static constexpr int kStageBytes = kStageElems * int(sizeof(T));
+  // TMA: the stages start 1024-byte aligned (the swizzle's period; the slack aligns the base), and one
+  // mbarrier per stage follows the Q tile.
+  static constexpr int kAlignSlack = TMA ? 1024 : 0;
+  static constexpr int kSmemBytes =
+      kAlignSlack + (kStages * kStageElems + 16 * LD) * int(sizeof(T)) + (TMA ? 8 * kStages : 0);  // + the Q tile
   static constexpr bool kQInRegs = D <= 128;
   // The end-of-block merge reuses the stage buffers: per warp, m and l of 16 rows and 16 x D of O.
   static constexpr int kMergeBytes = kWarps * 16 * (D + 2) * int(sizeof(float));
@@ -95,7 +139,26 @@ struct DecodeTiles {
   static_assert(kMergeBytes <= kStages * kStageElems * int(sizeof(T)), "decode merge exceeds the stage buffers");
   static_assert(kSmemBytes <= 227 * 1024, "decode tiles exceed shared memory");
   static_assert(D % 16 == 0, "head_dim must be a multiple of 16");
+  static_assert(!TMA || (D % 64 == 0 && BC <= 256 && (BC * 128) % 1024 == 0 && sizeof(T) == 2),
+                "the TMA path copies 64-column boxes of 16-bit elements, whole swizzle periods");
 };
+
+// The tensor maps of K and V for the TMA path (a __grid_constant__ kernel parameter; unused otherwise).
+struct DecodeMaps {
+  CUtensorMap k, v;
+};
+
+// Element (key, col) of a K or V tile in shared memory. TMA: 64-column boxes one after another, each
+// [BC][64] with the 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)); so the 8 rows an
+// ldmatrix reads at one column lie in 8 distinct chunks, as the padded rows do otherwise.
+template <typename T, int D, bool TMA>
+JA_DEVICE const T* decode_tile_at(const T* tile, int key, int col) {
+  using Tl = DecodeTiles<T, D, TMA>;
+  if constexpr (TMA)
+    return tile + (col >> 6) * (Tl::BC * 64) + key * 64 + ((((col & 63) >> 3) ^ (key & 7)) << 3) + (col & 7);
+  else
+    return tile + key * Tl::LD + col;
+}
 
 struct DecodeArgs {
   JaMhaFwdArgs a;
@@ -158,16 +221,20 @@ DecodePlan decode_plan(const JaMhaFwdArgs& a, int64_t rblocks, int64_t slots, in
   return best;
 }
 
-template <typename T, int D, bool CAUSAL>
-JA_GLOBAL void __launch_bounds__(DecodeTiles<T, D>::kThreads) mha_decode_kernel(DecodeArgs d) {
-  using Tl = DecodeTiles<T, D>;
+template <typename T, int D, bool CAUSAL, bool TMA>
+JA_GLOBAL void __launch_bounds__(DecodeTiles<T, D, TMA>::kThreads)
+    mha_decode_kernel(DecodeArgs d, const __grid_constant__ DecodeMaps maps) {
+  using Tl = DecodeTiles<T, D, TMA>;
   constexpr int BC = Tl::BC, LD = Tl::LD, NT = Tl::kThreads, NW = Tl::kWarps, NS = Tl::kStages;
   constexpr bool QREG = Tl::kQInRegs;
   constexpr int KD = D / 16;  // k-steps over head_dim
   constexpr int NO = D / 8;   // 16x8 output fragments
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* smem = reinterpret_cast<T*>(smem_raw);
+  unsigned char* smem_base = smem_raw;
+  if constexpr (TMA) smem_base += (1024u - (mma::smem_addr(smem_raw) & 1023u)) & 1023u;
+  T* smem = reinterpret_cast<T*>(smem_base);
   T* q_s = smem + NS * Tl::kStageElems;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(q_s + 16 * LD);  // TMA: one mbarrier per stage
   const JaMhaFwdArgs& a = d.a;
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -187,6 +254,15 @@ JA_GLOBAL void __launch_bounds__(DecodeTiles<T, D>::kThreads) mha_decode_kernel(
   const T* v = static_cast<const T*>(a.v) + (b * sk * hkv + hk) * D;
   const T* q = static_cast<const T*>(a.q);
 
+  if constexpr (TMA) {
+    if (threadIdx.x == 0) {  // the one thread that issues the copies
+#pragma unroll
+      for (int s = 0; s < NS; ++s) mma::mbar_init(bars + s, 1);
+      mma::mbar_fence_init();
+      mma::tma_prefetch_map(&maps.k);
+      mma::tma_prefetch_map(&maps.v);
+    }  // the other threads wait on the barriers only after the __syncthreads that follows Q's arrival
+  }
   pdl_wait();  // launched with PDL (gpu_launch.cuh): the previous kernel's writes are visible from here
   pdl_launch_dependents();  // the merge kernel may be scheduled; it waits for this grid in its pdl_wait
 
@@ -201,13 +277,27 @@ JA_GLOBAL void __launch_bounds__(DecodeTiles<T, D>::kThreads) mha_decode_kernel(
   }
   mma::cp_async_commit();
 
-  // Tile i (keys key0 + i BC ...) -> stage i % NS; keys at or past key1 are zero-filled.
+  // Tile i (keys key0 + i BC ...) -> stage i % NS. cp.async: keys at or past key1 are zero-filled.
+  // TMA: thread 0 issues the boxes on the stage's barrier; keys past seq_k are zero-filled (a split's
+  // chunk is whole tiles, so only the last split's last tile reaches past key1).
   auto load = [&](int i) {
     T* ks = smem + (i % NS) * Tl::kStageElems;
     const int64_t kv0 = key0 + int64_t(i) * BC;
-    const int nk = int(key1 - kv0 < BC ? key1 - kv0 : BC);
-    cp_async_tile<T, BC, D, LD, NT, JA_MHA_DECODE_L2PF>(ks, k + kv0 * kv_stride, kv_stride, nk);
-    cp_async_tile<T, BC, D, LD, NT, JA_MHA_DECODE_L2PF>(ks + BC * LD, v + kv0 * kv_stride, kv_stride, nk);
+    if constexpr (TMA) {
+      if (threadIdx.x == 0) {
+        uint64_t* bar = bars + i % NS;
+        mma::mbar_arrive_expect_tx(bar, uint32_t(Tl::kStageBytes));
+#pragma unroll
+        for (int h = 0; h < D / 64; ++h) {
+          mma::tma_load_4d(ks + h * BC * 64, &maps.k, bar, h * 64, hk, int(kv0), int(b));
+          mma::tma_load_4d(ks + Tl::kTileElems + h * BC * 64, &maps.v, bar, h * 64, hk, int(kv0), int(b));
+        }
+      }
+    } else {
+      const int nk = int(key1 - kv0 < BC ? key1 - kv0 : BC);
+      cp_async_tile<T, BC, D, LD, NT, JA_MHA_DECODE_L2PF>(ks, k + kv0 * kv_stride, kv_stride, nk);
+      cp_async_tile<T, BC, D, LD, NT, JA_MHA_DECODE_L2PF>(ks + BC * LD, v + kv0 * kv_stride, kv_stride, nk);
+    }
   };
 #pragma unroll
   for (int i = 0; i < NS - 1; ++i) {
@@ -238,13 +328,19 @@ JA_GLOBAL void __launch_bounds__(DecodeTiles<T, D>::kThreads) mha_decode_kernel(
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
   for (int i = 0; i < ntiles; ++i) {
-    mma::cp_async_wait<NS - 2>();
-    __syncthreads();  // tile i is in shared memory; every warp is done with tile i - 1's stage
-    if (i + NS - 1 < ntiles) load(i + NS - 1);
-    mma::cp_async_commit();
+    if constexpr (TMA) {
+      __syncthreads();  // every warp is done with tile i - 1's stage: refill it
+      if (i + NS - 1 < ntiles) load(i + NS - 1);
+      mma::mbar_wait(bars + i % NS, uint32_t(i / NS) & 1u);  // tile i is in shared memory
+    } else {
+      mma::cp_async_wait<NS - 2>();
+      __syncthreads();  // tile i is in shared memory; every warp is done with tile i - 1's stage
+      if (i + NS - 1 < ntiles) load(i + NS - 1);
+      mma::cp_async_commit();
+    }
 
-    const T* ks = smem + (i % NS) * Tl::kStageElems + warp * 16 * LD;  // this warp's 16 keys
-    const T* vs = ks + BC * LD;
+    const T* ks = smem + (i % NS) * Tl::kStageElems;  // this warp's keys: warp * 16 ...
+    const T* vs = ks + Tl::kTileElems;
     float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
     for (int kd = 0; kd < KD; ++kd) {
@@ -256,7 +352,8 @@ JA_GLOBAL void __launch_bounds__(DecodeTiles<T, D>::kThreads) mha_decode_kernel(
         mma::ldmatrix_x4(qf, q_s + (lane & 15) * LD + kd * 16 + (lane >> 4) * 8);
       }
       uint32_t kb[4];
-      mma::ldmatrix_x4(kb, ks + ((lane & 7) + ((lane >> 4) << 3)) * LD + kd * 16 + ((lane >> 3) & 1) * 8);
+      mma::ldmatrix_x4(kb, decode_tile_at<T, D, TMA>(ks, warp * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                                      kd * 16 + ((lane >> 3) & 1) * 8));
       mma::mma_16816<T>(s[0], qf, kb);
       mma::mma_16816<T>(s[1], qf, kb + 2);
     }
@@ -307,7 +404,8 @@ JA_GLOBAL void __launch_bounds__(DecodeTiles<T, D>::kThreads) mha_decode_kernel(
 #pragma unroll
     for (int n2 = 0; n2 < NO / 2; ++n2) {
       uint32_t vb[4];
-      mma::ldmatrix_x4_trans(vb, vs + ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + n2 * 16 + (lane >> 4) * 8);
+      mma::ldmatrix_x4_trans(vb, decode_tile_at<T, D, TMA>(vs, warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                                            n2 * 16 + (lane >> 4) * 8));
       mma::mma_16816<T>(o[2 * n2], pa, vb);
       mma::mma_16816<T>(o[2 * n2 + 1], pa, vb + 2);
     }
@@ -316,7 +414,7 @@ JA_GLOBAL void __launch_bounds__(DecodeTiles<T, D>::kThreads) mha_decode_kernel(
   __syncthreads();  // every warp is done with the stage buffers: the merge reuses them
 
   // Merge the warps: per row, M = max of the warps' maxima, L = sum l_w 2^(m_w - M), O likewise.
-  float* mm = reinterpret_cast<float*>(smem_raw);  // [NW][16]
+  float* mm = reinterpret_cast<float*>(smem_base);  // [NW][16]
   float* ll = mm + NW * 16;                        // [NW][16]
   float* oo = ll + NW * 16;                        // [NW][16][D]
 #pragma unroll
@@ -416,13 +514,13 @@ JA_GLOBAL void __launch_bounds__(128) mha_decode_combine_kernel(DecodeArgs d, in
 
 // Resident-block slots of the decode kernel on the current device (cached per device):
 // blocks per multiprocessor at its shared memory and registers, times multiprocessors.
-template <typename T, int D, bool CAUSAL>
+template <typename T, int D, bool CAUSAL, bool TMA>
 int64_t decode_slots() {
-  using Tl = DecodeTiles<T, D>;
+  using Tl = DecodeTiles<T, D, TMA>;
   static std::atomic<int> cache[64];
   const int dev = ja::current_device();
   const int per_sm = ja::per_device(cache, dev < 0 ? 0 : dev, [](int) {
-    auto kernel = mha_decode_kernel<T, D, CAUSAL>;
+    auto kernel = mha_decode_kernel<T, D, CAUSAL, TMA>;
     if (Tl::kSmemBytes > kSmemBudget) (void)ja_func_set_max_dynamic_smem(kernel, Tl::kSmemBytes);
     int n = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Tl::kThreads, Tl::kSmemBytes) != cudaSuccess ||
@@ -435,14 +533,98 @@ int64_t decode_slots() {
   return int64_t(per_sm) * multiprocessors();
 }
 
+// The TMA path's K/V tensor maps: [batch][seq_k][heads_kv][D] as a 4-d tensor (D innermost), boxes of
+// 64 columns x 1 head x BC keys x 1 batch with the 128-byte swizzle; elements past the ends read as 0.
+// cuTensorMapEncodeTiled is a driver function found through the runtime (cudaGetDriverEntryPoint*),
+// so nothing links libcuda; encoding is host-only work (no stream, no sync: capture-safe).
+// (cudaTypedefs.h has this type as PFN_cuTensorMapEncodeTiled_v12000, but CUTLASS includes that header
+// inside its namespace, and its include guard then hides it from the sm_90a instances that include both.)
+using TensorMapEncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                          const cuuint64_t*, const cuuint32_t*, const cuuint32_t*,
+                                          CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                          CUtensorMapFloatOOBfill);
+
+inline TensorMapEncodeTiled tensor_map_encoder() {
+  static const TensorMapEncodeTiled fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+#if CUDART_VERSION >= 12050
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found);
+#else
+    const cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &p, cudaEnableDefault, &found);
+#endif
+    if (e != cudaSuccess || found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      p = nullptr;
+    }
+    return reinterpret_cast<TensorMapEncodeTiled>(p);
+  }();
+  return fn;
+}
+
+template <typename T, int D>
+bool encode_decode_maps(const JaMhaFwdArgs& a, DecodeMaps* maps) {
+  const TensorMapEncodeTiled encode = tensor_map_encoder();
+  if (!encode) return false;
+  constexpr cuuint64_t es = sizeof(T);
+  const cuuint64_t dims[4] = {cuuint64_t(D), cuuint64_t(a.heads_kv), cuuint64_t(a.seq_k), cuuint64_t(a.batch)};
+  const cuuint64_t strides[3] = {D * es, dims[1] * D * es, dims[2] * dims[1] * D * es};  // bytes, dims 1..3
+  const cuuint32_t box[4] = {64, 1, cuuint32_t(DecodeTiles<T, D, true>::BC), 1};
+  const cuuint32_t unit[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType type =
+      std::is_same<T, bf16_t>::value ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  constexpr CUtensorMapL2promotion l2 = JA_MHA_DECODE_TMA_L2 == 256   ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+                                        : JA_MHA_DECODE_TMA_L2 == 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+                                        : JA_MHA_DECODE_TMA_L2 == 64  ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
+                                                                      : CU_TENSOR_MAP_L2_PROMOTION_NONE;
+  for (int i = 0; i < 2; ++i) {
+    CUtensorMap* m = i == 0 ? &maps->k : &maps->v;
+    if (encode(m, type, 4, const_cast<void*>(i == 0 ? a.k : a.v), dims, strides, box, unit,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, l2, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) !=
+        CUDA_SUCCESS)
+      return false;
+  }
+  return true;
+}
+
+// Whether the TMA kernel runs here: JA_MHA_DECODE_TMA, 16-bit types at head_dim 64, 128 or 256, a device
+// of compute capability 9.0+ whose loaded code for the kernel was compiled for 9.0+ (not sm_80 PTX
+// JIT-compiled, where the kernel's TMA branch traps; cached per device), sizes the maps hold, and
+// not JA_MHA_FWD_DECODE_TMA=0 in the environment (read on every call, so a test can compare both
+// paths in one process).
 template <typename T, int D, bool CAUSAL>
-const char* mha_decode_launch(const JaMhaFwdArgs& a, ja_stream_t stream) {
-  using Tl = DecodeTiles<T, D>;
+bool decode_tma_applies(const JaMhaFwdArgs& a) {
+  if constexpr (!kDecodeTmaBuilt<T, D>) {
+    return false;
+  } else {
+    if (a.seq_k <= 0 || a.seq_k >= (int64_t(1) << 31) || a.batch >= (int64_t(1) << 31) ||
+        a.heads_kv >= (int64_t(1) << 31))
+      return false;
+    const char* off = std::getenv("JA_MHA_FWD_DECODE_TMA");
+    if (off && std::strcmp(off, "0") == 0) return false;
+    static std::atomic<int> cache[64];  // 1 no, 2 yes
+    const int dev = ja::current_device();
+    if (dev < 0) return false;
+    return ja::per_device(cache, dev, [](int d) {
+             int major = 0;
+             cudaFuncAttributes fa{};
+             const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d) == cudaSuccess &&
+                             cudaFuncGetAttributes(&fa, mha_decode_kernel<T, D, CAUSAL, true>) == cudaSuccess;
+             if (!ok) (void)cudaGetLastError();
+             return ok && major >= 9 && fa.binaryVersion >= 90 && fa.ptxVersion >= 90 && tensor_map_encoder() ? 2 : 1;
+           }) == 2;
+  }
+}
+
+template <typename T, int D, bool CAUSAL, bool TMA>
+const char* mha_decode_launch_with(const JaMhaFwdArgs& a, const DecodeMaps& maps, ja_stream_t stream) {
+  using Tl = DecodeTiles<T, D, TMA>;
   const int64_t rblocks = (decode_rows(a) + 15) / 16;
   // Splits the workspace has room for: each holds 16 rows x (D + 1) floats per block of a split.
   const int64_t per_split = a.batch * a.heads_kv * rblocks * 16 * (D + 1) * int64_t(sizeof(float));
   const int64_t max_splits = a.workspace ? a.workspace_bytes / per_split : 0;
-  const DecodePlan plan = decode_plan<T, D>(a, rblocks, decode_slots<T, D, CAUSAL>(), max_splits < 1 ? 1 : max_splits);
+  const DecodePlan plan =
+      decode_plan<T, D>(a, rblocks, decode_slots<T, D, CAUSAL, TMA>(), max_splits < 1 ? 1 : max_splits);
   DecodeArgs d{a, plan.chunk, int(rblocks), nullptr, nullptr};
   if (plan.splits > 1) {
     const int64_t parts = a.batch * a.heads_kv * rblocks * plan.splits * 16;
@@ -451,15 +633,14 @@ const char* mha_decode_launch(const JaMhaFwdArgs& a, ja_stream_t stream) {
   }
   if (const char* e = check_grid("mha_fwd", plan.splits, a.heads_kv * rblocks, a.batch)) return e;
   const dim3 grid(unsigned(plan.splits), unsigned(a.heads_kv * rblocks), unsigned(a.batch));
-  auto kernel = mha_decode_kernel<T, D, CAUSAL>;
+  auto kernel = mha_decode_kernel<T, D, CAUSAL, TMA>;
   if (Tl::kSmemBytes > kSmemBudget) {
     const ja_error_t opt_in = ja_func_set_max_dynamic_smem(kernel, Tl::kSmemBytes);
     if (opt_in != ja_success)
       return ja_error("mha_fwd (decode): could not enable %d bytes of shared memory: %s", Tl::kSmemBytes,
                       ja_get_error_string(opt_in));
   }
-  ja_error_t err = launch_pdl(kernel, grid, dim3(Tl::kThreads), size_t(Tl::kSmemBytes),
-                              stream, d);
+  ja_error_t err = launch_pdl(kernel, grid, dim3(Tl::kThreads), size_t(Tl::kSmemBytes), stream, d, maps);
   if (err != ja_success) return ja_error("mha_fwd (decode): kernel launch failed: %s", ja_get_error_string(err));
   if (plan.splits == 1) return nullptr;
   const int64_t rows = a.batch * a.heads_kv * rblocks * 16;
@@ -468,6 +649,19 @@ const char* mha_decode_launch(const JaMhaFwdArgs& a, ja_stream_t stream) {
   err = launch_pdl(mha_decode_combine_kernel<T, D>, dim3(unsigned(blocks)), dim3(128), 0, stream, d, plan.splits);
   if (err != ja_success) return ja_error("mha_fwd (decode merge): kernel launch failed: %s", ja_get_error_string(err));
   return nullptr;
+}
+
+template <typename T, int D, bool CAUSAL>
+const char* mha_decode_launch(const JaMhaFwdArgs& a, ja_stream_t stream) {
+  DecodeMaps maps{};
+  if constexpr (kDecodeTmaBuilt<T, D>) {
+    if (decode_tma_applies<T, D, CAUSAL>(a) && encode_decode_maps<T, D>(a, &maps)) {
+      const char* err = mha_decode_launch_with<T, D, CAUSAL, true>(a, maps, stream);
+      if (!err) mha_decode_tma_calls().fetch_add(1, std::memory_order_relaxed);
+      return err;
+    }
+  }
+  return mha_decode_launch_with<T, D, CAUSAL, false>(a, maps, stream);
 }
 
 }  // namespace mha_gpu

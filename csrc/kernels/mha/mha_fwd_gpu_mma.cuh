@@ -68,30 +68,8 @@ struct FwdMmaTiles {
   static_assert(D % 16 == 0 && BC % 16 == 0, "tiles must be multiples of the 16x16 MMA shape");
 };
 
-// mma::cp_async_16 with an L2 prefetch-size hint: PF (128 or 256) bytes around the address come
-// from memory into L2 at once; PF 0 is the plain copy. Zero-fills the destination when !valid.
-template <int PF>
-JA_DEVICE void cp_async_16_prefetch(void* dst, const void* src, bool valid) {
-  static_assert(PF == 0 || PF == 128 || PF == 256, "the L2 prefetch size is 0, 128 or 256 bytes");
-  if constexpr (PF == 0) {
-    mma::cp_async_16(dst, src, valid);
-  } else {
-#if JA_MMA_SM80
-    const int n = valid ? 16 : 0;
-    if constexpr (PF == 128)
-      asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(mma::smem_addr(dst)), "l"(src),
-                   "r"(n));
-    else
-      asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(mma::smem_addr(dst)), "l"(src),
-                   "r"(n));
-#else
-    __trap();
-#endif
-  }
-}
-
 // Copies rows [0, rows_valid) of a [ROWS][D] global tile to shared memory (row
-// stride LD) with 16-byte cp.async (L2 prefetch size PF, see cp_async_16_prefetch);
+// stride LD) with 16-byte cp.async (L2 prefetch size PF, see mma::cp_async_16);
 // rows past rows_valid are zero-filled and not read.
 template <typename T, int ROWS, int D, int LD, int NTHREADS, int PF = 0>
 JA_DEVICE void cp_async_tile(T* smem, const T* g, int64_t stride, int rows_valid) {
@@ -103,7 +81,7 @@ JA_DEVICE void cp_async_tile(T* smem, const T* g, int64_t stride, int rows_valid
     const int idx = int(threadIdx.x) + it * NTHREADS;
     const int r = idx / kPerRow, c = (idx % kPerRow) * kVec;
     const bool ok = r < rows_valid;
-    cp_async_16_prefetch<PF>(smem + r * LD + c, ok ? g + r * stride + c : g, ok);
+    mma::cp_async_16<PF>(smem + r * LD + c, ok ? g + r * stride + c : g, ok);
   }
 }
 

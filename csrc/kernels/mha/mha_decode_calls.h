@@ -1,0 +1,15 @@
+// Calls of the split-KV decode forward that took its TMA path (mha_fwd_gpu_decode.cuh), counted for
+// the tests: libmha_fwd.so exports the count as ja_mha_fwd_decode_tma_calls() (mha_fwd_dispatch.cpp).
+// A plain C++ header: the CUDA instances and the host-compiled dispatch share this one counter.
+#pragma once
+#include <atomic>
+#include <cstdint>
+
+namespace ja {
+
+inline std::atomic<int64_t>& mha_decode_tma_calls() {
+  static std::atomic<int64_t> calls{0};
+  return calls;
+}
+
+}  // namespace ja
