@@ -35,13 +35,18 @@ def test_the_runtime_and_the_settings_defaults_agree_with_the_table():
     assert {k: TREE[k] for k in settings.LIBRARY_DIRS} == settings.LIBRARY_DIRS
 
 
+def _shown(path: Path) -> Path:
+    """A scanned file as a finding names it: relative to the checkout, or as given (a probe under tmp_path)."""
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+
+
 def _spellings(path: Path) -> list[str]:
     """Where `path` spells a folder of the table as a path: a literal `build/<folder>...`, or `<folder>` joined on
     with `/` (Path's operator). Prose that names a folder (help text, messages) is left alone."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     names = "|".join(map(re.escape, TREE.values()))
     joined = {id(n.right) for n in ast.walk(tree) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div)}
-    return [f"{path.relative_to(ROOT)}:{n.lineno}: {n.value!r}" for n in ast.walk(tree)
+    return [f"{_shown(path)}:{n.lineno}: {n.value!r}" for n in ast.walk(tree)
             if isinstance(n, ast.Constant) and isinstance(n.value, str)
             and (re.match(rf"build/({names})(/|$)", n.value) or (id(n) in joined and n.value in TREE.values()))]
 
@@ -55,13 +60,12 @@ def test_no_python_spells_a_build_folder_but_the_table():
 
 
 def test_the_scan_finds_a_spelled_folder(tmp_path):
-    bad = ROOT / "jatools" / f".probe_{tmp_path.name}.py"
-    try:
-        bad.write_text('"""Docs may say build/aiter_build."""\nX = root / "wheel_stage"\nY = "build/reports/a.json"\n'
-                       'Z = path("wheel_stage")\nW = "run make, then look in build/aiter_build"\n')
-        assert sorted(h.split(":")[1] for h in _spellings(bad)) == ["2", "3"]
-    finally:
-        bad.unlink()
+    # The probe lives under tmp_path: a probe in the checkout would be seen by the scans above when they run
+    # beside this test (xdist).
+    bad = tmp_path / "probe.py"
+    bad.write_text('"""Docs may say build/aiter_build."""\nX = root / "wheel_stage"\nY = "build/reports/a.json"\n'
+                   'Z = path("wheel_stage")\nW = "run make, then look in build/aiter_build"\n')
+    assert sorted(h.split(":")[1] for h in _spellings(bad)) == ["2", "3"]
 
 
 def _shell_spellings(path: Path) -> list[str]:
@@ -71,7 +75,7 @@ def _shell_spellings(path: Path) -> list[str]:
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         command = re.sub(r"(^|\s)#.*$", "", line)
         if re.search(rf"(?<![\w/$}}])build/({names})(?![\w-])", command):
-            found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+            found.append(f"{_shown(path)}:{number}: {line.strip()}")
     return found
 
 
@@ -84,10 +88,7 @@ def test_no_shell_script_spells_a_build_folder_but_the_table():
 
 
 def test_the_shell_scan_finds_a_spelled_folder(tmp_path):
-    probe = ROOT / "ci" / f".probe_{tmp_path.name}.sh"
-    try:
-        probe.write_text('# a comment may say build/aiter_build\nrm -rf build/aiter_build  # build/jit-store\n'
-                         'x="$store/build/jit-store"; tar -cf o.tar build/jit-store/\ncp build/ci/*.json .\n')
-        assert [h.split(":")[1] for h in _shell_spellings(probe)] == ["2", "3"]
-    finally:
-        probe.unlink()
+    probe = tmp_path / "probe.sh"  # under tmp_path, not the checkout the scan above reads
+    probe.write_text('# a comment may say build/aiter_build\nrm -rf build/aiter_build  # build/jit-store\n'
+                     'x="$store/build/jit-store"; tar -cf o.tar build/jit-store/\ncp build/ci/*.json .\n')
+    assert [h.split(":")[1] for h in _shell_spellings(probe)] == ["2", "3"]
