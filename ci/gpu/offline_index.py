@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # jatools: the Python version's one home (pyproject's requires-python floor)
 
 from jatools.config import python_version
-from jatools.native.jit_packages import HEADERS_ONLY
+from jatools.native.jit_packages import is_headers_only
 
 GROUPS = ("test", "build", "run", "bench", "wheel")
 ON_THE_HOST = {"jax", "jaxlib", "numpy", "scipy"}  # present on the GPU host, large: never carried
@@ -61,8 +61,8 @@ def group_requirements() -> list[str]:
 def to_download(on_host: set[str]) -> tuple[list[str], list[str]]:
     """The group requirements to download with their dependencies, and the header-only ones (without)."""
     reqs = group_requirements()
-    return ([r for r in reqs if norm(Requirement(r).name) not in on_host | HEADERS_ONLY],
-            [r for r in reqs if norm(Requirement(r).name) in HEADERS_ONLY])
+    return ([r for r in reqs if not is_headers_only(r) and norm(Requirement(r).name) not in on_host],
+            [r for r in reqs if is_headers_only(r)])
 
 
 def download(dest: Path, on_host: set[str] = frozenset()) -> int:
@@ -151,7 +151,7 @@ def index(dest: Path, carried: Path | None) -> int:
     for whl in sorted(carried.glob("*.whl")) if carried else []:
         shutil.copy2(whl, dest / whl.name)
         have.add(norm(whl.name.split("-")[0]))
-        needed += [] if norm(whl.name.split("-")[0]) in HEADERS_ONLY else wheel_requires(whl)  # installed --no-deps
+        needed += [] if is_headers_only(whl.name.split("-")[0]) else wheel_requires(whl)  # installed --no-deps
     made = [repack(d, dest) for d in closure(needed, have)]
     print(f"offline_index: {len(have)} carried wheel(s), {len(made)} repacked from {sys.prefix}: "
           f"{', '.join(p.name for p in made)}")

@@ -27,9 +27,15 @@ HEADERS_ONLY = frozenset(dist for dist, _ in PACKAGE_INCLUDES.values())
 
 
 def is_headers_only(requirement: str) -> bool:
-    """Whether a requirement (nvidia-cutlass==4.2.0) names one of HEADERS_ONLY."""
-    name = re.match(r"\s*([A-Za-z0-9._-]*)", requirement).group(1)
-    return re.sub(r"[-_.]+", "-", name).lower() in HEADERS_ONLY
+    """Whether a requirement (nvidia-cutlass==4.2.0, or a wheel's distribution name) names one of HEADERS_ONLY;
+    False for what is no requirement (-e ., a path)."""
+    from packaging.requirements import InvalidRequirement, Requirement  # nox and pip's tooling have packaging
+    from packaging.utils import canonicalize_name
+
+    try:
+        return canonicalize_name(Requirement(requirement).name) in HEADERS_ONLY
+    except InvalidRequirement:
+        return False
 
 
 def package_pin(root: Path, dist: str) -> str:

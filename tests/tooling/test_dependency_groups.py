@@ -55,4 +55,3 @@ def test_the_offline_index_downloads_the_header_only_packages_without_dependenci
     with_deps, without = offline_index.to_download(set())
     assert without == sorted(r for r in build if jit_packages.is_headers_only(r)) != []
     assert not any(jit_packages.is_headers_only(r) for r in with_deps)
-    assert {dist for dist, _ in jit_packages.PACKAGE_INCLUDES.values()} == offline_index.HEADERS_ONLY
