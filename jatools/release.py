@@ -137,6 +137,8 @@ def _door(ctx: Context, action: str, *args: str) -> list[str]:
     """The contract's door for `action` (jax_aiter/remedies.py, e.g. `invoke jit.fetch`) run with the release's
     Python: the one command line of that action (the tasks parse its flags and call the module)."""
     tool, *words = shlex.split(remedies.door(action))
+    if tool != "invoke":  # `python -m` runs an invoke task's door; a make or shell door would need its own argv
+        raise ValueError(f"the release runs only invoke doors with its Python; {action!r} is {remedies.door(action)!r}")
     return [ctx.python, "-m", tool, *words, *args]
 
 

@@ -118,6 +118,14 @@ def test_the_doors_the_release_runs_take_the_flags_it_passes(door, flags):
     assert all(f in r.stdout for f in flags), r.stdout
 
 
+def test_the_release_refuses_to_run_a_door_that_is_not_an_invoke_task(monkeypatch):
+    """`python -m invoke ...` is how the release runs a door; a door of another tool (make, nox) is refused by
+    name instead of becoming a wrong command line."""
+    monkeypatch.setitem(release_mod.remedies.DOORS, "verify", "make verify")
+    with pytest.raises(ValueError, match="only invoke doors.*'verify' is 'make verify'"):
+        release_mod.stages(release_mod.Context(REPO, sys.executable, None, {}))
+
+
 def test_the_environment_report_the_ci_driver_wrote_is_taken_not_made_again(tmp_path, monkeypatch):
     ctx = release_mod.Context(REPO, sys.executable, None, {})
     step = next(s for s in release_mod.stages(ctx) if s.name == "env-report")
