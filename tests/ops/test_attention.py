@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import re
 from functools import partial
 from pathlib import Path
 
@@ -339,8 +340,10 @@ def _decode_tma_calls() -> int:
 
 
 def _is_sm90_or_newer() -> bool:
-    cc = getattr(jax.devices("gpu")[0], "compute_capability", None)
-    return cc is not None and int(str(cc).split(".")[0]) >= 9
+    """An NVIDIA device of compute capability 9.0 or newer; False on ROCm, where XLA's compute_capability is the
+    gfx name (e.g. "gfx950"), not a number."""
+    cc = str(getattr(jax.devices("gpu")[0], "compute_capability", ""))
+    return re.fullmatch(r"\d+\.\d+", cc) is not None and int(cc.split(".")[0]) >= 9
 
 
 DECODE_TMA = [(2, 1, 3001, 32, 4), (2, 3, 1000, 8, 2), (1, 1, 65, 8, 1)]
