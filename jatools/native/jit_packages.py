@@ -29,7 +29,10 @@ HEADERS_ONLY = frozenset(dist for dist, _ in PACKAGE_INCLUDES.values())
 def is_headers_only(requirement: str) -> bool:
     """Whether a requirement (nvidia-cutlass==4.2.0, or a wheel's distribution name) names one of HEADERS_ONLY;
     False for what is no requirement (-e ., a path)."""
-    from packaging.requirements import InvalidRequirement, Requirement  # nox and pip's tooling have packaging
+    from packaging.requirements import (  # nox and pip's tooling have packaging
+        InvalidRequirement,
+        Requirement,
+    )
     from packaging.utils import canonicalize_name
 
     try:
