@@ -33,6 +33,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jax_aiter  # noqa: E402
+from jatools import config  # noqa: E402
 
 
 def timed(fns: dict, args, warmup: int, repeats: int) -> dict[str, list[tuple[float, float]]]:
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--causal", action="store_true")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--out", type=Path, default=ROOT / "build/bench/cpu_attention.json")
+    p.add_argument("--out", type=Path, default=ROOT / config.build_path("bench") / "cpu_attention.json")
     args = p.parse_args(argv)
     print(f"cpu_attention: batch {args.batch}, seq {args.seq}, heads {args.heads}, head_dim {args.head_dim}, "
           f"causal {args.causal}, median of {args.repeats} after {args.warmup} warm-up; "

@@ -214,7 +214,7 @@ Build(name="nightly_rocm_4gpu", group="nightly", runner=MI355_4, env=ROCM_ENV, t
 Build(name="nightly_cuda_h200_bench", group="nightly", runner=H200_1, env=CUDA_ENV, timeout_minutes=45,
       description="Nightly: GPU kernel benchmark on 1x H200, gated against ci/perf/baselines/nvidia-h200.json "
                   "(a case slower than its noise band fails and is named)",
-      steps=(FETCH_JIT, *NATIVE, Nox("bench", ("gpu", "--quick", "--out", "build/bench/gpu.json", "--gate"))))
+      steps=(FETCH_JIT, *NATIVE, Nox("bench", ("gpu", "--quick", "--gate"))))
 Build(name="nightly_cpu_sanitize", group="nightly", runner=UBUNTU, timeout_minutes=60,
       description="Nightly: CPU libraries built with ASan+UBSan, CPU op tests against them",
       steps=(Nox("sanitize"),))

@@ -59,6 +59,7 @@ BUILD_TREE = {
     "release": "release",               # the release's log per stage
     "test_results": "test-results",     # the tiers' JSON results
     "ci_local": "ci-local",             # nox -s ci_local's logs, one per act run
+    "bench": "bench",                   # the benchmarks' JSON results and the GPU timer (nox -s bench, benchmarks/)
 }
 
 

@@ -39,6 +39,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import jax_aiter as ja  # noqa: E402
+from jatools import config  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import model_bench  # noqa: E402  (benchmarks/gpu)
@@ -292,7 +293,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "repetition share inputs, so later ones may read them from L2)")
     p.add_argument("--gpu-ahead", action="store_true", help="a ~200 us GPU spin before each timed case, so host "
                    "launch latency cannot enter a case's time")
-    p.add_argument("--out", type=Path, default=ROOT / "build/bench/gpu.json")
+    p.add_argument("--out", type=Path, default=ROOT / config.build_path("bench") / "gpu.json")
     p.add_argument("--gate", action="store_true", help="then gate the JSON against the committed baseline of this "
                    "GPU model (ci/perf/bench_gate.py; exit 1 names each regression)")
     return p.parse_args(argv)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from jatools import config
 
-BENCH_DIR = Path("build") / "bench"  # under the repository root unless absolute
+BENCH_DIR = config.build_path("bench")  # under the repository root unless absolute (JA_BUILD_DIR)
 Step = Callable[[], object]
 
 
