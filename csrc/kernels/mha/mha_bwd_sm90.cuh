@@ -146,8 +146,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
     const int q0 = m * BM;
     const int st = it % kStages;
     // lse (log2 domain; +inf past seq_q gives P = 0) and delta of the tile's rows.
-    const float* lse2 = ss.lse[st];
-    const float* dlt = ss.delta[st];
+    const float* lse2 = ss.lse[it % Tr::kSlots];  // the slot bwd_load_rows wrote
+    const float* dlt = ss.delta[it % Tr::kSlots];
     ss.barrier_q[st].wait((it / kStages) & 1);
 
     Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<BN>, Int<BM>>{});
