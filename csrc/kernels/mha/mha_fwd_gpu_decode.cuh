@@ -28,6 +28,7 @@
 // caps the number of splits, and without one the kernel runs with one split.
 #pragma once
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
@@ -655,10 +656,17 @@ template <typename T, int D, bool CAUSAL>
 const char* mha_decode_launch(const JaMhaFwdArgs& a, ja_stream_t stream) {
   DecodeMaps maps{};
   if constexpr (kDecodeTmaBuilt<T, D>) {
-    if (decode_tma_applies<T, D, CAUSAL>(a) && encode_decode_maps<T, D>(a, &maps)) {
-      const char* err = mha_decode_launch_with<T, D, CAUSAL, true>(a, maps, stream);
-      if (!err) mha_decode_tma_calls().fetch_add(1, std::memory_order_relaxed);
-      return err;
+    if (decode_tma_applies<T, D, CAUSAL>(a)) {
+      if (encode_decode_maps<T, D>(a, &maps)) {
+        const char* err = mha_decode_launch_with<T, D, CAUSAL, true>(a, maps, stream);
+        if (!err) mha_decode_tma_calls().fetch_add(1, std::memory_order_relaxed);
+        return err;
+      }
+      static std::atomic<bool> told{false};  // a fallback is logged (once a process), never silent
+      if (!told.exchange(true))
+        std::fprintf(stderr,
+                     "jax_aiter: mha_fwd (decode): the driver refused a TMA tensor map for K/V (a pointer or stride "
+                     "not 16-byte aligned?); such calls use the cp.async loads (same results)\n");
     }
   }
   return mha_decode_launch_with<T, D, CAUSAL, false>(a, maps, stream);
