@@ -4,8 +4,8 @@
 //   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a \
 //        -Icsrc/include -Icsrc/kernels -isystem <nvidia-cutlass>/cutlass_library/source/include \
 //        -DJA_HAS_GPU=1 -DJA_BACKEND_CUDA=1 -DNDEBUG benchmarks/gpu/check_mha_fwd_sm90.cu -o check_mha_fwd_sm90
-//   ./check_mha_fwd_sm90 [reps] [cases]     (reps 0: no timing; cases N: the first N checks only,
-//                                            e.g. `0 3` under compute-sanitizer)
+//   ./check_mha_fwd_sm90 [reps] [cases] [d]  (reps 0: no timing; cases N: the first N checks only,
+//                                             e.g. `0 3` under compute-sanitizer; d: time that head dim only)
 //
 // Every case fills out and lse with NaN first (an unwritten element fails), compares out by
 // ||out - ref|| / ||ref|| and lse by max |diff| (rows with no visible key must be 0 and +inf),
@@ -246,7 +246,8 @@ int main(int argc, char** argv) {
       {2, 300, 170, 4, 1, 256, 1, false}, {1, 1024, 1024, 4, 4, 128, 0, true}, {1, 1024, 1024, 4, 4, 128, 1, true},
       {1, 640, 2048, 4, 2, 64, 1, false},
   };
-  const int ncases = argc > 2 ? std::atoi(argv[2]) : int(sizeof cases / sizeof cases[0]);
+  const int all = int(sizeof cases / sizeof cases[0]);
+  const int ncases = argc > 2 ? std::min(std::atoi(argv[2]), all) : all;
   int fails = 0;
   for (int i = 0; i < ncases; ++i) fails += !check(cases[i], rng, true);
   if (reps > 0) check(cases[1], rng, false);  // the reference against the mma.sync kernel, for scale
@@ -254,11 +255,15 @@ int main(int argc, char** argv) {
       {4, 1024, 1024, 32, 32, 128, 0, true}, {4, 1024, 1024, 32, 32, 128, 1, true},
       {4, 4096, 4096, 32, 32, 128, 0, true}, {4, 4096, 4096, 32, 32, 128, 1, true},
       {4, 8192, 8192, 32, 32, 128, 0, true}, {4, 8192, 8192, 32, 32, 128, 1, true},
-      {4, 4096, 4096, 32, 32, 64, 0, true},  {4, 4096, 4096, 32, 32, 256, 0, true},
-      {4, 4096, 4096, 32, 32, 128, 0, false},
+      {4, 4096, 4096, 32, 32, 64, 0, true},  {4, 4096, 4096, 32, 32, 128, 0, false},
+      {4, 1024, 1024, 32, 32, 256, 0, true}, {4, 1024, 1024, 32, 32, 256, 1, true},
+      {4, 4096, 4096, 32, 32, 256, 0, true}, {4, 4096, 4096, 32, 32, 256, 1, true},
+      {4, 8192, 8192, 32, 32, 256, 0, true}, {4, 8192, 8192, 32, 32, 256, 1, true},
   };
+  const int only_d = argc > 3 ? std::atoi(argv[3]) : 0;  // time this head dim only (0: all)
   if (reps > 0)
-    for (const Case& c : perf) timing(c, rng, reps);
+    for (const Case& c : perf)
+      if (only_d == 0 || c.d == only_d) timing(c, rng, reps);
   std::printf("%s: %d failing case(s)\n", fails ? "FAIL" : "PASS", fails);
   return fails ? 1 : 0;
 }
