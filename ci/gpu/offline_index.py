@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # jatools: the Python version's one home (pyproject's requires-python floor)
 
 from jatools.config import python_version
-from jatools.native.jit_packages import is_headers_only
+from jatools.native.jit_packages import canonical_name, is_headers_only
 
 GROUPS = ("test", "build", "run", "bench", "wheel")
 ON_THE_HOST = {"jax", "jaxlib", "numpy", "scipy"}  # present on the GPU host, large: never carried
@@ -44,10 +44,6 @@ try:
     from packaging.requirements import Requirement
 except ImportError:  # a bare host: pip's vendored copy
     from pip._vendor.packaging.requirements import Requirement
-
-
-def norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def group_requirements() -> list[str]:
@@ -61,12 +57,12 @@ def group_requirements() -> list[str]:
 def to_download(on_host: set[str]) -> tuple[list[str], list[str]]:
     """The group requirements to download with their dependencies, and the header-only ones (without)."""
     reqs = group_requirements()
-    return ([r for r in reqs if not is_headers_only(r) and norm(Requirement(r).name) not in on_host],
+    return ([r for r in reqs if not is_headers_only(r) and canonical_name(Requirement(r).name) not in on_host],
             [r for r in reqs if is_headers_only(r)])
 
 
 def download(dest: Path, on_host: set[str] = frozenset()) -> int:
-    on_host = ON_THE_HOST | {norm(n) for n in on_host}
+    on_host = ON_THE_HOST | {canonical_name(n) for n in on_host}
     reqs, headers = to_download(on_host)
     common = [sys.executable, "-m", "pip", "download", "-q", "-d", str(dest), "--only-binary=:all:",
               "--python-version", python_version(), "--implementation", "cp", "--platform", "manylinux_2_28_x86_64",
@@ -75,7 +71,7 @@ def download(dest: Path, on_host: set[str] = frozenset()) -> int:
         if subprocess.run(argv, check=False).returncode:
             return 1
     for whl in dest.glob("*.whl"):  # a dependency of a carried package that the host has
-        if norm(whl.name.split("-")[0]) in on_host:
+        if canonical_name(whl.name.split("-")[0]) in on_host:
             whl.unlink()
     print(f"offline_index: {len(list(dest.glob('*.whl')))} wheels, "
           f"{sum(p.stat().st_size for p in dest.glob('*.whl')) / 2**20:.1f} MiB in {dest}")
@@ -87,7 +83,7 @@ def closure(seeds: tuple[str, ...] | list[str], have: set[str] = frozenset()) ->
     named in `have` (carried) and what only they need left out."""
     found, todo = dict.fromkeys(have), list(seeds)
     while todo:
-        name = norm(todo.pop())
+        name = canonical_name(todo.pop())
         if name in found:
             continue
         try:
@@ -140,9 +136,9 @@ def unmet(dest: Path) -> list[str]:
     """The group requirements no wheel in `dest` satisfies (by name and version)."""
     versions = {}
     for whl in dest.glob("*.whl"):
-        versions.setdefault(norm(whl.name.split("-")[0]), []).append(whl.name.split("-")[1])
+        versions.setdefault(canonical_name(whl.name.split("-")[0]), []).append(whl.name.split("-")[1])
     return [r for r in group_requirements() if not any(Requirement(r).specifier.contains(v, prereleases=True)
-                                                      for v in versions.get(norm(Requirement(r).name), []))]
+                                                      for v in versions.get(canonical_name(Requirement(r).name), []))]
 
 
 def index(dest: Path, carried: Path | None) -> int:
@@ -150,7 +146,7 @@ def index(dest: Path, carried: Path | None) -> int:
     have, needed = set(), [*SEEDS, *(Requirement(r).name for r in group_requirements())]
     for whl in sorted(carried.glob("*.whl")) if carried else []:
         shutil.copy2(whl, dest / whl.name)
-        have.add(norm(whl.name.split("-")[0]))
+        have.add(canonical_name(whl.name.split("-")[0]))
         needed += [] if is_headers_only(whl.name.split("-")[0]) else wheel_requires(whl)  # installed --no-deps
     made = [repack(d, dest) for d in closure(needed, have)]
     print(f"offline_index: {len(have)} carried wheel(s), {len(made)} repacked from {sys.prefix}: "

@@ -26,19 +26,15 @@ PACKAGE_INCLUDES = {"cutlass_include": ("nvidia-cutlass", "cutlass_library/sourc
 HEADERS_ONLY = frozenset(dist for dist, _ in PACKAGE_INCLUDES.values())
 
 
-def is_headers_only(requirement: str) -> bool:
-    """Whether a requirement (nvidia-cutlass==4.2.0, or a wheel's distribution name) names one of HEADERS_ONLY;
-    False for what is no requirement (-e ., a path)."""
-    from packaging.requirements import (  # nox and pip's tooling have packaging
-        InvalidRequirement,
-        Requirement,
-    )
-    from packaging.utils import canonicalize_name
+def canonical_name(name: str) -> str:
+    """A distribution name as PEP 503 compares them (NVIDIA_Cutlass, nvidia.cutlass: nvidia-cutlass)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
-    try:
-        return canonicalize_name(Requirement(requirement).name) in HEADERS_ONLY
-    except InvalidRequirement:
-        return False
+
+def is_headers_only(requirement: str) -> bool:
+    """Whether a requirement (nvidia-cutlass==4.2.0, or a wheel's distribution name) names one of HEADERS_ONLY.
+    Standard library only: ci/gpu/offline_index.py asks it on a bare GPU host."""
+    return canonical_name(re.match(r"\s*([A-Za-z0-9._-]*)", requirement).group(1)) in HEADERS_ONLY
 
 
 def package_pin(root: Path, dist: str) -> str:

@@ -15,7 +15,7 @@ spec.loader.exec_module(offline_index)
 
 def test_a_repacked_distribution_installs_offline_and_imports(tmp_path):
     dists = offline_index.closure(("pytest",))  # pytest and what it needs, as installed here
-    names = {offline_index.norm(d.metadata["Name"]) for d in dists}
+    names = {offline_index.canonical_name(d.metadata["Name"]) for d in dists}
     assert {"pytest", "pluggy", "iniconfig", "packaging"} <= names
     wheels = [offline_index.repack(d, tmp_path) for d in dists]
     for whl in wheels:
@@ -43,12 +43,12 @@ def test_index_fills_the_gaps_from_the_host_and_names_what_nothing_satisfies(tmp
     a group requirement nothing satisfies (absent, or too old) fails the index and is named."""
     carried = tmp_path / "carried"
     carried.mkdir()
-    pytest_dist = next(d for d in offline_index.closure(("pytest",)) if offline_index.norm(d.metadata["Name"]) == "pytest")
+    pytest_dist = next(d for d in offline_index.closure(("pytest",)) if offline_index.canonical_name(d.metadata["Name"]) == "pytest")
     offline_index.repack(pytest_dist, carried)  # pytest carried; pluggy, iniconfig ... left to the host
     monkeypatch.setattr(offline_index, "SEEDS", ())
     monkeypatch.setattr(offline_index, "group_requirements", lambda: ["pytest>=8"])
     assert offline_index.index(tmp_path / "idx", carried) == 0
-    names = {offline_index.norm(p.name.split("-")[0]) for p in (tmp_path / "idx").glob("*.whl")}
+    names = {offline_index.canonical_name(p.name.split("-")[0]) for p in (tmp_path / "idx").glob("*.whl")}
     assert {"pytest", "pluggy", "iniconfig"} <= names
     assert len([p for p in (tmp_path / "idx").glob("*.whl") if p.name.startswith("pytest-")]) == 1  # not repacked twice
     monkeypatch.setattr(offline_index, "group_requirements", lambda: ["pytest>=999", "no-such-distribution-ja>=1"])
