@@ -37,6 +37,8 @@
 #include <cute/atom/copy_traits_sm90_tma.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/arch/mma_sm90.hpp>
+#include <cute/arch/mma_sm90_gmma_ext.hpp>    // the 64x80x16 wgmma (head dim 256's S = Q K^T)
+#include <cute/atom/mma_traits_sm90_gmma_ext.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/cutlass.h>
@@ -83,7 +85,17 @@ struct Traits {
 
   using TileShape = Shape<Int<kBlockM>, Int<kBlockN>, Int<D>>;
   using AtomLayout = Layout<Shape<Int<kConsumers>, _1, _1>>;
-  using TiledMma0 = decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, TileShape>(), AtomLayout{}));
+  // S = Q K^T. ss_op_selector only offers n = 8, 16, 32, 64, ... unless every extended shape is
+  // compiled in (CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED): for kBlockN = 80 it picks 64x16x16, five
+  // wgmmas per k step that read Q from shared memory five times. One 64x80x16 wgmma per k step
+  // reads it once.
+  using MmaAtom0 = std::conditional_t<
+      kBlockN == 80,
+      std::conditional_t<std::is_same_v<Element, cutlass::bfloat16_t>,
+                         SM90::GMMA::MMA_64x80x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::K>,
+                         SM90::GMMA::MMA_64x80x16_F32F16F16_SS<GMMA::Major::K, GMMA::Major::K>>,
+      decltype(GMMA::ss_op_selector<Element, Element, float, TileShape>())>;
+  using TiledMma0 = decltype(make_tiled_mma(MmaAtom0{}, AtomLayout{}));
   using TiledMma1 = decltype(make_tiled_mma(
       GMMA::rs_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<D>, Int<kBlockN>>, GMMA::Major::K,
                            GMMA::Major::MN>(),
@@ -370,10 +382,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_fwd_sm90_kernel(CUTE_GRID
       softmax(tSrS, true);
       to_p(tSrS);
     }
-    // Tiles that may cross the causal diagonal are masked; the rest need no mask.
-    constexpr int kMaskSteps = CAUSAL ? (BM + BN - 1) / BN : 0;
-    CUTLASS_PRAGMA_NO_UNROLL
-    for (int step = 0; n > 0; ++step, --n) {
+    // One step: S of tile n - 1 while P V of tile n runs. MASKED: tile n - 1 may cross the causal diagonal.
+    auto step = [&](auto masked) {
       Tensor tSrS = partition_fragment_C(mma0, Shape<Int<BM>, Int<BN>>{});
       wait(pipe_k, rk);
       turn_wait();
@@ -384,14 +394,23 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_fwd_sm90_kernel(CUTE_GRID
       turn_pass();
       warpgroup_wait<1>();
       pipe_k.consumer_release(rk);
-      if (CAUSAL && step < kMaskSteps) mask(tSrS, n - 1, true);
+      if constexpr (decltype(masked)::value) mask(tSrS, n - 1, true);
       softmax(tSrS, false);
       warpgroup_wait<0>();
       pipe_v.consumer_release(rv);
       ++rk;
       ++rv;
       to_p(tSrS);
+    };
+    // Causal: the tiles after the first that may cross the diagonal come first, masked; the rest
+    // need no mask (two loops, so the unmasked one carries no test).
+    if constexpr (CAUSAL) {
+      constexpr int kMaskSteps = (BM + BN - 1) / BN;
+      CUTLASS_PRAGMA_NO_UNROLL
+      for (int i = 0; i < kMaskSteps && n > 0; ++i, --n) step(cute::true_type{});
     }
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (; n > 0; --n) step(cute::false_type{});
     rescale_o();
     wait(pipe_v, rv);
     gemm<false, 0>(mma1, tOrP, tOrV(_, _, _, rv.index()), tOrO);
@@ -469,15 +488,7 @@ inline bool device_is_sm90() {
   static std::atomic<int> cache[64];  // 1 no, 2 yes
   const int dev = ja::current_device();
   if (dev < 0) return false;
-  return ja::per_device(cache, dev, [](int d) {
-           int major = 0, minor = 0;
-           if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d) != cudaSuccess ||
-               cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, d) != cudaSuccess) {
-             (void)cudaGetLastError();
-             major = minor = 0;
-           }
-           return major == 9 && minor == 0 ? 2 : 1;
-         }) == 2;
+  return ja::per_device(cache, dev, [](int d) { return ja::compute_capability(d) == 90 ? 2 : 1; }) == 2;
 }
 
 // Runs the Hopper kernel when it applies: sets *handled and returns the launch status;
