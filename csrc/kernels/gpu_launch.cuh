@@ -24,6 +24,7 @@
 #include <cstring>
 #include <utility>
 
+#include "ja/env.h"
 #include "ja/gpu.h"
 
 namespace ja {
@@ -57,6 +58,18 @@ inline int current_device() {
   return dev;
 }
 
+// Device d's compute capability as 10 * major + minor (90: Hopper), or 0 when it cannot be read
+// (the error is cleared).
+inline int compute_capability(int d) {
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, d) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return 10 * major + minor;
+}
+
 // query(dev), computed once per device into cache (one slot per device; devices past 64 share slot 0).
 // query must not return 0: a slot holding 0 is not known yet.
 template <typename Query>
@@ -77,15 +90,8 @@ inline bool pdl_enabled() {
   static std::atomic<int> cache[64];  // per device: 1 off, 2 on
   const int dev = current_device();
   if (dev < 0) return false;
-  return per_device(cache, dev, [](int d) {
-           const char* env = std::getenv("JA_GPU_PDL");
-           int major = 0;
-           if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d) != cudaSuccess) {
-             (void)cudaGetLastError();
-             major = 0;
-           }
-           return (major >= 9 && !(env && std::strcmp(env, "0") == 0)) ? 2 : 1;
-         }) == 2;
+  return per_device(cache, dev, [](int d) { return compute_capability(d) >= 90 && !env_off("JA_GPU_PDL") ? 2 : 1; }) ==
+         2;
 #else
   return false;
 #endif

@@ -15,6 +15,7 @@
 
 #include "ja/api.h"
 #include "ja/dtype.h"
+#include "ja/env.h"
 
 namespace ja {
 
@@ -65,8 +66,7 @@ const char* mha_dispatch(const char* op, const char* backend, const MhaInstance<
 template <typename Fn, size_t N, typename Args>
 bool mha_try_first(const MhaInstance<Fn> (&table)[N], const char* off_env, std::atomic<int64_t>& calls,
                    const Args& a, void* stream, const char** err) {
-  const char* env = std::getenv(off_env);
-  if (env && std::strcmp(env, "0") == 0) return false;
+  if (env_off(off_env)) return false;
   for (const auto& e : table) {
     if (!mha_matches(e, a)) continue;
     int handled = 0;

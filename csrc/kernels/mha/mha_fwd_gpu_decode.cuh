@@ -601,18 +601,18 @@ bool decode_tma_applies(const JaMhaFwdArgs& a) {
     if (a.seq_k <= 0 || a.seq_k >= (int64_t(1) << 31) || a.batch >= (int64_t(1) << 31) ||
         a.heads_kv >= (int64_t(1) << 31))
       return false;
-    const char* off = std::getenv("JA_MHA_FWD_DECODE_TMA");
-    if (off && std::strcmp(off, "0") == 0) return false;
+    if (ja::env_off("JA_MHA_FWD_DECODE_TMA")) return false;
     static std::atomic<int> cache[64];  // 1 no, 2 yes
     const int dev = ja::current_device();
     if (dev < 0) return false;
     return ja::per_device(cache, dev, [](int d) {
-             int major = 0;
              cudaFuncAttributes fa{};
-             const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d) == cudaSuccess &&
-                             cudaFuncGetAttributes(&fa, mha_decode_kernel<T, D, CAUSAL, true>) == cudaSuccess;
+             const bool ok = cudaFuncGetAttributes(&fa, mha_decode_kernel<T, D, CAUSAL, true>) == cudaSuccess;
              if (!ok) (void)cudaGetLastError();
-             return ok && major >= 9 && fa.binaryVersion >= 90 && fa.ptxVersion >= 90 && tensor_map_encoder() ? 2 : 1;
+             return ok && ja::compute_capability(d) >= 90 && fa.binaryVersion >= 90 && fa.ptxVersion >= 90 &&
+                            tensor_map_encoder()
+                        ? 2
+                        : 1;
            }) == 2;
   }
 }
