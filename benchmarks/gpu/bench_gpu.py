@@ -289,6 +289,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="attention head dims (repeatable; default 128)")
     p.add_argument("--model-workload", action="append", choices=[w.name for w in model_bench.WORKLOADS],
                    help="model workloads to run (repeatable; default all, --quick: " + ", ".join(model_bench.QUICK) + ")")
+    p.add_argument("--model-swaps", action="store_true", help="also time plain JAX with one group of our ops "
+                   "swapped in (attention, the norms, SiLU-and-mul): which op a model's difference comes from")
     p.add_argument("--warm-l2", action="store_true", help="no L2 flush before each timed case (the cases of a "
                    "repetition share inputs, so later ones may read them from L2)")
     p.add_argument("--gpu-ahead", action="store_true", help="a ~200 us GPU spin before each timed case, so host "
@@ -323,7 +325,8 @@ def run_sections(args: argparse.Namespace, lib, device_kind: str) -> dict:
                                                tuple(args.head_dim or [128]))
     if "model" in only:
         results["model"] = model_bench.bench_model(
-            max(5, args.reps // 2), args.model_workload or (list(model_bench.QUICK) if args.quick else None))
+            max(5, args.reps // 2), args.model_workload or (list(model_bench.QUICK) if args.quick else None),
+            args.model_swaps)
     results["seconds"] = round(time.time() - start, 1)
     results["machine"]["gpu_after"] = gpu_provenance()
     return results

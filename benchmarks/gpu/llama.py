@@ -77,6 +77,12 @@ def plain_ops(implementation: str | None = None) -> Ops:
                plain_silu_and_mul, attention)
 
 
+def swapped(base: Ops, donor: Ops, *fields: str) -> Ops:
+    """base with the named functions taken from donor (e.g. plain JAX with our attention)."""
+    return replace(base, name=f"{base.name} with {donor.name}'s {', '.join(fields)}",
+                   **{f: getattr(donor, f) for f in fields})
+
+
 def our_ops() -> Ops:
     import jax_aiter as ja
 

@@ -43,6 +43,9 @@ WORKLOADS = (
 )
 # --quick runs these (and the perf gate's baseline holds them); a full run adds the others.
 QUICK = ("prefill b4 s2048", "train b4 s2048", "decode b8 kv8k", "decode b8 kv8k hkv4")
+# --model-swaps: plain JAX with one group of our ops swapped in, so a difference between the two
+# models can be put on the op it comes from (a custom call also changes what XLA fuses around it).
+SWAPS = {"attention": ("attention",), "norms": ("rms_norm", "rms_norm_add"), "silu_and_mul": ("silu_and_mul",)}
 # Largest relative L2 error against plain JAX (bf16 weights and activations, float32 accumulation)
 # at which the two models are said to agree: logits, the loss, and the worst single gradient.
 AGREE = {"logits": 2e-2, "loss": 5e-3, "grad": 5e-2}
@@ -119,14 +122,17 @@ def time_models(steps: dict, states: dict, calls: int, samples: int) -> dict[str
     return times
 
 
-def bench_workload(w: Workload, samples: int) -> dict:
+def bench_workload(w: Workload, samples: int, swaps: bool = False) -> dict:
     impl, refused = plain_attention(w)
     models = {"ours": llama.our_ops(), "plain": llama.plain_ops(impl)}
+    if swaps:
+        models.update({f"plain+{k}": llama.swapped(models["plain"], models["ours"], *f) for k, f in SWAPS.items()})
     key = jax.random.key(0)
     params = llama.init_params(w.cfg, jax.random.fold_in(key, 7))
     steps, states, outs = {}, {}, {}
     for name, ops in models.items():
         steps[name], states[name], outs[name] = build(w, ops, params, key)
+    outs = {n: outs[n] for n in ("ours", "plain")}
     row = {"name": w.name, "kind": w.kind, "batch": w.batch, "seq": w.seq, "config": vars(w.cfg),
            "plain_attention": impl or "default", **({"cudnn_refused": refused} if refused else {}),
            **agreement(outs["ours"], outs["plain"])}
@@ -136,15 +142,17 @@ def bench_workload(w: Workload, samples: int) -> dict:
     row.update({"calls_per_sample": w.calls, "ours_ms": ours, "plain_ms": plain, "ours_over_plain": ours / plain,
                 "speedup": plain / ours, "goal_ours_over_plain": round(1 / w.goal, 4), "met": ours * w.goal <= plain,
                 "samples_ms": t})
+    if swaps:
+        row["swaps_over_plain"] = {k: statistics.median(t[f"plain+{k}"]) / plain for k in SWAPS}
     return row
 
 
-def bench_model(samples: int, names: list[str] | None = None) -> list[dict]:
+def bench_model(samples: int, names: list[str] | None = None, swaps: bool = False) -> list[dict]:
     rows = []
     for w in WORKLOADS:
         if names and w.name not in names:
             continue
-        rows.append(bench_workload(w, samples))
+        rows.append(bench_workload(w, samples, swaps))
         print(f"model {w.name}: ours {rows[-1]['ours_ms']:.3f} ms, plain {rows[-1]['plain_ms']:.3f} ms, "
               f"ours/plain {rows[-1]['ours_over_plain']:.3f}, agree {rows[-1]['agree']}", flush=True)
     return rows
@@ -159,3 +167,6 @@ def print_table(rows: list[dict]) -> None:
         print(f"{r['name']:<24}{r['ours_ms']:>10.3f}{r['plain_ms']:>10.3f}{r['ours_over_plain']:>11.3f}"
               f"{r['goal_ours_over_plain']:>8.2f}  {r['met']!s:<6}{r['agree']!s:<6}{errs}; "
               f"{r['plain_attention']}")
+        if "swaps_over_plain" in r:
+            print(f"{'':<24}plain JAX with one group of ours, / plain: "
+                  + ", ".join(f"{k} {v:.3f}" for k, v in r["swaps_over_plain"].items()))

@@ -119,3 +119,21 @@ def test_agreement_check_fails_on_a_wrong_model(device, llama, model_bench):
     verdict = model_bench.agreement(*outs)
     assert not verdict["agree"], verdict
     assert verdict["logits_rel_err"] > 10 * model_bench.AGREE["logits"]
+
+
+def test_op_swaps_put_one_group_of_ours_into_plain_jax(device, llama, model_bench):
+    """bench_gpu.py --model-swaps times plain JAX with one group of our ops swapped in: each such model takes
+    exactly that group from ours (the rest stays plain JAX) and still agrees with plain JAX."""
+    cfg = tiny(llama)
+    params = llama.init_params(cfg, jax.random.key(8), jnp.float32)
+    tokens = jax.random.randint(jax.random.key(9), (2, 16), 0, cfg.vocab)
+    ours, plain = llama.our_ops(), llama.plain_ops()
+    fields = ("rms_norm", "rms_norm_add", "silu_and_mul", "attention")
+    assert {f for group in model_bench.SWAPS.values() for f in group} == set(fields)  # every op is in a group
+    with jax.default_matmul_precision("highest"):  # float32 dots as float32 on a GPU too (module docstring)
+        base = jax.jit(lambda p, t: llama.forward(cfg, plain, p, t))(params, tokens)
+        for group in model_bench.SWAPS.values():
+            ops = llama.swapped(plain, ours, *group)
+            assert all(getattr(ops, f) is getattr(ours if f in group else plain, f) for f in fields), ops.name
+            logits = jax.jit(lambda p, t, o=ops: llama.forward(cfg, o, p, t))(params, tokens)
+            assert llama.rel_err(logits, base) <= BOUNDS[jnp.float32]["logits"], ops.name
