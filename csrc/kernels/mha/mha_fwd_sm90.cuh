@@ -95,6 +95,8 @@ struct Traits {
                          SM90::GMMA::MMA_64x80x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::K>,
                          SM90::GMMA::MMA_64x80x16_F32F16F16_SS<GMMA::Major::K, GMMA::Major::K>>,
       decltype(GMMA::ss_op_selector<Element, Element, float, TileShape>())>;
+  static_assert(decltype(size<1>(typename MMA_Traits<MmaAtom0>::Shape_MNK{}))::value == kBlockN,
+                "S = Q K^T should be one wgmma wide along the key tile (a narrower atom re-reads Q per slice)");
   using TiledMma0 = decltype(make_tiled_mma(MmaAtom0{}, AtomLayout{}));
   using TiledMma1 = decltype(make_tiled_mma(
       GMMA::rs_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<D>, Int<kBlockN>>, GMMA::Major::K,
