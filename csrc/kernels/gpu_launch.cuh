@@ -90,8 +90,9 @@ inline bool pdl_enabled() {
   static std::atomic<int> cache[64];  // per device: 1 off, 2 on
   const int dev = current_device();
   if (dev < 0) return false;
-  return per_device(cache, dev, [](int d) { return compute_capability(d) >= 90 && !env_off("JA_GPU_PDL") ? 2 : 1; }) ==
-         2;
+  return per_device(cache, dev, [](int d) {
+           return compute_capability(d) >= 90 && !env_off("JA_GPU_PDL") ? 2 : 1;
+         }) == 2;
 #else
   return false;
 #endif

@@ -609,10 +609,9 @@ bool decode_tma_applies(const JaMhaFwdArgs& a) {
              cudaFuncAttributes fa{};
              const bool ok = cudaFuncGetAttributes(&fa, mha_decode_kernel<T, D, CAUSAL, true>) == cudaSuccess;
              if (!ok) (void)cudaGetLastError();
-             return ok && ja::compute_capability(d) >= 90 && fa.binaryVersion >= 90 && fa.ptxVersion >= 90 &&
-                            tensor_map_encoder()
-                        ? 2
-                        : 1;
+             const bool tma = ok && ja::compute_capability(d) >= 90 && fa.binaryVersion >= 90 &&
+                              fa.ptxVersion >= 90 && tensor_map_encoder();
+             return tma ? 2 : 1;
            }) == 2;
   }
 }
