@@ -182,6 +182,7 @@ PR_TIER = (("JA_TEST_TIER", "pr"),)
 # and uploads it as the run's artifact jit-store-<backend>; a GPU job of the same run fetches from it
 # (JA_FETCH_BASE_URL=build/jit-store) when the producer rebuilt, so a kernel PR's GPU jobs test its own kernels.
 JIT_STORE = config.build_path("jit_store").as_posix()
+RECORDS = config.build_path("ci_records")  # <build>.json per build, the environment report, the convergence gate's JSON
 # The release base URL is JA_FETCH_BASE_URL (the workflows set it; fetch, decide and the lite wheel read it).
 FETCH_JIT = Invoke("jit.fetch")
 NATIVE = (Nox("umbrella", installs=False), Nox("ja_mods", installs=False))
@@ -194,7 +195,7 @@ Build(name="pr_cpu", group="pr", runner=UBUNTU, env=CPU_ENV, timeout_minutes=45,
                                ("XLA_FLAGS", "--xla_force_host_platform_device_count=4")))))
 Build(name="pr_convergence_gate", group="pr", runner=UBUNTU, timeout_minutes=10, events=("pull_request", "push"),
       description="PR: a numerics change needs a `Convergence:` decision trailer (ci/convergence_paths.toml)",
-      steps=(Invoke("convergence-check", ("--base", "${JA_BASE_REV}", "--json-out", "build/ci/convergence.json")),))
+      steps=(Invoke("convergence-check", ("--base", "${JA_BASE_REV}", "--json-out", (RECORDS / "convergence.json").as_posix())),))
 Build(name="pr_compile_cuda", group="pr", runner=UBUNTU_CUDA, timeout_minutes=45,
       description="PR: compile every library for CUDA sm_90 with nvcc, no GPU",
       steps=(Nox("compile_only", ("--backend", "cuda")),))
@@ -311,7 +312,7 @@ def substitute(cmd: list[str], env: dict[str, str]) -> list[str]:
 
 def run_build(build: Build, dry_run: bool = False, env: dict[str, str] | None = None) -> int:
     """Run the build's commands in order from the repository root; stop at the first failure.
-    Every command is told where the environment report is (JA_ENV_REPORT); build/ci/<build>.json records them."""
+    Every command is told where the environment report is (JA_ENV_REPORT); RECORDS/<build>.json records them."""
     env = dict(os.environ if env is None else env)
     missing = [p for p in build.placeholders() if not env.get(p)]
     if missing and not dry_run:
@@ -331,11 +332,11 @@ def run_build(build: Build, dry_run: bool = False, env: dict[str, str] | None = 
     if dry_run:
         return code
     commands = [{"command": r.command, "exit": r.exit, "seconds": r.seconds} for r in records if r.result != "not run"]
-    atomic_write.write_text(ROOT / "build" / "ci" / f"{build.name}.json",
+    atomic_write.write_text(ROOT / RECORDS / f"{build.name}.json",
                             json.dumps({"build": build.name, "commands": commands}, indent=2) + "\n")
     if not code:
         print(f"ci/build.py: build {build.name} passed: {len(records)} commands, "
-              f"{sum(r.seconds for r in records):.1f} s (build/ci/{build.name}.json)", flush=True)
+              f"{sum(r.seconds for r in records):.1f} s ({(RECORDS / build.name).as_posix()}.json)", flush=True)
     return code
 
 

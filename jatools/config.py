@@ -58,6 +58,7 @@ BUILD_TREE = {
     "jit_store": "jit-store",           # a run's own JIT-library store (a kernel PR's producer publishes there)
     "release": "release",               # the release's log per stage
     "test_results": "test-results",     # the tiers' JSON results
+    "ci_records": "ci-records",         # ci/build.py's record of each build's commands, the environment report
     "ci_local": "ci-local",             # nox -s ci_local's logs, one per act run
     "bench": "bench",                   # the benchmarks' JSON results and the GPU timer (nox -s bench, benchmarks/)
 }

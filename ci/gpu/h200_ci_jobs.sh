@@ -43,9 +43,10 @@ if [ "$(git rev-parse --show-toplevel 2>/dev/null)" != "$PWD" ]; then
 fi
 nvidia-smi -L
 # The build folders from their one home (jatools/config.py BUILD_TREE, under JA_BUILD_DIR): the run's JIT store,
-# the JIT libraries, the tiers' results, the benchmarks' JSON.
-IFS=$'\t' read -r store jit results bench < <("$py" -c 'from jatools import config
-print(*(config.build_path(n) for n in ("jit_store", "jit", "test_results", "bench")), sep="\t")') && [ -n "$bench" ] || exit 1
+# the JIT libraries, the tiers' results, the benchmarks' JSON, ci/build.py's records.
+IFS=$'\t' read -r store jit results bench records < <("$py" -c 'from jatools import config
+print(*(config.build_path(n) for n in ("jit_store", "jit", "test_results", "bench", "ci_records")), sep="\t")') &&
+  [ -n "$records" ] || exit 1
 
 if [ -n "${JIT_STORE_TAR:-}" ]; then
   step producer-store 60 tar -xf "$JIT_STORE_TAR"  # $store/jit-libs-<cache id>/, from an earlier call
@@ -60,7 +61,7 @@ export JA_FETCH_BASE_URL=$store
 for b in "${builds[@]}"; do
   step "$b" 1200 bash scripts/run.sh python3 ci/build.py --build "$b"
 done
-cp "$results"/tier-*.json build/ci/*.json "$bench"/gpu.json "$out"/ 2>/dev/null
+cp "$results"/tier-*.json "$records"/*.json "$bench"/gpu.json "$out"/ 2>/dev/null
 "$py" - "$out" <<'PY'
 import glob, json, sys
 for f in sorted(glob.glob(sys.argv[1] + "/tier-*.json")):

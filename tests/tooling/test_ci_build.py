@@ -178,7 +178,7 @@ def test_a_real_build_runs_end_to_end_and_stops_at_the_first_failure(tmp_path: P
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "::group::[1] invoke env-report" in ok.stdout and "== environment report ==" in ok.stdout
     assert "convergence-check: passed" in ok.stdout
-    summary = json.loads((ROOT / "build" / "ci" / "pr_convergence_gate.json").read_text())
+    summary = json.loads((ROOT / ci_build.RECORDS / "pr_convergence_gate.json").read_text())
     assert [c["exit"] for c in summary["commands"]] == [0, 0]
     bad = cli("--build", "pr_convergence_gate", env={"JA_BASE_REV": "no-such-revision"})
     assert bad.returncode == 2
@@ -190,8 +190,8 @@ def test_every_command_is_told_where_the_environment_report_is(monkeypatch) -> N
     seen = []
     monkeypatch.setattr(ci_build.steps, "run", lambda todo, label, **kw: seen.extend(todo) or [])
     assert ci_build.run_build(ci_build.get_build("release"), dry_run=True, env={}) == 0
-    assert seen[0].argv[-3:] == ["env-report", "--json-out", "build/ci/env-report.json"]
-    assert all(s.env["JA_ENV_REPORT"] == str(ROOT / "build/ci/env-report.json") for s in seen)
+    assert seen[0].argv[-3:] == ["env-report", "--json-out", "build/ci-records/env-report.json"]
+    assert all(s.env["JA_ENV_REPORT"] == str(ROOT / "build/ci-records/env-report.json") for s in seen)
 
 
 def test_registry_rejects_bad_builds() -> None:

@@ -419,8 +419,23 @@ def test_every_container_job_names_its_image_for_the_environment_report() -> Non
         image = (job.get("container") or {}).get("image")
         if image:
             assert job.get("env", {}).get("JA_CONTAINER_IMAGE") == image, f"{name}:{job_id}"
-    assert all(b.commands()[0][-3:] == ["env-report", "--json-out", "build/ci/env-report.json"]
+    assert all(b.commands()[0][-3:] == ["env-report", "--json-out", "build/ci-records/env-report.json"]
                for b in BUILDS.values())
+
+
+def test_the_build_record_artifacts_hold_the_folders_ci_build_writes() -> None:
+    """Every job that runs ci/build.py uploads its records (config.BUILD_TREE's ci_records: <build>.json, the
+    environment report) and the tiers' results as the artifact ci-<build>, from the folders the code writes."""
+    from jatools import config
+
+    want = {config.build_path(n).as_posix() for n in ("ci_records", "test_results")}
+    uploads = [(f"{name}:{job_id}", s["with"]) for name, _wf, job_id, job in all_jobs() for s in job.get("steps", [])
+               if s.get("uses", "").startswith("actions/upload-artifact@")
+               and str(s["with"].get("name", "")).startswith("ci-")]
+    assert uploads, "no ci-<build> artifact found"
+    for where, w in uploads:
+        assert want <= {p.rstrip("/") for p in w["path"].split()}, where
+    assert ci_build.RECORDS == config.build_path("ci_records")
 
 
 def test_the_producers_shard_artifacts_use_the_build_folder_of_the_shards() -> None:
