@@ -90,5 +90,6 @@ def test_no_shell_script_spells_a_build_folder_but_the_table():
 def test_the_shell_scan_finds_a_spelled_folder(tmp_path):
     probe = tmp_path / "probe.sh"  # under tmp_path, not the checkout the scan above reads
     probe.write_text('# a comment may say build/aiter_build\nrm -rf build/aiter_build  # build/jit-store\n'
-                     'x="$store/build/jit-store"; tar -cf o.tar build/jit-store/\ncp build/ci/*.json .\n')
-    assert [h.split(":")[1] for h in _shell_spellings(probe)] == ["2", "3"]
+                     'x="$store/build/jit-store"; tar -cf o.tar build/jit-store/\ncp build/ci/*.json .\n'
+                     'cp build/ci-records/*.json .\n')
+    assert [h.split(":")[1] for h in _shell_spellings(probe)] == ["2", "3", "5"]
