@@ -11,8 +11,10 @@ between XLA's kernels and ours, command buffers, the host's dispatch).
 """
 from __future__ import annotations
 
+import re
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import jax
@@ -71,22 +73,43 @@ def plain_attention(w: Workload) -> tuple[str | None, str | None]:
 
 
 def build(w: Workload, ops: llama.Ops, params, key):
-    """(step, state, outputs): step(state) -> state runs one call; outputs are what the check compares."""
+    """(step, state, outputs): step(state) -> state runs one call; outputs are what the check compares,
+    and under "hlo" the launch census of the compiled step (hlo_launches)."""
     cfg = w.cfg
     if w.kind == "decode":
         fn = jax.jit(lambda p, c, t, pos: llama.decode_step(cfg, ops, p, c, t, pos), donate_argnums=(1,))
         token = jax.random.randint(jax.random.fold_in(key, 1), (w.batch,), 0, cfg.vocab)
         pos = jnp.int32(w.seq - 1)
-        logits, cache = fn(params, llama.init_cache(cfg, jax.random.fold_in(key, 2), w.batch, w.seq), token, pos)
-        return (lambda c: fn(params, c, token, pos)[1]), cache, {"logits": logits}
+        cache = llama.init_cache(cfg, jax.random.fold_in(key, 2), w.batch, w.seq)
+        hlo = hlo_launches(fn, params, cache, token, pos)  # before the call donates the cache
+        logits, cache = fn(params, cache, token, pos)
+        return (lambda c: fn(params, c, token, pos)[1]), cache, {"logits": logits, "hlo": hlo}
     if w.kind == "prefill":
         fn = jax.jit(lambda p, t: llama.forward(cfg, ops, p, t))
         tokens = jax.random.randint(jax.random.fold_in(key, 1), (w.batch, w.seq), 0, cfg.vocab)
-        return (lambda _: fn(params, tokens)), None, {"logits": fn(params, tokens)}
+        return (lambda _: fn(params, tokens)), None, {"logits": fn(params, tokens),
+                                                      "hlo": hlo_launches(fn, params, tokens)}
     fn = jax.jit(llama.train_step(cfg, ops))
     tokens = jax.random.randint(jax.random.fold_in(key, 1), (w.batch, w.seq + 1), 0, cfg.vocab)
     loss, grads = fn(params, tokens)
-    return (lambda _: fn(params, tokens)), None, {"loss": loss, "grads": grads}
+    return (lambda _: fn(params, tokens)), None, {"loss": loss, "grads": grads, "hlo": hlo_launches(fn, params, tokens)}
+
+
+def hlo_launches(fn, *args) -> dict[str, int]:
+    """What the compiled step launches, from the entry computation of XLA's optimized HLO: "fusion" (XLA's
+    kernels, its Triton matmuls among them) and one count per custom-call target (ours are ja_*, cuDNN's
+    __cudnn$...). A custom call is a fusion boundary, so XLA arranges its kernels around ours differently (e.g. a
+    reduce of a split-K matmul's partial sums of its own before our norm, where plain JAX reduces them inside
+    its residual add). One custom call may launch more than one kernel; this does not see that."""
+    text = fn.lower(*args).compile().as_text()
+    entry = text[text.index("\nENTRY "):]
+    entry = entry[:entry.find("\n}")]
+    census: Counter = Counter()
+    for line in entry.splitlines()[1:]:
+        if m := re.search(r"\s(fusion|custom-call)\(", line):
+            target = re.search(r'custom_call_target="([^"]+)"', line)
+            census[f"custom-call {target.group(1)}" if target else m.group(1)] += 1
+    return dict(sorted(census.items()))
 
 
 def agreement(ours: dict, plain: dict) -> dict:
@@ -133,9 +156,10 @@ def bench_workload(w: Workload, samples: int, swaps: bool = False) -> dict:
     for name, ops in models.items():
         steps[name], states[name], outs[name] = build(w, ops, params, key)
     outs = {n: outs[n] for n in ("ours", "plain")}
+    launches = {n: outs[n].pop("hlo") for n in outs}
     row = {"name": w.name, "kind": w.kind, "batch": w.batch, "seq": w.seq, "config": vars(w.cfg),
            "plain_attention": impl or "default", **({"cudnn_refused": refused} if refused else {}),
-           **agreement(outs["ours"], outs["plain"])}
+           "hlo_launches": launches, **agreement(outs["ours"], outs["plain"])}
     del outs
     t = time_models(steps, states, w.calls, samples)
     ours, plain = statistics.median(t["ours"]), statistics.median(t["plain"])
@@ -167,6 +191,10 @@ def print_table(rows: list[dict]) -> None:
         print(f"{r['name']:<24}{r['ours_ms']:>10.3f}{r['plain_ms']:>10.3f}{r['ours_over_plain']:>11.3f}"
               f"{r['goal_ours_over_plain']:>8.2f}  {r['met']!s:<6}{r['agree']!s:<6}{errs}; "
               f"{r['plain_attention']}")
+        launches = {n: sum(c.values()) for n, c in r["hlo_launches"].items()}
+        ours_calls = sum(v for k, v in r["hlo_launches"]["ours"].items() if k.startswith("custom-call ja_"))
+        print(f"{'':<24}HLO launches: ours {launches['ours']} ({ours_calls} of them our calls), "
+              f"plain {launches['plain']}")
         if "swaps_over_plain" in r:
             print(f"{'':<24}plain JAX with one group of ours, / plain: "
                   + ", ".join(f"{k} {v:.3f}" for k, v in r["swaps_over_plain"].items()))

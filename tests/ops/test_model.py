@@ -137,3 +137,22 @@ def test_op_swaps_put_one_group_of_ours_into_plain_jax(device, llama, model_benc
             assert all(getattr(ops, f) is getattr(ours if f in group else plain, f) for f in fields), ops.name
             logits = jax.jit(lambda p, t, o=ops: llama.forward(cfg, o, p, t))(params, tokens)
             assert llama.rel_err(logits, base) <= BOUNDS[jnp.float32]["logits"], ops.name
+
+
+@pytest.mark.parametrize("kind", ["decode", "prefill", "train"])
+def test_hlo_launches_counts_what_the_compiled_step_calls(device, llama, model_bench, kind):
+    """The launch census a model row records (model_bench.hlo_launches, from the compiled step's HLO): with
+    2 layers, our model calls our forward ops once per use (1 + 2 x 2 norms, 2 SiLU-and-mul, 2 attention) and a
+    train step adds the attention backward (the norms' and SiLU's gradients are JAX's); plain JAX's model calls
+    none of ours; both launch XLA fusions."""
+    cfg = tiny(llama)
+    w = model_bench.Workload("tiny", kind, cfg, 2, 24, 1)
+    params = llama.init_params(cfg, jax.random.key(10))
+    census = {name: model_bench.build(w, ops, params, jax.random.key(11))[2]["hlo"]
+              for name, ops in (("ours", llama.our_ops()), ("plain", llama.plain_ops()))}
+    want = {"ja_rmsnorm_fwd": 1, "ja_rmsnorm_fwd_add": 4, "ja_silu_and_mul": 2, "ja_mha_fwd": 2,
+            **({"ja_mha_bwd": 2} if kind == "train" else {})}
+    ours = {k.split()[1]: v for k, v in census["ours"].items() if k.startswith("custom-call ja_")}
+    assert ours == want, census["ours"]
+    assert not any(k.startswith("custom-call ja_") for k in census["plain"]), census["plain"]
+    assert census["ours"].get("fusion", 0) > 0 and census["plain"].get("fusion", 0) > 0
