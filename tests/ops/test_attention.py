@@ -272,17 +272,17 @@ def _sm90_calls() -> int:
     return _lib_calls("libmha_fwd.so", "ja_mha_fwd_sm90_calls")
 
 
-def _both_paths(fwd, args, env, calls, expected, monkeypatch):
-    """fwd(*args) twice: without `env` (a path that `calls` counts `expected` times), then with env=0
-    (the fallback, not counted). Returns both (out, lse)."""
+def _both_paths(fn, args, env, calls, expected, monkeypatch):
+    """fn(*args) twice: without `env` (a path that `calls` counts `expected` times), then with env=0
+    (the fallback, not counted). Returns both results."""
     monkeypatch.delenv(env, raising=False)
     before = calls()
-    o1, lse1 = jax.block_until_ready(fwd(*args))
+    first = jax.block_until_ready(fn(*args))
     assert calls() == before + expected
     monkeypatch.setenv(env, "0")
-    o2, lse2 = jax.block_until_ready(fwd(*args))
+    second = jax.block_until_ready(fn(*args))
     assert calls() == before + expected
-    return o1, lse1, o2, lse2
+    return first, second
 
 
 def _assert_paths_agree(dtype, ref_o, o1, lse1, o2, lse2):
@@ -296,8 +296,15 @@ def _assert_paths_agree(dtype, ref_o, o1, lse1, o2, lse2):
     np.testing.assert_allclose(lse1[fin], lse2[fin], rtol=0, atol=1e-3)
 
 
+def _cuda_cc() -> tuple[int, int] | None:
+    """The first GPU's compute capability (9, 0), or None on ROCm, where XLA's compute_capability is the gfx
+    name (e.g. "gfx950"), not a number."""
+    cc = str(getattr(jax.devices("gpu")[0], "compute_capability", ""))
+    return (int(cc.split(".")[0]), int(cc.split(".")[1])) if re.fullmatch(r"\d+\.\d+", cc) else None
+
+
 def _is_sm90() -> bool:
-    return getattr(jax.devices("gpu")[0], "compute_capability", None) == "9.0"
+    return _cuda_cc() == (9, 0)
 
 
 HOPPER = [(2, 300, 500, 4, 2), (2, 513, 200, 4, 4), (1, 200, 1, 4, 1), (1, 129, 1000, 8, 1), (2, 1000, 1000, 2, 2)]
@@ -314,8 +321,8 @@ def test_hopper_forward_matches_reference_and_fallback(dtype, d, causal, shape, 
     batch, sq, sk, hq, hkv = shape
     (q, k, v, _), (qe, ke, ve, doe) = make_inputs(sk + d, dtype, batch, sq, sk, hq, hkv, d, "gpu")
     fwd, _ = attention._prims(causal, d ** -0.5)
-    o1, lse1, o2, lse2 = _both_paths(jax.jit(fwd), (q, k, v), "JA_MHA_FWD_SM90", _sm90_calls,
-                                     1 if _is_sm90() else 0, monkeypatch)
+    (o1, lse1), (o2, lse2) = _both_paths(jax.jit(fwd), (q, k, v), "JA_MHA_FWD_SM90", _sm90_calls,
+                                         1 if _is_sm90() else 0, monkeypatch)
     ref_o, _ = attention_ref(qe, ke, ve, doe, causal, d ** -0.5)
     _assert_paths_agree(dtype, ref_o, o1, lse1, o2, lse2)
 
@@ -340,10 +347,9 @@ def _decode_tma_calls() -> int:
 
 
 def _is_sm90_or_newer() -> bool:
-    """An NVIDIA device of compute capability 9.0 or newer; False on ROCm, where XLA's compute_capability is the
-    gfx name (e.g. "gfx950"), not a number."""
-    cc = str(getattr(jax.devices("gpu")[0], "compute_capability", ""))
-    return re.fullmatch(r"\d+\.\d+", cc) is not None and int(cc.split(".")[0]) >= 9
+    """An NVIDIA device of compute capability 9.0 or newer (never a ROCm device)."""
+    cc = _cuda_cc()
+    return cc is not None and cc >= (9, 0)
 
 
 DECODE_TMA = [(2, 1, 3001, 32, 4), (2, 3, 1000, 8, 2), (1, 1, 65, 8, 1)]
@@ -360,8 +366,8 @@ def test_decode_tma_matches_reference_and_cp_async(dtype, d, causal, shape, monk
     batch, sq, sk, hq, hkv = shape
     (q, k, v, _), (qe, ke, ve, doe) = make_inputs(sk + d, dtype, batch, sq, sk, hq, hkv, d, "gpu")
     fwd = jax.jit(attention._prims(causal, d ** -0.5)[0])
-    o1, lse1, o2, lse2 = _both_paths(fwd, (q, k, v), "JA_MHA_FWD_DECODE_TMA", _decode_tma_calls,
-                                     1 if _is_sm90_or_newer() else 0, monkeypatch)
+    (o1, lse1), (o2, lse2) = _both_paths(fwd, (q, k, v), "JA_MHA_FWD_DECODE_TMA", _decode_tma_calls,
+                                         1 if _is_sm90_or_newer() else 0, monkeypatch)
     ref_o, _ = attention_ref(qe, ke, ve, doe, causal, d ** -0.5)
     _assert_paths_agree(dtype, ref_o, o1, lse1, o2, lse2)
 
@@ -392,14 +398,8 @@ def test_hopper_backward_matches_reference_and_fallback(dtype, d, causal, shape,
     (q, k, v, do), (qe, ke, ve, doe) = make_inputs(sq + d, dtype, batch, sq, sk, hq, hkv, d, "gpu")
     fwd, bwd = attention._prims(causal, d ** -0.5)
     o, lse = jax.block_until_ready(jax.jit(fwd)(q, k, v))
-    bwd = jax.jit(bwd)
-    monkeypatch.delenv("JA_MHA_BWD_SM90", raising=False)
-    before = _sm90_bwd_calls()
-    g1 = jax.block_until_ready(bwd(q, k, v, o, do, lse))
-    assert _sm90_bwd_calls() == before + (1 if _is_sm90() else 0)
-    monkeypatch.setenv("JA_MHA_BWD_SM90", "0")
-    g2 = jax.block_until_ready(bwd(q, k, v, o, do, lse))
-    assert _sm90_bwd_calls() == before + (1 if _is_sm90() else 0)
+    g1, g2 = _both_paths(jax.jit(bwd), (q, k, v, o, do, lse), "JA_MHA_BWD_SM90", _sm90_bwd_calls,
+                         1 if _is_sm90() else 0, monkeypatch)
     _, ref = attention_ref(qe, ke, ve, doe, causal, d ** -0.5)
     for x1, x2, r in zip(g1[:3], g2[:3], ref):
         assert x1.dtype == q.dtype and x1.shape == r.shape
