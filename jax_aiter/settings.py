@@ -153,6 +153,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("JA_MHA_FWD_DECODE_TMA", "runtime", "0: the split-KV decode forward loads K and V with cp.async "
             "instead of TMA on sm_90 (read on every call, so a test can compare both paths)", choices=("0", "1"),
             accepts="one of"),
+    Setting("JA_MHA_FWD_DECODE_CLUSTER", "runtime", "0: the split-KV decode forward merges its splits with a "
+            "second kernel instead of in a thread-block cluster on sm_90 (read on every call, so a test can "
+            "compare both paths)", choices=("0", "1"), accepts="one of"),
     # --- tests --------------------------------------------------------------------------------
     Setting("JA_TEST_TIER", "tests", "the tier `bash ci/test.sh` and `nox -s tests` run", default="pr",
             choices=("pr", "nightly", "multigpu"), accepts="one of"),

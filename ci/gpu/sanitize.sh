@@ -30,4 +30,7 @@ run racecheck-rmsnorm racecheck rmsnorm tests/ops/test_rmsnorm.py -k "matches_re
 run memcheck-silu memcheck silu tests/ops/test_activation.py -k "matches_reference and (200 or 1001 or 14)"
 run memcheck-mha memcheck mha tests/ops/test_attention.py -k "test_sequence_lengths"
 run racecheck-mha racecheck mha tests/ops/test_attention.py -k "test_sequence_lengths"
+# the decode kernel's splits merging through distributed shared memory (clusters on sm_90)
+run memcheck-mha-decode memcheck mha_decode tests/ops/test_attention.py -k "decode_cluster and bfloat16 and sq1"
+run racecheck-mha-decode racecheck mha_decode tests/ops/test_attention.py -k "decode_cluster and bfloat16 and sk2048"
 exit $status

@@ -98,27 +98,46 @@ inline bool pdl_enabled() {
 #endif
 }
 
-// kernel<<<grid, block, smem, s>>>(args...), with PDL where pdl_enabled(); returns the launch status.
+// kernel<<<grid, block, smem, s>>>(args...) in thread-block clusters of `cluster` blocks along x (1: none;
+// more needs CUDA and a device of compute capability 9.0+, and grid.x a multiple of it), with PDL where
+// pdl_enabled(); returns the launch status.
 template <typename... KArgs, typename... Args>
-ja_error_t launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, ja_stream_t s,
-                      Args&&... args) {
+ja_error_t launch_clustered(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, ja_stream_t s,
+                            unsigned cluster, Args&&... args) {
 #if defined(JA_GPU_CUDA)
-  if (pdl_enabled()) {
+  const bool pdl = pdl_enabled();
+  if (pdl || cluster > 1) {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute attr[2];
+    unsigned n = 0;
+    if (pdl) {
+      attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster > 1) {
+      attr[n].id = cudaLaunchAttributeClusterDimension;
+      attr[n++].val.clusterDim = {cluster, 1, 1};
+    }
     cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = n;
     return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
   }
+#else
+  if (cluster > 1) return hipErrorInvalidValue;  // HIP has no clusters; callers ask only on CUDA
 #endif
   kernel<<<grid, block, smem, s>>>(std::forward<Args>(args)...);
   return ja_get_last_error();
+}
+
+// kernel<<<grid, block, smem, s>>>(args...), with PDL where pdl_enabled(); returns the launch status.
+template <typename... KArgs, typename... Args>
+ja_error_t launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, ja_stream_t s,
+                      Args&&... args) {
+  return launch_clustered(kernel, grid, block, smem, s, 1u, std::forward<Args>(args)...);
 }
 
 }  // namespace ja

@@ -303,6 +303,21 @@ def _cuda_cc() -> tuple[int, int] | None:
     return (int(cc.split(".")[0]), int(cc.split(".")[1])) if re.fullmatch(r"\d+\.\d+", cc) else None
 
 
+def _path_cases(shapes):
+    """The marks of the kernel-path tests below: on the GPU, each dtype x head dim x causal x shape
+    (batch, seq_q, seq_k, heads_q, heads_kv)."""
+    marks = [pytest.mark.gpu, pytest.mark.parametrize("dtype", ["bfloat16", "float16"]),
+             pytest.mark.parametrize("d", [64, 128, 256]),
+             pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"]),
+             pytest.mark.parametrize("shape", shapes, ids=lambda s: f"b{s[0]}-sq{s[1]}-sk{s[2]}-hq{s[3]}-hkv{s[4]}")]
+
+    def wrap(fn):
+        for mark in reversed(marks):  # as if stacked above fn, first on top
+            fn = mark(fn)
+        return fn
+    return wrap
+
+
 def _is_sm90() -> bool:
     return _cuda_cc() == (9, 0)
 
@@ -310,11 +325,7 @@ def _is_sm90() -> bool:
 HOPPER = [(2, 300, 500, 4, 2), (2, 513, 200, 4, 4), (1, 200, 1, 4, 1), (1, 129, 1000, 8, 1), (2, 1000, 1000, 2, 2)]
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("d", [64, 128, 256])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("shape", HOPPER, ids=lambda s: f"b{s[0]}-sq{s[1]}-sk{s[2]}-hq{s[3]}-hkv{s[4]}")
+@_path_cases(HOPPER)
 def test_hopper_forward_matches_reference_and_fallback(dtype, d, causal, shape, monkeypatch):
     """The Hopper kernel runs where it should, matches the float64 reference, and the mma.sync
     fallback (JA_MHA_FWD_SM90=0) within the same bound; lse equal up to float32 rounding."""
@@ -355,11 +366,7 @@ def _is_sm90_or_newer() -> bool:
 DECODE_TMA = [(2, 1, 3001, 32, 4), (2, 3, 1000, 8, 2), (1, 1, 65, 8, 1)]
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("d", [64, 128, 256])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("shape", DECODE_TMA, ids=lambda s: f"b{s[0]}-sq{s[1]}-sk{s[2]}-hq{s[3]}-hkv{s[4]}")
+@_path_cases(DECODE_TMA)
 def test_decode_tma_matches_reference_and_cp_async(dtype, d, causal, shape, monkeypatch):
     """The decode kernel's TMA path runs where it should, matches the float64 reference, and its
     cp.async path (JA_MHA_FWD_DECODE_TMA=0) within the same bound; lse equal up to float32 rounding."""
@@ -370,6 +377,63 @@ def test_decode_tma_matches_reference_and_cp_async(dtype, d, causal, shape, monk
                                          1 if _is_sm90_or_newer() else 0, monkeypatch)
     ref_o, _ = attention_ref(qe, ke, ve, doe, causal, d ** -0.5)
     _assert_paths_agree(dtype, ref_o, o1, lse1, o2, lse2)
+
+
+# --- the decode path's cluster merge ------------------------------------------------------
+# On the TMA path, when the plan splits each kv head's keys 2-8 ways and the device holds those splits'
+# thread-block clusters in as many waves as the blocks take, the splits merge through distributed shared
+# memory instead of the merge kernel (JA_MHA_FWD_DECODE_CLUSTER=0 sends the same call to the merge kernel).
+# The merge does the merge kernel's arithmetic in its order, so the two paths agree bit for bit.
+
+def _decode_cluster_calls() -> int:
+    return _lib_calls("libmha_fwd.so", "ja_mha_fwd_decode_cluster_calls")
+
+
+# 64 kv-head groups each (batch x kv heads x 16-row blocks), as in the model's decode (batch 8, 8 kv heads).
+DECODE_CLUSTER = [(8, 1, 2048, 32, 8), (8, 1, 4999, 32, 8), (16, 1, 3000, 8, 4), (8, 3, 2000, 16, 8)]
+
+
+def _decode_cluster_expected(d: int) -> int | None:
+    """Calls that must merge in a cluster for one DECODE_CLUSTER call: 1 on an sm_90 device of 132
+    multiprocessors (H100 SXM, H200) at head dim 128 or 256, where the kernel fits one block per
+    multiprocessor and the plan takes 2 splits of 64 groups (128 blocks, clusters of 2 fit in one wave);
+    None elsewhere: the plan follows the device, and only the results are compared."""
+    return 1 if _cuda_cc() == (9, 0) and _multiprocessors() == 132 and d in (128, 256) else None
+
+
+def _multiprocessors() -> int:
+    """The first GPU's multiprocessor count: JAX's core_count, else the driver's (0 where neither says)."""
+    n = getattr(jax.devices("gpu")[0], "core_count", 0)
+    if n:
+        return int(n)
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    dev, count = ctypes.c_int(0), ctypes.c_int(0)
+    ok = (cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0
+          and cuda.cuDeviceGetAttribute(ctypes.byref(count), 16, dev) == 0)  # 16: MULTIPROCESSOR_COUNT
+    return count.value if ok else 0
+
+
+@_path_cases(DECODE_CLUSTER)
+def test_decode_cluster_merge_matches_merge_kernel_bitwise(dtype, d, causal, shape, monkeypatch):
+    batch, sq, sk, hq, hkv = shape
+    (q, k, v, _), (qe, ke, ve, doe) = make_inputs(sk + d, dtype, batch, sq, sk, hq, hkv, d, "gpu")
+    fwd = jax.jit(attention._prims(causal, d ** -0.5)[0])
+    monkeypatch.delenv("JA_MHA_FWD_DECODE_CLUSTER", raising=False)
+    before = _decode_cluster_calls()
+    o1, lse1 = jax.block_until_ready(fwd(q, k, v))
+    took = _decode_cluster_calls() - before
+    expected = _decode_cluster_expected(d)
+    assert took == expected if expected is not None else took in (0, 1)
+    monkeypatch.setenv("JA_MHA_FWD_DECODE_CLUSTER", "0")
+    o2, lse2 = jax.block_until_ready(fwd(q, k, v))
+    assert _decode_cluster_calls() == before + took
+    ref_o, _ = attention_ref(qe, ke, ve, doe, causal, d ** -0.5)
+    assert rel_err(o1, ref_o) <= RTOL[dtype]
+    np.testing.assert_array_equal(np.asarray(o1).view(np.uint16), np.asarray(o2).view(np.uint16))
+    np.testing.assert_array_equal(np.asarray(lse1), np.asarray(lse2))
 
 
 # --- the Hopper backward -----------------------------------------------------------------
@@ -385,11 +449,7 @@ HOPPER_BWD = [(2, 300, 500, 4, 2), (2, 513, 200, 4, 4), (1, 129, 1000, 8, 1), (2
               (1, 64, 64, 2, 1), (1, 1, 300, 4, 4)]
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("d", [64, 128, 256])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("shape", HOPPER_BWD, ids=lambda s: f"b{s[0]}-sq{s[1]}-sk{s[2]}-hq{s[3]}-hkv{s[4]}")
+@_path_cases(HOPPER_BWD)
 def test_hopper_backward_matches_reference_and_fallback(dtype, d, causal, shape, monkeypatch):
     """The Hopper backward runs where it should (GQA, causal both ways, seq_q != seq_k, odd
     lengths), its gradients match the float64 reference and the mma.sync fallback

@@ -207,6 +207,45 @@ JA_DEVICE void tma_load_4d(void* dst, const void* map, uint64_t* bar, int c0, in
 #endif
 }
 
+// Thread-block clusters (sm_90): every thread of every block of the cluster arrives, then waits; shared
+// memory written before it by any block is visible to the cluster's blocks after it (release / acquire).
+JA_DEVICE void cluster_sync() {
+#if JA_MMA_SM90
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+// The address in the cluster's shared-memory window of this shared-memory address in block `rank`.
+JA_DEVICE uint32_t cluster_map(const void* p, uint32_t rank) {
+  uint32_t remote = 0;
+#if JA_MMA_SM90
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_addr(p)), "r"(rank));
+#else
+  __trap();
+#endif
+  return remote;
+}
+// The four floats at this (16-byte aligned) shared-memory address in block `rank` of the cluster.
+JA_DEVICE float4 cluster_load4(const float* p, uint32_t rank) {
+  float4 v{};
+#if JA_MMA_SM90
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(cluster_map(p, rank))
+               : "memory");
+#endif
+  return v;
+}
+// The float at this shared-memory address in block `rank` of the cluster.
+JA_DEVICE float cluster_load(const float* p, uint32_t rank) {
+  float v = 0.0f;
+#if JA_MMA_SM90
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(cluster_map(p, rank)) : "memory");
+#endif
+  return v;
+}
+
 // Two floats -> one register of two 16-bit values (low half = x).
 template <typename T> JA_DEVICE uint32_t pack2(float x, float y);
 template <>

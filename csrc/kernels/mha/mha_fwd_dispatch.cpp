@@ -7,7 +7,8 @@
 // (read on every call, so a test can compare both paths in one process);
 // ja_mha_fwd_sm90_calls() counts the calls they handled. Decode shapes take the split-KV kernel,
 // on sm_90 with TMA loads; ja_mha_fwd_decode_tma_calls() counts those (JA_MHA_FWD_DECODE_TMA=0,
-// read on every call, sends them to its cp.async loads).
+// read on every call, sends them to its cp.async loads), and ja_mha_fwd_decode_cluster_calls() those
+// whose splits merged in a thread-block cluster (JA_MHA_FWD_DECODE_CLUSTER=0: the merge kernel).
 #define JA_MHA_NAME "mha_fwd"
 #define JA_MHA_ARGS JaMhaFwdArgs
 #define JA_MHA_CPU_TABLE "mha_fwd_cpu_instances.inc"
@@ -23,4 +24,7 @@
 #include "mha/mha_decode_calls.h"
 
 JA_API int64_t ja_mha_fwd_decode_tma_calls(void) { return ja::mha_decode_tma_calls().load(std::memory_order_relaxed); }
+JA_API int64_t ja_mha_fwd_decode_cluster_calls(void) {
+  return ja::mha_decode_cluster_calls().load(std::memory_order_relaxed);
+}
 #endif

@@ -19,6 +19,10 @@
 //     log2-domain lse of its keys (float32) to a scratch buffer.
 //   pass 2 (mha_decode_combine_kernel): one warp per query row merges the
 //     splits: lse = log2(sum 2^lse_s), O = sum 2^(lse_s - lse) O_s.
+//   On the TMA path with 2-8 splits whose thread-block clusters the device holds
+//   in the grid's waves, the splits of each kv head's rows are one cluster and
+//   merge through distributed shared memory instead (decode_cluster_merge: the
+//   same arithmetic in the same order, so the same bits; no pass 2).
 //
 // Conventions are the other forward kernels': bottom-right causal alignment,
 // a row with no visible key outputs 0 with lse = +inf; P is rounded to the
@@ -94,11 +98,16 @@ namespace mha_gpu {
 // DRAM 4.18 -> 4.37 TB/s, L2 hit rate 48% -> 2% (no sector is fetched twice), instructions
 // 58M -> 42M. 3 stages (two blocks per multiprocessor) took 0.96-1.00, 2 stages 0.97-1.06, 6 stages
 // 0.95-0.96, 8 warps (128-key tiles) 0.96, no L2 promotion the same as 128 bytes, 256 bytes 0.97-1.02.
-// The merge kernel: Nsight Compute times it at 5-6 us a call at 32k keys, but under PDL most of that
-// overlaps the split kernel's tail: making the splits of one kv head a thread-block cluster that merges
-// through distributed shared memory (no merge kernel, no workspace) took 0.995-1.00 of this kernel's
-// time where it applied (one round), and clusters of 4 splits did not all fit at once (30 of 32 with
-// 4 kv heads at one block per multiprocessor), so the two-kernel merge stays.
+// The merge: Nsight Compute times the merge kernel at 5-6 us a call at 32k keys, and under PDL much of
+// that overlaps the split kernel's tail. The model's decode step (bench_gpu.py --only model) without the
+// merge kernel (a probe that skipped it, wrong results) took 0.999-1.000 of plain JAX's time against
+// 1.008-1.010 with it, and one split per kv head (no merge at all) leaves half the multiprocessors idle
+// (0.76-0.84 of copy bandwidth against 0.89-0.99). So the splits of a kv head's rows run as one
+// thread-block cluster that merges them through distributed shared memory where the clusters fit in the
+// grid's waves: bench_gpu.py --only decode, same run, 8 kv heads (2 splits): 0.0712 ms against 0.0744 at
+// 8k keys and 0.2534 against 0.2557 at 32k; in the model 1.006-1.012 of plain JAX against 1.014-1.015
+// at 8k keys (alternating runs). With 4 kv heads (4 splits) clusters of 4 do not all fit at once (30 of
+// 32 at one block per multiprocessor), so those calls keep the merge kernel.
 #ifndef JA_MHA_DECODE_TMA
 #define JA_MHA_DECODE_TMA 1
 #endif
@@ -110,6 +119,7 @@ namespace mha_gpu {
 #endif
 
 constexpr int kDecodeMaxSplits = 1024;
+constexpr int kDecodeMaxCluster = 8;  // the most splits merged in one thread-block cluster (the portable size)
 
 // Whether this build has the TMA kernel at this type and head_dim (decode_tma_applies: whether it runs).
 template <typename T, int D>
@@ -136,8 +146,12 @@ struct DecodeTiles {
   static constexpr bool kQInRegs = D <= 128;
   // The end-of-block merge reuses the stage buffers: per warp, m and l of 16 rows and 16 x D of O.
   static constexpr int kMergeBytes = kWarps * 16 * (D + 2) * int(sizeof(float));
+  // After it, the cluster merge's: this split's 16 x D of O / l and 16 lse, then each split's weight of
+  // the 16 rows and their 1 / sum.
+  static constexpr int kClusterBytes = (16 * D + 16 + kDecodeMaxCluster * 16 + 16) * int(sizeof(float));
   static_assert(kStages >= 2, "the K/V pipeline needs at least two stages");
-  static_assert(kMergeBytes <= kStages * kStageElems * int(sizeof(T)), "decode merge exceeds the stage buffers");
+  static_assert(kMergeBytes + kClusterBytes <= kStages * kStageElems * int(sizeof(T)),
+                "decode merge exceeds the stage buffers");
   static_assert(kSmemBytes <= 227 * 1024, "decode tiles exceed shared memory");
   static_assert(D % 16 == 0, "head_dim must be a multiple of 16");
   static_assert(!TMA || (D % 64 == 0 && BC <= 256 && (BC * 128) % 1024 == 0 && sizeof(T) == 2),
@@ -167,6 +181,7 @@ struct DecodeArgs {
   int rblocks;    // 16-row blocks per kv head: ceil(group * seq_q / 16)
   float* ws_o;    // [batch][heads_kv * rblocks][splits][16][D]: O / l of each split (splits > 1)
   float* ws_lse;  // [batch][heads_kv * rblocks][splits][16]: log2-domain lse of each split (-inf: no key)
+  int cluster;    // > 1: the splits (gridDim.x of them) are one thread-block cluster that merges them itself
 };
 
 // Query rows that share one kv head.
@@ -220,6 +235,56 @@ DecodePlan decode_plan(const JaMhaFwdArgs& a, int64_t rblocks, int64_t slots, in
     if (use >= 0.9) return {int(splits), per * BC};
   }
   return best;
+}
+
+// The splits of one kv head's rows run as one thread-block cluster (rank = blockIdx.x): each has its
+// (O / l, lse) of 16 rows in shared memory (po, plse); after a cluster barrier the blocks merge them
+// through distributed shared memory, each a share of the rows' columns, with the merge kernel's
+// arithmetic in its order (so the results are the two-kernel path's, bit for bit).
+template <typename T, int D, int NT>
+JA_DEVICE void decode_cluster_merge(const DecodeArgs& d, const float* po, float* plse, int r0, int rows, int group,
+                                    int hk, int64_t b) {
+  const JaMhaFwdArgs& a = d.a;
+  const int ns = d.cluster, rank = int(blockIdx.x);
+  float* fw = plse + 16;                     // [kDecodeMaxCluster][16]: 2^(lse_s - M) of split s
+  float* inv = fw + kDecodeMaxCluster * 16;  // [16]: 1 / their sum; 0: no split saw a key
+  mma::cluster_sync();                       // every split's po and plse are written and visible
+  if (threadIdx.x < 16 && r0 + int(threadIdx.x) < rows) {
+    const int r = int(threadIdx.x), rg = r0 + r;
+    float mx = -INFINITY;
+    for (int s = 0; s < ns; ++s) mx = fmaxf(mx, mma::cluster_load(plse + r, uint32_t(s)));
+    float sum = 0.0f;
+    for (int s = 0; s < ns; ++s) {
+      const float f = mx == -INFINITY ? 0.0f : ja_exp2(mma::cluster_load(plse + r, uint32_t(s)) - mx);
+      fw[s * 16 + r] = f;
+      sum += f;
+    }
+    inv[r] = mx == -INFINITY ? 0.0f : 1.0f / sum;
+    if (rank == 0) {
+      const int64_t qi = rg / group, h = int64_t(hk) * group + rg % group;
+      a.lse[(b * a.heads_q + h) * a.seq_q + qi] = mx == -INFINITY ? INFINITY : (mx + ja_log2(sum)) * kLn2;
+    }
+  }
+  __syncthreads();
+  constexpr int kV = D / 4;  // float4s per row
+  for (int idx = rank * NT + int(threadIdx.x); idx < 16 * kV; idx += ns * NT) {
+    const int r = idx / kV, c = (idx % kV) * 4, rg = r0 + r;
+    if (rg >= rows) continue;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int s = 0; s < ns; ++s) {
+      const float f = fw[s * 16 + r];
+      const float4 os = mma::cluster_load4(po + r * D + c, uint32_t(s));
+      acc[0] += f * os.x;
+      acc[1] += f * os.y;
+      acc[2] += f * os.z;
+      acc[3] += f * os.w;
+    }
+    const int64_t qi = rg / group, h = int64_t(hk) * group + rg % group;
+    T* out = static_cast<T*>(a.o) + ((b * a.seq_q + qi) * a.heads_q + h) * D + c;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) out[j] = from_f32<T>(acc[j] * inv[r]);
+  }
+  mma::cluster_sync();  // no block leaves while another may still read its shared memory
 }
 
 template <typename T, int D, bool CAUSAL, bool TMA>
@@ -418,6 +483,8 @@ JA_GLOBAL void __launch_bounds__(DecodeTiles<T, D, TMA>::kThreads)
   float* mm = reinterpret_cast<float*>(smem_base);  // [NW][16]
   float* ll = mm + NW * 16;                        // [NW][16]
   float* oo = ll + NW * 16;                        // [NW][16][D]
+  float* po = oo + NW * 16 * D;                    // cluster merge: [16][D] this split's O / l
+  float* plse = po + 16 * D;                       // [16] and its log2-domain lse (-inf: no key)
 #pragma unroll
   for (int i2 = 0; i2 < 2; ++i2) {
     l[i2] += ja_shfl_xor(l[i2], 1);
@@ -455,11 +522,15 @@ JA_GLOBAL void __launch_bounds__(DecodeTiles<T, D, TMA>::kThreads)
       const int64_t qi = rg / group, h = int64_t(hk) * group + rg % group;
       static_cast<T*>(a.o)[((b * sq + qi) * hq + h) * D + c] = from_f32<T>(empty ? 0.0f : acc / sum);
       if (c == 0) a.lse[(b * hq + h) * sq + qi] = empty ? INFINITY : (mx + ja_log2(sum)) * kLn2;
+    } else if (TMA && d.cluster > 1) {
+      po[r * D + c] = empty ? 0.0f : acc / sum;
+      if (c == 0) plse[r] = empty ? -INFINITY : mx + ja_log2(sum);
     } else {
       d.ws_o[(part + r) * D + c] = empty ? 0.0f : acc / sum;
       if (c == 0) d.ws_lse[part + r] = empty ? -INFINITY : mx + ja_log2(sum);
     }
   }
+  if (TMA && d.cluster > 1) decode_cluster_merge<T, D, NT>(d, po, plse, r0, rows, group, hk, b);
 }
 
 // One warp per query row: merge the splits' (lse_s, O_s) into the output and lse.
@@ -616,6 +687,40 @@ bool decode_tma_applies(const JaMhaFwdArgs& a) {
   }
 }
 
+// Whether the splits of each kv head's rows run as one thread-block cluster that merges them through
+// distributed shared memory (no merge kernel, no workspace): on the TMA path, 2 to kDecodeMaxCluster
+// splits, not JA_MHA_FWD_DECODE_CLUSTER=0 in the environment (read on every call, so a test can compare
+// both paths in one process), and only where the device holds the clusters in as many waves as the
+// plan's blocks take (a cluster's blocks share one GPU processing cluster, so fewer may fit at once).
+template <typename T, int D, bool CAUSAL>
+bool decode_cluster_applies(int splits, int64_t groups, int64_t slots) {
+  if (splits < 2 || splits > kDecodeMaxCluster || ja::env_off("JA_MHA_FWD_DECODE_CLUSTER")) return false;
+  static std::atomic<int> cache[kDecodeMaxCluster + 1][64];  // clusters resident at once, + 1
+  const int dev = ja::current_device();
+  if (dev < 0) return false;
+  const int fit = ja::per_device(cache[splits], dev, [splits](int) {
+                    using Tl = DecodeTiles<T, D, true>;
+                    auto kernel = mha_decode_kernel<T, D, CAUSAL, true>;
+                    if (Tl::kSmemBytes > kSmemBudget) (void)ja_func_set_max_dynamic_smem(kernel, Tl::kSmemBytes);
+                    cudaLaunchConfig_t cfg{};
+                    cfg.gridDim = dim3(unsigned(splits));
+                    cfg.blockDim = dim3(Tl::kThreads);
+                    cfg.dynamicSmemBytes = Tl::kSmemBytes;
+                    cudaLaunchAttribute attr[1];
+                    attr[0].id = cudaLaunchAttributeClusterDimension;
+                    attr[0].val.clusterDim = {unsigned(splits), 1, 1};
+                    cfg.attrs = attr;
+                    cfg.numAttrs = 1;
+                    int n = 0;
+                    if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+                      (void)cudaGetLastError();  // no sticky error for the launch check
+                      n = 0;
+                    }
+                    return n + 1;
+                  }) - 1;
+  return fit > 0 && (groups + fit - 1) / fit == (splits * groups + slots - 1) / slots;
+}
+
 template <typename T, int D, bool CAUSAL, bool TMA>
 const char* mha_decode_launch_with(const JaMhaFwdArgs& a, const DecodeMaps& maps, ja_stream_t stream) {
   using Tl = DecodeTiles<T, D, TMA>;
@@ -623,10 +728,12 @@ const char* mha_decode_launch_with(const JaMhaFwdArgs& a, const DecodeMaps& maps
   // Splits the workspace has room for: each holds 16 rows x (D + 1) floats per block of a split.
   const int64_t per_split = a.batch * a.heads_kv * rblocks * 16 * (D + 1) * int64_t(sizeof(float));
   const int64_t max_splits = a.workspace ? a.workspace_bytes / per_split : 0;
-  const DecodePlan plan =
-      decode_plan<T, D>(a, rblocks, decode_slots<T, D, CAUSAL, TMA>(), max_splits < 1 ? 1 : max_splits);
-  DecodeArgs d{a, plan.chunk, int(rblocks), nullptr, nullptr};
-  if (plan.splits > 1) {
+  const int64_t slots = decode_slots<T, D, CAUSAL, TMA>();
+  const DecodePlan plan = decode_plan<T, D>(a, rblocks, slots, max_splits < 1 ? 1 : max_splits);
+  bool cluster = false;
+  if constexpr (TMA) cluster = decode_cluster_applies<T, D, CAUSAL>(plan.splits, a.batch * a.heads_kv * rblocks, slots);
+  DecodeArgs d{a, plan.chunk, int(rblocks), nullptr, nullptr, cluster ? plan.splits : 0};
+  if (plan.splits > 1 && !cluster) {
     const int64_t parts = a.batch * a.heads_kv * rblocks * plan.splits * 16;
     d.ws_o = static_cast<float*>(a.workspace);
     d.ws_lse = d.ws_o + parts * D;
@@ -640,9 +747,11 @@ const char* mha_decode_launch_with(const JaMhaFwdArgs& a, const DecodeMaps& maps
       return ja_error("mha_fwd (decode): could not enable %d bytes of shared memory: %s", Tl::kSmemBytes,
                       ja_get_error_string(opt_in));
   }
-  ja_error_t err = launch_pdl(kernel, grid, dim3(Tl::kThreads), size_t(Tl::kSmemBytes), stream, d, maps);
+  ja_error_t err = launch_clustered(kernel, grid, dim3(Tl::kThreads), size_t(Tl::kSmemBytes), stream,
+                                    cluster ? unsigned(plan.splits) : 1u, d, maps);
   if (err != ja_success) return ja_error("mha_fwd (decode): kernel launch failed: %s", ja_get_error_string(err));
-  if (plan.splits == 1) return nullptr;
+  if (cluster) mha_decode_cluster_calls().fetch_add(1, std::memory_order_relaxed);
+  if (plan.splits == 1 || cluster) return nullptr;
   const int64_t rows = a.batch * a.heads_kv * rblocks * 16;
   const int64_t blocks = (rows + 3) / 4;
   if (blocks > 0x7fffffffLL) return ja_error("mha_fwd: %lld decode rows exceed the GPU grid", (long long)rows);
