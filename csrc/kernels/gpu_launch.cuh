@@ -98,6 +98,45 @@ inline bool pdl_enabled() {
 #endif
 }
 
+#if defined(JA_GPU_CUDA)
+// A launch configuration with its attributes held beside it: PDL where asked, and thread-block clusters of
+// `cluster` blocks along x when cluster > 1. Not copyable (cfg.attrs points into it).
+struct LaunchConfig {
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attr[2]{};
+  LaunchConfig(dim3 grid, dim3 block, size_t smem, cudaStream_t s, bool pdl, unsigned cluster) {
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    if (pdl) {
+      attr[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[cfg.numAttrs++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster > 1) {
+      attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+      attr[cfg.numAttrs++].val.clusterDim = {cluster, 1, 1};
+    }
+    cfg.attrs = attr;
+  }
+  LaunchConfig(const LaunchConfig&) = delete;
+  LaunchConfig& operator=(const LaunchConfig&) = delete;
+};
+
+// Clusters of `cluster` blocks of kernel (`block` threads and `smem` dynamic shared memory bytes each) that the
+// current device holds at once (cudaOccupancyMaxActiveClusters), or 0 when it cannot say (the error is cleared).
+template <typename... KArgs>
+int max_active_clusters(void (*kernel)(KArgs...), dim3 block, size_t smem, unsigned cluster) {
+  LaunchConfig lc(dim3(cluster), block, smem, nullptr, false, cluster);
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, kernel, &lc.cfg) != cudaSuccess) {
+    (void)cudaGetLastError();  // no sticky error for a later launch check
+    n = 0;
+  }
+  return n;
+}
+#endif
+
 // kernel<<<grid, block, smem, s>>>(args...) in thread-block clusters of `cluster` blocks along x (1: none;
 // more needs CUDA and a device of compute capability 9.0+, and grid.x a multiple of it), with PDL where
 // pdl_enabled(); returns the launch status.
@@ -107,24 +146,8 @@ ja_error_t launch_clustered(void (*kernel)(KArgs...), dim3 grid, dim3 block, siz
 #if defined(JA_GPU_CUDA)
   const bool pdl = pdl_enabled();
   if (pdl || cluster > 1) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    cudaLaunchAttribute attr[2];
-    unsigned n = 0;
-    if (pdl) {
-      attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      attr[n++].val.programmaticStreamSerializationAllowed = 1;
-    }
-    if (cluster > 1) {
-      attr[n].id = cudaLaunchAttributeClusterDimension;
-      attr[n++].val.clusterDim = {cluster, 1, 1};
-    }
-    cfg.attrs = attr;
-    cfg.numAttrs = n;
-    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+    LaunchConfig lc(grid, block, smem, s, pdl, cluster);
+    return cudaLaunchKernelEx(&lc.cfg, kernel, std::forward<Args>(args)...);
   }
 #else
   if (cluster > 1) return hipErrorInvalidValue;  // HIP has no clusters; callers ask only on CUDA

@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 
 import jax_aiter
+from jatools.testing import pytest_plugin
 from jax_aiter.ops import attention
 from tests.ops.reference import ATTENTION_RTOL, attention_ref, f64, rel_err
 
@@ -407,7 +408,7 @@ def _multiprocessors() -> int:
     if n:
         return int(n)
     try:
-        cuda = ctypes.CDLL("libcuda.so.1")
+        cuda = ctypes.CDLL(pytest_plugin.CUDA_DRIVER)
     except OSError:
         return 0
     dev, count = ctypes.c_int(0), ctypes.c_int(0)

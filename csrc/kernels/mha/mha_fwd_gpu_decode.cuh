@@ -702,21 +702,8 @@ bool decode_cluster_applies(int splits, int64_t groups, int64_t slots) {
                     using Tl = DecodeTiles<T, D, true>;
                     auto kernel = mha_decode_kernel<T, D, CAUSAL, true>;
                     if (Tl::kSmemBytes > kSmemBudget) (void)ja_func_set_max_dynamic_smem(kernel, Tl::kSmemBytes);
-                    cudaLaunchConfig_t cfg{};
-                    cfg.gridDim = dim3(unsigned(splits));
-                    cfg.blockDim = dim3(Tl::kThreads);
-                    cfg.dynamicSmemBytes = Tl::kSmemBytes;
-                    cudaLaunchAttribute attr[1];
-                    attr[0].id = cudaLaunchAttributeClusterDimension;
-                    attr[0].val.clusterDim = {unsigned(splits), 1, 1};
-                    cfg.attrs = attr;
-                    cfg.numAttrs = 1;
-                    int n = 0;
-                    if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
-                      (void)cudaGetLastError();  // no sticky error for the launch check
-                      n = 0;
-                    }
-                    return n + 1;
+                    return ja::max_active_clusters(kernel, dim3(Tl::kThreads), size_t(Tl::kSmemBytes),
+                                                   unsigned(splits)) + 1;
                   }) - 1;
   return fit > 0 && (groups + fit - 1) / fit == (splits * groups + slots - 1) / slots;
 }
@@ -725,16 +712,17 @@ template <typename T, int D, bool CAUSAL, bool TMA>
 const char* mha_decode_launch_with(const JaMhaFwdArgs& a, const DecodeMaps& maps, ja_stream_t stream) {
   using Tl = DecodeTiles<T, D, TMA>;
   const int64_t rblocks = (decode_rows(a) + 15) / 16;
+  const int64_t groups = a.batch * a.heads_kv * rblocks;  // blocks per split
   // Splits the workspace has room for: each holds 16 rows x (D + 1) floats per block of a split.
-  const int64_t per_split = a.batch * a.heads_kv * rblocks * 16 * (D + 1) * int64_t(sizeof(float));
+  const int64_t per_split = groups * 16 * (D + 1) * int64_t(sizeof(float));
   const int64_t max_splits = a.workspace ? a.workspace_bytes / per_split : 0;
   const int64_t slots = decode_slots<T, D, CAUSAL, TMA>();
   const DecodePlan plan = decode_plan<T, D>(a, rblocks, slots, max_splits < 1 ? 1 : max_splits);
   bool cluster = false;
-  if constexpr (TMA) cluster = decode_cluster_applies<T, D, CAUSAL>(plan.splits, a.batch * a.heads_kv * rblocks, slots);
+  if constexpr (TMA) cluster = decode_cluster_applies<T, D, CAUSAL>(plan.splits, groups, slots);
   DecodeArgs d{a, plan.chunk, int(rblocks), nullptr, nullptr, cluster ? plan.splits : 0};
   if (plan.splits > 1 && !cluster) {
-    const int64_t parts = a.batch * a.heads_kv * rblocks * plan.splits * 16;
+    const int64_t parts = groups * plan.splits * 16;
     d.ws_o = static_cast<float*>(a.workspace);
     d.ws_lse = d.ws_o + parts * D;
   }
@@ -752,7 +740,7 @@ const char* mha_decode_launch_with(const JaMhaFwdArgs& a, const DecodeMaps& maps
   if (err != ja_success) return ja_error("mha_fwd (decode): kernel launch failed: %s", ja_get_error_string(err));
   if (cluster) mha_decode_cluster_calls().fetch_add(1, std::memory_order_relaxed);
   if (plan.splits == 1 || cluster) return nullptr;
-  const int64_t rows = a.batch * a.heads_kv * rblocks * 16;
+  const int64_t rows = groups * 16;
   const int64_t blocks = (rows + 3) / 4;
   if (blocks > 0x7fffffffLL) return ja_error("mha_fwd: %lld decode rows exceed the GPU grid", (long long)rows);
   err = launch_pdl(mha_decode_combine_kernel<T, D>, dim3(unsigned(blocks)), dim3(128), 0, stream, d, plan.splits);
