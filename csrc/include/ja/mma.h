@@ -216,6 +216,16 @@ JA_DEVICE void cluster_sync() {
   __trap();
 #endif
 }
+// The same barrier with no memory ordering (CUTLASS's cluster_arrive_relaxed + cluster_wait): for a block
+// that must not exit while another still reads its shared memory, once its own loads have returned. No
+// fence, so it does not wait for the block's outstanding global stores, which cluster_sync's release does.
+JA_DEVICE void cluster_sync_relaxed() {
+#if JA_MMA_SM90
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
 // The address in the cluster's shared-memory window of this shared-memory address in block `rank`.
 JA_DEVICE uint32_t cluster_map(const void* p, uint32_t rank) {
   uint32_t remote = 0;

@@ -251,11 +251,18 @@ JA_DEVICE void decode_cluster_merge(const DecodeArgs& d, const float* po, float*
   mma::cluster_sync();                       // every split's po and plse are written and visible
   if (threadIdx.x < 16 && r0 + int(threadIdx.x) < rows) {
     const int r = int(threadIdx.x), rg = r0 + r;
+    float l[kDecodeMaxCluster];  // each split's lse, loaded once, all loads in flight together
+#pragma unroll
+    for (int s = 0; s < kDecodeMaxCluster; ++s) l[s] = s < ns ? mma::cluster_load(plse + r, uint32_t(s)) : 0.0f;
     float mx = -INFINITY;
-    for (int s = 0; s < ns; ++s) mx = fmaxf(mx, mma::cluster_load(plse + r, uint32_t(s)));
+#pragma unroll
+    for (int s = 0; s < kDecodeMaxCluster; ++s)
+      if (s < ns) mx = fmaxf(mx, l[s]);
     float sum = 0.0f;
-    for (int s = 0; s < ns; ++s) {
-      const float f = mx == -INFINITY ? 0.0f : ja_exp2(mma::cluster_load(plse + r, uint32_t(s)) - mx);
+#pragma unroll
+    for (int s = 0; s < kDecodeMaxCluster; ++s) {
+      if (s >= ns) break;
+      const float f = mx == -INFINITY ? 0.0f : ja_exp2(l[s] - mx);
       fw[s * 16 + r] = f;
       sum += f;
     }
@@ -270,21 +277,26 @@ JA_DEVICE void decode_cluster_merge(const DecodeArgs& d, const float* po, float*
   for (int idx = rank * NT + int(threadIdx.x); idx < 16 * kV; idx += ns * NT) {
     const int r = idx / kV, c = (idx % kV) * 4, rg = r0 + r;
     if (rg >= rows) continue;
+    float4 os[kDecodeMaxCluster];  // the splits' four columns of row r, all loads in flight together
+#pragma unroll
+    for (int s = 0; s < kDecodeMaxCluster; ++s)
+      if (s < ns) os[s] = mma::cluster_load4(po + r * D + c, uint32_t(s));
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int s = 0; s < ns; ++s) {
+#pragma unroll
+    for (int s = 0; s < kDecodeMaxCluster; ++s) {
+      if (s >= ns) break;
       const float f = fw[s * 16 + r];
-      const float4 os = mma::cluster_load4(po + r * D + c, uint32_t(s));
-      acc[0] += f * os.x;
-      acc[1] += f * os.y;
-      acc[2] += f * os.z;
-      acc[3] += f * os.w;
+      acc[0] += f * os[s].x;
+      acc[1] += f * os[s].y;
+      acc[2] += f * os[s].z;
+      acc[3] += f * os[s].w;
     }
     const int64_t qi = rg / group, h = int64_t(hk) * group + rg % group;
     T* out = static_cast<T*>(a.o) + ((b * a.seq_q + qi) * a.heads_q + h) * D + c;
 #pragma unroll
     for (int j = 0; j < 4; ++j) out[j] = from_f32<T>(acc[j] * inv[r]);
   }
-  mma::cluster_sync();  // no block leaves while another may still read its shared memory
+  mma::cluster_sync_relaxed();  // no block leaves while another may still read its shared memory
 }
 
 template <typename T, int D, bool CAUSAL, bool TMA>
