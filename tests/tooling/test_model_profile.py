@@ -1,0 +1,73 @@
+"""benchmarks/gpu/model_profile.py reads a profiler trace (XSpace) into a model step's kernel time, busy time and
+idle gaps. The traces here are real XSpace files, written by jaxlib's own serializer from a text proto, as
+jax.profiler.trace would leave them on a GPU host (no GPU needed)."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+GEMM, NORM = "gemm_fusion_dot_3", "void ja::rmsnorm_fwd_kernel<ja::bf16_t, false>(JaRmsNormArgs)"
+
+
+@pytest.fixture(scope="module")
+def mp():
+    sys.path.insert(0, str(ROOT / "benchmarks/gpu"))
+    spec = importlib.util.spec_from_file_location("model_profile", ROOT / "benchmarks/gpu/model_profile.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _xspace(tmp_path: Path, events: list[tuple[int, int, int]]) -> Path:
+    """An XSpace with one GPU stream line of (metadata id, start us, duration us) events, a derived
+    "XLA Ops" line repeating the first, and a host plane."""
+    import jax
+
+    def ev(mid, start, dur):
+        return f"events {{ metadata_id: {mid} offset_ps: {start * 1000000} duration_ps: {dur * 1000000} }}"
+
+    text = f"""
+planes {{ id: 1 name: "/device:GPU:0"
+  lines {{ id: 1 name: "Stream #13(Compute)" timestamp_ns: 0 {' '.join(ev(*e) for e in events)} }}
+  lines {{ id: 2 name: "XLA Ops" timestamp_ns: 0 {ev(*events[0])} }}
+  event_metadata {{ key: 1 value {{ id: 1 name: "{GEMM}" }} }}
+  event_metadata {{ key: 2 value {{ id: 2 name: "{NORM}" }} }}
+}}
+planes {{ id: 2 name: "/host:CPU" lines {{ id: 1 name: "python" timestamp_ns: 0 {ev(1, 0, 50)} }}
+  event_metadata {{ key: 1 value {{ id: 1 name: "host work" }} }} }}
+"""
+    path = tmp_path / "t.xplane.pb"
+    path.write_bytes(jax.profiler.ProfileData.text_proto_to_serialized_xspace(text))
+    return path
+
+
+def test_a_trace_becomes_busy_idle_and_a_median_step(mp, tmp_path):
+    # two steps: a 10 us gemm, then a 3 us norm that starts 1 us before the gemm ends (overlap), then 2 us idle
+    events = [(1, 0, 10), (2, 9, 3), (1, 14, 10), (2, 23, 3)]
+    got = mp.kernels(_xspace(tmp_path, events))
+    assert [e["name"] for e in got] == [GEMM, NORM, GEMM, NORM]  # the GPU stream only: no XLA Ops, no host
+    s = mp.summarize(got, steps=2)
+    assert s["span_us"] == pytest.approx(13.0)        # 0 .. 26 us over two steps
+    assert s["busy_us"] == pytest.approx(12.0)        # the union: 12 us a step, not 13
+    assert s["idle_us"] == pytest.approx(1.0)         # the 2 us gap between the steps, per step
+    assert s["kernels_per_step"] == 2
+    assert s["kind_us"] == {"xla": pytest.approx(10.0), "ours": pytest.approx(3.0)}
+    assert s["families"] == {"xla gemm_fusion_dot": {"us": pytest.approx(10.0), "per_step": 1.0},
+                             "ours ja::rmsnorm_fwd_kernel": {"us": pytest.approx(3.0), "per_step": 1.0}}
+    assert [(e["kind"], e["us"], e["gap_us"]) for e in s["sequence"]] == [
+        ("xla", pytest.approx(10.0), 0.0), ("ours", pytest.approx(3.0), pytest.approx(-1.0))]
+
+
+def test_steps_that_differ_have_no_median_sequence(mp, tmp_path):
+    s = mp.summarize(mp.kernels(_xspace(tmp_path, [(1, 0, 10), (2, 10, 3), (2, 14, 3), (1, 17, 10)])), steps=2)
+    assert "sequence" not in s and s["kernels_per_step"] == 2
+
+
+def test_names(mp):
+    assert mp.family("gemm_fusion_dot_16") == mp.family("gemm_fusion_dot_2") == "gemm_fusion_dot"
+    assert mp.family(NORM) == "ja::rmsnorm_fwd_kernel"
+    assert mp.kind(NORM) == "ours" and mp.kind("_ZN2ja7mha_gpu17mha_decode_kernel") == "ours"
+    assert mp.kind("cudnn_generated_fort_native_sdpa_sm80") == mp.kind("void cudnn::fusion::lean_reduction") == "cudnn"
+    assert mp.kind("loop_add_fusion_1") == "xla"
