@@ -142,6 +142,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("JA_POISON_OUTPUTS", "runtime", "1: fill each op output with NaN before the kernel writes it (read "
             "at trace time), so an unwritten output shows", choices=("1", "0"), accepts="one of"),
     _n("JA_NUM_THREADS", "runtime", "threads of the CPU kernels (default: the CPU's cores)", int, 1, 4096, None),
+    _n("JA_KERNEL_MIN_BYTES", "runtime", "RMSNorm, fused-add RMSNorm and SiLU-and-mul call their kernel for an x "
+       "of at least this many bytes (one call: per device, a vmapped batch folded in); smaller ones are written "
+       "in jax.numpy, which XLA fuses with the ops around them (0: always the kernel; read at trace time)",
+       int, 0, 1 << 40, 1 << 20, "bytes"),
     Setting("JA_CPU_ISA", "runtime", "baseline: the portable CPU attention build even where AVX2+FMA runs",
             choices=("baseline",), accepts="one of"),
     Setting("JA_GPU_PDL", "runtime", "0: no programmatic dependent launch on CUDA (for A/B benchmarks)",

@@ -24,6 +24,7 @@ processes on the device), so two runs can be compared honestly.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -40,6 +41,8 @@ import jax.numpy as jnp  # noqa: E402
 
 import jax_aiter as ja  # noqa: E402
 from jatools import config  # noqa: E402
+from jax_aiter import settings  # noqa: E402
+from jax_aiter.ops import _small  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import model_bench  # noqa: E402  (benchmarks/gpu)
@@ -301,6 +304,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+@contextlib.contextmanager
+def kernels_at_every_size():
+    """The memory and chain sections time the kernels, also at sizes where the ops would write their math in
+    jax.numpy for XLA (jax_aiter/ops/_small.py); the model section runs the ops as a user gets them."""
+    before = os.environ.get(_small.SETTING)
+    os.environ[_small.SETTING] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[_small.SETTING]
+        else:
+            os.environ[_small.SETTING] = before
+
+
 def run_sections(args: argparse.Namespace, lib, device_kind: str) -> dict:
     """The JSON of one run: the machine, the copy bandwidth, and the rows of every section asked for."""
     only = set(args.only or SECTIONS)
@@ -310,14 +328,16 @@ def run_sections(args: argparse.Namespace, lib, device_kind: str) -> dict:
     copy = bench_copy(lib, args.reps)
     results = {"machine": {"device": device_kind, "jax": jax.__version__, "python": platform.python_version(),
                            "host": platform.node(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
+                           "model_kernel_min_bytes": settings.from_env(_small.SETTING),
                            "gpu_before": provenance_before},
                "l2_flush_bytes": FLUSH_BYTES if FLUSH["on"] else 0, "gpu_ahead_cycles": SPIN["cycles"],
                "reps": args.reps,
                "copy": copy, "memory_bound": [], "chains": [], "decode": [], "attention": [], "model": []}
-    if "memory" in only:
-        results["memory_bound"] = bench_memory_bound(lib, args.reps, copy["GBps"], args.quick, shapes)
-    if "chain" in only:
-        results["chains"] = bench_chains(lib, args.reps, copy["GBps"], args.quick)
+    with kernels_at_every_size():
+        if "memory" in only:
+            results["memory_bound"] = bench_memory_bound(lib, args.reps, copy["GBps"], args.quick, shapes)
+        if "chain" in only:
+            results["chains"] = bench_chains(lib, args.reps, copy["GBps"], args.quick)
     if "decode" in only:
         results["decode"] = bench_decode(lib, args.reps, copy["GBps"], args.quick)
     if "attention" in only:

@@ -27,6 +27,7 @@ import argparse
 import functools
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -70,6 +71,8 @@ def ops(impl: str):
     if impl == "reference":
         return rms_norm_ref, silu_and_mul_ref, attention_ref
     import jax_aiter
+
+    os.environ["JA_KERNEL_MIN_BYTES"] = "0"  # the kernels at this model's small sizes, not jax.numpy's forms
 
     return ((lambda x, w: jax_aiter.rms_norm(x, w, EPS)), jax_aiter.silu_and_mul,
             (lambda q, k, v: jax_aiter.flash_attn_func(q, k, v, causal=True)))

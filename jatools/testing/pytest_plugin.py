@@ -28,6 +28,7 @@ import pytest
 from jatools import atomic_write
 from jatools.testing import gpu_slots, tiers
 from jax_aiter import settings
+from jax_aiter.ops import _small
 
 # --- device guards -----------------------------------------------------------------------------
 # Markers (registered in pyproject.toml): ``gpu`` needs a GPU JAX can see; ``cuda_only`` /
@@ -405,6 +406,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     _take_gpu_slot(config)  # first: before anything can import JAX
+    # The tests test the kernels at every size: small inputs would otherwise be written in jax.numpy
+    # (jax_aiter/ops/_small.py). tests/ops/test_small_inputs.py sets its own values; subprocesses inherit this.
+    os.environ[_small.SETTING] = "0"
     if not hasattr(config, "workerinput"):  # an xdist worker's reports reach the controller, which writes them
         config.pluginmanager.register(RunReport(config), "ja_run_report")
     if _longest_first_wanted(config):

@@ -385,6 +385,7 @@ class Smoke:
         self.run("identity", self.identity)
         self.run("load-alone", self.load_alone)
         os.environ["JA_POISON_OUTPUTS"] = "1"  # unwritten outputs show as NaN
+        os.environ["JA_KERNEL_MIN_BYTES"] = "0"  # the kernels at the smoke's small sizes, not jax.numpy's forms
         if self.args.expect_gpu:
             self.run("gpu-visible", self.gpu_visible)
         devices = self.devices()

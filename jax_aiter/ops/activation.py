@@ -1,21 +1,32 @@
 """SiLU-and-mul through the silu_and_mul FFI kernel; the backward is plain JAX."""
 from __future__ import annotations
 
+from functools import cache, partial
+
 import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from jax_aiter import _loader
-from jax_aiter.ops import _batching, _checks, _ffi, _partition
+from jax_aiter.ops import _batching, _checks, _ffi, _partition, _small
 
 
-def _call(x):
+def _xla_silu_and_mul(x):
+    """SiLU-and-mul in jax.numpy (float32 inside, one rounding, as the kernel), which XLA compiles and fuses: for
+    zero-size inputs (no kernel call) and for inputs under JA_KERNEL_MIN_BYTES (_small)."""
+    a, b = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    return (jax.nn.silu(a) * b).astype(x.dtype)
+
+
+def _call(limit, x):
+    if _small.in_xla("silu_and_mul", x, limit):
+        return _xla_silu_and_mul(x)
     _loader.ensure_registered("silu_and_mul")
     out = jax.ShapeDtypeStruct((*x.shape[:-1], x.shape[-1] // 2), x.dtype)
     return _ffi.ffi_call("ja_silu_and_mul", out, x)
 
 
-def _specs(mesh, arg_shapes):
+def _specs(limit, mesh, arg_shapes):
     """Rows keep their sharding; the last axis ([gate | up] in, d out) stays whole."""
     row = _partition.padded_spec(arg_shapes[0])[:-1] + (None,)
     return [row], [row], {}
@@ -23,22 +34,27 @@ def _specs(mesh, arg_shapes):
 
 # The last axis is 2*d in and d out: two factors, neither shardable (a shard would split gate from up).
 # Every leading axis is a row for the kernel, so a vmapped batch folds into the rows (_batching.rowwise).
-_silu_and_mul_prim = _batching.rowwise(
-    _partition.partitioned(_call, "... i -> ... j", _specs, need_replication_factors=("i", "j")), 1)
+_PARTITIONED = _partition.partitioned(_call, "... i -> ... j", _specs, n_static=1, need_replication_factors=("i", "j"))
 
 
-@jax.custom_vjp
-def _silu_and_mul(x):
-    return _silu_and_mul_prim(x)
+@cache
+def _prim(limit: int):
+    """The op's call at this JA_KERNEL_MIN_BYTES (static: a new value is a new trace)."""
+    return _batching.rowwise(partial(_PARTITIONED, limit), 1)
 
 
-def _fwd(x):
+@partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _silu_and_mul(x, limit):
+    return _prim(limit)(x)
+
+
+def _fwd(x, limit):
     # the custom_vjp itself, not the kernel call: grad of grad then differentiates this call through
     # _bwd (plain JAX) instead of asking the kernel for a derivative it does not have
-    return _silu_and_mul(x), x
+    return _silu_and_mul(x, limit), x
 
 
-def _bwd(x, g):
+def _bwd(limit, x, g):
     a, b = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     gf = g.astype(jnp.float32)
     s = jax.nn.sigmoid(a)
@@ -66,9 +82,9 @@ def silu_and_mul(x: ArrayLike) -> jax.Array:
 
     Notes
     -----
-    Input conversion, zero-size inputs, the transformations that work (grad of grad
-    included: the backward is plain JAX) and the one that does not (forward-mode
-    autodiff) are as for rms_norm. Under jax.jit with NamedSharding inputs the rows stay sharded; a sharded
+    Input conversion, zero-size inputs, small inputs (JA_KERNEL_MIN_BYTES), the
+    transformations that work (grad of grad included: the backward is plain JAX) and the
+    one that does not (forward-mode autodiff) are as for rms_norm. Under jax.jit with NamedSharding inputs the rows stay sharded; a sharded
     last axis is gathered first.
     """
     x = _checks.as_array("silu_and_mul", "x", x)
@@ -76,6 +92,5 @@ def silu_and_mul(x: ArrayLike) -> jax.Array:
     if x.ndim < 1 or x.shape[-1] % 2:
         raise ValueError(f"silu_and_mul: x's last dimension must be even ([gate | up] halves), got shape {x.shape}")
     if _checks.is_empty(x):
-        a, b = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-        return (jax.nn.silu(a) * b).astype(x.dtype)
-    return _silu_and_mul(x)
+        return _xla_silu_and_mul(x)
+    return _silu_and_mul(x, _small.limit())

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from jax_aiter import _loader
-from jax_aiter.ops import _batching, _checks, _ffi, _partition, _sharding
+from jax_aiter.ops import _batching, _checks, _ffi, _partition, _sharding, _small
 
 
 def _check(op: str, x, weight, eps, residual=None) -> float:
@@ -28,18 +28,22 @@ def _check(op: str, x, weight, eps, residual=None) -> float:
 
 def _row_specs(n_rows: int):
     """Rows keep their sharding; the hidden dimension (normalised over) and the weight are whole."""
-    def specs(eps, mesh, arg_shapes):
+    def specs(eps, limit, mesh, arg_shapes):
         row = _partition.padded_spec(arg_shapes[0])[:-1] + (None,)
         return [row] * n_rows + [(None,)], [row] * n_rows, {}
     return specs
 
 
-def _plain(eps, x, weight):
+def _plain(eps, limit, x, weight):
+    if _small.in_xla("rms_norm", x, limit):
+        return _xla_norm(x, weight, eps)
     _loader.ensure_registered("rmsnorm_fwd")
     return _ffi.ffi_call("ja_rmsnorm_fwd", jax.ShapeDtypeStruct(x.shape, x.dtype), x, weight, eps=_ffi.f32(eps))
 
 
-def _with_add(eps, x, residual, weight):
+def _with_add(eps, limit, x, residual, weight):
+    if _small.in_xla("rms_norm_with_add", x, limit):
+        return _xla_norm_add(x, residual, weight, eps)
     _loader.ensure_registered("rmsnorm_fwd")
     out = jax.ShapeDtypeStruct(x.shape, x.dtype)
     return _ffi.ffi_call("ja_rmsnorm_fwd_add", (out, out), x, residual, weight, eps=_ffi.f32(eps))
@@ -47,16 +51,17 @@ def _with_add(eps, x, residual, weight):
 
 # The hidden dimension h is one factor in x, residual, weight and the results; it must not be sharded
 # (the row's mean of squares would be a partial sum).
-_PLAIN = _partition.partitioned(_plain, "... h, h -> ... h", _row_specs(1), n_static=1,
+_PLAIN = _partition.partitioned(_plain, "... h, h -> ... h", _row_specs(1), n_static=2,
                                 need_replication_factors=("h",))
-_WITH_ADD = _partition.partitioned(_with_add, "... h, ... h, h -> ... h, ... h", _row_specs(2), n_static=1,
+_WITH_ADD = _partition.partitioned(_with_add, "... h, ... h, h -> ... h, ... h", _row_specs(2), n_static=2,
                                    need_replication_factors=("h",))
 
 
 @cache
-def _prims(eps: float):
-    return (_batching.rowwise(partial(_PLAIN, eps), 1),
-            _batching.rowwise(lambda x, r, w: tuple(_WITH_ADD(eps, x, r, w)), 2))
+def _prims(eps: float, limit: int):
+    """The two ops' calls at this eps and JA_KERNEL_MIN_BYTES (both static: a new value is a new trace)."""
+    return (_batching.rowwise(partial(_PLAIN, eps, limit), 1),
+            _batching.rowwise(lambda x, r, w: tuple(_WITH_ADD(eps, limit, x, r, w)), 2))
 
 
 def _rms_bwd_math(x, weight, g, eps):
@@ -70,16 +75,16 @@ def _rms_bwd_math(x, weight, g, eps):
     return dx, dw
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _rms_norm(x, weight, eps):
-    return _prims(eps)[0](x, weight)
+@partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _rms_norm(x, weight, eps, limit):
+    return _prims(eps, limit)[0](x, weight)
 
 
-def _rms_norm_fwd(x, weight, eps):
-    return _rms_norm(x, weight, eps), (x, weight)
+def _rms_norm_fwd(x, weight, eps, limit):
+    return _rms_norm(x, weight, eps, limit), (x, weight)
 
 
-def _rms_norm_bwd(eps, res, g):
+def _rms_norm_bwd(eps, limit, res, g):
     x, weight = res
     dx, dw = _rms_bwd_math(x, weight, g, eps)
     return dx.astype(x.dtype), dw.astype(weight.dtype)
@@ -88,17 +93,17 @@ def _rms_norm_bwd(eps, res, g):
 _rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _rms_norm_add(x, residual, weight, eps):
-    return _prims(eps)[1](x, residual, weight)
+@partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _rms_norm_add(x, residual, weight, eps, limit):
+    return _prims(eps, limit)[1](x, residual, weight)
 
 
-def _rms_norm_add_fwd(x, residual, weight, eps):
-    out, summed = _rms_norm_add(x, residual, weight, eps)
+def _rms_norm_add_fwd(x, residual, weight, eps, limit):
+    out, summed = _rms_norm_add(x, residual, weight, eps, limit)
     return (out, summed), (summed, weight)
 
 
-def _rms_norm_add_bwd(eps, res, cts):
+def _rms_norm_add_bwd(eps, limit, res, cts):
     summed, weight = res
     g_out, g_sum = cts
     dsum, dw = _rms_bwd_math(summed, weight, g_out, eps)
@@ -109,11 +114,18 @@ def _rms_norm_add_bwd(eps, res, cts):
 _rms_norm_add.defvjp(_rms_norm_add_fwd, _rms_norm_add_bwd)
 
 
-def _empty_norm(x, weight, eps):
-    """The norm in plain JAX, for zero-size inputs only: an empty result (and zero gradients), no kernel call."""
+def _xla_norm(x, weight, eps):
+    """The norm in jax.numpy (float32 inside, one rounding, as the kernel), which XLA compiles and fuses: for
+    zero-size inputs (no kernel call) and for inputs under JA_KERNEL_MIN_BYTES (_small)."""
     xf = x.astype(jnp.float32)
     r = jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
     return (xf * r * weight.astype(jnp.float32)).astype(x.dtype)
+
+
+def _xla_norm_add(x, residual, weight, eps):
+    """rms_norm_with_add in jax.numpy: the sum in float32 rounded to x's dtype, then its norm (as the kernel)."""
+    summed = (x.astype(jnp.float32) + residual.astype(jnp.float32)).astype(x.dtype)
+    return _xla_norm(summed, weight, eps), summed
 
 
 def rms_norm(x: ArrayLike, weight: ArrayLike, eps: float = 1e-6) -> jax.Array:
@@ -139,7 +151,10 @@ def rms_norm(x: ArrayLike, weight: ArrayLike, eps: float = 1e-6) -> jax.Array:
     jax.numpy's dtype rules (a float64 NumPy array becomes float32 unless
     jax_enable_x64 is on, and float64 is refused); all inputs must then share one
     dtype. Zero-size inputs (no rows, or hidden 0) give empty results and gradients,
-    with no kernel call.
+    with no kernel call. An x smaller than JA_KERNEL_MIN_BYTES (1 MiB by default; one
+    call's bytes: per device under sharding, a vmapped batch folded into the rows) is
+    computed in jax.numpy with the kernel's precision instead, which XLA fuses with the
+    ops around it, as for a decode step's few rows (docs/transformations.md).
 
     Works under jit, vmap, grad (the backward is plain JAX, so grad of grad works
     too), remat, scan, jax.shard_map (replicated or sharded weight) and jax.jit
@@ -152,9 +167,9 @@ def rms_norm(x: ArrayLike, weight: ArrayLike, eps: float = 1e-6) -> jax.Array:
     x, weight = _checks.as_array("rms_norm", "x", x), _checks.as_array("rms_norm", "weight", weight)
     eps = _check("rms_norm", x, weight, eps)
     if _checks.is_empty(x):
-        return _empty_norm(x, weight, eps)
+        return _xla_norm(x, weight, eps)
     x, weight = _sharding.vary_like(x, weight)
-    return _rms_norm(x, weight, eps)
+    return _rms_norm(x, weight, eps, _small.limit())
 
 
 def rms_norm_with_add(x: ArrayLike, residual: ArrayLike, weight: ArrayLike,
@@ -176,15 +191,15 @@ def rms_norm_with_add(x: ArrayLike, residual: ArrayLike, weight: ArrayLike,
 
     Notes
     -----
-    Input conversion, zero-size inputs, the transformations that work and the one
-    that does not (forward-mode autodiff) are as for rms_norm.
+    Input conversion, zero-size inputs, small inputs (JA_KERNEL_MIN_BYTES), the
+    transformations that work and the one that does not (forward-mode autodiff) are as
+    for rms_norm.
     """
     op = "rms_norm_with_add"
     x, residual, weight = (_checks.as_array(op, n, a) for n, a in (("x", x), ("residual", residual),
                                                                    ("weight", weight)))
     eps = _check(op, x, weight, eps, residual)
     if _checks.is_empty(x):
-        summed = x + residual
-        return _empty_norm(summed, weight, eps), summed
+        return _xla_norm_add(x, residual, weight, eps)
     x, residual, weight = _sharding.vary_like(x, residual, weight)
-    return _rms_norm_add(x, residual, weight, eps)
+    return _rms_norm_add(x, residual, weight, eps, _small.limit())

@@ -187,3 +187,18 @@ def test_grad_through_shard_map_with_replicated_kv(case):
     for name, g, w in zip(("dq", "dk", "dv"), jax.jit(_loss_grad(mapped, 3, (ct,)))(*args),
                           jax.jit(_loss_grad(attn, 3, (ct,)))(q, k, v)):
         assert_close(g, w, jnp.float32, f"{case} {name}")
+
+
+def test_small_inputs_count_the_shard(monkeypatch):
+    """JA_KERNEL_MIN_BYTES counts one device's call: 16 KiB of rows split 4 ways (4 KiB a shard) are written in
+    jax.numpy at a limit of 8 KiB, where the whole array alone would have called the kernel, and call it at
+    4 KiB; the values are the kernel's either way."""
+    x, w = random(50, (4, 8, 128), jnp.float32), random(51, (128,), jnp.float32)
+    xs = jax.device_put(x, NamedSharding(_mesh(), P("data", "model")))
+    want = jax_aiter.rms_norm(x, w)  # the plugin's 0: the kernel
+    for limit, shapes in ((8 << 10, []), (4 << 10, [(hlo_shape(jnp.float32, (2, 4, 128)),)])):
+        monkeypatch.setenv("JA_KERNEL_MIN_BYTES", str(limit))
+        compiled, text = _compiled(lambda x, w: jax_aiter.rms_norm(x, w), (xs, w))
+        assert kernel_shapes(text, "ja_rmsnorm_fwd") == shapes, f"limit {limit}"
+        assert moves(text) == [], f"limit {limit}: the compiled program moves operands: {moves(text)}"
+        assert_close(compiled(xs, w), want, jnp.float32, f"limit {limit}")
