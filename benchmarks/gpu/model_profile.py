@@ -33,6 +33,8 @@ import jax
 import llama
 import model_bench
 
+from jatools import config
+
 
 def kernels(xplane: Path) -> list[dict]:
     """Every kernel (and memcpy/memset) event on the GPU planes, by start: name, start_ns, end_ns."""
@@ -158,7 +160,7 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("workload", choices=names)
     ap.add_argument("--steps", type=int, default=16)
-    ap.add_argument("--out", type=Path, default=ROOT / "build" / "bench" / "profile")
+    ap.add_argument("--out", type=Path, default=ROOT / config.build_path("bench") / "profile")
     a = ap.parse_args(argv)
     r = profile(names[a.workload], a.steps, a.out)
     (a.out / f"{a.workload.replace(' ', '_')}.json").write_text(json.dumps(r, indent=1))

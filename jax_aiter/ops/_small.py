@@ -11,7 +11,8 @@ So below JA_KERNEL_MIN_BYTES (bytes of x in one call: after vmap folded its batc
 per device under sharding) the ops write their math in jax.numpy, with the kernels' precision
 (float32 inside, one rounding), and XLA fuses it with its neighbours. JA_KERNEL_MIN_BYTES=0 always
 calls the kernel; the op tests, the clean-room smoke and the convergence recipe set it, so they
-test the kernels at every size. A shape jax.export leaves symbolic always calls the kernel.
+test the kernels at every size. A shape jax.export leaves symbolic always calls the kernel. The op's
+libraries load and register on its first call whatever the size, so a broken install shows at once.
 """
 from __future__ import annotations
 

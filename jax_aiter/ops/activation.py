@@ -19,9 +19,9 @@ def _xla_silu_and_mul(x):
 
 
 def _call(limit, x):
+    _loader.ensure_registered("silu_and_mul")
     if _small.in_xla("silu_and_mul", x, limit):
         return _xla_silu_and_mul(x)
-    _loader.ensure_registered("silu_and_mul")
     out = jax.ShapeDtypeStruct((*x.shape[:-1], x.shape[-1] // 2), x.dtype)
     return _ffi.ffi_call("ja_silu_and_mul", out, x)
 

@@ -35,16 +35,16 @@ def _row_specs(n_rows: int):
 
 
 def _plain(eps, limit, x, weight):
+    _loader.ensure_registered("rmsnorm_fwd")
     if _small.in_xla("rms_norm", x, limit):
         return _xla_norm(x, weight, eps)
-    _loader.ensure_registered("rmsnorm_fwd")
     return _ffi.ffi_call("ja_rmsnorm_fwd", jax.ShapeDtypeStruct(x.shape, x.dtype), x, weight, eps=_ffi.f32(eps))
 
 
 def _with_add(eps, limit, x, residual, weight):
+    _loader.ensure_registered("rmsnorm_fwd")
     if _small.in_xla("rms_norm_with_add", x, limit):
         return _xla_norm_add(x, residual, weight, eps)
-    _loader.ensure_registered("rmsnorm_fwd")
     out = jax.ShapeDtypeStruct(x.shape, x.dtype)
     return _ffi.ffi_call("ja_rmsnorm_fwd_add", (out, out), x, residual, weight, eps=_ffi.f32(eps))
 
