@@ -84,8 +84,8 @@ def silu_and_mul(x: ArrayLike) -> jax.Array:
     -----
     Input conversion, zero-size inputs, small inputs (JA_KERNEL_MIN_BYTES), the
     transformations that work (grad of grad included: the backward is plain JAX) and the
-    one that does not (forward-mode autodiff) are as for rms_norm. Under jax.jit with NamedSharding inputs the rows stay sharded; a sharded
-    last axis is gathered first.
+    one that does not (forward-mode autodiff) are as for rms_norm. Under jax.jit with
+    NamedSharding inputs the rows stay sharded; a sharded last axis is gathered first.
     """
     x = _checks.as_array("silu_and_mul", "x", x)
     _checks.check_dtype("silu_and_mul", "x", x)
