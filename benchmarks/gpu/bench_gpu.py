@@ -24,7 +24,6 @@ processes on the device), so two runs can be compared honestly.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
@@ -32,6 +31,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -304,21 +304,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-@contextlib.contextmanager
-def kernels_at_every_size():
-    """The memory and chain sections time the kernels, also at sizes where the ops would write their math in
-    jax.numpy for XLA (jax_aiter/ops/_small.py); the model section runs the ops as a user gets them."""
-    before = os.environ.get(_small.SETTING)
-    os.environ[_small.SETTING] = "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[_small.SETTING]
-        else:
-            os.environ[_small.SETTING] = before
-
-
 def run_sections(args: argparse.Namespace, lib, device_kind: str) -> dict:
     """The JSON of one run: the machine, the copy bandwidth, and the rows of every section asked for."""
     only = set(args.only or SECTIONS)
@@ -333,7 +318,9 @@ def run_sections(args: argparse.Namespace, lib, device_kind: str) -> dict:
                "l2_flush_bytes": FLUSH_BYTES if FLUSH["on"] else 0, "gpu_ahead_cycles": SPIN["cycles"],
                "reps": args.reps,
                "copy": copy, "memory_bound": [], "chains": [], "decode": [], "attention": [], "model": []}
-    with kernels_at_every_size():
+    # The memory and chain sections time the kernels, also at sizes where the ops would write their math in
+    # jax.numpy for XLA (jax_aiter/ops/_small.py); the model section runs the ops as a user gets them.
+    with mock.patch.dict(os.environ, {_small.SETTING: "0"}):
         if "memory" in only:
             results["memory_bound"] = bench_memory_bound(lib, args.reps, copy["GBps"], args.quick, shapes)
         if "chain" in only:
