@@ -52,6 +52,11 @@ def kernels(xplane: Path) -> list[dict]:
     return sorted(out, key=lambda k: k["start_ns"])
 
 
+def stem(workload: str) -> str:
+    """A workload's name in the files under --out: spaces as underscores (decode_b8_kv8k)."""
+    return workload.replace(" ", "_")
+
+
 def kind(name: str) -> str:
     """ours (our kernels: the ja namespace), cudnn, or xla (XLA's fusions and library calls)."""
     if "ja::" in name or name.startswith("_ZN2ja"):
@@ -84,8 +89,9 @@ def summarize(events: list[dict], steps: int) -> dict:
     per_family: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     for e in events:
         d = (e["end_ns"] - e["start_ns"]) / 1e3 / steps
-        per_kind[kind(e["name"])] += d
-        f = per_family[f"{kind(e['name'])} {family(e['name'])}"]
+        k = kind(e["name"])
+        per_kind[k] += d
+        f = per_family[f"{k} {family(e['name'])}"]
         f[0] += d
         f[1] += 1 / steps
     us = 1e3 * steps
@@ -123,7 +129,7 @@ def profile(w: model_bench.Workload, steps: int, out: Path) -> dict:
                 jax.block_until_ready(state)
             xplane, = Path(tmp).rglob("*.xplane.pb")
             out.mkdir(parents=True, exist_ok=True)
-            kept = out / f"{w.name.replace(' ', '_')}.{name}.xplane.pb"
+            kept = out / f"{stem(w.name)}.{name}.xplane.pb"
             kept.write_bytes(xplane.read_bytes())
         events = kernels(kept)
         if not events:
@@ -163,7 +169,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / config.build_path("bench") / "profile")
     a = ap.parse_args(argv)
     r = profile(names[a.workload], a.steps, a.out)
-    (a.out / f"{a.workload.replace(' ', '_')}.json").write_text(json.dumps(r, indent=1))
+    (a.out / f"{stem(a.workload)}.json").write_text(json.dumps(r, indent=1))
     print_table(r)
     return 0
 
