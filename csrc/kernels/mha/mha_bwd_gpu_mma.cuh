@@ -114,7 +114,8 @@ JA_GLOBAL void __launch_bounds__(BwdMmaTiles<T, D>::kThreads, JA_MHA_BWD_MMA_MIN
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;
-  const int64_t kv0 = int64_t(blockIdx.x) * BC, hk = blockIdx.y, b = blockIdx.z;
+  const GridPlace at = grid_place(CAUSAL, false);  // causal: each kv head's first key blocks start first
+  const int64_t kv0 = at.tile * BC, hk = at.head, b = at.batch;
   const int64_t sq = a.seq_q, sk = a.seq_k, hq = a.heads_q, hkv = a.heads_kv;
   const int64_t group = hq / hkv;
   const int nk = int(sk - kv0 < BC ? sk - kv0 : BC);

@@ -129,20 +129,10 @@ struct BwdWork {
 template <int BM, int BN, bool CAUSAL, typename Element>
 CUTE_DEVICE BwdWork bwd_work(BwdArgs<Element> const& p) {
   BwdWork w;
-  if constexpr (CAUSAL) {
-    // Causal blocks differ in work: key block n sees the queries from first_query_for_key(n BN) on, so
-    // the first key blocks are the heaviest (in the model's train step, 32 query tiles against 2).
-    // Blocks start about in the order of their linear index, so it runs over kv heads and batches
-    // first and key blocks last: the heaviest blocks of every kv head start first and the light ones
-    // fill the last wave (longest first), where the grid's own order left heavy blocks of the last
-    // heads to start last and run alone.
-    const int64_t heads = gridDim.y, pairs = int64_t(gridDim.y) * gridDim.z;  // (kv head, batch) pairs
-    const int64_t lin = blockIdx.x + int64_t(gridDim.x) * (blockIdx.y + heads * blockIdx.z);
-    const int64_t rest = lin % pairs;
-    w.n_block = int(lin / pairs), w.hk = int(rest % heads), w.b = int(rest / heads);
-  } else {
-    w.n_block = blockIdx.x, w.hk = blockIdx.y, w.b = blockIdx.z;
-  }
+  // Causal: each kv head's first key blocks, seen by the most query tiles, start first (in the model's
+  // train step, 32 query tiles against the last one's 2; mha_gpu::grid_place).
+  const mha_gpu::GridPlace at = mha_gpu::grid_place(CAUSAL, false);
+  w.n_block = int(at.tile), w.hk = int(at.head), w.b = int(at.batch);
   w.sq = get<0>(p.shape_q), w.sk = get<0>(p.shape_k);
   w.kv0 = w.n_block * BN;
   w.nk = min(BN, w.sk - w.kv0);

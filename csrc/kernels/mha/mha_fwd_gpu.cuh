@@ -49,7 +49,8 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_fwd_kernel(JaMhaFwdArgs a) {
   float* p_s = reinterpret_cast<float*>(v_s + BC * LD);  // 4-byte aligned: LD * sizeof(T) is
 
   const int tx = threadIdx.x % kTx, ty = threadIdx.x / kTx;
-  const auto [q0, h, b, sq, sk, hq, hkv, hk, q_stride, kv_stride, rows, s2] = fwd_block<D>(a, blockIdx.x, BR);
+  const auto [q0, h, b, sq, sk, hq, hkv, hk, q_stride, kv_stride, rows, s2] =
+      fwd_block<D>(a, grid_place(false, true), BR);  // the grid's order
   const T* k = static_cast<const T*>(a.k) + (b * sk * hkv + hk) * D;
   const T* v = static_cast<const T*>(a.v) + (b * sk * hkv + hk) * D;
 

@@ -103,9 +103,9 @@ JA_GLOBAL void __launch_bounds__(FwdMmaTiles<T, D>::kThreads, JA_MHA_FWD_MMA_MIN
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;
-  // Causal: the longest rows (last query tiles) start first.
-  const int64_t q_tile = CAUSAL ? int64_t(gridDim.x) - 1 - blockIdx.x : int64_t(blockIdx.x);
-  const auto [q0, h, b, sq, sk, hq, hkv, hk, q_stride, kv_stride, rows, s2] = fwd_block<D>(a, q_tile, BR);
+  // Causal: the longest rows (each head's last query tile) start first (grid_place).
+  const auto [q0, h, b, sq, sk, hq, hkv, hk, q_stride, kv_stride, rows, s2] =
+      fwd_block<D>(a, grid_place(CAUSAL, true), BR);
   const T* k = static_cast<const T*>(a.k) + (b * sk * hkv + hk) * D;
   const T* v = static_cast<const T*>(a.v) + (b * sk * hkv + hk) * D;
   const int wrow = warp * 16 * MI;  // this warp's first row in the tile

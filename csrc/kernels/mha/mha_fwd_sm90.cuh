@@ -214,9 +214,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_fwd_sm90_kernel(CUTE_GRID
   extern __shared__ __align__(1024) char smem_raw[];
   auto& ss = *reinterpret_cast<typename Tr::SharedStorage*>(smem_raw);
 
-  // Causal: the longest rows (last query tiles) start first.
-  const int m_block = CAUSAL ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
-  const int h = blockIdx.y, b = blockIdx.z;
+  // Causal: the longest rows (each head's last query tile) start first (mha_gpu::grid_place).
+  const mha_gpu::GridPlace at = mha_gpu::grid_place(CAUSAL, true);
+  const int m_block = int(at.tile), h = int(at.head), b = int(at.batch);
   const int hk = h / p.group;
   const int sq = get<0>(p.shape_q), sk = get<0>(p.shape_k);
   const int warp = cutlass::canonical_warp_idx_sync();

@@ -69,6 +69,26 @@ JA_HOST_DEVICE int64_t first_query_for_key(int64_t key, int64_t seq_q, int64_t s
   return q > 0 ? q : 0;
 }
 
+// Where a block of a (tiles, heads, batches) grid works. Causal tiles differ in work (a forward's last query
+// tile sees every key, its first one few; a backward's first key block is seen by every query tile, its last
+// by few), and blocks start about in the order of their linear index. With `longest_first` the linear index
+// runs over heads and batches first and tiles last, from each head's heaviest tile (the last one when
+// `heavy_last`, else the first) to its lightest: the heaviest tile of every head starts in the first wave and
+// the light ones fill the last (longest-processing-time first). The grid's own order (tiles fastest) leaves the
+// last heads' heavy tiles to start last and run alone. Without a mask every tile has the same work, and the
+// grid's order, in which consecutive blocks share a head's inputs in L2, is kept.
+struct GridPlace {
+  int64_t tile, head, batch;
+};
+
+JA_DEVICE GridPlace grid_place(bool longest_first, bool heavy_last) {
+  if (!longest_first) return {int64_t(blockIdx.x), int64_t(blockIdx.y), int64_t(blockIdx.z)};
+  const int64_t heads = gridDim.y, pairs = heads * gridDim.z;  // (head, batch) pairs
+  const int64_t lin = blockIdx.x + int64_t(gridDim.x) * (blockIdx.y + heads * blockIdx.z);
+  const int64_t rank = lin / pairs, rest = lin % pairs;  // rank 0: each head's heaviest tile
+  return {heavy_last ? int64_t(gridDim.x) - 1 - rank : rank, rest % heads, rest / heads};
+}
+
 JA_DEVICE bool key_visible(bool causal, int64_t query, int64_t key, int64_t seq_q, int64_t seq_k) {
   return !causal || key <= query + seq_k - seq_q;
 }
@@ -83,9 +103,9 @@ struct FwdBlock {
 };
 
 template <int D>
-JA_DEVICE FwdBlock fwd_block(const JaMhaFwdArgs& a, int64_t q_tile, int br) {
-  const int64_t q0 = q_tile * br, sq = a.seq_q, hq = a.heads_q, hkv = a.heads_kv, h = blockIdx.y;
-  return {q0, h, int64_t(blockIdx.z), sq, a.seq_k, hq, hkv, h / (hq / hkv), hq * D, hkv * D,
+JA_DEVICE FwdBlock fwd_block(const JaMhaFwdArgs& a, GridPlace at, int br) {
+  const int64_t q0 = at.tile * br, sq = a.seq_q, hq = a.heads_q, hkv = a.heads_kv, h = at.head;
+  return {q0, h, at.batch, sq, a.seq_k, hq, hkv, h / (hq / hkv), hq * D, hkv * D,
           int(sq - q0 < br ? sq - q0 : br), a.scale * ja_log2e};
 }
 
