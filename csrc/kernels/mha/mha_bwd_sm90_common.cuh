@@ -276,15 +276,8 @@ CUTE_DEVICE void bwd_store_dkdv(typename Tr::Params const& p, BwdWork const& w, 
 template <typename Tr, typename Kernel>
 const char* bwd_launch(Kernel kernel, typename Tr::Params const& p, const JaMhaBwdArgs& a, cudaStream_t stream,
                        const char* what) {
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
-  if (err != cudaSuccess)
-    return ja_error("%s: could not enable %d bytes of shared memory: %s", what, Tr::kSmemBytes,
-                    cudaGetErrorString(err));
   const dim3 grid(unsigned((a.seq_k + Tr::BN - 1) / Tr::BN), unsigned(a.heads_kv), unsigned(a.batch));
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
-  err = cudaGetLastError();
-  if (err != cudaSuccess) return ja_error("%s: kernel launch failed: %s", what, cudaGetErrorString(err));
-  return nullptr;
+  return mha_gpu::launch_with_smem(kernel, grid, Tr::kThreads, Tr::kSmemBytes, stream, p, what);
 }
 
 }  // namespace mha_sm90

@@ -605,7 +605,7 @@ int64_t decode_slots() {
   const int dev = ja::current_device();
   const int per_sm = ja::per_device(cache, dev < 0 ? 0 : dev, [](int) {
     auto kernel = mha_decode_kernel<T, D, CAUSAL, TMA>;
-    if (Tl::kSmemBytes > kSmemBudget) (void)ja_func_set_max_dynamic_smem(kernel, Tl::kSmemBytes);
+    (void)allow_smem(kernel, Tl::kSmemBytes, "");  // a refusal shows at the launch
     int n = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Tl::kThreads, Tl::kSmemBytes) != cudaSuccess ||
         n <= 0) {
@@ -713,7 +713,7 @@ bool decode_cluster_applies(int splits, int64_t groups, int64_t slots) {
   const int fit = ja::per_device(cache[splits], dev, [splits](int) {
                     using Tl = DecodeTiles<T, D, true>;
                     auto kernel = mha_decode_kernel<T, D, CAUSAL, true>;
-                    if (Tl::kSmemBytes > kSmemBudget) (void)ja_func_set_max_dynamic_smem(kernel, Tl::kSmemBytes);
+                    (void)allow_smem(kernel, Tl::kSmemBytes, "");  // a refusal shows at the launch
                     return ja::max_active_clusters(kernel, dim3(Tl::kThreads), size_t(Tl::kSmemBytes),
                                                    unsigned(splits)) + 1;
                   }) - 1;
@@ -741,12 +741,7 @@ const char* mha_decode_launch_with(const JaMhaFwdArgs& a, const DecodeMaps& maps
   if (const char* e = check_grid("mha_fwd", plan.splits, a.heads_kv * rblocks, a.batch)) return e;
   const dim3 grid(unsigned(plan.splits), unsigned(a.heads_kv * rblocks), unsigned(a.batch));
   auto kernel = mha_decode_kernel<T, D, CAUSAL, TMA>;
-  if (Tl::kSmemBytes > kSmemBudget) {
-    const ja_error_t opt_in = ja_func_set_max_dynamic_smem(kernel, Tl::kSmemBytes);
-    if (opt_in != ja_success)
-      return ja_error("mha_fwd (decode): could not enable %d bytes of shared memory: %s", Tl::kSmemBytes,
-                      ja_get_error_string(opt_in));
-  }
+  if (const char* e = allow_smem(kernel, Tl::kSmemBytes, "mha_fwd (decode)")) return e;
   ja_error_t err = launch_clustered(kernel, grid, dim3(Tl::kThreads), size_t(Tl::kSmemBytes), stream,
                                     cluster ? unsigned(plan.splits) : 1u, d, maps);
   if (err != ja_success) return ja_error("mha_fwd (decode): kernel launch failed: %s", ja_get_error_string(err));

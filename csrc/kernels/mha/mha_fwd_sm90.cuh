@@ -473,16 +473,9 @@ const char* mha_fwd_sm90_launch(const JaMhaFwdArgs& a, cudaStream_t stream) {
       hq,
       hq / hkv,
       a.scale * ja_log2e};
-  auto kernel = mha_fwd_sm90_kernel<Tr, CAUSAL>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
-  if (err != cudaSuccess)
-    return ja_error("mha_fwd (sm90): could not enable %d bytes of shared memory: %s", Tr::kSmemBytes,
-                    cudaGetErrorString(err));
   const dim3 grid(unsigned((sq + Tr::kBlockM - 1) / Tr::kBlockM), unsigned(hq), unsigned(bt));
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
-  err = cudaGetLastError();
-  if (err != cudaSuccess) return ja_error("mha_fwd (sm90): kernel launch failed: %s", cudaGetErrorString(err));
-  return nullptr;
+  return mha_gpu::launch_with_smem(mha_fwd_sm90_kernel<Tr, CAUSAL>, grid, Tr::kThreads, Tr::kSmemBytes, stream, p,
+                                   "mha_fwd (sm90)");
 }
 
 // Whether the current device runs the sm_90a instances (compute capability 9.0; cached per device).

@@ -127,16 +127,21 @@ inline const char* launch_status(const char* what) {
   return nullptr;
 }
 
-// Launches `kernel` with `smem` bytes of dynamic shared memory; above the 48 KiB
-// default that needs an opt-in, which is per device and so made on every launch.
+// Lets `kernel` take `smem` bytes of dynamic shared memory: above the 48 KiB default that needs an
+// opt-in, which is per device and so made before every launch (and occupancy query). nullptr, or the error.
+template <typename Kernel>
+const char* allow_smem(Kernel kernel, int smem, const char* what) {
+  if (smem <= kSmemBudget) return nullptr;
+  const ja_error_t opt_in = ja_func_set_max_dynamic_smem(kernel, smem);
+  if (opt_in == ja_success) return nullptr;
+  return ja_error("%s: could not enable %d bytes of shared memory: %s", what, smem, ja_get_error_string(opt_in));
+}
+
+// Launches `kernel` with `smem` bytes of dynamic shared memory (allow_smem).
 template <typename Args>
 const char* launch_with_smem(void (*kernel)(Args), dim3 grid, int threads, int smem, ja_stream_t stream,
                              const Args& a, const char* what) {
-  if (smem > kSmemBudget) {
-    const ja_error_t opt_in = ja_func_set_max_dynamic_smem(kernel, smem);
-    if (opt_in != ja_success)
-      return ja_error("%s: could not enable %d bytes of shared memory: %s", what, smem, ja_get_error_string(opt_in));
-  }
+  if (const char* e = allow_smem(kernel, smem, what)) return e;
   kernel<<<grid, threads, smem, stream>>>(a);
   return launch_status(what);
 }
