@@ -26,9 +26,10 @@ struct BwdArgs {
   Element* dv;
   int32_t heads_q, heads_kv, group;
   float scale, scale_log2;
+  int64_t chunk;  // causal: (head, batch) pairs per chunk of the block order (causal_chunk)
 };
 
-template <typename Element, int D>
+template <typename Element, int D, int BN, bool CAUSAL>
 BwdArgs<Element> bwd_args(const JaMhaBwdArgs& a) {
   const int hq = int(a.heads_q), hkv = int(a.heads_kv), bt = int(a.batch);
   return {make_shape(int(a.seq_q), int(D), hq, bt),
@@ -42,7 +43,8 @@ BwdArgs<Element> bwd_args(const JaMhaBwdArgs& a) {
           hkv,
           hq / hkv,
           a.scale,
-          a.scale * ja_log2e};
+          a.scale * ja_log2e,
+          CAUSAL ? causal_chunk((a.seq_k + BN - 1) / BN) : 0};
 }
 
 // A TMA load of ROWS x D tiles of a [batch, seq, heads, D] tensor into SmemLayout.
@@ -130,8 +132,9 @@ template <int BM, int BN, bool CAUSAL, typename Element>
 CUTE_DEVICE BwdWork bwd_work(BwdArgs<Element> const& p) {
   BwdWork w;
   // Causal: each kv head's first key blocks, seen by the most query tiles, start first (in the model's
-  // train step, 32 query tiles against the last one's 2; mha_gpu::grid_place).
-  const mha_gpu::GridPlace at = mha_gpu::grid_place(CAUSAL, false);
+  // train step, 32 query tiles against the last one's 2), a chunk of kv heads and batches at a time
+  // (mha_gpu::grid_place, causal_chunk).
+  const mha_gpu::GridPlace at = mha_gpu::grid_place(CAUSAL, false, p.chunk);
   w.n_block = int(at.tile), w.hk = int(at.head), w.b = int(at.batch);
   w.sq = get<0>(p.shape_q), w.sk = get<0>(p.shape_k);
   w.kv0 = w.n_block * BN;

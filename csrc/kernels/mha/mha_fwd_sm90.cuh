@@ -23,10 +23,8 @@
 // Its speed against cuDNN: `python3 benchmarks/gpu/bench_gpu.py --only attention [--head-dim D]` on an
 // H200 (the numbers live in that run's output, not here). Left to try: kBlockN = 176 without causal
 // (FA-3's choice at d128), an epilogue through shared memory (16-byte or TMA stores), a persistent grid.
-// Causal blocks start heaviest first across heads and batches (mha_gpu::grid_place); against the
-// earlier order (each head's tiles reversed, heads in grid order) this kernel took the same time in the
-// model's prefill and train step (model_profile.py, H100: 1291 against 1295 us, 1329 against 1328),
-// where the mma.sync forward and backward took 10% and 21% less.
+// Causal blocks start heaviest first across the heads and batches of a chunk that one wave of blocks covers
+// (mha_gpu::grid_place, causal_chunk: the measurements are there).
 //
 // Built only for sm_90a (the gpu_sm90a kind of the mha_fwd module in
 // jax_aiter/jit/optCompilerConfig.json), with the CUTLASS/CuTe headers of the pinned
@@ -152,6 +150,7 @@ struct Traits {
     int64_t o_row_stride, o_batch_stride;  // elements; o is [batch, seq_q, heads_q, D]
     int32_t heads_q, group;                // query heads per kv head
     float scale_log2;
+    int64_t chunk;  // causal: (head, batch) pairs per chunk of the block order (causal_chunk)
   };
 };
 
@@ -219,7 +218,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_fwd_sm90_kernel(CUTE_GRID
   auto& ss = *reinterpret_cast<typename Tr::SharedStorage*>(smem_raw);
 
   // Causal: the longest rows (each head's last query tile) start first (mha_gpu::grid_place).
-  const mha_gpu::GridPlace at = mha_gpu::grid_place(CAUSAL, true);
+  const mha_gpu::GridPlace at = mha_gpu::grid_place(CAUSAL, true, p.chunk);
   const int m_block = int(at.tile), h = int(at.head), b = int(at.batch);
   const int hk = h / p.group;
   const int sq = get<0>(p.shape_q), sk = get<0>(p.shape_k);
@@ -455,6 +454,19 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_fwd_sm90_kernel(CUTE_GRID
 #endif
 }
 
+// The (head, batch) pairs per chunk of a causal grid's block order (mha_gpu::grid_place) for the Hopper
+// forward and backward, which hold one block per multiprocessor (their registers): as many as one wave of
+// blocks covers, floor(multiprocessors / tiles a head), at least 1. Measured (H200, bf16, head dim 128,
+// causal, chunks of 1, 2, 4, 8, 16 and all pairs, one run): the best chunk was 16, 8, 4 and 2 pairs at
+// 8, 16, 32 and 64 tiles a head (b4 s1024 and b4 s4096 with 32 heads, b4 s2048 and b1 s8192 with 32 query
+// and 8 kv heads) within the runs' noise, this rule's; one chunk of all pairs took up to 1.3x as long (the
+// backward at b4 s4096: 4.28 against 3.28-3.34 ms), and one pair a chunk up to 1.2x (the backward at b4
+// s2048 with 8 kv heads: 1.04 against 0.87 ms).
+inline int64_t causal_chunk(int64_t tiles) {
+  const int64_t per = mha_gpu::multiprocessors() / (tiles > 0 ? tiles : 1);
+  return per > 0 ? per : 1;
+}
+
 template <typename T, int D, bool CAUSAL>
 const char* mha_fwd_sm90_launch(const JaMhaFwdArgs& a, cudaStream_t stream) {
   using Tr = Traits<typename CutlassType<T>::type, D>;
@@ -476,7 +488,8 @@ const char* mha_fwd_sm90_launch(const JaMhaFwdArgs& a, cudaStream_t stream) {
       int64_t(sq) * hq * D,
       hq,
       hq / hkv,
-      a.scale * ja_log2e};
+      a.scale * ja_log2e,
+      CAUSAL ? causal_chunk((sq + Tr::kBlockM - 1) / Tr::kBlockM) : 0};
   const dim3 grid(unsigned((sq + Tr::kBlockM - 1) / Tr::kBlockM), unsigned(hq), unsigned(bt));
   return mha_gpu::launch_with_smem(mha_fwd_sm90_kernel<Tr, CAUSAL>, grid, Tr::kThreads, Tr::kSmemBytes, stream, p,
                                    "mha_fwd (sm90)");

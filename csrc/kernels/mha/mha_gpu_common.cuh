@@ -71,23 +71,30 @@ JA_HOST_DEVICE int64_t first_query_for_key(int64_t key, int64_t seq_q, int64_t s
 
 // Where a block of a (tiles, heads, batches) grid works. Causal tiles differ in work (a forward's last query
 // tile sees every key, its first one few; a backward's first key block is seen by every query tile, its last
-// by few), and blocks start about in the order of their linear index. With `longest_first` the linear index
-// runs over heads and batches first and tiles last, from each head's heaviest tile (the last one when
-// `heavy_last`, else the first) to its lightest: the heaviest tile of every head starts in the first wave and
-// the light ones fill the last (longest-processing-time first). The grid's own order (tiles fastest) leaves the
-// last heads' heavy tiles to start last and run alone. Without a mask every tile has the same work, and the
-// grid's order, in which consecutive blocks share a head's inputs in L2, is kept.
+// by few), and blocks start about in the order of their linear index. With `longest_first` the (head, batch)
+// pairs are taken in chunks of `chunk` pairs (0: all of them), and within a chunk the linear index runs over
+// its pairs first and tiles last, from each head's heaviest tile (the last one when `heavy_last`, else the
+// first) to its lightest: heavy tiles start before light ones (longest-processing-time first), so light ones
+// fill the last wave, where the grid's own order (tiles fastest) leaves the last heads' heavy tiles to start
+// last and run alone. The chunk keeps the blocks that run at once on few heads, whose inputs they share in L2:
+// one chunk of all pairs spreads them over as many heads as there are blocks (causal_chunk sizes it for the
+// Hopper kernels). Without a mask every tile has the same work, and the grid's order, in which consecutive
+// blocks share a head's inputs in L2, is kept.
 struct GridPlace {
   int64_t tile, head, batch;
 };
 
-JA_DEVICE GridPlace grid_place(bool longest_first, bool heavy_last) {
+JA_DEVICE GridPlace grid_place(bool longest_first, bool heavy_last, int64_t chunk = 0) {
   if (!longest_first) return {int64_t(blockIdx.x), int64_t(blockIdx.y), int64_t(blockIdx.z)};
-  const int64_t heads = gridDim.y, pairs = heads * gridDim.z;  // (head, batch) pairs
-  const int64_t lin = blockIdx.x + int64_t(gridDim.x) * (blockIdx.y + heads * blockIdx.z);
-  const int64_t rank = lin / pairs, rest = lin % pairs;  // rank 0: each head's heaviest tile
-  return {heavy_last ? int64_t(gridDim.x) - 1 - rank : rank, rest % heads, rest / heads};
+  const int64_t tiles = gridDim.x, heads = gridDim.y, pairs = heads * gridDim.z;  // (head, batch) pairs
+  const int64_t lin = blockIdx.x + tiles * (blockIdx.y + heads * blockIdx.z);
+  const int64_t per = chunk > 0 && chunk < pairs ? chunk : pairs;  // pairs per chunk
+  const int64_t c = lin / (per * tiles), r = lin % (per * tiles);
+  const int64_t n = pairs - c * per < per ? pairs - c * per : per;  // pairs in this chunk (the last may have fewer)
+  const int64_t rank = r / n, pair = c * per + r % n;              // rank 0: each head's heaviest tile
+  return {heavy_last ? tiles - 1 - rank : rank, pair % heads, pair / heads};
 }
+
 
 JA_DEVICE bool key_visible(bool causal, int64_t query, int64_t key, int64_t seq_q, int64_t seq_k) {
   return !causal || key <= query + seq_k - seq_q;
