@@ -226,7 +226,7 @@ const char* mha_bwd_sm90_launch(const JaMhaBwdArgs& a, cudaStream_t stream) {
   using Tr = BwdTraits<typename CutlassType<T>::type, D>;
   const int sq = int(a.seq_q), sk = int(a.seq_k), hq = int(a.heads_q), hkv = int(a.heads_kv), bt = int(a.batch);
   typename Tr::Params p{
-      bwd_args<typename Tr::Element, D, Tr::BN, CAUSAL>(a),
+      bwd_args<typename Tr::Element, D>(a),
       bwd_tma_q<Tr>(a.q, sq, hq, bt),
       bwd_tma_q<Tr>(a.dout, sq, hq, bt),
       bwd_tma_k<Tr>(a.k, sk, hkv, bt),

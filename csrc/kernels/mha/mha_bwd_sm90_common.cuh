@@ -29,7 +29,7 @@ struct BwdArgs {
   int64_t chunk;  // causal: (head, batch) pairs per chunk of the block order (causal_chunk)
 };
 
-template <typename Element, int D, int BN, bool CAUSAL>
+template <typename Element, int D>
 BwdArgs<Element> bwd_args(const JaMhaBwdArgs& a) {
   const int hq = int(a.heads_q), hkv = int(a.heads_kv), bt = int(a.batch);
   return {make_shape(int(a.seq_q), int(D), hq, bt),
@@ -44,7 +44,7 @@ BwdArgs<Element> bwd_args(const JaMhaBwdArgs& a) {
           hq / hkv,
           a.scale,
           a.scale * ja_log2e,
-          CAUSAL ? causal_chunk((a.seq_k + BN - 1) / BN) : 0};
+          0};  // chunk: bwd_launch sets it from the grid
 }
 
 // A TMA load of ROWS x D tiles of a [batch, seq, heads, D] tensor into SmemLayout.
@@ -277,9 +277,10 @@ CUTE_DEVICE void bwd_store_dkdv(typename Tr::Params const& p, BwdWork const& w, 
 // Launches `kernel` (Tr::kThreads threads, Tr::kSmemBytes of shared memory) on one block per
 // (BN keys, kv head, batch).
 template <typename Tr, typename Kernel>
-const char* bwd_launch(Kernel kernel, typename Tr::Params const& p, const JaMhaBwdArgs& a, cudaStream_t stream,
+const char* bwd_launch(Kernel kernel, typename Tr::Params p, const JaMhaBwdArgs& a, cudaStream_t stream,
                        const char* what) {
   const dim3 grid(unsigned((a.seq_k + Tr::BN - 1) / Tr::BN), unsigned(a.heads_kv), unsigned(a.batch));
+  p.chunk = causal_chunk(grid.x);  // read only by causal grids (grid_place)
   return mha_gpu::launch_with_smem(kernel, grid, Tr::kThreads, Tr::kSmemBytes, stream, p, what);
 }
 

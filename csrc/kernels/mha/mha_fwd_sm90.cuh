@@ -473,6 +473,7 @@ const char* mha_fwd_sm90_launch(const JaMhaFwdArgs& a, cudaStream_t stream) {
   using Element = typename Tr::Element;
   const int sq = int(a.seq_q), sk = int(a.seq_k), hq = int(a.heads_q), hkv = int(a.heads_kv), bt = int(a.batch);
   auto tensor = [&](const void* ptr, int seq, int heads) { return bshd_tensor<Element, D>(ptr, seq, heads, bt); };
+  const dim3 grid(unsigned((sq + Tr::kBlockM - 1) / Tr::kBlockM), unsigned(hq), unsigned(bt));
   typename Tr::Params p{
       make_tma_copy(SM90_TMA_LOAD{}, tensor(a.q, sq, hq), typename Tr::SmemLayoutQ{},
                     Shape<Int<Tr::kBlockM>, Int<D>>{}, _1{}),
@@ -489,8 +490,7 @@ const char* mha_fwd_sm90_launch(const JaMhaFwdArgs& a, cudaStream_t stream) {
       hq,
       hq / hkv,
       a.scale * ja_log2e,
-      CAUSAL ? causal_chunk((sq + Tr::kBlockM - 1) / Tr::kBlockM) : 0};
-  const dim3 grid(unsigned((sq + Tr::kBlockM - 1) / Tr::kBlockM), unsigned(hq), unsigned(bt));
+      causal_chunk(grid.x)};  // read only by causal grids (grid_place)
   return mha_gpu::launch_with_smem(mha_fwd_sm90_kernel<Tr, CAUSAL>, grid, Tr::kThreads, Tr::kSmemBytes, stream, p,
                                    "mha_fwd (sm90)");
 }

@@ -95,7 +95,6 @@ JA_DEVICE GridPlace grid_place(bool longest_first, bool heavy_last, int64_t chun
   return {heavy_last ? tiles - 1 - rank : rank, pair % heads, pair / heads};
 }
 
-
 JA_DEVICE bool key_visible(bool causal, int64_t query, int64_t key, int64_t seq_q, int64_t seq_k) {
   return !causal || key <= query + seq_k - seq_q;
 }
