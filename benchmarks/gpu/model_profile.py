@@ -8,7 +8,8 @@ are read back with jax.profiler.ProfileData. Per step: the span from the first k
 last one's end, the GPU's busy time (the union of the kernels' intervals; kernels may overlap, e.g.
 under programmatic dependent launch) and its idle time inside the span, and kernel time by kind (ours:
 the ja namespace; cuDNN; XLA's fusions and library calls) and by kernel family (the name without
-template arguments or XLA's numbering, so the same kernel in two programs is one row). Where every
+template arguments or XLA's numbering, so the same kernel in two programs is one row), with each family's
+launch shapes (grid, block, registers, shared memory: CUPTI's kernel details) for ours and cuDNN's. Where every
 step launched the same kernels, the median step is listed kernel by kernel with the idle gap before
 each (negative: it started before the previous one ended). Inside XLA's command buffers the kernels
 carry no HLO instruction name, so names are what is compared. The JSON (and each model's .xplane.pb,
@@ -22,6 +23,7 @@ import re
 import statistics
 import sys
 import tempfile
+import warnings
 from collections import defaultdict
 from pathlib import Path
 
@@ -36,19 +38,34 @@ import model_bench
 from jatools import config
 
 
+def launch(details: str) -> str:
+    """CUPTI's kernel details ("regs:183 static_shared:0 dynamic_shared:86336 grid:8,4,8 block:128,1,1 ...")
+    as a launch shape: "grid 8,4,8 block 128,1,1 regs 183 smem 86336" (static + dynamic shared bytes); ""
+    without them (memcpy, memset)."""
+    f = dict(kv.split(":", 1) for kv in details.split() if ":" in kv)
+    if "grid" not in f:
+        return ""
+    smem = int(f.get("static_shared", 0)) + int(f.get("dynamic_shared", 0))
+    return f"grid {f['grid']} block {f.get('block', '?')} regs {f.get('regs', '?')} smem {smem}"
+
+
 def kernels(xplane: Path) -> list[dict]:
-    """Every kernel (and memcpy/memset) event on the GPU planes, by start: name, start_ns, end_ns."""
+    """Every kernel (and memcpy/memset) event on the GPU planes, by start: name, start_ns, end_ns, launch."""
     data = jax.profiler.ProfileData.from_file(str(xplane))
     out = []
-    for plane in data.planes:
-        if not plane.name.startswith("/device:GPU:"):
-            continue
-        for line in plane.lines:
-            if line.name.startswith(("XLA", "Launch", "Steps", "Source", "TensorFlow")):
-                continue  # derived lines (ops, modules) repeat the kernels' time
-            for ev in line.events:
-                if ev.duration_ns > 0:
-                    out.append({"name": ev.name, "start_ns": ev.start_ns, "end_ns": ev.end_ns})
+    with warnings.catch_warnings():  # jaxlib 0.11's event stats iterator warns of its own __module__
+        warnings.simplefilter("ignore", DeprecationWarning)
+        for plane in data.planes:
+            if not plane.name.startswith("/device:GPU:"):
+                continue
+            for line in plane.lines:
+                if line.name.startswith(("XLA", "Launch", "Steps", "Source", "TensorFlow")):
+                    continue  # derived lines (ops, modules) repeat the kernels' time
+                for ev in line.events:
+                    if ev.duration_ns > 0:
+                        details = dict(ev.stats).get("kernel_details", "")
+                        out.append({"name": ev.name, "start_ns": ev.start_ns, "end_ns": ev.end_ns,
+                                    "launch": launch(str(details))})
     return sorted(out, key=lambda k: k["start_ns"])
 
 
@@ -86,7 +103,7 @@ def summarize(events: list[dict], steps: int) -> dict:
             end = t
     span = max(e["end_ns"] for e in events) - events[0]["start_ns"]
     per_kind: dict[str, float] = defaultdict(float)
-    per_family: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    per_family: dict[str, list] = defaultdict(lambda: [0.0, 0, set()])
     for e in events:
         d = (e["end_ns"] - e["start_ns"]) / 1e3 / steps
         k = kind(e["name"])
@@ -94,10 +111,12 @@ def summarize(events: list[dict], steps: int) -> dict:
         f = per_family[f"{k} {family(e['name'])}"]
         f[0] += d
         f[1] += 1 / steps
+        if e.get("launch"):
+            f[2].add(e["launch"])
     us = 1e3 * steps
     out = {"span_us": span / us, "busy_us": busy / us, "idle_us": (span - busy) / us,
            "kernels_per_step": len(events) / steps, "kind_us": dict(per_kind),
-           "families": {k: {"us": v[0], "per_step": round(v[1], 3)}
+           "families": {k: {"us": v[0], "per_step": round(v[1], 3), "launches": sorted(v[2])}
                         for k, v in sorted(per_family.items(), key=lambda kv: -kv[1][0])}}
     n = len(events) // steps
     runs = [events[i * n:(i + 1) * n] for i in range(steps)]
@@ -154,6 +173,12 @@ def print_table(r: dict) -> None:
               o["families"].get(k, {}).get("us", 0.0), p["families"].get(k, {}).get("us", 0.0)) for k in fams]
     for k, a, b in rows:
         print(f"{k:<40}{a:>10.1f}{b:>10.1f}{a - b:>12.1f}")
+    print("launch shapes of ours and cuDNN's kernels (grid, block, registers, shared memory bytes)")
+    for label, m in (("ours", o), ("plain", p)):
+        for k, f in m["families"].items():
+            if not k.startswith("xla "):
+                for shape in f.get("launches", []):
+                    print(f"  {label:<6}{k[:60]:<62}{shape}")
     for label, m in (("ours", o), ("plain", p)):
         if "sequence" in m:
             print(f"{label}: the median step, kernel by kernel (us: idle gap before it, kernel time)")

@@ -54,8 +54,8 @@ def test_a_trace_becomes_busy_idle_and_a_median_step(mp, tmp_path):
     assert s["idle_us"] == pytest.approx(1.0)         # the 2 us gap between the steps, per step
     assert s["kernels_per_step"] == 2
     assert s["kind_us"] == {"xla": pytest.approx(10.0), "ours": pytest.approx(3.0)}
-    assert s["families"] == {"xla gemm_fusion_dot": {"us": pytest.approx(10.0), "per_step": 1.0},
-                             "ours ja::rmsnorm_fwd_kernel": {"us": pytest.approx(3.0), "per_step": 1.0}}
+    assert s["families"] == {"xla gemm_fusion_dot": {"us": pytest.approx(10.0), "per_step": 1.0, "launches": []},
+                             "ours ja::rmsnorm_fwd_kernel": {"us": pytest.approx(3.0), "per_step": 1.0, "launches": []}}
     assert [(e["kind"], e["us"], e["gap_us"]) for e in s["sequence"]] == [
         ("xla", pytest.approx(10.0), 0.0), ("ours", pytest.approx(3.0), pytest.approx(-1.0))]
 
@@ -71,3 +71,36 @@ def test_names(mp):
     assert mp.kind(NORM) == "ours" and mp.kind("_ZN2ja7mha_gpu17mha_decode_kernel") == "ours"
     assert mp.kind("cudnn_generated_fort_native_sdpa_sm80") == mp.kind("void cudnn::fusion::lean_reduction") == "cudnn"
     assert mp.kind("loop_add_fusion_1") == "xla"
+
+
+def test_launch_shapes_come_from_cuptis_kernel_details(mp, tmp_path, capsys):
+    # cuDNN's decode kernel as CUPTI describes it (two launches of one shape), and a memset without details
+    import jax
+
+    details = "regs:183 static_shared:16 dynamic_shared:86336 grid:8,4,8 block:128,1,1 occ_pct:12.5"
+    sdpa = "cudnn_generated_fort_native_sdpa_sm80_flash_fprop_wmma_f16_knob_35_16x128x128_1x4x1_cga1x1x1_kernel0_0"
+
+    def ev(mid, start, stat=True):
+        st = f'stats {{ metadata_id: 7 str_value: "{details}" }}' if stat else ""
+        return f"events {{ metadata_id: {mid} offset_ps: {start * 1000000} duration_ps: 5000000 {st} }}"
+
+    text = f"""
+planes {{ id: 1 name: "/device:GPU:0"
+  lines {{ id: 1 name: "Stream #13(Compute)" timestamp_ns: 0 {ev(1, 0)} {ev(2, 6, False)} {ev(1, 12)} {ev(2, 18, False)} }}
+  event_metadata {{ key: 1 value {{ id: 1 name: "{sdpa}" }} }}
+  event_metadata {{ key: 2 value {{ id: 2 name: "Memset" }} }}
+  stat_metadata {{ key: 7 value {{ id: 7 name: "kernel_details" }} }}
+}}
+"""
+    path = tmp_path / "d.xplane.pb"
+    path.write_bytes(jax.profiler.ProfileData.text_proto_to_serialized_xspace(text))
+    got = mp.kernels(path)
+    shape = "grid 8,4,8 block 128,1,1 regs 183 smem 86352"  # static + dynamic shared memory
+    assert [e["launch"] for e in got] == [shape, "", shape, ""]
+    s = mp.summarize(got, steps=2)
+    assert s["families"][f"cudnn {mp.family(sdpa)}"]["launches"] == [shape]
+    assert s["families"]["xla Memset"]["launches"] == []
+    assert mp.launch("") == "" and mp.launch("occ_pct:12.5") == ""
+    mp.print_table({"workload": "decode", "steps": 2, "models": {"ours": s, "plain": s}})
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.endswith(shape)]
+    assert len(rows) == 2 and rows[0].split()[:2] == ["ours", "cudnn"] and rows[1].split()[0] == "plain"
