@@ -113,7 +113,13 @@ namespace mha_gpu {
 // 34.4 us for cuDNN's split kernel (3.64 against 3.90 TB/s of K/V), and the merge 3.0 against cuDNN's
 // reduction's 2.5 us, while bench_gpu.py --only decode times ours faster at the same shape (0.0421
 // against 0.0467 ms a call): the gap is this kernel's, in the model. PDL on or off moves the model's
-// ratio by less than 0.5%.
+// ratio by less than 0.5%. cuDNN's split kernel there launches 8 splits x 4 kv heads x 8 batches of 128
+// threads at two blocks a multiprocessor (183 registers, 86 KB of shared memory; model_profile.py lists each
+// kernel's launch shape), and its lean_reduction 1 x 32 x 8 blocks. This kernel with TMA_STAGES 3 gets that
+// grid (8,4,8 at two blocks a multiprocessor, 104 KB), and in the model it lost more, not less (ours / plain
+// JAX, each run against its own plain JAX; the default build in an earlier run on another H200 the same day):
+// 1.027 against 1.010 at 8k keys and 4 kv heads, 1.020 against 1.014 at 32k, 1.018 against 0.997 at 8k keys
+// and 8 kv heads. So the grid is not what cuDNN's kernel gains by.
 #ifndef JA_MHA_DECODE_TMA
 #define JA_MHA_DECODE_TMA 1
 #endif
