@@ -177,7 +177,7 @@ def print_table(r: dict) -> None:
     for label, m in (("ours", o), ("plain", p)):
         for k, f in m["families"].items():
             if not k.startswith("xla "):
-                for shape in f.get("launches", []):
+                for shape in f["launches"]:
                     print(f"  {label:<6}{k[:60]:<62}{shape}")
     for label, m in (("ours", o), ("plain", p)):
         if "sequence" in m:

@@ -20,20 +20,23 @@ def mp():
     return mod
 
 
-def _xspace(tmp_path: Path, events: list[tuple[int, int, int]]) -> Path:
-    """An XSpace with one GPU stream line of (metadata id, start us, duration us) events, a derived
-    "XLA Ops" line repeating the first, and a host plane."""
+def _xspace(tmp_path: Path, events: list[tuple], names: tuple[str, ...] = (GEMM, NORM)) -> Path:
+    """An XSpace with one GPU stream line of (metadata id, start us, duration us[, CUPTI kernel details])
+    events, metadata id i + 1 naming names[i], a derived "XLA Ops" line repeating the first, and a host plane."""
     import jax
 
-    def ev(mid, start, dur):
-        return f"events {{ metadata_id: {mid} offset_ps: {start * 1000000} duration_ps: {dur * 1000000} }}"
+    def ev(mid, start, dur, details=None):
+        stat = f'stats {{ metadata_id: 7 str_value: "{details}" }}' if details else ""
+        return f"events {{ metadata_id: {mid} offset_ps: {start * 1000000} duration_ps: {dur * 1000000} {stat} }}"
 
+    metadata = " ".join(f'event_metadata {{ key: {i + 1} value {{ id: {i + 1} name: "{n}" }} }}'
+                        for i, n in enumerate(names))
     text = f"""
 planes {{ id: 1 name: "/device:GPU:0"
   lines {{ id: 1 name: "Stream #13(Compute)" timestamp_ns: 0 {' '.join(ev(*e) for e in events)} }}
   lines {{ id: 2 name: "XLA Ops" timestamp_ns: 0 {ev(*events[0])} }}
-  event_metadata {{ key: 1 value {{ id: 1 name: "{GEMM}" }} }}
-  event_metadata {{ key: 2 value {{ id: 2 name: "{NORM}" }} }}
+  {metadata}
+  stat_metadata {{ key: 7 value {{ id: 7 name: "kernel_details" }} }}
 }}
 planes {{ id: 2 name: "/host:CPU" lines {{ id: 1 name: "python" timestamp_ns: 0 {ev(1, 0, 50)} }}
   event_metadata {{ key: 1 value {{ id: 1 name: "host work" }} }} }}
@@ -75,26 +78,10 @@ def test_names(mp):
 
 def test_launch_shapes_come_from_cuptis_kernel_details(mp, tmp_path, capsys):
     # cuDNN's decode kernel as CUPTI describes it (two launches of one shape), and a memset without details
-    import jax
-
     details = "regs:183 static_shared:16 dynamic_shared:86336 grid:8,4,8 block:128,1,1 occ_pct:12.5"
     sdpa = "cudnn_generated_fort_native_sdpa_sm80_flash_fprop_wmma_f16_knob_35_16x128x128_1x4x1_cga1x1x1_kernel0_0"
-
-    def ev(mid, start, stat=True):
-        st = f'stats {{ metadata_id: 7 str_value: "{details}" }}' if stat else ""
-        return f"events {{ metadata_id: {mid} offset_ps: {start * 1000000} duration_ps: 5000000 {st} }}"
-
-    text = f"""
-planes {{ id: 1 name: "/device:GPU:0"
-  lines {{ id: 1 name: "Stream #13(Compute)" timestamp_ns: 0 {ev(1, 0)} {ev(2, 6, False)} {ev(1, 12)} {ev(2, 18, False)} }}
-  event_metadata {{ key: 1 value {{ id: 1 name: "{sdpa}" }} }}
-  event_metadata {{ key: 2 value {{ id: 2 name: "Memset" }} }}
-  stat_metadata {{ key: 7 value {{ id: 7 name: "kernel_details" }} }}
-}}
-"""
-    path = tmp_path / "d.xplane.pb"
-    path.write_bytes(jax.profiler.ProfileData.text_proto_to_serialized_xspace(text))
-    got = mp.kernels(path)
+    events = [(1, 0, 5, details), (2, 6, 5), (1, 12, 5, details), (2, 18, 5)]
+    got = mp.kernels(_xspace(tmp_path, events, names=(sdpa, "Memset")))
     shape = "grid 8,4,8 block 128,1,1 regs 183 smem 86352"  # static + dynamic shared memory
     assert [e["launch"] for e in got] == [shape, "", shape, ""]
     s = mp.summarize(got, steps=2)
