@@ -63,12 +63,9 @@ struct BwdTraits : BwdLayouts<Element_, D, 64, 128, 3> {
       decltype(composition(SmemLayoutdS{}, make_layout(Shape<Int<BN>, Int<BM>>{}, Stride<Int<BM>, _1>{})));
   // dQ * scale (float32) of a query tile, (queries, head_dim); warpgroup w's columns [w D/2, (w + 1) D/2)
   // are the contiguous half w, added to dq_accum by one TMA reduce-add.
-  using SmemLayoutdQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<float>{}, Shape<Int<BM>, Int<D>>{}));
-  using SmemLayoutdQh = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<float>{}, Shape<Int<BM>, Int<D / 2>>{}));
-
-  using TmadQ = decltype(make_tma_copy(
-      SM90_TMA_REDUCE_ADD{}, make_tensor(make_gmem_ptr(static_cast<float*>(nullptr)), BwdShape{}, BwdStride{}),
-      SmemLayoutdQh{}, Shape<Int<BM>, Int<D / 2>>{}, _1{}));
+  using DqStage = BwdDqStage<BM, D, D>;
+  using SmemLayoutdQ = typename DqStage::Layout;
+  using TmadQ = typename DqStage::Tma;
 
   struct SharedStorage : BwdSmem<Layouts, kSlots> {
     array_aligned<Element, cosize_v<SmemLayoutdS>, 1024> ds[2];
@@ -135,7 +132,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
   const bool wg_leader = tid % 128 == 0;  // issues its warpgroup's dQ reduce-add
   Tensor sdQ = make_tensor(make_smem_ptr(ss.dq.data()), typename Tr::SmemLayoutdQ{});
   Tensor tdQsdQ = thr_dq.partition_C(sdQ);
-  Tensor mdQ = p.tma_dq.get_tma_tensor(p.shape_q);
   const float s2 = p.scale_log2;
 
   __syncthreads();  // lse, delta of the first two tiles
@@ -201,14 +197,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
         *reinterpret_cast<float2*>(&tdQsdQ(i)) = make_float2(tdQacc(i) * p.scale, tdQacc(i + 1) * p.scale);
       cutlass::arch::fence_view_async_shared();
       cutlass::arch::NamedBarrier::sync(128, 1 + wg);
-      if (wg_leader) {
-        Tensor gdQ = local_tile(mdQ(_, _, h, b), Shape<Int<BM>, Int<D / 2>>{}, make_coord(m, wg));
-        Tensor sdQh = local_tile(sdQ, Shape<Int<BM>, Int<D / 2>>{}, make_coord(_0{}, wg));
-        auto [tdQg, tdQs] =
-            tma_partition(p.tma_dq, _0{}, Layout<_1>{}, group_modes<0, 2>(sdQh), group_modes<0, 2>(gdQ));
-        copy(p.tma_dq, tdQs, tdQg);
-        tma_store_arrive();
-      }
+      if (wg_leader) bwd_reduce_dq<typename Tr::DqStage>(p.tma_dq, p.shape_q, sdQ, h, b, m, wg, wg);
     }
     warpgroup_wait<0>();
     warpgroup_fence_operand(tdKacc);
@@ -231,8 +220,7 @@ const char* mha_bwd_sm90_launch(const JaMhaBwdArgs& a, cudaStream_t stream) {
       bwd_tma_q<Tr>(a.dout, sq, hq, bt),
       bwd_tma_k<Tr>(a.k, sk, hkv, bt),
       bwd_tma_k<Tr>(a.v, sk, hkv, bt),
-      make_tma_copy(SM90_TMA_REDUCE_ADD{}, bshd_tensor<float, D>(a.dq_accum, sq, hq, bt),
-                    typename Tr::SmemLayoutdQh{}, Shape<Int<Tr::BM>, Int<D / 2>>{}, _1{})};
+      Tr::DqStage::tma(a.dq_accum, sq, hq, bt)};
   return bwd_launch<Tr>(mha_bwd_sm90_kernel<Tr, CAUSAL>, p, a, stream, "mha_bwd (sm90)");
 }
 

@@ -87,6 +87,35 @@ struct BwdLayouts {
   static constexpr uint32_t kBytesK = uint32_t(BN * D * sizeof(Element));
 };
 
+// A dQ staging tile (float32, BM x COLS) in shared memory, 128-byte swizzled: warpgroup w's
+// COLS / 2 columns are the contiguous half w, which one TMA reduce-add (Tma, made by tma()) adds to
+// a BM x COLS / 2 tile of dq_accum ([batch, seq, heads, D] float32).
+template <int BM, int COLS, int D>
+struct BwdDqStage {
+  static constexpr int kHalf = COLS / 2;
+  using Layout = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<float>{}, Shape<Int<BM>, Int<COLS>>{}));
+  using LayoutHalf = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<float>{}, Shape<Int<BM>, Int<kHalf>>{}));
+  static auto tma(float* dq_accum, int seq, int heads, int batch) {
+    return make_tma_copy(SM90_TMA_REDUCE_ADD{}, bshd_tensor<float, D>(dq_accum, seq, heads, batch), LayoutHalf{},
+                         Shape<Int<BM>, Int<kHalf>>{}, _1{});
+  }
+  using Tma = decltype(tma(nullptr, 0, 0, 0));
+};
+
+// Issued by warpgroup wg's leader once its half of the staging tile sdQ is written and fenced:
+// that half added to dq_accum's tile (m, col_tile) of BM x COLS / 2 (query head h, batch b) by one
+// TMA reduce-add (rows past seq_q are clipped); tma_store_wait before the half is rewritten.
+template <typename Stage, typename Tma, typename SdQ>
+CUTE_DEVICE void bwd_reduce_dq(Tma const& tma, BwdShape const& shape_q, SdQ const& sdQ, int h, int b, int m,
+                               int col_tile, int wg) {
+  using Tile = Shape<Int<decltype(size<0>(sdQ))::value>, Int<Stage::kHalf>>;
+  Tensor gdQ = local_tile(tma.get_tma_tensor(shape_q)(_, _, h, b), Tile{}, make_coord(m, col_tile));
+  Tensor sdQh = local_tile(sdQ, Tile{}, make_coord(_0{}, wg));
+  auto [tdQg, tdQs] = tma_partition(tma, _0{}, Layout<_1>{}, group_modes<0, 2>(sdQh), group_modes<0, 2>(gdQ));
+  copy(tma, tdQs, tdQg);
+  tma_store_arrive();
+}
+
 // The shared memory both kernels use (a kernel's SharedStorage derives from it and adds its own).
 template <typename L, int kSlots>
 struct BwdSmem {

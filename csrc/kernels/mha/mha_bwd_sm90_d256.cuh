@@ -11,32 +11,40 @@
 // a thread) for the whole block. K and V are loaded once by TMA; the block walks every query head
 // of its GQA group and every 64-row query tile that can see its keys, Q and dO by TMA through two
 // shared-memory stages (tile i + 1 loads while tile i is computed), lse and delta through three
-// slots, P and dS double-buffered, so one block barrier per tile suffices. Per query tile
-// (queries are the M dimension of the score products, as in FlashAttention-3):
+// slots. Per query tile (queries are the M dimension of the score products, as in
+// FlashAttention-3):
 //   S  = Q K^T, dP = dO V^T            wgmma from shared memory; warpgroup w: keys [32 w, 32 w + 32)
 //   P  = exp2(S * scale * log2 e - lse * log2 e), masked to 0
 //   dS = P * (dP - delta)
 //   P, dS rounded to the input dtype, to shared memory (stmatrix): every warpgroup needs all keys
 //   dV += P^T dO, dK += dS^T Q         wgmma from shared memory; warpgroup w: its 128 columns
-//   dQ  = dS K                          two slices of 128 columns (64 per warpgroup), each added
-//                                       times scale to dq_accum with float32 vector atomics
-//                                       (red.global.add.v2.f32) while the next product runs
-//                                       (JA_MHA_BWD_SM90_D256_DQ_SLICES below)
+//   dQ  = dS K                          four slices of 64 columns (32 per warpgroup), issued between
+//                                       dV and dK; each slice times scale goes through 8 KB of
+//                                       shared memory per warpgroup and is added to dq_accum by
+//                                       one TMA reduce-add (whole 128-byte rows) while the next
+//                                       products run
+// Two block barriers a tile: one after S and dP are issued (every warpgroup is done with the
+// previous tile: its P/dS buffer, Q/dO stage and lse/delta slot may be refilled), one after P and
+// dS are stored. P and dS have one buffer each, which pays for the dQ staging.
+//
+// Why the reduce-add through shared memory: dQ is 64 KB of float32 a tile, and at this head dim
+// the L2 cache's float reductions, not the tensor cores, bound the kernel. Vector atomics straight
+// from the wgmma accumulators (red.global.add.v2.f32: each warp instruction writes 32 bytes of 8
+// rows) measured 2.3 TB/s of reductions into an L2-resident array; whole-row reductions (TMA,
+// bulk copies, or 512-byte coalesced vector atomics) 3.8 TB/s. At b4 s2048 (16/8 heads, causal)
+// the kernel took 1.21 ms with those atomics, 1.09 ms with this reduce-add, and 0.63 ms with no dQ
+// reduction at all; coalesced atomics read back from the staging tile took 1.17 ms. What is left
+// is the reduce-add's latency: one 8 KB staging tile per warpgroup lets one slice be in flight.
+//
 // P and dS are rounded to the input dtype before their products (as FlashAttention and the
 // other backward kernels do); every product accumulates in float32.
 //
 // Conventions are those of the other backward kernels: bottom-right causal alignment (query i
 // sees key j iff j <= i + seq_k - seq_q), query tiles that see none of the block's keys skipped,
 // rows with no visible key (lse = +inf) contribute 0. Keys and query rows past the ends are
-// zero-filled by TMA and masked.
+// zero-filled by TMA and masked; the reduce-add clips rows past seq_q.
 #pragma once
 #include "mha/mha_bwd_sm90_common.cuh"
-
-// Build-time knob: dQ = dS K in 2 slices of 128 columns (default; 32 accumulator registers a
-// thread, each slice's atomics overlap the next product) or in 1 (64 registers, larger MMAs).
-#ifndef JA_MHA_BWD_SM90_D256_DQ_SLICES
-#define JA_MHA_BWD_SM90_D256_DQ_SLICES 2
-#endif
 
 namespace ja {
 namespace mha_sm90 {
@@ -51,9 +59,8 @@ struct BwdTraitsD256 : BwdLayouts<Element_, 256, 64, 64, 2> {
   static constexpr int kSlots = 3;   // lse/delta slots (written one tile earlier than Q/dO land)
   static constexpr int kThreads = 256;
   static constexpr int DH = D / 2;   // dK/dV columns per warpgroup
-  static constexpr int kDqSlices = JA_MHA_BWD_SM90_D256_DQ_SLICES;
-  static_assert(kDqSlices == 1 || kDqSlices == 2, "dQ goes in 1 or 2 slices");
-  static constexpr int DQS = D / kDqSlices;  // dQ columns per slice (half per warpgroup)
+  static constexpr int kDqSlices = 4;
+  static constexpr int DQS = D / kDqSlices;  // dQ columns per slice (half per warpgroup: 32 floats, 128 bytes)
 
   // S, dP: (queries, keys); warpgroup w computes keys [32 w, 32 w + 32).
   using TiledMmaSdP = decltype(make_tiled_mma(
@@ -71,16 +78,21 @@ struct BwdTraitsD256 : BwdLayouts<Element_, 256, 64, 64, 2> {
                            GMMA::Major::MN>(),
       Layout<Shape<_1, _2, _1>>{}));
 
-  // P and dS: (queries, keys), keys contiguous (one 128-byte swizzle row), two buffers; the
+  // P and dS: (queries, keys), keys contiguous (one 128-byte swizzle row), one buffer; the
   // transposed view (keys, queries) is the A operand of dV and dK.
-  using SmemLayoutPdS =
-      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<BM>, Int<BN>, _2>{}));
-  using SmemLayoutPdSt = decltype(composition(
-      SmemLayoutPdS{}, make_layout(Shape<Int<BN>, Int<BM>, _2>{}, Stride<Int<BM>, _1, Int<BM * BN>>{})));
+  using SmemLayoutPdS = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<BM>, Int<BN>>{}));
+  using SmemLayoutPdSt =
+      decltype(composition(SmemLayoutPdS{}, make_layout(Shape<Int<BN>, Int<BM>>{}, Stride<Int<BM>, _1>{})));
+  // One dQ slice * scale (float32, (queries, DQS columns)): warpgroup w's 32 columns (128 bytes a row)
+  // are the contiguous half w, added to dq_accum by one TMA reduce-add.
+  using DqStage = BwdDqStage<BM, DQS, D>;
+  using SmemLayoutdQ = typename DqStage::Layout;
+  using TmadQ = typename DqStage::Tma;
 
   struct SharedStorage : BwdSmem<Layouts, kSlots> {
     array_aligned<Element, cosize_v<SmemLayoutPdS>, 1024> p;
     array_aligned<Element, cosize_v<SmemLayoutPdS>, 1024> ds;
+    array_aligned<float, cosize_v<SmemLayoutdQ>, 1024> dq;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "MHA backward (sm90, head_dim 256) tiles exceed shared memory");
@@ -88,6 +100,7 @@ struct BwdTraitsD256 : BwdLayouts<Element_, 256, 64, 64, 2> {
   struct Params : BwdArgs<Element> {
     typename Layouts::TmaQ tma_q, tma_do;
     typename Layouts::TmaK tma_k, tma_v;
+    TmadQ tma_dq;
   };
 };
 
@@ -105,7 +118,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   using Element = typename Tr::Element;
   constexpr int BM = Tr::BM, BN = Tr::BN, D = Tr::kHeadDim, kStages = Tr::kStages, kSlots = Tr::kSlots;
   constexpr int DQS = Tr::DQS;
-  using TileQ = Shape<Int<BM>, Int<D>>;
   using TileK = Shape<Int<BN>, Int<D>>;
   using TiledQ = Shape<Int<BM>, Int<DQS>>;
 
@@ -113,13 +125,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const BwdWork w = bwd_work<BM, BN, CAUSAL>(p);
   const int b = w.b, sq = w.sq, sk = w.sk, kv0 = w.kv0, nk = w.nk, n_iter = w.n_iter;
   const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  const bool wg_leader = tid % 128 == 0;  // issues its warpgroup's dQ reduce-adds
 
   auto [sQ, sdO, sQt, sdOt, sK, sV, sKt] = bwd_smem_tensors<Tr>(ss);
   Tensor sP = make_tensor(make_smem_ptr(ss.p.data()), typename Tr::SmemLayoutPdS{});
   Tensor sPt = make_tensor(make_smem_ptr(ss.p.data()), typename Tr::SmemLayoutPdSt{});
   Tensor sdS = make_tensor(make_smem_ptr(ss.ds.data()), typename Tr::SmemLayoutPdS{});
   Tensor sdSt = make_tensor(make_smem_ptr(ss.ds.data()), typename Tr::SmemLayoutPdSt{});
+  Tensor sdQ = make_tensor(make_smem_ptr(ss.dq.data()), typename Tr::SmemLayoutdQ{});
 
+  if (tid == 0) cute::prefetch_tma_descriptor(p.tma_dq.get_tma_descriptor());
   bwd_start<Tr>(p, ss, w);  // K, V and the Q/dO tiles of iterations 0 and 1
 
   typename Tr::TiledMmaSdP mma_sdp;
@@ -135,14 +151,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   Tensor tSrdO = thr_sdp.partition_fragment_A(sdO);
   Tensor tSrK = thr_sdp.partition_fragment_B(sK);    // (MMA, 1, K)
   Tensor tSrV = thr_sdp.partition_fragment_B(sV);
-  Tensor tdVrPt = thr_dkv.partition_fragment_A(sPt);    // (MMA, 1, K, buffer)
+  Tensor tdVrPt = thr_dkv.partition_fragment_A(sPt);    // (MMA, 1, K)
   Tensor tdKrdSt = thr_dkv.partition_fragment_A(sdSt);
   Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt);  // (MMA, 1, K, stage)
   Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt);
-  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);     // (MMA, 1, K, buffer)
+  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);     // (MMA, 1, K)
   Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);     // (MMA, slices, K)
-  Tensor tPsP = thr_r2s.partition_D(sP);                // (CPY, CPY_M, CPY_N, buffer)
+  Tensor tPsP = thr_r2s.partition_D(sP);                // (CPY, CPY_M, CPY_N)
   Tensor tdSsdS = thr_r2s.partition_D(sdS);
+  Tensor tdQsdQ = thr_dq.partition_C(sdQ);              // this thread's part of a dQ slice
 
   Tensor tdVacc = partition_fragment_C(mma_dkv, TileK{});
   Tensor tdKacc = partition_fragment_C(mma_dkv, TileK{});
@@ -153,17 +170,36 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   Tensor tScS = thr_sdp.partition_C(cS);
   Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
   constexpr int kRows = decltype(size<0>(tScS_rc))::value;  // queries of this thread
-  Tensor cdQ = make_identity_tensor(TiledQ{});  // (query, column within the slice)
-  Tensor tdQcdQ = thr_dq.partition_C(cdQ);
-  const int64_t q_stride = int64_t(p.heads_q) * D;
   const float s2 = p.scale_log2;
+
+  // dQ slice j of (query head h, query tile m) * scale through this warpgroup's half of the staging
+  // tile, to dq_accum by one TMA reduce-add of its leader (the previous slice has left shared
+  // memory first).
+  auto add_dq = [&](auto const& acc, int h, int m, int j, float scale) {
+    if (wg_leader) tma_store_wait<0>();
+    cutlass::arch::NamedBarrier::sync(128, 1 + wg);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < decltype(size(acc))::value; i += 2) {  // elements i, i + 1: adjacent columns
+      // st.shared, not a generic store: the generic one put a full memory barrier before the proxy fence
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(cute::cast_smem_ptr_to_uint(&tdQsdQ(i))),
+                   "f"(acc(i) * scale), "f"(acc(i + 1) * scale));
+    }
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::NamedBarrier::sync(128, 1 + wg);
+    if (wg_leader) bwd_reduce_dq<typename Tr::DqStage>(p.tma_dq, p.shape_q, sdQ, h, b, m, 2 * j + wg, wg);
+  };
+  Tensor acc3 = partition_fragment_C(mma_dq, TiledQ{});
+  // The last slice * scale, sent during the next tile's S and dP: a copy, so that the compiler does not
+  // make its read wait for those products (as it must for registers a wgmma writes).
+  Tensor dq3 = make_tensor<float>(acc3.layout());
+  int prev_h = 0, prev_m = 0;
 
   __syncthreads();  // lse, delta of the first two tiles
   ss.barrier_kv.wait(0);
   CUTLASS_PRAGMA_NO_UNROLL
   for (int it = 0; it < n_iter; ++it) {
-    const int h = w.head(it), q0 = w.tile(it) * BM;
-    const int st = it % kStages, buf = it % 2;
+    const int h = w.head(it), m = w.tile(it), q0 = m * BM;
+    const int st = it % kStages;
     const float* lse2 = ss.lse[it % kSlots];
     const float* dlt = ss.delta[it % kSlots];
     ss.barrier_q[st].wait((it / kStages) & 1);
@@ -179,6 +215,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       row_lse[r] = lse2[qr];
       row_delta[r] = dlt[qr];
     }
+    if (it > 0) add_dq(dq3, prev_h, prev_m, 3, 1.0f);
+    // Every warpgroup is done with iteration it - 1 (its products have landed): P and dS may be
+    // overwritten, and its Q/dO stage ((it + 1) % 2) and lse/delta slot ((it + 2) % 3) refilled.
+    __syncthreads();
+    if (it >= 1 && it + 1 < n_iter && tid == 0) bwd_load_q<Tr>(p, ss, w, it + 1);  // 0 and 1 came with K, V
+    if (it + 2 < n_iter) bwd_load_rows<Tr>(p, ss, w, it + 2);  // read at iteration it + 2, after later barriers
     warpgroup_wait<1>();
     Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
     Tensor dp = make_tensor(tSrdP.data(), acc_rowcol(tSrdP.layout()));
@@ -188,63 +230,49 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         [&](int r, int) { return int(get<0>(tScS_rc(r, 0))); }, [&](int r, int) { return row_lse[r]; },
         [&](int r, int) { return row_delta[r]; }, s2, nk, q0 + sk - sq - kv0, [] { warpgroup_wait<0>(); });
 
-    // P and dS rounded to the input dtype, to shared memory by stmatrix (buffer it % 2).
+    // P and dS rounded to the input dtype, to shared memory by stmatrix.
     {
       Tensor rP = make_tensor<Element>(tSrS.layout());
       Tensor rdS = make_tensor<Element>(tSrdP.layout());
       bwd_round(tSrS, rP);
       bwd_round(tSrdP, rdS);
-      copy(r2s, thr_r2s.retile_S(rP), tPsP(_, _, _, buf));
-      copy(r2s, thr_r2s.retile_S(rdS), tdSsdS(_, _, _, buf));
+      copy(r2s, thr_r2s.retile_S(rP), tPsP);
+      copy(r2s, thr_r2s.retile_S(rdS), tdSsdS);
     }
     cutlass::arch::fence_view_async_shared();
-    // P and dS complete; every warpgroup is done with iteration it - 1: its Q/dO stage
-    // ((it + 1) % 2), its lse/delta slot and P/dS buffer may be refilled.
-    __syncthreads();
-    if (it + 2 < n_iter) bwd_load_rows<Tr>(p, ss, w, it + 2);  // read at iteration it + 2, after it + 1's barrier
-    if (it >= 1 && it + 1 < n_iter && tid == 0) bwd_load_q<Tr>(p, ss, w, it + 1);  // 0 and 1 came with K, V
+    __syncthreads();  // P and dS complete
 
-    // 2 slices: dQ slice 0 and dV, slice 0 goes out while dV runs; slice 1 and dK, slice 1 out while dK
-    // runs. 1 slice: dQ, dV and dK, dQ goes out while dV and dK run.
-    auto add_dq = [&](auto const& acc, int col0) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < decltype(size(acc))::value; i += 2) {  // elements i, i + 1: adjacent columns
-        const int qr = int(get<0>(tdQcdQ(i))), col = col0 + int(get<1>(tdQcdQ(i)));
-        if (q0 + qr < sq)
-          ja_atomic_add2(p.dq_accum + (int64_t(b) * sq + q0 + qr) * q_stride + int64_t(h) * D + col,
-                         acc(i) * p.scale, acc(i + 1) * p.scale);
-      }
-    };
-    if constexpr (Tr::kDqSlices == 2) {
-      {
-        Tensor tdQacc = partition_fragment_C(mma_dq, TiledQ{});
-        gemm<true, -1>(mma_dq, tdQrdS(_, _, _, buf), n_block_of<0>(tdQrKt), tdQacc);
-        gemm<false, -1>(mma_dkv, tdVrPt(_, _, _, buf), tdVrdOt(_, _, _, st), tdVacc);
-        warpgroup_wait<1>();
-        warpgroup_fence_operand(tdQacc);
-        add_dq(tdQacc, 0);
-      }
-      {
-        Tensor tdQacc = partition_fragment_C(mma_dq, TiledQ{});
-        gemm<true, -1>(mma_dq, tdQrdS(_, _, _, buf), n_block_of<1>(tdQrKt), tdQacc);
-        gemm<false, -1>(mma_dkv, tdKrdSt(_, _, _, buf), tdKrQt(_, _, _, st), tdKacc);
-        warpgroup_wait<1>();
-        warpgroup_fence_operand(tdQacc);
-        add_dq(tdQacc, DQS);
-      }
-    } else {
-      Tensor tdQacc = partition_fragment_C(mma_dq, TiledQ{});
-      gemm<true, -1>(mma_dq, tdQrdS(_, _, _, buf), tdQrKt, tdQacc);
-      gemm<false, -1>(mma_dkv, tdVrPt(_, _, _, buf), tdVrdOt(_, _, _, st), tdVacc);
-      gemm<false, -1>(mma_dkv, tdKrdSt(_, _, _, buf), tdKrQt(_, _, _, st), tdKacc);
-      warpgroup_wait<2>();
-      warpgroup_fence_operand(tdQacc);
-      add_dq(tdQacc, 0);
-    }
+    // Issue order dQ0, dV, dQ1 | dK, dQ2, dQ3: each slice goes out while later products run (slice 3
+    // while the next tile's S and dP run), and each waits for the one before it to leave shared
+    // memory, which had a large product's time to do so.
+    Tensor acc0 = partition_fragment_C(mma_dq, TiledQ{});
+    Tensor acc1 = partition_fragment_C(mma_dq, TiledQ{});
+    gemm<true, -1>(mma_dq, tdQrdS, n_block_of<0>(tdQrKt), acc0);
+    gemm<false, -1>(mma_dkv, tdVrPt, tdVrdOt(_, _, _, st), tdVacc);
+    gemm<true, -1>(mma_dq, tdQrdS, n_block_of<1>(tdQrKt), acc1);
+    warpgroup_wait<2>();
+    warpgroup_fence_operand(acc0);
+    add_dq(acc0, h, m, 0, p.scale);
     warpgroup_wait<0>();
+    warpgroup_fence_operand(acc1);
+    Tensor acc2 = partition_fragment_C(mma_dq, TiledQ{});
+    gemm<false, -1>(mma_dkv, tdKrdSt, tdKrQt(_, _, _, st), tdKacc);
+    gemm<true, -1>(mma_dq, tdQrdS, n_block_of<2>(tdQrKt), acc2);
+    gemm<true, -1>(mma_dq, tdQrdS, n_block_of<3>(tdQrKt), acc3);
+    add_dq(acc1, h, m, 1, p.scale);
+    warpgroup_wait<1>();
+    warpgroup_fence_operand(acc2);
+    add_dq(acc2, h, m, 2, p.scale);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc3);
     warpgroup_fence_operand(tdVacc);
     warpgroup_fence_operand(tdKacc);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < decltype(size(acc3))::value; ++i) dq3(i) = acc3(i) * p.scale;
+    prev_h = h, prev_m = m;
   }
+  if (n_iter > 0) add_dq(dq3, prev_h, prev_m, 3, 1.0f);
+  if (wg_leader) tma_store_wait<0>();
 
   bwd_store_dkdv<Tr>(p, w, thr_dkv, tdKacc, tdVacc);
 #else
@@ -258,7 +286,8 @@ const char* mha_bwd_sm90_d256_launch(const JaMhaBwdArgs& a, cudaStream_t stream)
   const int sq = int(a.seq_q), sk = int(a.seq_k), hq = int(a.heads_q), hkv = int(a.heads_kv), bt = int(a.batch);
   typename Tr::Params p{bwd_args<typename Tr::Element, Tr::kHeadDim>(a), bwd_tma_q<Tr>(a.q, sq, hq, bt),
                         bwd_tma_q<Tr>(a.dout, sq, hq, bt), bwd_tma_k<Tr>(a.k, sk, hkv, bt),
-                        bwd_tma_k<Tr>(a.v, sk, hkv, bt)};
+                        bwd_tma_k<Tr>(a.v, sk, hkv, bt),
+                        Tr::DqStage::tma(a.dq_accum, sq, hq, bt)};
   return bwd_launch<Tr>(mha_bwd_sm90_d256_kernel<Tr, CAUSAL>, p, a, stream, "mha_bwd (sm90, head_dim 256)");
 }
 
