@@ -5,8 +5,10 @@
 //   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a \
 //        -Icsrc/include -Icsrc/kernels -isystem <nvidia-cutlass>/cutlass_library/source/include \
 //        -DJA_HAS_GPU=1 -DJA_BACKEND_CUDA=1 -DNDEBUG benchmarks/gpu/check_mha_bwd_sm90.cu -o check_mha_bwd_sm90
-//   ./check_mha_bwd_sm90 [reps] [cases] [head_dim]
-//     reps 0: no timing; cases N: the first N checks only; head_dim: time only that head dim
+//   ./check_mha_bwd_sm90 [reps] [cases] [head_dim] [batch seq heads_q heads_kv]
+//     reps 0: no timing; cases N: the first N checks only; head_dim: time only that head dim;
+//     a shape (with head_dim 128 or 256): time only it, causal and not (e.g. the model bench's
+//     Gemma-like train step: 20 0 256 4 2048 16 8)
 //
 // o and lse come from the mma.sync forward. The Hopper outputs are filled with NaN first; each
 // gradient is compared by ||x - ref|| / ||ref|| with the bounds of tests/ops/reference.py
@@ -242,7 +244,21 @@ int main(int argc, char** argv) {
   CASE(bf16_t, 64, true, false, 2, 190, 257, 4, 4)
   CASE(bf16_t, 128, true, false, 2, 1024, 1024, 8, 2)
 #undef CASE
-  if (reps > 0) {
+  if (reps > 0 && argc > 7) {
+    const int B = std::atoi(argv[4]), S = std::atoi(argv[5]), HQ = std::atoi(argv[6]), HKV = std::atoi(argv[7]);
+    if (B <= 0 || S <= 0 || HQ <= 0 || HKV <= 0 || HQ % HKV != 0 || (time_d != 128 && time_d != 256)) {
+      std::printf("usage: %s reps cases head_dim(128|256) batch seq heads_q heads_kv"
+                  " (heads_q a multiple of heads_kv)\n", argv[0]);
+      return 2;
+    }
+    if (time_d == 256) {
+      run_case<bf16_t, 256, true>(B, S, S, HQ, HKV, reps);
+      run_case<bf16_t, 256, false>(B, S, S, HQ, HKV, reps);
+    } else {
+      run_case<bf16_t, 128, true>(B, S, S, HQ, HKV, reps);
+      run_case<bf16_t, 128, false>(B, S, S, HQ, HKV, reps);
+    }
+  } else if (reps > 0) {
     for (int s : {1024, 2048, 4096, 8192}) {
       if (time_d == 0 || time_d == 256) {
         run_case<bf16_t, 256, false>(4, s, s, 32, 32, reps);
