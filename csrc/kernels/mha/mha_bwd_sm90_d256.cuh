@@ -192,7 +192,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // The last slice * scale, sent during the next tile's S and dP: a copy, so that the compiler does not
   // make its read wait for those products (as it must for registers a wgmma writes).
   Tensor dq3 = make_tensor<float>(acc3.layout());
-  int prev_h = 0, prev_m = 0;
 
   __syncthreads();  // lse, delta of the first two tiles
   ss.barrier_kv.wait(0);
@@ -215,7 +214,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       row_lse[r] = lse2[qr];
       row_delta[r] = dlt[qr];
     }
-    if (it > 0) add_dq(dq3, prev_h, prev_m, 3, 1.0f);
+    if (it > 0) add_dq(dq3, w.head(it - 1), w.tile(it - 1), 3, 1.0f);
     // Every warpgroup is done with iteration it - 1 (its products have landed): P and dS may be
     // overwritten, and its Q/dO stage ((it + 1) % 2) and lse/delta slot ((it + 2) % 3) refilled.
     __syncthreads();
@@ -269,9 +268,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     warpgroup_fence_operand(tdKacc);
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < decltype(size(acc3))::value; ++i) dq3(i) = acc3(i) * p.scale;
-    prev_h = h, prev_m = m;
   }
-  if (n_iter > 0) add_dq(dq3, prev_h, prev_m, 3, 1.0f);
+  if (n_iter > 0) add_dq(dq3, w.head(n_iter - 1), w.tile(n_iter - 1), 3, 1.0f);
   if (wg_leader) tma_store_wait<0>();
 
   bwd_store_dkdv<Tr>(p, w, thr_dkv, tdKacc, tdVacc);
