@@ -120,6 +120,13 @@ namespace mha_gpu {
 // JAX, each run against its own plain JAX; the default build in an earlier run on another H200 the same day):
 // 1.027 against 1.010 at 8k keys and 4 kv heads, 1.020 against 1.014 at 32k, 1.018 against 0.997 at 8k keys
 // and 8 kv heads. So the grid is not what cuDNN's kernel gains by.
+// That build merges 8 splits in clusters of 8; with the merge kernel instead (JA_MHA_FWD_DECODE_CLUSTER=0)
+// it took 1.022 / 1.015 (8k / 32k keys, 4 kv heads), and with 4 splits in clusters of 4 (which then fit)
+// 1.028 / 1.054. More splits at one block a multiprocessor (8, 12, 16, 32: two or more waves) took
+// 1.044-1.204 at 8k keys. The merge kernel loads all of a row's splits (up to kDecodeMergeBatch) before it
+// uses any, one memory round trip instead of one per split: in the model at 4 kv heads, alternating with
+// the build that loaded a split at a time, 1.003-1.011 (median 1.007, five runs) against 1.013-1.014 at 8k
+// keys, and 0.999-1.010 against 1.008-1.012 at 32k (bench_gpu.py --only model, one H200).
 #ifndef JA_MHA_DECODE_TMA
 #define JA_MHA_DECODE_TMA 1
 #endif
@@ -132,6 +139,7 @@ namespace mha_gpu {
 
 constexpr int kDecodeMaxSplits = 1024;
 constexpr int kDecodeMaxCluster = 8;  // the most splits merged in one thread-block cluster (the portable size)
+constexpr int kDecodeMergeBatch = 8;  // up to this many splits, the merge kernel loads them all at once
 
 // Whether this build has the TMA kernel at this type and head_dim (decode_tma_applies: whether it runs).
 template <typename T, int D>
@@ -578,9 +586,29 @@ JA_GLOBAL void __launch_bounds__(128) mha_decode_combine_kernel(DecodeArgs d, in
   const int64_t qi = rg / group, h = hk * group + rg % group;
   const int64_t part = (b * ys + y) * splits * 16 + r;  // + s * 16: split s of this row
 
+  // Few splits (the common case): every split's lse and O columns are loaded before any is used, so the
+  // loads take one memory round trip, not one per split. More: a loop over the splits. The same sums in
+  // the same order either way (and as decode_cluster_merge's).
+  const bool batch = splits <= kDecodeMergeBatch;
+  float ls[kDecodeMergeBatch], os[kDecodeMergeBatch][kPer];
   float mx = -INFINITY;
-  for (int s = lane; s < splits; s += 32) mx = fmaxf(mx, d.ws_lse[part + int64_t(s) * 16]);
-  mx = ja_warp_max(mx);
+  if (batch) {
+#pragma unroll
+    for (int s = 0; s < kDecodeMergeBatch; ++s) {
+      if (s >= splits) break;
+      const int64_t p = part + int64_t(s) * 16;
+      ls[s] = d.ws_lse[p];
+#pragma unroll
+      for (int j = 0; j < kPer; ++j)
+        if (lane + 32 * j < D) os[s][j] = d.ws_o[p * D + lane + 32 * j];
+    }
+#pragma unroll
+    for (int s = 0; s < kDecodeMergeBatch; ++s)
+      if (s < splits) mx = fmaxf(mx, ls[s]);
+  } else {
+    for (int s = lane; s < splits; s += 32) mx = fmaxf(mx, d.ws_lse[part + int64_t(s) * 16]);
+    mx = ja_warp_max(mx);
+  }
   T* out = static_cast<T*>(a.o) + ((b * sq + qi) * hq + h) * D;
   if (mx == -INFINITY) {  // no split saw a key
 #pragma unroll
@@ -592,14 +620,26 @@ JA_GLOBAL void __launch_bounds__(128) mha_decode_combine_kernel(DecodeArgs d, in
   float sum = 0.0f, acc[kPer];
 #pragma unroll
   for (int j = 0; j < kPer; ++j) acc[j] = 0.0f;
-  for (int s = 0; s < splits; ++s) {
-    const int64_t p = part + int64_t(s) * 16;
-    const float f = ja_exp2(d.ws_lse[p] - mx);
-    sum += f;
-    const float* os = d.ws_o + p * D;
+  if (batch) {
 #pragma unroll
-    for (int j = 0; j < kPer; ++j)
-      if (lane + 32 * j < D) acc[j] += f * os[lane + 32 * j];
+    for (int s = 0; s < kDecodeMergeBatch; ++s) {
+      if (s >= splits) break;
+      const float f = ja_exp2(ls[s] - mx);
+      sum += f;
+#pragma unroll
+      for (int j = 0; j < kPer; ++j)
+        if (lane + 32 * j < D) acc[j] += f * os[s][j];
+    }
+  } else {
+    for (int s = 0; s < splits; ++s) {
+      const int64_t p = part + int64_t(s) * 16;
+      const float f = ja_exp2(d.ws_lse[p] - mx);
+      sum += f;
+      const float* po = d.ws_o + p * D;
+#pragma unroll
+      for (int j = 0; j < kPer; ++j)
+        if (lane + 32 * j < D) acc[j] += f * po[lane + 32 * j];
+    }
   }
   const float inv = 1.0f / sum;
 #pragma unroll
