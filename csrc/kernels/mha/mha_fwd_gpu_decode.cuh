@@ -127,6 +127,10 @@ namespace mha_gpu {
 // uses any, one memory round trip instead of one per split: in the model at 4 kv heads, alternating with
 // the build that loaded a split at a time, 1.003-1.011 (median 1.007, five runs) against 1.013-1.014 at 8k
 // keys, and 0.999-1.010 against 1.008-1.012 at 32k (bench_gpu.py --only model, one H200).
+// A block that takes 4 kv heads of its batch at once (TMA boxes of 4 heads x 16 keys, so 1 KB rows of K and V
+// are read whole; warp w on head w, 16 splits to fill the device, no cross-warp merge) took 1.36 / 1.11 of
+// this kernel's time at 8k / 32k keys with 4 kv heads and 1.17 / 1.04 with 8 (tune_decode.cu b2b, same run,
+// float64 check passed): reading whole rows of all heads is not what the gap to cuDNN is.
 #ifndef JA_MHA_DECODE_TMA
 #define JA_MHA_DECODE_TMA 1
 #endif
