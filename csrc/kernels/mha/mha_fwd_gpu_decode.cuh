@@ -143,7 +143,7 @@ namespace mha_gpu {
 
 constexpr int kDecodeMaxSplits = 1024;
 constexpr int kDecodeMaxCluster = 8;  // the most splits merged in one thread-block cluster (the portable size)
-constexpr int kDecodeMergeBatch = 8;  // up to this many splits, the merge kernel loads them all at once
+constexpr int kDecodeMergeBatch = 8;  // splits the merge kernel loads at once (one round trip up to this many)
 
 // Whether this build has the TMA kernel at this type and head_dim (decode_tma_applies: whether it runs).
 template <typename T, int D>
@@ -590,24 +590,27 @@ JA_GLOBAL void __launch_bounds__(128) mha_decode_combine_kernel(DecodeArgs d, in
   const int64_t qi = rg / group, h = hk * group + rg % group;
   const int64_t part = (b * ys + y) * splits * 16 + r;  // + s * 16: split s of this row
 
-  // Few splits (the common case): every split's lse and O columns are loaded before any is used, so the
-  // loads take one memory round trip, not one per split. More: a loop over the splits. The same sums in
-  // the same order either way (and as decode_cluster_merge's).
-  const bool batch = splits <= kDecodeMergeBatch;
-  float ls[kDecodeMergeBatch], os[kDecodeMergeBatch][kPer];
-  float mx = -INFINITY;
-  if (batch) {
+  // The splits' lse and O columns are loaded kDecodeMergeBatch splits at a time, all of a batch before any is
+  // used, so up to that many splits take one memory round trip. With more, the maximum comes first from a pass
+  // over the lse alone. The same sums in the same order either way (and as decode_cluster_merge's).
+  constexpr int kB = kDecodeMergeBatch;
+  float ls[kB], os[kB][kPer];
+  auto load = [&](int s0) {
 #pragma unroll
-    for (int s = 0; s < kDecodeMergeBatch; ++s) {
-      if (s >= splits) break;
-      const int64_t p = part + int64_t(s) * 16;
+    for (int s = 0; s < kB; ++s) {
+      if (s0 + s >= splits) break;
+      const int64_t p = part + int64_t(s0 + s) * 16;
       ls[s] = d.ws_lse[p];
 #pragma unroll
       for (int j = 0; j < kPer; ++j)
         if (lane + 32 * j < D) os[s][j] = d.ws_o[p * D + lane + 32 * j];
     }
+  };
+  float mx = -INFINITY;
+  if (splits <= kB) {
+    load(0);
 #pragma unroll
-    for (int s = 0; s < kDecodeMergeBatch; ++s)
+    for (int s = 0; s < kB; ++s)
       if (s < splits) mx = fmaxf(mx, ls[s]);
   } else {
     for (int s = lane; s < splits; s += 32) mx = fmaxf(mx, d.ws_lse[part + int64_t(s) * 16]);
@@ -624,25 +627,16 @@ JA_GLOBAL void __launch_bounds__(128) mha_decode_combine_kernel(DecodeArgs d, in
   float sum = 0.0f, acc[kPer];
 #pragma unroll
   for (int j = 0; j < kPer; ++j) acc[j] = 0.0f;
-  if (batch) {
+  for (int s0 = 0; s0 < splits; s0 += kB) {
+    if (splits > kB) load(s0);  // (one batch: loaded above)
 #pragma unroll
-    for (int s = 0; s < kDecodeMergeBatch; ++s) {
-      if (s >= splits) break;
+    for (int s = 0; s < kB; ++s) {
+      if (s0 + s >= splits) break;
       const float f = ja_exp2(ls[s] - mx);
       sum += f;
 #pragma unroll
       for (int j = 0; j < kPer; ++j)
         if (lane + 32 * j < D) acc[j] += f * os[s][j];
-    }
-  } else {
-    for (int s = 0; s < splits; ++s) {
-      const int64_t p = part + int64_t(s) * 16;
-      const float f = ja_exp2(d.ws_lse[p] - mx);
-      sum += f;
-      const float* po = d.ws_o + p * D;
-#pragma unroll
-      for (int j = 0; j < kPer; ++j)
-        if (lane + 32 * j < D) acc[j] += f * po[lane + 32 * j];
     }
   }
   const float inv = 1.0f / sum;
