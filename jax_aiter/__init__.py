@@ -27,6 +27,10 @@ if TYPE_CHECKING:  # the same names as _LAZY (a test keeps them equal); `as` mar
 _LAZY = {**op_table.public_api(op_table.load()),
          "register": "jax_aiter.ops.export", "disabled_checks": "jax_aiter.ops.export"}
 
+# upstream jax-aiter's facade modules (jax_aiter/rmsnorm.py ...): importable as jax_aiter.<name>, and reachable as
+# an attribute after a bare `import jax_aiter`, as upstream's __init__ imports them (loaded on first use here)
+_SUBMODULES = ("rmsnorm",)
+
 __all__ = sorted(_LAZY)  # noqa: PLE0605 (built from _LAZY, the one list of the public names)
 
 
@@ -40,8 +44,10 @@ def __getattr__(name: str):
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f"jax_aiter.{name}")
     raise AttributeError(f"module 'jax_aiter' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(list(globals()) + list(_LAZY))
+    return sorted(list(globals()) + list(_LAZY) + list(_SUBMODULES))

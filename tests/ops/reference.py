@@ -104,3 +104,136 @@ def rel_err(got, ref) -> float:
     assert np.all(np.isfinite(got)), "result has NaN or inf"
     floor = 0.1 * np.sqrt(ref.size)
     return float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), floor, 1e-30))
+
+
+# --- attention's features (tests/ops/test_attention_features.py): float64 NumPy, written from the
+# definitions in docs/attention.md with explicit loops over the sequences, independent of
+# jax_aiter/ops/_attn_mask.py and _attn_dropout.py. ---
+
+def window_mask_ref(sq: int, sk: int, causal: bool, window=(-1, -1), q0: int = 0, k0: int = 0,
+                    total_k: int | None = None) -> np.ndarray:
+    """bool [sq, total_k]: query i (of a sequence of sq queries) sees key k0 + j iff j <= i + sk - sq
+    (causal), i + sk - sq - left <= j (left >= 0) and j <= i + sk - sq + right (right >= 0)."""
+    left, right = window
+    if causal:
+        right = 0
+    out = np.zeros((sq, sk if total_k is None else total_k), bool)
+    for i in range(sq):
+        diag = i + sk - sq
+        for j in range(sk):
+            ok = (left < 0 or j >= diag - left) and (right < 0 or j <= diag + right)
+            out[i, k0 + j] = ok
+    return out
+
+
+def window_diag_ref(sq: int, sk: int) -> np.ndarray:
+    return np.arange(sq) + sk - sq
+
+
+def varlen_mask_ref(cu_q, cu_k, causal: bool, window=(-1, -1)):
+    """(bool [total_q, total_k], diag [total_q]) of packed sequences: each sequence alone, bottom-right aligned."""
+    cu_q, cu_k = list(map(int, cu_q)), list(map(int, cu_k))
+    total_q, total_k = cu_q[-1], cu_k[-1]
+    mask = np.zeros((total_q, total_k), bool)
+    diag = np.zeros(total_q, np.int64)
+    for s in range(len(cu_q) - 1):
+        lq, lk = cu_q[s + 1] - cu_q[s], cu_k[s + 1] - cu_k[s]
+        mask[cu_q[s]:cu_q[s + 1]] = window_mask_ref(lq, lk, causal, window, k0=cu_k[s], total_k=total_k)
+        diag[cu_q[s]:cu_q[s + 1]] = cu_k[s] + window_diag_ref(lq, lk)
+    return mask, diag
+
+
+def segment_mask_ref(ids, causal: bool, window=(-1, -1)):
+    """(bool [batch, seq, seq], diag [batch, seq]): each run of equal ids of a row is one sequence."""
+    ids = np.asarray(ids)
+    masks, diags = [], []
+    for row in ids:
+        cu = [0] + [i for i in range(1, len(row)) if row[i] != row[i - 1]] + [len(row)]
+        m, d = varlen_mask_ref(cu, cu, causal, window) if len(row) else (np.zeros((0, 0), bool), np.zeros(0))
+        masks.append(m)
+        diags.append(d)
+    return np.stack(masks), np.stack(diags)
+
+
+def philox4x32_ref(counter, key) -> list[int]:
+    """Philox4x32-10 (Salmon et al., SC'11) of four 32-bit counter words under a two-word key, in Python ints."""
+    m = 0xFFFFFFFF
+    c, (k0, k1) = list(counter), key
+    for r in range(10):
+        if r:
+            k0, k1 = (k0 + 0x9E3779B9) & m, (k1 + 0xBB67AE85) & m
+        p0, p1 = 0xD2511F53 * c[0], 0xCD9E8D57 * c[2]
+        c = [(p1 >> 32) ^ c[1] ^ k0, p1 & m, (p0 >> 32) ^ c[3] ^ k1, p0 & m]
+    return c
+
+
+def dropout_keep_ref(seed, p: float, batch: int, heads: int, sq: int, sk: int) -> np.ndarray:
+    """bool [batch, heads, sq, sk]: element (b, h, i, j) is kept iff word j % 4 of Philox((j // 4, i, h + seed[3],
+    b + seed[2]), (seed[0], seed[1])) is >= floor(float32(p) * 2^32)."""
+    seed = [int(s) for s in seed]
+    thr = int(float(np.float32(p)) * 2.0 ** 32)
+    out = np.zeros((batch, heads, sq, sk), bool)
+    for b in range(batch):
+        for h in range(heads):
+            for i in range(sq):
+                for jb in range(0, sk, 4):
+                    words = philox4x32_ref([jb // 4, i, h + seed[3], b + seed[2]], seed[:2])
+                    for j in range(jb, min(jb + 4, sk)):
+                        out[b, h, i, j] = words[j % 4] >= thr
+    return out
+
+
+def attention_features_ref(q, k, v, do, *, scale: float, mask, diag=None, softcap: float = 0.0, alibi=None,
+                           bias=None, keep=None, dropout_p: float = 0.0):
+    """float64 attention with every feature, and its gradients.
+
+    q [b, sq, hq, d], k [b, sk, hkv, d], v [b, sk, hkv, dv], do [b, sq, hq, dv]; mask bool [1 or b, sq, sk];
+    diag int [1 or b, sq] (ALiBi's origin); alibi [1 or b, hq]; bias [bb, bh, sq, sk] (broadcast); keep bool
+    [b, hq, sq, sk] with dropout_p. The score is s = scale q.k, then softcap * tanh(s / softcap), minus
+    alibi * |diag_i - j|, plus bias; P = softmax over the visible keys (0 for a row that sees none, whose
+    lse is +inf); O = (P * keep / (1 - p)) V. Returns (o, lse [b, hq, sq], (dq, dk, dv, dbias [b, hq, sq, sk]))."""
+    q, k, v, do = (np.asarray(x, np.float64) for x in (q, k, v, do))
+    b, _, hq, d = q.shape
+    sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
+    g = hq // hkv
+    ke, ve = np.repeat(k, g, axis=2), np.repeat(v, g, axis=2)
+    z = np.einsum("bqhd,bkhd->bhqk", q, ke) * scale
+    s = softcap * np.tanh(z / softcap) if softcap else z
+    if alibi is not None:
+        dist = np.abs(np.asarray(diag, np.float64)[:, None, :, None] - np.arange(sk)[None, None, None, :])
+        s = s - np.asarray(alibi, np.float64)[:, :, None, None] * dist
+    if bias is not None:
+        s = s + np.asarray(bias, np.float64)
+    vis = np.broadcast_to(np.asarray(mask, bool)[:, None], s.shape)
+    s = np.where(vis, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    e = np.where(vis, np.exp(s - m), 0.0)
+    den = e.sum(-1, keepdims=True)
+    p = np.where(den > 0, e / np.where(den > 0, den, 1.0), 0.0)
+    lse = np.where(den[..., 0] > 0, np.log(np.where(den[..., 0] > 0, den[..., 0], 1.0)) + m[..., 0], np.inf)
+    drop = np.ones_like(p) if keep is None else np.asarray(keep, np.float64) / (1.0 - dropout_p)
+    pd = p * drop
+    o = np.einsum("bhqk,bkhd->bqhd", pd, ve)
+    dov = np.einsum("bqhd->bhqd", do)
+    dvv = np.einsum("bhqk,bhqd->bkhd", pd, dov)
+    dp = np.einsum("bhqd,bkhd->bhqk", dov, ve) * drop
+    ds = p * (dp - (p * dp).sum(-1, keepdims=True))
+    dz = ds * (1.0 - (np.where(vis, s_soft(z, softcap), 0.0) / softcap) ** 2) if softcap else ds
+    dq = np.einsum("bhqk,bkhd->bqhd", dz, ke) * scale
+    dk = np.einsum("bhqk,bqhd->bkhd", dz, q) * scale
+    dk = dk.reshape(b, sk, hkv, g, d).sum(3)
+    dvv = dvv.reshape(b, sk, hkv, g, dv).sum(3)
+    return o, lse, (dq, dk, dvv, ds)
+
+
+def s_soft(z, softcap: float):
+    return softcap * np.tanh(z / softcap)
+
+
+def sum_to(x: np.ndarray, shape) -> np.ndarray:
+    """x summed over the axes that `shape` broadcasts (the gradient of a broadcast operand)."""
+    lead = x.ndim - len(shape)
+    x = x.sum(axis=tuple(range(lead))) if lead else x
+    axes = tuple(i for i, n in enumerate(shape) if n == 1 and x.shape[i] != 1)
+    return x.sum(axis=axes, keepdims=True) if axes else x
