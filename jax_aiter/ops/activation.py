@@ -26,15 +26,15 @@ def _call(limit, x):
     return _ffi.ffi_call("ja_silu_and_mul", out, x)
 
 
-def _specs(limit, mesh, arg_shapes):
+def _plan(limit, mesh, operands, refine):
     """Rows keep their sharding; the last axis ([gate | up] in, d out) stays whole."""
-    row = _partition.padded_spec(arg_shapes[0])[:-1] + (None,)
-    return [row], [row], {}
+    row = operands[0].spec[:-1] + (None,)
+    return _partition.Plan([row], [row], partial(_call, limit))
 
 
 # The last axis is 2*d in and d out: two factors, neither shardable (a shard would split gate from up).
 # Every leading axis is a row for the kernel, so a vmapped batch folds into the rows (_batching.rowwise).
-_PARTITIONED = _partition.partitioned(_call, "... i -> ... j", _specs, n_static=1, need_replication_factors=("i", "j"))
+_PARTITIONED = _partition.partitioned(_call, "... i -> ... j", _plan, n_static=1, need_replication_factors=("i", "j"))
 
 
 @cache

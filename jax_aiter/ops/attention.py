@@ -19,7 +19,14 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from jax_aiter import _loader
-from jax_aiter.ops import _batching, _checks, _ffi, _partition, _sharding
+from jax_aiter.ops import (
+    _attention_sharding,
+    _batching,
+    _checks,
+    _ffi,
+    _partition,
+    _sharding,
+)
 
 OP = "flash_attn_func"
 # Head dims with compiled instances: the head_dim axis of the mha_fwd/mha_bwd
@@ -91,9 +98,8 @@ def _decode_workspace_shape(batch, seq_q, seq_k, heads_q: int, heads_kv: int, he
     return (batch, blocks_per_batch * splits * 16 * (head_dim + 1))
 
 
-def _fwd_call(causal, scale, heads, q, k, v):
-    """The forward FFI call on whatever shapes it gets: the whole arrays, or one shard of them. `heads`
-    (heads_q, heads_kv of the whole arrays) is for the sharding rule and the partition callback."""
+def _fwd_call(causal, scale, q, k, v):
+    """The forward FFI call on whatever shapes it gets: the whole arrays, or one shard of them."""
     _loader.ensure_registered("mha_fwd")
     batch, seq_q, heads_q, head_dim = q.shape
     ws = _decode_workspace_shape(batch, seq_q, k.shape[1], heads_q, k.shape[2], head_dim)
@@ -103,7 +109,7 @@ def _fwd_call(causal, scale, heads, q, k, v):
     return o, lse
 
 
-def _bwd_call(causal, scale, heads, q, k, v, o, do, lse):
+def _bwd_call(causal, scale, q, k, v, o, do, lse):
     _loader.ensure_registered("mha_bwd")
     outs = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
             jax.ShapeDtypeStruct(v.shape, v.dtype),
@@ -114,62 +120,11 @@ def _bwd_call(causal, scale, heads, q, k, v, o, do, lse):
     return dq, dk, dv
 
 
-# --- sharding (jax_aiter/ops/_partition.py): batch and heads are local, sequences and head_dim are not ---
-
-def _head_split(mesh, heads_entry, heads: tuple[int, int]):
-    """(q heads entry, kv heads entry) the kernel can run with locally, from the proposed q heads entry.
-
-    Heads split contiguously, so a shard of n keeps whole GQA groups when n divides heads_kv (the kv
-    heads split with their query groups); with one kv head (MQA) the query heads split and K/V stay
-    whole; otherwise heads are not split."""
-    heads_q, heads_kv = heads
-    n = _partition.axes_size(mesh, heads_entry)
-    if n > 1 and heads_q % n == 0 and heads_kv % n == 0:
-        return heads_entry, heads_entry
-    if n > 1 and heads_q % n == 0 and heads_kv == 1:
-        return heads_entry, None
-    return None, None
-
-
-def _attn_layout(mesh, q_shape, heads):
-    batch, _, proposed, _ = _partition.padded_spec(q_shape)
-    qh, kvh = _head_split(mesh, proposed, heads)
-    return (batch, None, qh, None), (batch, None, kvh, None), (batch, qh, None), qh != kvh
-
-
-def _fwd_specs(causal, scale, heads, mesh, arg_shapes):
-    q, kv, lse, _ = _attn_layout(mesh, arg_shapes[0], heads)
-    return [q, kv, kv], [q, lse], {}
-
-
-def _bwd_specs(causal, scale, heads, mesh, arg_shapes):
-    """With whole K/V and split query heads (MQA), each shard's dK and dV sum over its query heads only:
-    they are summed over the heads' mesh axes."""
-    q, kv, lse, kv_whole = _attn_layout(mesh, arg_shapes[0], heads)
-    axes = _partition.axis_names(q[2])
-    return [q, kv, kv, q, q, lse], [q, kv, kv], ({1: axes, 2: axes} if kv_whole else {})
-
-
-def _rule(backward: bool):
-    """The Shardy rule: b batch, s/t the query/key sequences, d head_dim (never sharded); query heads are
-    the compound factor (k g) of kv heads k and group g, so they shard with their kv heads."""
-    def rule(causal, scale, heads, mesh, operand_types, result_types):
-        heads_q, heads_kv = heads
-        if heads_kv == 1:
-            h, k, sizes = "h", "k", {}
-        elif heads_q == heads_kv:
-            h, k, sizes = "k", "k", {}
-        else:
-            h, k, sizes = "(k g)", "k", {"g": heads_q // heads_kv}
-        q, kv, lse = f"b s {h} d", f"b t {k} d", f"b {h} s"
-        text = (f"{q}, {kv}, {kv}, {q}, {q}, {lse} -> {q}, {kv}, {kv}" if backward
-                else f"{q}, {kv}, {kv} -> {q}, {lse}")
-        return text, {**sizes, "need_replication_factors": ("s", "d", "t")}  # in factor order (Shardy wants them sorted)
-    return rule
-
-
-_FWD = _partition.partitioned(_fwd_call, _rule(False), _fwd_specs, n_static=3)
-_BWD = _partition.partitioned(_bwd_call, _rule(True), _bwd_specs, n_static=3)
+# Sharding: jax_aiter/ops/_attention_sharding.py (the layout of every operand, and the per-shard body).
+_FWD = _partition.partitioned(_fwd_call, _attention_sharding.rule(False), _attention_sharding.planner(_fwd_call, False),
+                              n_static=2)
+_BWD = _partition.partitioned(_bwd_call, _attention_sharding.rule(True), _attention_sharding.planner(_bwd_call, True),
+                              n_static=2)
 
 
 def _first_order_only(f):
@@ -191,27 +146,28 @@ def _first_order_only(f):
 def _prims(causal: bool, scale: float):
     """The forward and backward FFI calls for one (causal, scale), batched by folding into batch."""
     def fwd(q, k, v):
-        return tuple(_FWD(causal, scale, (q.shape[2], k.shape[2]), q, k, v))
+        return tuple(_FWD(causal, scale, q, k, v))
 
     def bwd(q, k, v, o, do, lse):
-        return tuple(_BWD(causal, scale, (q.shape[2], k.shape[2]), q, k, v, o, do, lse))
+        return tuple(_BWD(causal, scale, q, k, v, o, do, lse))
 
     return _first_order_only(_batching.fold_into_batch(fwd)), _first_order_only(_batching.fold_into_batch(bwd))
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def _flash(q, k, v, causal, scale):
-    return _prims(causal, scale)[0](q, k, v)[0]
+    return _partition.like(_prims(causal, scale)[0](q, k, v)[0], q)
 
 
 def _flash_fwd(q, k, v, causal, scale):
     o, lse = _prims(causal, scale)[0](q, k, v)
-    return o, (q, k, v, o, lse)
+    return _partition.like(o, q), (q, k, v, o, lse)
 
 
 def _flash_bwd(causal, scale, res, do):
     q, k, v, o, lse = res
-    return _prims(causal, scale)[1](q, k, v, o, do.astype(o.dtype), lse)
+    grads = _prims(causal, scale)[1](q, k, v, o, do.astype(o.dtype), lse)
+    return tuple(_partition.like(g, p) for g, p in zip(grads, (q, k, v)))
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -251,9 +207,9 @@ def flash_attn_func(q: ArrayLike, k: ArrayLike, v: ArrayLike, causal: bool = Fal
 
     Works under jit, vmap, grad (a custom VJP calling the mha_bwd kernel), remat, scan,
     jax.shard_map (any mix of sharded and replicated q, k, v) and jax.jit with
-    NamedSharding inputs (batch and heads stay sharded; a sharded sequence or head_dim
-    is gathered first), and jax.export with symbolic batch and sequence sizes
-    (docs/transformations.md).
+    NamedSharding inputs under Auto or Explicit mesh axes (batch, heads and the query
+    sequence stay sharded; K/V's sequence and a sharded head_dim are gathered), and
+    jax.export with symbolic batch and sequence sizes (docs/transformations.md).
 
     Not supported: forward-mode autodiff (jax.jvp, jax.jacfwd, jax.hessian; JAX raises
     "can't apply forward-mode autodiff (jvp) to a custom_vjp function") and

@@ -26,12 +26,12 @@ def _check(op: str, x, weight, eps, residual=None) -> float:
     return _checks.check_eps(op, eps)
 
 
-def _row_specs(n_rows: int):
+def _row_planner(fn, n_rows: int):
     """Rows keep their sharding; the hidden dimension (normalised over) and the weight are whole."""
-    def specs(eps, limit, mesh, arg_shapes):
-        row = _partition.padded_spec(arg_shapes[0])[:-1] + (None,)
-        return [row] * n_rows + [(None,)], [row] * n_rows, {}
-    return specs
+    def plan(eps, limit, mesh, operands, refine):
+        row = operands[0].spec[:-1] + (None,)
+        return _partition.Plan([row] * n_rows + [(None,)], [row] * n_rows, partial(fn, eps, limit))
+    return plan
 
 
 def _plain(eps, limit, x, weight):
@@ -51,9 +51,10 @@ def _with_add(eps, limit, x, residual, weight):
 
 # The hidden dimension h is one factor in x, residual, weight and the results; it must not be sharded
 # (the row's mean of squares would be a partial sum).
-_PLAIN = _partition.partitioned(_plain, "... h, h -> ... h", _row_specs(1), n_static=2,
+_PLAIN = _partition.partitioned(_plain, "... h, h -> ... h", _row_planner(_plain, 1), n_static=2,
                                 need_replication_factors=("h",))
-_WITH_ADD = _partition.partitioned(_with_add, "... h, ... h, h -> ... h, ... h", _row_specs(2), n_static=2,
+_WITH_ADD = _partition.partitioned(_with_add, "... h, ... h, h -> ... h, ... h", _row_planner(_with_add, 2),
+                                   n_static=2,
                                    need_replication_factors=("h",))
 
 

@@ -98,3 +98,25 @@ def assert_equal(got, want, what: str) -> None:
     """Sharded vs single-device values of a per-row kernel: the same rows, so the same bits."""
     np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32),
                                   err_msg=f"{what}: sharded result differs from the single-device result")
+
+
+COLLECTIVES = {"all-gather": "AG", "all-reduce": "AR", "reduce-scatter": "RS", "all-to-all": "A2A",
+               "collective-permute": "CP"}
+_ITEMSIZE = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4,
+             "f64": 8, "s64": 8, "u64": 8}
+_COLLECTIVE_LINE = re.compile(r"^\s*(?:ROOT\s+)?\S+\s*=\s*(.*?)\s+(" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
+
+
+def collectives(compiled_text: str) -> dict[str, tuple[int, int]]:
+    """{kind: (count, bytes)} of the collectives in compiled HLO text: each instruction once (one inside a loop
+    body counts once), bytes the size of its result(s) on one device (a tuple all-reduce counts every operand)."""
+    out: dict[str, tuple[int, int]] = {}
+    for line in compiled_text.splitlines():
+        m = _COLLECTIVE_LINE.match(line)
+        if not m:
+            continue
+        size = sum(math.prod(int(d) for d in dims.split(",") if d) * _ITEMSIZE[dt]
+                   for dt, dims in re.findall(r"\b([a-z]+[0-9]*)\[([0-9,]*)\]", m.group(1)) if dt in _ITEMSIZE)
+        count, nbytes = out.get(m.group(2), (0, 0))
+        out[m.group(2)] = (count + 1, nbytes + size)
+    return out

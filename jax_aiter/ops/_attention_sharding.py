@@ -1,0 +1,315 @@
+"""How flash attention's FFI calls split over a device mesh: the planners and Shardy rules (_partition.py).
+
+Every operand and result of ja_mha_fwd / ja_mha_bwd is named, and each of its
+dimensions has a *role*:
+
+    b   batch             sq  query sequence      sk  key sequence
+    hq  query heads       hk  kv heads            d   head_dim of q, k     e  head_dim of v, o
+
+The rule for an operand follows from its roles (ROLES), so an operand added to the
+calls needs a line there and nothing else, unless the kernel must know where its
+shard sits (below):
+
+- a dimension whose size is the role's full size (q's batch, q's heads ...) is
+  sharded as that role is; one of another size (1: broadcast, as rows [1,3,sq] or
+  alibi [1,hq]) and every dimension of an absent operand (shape (0,)) stay
+  replicated, as does every dimension without a role (rows' 3, the seed's 4);
+- so an operand whose leading dim is the batch shards with the batch; one of batch
+  size 1 or 0 is replicated.
+
+To add an operand (attention-api): insert its name where it sits in the FFI call's
+operand list (FWD_OPERANDS / BWD_OPERANDS; results: FWD_RESULTS / BWD_RESULTS) and
+its roles in ROLES. Values that depend on the shard's position must be made local
+in `_localise` (called on every shard with the shard's arrays): dropout's seed
+words (batch offset += shard_index(batch) * local batch, head offset likewise for
+the query heads), and the backward's cols [rb,2,sk] (query-row indices: minus the
+shard's first row when the query sequence is split). Row-wise values (rows
+[rb,3,sq]: key indices per query row) are global already and need nothing.
+
+The layout, from q's proposed sharding (`_layout`):
+
+- batch: kept sharded, for every operand with a full batch dimension.
+- query heads split n ways (heads_q % n == 0; otherwise the heads are gathered):
+  * n divides heads_kv: kv heads split with their query groups;
+  * n is a multiple of heads_kv (MQA included): a shard's query heads all read one
+    kv head. Auto axes: the devices are split into kv groups (a sub-axis where one
+    mesh axis holds both), K/V split over the kv part, and dK/dV summed over each
+    group: the all-reduce of one kv head's gradient plain JAX does. Explicit axes
+    (no sub-axes there): K/V whole on every shard, each takes its kv head, and
+    dK/dV are summed over all the heads' devices;
+  * otherwise: K/V whole, each shard takes the kv head of each query head it holds
+    and runs them as multi-head attention; dK/dV summed over the heads' devices.
+- query sequence split (context parallelism): kept split; K/V are gathered along
+  their sequence, q never is. Each shard attends its rows to every key, and dK/dV
+  are summed over the sequence's devices. With a causal mask the shard's rows sit at
+  an offset the kernel's bottom-right aligned mask does not know: the keys are taken
+  in blocks of the shard's row count, blocks left of the shard's diagonal fully,
+  the diagonal block causally, the rest not at all, merged by their log-sum-exp (and
+  the backward per block with the merged lse, as ring attention does). That needs
+  seq_k - seq_q to be a multiple of the block; otherwise the query sequence is
+  gathered too (docs/transformations.md lists the cost).
+- key sequence and head dims: gathered (a query's softmax needs every key).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+from jax.interpreters import mlir
+
+from jax_aiter.ops import _partition, _sharding
+from jax_aiter.ops._partition import (
+    Entry,
+    Operand,
+    Plan,
+    axes_size,
+    axis_names,
+    entry_of,
+    shard_index,
+)
+
+FWD_OPERANDS = ("q", "k", "v")
+FWD_RESULTS = ("o", "lse")
+BWD_OPERANDS = ("q", "k", "v", "o", "do", "lse")
+BWD_RESULTS = ("dq", "dk", "dv")
+
+ROLES: dict[str, tuple] = {
+    "q": ("b", "sq", "hq", "d"), "dq": ("b", "sq", "hq", "d"),
+    "k": ("b", "sk", "hk", "d"), "dk": ("b", "sk", "hk", "d"),
+    "v": ("b", "sk", "hk", "e"), "dv": ("b", "sk", "hk", "e"),
+    "o": ("b", "sq", "hq", "e"), "do": ("b", "sq", "hq", "e"),
+    "lse": ("b", "hq", "sq"),
+}
+# Shardy factor of each role; the roles never sharded (need_replication) are gathered before the kernel.
+_FACTORS = {"b": "b", "sq": "s", "sk": "t", "hq": "h", "hk": "k", "d": "d", "e": "e"}
+_REPLICATED = ("sk", "d", "e")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One call's split: the entry of each shardable role, and what the body does about the heads and the
+    sequence. kv_pick: None (K/V heads as given), "one" (take the one kv head of this shard's query heads)
+    or "each" (take the kv head of every query head); kv_sum: the axes dK/dV are partial sums over;
+    blockwise: causal with the query sequence split (per key block)."""
+    entries: dict
+    sizes: dict
+    kv_pick: str | None
+    kv_sum: tuple[str, ...]
+    blockwise: bool
+
+    def spec(self, name: str, shape: Sequence[int]) -> tuple:
+        roles = ROLES[name]
+        if len(shape) != len(roles):  # an absent operand, shape (0,)
+            return (None,) * len(shape)
+        return tuple(self.entries.get(r) if r is not None and n == self.sizes.get(r) else None
+                     for r, n in zip(roles, shape))
+
+
+def _heads(mesh, entry: Entry, heads_q: int, heads_kv: int, refine: bool):
+    """(mesh, query heads entry, kv heads entry, kv_pick, axes of the kv groups) for q's heads entry."""
+    n = axes_size(mesh, entry)
+    if n == 1 or heads_q % n:
+        return mesh, None, None, None, ()
+    if heads_kv % n == 0:
+        return mesh, entry, entry, None, ()
+    if n % heads_kv == 0:
+        split = _partition.split_entry(mesh, entry, heads_kv, refine)
+        if split is not None:
+            mesh, outer, inner = split
+            return mesh, entry_of(axis_names(outer) + axis_names(inner)), outer, None, axis_names(inner)
+        return mesh, entry, None, "one", axis_names(entry)
+    return mesh, entry, None, "each", axis_names(entry)
+
+
+def _layout(causal: bool, mesh, operands: dict[str, Operand], refine: bool):
+    q, k = operands["q"], operands["k"]
+    batch, seq_q, heads_q, _ = q.shape
+    seq_k, heads_kv = k.shape[1], k.shape[2]
+    b_entry, s_entry, h_entry, _ = q.spec
+    mesh, qh, kvh, pick, groups = _heads(mesh, h_entry, heads_q, heads_kv, refine)
+    ns = axes_size(mesh, s_entry)
+    blockwise = False
+    if ns > 1 and causal:
+        rows = seq_q // ns
+        blockwise = seq_k >= seq_q and (seq_k - seq_q) % rows == 0
+        if not blockwise:
+            s_entry, ns = None, 1
+    if ns == 1:
+        s_entry = None
+    entries = {"b": b_entry, "sq": s_entry, "hq": qh, "hk": kvh}
+    sizes = {"b": batch, "sq": seq_q, "hq": heads_q, "sk": seq_k, "hk": heads_kv}
+    return mesh, Layout(entries, sizes, pick, groups + axis_names(s_entry), blockwise)
+
+
+def _localise(layout: Layout, arrays: dict) -> dict:
+    """The shard's operands as the kernel takes them: K/V's kv heads for this shard's query heads."""
+    if layout.kv_pick is None:
+        return arrays
+    heads = _kv_index(layout, arrays["q"].shape[2])
+    out = dict(arrays)
+    for name in ("k", "v"):
+        x = arrays[name]
+        out[name] = (jax.lax.dynamic_slice_in_dim(x, heads[0], 1, axis=2) if layout.kv_pick == "one"
+                     else jnp.take(x, heads, axis=2))
+    return out
+
+
+def _kv_index(layout: Layout, local_heads_q: int):
+    """The kv head each of this shard's query heads reads (global index)."""
+    group = layout.sizes["hq"] // layout.sizes["hk"]
+    first = shard_index(layout.entries["hq"]) * local_heads_q
+    return (first + jnp.arange(local_heads_q)) // group
+
+
+def _put_kv(layout: Layout, grad, like, local_heads_q: int):
+    """dK or dV of the kv heads this shard took, scattered into zeros of the whole K/V (each shard then
+    holds a partial sum over the query heads reading each kv head)."""
+    if layout.kv_pick is None:
+        return grad
+    heads = _kv_index(layout, local_heads_q)
+    zeros = jnp.zeros(like.shape, grad.dtype)
+    if layout.kv_pick == "one":
+        return jax.lax.dynamic_update_slice_in_dim(zeros, grad, heads[0], axis=2)
+    return zeros.at[:, :, heads].add(grad)
+
+
+def _blocks(layout: Layout, x, rows: int):
+    """K or V of a causal split query sequence in key blocks of the shard's `rows` ([nb, b, rows, h, d]), and
+    the index of this shard's diagonal block."""
+    nb = x.shape[1] // rows
+    diag = (layout.sizes["sk"] - layout.sizes["sq"]) // rows + shard_index(layout.entries["sq"])
+    return x.reshape(x.shape[0], nb, rows, *x.shape[2:]).swapaxes(0, 1), diag
+
+
+def _kind(j, diag):
+    """0: the block is left of the diagonal (every row sees it), 1: the diagonal block (causal), 2: right of it."""
+    return jnp.where(j < diag, 0, jnp.where(j == diag, 1, 2))
+
+
+def _blockwise_fwd(fwd_call: Callable, scale: float, layout: Layout, q, k, v):
+    b, rows, h, _ = q.shape
+    (kb, diag), (vb, _) = _blocks(layout, k, rows), _blocks(layout, v, rows)
+    o_shape = q.shape[:3] + v.shape[3:]
+
+    def step(carry, xs):
+        acc, lse = carry
+        j, kj, vj = xs
+        o_j, lse_j = jax.lax.switch(_kind(j, diag), [
+            lambda: tuple(fwd_call(False, scale, q, kj, vj)),
+            lambda: tuple(fwd_call(True, scale, q, kj, vj)),
+            lambda: _sharding.vary_like(q, kj, vj, jnp.zeros(o_shape, q.dtype),
+                                        jnp.full((b, h, rows), -jnp.inf, jnp.float32))[3:],
+        ])
+        new = jnp.logaddexp(lse, lse_j)
+        safe = jnp.where(jnp.isfinite(new), new, 0.0)
+
+        def weight(x):  # [b, h, rows] -> [b, rows, h, 1]
+            return jnp.exp(x - safe).transpose(0, 2, 1)[..., None]
+        return (acc * weight(lse) + o_j.astype(jnp.float32) * weight(lse_j), new), None
+
+    init = _sharding.vary_like(q, k, v, jnp.zeros(o_shape, jnp.float32),
+                               jnp.full((b, h, rows), -jnp.inf, jnp.float32))[3:]
+    (acc, lse), _ = jax.lax.scan(step, init, (jnp.arange(kb.shape[0]), kb, vb))
+    return acc.astype(q.dtype), lse
+
+
+def _blockwise_bwd(bwd_call: Callable, scale: float, layout: Layout, q, k, v, o, do, lse):
+    rows = q.shape[1]
+    (kb, diag), (vb, _) = _blocks(layout, k, rows), _blocks(layout, v, rows)
+
+    def step(dq, xs):
+        j, kj, vj = xs
+        dq_j, dk_j, dv_j = jax.lax.switch(_kind(j, diag), [
+            lambda: tuple(bwd_call(False, scale, q, kj, vj, o, do, lse)),
+            lambda: tuple(bwd_call(True, scale, q, kj, vj, o, do, lse)),
+            lambda: _sharding.vary_like(q, kj, vj, o, do, lse, jnp.zeros(q.shape, q.dtype), jnp.zeros(kj.shape, kj.dtype),
+                                        jnp.zeros(vj.shape, vj.dtype))[6:],
+        ])
+        return dq + dq_j.astype(jnp.float32), (dk_j, dv_j)
+
+    init = _sharding.vary_like(q, k, v, o, do, lse, jnp.zeros(q.shape, jnp.float32))[6]
+    dq, (dkb, dvb) = jax.lax.scan(step, init, (jnp.arange(kb.shape[0]), kb, vb))
+
+    def unblock(x):  # [nb, b, rows, h, d] -> [b, nb * rows, h, d]
+        return x.swapaxes(0, 1).reshape(x.shape[1], -1, *x.shape[3:])
+    return dq.astype(q.dtype), unblock(dkb), unblock(dvb)
+
+
+def planner(call: Callable, backward: bool) -> Callable[..., Plan]:
+    """The planner (_partition.Planner) of the forward or backward FFI call `call(causal, scale, *operands)`."""
+    names, results = (BWD_OPERANDS, BWD_RESULTS) if backward else (FWD_OPERANDS, FWD_RESULTS)
+
+    def plan(causal: bool, scale: float, mesh, operands: list[Operand], refine: bool) -> Plan:
+        ops = dict(zip(names, operands))
+        mesh, layout = _layout(causal, mesh, ops, refine)
+        arg_specs = [layout.spec(n, ops[n].shape) for n in names]
+        shapes = _result_shapes(ops, backward)
+        out_specs = [layout.spec(n, shapes[n]) for n in results]
+
+        def body(*arrays):
+            given = dict(zip(names, arrays))
+            a = _localise(layout, given)
+            args = [a[n] for n in names]
+            if not backward:
+                if layout.blockwise:
+                    return _blockwise_fwd(call, scale, layout, *args)
+                return tuple(call(causal, scale, *args))
+            if layout.blockwise:
+                dq, dk, dv = _blockwise_bwd(call, scale, layout, *args)
+            else:
+                dq, dk, dv = call(causal, scale, *args)
+            heads = given["q"].shape[2]
+            dk, dv = _put_kv(layout, dk, given["k"], heads), _put_kv(layout, dv, given["v"], heads)
+            if layout.kv_sum:
+                dk, dv = jax.lax.psum((dk, dv), layout.kv_sum)
+            return dq, dk, dv
+
+        return Plan(arg_specs, out_specs, body, mesh)
+    return plan
+
+
+def _result_shapes(ops: dict[str, Operand], backward: bool) -> dict[str, tuple]:
+    q, k, v = ops["q"].shape, ops["k"].shape, ops["v"].shape
+    if backward:
+        return {"dq": q, "dk": k, "dv": v}
+    return {"o": q[:3] + v[3:], "lse": (q[0], q[2], q[1])}
+
+
+def rule(backward: bool) -> Callable:
+    """The Shardy rule of the forward or backward call, from the operands' shapes: every dimension's factor
+    is its role's (ROLES), or a factor of its own where its size is not the role's full size; the key
+    sequence and head dims need replication (they are gathered), as every dimension without a role. A
+    result's such dimension has a factor of its own: the kernel makes it whole, so it takes no sharding from
+    an operand (dK of a sequence-split K leaves replicated, as plain JAX's does)."""
+    names, results = (BWD_OPERANDS, BWD_RESULTS) if backward else (FWD_OPERANDS, FWD_RESULTS)
+
+    def make(causal, scale, mesh, operand_types, result_types):
+        shapes = [tuple(mlir.ir.RankedTensorType(t).shape) for t in operand_types]
+        out_shapes = [tuple(mlir.ir.RankedTensorType(t).shape) for t in result_types]
+        q, k = shapes[0], shapes[1]
+        sizes = {"b": q[0], "sq": q[1], "hq": q[2], "d": q[3], "sk": k[1], "hk": k[2], "e": shapes[2][3]}
+        order: list[str] = []
+        replicated: set[str] = set()
+
+        def factors(name: str, shape: tuple, result: bool = False) -> str:
+            roles = ROLES[name] if len(ROLES[name]) == len(shape) else (None,) * len(shape)
+            out = []
+            for r, n in zip(roles, shape):
+                if r is not None and n == sizes[r] and not (result and r in _REPLICATED):
+                    f = _FACTORS[r]
+                    if r in _REPLICATED:
+                        replicated.add(f)
+                else:
+                    f = f"x{len(order)}"
+                    replicated.add(f)
+                if f not in order:
+                    order.append(f)
+                out.append(f)
+            return " ".join(out)
+
+        text = ", ".join(factors(n, s) for n, s in zip(names, shapes)) + " -> " + \
+            ", ".join(factors(n, s, True) for n, s in zip(results, out_shapes))
+        return text, {"need_replication_factors": tuple(f for f in order if f in replicated)}
+    return make

@@ -1,0 +1,333 @@
+"""Sharding parity with plain JAX: every pattern, in one list (CASES), measured the same way everywhere.
+
+Each Case is a small program written twice, with jax_aiter's ops and in plain JAX
+(jax.nn.dot_product_attention, jax.numpy norms), placed on a 4-device mesh by a
+pattern (batch, heads, GQA splits, MQA, sequence, hidden, FSDP). Each runs forward and
+grad (of a fixed random projection of every output), under three modes:
+
+- ``auto``: Auto mesh axes, NamedSharding inputs, plain ``jax.jit``;
+- ``explicit``: Explicit mesh axes (``jax.make_mesh``'s default) inside ``jax.set_mesh``;
+- ``shard_map``: the program's per-shard form inside ``jax.shard_map`` (where a pattern
+  has one the same for both: the user's code, with the op swapped).
+
+`measure` compiles a program and reads its collectives (count and bytes per kind, from
+the compiled HLO text), its output shardings and values. test_sharding_parity.py asserts
+ours <= plain per kind, equal output shardings and close values, and that the table in
+docs/transformations.md is what it measures; `python tests/multigpu/_parity.py --write`
+rewrites that table (on 4 CPU devices, which it forces).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+if __name__ == "__main__" and "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    os.environ.setdefault("JA_KERNEL_MIN_BYTES", "0")
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _mesh_cases import COLLECTIVES, collectives
+
+import jax_aiter
+
+MODES = ("auto", "explicit", "shard_map")
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "transformations.md"
+TABLE_START, TABLE_END = "<!-- sharding-parity:start -->", "<!-- sharding-parity:end -->"
+EPS = 1e-6
+
+
+# --- the ops, ours and plain JAX's ----------------------------------------------------------------------
+
+def plain_attention(q, k, v, causal: bool):
+    """jax.nn.dot_product_attention with flash_attn_func's mask: causal aligned to the bottom-right corner."""
+    sq, sk = q.shape[1], k.shape[1]
+    if causal and sq != sk:
+        mask = jnp.arange(sk)[None, :] <= jnp.arange(sq)[:, None] + (sk - sq)
+        return jax.nn.dot_product_attention(q, k, v, mask=mask)
+    return jax.nn.dot_product_attention(q, k, v, is_causal=causal)
+
+
+def plain_rms_norm(x, w, eps=EPS):
+    """RMSNorm as a Flax user writes it: float32 inside, the activation's dtype out."""
+    xf = x.astype(jnp.float32)
+    return (xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps) * w.astype(jnp.float32)).astype(x.dtype)
+
+
+def plain_rms_norm_with_add(x, residual, w, eps=EPS):
+    summed = (x.astype(jnp.float32) + residual.astype(jnp.float32)).astype(x.dtype)
+    return plain_rms_norm(summed, w, eps), summed
+
+
+def plain_silu_and_mul(x):
+    gate, up = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    return (jax.nn.silu(gate) * up).astype(x.dtype)
+
+
+@dataclass(frozen=True)
+class Ops:
+    """The ops a program is written with: ours or plain JAX's, so the two programs differ only in them."""
+    attention: Callable
+    rms_norm: Callable
+    rms_norm_with_add: Callable
+    silu_and_mul: Callable
+
+
+OURS = Ops(lambda q, k, v, causal: jax_aiter.flash_attn_func(q, k, v, causal=causal), jax_aiter.rms_norm,
+           jax_aiter.rms_norm_with_add, jax_aiter.silu_and_mul)
+PLAIN = Ops(plain_attention, plain_rms_norm, plain_rms_norm_with_add, plain_silu_and_mul)
+
+
+# --- cases -----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Case:
+    """One pattern. `program(ops)`: the program on whole arrays; `local(ops)`: its per-shard form for shard_map,
+    or a string saying why there is none; `exceeds`: the (mode, "forward"/"grad") where ours has more
+    collectives than plain JAX; `shardings_differ`: those where an output's sharding differs from plain JAX's
+    (the docs say how)."""
+    name: str
+    what: str
+    axes: tuple[str, ...]
+    mesh_shape: tuple[int, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    specs: tuple[P, ...]
+    program: Callable[[Ops], Callable]
+    local: Callable[[Ops], Callable] | str
+    out_specs: object = None  # shard_map's out_specs (default: the first input's spec)
+    exceeds: frozenset = field(default_factory=frozenset)
+    shardings_differ: frozenset = field(default_factory=frozenset)
+
+    @property
+    def devices(self) -> int:
+        return math.prod(self.mesh_shape)
+
+
+def _attn_case(name, what, axes, mesh_shape, hq, hk, specs, causal, local=None, seq_k=32, exceeds=frozenset(),
+               shardings_differ=frozenset()):
+    b, seq_q, d = 4, 32, 64
+    shapes = ((b, seq_q, hq, d), (b, seq_k, hk, d), (b, seq_k, hk, d))
+
+    def program(ops):
+        return lambda q, k, v: ops.attention(q, k, v, causal)
+    return Case(name, what, axes, mesh_shape, shapes, specs, program, program if local is None else local,
+                exceeds=exceeds, shardings_differ=shardings_differ)
+
+
+def _kv_head_of_shard(axis, group_shards, causal):
+    """Per shard: K/V are whole, this shard's query heads read kv head shard // group_shards."""
+    def local(ops):
+        def run(q, k, v):
+            h = jax.lax.axis_index(axis) // group_shards
+            k, v = (jax.lax.dynamic_slice_in_dim(x, h, 1, axis=2) for x in (k, v))
+            return ops.attention(q, k, v, causal)
+        return run
+    return local
+
+
+def _kv_heads_of_queries(axis, group, causal):
+    """Per shard: K/V are whole, each query head takes its own kv head (a shard's heads span kv groups)."""
+    def local(ops):
+        def run(q, k, v):
+            heads = (jax.lax.axis_index(axis) * q.shape[2] + jnp.arange(q.shape[2])) // group
+            return ops.attention(q, jnp.take(k, heads, axis=2), jnp.take(v, heads, axis=2), causal)
+        return run
+    return local
+
+
+def _gathered_kv(axis, causal):
+    """Per shard: the keys and values of the whole sequence (all-gathered), this shard's queries."""
+    def local(ops):
+        def run(q, k, v):
+            k, v = (jax.lax.all_gather(x, axis, axis=1, tiled=True) for x in (k, v))
+            return ops.attention(q, k, v, causal)
+        return run
+    return local
+
+
+HEADS, SEQ = P(None, None, "model"), P(None, "model")
+LOCAL_CAUSAL = "flash_attn_func's causal mask is aligned to the shard's own rows"
+CASES: list[Case] = [
+    _attn_case("attn-batch", "attention, batch split 4 ways", ("data",), (4,), 8, 8, (P("data"),) * 3, True),
+    _attn_case("attn-heads", "attention (MHA 8/8), heads split 4 ways", ("model",), (4,), 8, 8, (HEADS,) * 3, False),
+    _attn_case("attn-gqa-kv-split", "GQA 8/4, heads split 4 ways (divides heads_kv: K/V split too)", ("model",), (4,),
+               8, 4, (HEADS,) * 3, True),
+    _attn_case("attn-gqa-kv-whole", "GQA 8/2, heads split 4 ways (does not divide heads_kv), K/V replicated",
+               ("model",), (4,), 8, 2, (HEADS, P(), P()), True, local=_kv_head_of_shard("model", 2, True)),
+    _attn_case("attn-gqa-uneven", "GQA 12/3, heads split 4 ways (a shard's heads span two kv heads), K/V replicated",
+               ("model",), (4,), 12, 3, (HEADS, P(), P()), True, local=_kv_heads_of_queries("model", 4, True),
+               exceeds=frozenset({("auto", "grad")}), shardings_differ=frozenset({("auto", "forward"), ("auto", "grad")})),
+    _attn_case("attn-mqa", "MQA 8/1, heads split 4 ways, K/V replicated", ("model",), (4,), 8, 1, (HEADS, P(), P()),
+               True),
+    _attn_case("attn-batch-heads", "GQA 8/2, batch 2 ways x heads 2 ways", ("data", "model"), (2, 2), 8, 2,
+               (P("data", None, "model"),) * 3, True),
+    _attn_case("attn-seq", "attention, sequence split 4 ways (context parallel), no mask", ("model",), (4,), 8, 8,
+               (SEQ,) * 3, False, local=_gathered_kv("model", False), shardings_differ=frozenset({("auto", "grad")})),
+    _attn_case("attn-seq-causal", "attention, sequence split 4 ways, causal", ("model",), (4,), 8, 8, (SEQ,) * 3, True,
+               local=LOCAL_CAUSAL, shardings_differ=frozenset({("auto", "grad")})),
+    _attn_case("attn-seq-causal-offset", "causal, seq_q 32 split 4 ways, seq_k 36 (not a multiple of the 8 rows)",
+               ("model",), (4,), 8, 8, (SEQ, P(), P()), True, seq_k=36, local=LOCAL_CAUSAL,
+               exceeds=frozenset({("auto", "forward"), ("auto", "grad"), ("explicit", "forward"),
+                                  ("explicit", "grad")})),
+]
+BY_NAME = {c.name: c for c in CASES}
+
+
+# --- measuring ---------------------------------------------------------------------------------------
+
+@dataclass
+class Measured:
+    """One compiled program: collectives {kind: (count, bytes)}, output shardings and values; or why it failed."""
+    collectives: dict = field(default_factory=dict)
+    shardings: list = field(default_factory=list)
+    values: list = field(default_factory=list)
+    error: str | None = None
+
+
+def _mesh(case: Case, mode: str) -> jax.sharding.Mesh:
+    kind = AxisType.Auto if mode == "auto" else AxisType.Explicit
+    return jax.make_mesh(case.mesh_shape, case.axes, devices=jax.devices()[:case.devices],
+                         axis_types=(kind,) * len(case.axes))
+
+
+def inputs(case: Case) -> list[jax.Array]:
+    return [jax.random.normal(jax.random.key(i), s, jnp.float32) for i, s in enumerate(case.shapes)]
+
+
+def _cotangents(fn, args) -> list[jax.Array]:
+    outs = jax.eval_shape(fn, *args)
+    return [jax.random.normal(jax.random.key(100 + i), o.shape, jnp.float32) for i, o in enumerate(jax.tree.leaves(outs))]
+
+
+def _with_grad(fn, cts):
+    def loss(*a):
+        return sum(jnp.sum(o.astype(jnp.float32) * c) for o, c in zip(jax.tree.leaves(fn(*a)), cts))
+    return lambda *a: jax.grad(loss, argnums=tuple(range(len(a))))(*a)
+
+
+def program(case: Case, impl: str, mode: str, mesh) -> Callable | None:
+    """The program of `impl` ("ours"/"plain") under `mode`, or None (no shard_map form)."""
+    ops = OURS if impl == "ours" else PLAIN
+    if mode != "shard_map":
+        return case.program(ops)
+    if isinstance(case.local, str):
+        return None
+    out_specs = case.out_specs if case.out_specs is not None else case.specs[0]
+    return jax.shard_map(case.local(ops), mesh=mesh, in_specs=case.specs, out_specs=out_specs)
+
+
+def measure(case: Case, impl: str, mode: str, grad: bool) -> Measured | None:
+    """Compile and run one program; None where the mode has no form of it."""
+    mesh = _mesh(case, mode)
+    fn = program(case, impl, mode, mesh)
+    if fn is None:
+        return None
+    args = inputs(case)
+    if grad:
+        fn = _with_grad(fn, _cotangents(case.program(PLAIN), args))
+    placed = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(args, case.specs)]
+    ctx = jax.set_mesh(mesh) if mode == "explicit" else contextlib.nullcontext()
+    try:
+        with ctx:
+            compiled = jax.jit(fn).lower(*placed).compile()
+            out = jax.tree.leaves(compiled(*placed))
+    except Exception as e:  # plain JAX refuses some patterns under Explicit axes (ShardingTypeError)
+        if impl == "ours":
+            raise
+        return Measured(error=type(e).__name__)
+    return Measured(collectives(compiled.as_text()), [o.sharding for o in out], out)
+
+
+@functools.cache
+def reference(case: Case, grad: bool) -> list[jax.Array]:
+    """Plain JAX on one device: what every sharded program's values are compared with (once per case)."""
+    args = inputs(case)
+    fn = case.program(PLAIN)
+    fn = _with_grad(fn, _cotangents(fn, args)) if grad else fn
+    return jax.tree.leaves(jax.jit(fn)(*args))
+
+
+# --- the docs table ----------------------------------------------------------------------------------
+
+def cell(m: Measured | None) -> str:
+    if m is None:
+        return "n/a"
+    if m.error:
+        return f"fails ({m.error})"
+    if not m.collectives:
+        return "none"
+    return ", ".join(f"{n} {COLLECTIVES[k]} {_size(b)}" for k, (n, b) in sorted(m.collectives.items()))
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes // 1024} KiB" if nbytes % 1024 == 0 else f"{nbytes} B"
+
+
+def row(case: Case, mode: str, results: dict) -> str:
+    """results[(impl, "forward"|"grad")] -> Measured."""
+    cells = [cell(results[(impl, what)]) for what in ("forward", "grad") for impl in ("ours", "plain")]
+    return f"| `{case.name}` | {mode} | " + " | ".join(cells) + " |"
+
+
+HEADER = ("| pattern | mode | forward: ours | forward: plain JAX | grad: ours | grad: plain JAX |\n"
+          "|---|---|---|---|---|---|")
+
+
+def documented_rows() -> dict[tuple[str, str], str]:
+    """The table in docs/transformations.md: {(pattern, mode): row}."""
+    text = DOCS.read_text()
+    if TABLE_START not in text:
+        return {}
+    body = text.split(TABLE_START, 1)[1].split(TABLE_END, 1)[0]
+    rows = {}
+    for line in body.splitlines():
+        parts = [p.strip() for p in line.strip().strip("|").split("|")]
+        if len(parts) == 6 and parts[0].startswith("`"):
+            rows[(parts[0].strip("`"), parts[1])] = line.strip()
+    return rows
+
+
+def table() -> str:
+    lines = [HEADER]
+    for case in CASES:
+        for mode in MODES:
+            results = {(impl, what): measure(case, impl, mode, what == "grad")
+                       for impl in ("ours", "plain") for what in ("forward", "grad")}
+            lines.append(row(case, mode, results))
+    return "\n".join(lines)
+
+
+def describe() -> str:
+    return "\n".join(f"- `{c.name}`: {c.what}; mesh {dict(zip(c.axes, c.mesh_shape))}, inputs "
+                     + ", ".join(f"{list(s)} {_spec(p)}" for s, p in zip(c.shapes, c.specs))
+                     + ("" if not isinstance(c.local, str) else f"; no shard_map form: {c.local}")
+                     for c in CASES)
+
+
+def _spec(p: P) -> str:
+    return "P(" + ", ".join(repr(e) for e in p) + ")"
+
+
+def write_docs() -> None:
+    text = DOCS.read_text()
+    head, rest = text.split(TABLE_START, 1)
+    _, tail = rest.split(TABLE_END, 1)
+    DOCS.write_text(f"{head}{TABLE_START}\n{table()}\n\nThe patterns (float32):\n\n{describe()}\n{TABLE_END}{tail}")
+
+
+if __name__ == "__main__":
+    if "--write" in sys.argv:
+        write_docs()
+    else:
+        print(table())

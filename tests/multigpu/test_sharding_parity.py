@@ -1,0 +1,56 @@
+"""The ops shard as plain JAX does: every pattern of _parity.CASES x {forward, grad} x {Auto + NamedSharding,
+Explicit + jax.set_mesh, shard_map}, compiled by XLA and read from the HLO.
+
+For each, against the same program written in plain JAX (jax.nn.dot_product_attention, jax.numpy norms):
+no kind of collective more often or with more bytes (except where the case declares it, which must then
+really exceed: the docs list those with their cost), the same output shardings (except where the case
+declares they differ: the docs say how), close values; plain JAX may
+refuse a pattern (ShardingTypeError under Explicit axes), ours may not. The row of docs/transformations.md's
+sharding table for the pattern and mode must be what is measured here
+(`python tests/multigpu/_parity.py --write` rewrites it).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _parity import CASES, MODES, Case, documented_rows, measure, reference, row
+
+params = [pytest.param(case, mode, id=f"{case.name}-{mode}", marks=pytest.mark.multigpu(devices=case.devices))
+          for case in CASES for mode in MODES]
+
+
+def _close(got, want, what: str) -> None:
+    want = np.asarray(want, np.float32)
+    np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=2e-5, atol=2e-5 * max(1.0, np.abs(want).max()),
+                               err_msg=f"{what}: differs from plain JAX on one device")
+
+
+@pytest.mark.parametrize("case,mode", params)
+def test_sharding_matches_plain_jax(case: Case, mode: str):
+    results = {}
+    for what in ("forward", "grad"):
+        ours, plain = (measure(case, impl, mode, what == "grad") for impl in ("ours", "plain"))
+        results[("ours", what)], results[("plain", what)] = ours, plain
+        if ours is None:
+            continue
+        label = f"{case.name} {mode} {what}"
+        for i, (got, want) in enumerate(zip(ours.values, reference(case, what == "grad"))):
+            _close(got, want, f"{label} output {i}")
+        if plain.error:
+            continue
+        more = {k: (n, b, *plain.collectives.get(k, (0, 0))) for k, (n, b) in ours.collectives.items()
+                if n > plain.collectives.get(k, (0, 0))[0] or b > plain.collectives.get(k, (0, 0))[1]}
+        if (mode, what) in case.exceeds:
+            assert more, f"{label}: declared to exceed plain JAX, but it does not (update the case and the docs)"
+        else:
+            assert not more, (f"{label}: more collectives than plain JAX ({{kind: (ours count, bytes, plain count, "
+                              f"bytes)}}): {more}")
+        differ = [(i, o.spec, p.spec) for i, (o, p) in enumerate(zip(ours.shardings, plain.shardings))
+                  if not o.is_equivalent_to(p, len(ours.values[i].shape))]
+        if (mode, what) in case.shardings_differ:
+            assert differ, f"{label}: declared to differ from plain JAX's output shardings, but it does not"
+        else:
+            assert not differ, f"{label}: output shardings (index, ours, plain JAX's) differ: {differ}"
+    documented, measured = documented_rows().get((case.name, mode)), row(case, mode, results)
+    assert documented == measured, (f"docs/transformations.md's sharding table row is stale:\n  docs: {documented}\n"
+                                    f"  measured: {measured}\nrewrite it with `python tests/multigpu/_parity.py --write`")
