@@ -1,4 +1,4 @@
-"""The seven tooling benchmarks, one function each, registered in BENCHMARKS (at the end) in the issue's order.
+"""The tooling benchmarks, one function each, registered in BENCHMARKS (at the end) in the issues' order.
 
 Each times our code path against the reference's command (the anchor) on the
 same data and returns a harness.Result; docs/benchmarks.md has the table.
@@ -442,6 +442,26 @@ def bench_validate(ctx: Context) -> Result:
                     extra={"wheelhouse": str(wh), "uv": uv})
 
 
+IMPORT_LIMIT_S = 0.010
+
+
+def bench_import(ctx: Context) -> Result:
+    """import: a fresh `python -c "import jax_aiter"` against a fresh `python -c "pass"` (the interpreter's own
+    start); what import adds is the difference of the medians. tests/faults/test_faults_api.py guards the cause
+    (which modules the import loads); this measures the cost."""
+    env = {**os.environ, "PYTHONPATH": str(ctx.root)}
+    runs = max(ctx.runs, 21)  # milliseconds each: many runs steady the medians
+    t = ctx.alternate("import", lambda: run_command([sys.executable, "-c", "import jax_aiter"], cwd=ctx.root, env=env),
+                      lambda: run_command([sys.executable, "-c", "pass"], cwd=ctx.root, env=env), runs=runs)
+    added = t.ours_s - t.anchor_s
+    met = added <= IMPORT_LIMIT_S
+    over = (added - IMPORT_LIMIT_S) * 1e3
+    short = [] if met else [(f"import adds {added * 1e3:.1f} ms to the interpreter's start, {over:.1f} ms over the "
+                             "10 ms goal; `python -X importtime -c 'import jax_aiter'` names the modules")]
+    return measured("import", t, met, 0, short, ours='python -c "import jax_aiter"', anchor='python -c "pass"',
+                    extra={"import_added_ms": round(added * 1e3, 2)})
+
+
 @dataclass(frozen=True)
 class Case:
     run: Callable[[Context], Result]
@@ -457,4 +477,5 @@ BENCHMARKS: dict[str, Case] = {
     "noop": Case(bench_noop, "<=1.5 s median"),
     "incremental": Case(bench_incremental, "rebuild only the touched template's instances"),
     "validate": Case(bench_validate, "<=20 s, >=3x venv+pip route"),
+    "import": Case(bench_import, "import adds <=10 ms to python's start"),
 }

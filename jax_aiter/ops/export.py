@@ -16,8 +16,9 @@ import jax
 from jax_aiter import _loader
 
 
-def _ops(ops: Iterable[str] | None) -> list[str]:
-    names = list(_loader.OPS) if ops is None else list(ops)
+def _ops(ops: str | Iterable[str] | None) -> list[str]:
+    """The op names asked for: every op for None, one op for a string (not its letters), else each one."""
+    names = list(_loader.OPS) if ops is None else [ops] if isinstance(ops, str) else list(ops)
     unknown = [n for n in names if n not in _loader.OPS]
     if unknown:
         raise ValueError(f"jax_aiter: unknown op(s) {', '.join(unknown)}; the ops are {', '.join(_loader.OPS)} "
@@ -25,7 +26,7 @@ def _ops(ops: Iterable[str] | None) -> list[str]:
     return names
 
 
-def register(ops: Iterable[str] | None = None) -> None:
+def register(ops: str | Iterable[str] | None = None) -> None:
     """Load the native libraries and register the FFI handlers of `ops` (default: every op).
 
     Call it before running a deserialized jax.export program in a process that has not called
@@ -34,8 +35,8 @@ def register(ops: Iterable[str] | None = None) -> None:
 
     Parameters
     ----------
-    ops : iterable of str, optional
-        Keys of the op table: ``rmsnorm_fwd``, ``silu_and_mul``, ``mha_fwd``, ``mha_bwd``.
+    ops : str or iterable of str, optional
+        One key, or keys, of the op table: ``rmsnorm_fwd``, ``silu_and_mul``, ``mha_fwd``, ``mha_bwd``.
         A lite wheel whose attention libraries were not fetched can register the others
         with ``register(["rmsnorm_fwd", "silu_and_mul"])``.
 
@@ -49,7 +50,7 @@ def register(ops: Iterable[str] | None = None) -> None:
         _loader.ensure_registered(op)
 
 
-def disabled_checks(ops: Iterable[str] | None = None) -> list[jax.export.DisabledSafetyCheck]:
+def disabled_checks(ops: str | Iterable[str] | None = None) -> list[jax.export.DisabledSafetyCheck]:
     """What to pass as ``jax.export.export(f, disabled_checks=...)`` for a program that uses the ops.
 
     One ``DisabledSafetyCheck.custom_call`` per FFI target of `ops` (default: every op), so

@@ -147,7 +147,7 @@ def test_public_names_are_typed():
     typed = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
-            for imp in node.body:
+            for imp in (n for n in node.body if isinstance(n, ast.ImportFrom)):
                 typed.update({alias.name: imp.module for alias in imp.names})
     assert typed == jax_aiter._LAZY
     assert (ROOT / "jax_aiter" / "py.typed").is_file()

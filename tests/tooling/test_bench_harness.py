@@ -54,7 +54,8 @@ def test_install_command_defaults_to_apt_get_of_the_tool(monkeypatch):
 
 
 def test_benchmarks_keep_their_names_and_order():
-    assert list(cases.BENCHMARKS) == ["verify", "publish", "fetch", "wheel_full", "noop", "incremental", "validate"]
+    assert list(cases.BENCHMARKS) == ["verify", "publish", "fetch", "wheel_full", "noop", "incremental", "validate",
+                                     "import"]
     assert all(c.goal for c in cases.BENCHMARKS.values())
 
 
