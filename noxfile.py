@@ -14,7 +14,7 @@ import nox
 # The checkout's tooling is not installed where nox runs: read it from here, so the sessions' Python and the test
 # tiers come from their one home each.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from jatools.config import python_version
+from jatools.config import SettingError, python_version, read_pyproject
 from jatools.native.jit_packages import is_headers_only
 from jatools.testing.tag_filters import DEFAULT_TIER, TIER_ENV, TIERS
 
@@ -23,8 +23,11 @@ nox.options.default_venv_backend = "uv|venv"
 nox.options.reuse_existing_virtualenvs = True
 nox.options.sessions = ["tests", "ci_tooling", "lint"]
 
-PY = python_version()  # the floor of pyproject's requires-python (JAX 0.11 needs 3.12)
-PYPROJECT = nox.project.load_toml("pyproject.toml")
+try:  # a pyproject.toml that cannot be read stops nox with one line naming it, not a traceback
+    PY = python_version()  # the floor of pyproject's requires-python (JAX 0.11 needs 3.12)
+    PYPROJECT = read_pyproject()
+except SettingError as e:
+    sys.exit(f"nox: error: {e}")
 # Development dependencies are PEP 735 groups in pyproject.toml, never extras of the wheel.
 TEST_DEPS = ["-e", ".", *nox.project.dependency_groups(PYPROJECT, "test")]
 TOOLING_DEPS = ["-e", ".", *nox.project.dependency_groups(PYPROJECT, "tooling")]

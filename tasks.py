@@ -5,6 +5,7 @@ its errors into `Exit` with a message and a code. `invoke --list` shows them.
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from invoke import Collection, Exit, task
@@ -214,10 +215,27 @@ def release_upload(c, tag, to="gh", dry_run=False):
 
 
 
+def _settings_errors_in_one_line(ns: Collection) -> Collection:
+    """Every task of `ns`: a bad setting (config.SettingError names the setting, the value, what is allowed and the
+    file) stops it with that one line and exit 2, not a traceback ending in it."""
+    for t in ns.tasks.values():
+        @functools.wraps(t.body)  # invoke reads the task's arguments through __wrapped__
+        def body(*args, _body=t.body, **kwargs):
+            try:
+                return _body(*args, **kwargs)
+            except config.SettingError as e:
+                raise Exit(f"error: {e}", code=2) from None
+        t.body = body
+    for sub in ns.collections.values():
+        _settings_errors_in_one_line(sub)
+    return ns
+
+
 # One name per task: the contract's (DESIGN.md) for verify, floor, contents and validate; wheels are built by
 # `nox -s wheel_lite|wheel_full` (docs/architecture.md lists every door and its code).
-ns = Collection(env_report, convergence_check, floor, contents, validate, fill_wheelhouse, verify=jit_verify,
-                image=Collection(publish=image_publish),
-                jit=Collection(identity=jit_identity, show=jit_show, fetch=jit_fetch, publish=jit_publish,
-                               decide=jit_decide, merge_manifests=jit_merge_manifests),
-                release=Collection(upload=release_upload))
+ns = _settings_errors_in_one_line(Collection(
+    env_report, convergence_check, floor, contents, validate, fill_wheelhouse, verify=jit_verify,
+    image=Collection(publish=image_publish),
+    jit=Collection(identity=jit_identity, show=jit_show, fetch=jit_fetch, publish=jit_publish, decide=jit_decide,
+                   merge_manifests=jit_merge_manifests),
+    release=Collection(upload=release_upload)))

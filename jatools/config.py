@@ -10,6 +10,7 @@ table; docs/settings.md is generated from it:
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import re
@@ -45,7 +46,7 @@ SettingError = registry.SettingError
 # (and every other copy outside Python) to this table.
 BUILD_TREE = {
     **registry.LIBRARY_DIRS,            # umbrella: libjax_aiter.so and the FFI shims; jit: the JIT libraries
-    "config_mk": "config.mk",           # make's toolchain and flags (jatools/native/toolchain.py writes it)
+    "config_mk": registry.CONFIG_MK,    # make's toolchain and flags (jatools/native/toolchain.py writes it)
     "obj": "obj",                       # make's objects, a folder per backend
     "pkg_include": "pkg-include",       # pinned header packages, copied once per pin (jatools/native/jit_packages.py)
     "compile_only": "compile_only",     # a build tree per GPU backend (nox -s compile_only)
@@ -64,19 +65,48 @@ BUILD_TREE = {
 }
 
 
+TABLE = "jax-aiter"  # [tool.jax-aiter]
+
+
+def _read_pyproject(root: str) -> dict:
+    path = Path(root) / "pyproject.toml"
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:  # a duplicate key is one too: "Cannot overwrite a value (at line ...)"
+        raise SettingError(f"{path} is not valid TOML: {e} (a syntax error, or a key or table given twice); fix the "
+                           "file (https://toml.io)") from None
+    except OSError as e:
+        raise SettingError(f"cannot read {path}: {e.strerror}; set JA_ROOT_DIR to a jax-aiter checkout") from None
+
+
+def read_pyproject(root: Path | None = None) -> dict:
+    """The checkout's pyproject.toml, parsed; SettingError naming the file when it cannot be read
+    or is not valid TOML. Every reader of pyproject.toml in the tooling goes through it."""
+    return _read_pyproject(str(root or repo_root()))
+
+
+def _near_miss(tool: dict, path: Path) -> None:
+    """A table that looks like [tool.jax-aiter] and is not ([tool.jax_aiter], [tool.jaxaiter], [tool.jax-aitr]) would
+    be ignored whole, its settings with it: refused instead."""
+    for name in tool:
+        if name != TABLE and (name.lower().replace("_", "-").replace(".", "-") == TABLE
+                              or name.lower().replace("_", "").replace("-", "") == TABLE.replace("-", "")
+                              or difflib.get_close_matches(name.lower(), [TABLE], n=1, cutoff=0.8)):
+            raise SettingError(f"[tool.{name}] in {path} is not read by jax-aiter: its table is [tool.{TABLE}] (a "
+                               f"hyphen); rename the table to [tool.{TABLE}]" + (
+                                   f" and merge it with the [tool.{TABLE}] table there" if TABLE in tool else ""))
+
+
 @cache
 def _pyproject_defaults(root: str) -> dict:
     """The checked ``[tool.jax-aiter]`` table of the checkout `root` (jax_aiter/settings.py's table checks it)."""
     path = Path(root) / "pyproject.toml"
-    try:
-        with open(path, "rb") as f:
-            table = tomllib.load(f).get("tool", {}).get("jax-aiter")
-    except tomllib.TOMLDecodeError as e:
-        raise SettingError(f"{path} is not valid TOML: {e}; fix the file (https://toml.io)") from None
-    except OSError as e:
-        raise SettingError(f"cannot read {path}: {e.strerror}; set JA_ROOT_DIR to a jax-aiter checkout") from None
+    tool = _read_pyproject(root).get("tool", {})
+    _near_miss(tool, path)
+    table = tool.get(TABLE)
     if not isinstance(table, dict):
-        raise SettingError(f"{path} has no [tool.jax-aiter] table; is {root} a jax-aiter checkout?")
+        raise SettingError(f"{path} has no [tool.{TABLE}] table; is {root} a jax-aiter checkout?")
     registry.check_pyproject(table, path)
     return dict(table)
 
@@ -97,15 +127,13 @@ def setting(name: str, env: dict[str, str] | None = None, root: Path | None = No
 
 
 def project_version(root: Path | None = None) -> str:
-    with open((root or repo_root()) / "pyproject.toml", "rb") as f:
-        return tomllib.load(f)["project"]["version"]
+    return read_pyproject(root)["project"]["version"]
 
 
 def python_version(root: Path | None = None) -> str:
     """The Python every build, session and CI job uses: the floor of pyproject's ``requires-python`` (its one
     home; JAX 0.11 needs 3.12), e.g. ``>=3.12`` gives ``3.12``."""
-    with open((root or repo_root()) / "pyproject.toml", "rb") as f:
-        spec = tomllib.load(f)["project"]["requires-python"]
+    spec = read_pyproject(root)["project"]["requires-python"]
     floor = re.fullmatch(r"\s*>=\s*(\d+\.\d+)\s*", spec)
     if not floor:
         raise SettingError(f"pyproject.toml: requires-python {spec!r} is not of the form '>=X.Y'; "
@@ -160,7 +188,7 @@ def load(backend: str | None = None, gpu_archs: str | None = None, root: Path | 
     root = root or repo_root()
     raw = defaults(root)
     for group in ("build", "wheels and validation"):  # every variable these settings read, checked by the table
-        registry.check_environment(env, group)
+        registry.check_environment(env, group, root)
     chosen_backend = str(backend or setting("JA_BACKEND", env, root)).strip().lower()
     if chosen_backend not in VALID_BACKENDS:  # a caller's argument: the environment and pyproject are checked
         raise SettingError(f"backend {chosen_backend!r} is not valid: give one of {', '.join(VALID_BACKENDS)}")

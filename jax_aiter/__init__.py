@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # the same names as _LAZY (a test keeps them equal); `as` mar
     from jax_aiter.ops.export import register as register
     from jax_aiter.ops.rmsnorm import rms_norm as rms_norm
     from jax_aiter.ops.rmsnorm import rms_norm_with_add as rms_norm_with_add
-    import jax_aiter.rmsnorm as rmsnorm  # noqa: I001 (a facade module, _SUBMODULES)
+    import jax_aiter.rmsnorm as rmsnorm  # a facade module (_SUBMODULES)
 
     __version__: str
     __all__: list[str]

@@ -82,6 +82,8 @@ RULE_TEXT = {
     "archs": "a `;` or `,` separated list of GPU arch names (gfx950, gfx942:xnack+, sm_90, sm_90a, sm_100f)",
     "folder": "an existing folder",
     "inside": "a path relative to the checkout, inside it",
+    "build": "a path relative to the checkout, inside it (through a symlink there, or from the environment anywhere: "
+             "to an empty folder or a build tree)",
     "list": "a list of strings",
     "text": "a string",
 }
@@ -90,6 +92,7 @@ RULE_TEXT = {
 # table of every build folder takes them from here.
 LIBRARY_DIRS = {"umbrella": "jax_aiter_build",  # libjax_aiter.so and the FFI shims (make, make ja_mods)
                 "jit": "aiter_build"}           # the JIT libraries and their build record
+CONFIG_MK = "config.mk"  # make's toolchain and flags, the first thing a build writes in its build tree
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -108,7 +111,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("", "build", "where a legacy ROCm install lives", key="rocm_legacy_root", rule="text", accepts="a path"),
     Setting("CUDA_HOME", "build", "the CUDA toolkit (else nvcc on PATH)", accepts="a folder", config_key=True),
     Setting("JA_BUILD_DIR", "build", f"the build tree: {LIBRARY_DIRS['umbrella']}/ (umbrella, FFI shims) and "
-            f"{LIBRARY_DIRS['jit']}/ (JIT libraries)", key="build_dir", rule="inside"),
+            f"{LIBRARY_DIRS['jit']}/ (JIT libraries)", key="build_dir", rule="build"),
     Setting("JA_FFI_INCLUDE_DIR", "build", "the XLA FFI headers the shims compile against", key="ffi_include_dir",
             rule="inside", config_key=True),
     Setting("", "build", "the kernel sources (their revision is part of the JIT identity)", key="kernel_source_dir",
@@ -245,13 +248,24 @@ class SettingError(ValueError):
     """A setting's value is not usable; the message names it, the value, what is allowed and where it came from."""
 
 
+def _kind(value: object) -> str:
+    """What a value from TOML is, in words (a string, an integer, true or false, ...)."""
+    return {bool: "true or false", str: "a string", int: "an integer", float: "a fraction", list: "a list",
+            dict: "a table"}.get(type(value), f"a {type(value).__name__}")
+
+
 def _fail(shown: str, value: object, accepted: str, where: str, why: str = "") -> SettingError:
     at = f" ({where})" if where else ""
     return SettingError(f"{shown}={value!r} is not valid: {why + '; ' if why else ''}give {accepted}{at}")
 
 
-def _number(spec: Setting, value: object, shown: str, where: str) -> int | float:
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+def _number(spec: Setting, value: object, shown: str, where: str, typed: bool = False) -> int | float:
+    """`value` parsed and range-checked; `typed` (a pyproject value): it must be a TOML number already, an integer
+    for an integer setting, as a flag must be true or false (a string "1000" is not 1000)."""
+    wrong = (f"{_kind(value)}, not {'an integer' if spec.kind is int else 'a number'}"
+             if typed and (isinstance(value, bool) or not isinstance(value, int if spec.kind is int else (int, float)))
+             else "")
+    if wrong or isinstance(value, bool) or not isinstance(value, (str, int, float)):
         parsed = None
     else:
         try:
@@ -260,7 +274,7 @@ def _number(spec: Setting, value: object, shown: str, where: str) -> int | float
             parsed = None
     if parsed is None or not math.isfinite(parsed) or not spec.lo <= parsed <= spec.hi:
         default = f" (default {spec.show(spec.default)})" if spec.default is not None else ""
-        raise _fail(shown, value, spec.range_text() + default, where)
+        raise _fail(shown, value, spec.range_text() + default, where, wrong)
     return parsed
 
 
@@ -269,13 +283,58 @@ def number(name: str, text: str, flag: str | None = None) -> int | float:
     return _number(NUMERIC[name], text, flag or name, "" if flag else ENVIRONMENT)
 
 
+def _symlink(base: Path, text: str) -> Path | None:
+    """The first symlink on the way from the checkout `base` to `text` inside it (None: no symlink)."""
+    here = base
+    for part in Path(os.path.normpath(text)).parts:
+        here = here / part
+        if here.is_symlink():
+            return here
+    return None
+
+
 def _inside(text: str, root: Path | None) -> str:
-    """Why the relative path `text` is not inside the checkout `root` ("" when it is)."""
+    """Why the relative path `text` is not inside the checkout `root` ("" when it is), as written: a symlink inside
+    the checkout (build/ -> a bigger disk) is the checkout's own, not a way out of it."""
     if Path(text).is_absolute():
         return "it is absolute"
+    if Path(os.path.normpath(text)).parts[:1] == ("..",):
+        return f"it leads outside the checkout {(root or Path.cwd()).resolve()}"
+    return ""
+
+
+def _foreign(folder: Path) -> str:
+    """Why `folder` cannot take a build tree ("" when it can): it must be absent, empty or a build tree already, so a
+    build never mixes its files with others (and `make clean` never deletes them)."""
+    try:
+        names = sorted(os.listdir(folder))
+    except FileNotFoundError:
+        return ""
+    except OSError as e:
+        return f"{folder} cannot be read ({e.strerror or e})"
+    if not names or {*LIBRARY_DIRS.values(), CONFIG_MK} & set(names):
+        return ""
+    shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    return (f"{folder} holds files that are not a build ({shown}), which a build would mix with its own and "
+            "`make clean` would delete")
+
+
+def _build_tree(text: str, root: Path | None, from_env: bool) -> str:
+    """Why `text` cannot be the build tree ("" when it can): inside the checkout, as pyproject's build_dir must be, or
+    anywhere from the environment (a test's own build). Where it ends up outside the checkout (from the environment,
+    or through a symlink: build/ -> a bigger disk) the folder must be empty or a build tree."""
+    why = _inside(text, root)
+    if why and not from_env:
+        return why
     base = (root or Path.cwd()).resolve()
     target = (base / text).resolve()
-    return "" if target == base or base in target.parents else f"it leads outside the checkout {base}"
+    if target == base or base in target.parents:
+        return ""
+    link = None if why else _symlink(base, text)
+    where = (f"{link.relative_to(base)} is a symlink to {os.readlink(link)}, so the path leads to {target}, outside "
+             f"the checkout {base}" if link else f"it is outside the checkout {base}")
+    foreign = _foreign(target)
+    return f"{where}; {foreign}" if foreign else ""
 
 
 def _why(spec: Setting, value: object, from_env: bool, root: Path | None) -> str | None:
@@ -284,8 +343,10 @@ def _why(spec: Setting, value: object, from_env: bool, root: Path | None) -> str
     if rule == "list":
         return None if isinstance(value, list) and all(isinstance(v, str) for v in value) else ""
     if not isinstance(value, str):
-        return None if rule == "flag" and isinstance(value, bool) else f"a {type(value).__name__}, not a string"
+        return None if rule == "flag" and isinstance(value, bool) else f"{_kind(value)}, not a string"
     text = value.strip()
+    if rule in ("inside", "build", "folder") and text != value:  # a path: its spaces would be part of it
+        return f"it has spaces around it (did you mean {text!r}?)"
     if rule == "comma":
         bad = [v for v in text.replace(";", ",").split(",") if v.strip() not in spec.choices]
         return f"{', '.join(map(repr, bad))} not one of them" if bad else None
@@ -304,6 +365,8 @@ def _why(spec: Setting, value: object, from_env: bool, root: Path | None) -> str
         return None if Path(text).is_dir() else ("it is not a folder" if Path(text).exists() else "it does not exist")
     if rule == "inside" and not from_env:
         return _inside(text, root) or None
+    if rule == "build":
+        return _build_tree(text, root, from_env) or None
     return None if text or rule != "text" else "it is empty"
 
 
@@ -314,20 +377,22 @@ def check(spec: Setting, value: object, where: str = ENVIRONMENT, root: Path | N
     from_env = where == ENVIRONMENT
     shown = spec.name if from_env else f"[tool.jax-aiter] {spec.key}"
     if spec.kind is not None:
-        return _number(spec, value, shown, where)
+        return _number(spec, value, shown, where, typed=not from_env)
     why = _why(spec, value, from_env, root)
     if why is not None:
         raise _fail(shown, value, spec.accepted(), where, why)
     return value
 
 
-def check_environment(env: Mapping[str, str] | None = None, group: str | None = None) -> None:
-    """Check every variable of the table (of `group`) set, not blank, in `env`; the first bad one raises."""
+def check_environment(env: Mapping[str, str] | None = None, group: str | None = None,
+                      root: Path | None = None) -> None:
+    """Check every variable of the table (of `group`) set, not blank, in `env` (paths relative to the checkout
+    `root`); the first bad one raises."""
     env = os.environ if env is None else env
     for spec in SETTINGS:
         checked = spec.kind or spec.choices or spec.rule
         if checked and spec.name and (group is None or spec.group == group) and (env.get(spec.name) or "").strip():
-            check(spec, env[spec.name])
+            check(spec, env[spec.name], root=root)
 
 
 def check_pyproject(table: Mapping[str, object], path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -55,7 +56,11 @@ BAD_ENV = [("GPU_ARCHS", "gfx9;;$(rm)", "'gfx9', an empty entry, '$(rm)' are not
            ("AITER_SYMBOL_VISIBLE", "perhaps", "give 1 or 0"),
            ("JA_BACKEND", "quantum", "give one of auto, cpu, cuda, rocm"),
            ("JA_SANITIZE", "adress", "'adress' not one of them"),
-           ("JA_WHEEL_ARCH", "gfx942;gfx950", "more than one arch")]
+           ("JA_WHEEL_ARCH", "gfx942;gfx950", "more than one arch"),
+           # checked as pyproject's build_dir is (it was not checked at all); outside the checkout the environment
+           # may put a build anywhere, but not in a folder of other files
+           ("JA_BUILD_DIR", "/etc", "it is outside the checkout"),
+           ("JA_BUILD_DIR", " build", "it has spaces around it (did you mean 'build'?)")]
 
 
 @pytest.mark.parametrize("name, value, allowed", BAD_ENV, ids=[b[0] for b in BAD_ENV])
@@ -122,7 +127,8 @@ def _key(key: str, value: str):
 
 
 BAD_PYPROJECT = [
-    ("wheel_compress_level", '"high"', "[tool.jax-aiter] wheel_compress_level='high' is not valid: give an integer"),
+    ("wheel_compress_level", '"high"', ("[tool.jax-aiter] wheel_compress_level='high' is not valid: a string, not an "
+                                      "integer; give an integer")),
     ("wheel_compress_level", "99", "[tool.jax-aiter] wheel_compress_level=99 is not valid: give an integer from 0"),
     ("backend", '"quantum"', "[tool.jax-aiter] backend='quantum' is not valid: give one of auto, cpu, cuda, rocm"),
     ("jit_libs_asset_limit", "-1", "[tool.jax-aiter] jit_libs_asset_limit=-1 is not valid: give an integer from 1"),
@@ -132,6 +138,15 @@ BAD_PYPROJECT = [
     ("toolchain_strict", '"maybe"', "[tool.jax-aiter] toolchain_strict='maybe' is not valid: give 1 or 0"),
     ("packages", '"jax_aiter"', "[tool.jax-aiter] packages='jax_aiter' is not valid: give a list of strings"),
     ("wheel_compres_level", "6", "unknown key(s) wheel_compres_level under [tool.jax-aiter]"),
+    # an integer setting takes a TOML integer, as a flag takes true or false: "1000" split a release into 318 assets
+    ("jit_libs_asset_limit", '"1000"', ("[tool.jax-aiter] jit_libs_asset_limit='1000' is not valid: a string, not an "
+                                       "integer; give an integer from 1 to")),
+    ("wheel_compress_level", "6.0", ("[tool.jax-aiter] wheel_compress_level=6.0 is not valid: a fraction, not an "
+                                    "integer; give an integer from 0 to 12")),
+    ("jit_libs_zstd_level", "true", ("[tool.jax-aiter] jit_libs_zstd_level=True is not valid: true or false, not an "
+                                    "integer")),
+    ("build_dir", '"  build  "', ("[tool.jax-aiter] build_dir='  build  ' is not valid: it has spaces around it (did "
+                                 "you mean 'build'?)")),
 ]
 
 
@@ -158,3 +173,85 @@ def test_faults_root_dir_that_does_not_exist_is_named(tmp_path):
     r = _run(["-m", "jatools.native.toolchain", "--json"], JA_ROOT_DIR=str(tmp_path / "gone"))
     assert r.returncode == 2 and f"JA_ROOT_DIR={str(tmp_path / 'gone')!r} is not valid: it does not exist" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def _invoke(root: Path, *task: str, **env: str) -> subprocess.CompletedProcess:
+    """A real `invoke` (this checkout's tasks.py) working on the checkout `root`."""
+    return _run(["-m", "invoke", *task], JA_ROOT_DIR=str(root), **env)
+
+
+@pytest.mark.parametrize("edit, said", [
+    (_key("jit_libs_asset_limit", '"1000"'), "[tool.jax-aiter] jit_libs_asset_limit='1000' is not valid: a string"),
+    (lambda t: t.replace('backend = "auto"\n', 'backend = "auto"\nbackend = "cpu"\n', 1),
+     "is not valid TOML: Cannot overwrite a value (at line"),
+    (lambda t: t.replace('backend = "auto"', 'backend = "auto', 1), "is not valid TOML: "),
+], ids=["string-for-int", "duplicate-key", "syntax-error"])
+def test_faults_invoke_prints_a_settings_error_as_one_line(tmp_path, edit, said):
+    """invoke printed a settings error as the last line of a 20-line traceback, and a TOML error without naming
+    pyproject.toml: now one line naming the file, exit 2."""
+    root = _checkout_with(tmp_path, edit)
+    r = _invoke(root, "jit.identity")
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert r.stderr.count("\n") == 1 and said in r.stderr and str(root / "pyproject.toml") in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("table", ["jax_aiter", "jaxaiter", "jax-aitr", "Jax-Aiter"])
+def test_faults_near_miss_pyproject_table_is_refused(tmp_path, table):
+    """[tool.jax_aiter] (an underscore) was ignored whole, backend = "quantum" with it: a table that looks like
+    [tool.jax-aiter] and is not stops every command, naming it and the file."""
+    root = _checkout_with(tmp_path, lambda t: t + f'\n[tool.{table}]\nbackend = "quantum"\n')
+    for argv in (["-m", "jatools.native.toolchain", "--json"],
+                 ["-m", "jatools.wheel.wheel_build", "--variant", "lite", "--dist", str(tmp_path / "dist")]):
+        r = _run(argv, JA_ROOT_DIR=str(root))
+        assert r.returncode == 2, (argv, r.stdout, r.stderr)
+        assert f"[tool.{table}] in {root / 'pyproject.toml'} is not read by jax-aiter: its table is " \
+               "[tool.jax-aiter]" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_faults_build_dir_from_the_environment_may_leave_the_checkout_but_not_into_other_files(tmp_path):
+    """JA_BUILD_DIR from the environment: a folder of other files is refused (it was not checked: /etc was used);
+    an empty or new folder, or a build tree, outside the checkout is a build of its own (the tests' builds)."""
+    others = tmp_path / "others"
+    others.mkdir()
+    (others / "notes.txt").write_text("mine\n")
+    r = _run(["-m", "jatools.native.toolchain", "--json"], JA_BUILD_DIR=str(others), JA_BACKEND="cpu")
+    assert r.returncode == 2 and f"JA_BUILD_DIR={str(others)!r} is not valid: it is outside the checkout" in r.stderr
+    assert f"{others} holds files that are not a build (notes.txt)" in r.stderr, r.stderr
+    for ok in (tmp_path / "new", tmp_path / "empty", tmp_path / "tree"):
+        (ok / "aiter_build").mkdir(parents=True) if ok.name == "tree" else ok.mkdir() if ok.name == "empty" else None
+        r = _run(["-m", "jatools.native.toolchain", "--json"], JA_BUILD_DIR=str(ok), JA_BACKEND="cpu")
+        assert r.returncode == 0, (ok, r.stderr)
+
+
+def test_faults_symlinked_build_dir_is_described_as_a_symlink(tmp_path):
+    """build/ a symlink to another disk: a build tree there is used (it was "leads outside the checkout"); one that
+    holds other files is refused, naming the symlink and its target."""
+    root = _checkout_with(tmp_path, lambda t: t)
+    disk = tmp_path / "disk"
+    (disk / "aiter_build").mkdir(parents=True)
+    (root / "build").symlink_to(disk)
+    r = _run(["-m", "jatools.native.toolchain", "--json"], JA_ROOT_DIR=str(root), JA_BACKEND="cpu")
+    assert r.returncode == 0, r.stderr
+    (disk / "aiter_build").rmdir()
+    (disk / "photos").mkdir()
+    r = _run(["-m", "jatools.native.toolchain", "--json"], JA_ROOT_DIR=str(root), JA_BACKEND="cpu")
+    assert r.returncode == 2, r.stderr
+    assert f"build is a symlink to {disk}, so the path leads to {disk}, outside the checkout" in r.stderr, r.stderr
+    assert f"{disk} holds files that are not a build (photos)" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_faults_nox_names_a_pyproject_it_cannot_read(tmp_path):
+    """A duplicate key in pyproject.toml: `nox -l` (the noxfile reads pyproject as it loads) stops with one line
+    naming the file and the line, not nox's 20-line traceback from tomllib."""
+    root = _checkout_with(tmp_path, lambda t: t.replace('backend = "auto"\n', 'backend = "auto"\nbackend = "cpu"\n', 1))
+    shutil.copy2(ROOT / "noxfile.py", root)
+    for pkg in ("jatools", "jax_aiter"):
+        shutil.copytree(ROOT / pkg, root / pkg, ignore=shutil.ignore_patterns("__pycache__", "_lib", "*.so"))
+    r = subprocess.run([sys.executable, "-m", "nox", "-l"], cwd=root, capture_output=True, text=True, timeout=120,
+                       check=False, env={**{k: v for k, v in os.environ.items() if not k.startswith("JA_")},
+                                         "JA_ROOT_DIR": str(root)})
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert r.stderr.strip().splitlines() == [
+        (f"nox: error: {root / 'pyproject.toml'} is not valid TOML: Cannot overwrite a value (at line "
+        f"{(root / 'pyproject.toml').read_text().splitlines().index('backend = \"cpu\"') + 1}, column 16) (a syntax "
+        "error, or a key or table given twice); fix the file (https://toml.io)")], r.stderr
