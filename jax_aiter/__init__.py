@@ -17,14 +17,14 @@ never calls an op, so it calls :func:`register` first.
 
 # typing.TYPE_CHECKING without importing typing; type checkers take any name TYPE_CHECKING as true.
 TYPE_CHECKING = False
-if TYPE_CHECKING:  # the same names as _LAZY (a test keeps them equal); `as` marks a re-export (PEP 484)
+if TYPE_CHECKING:  # the names of _LAZY and _SUBMODULES (a test keeps them equal); `as` marks a re-export (PEP 484)
+    from jax_aiter import rmsnorm as rmsnorm  # a facade module (_SUBMODULES)
     from jax_aiter.ops.activation import silu_and_mul as silu_and_mul
     from jax_aiter.ops.attention import flash_attn_func as flash_attn_func
     from jax_aiter.ops.export import disabled_checks as disabled_checks
     from jax_aiter.ops.export import register as register
     from jax_aiter.ops.rmsnorm import rms_norm as rms_norm
     from jax_aiter.ops.rmsnorm import rms_norm_with_add as rms_norm_with_add
-    import jax_aiter.rmsnorm as rmsnorm  # a facade module (_SUBMODULES)
 
     __version__: str
     __all__: list[str]

@@ -28,7 +28,7 @@ import struct
 import threading
 from pathlib import Path
 
-from jax_aiter import integrity, op_table, remedies, settings
+from jax_aiter import integrity, op_table, remedies, settings, trust
 from jax_aiter.manifest import MANIFEST_NAME
 
 log = logging.getLogger("jax_aiter")
@@ -58,6 +58,10 @@ class FfiVersionError(ImportError):
     """A shim was built against an XLA FFI API the installed jaxlib does not support."""
 
 
+class CacheDirError(ValueError):
+    """There is no folder of this user's to cache fetched libraries in (HOME empty, XDG_CACHE_HOME unset)."""
+
+
 def _checkout_dirs() -> list[Path]:
     root = Path(os.environ.get("JA_ROOT_DIR") or PACKAGE_DIR.parent)
     build = root / os.environ.get("JA_BUILD_DIR", DEFAULT_BUILD_DIR)
@@ -71,15 +75,42 @@ def build_identity() -> dict | None:
     return None
 
 
-def fetch_cache_dir(identity: dict | None = None) -> Path | None:
-    """Where jax-aiter-fetch-mha puts the MHA JIT libraries for this install."""
+def fetch_cache_dir(identity: dict | None = None, required: bool = False) -> Path | None:
+    """Where jax-aiter-fetch-mha puts the MHA JIT libraries for this install (None: not an install, or no cache
+    folder of this user's; `required`: CacheDirError saying why there is none instead)."""
     if os.environ.get(LIB_DIR_ENV):
         return Path(os.environ[LIB_DIR_ENV])
     identity = identity or build_identity()
     if not identity or not identity.get("cache_id"):
         return None
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "jax-aiter" / identity["version"] / identity["cache_id"]
+    try:
+        return cache_home() / "jax-aiter" / identity["version"] / identity["cache_id"]
+    except CacheDirError as e:
+        if required:
+            raise
+        log.info("jax_aiter: %s; no fetch cache", e)
+        return None
+
+
+def cache_home() -> Path:
+    """$XDG_CACHE_HOME when it is an absolute path (the XDG spec ignores a relative one), else ~/.cache of a home
+    folder that is one: HOME='' made Path.home() the filesystem root, and the fetch installed into /.cache."""
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    if os.path.isabs(xdg):
+        return Path(xdg)
+    home = os.environ.get("HOME")
+    if home is None:  # unset: the password database's, as Path.home() does
+        import pwd
+
+        try:
+            home = pwd.getpwuid(os.getuid()).pw_dir
+        except KeyError:
+            home = ""
+    if not os.path.isabs(home) or Path(home) == Path("/"):
+        raise CacheDirError(f"no cache folder for fetched libraries: HOME={home!r} is not a home folder and "
+                            f"XDG_CACHE_HOME is {f'{xdg!r}, not an absolute path' if xdg else 'unset'}; set "
+                            f"XDG_CACHE_HOME (or {LIB_DIR_ENV}) to a folder of your own, or pass --dest")
+    return Path(home) / ".cache"
 
 
 def search_dirs(name: str) -> list[tuple[str, Path]]:
@@ -115,7 +146,12 @@ def find_library(name: str) -> Path:
 
 
 def _fix(name: str, path: Path | None = None) -> str:
-    """The command that (re)produces library `name` (found at `path`, when it is there but wrong)."""
+    """The command that (re)produces library `name` (found at `path`, when it is there but wrong); for one this
+    user cannot read, or others may change, the fix of its permissions (a fresh download would not help)."""
+    if path is not None and (shared := _untrusted(path)):
+        return f"take others' write access away ({trust.fix(shared[0])}), or use libraries in a folder of your own"
+    if path is not None and not os.access(path, os.R_OK):
+        return f"make it readable to you (chmod a+r {path}, or ask its owner); a new copy would not be"
     if path is not None and build_identity() is not None:
         cache = fetch_cache_dir()
         if name in MHA_JIT_LIBS and cache is not None and path.parent == cache:
@@ -219,9 +255,23 @@ def elf_soname(path: Path) -> str | None:
     return None
 
 
+def _untrusted(path: Path) -> tuple[Path, str] | None:
+    """(the folder or file, why) when a user other than this one or root could change library `path` or its folder."""
+    real = path.resolve()
+    for what in (real.parent, real):
+        why = trust.others_can_write(what)
+        if why:
+            return what, why
+    return None
+
+
 def check_library(path: Path, verify: bool = False) -> list[str]:
-    """What is wrong with the library at `path` (empty when nothing): its size (and with `verify` its sha256)
-    against its record, its SONAME against its file name."""
+    """What is wrong with the library at `path` (empty when nothing): who else may change it or its folder, its size
+    (and with `verify` its sha256) against its record, its SONAME against its file name."""
+    shared = _untrusted(path)
+    if shared:
+        what = f"{'its folder ' if shared[0] != path.resolve() else ''}{shared[0]}"
+        return [f"{what}: {shared[1]}, so another user could replace it with code that runs as you; it is not loaded"]
     problems = []
     entry, source = expected_entry(path)
     size = path.stat().st_size

@@ -14,9 +14,14 @@ wrong answers:
   decompressor and both hashes into the library file, so the compressed bytes
   are never stored, and each library is synced to the disk before the rename
   that makes it visible (the runtime loader trusts any library it finds);
-- network stalls time out and are retried with exponential backoff, resuming
-  with an HTTP range request where the server allows it; a 404 is a cache miss
+- network stalls time out, and a server trickling bytes (slower than
+  JA_FETCH_MIN_RATE over JA_FETCH_TIMEOUT_S) is abandoned; both are retried with
+  exponential backoff, resuming with an HTTP range request where the server
+  allows it; the whole fetch stops at JA_FETCH_DEADLINE_S; a 404 is a cache miss
   and is not retried;
+- every download, the manifest's too, shows progress (a line at least every
+  HEARTBEAT_S while it runs), and its errors name the host that failed when a
+  redirect led elsewhere;
 - work happens in a staging folder beside the destination, under a lock on its folder:
   a fresh destination appears by one rename, an existing one gets each library
   replaced by rename and the manifest copy last, so a killed or failed fetch
@@ -39,12 +44,13 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from jax_aiter import blob, integrity, provenance, remedies, reuse_gate, settings
+from jax_aiter import blob, integrity, provenance, remedies, reuse_gate, settings, trust
 from jax_aiter import manifest as mf
 from jax_aiter.integrity import diff_entries
 from jax_aiter.progress import Progress
@@ -54,6 +60,9 @@ ENV_TIMEOUT = "JA_FETCH_TIMEOUT_S"
 ENV_RETRIES = "JA_FETCH_RETRIES"
 ENV_BACKOFF = "JA_FETCH_BACKOFF_S"
 ENV_LOCK_TIMEOUT = "JA_FETCH_LOCK_TIMEOUT_S"
+ENV_MIN_RATE = "JA_FETCH_MIN_RATE"
+ENV_DEADLINE = "JA_FETCH_DEADLINE_S"
+HEARTBEAT_S = 10.0  # a download still running says how far it got at least this often (less: the rate window)
 
 MAX_MANIFEST_BYTES = integrity.MAX_RECORD_BYTES  # every small document (manifest, record) is capped while streaming
 CHUNK = 1 << 20
@@ -85,15 +94,24 @@ class FetchOptions:
     retries: int = settings.NUMERIC[ENV_RETRIES].default      # extra attempts after the first, backoff doubling
     backoff_s: float = settings.NUMERIC[ENV_BACKOFF].default  # first wait; doubles each retry, capped at 60 s
     lock_timeout_s: float = settings.NUMERIC[ENV_LOCK_TIMEOUT].default
+    min_rate: int = settings.NUMERIC[ENV_MIN_RATE].default    # bytes/s over each timeout_s window; 0: none
+    deadline_s: float = settings.NUMERIC[ENV_DEADLINE].default  # the whole fetch, retries included
     progress: bool | None = None  # None: a live bar on a terminal, plain lines otherwise
+    deadline: float | None = None  # time.monotonic() when the fetch stops (set when a fetch starts)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> FetchOptions:
-        """Defaults overridden by JA_FETCH_TIMEOUT_S, JA_FETCH_RETRIES, JA_FETCH_BACKOFF_S, JA_FETCH_LOCK_TIMEOUT_S
-        (each parsed and bounded by jax_aiter.settings; a bad value raises SettingError naming it)."""
+        """Defaults overridden by JA_FETCH_TIMEOUT_S, JA_FETCH_RETRIES, JA_FETCH_BACKOFF_S, JA_FETCH_LOCK_TIMEOUT_S,
+        JA_FETCH_MIN_RATE, JA_FETCH_DEADLINE_S (each parsed and bounded by jax_aiter.settings; a bad value raises
+        SettingError naming it)."""
         return cls(timeout_s=settings.from_env(ENV_TIMEOUT, env), retries=settings.from_env(ENV_RETRIES, env),
                    backoff_s=settings.from_env(ENV_BACKOFF, env),
-                   lock_timeout_s=settings.from_env(ENV_LOCK_TIMEOUT, env))
+                   lock_timeout_s=settings.from_env(ENV_LOCK_TIMEOUT, env),
+                   min_rate=settings.from_env(ENV_MIN_RATE, env), deadline_s=settings.from_env(ENV_DEADLINE, env))
+
+    def started(self) -> FetchOptions:
+        """These options with the deadline running from now (kept when it runs already)."""
+        return self if self.deadline is not None else replace(self, deadline=time.monotonic() + self.deadline_s)
 
 
 # --- locations ----------------------------------------------------------------------
@@ -205,21 +223,60 @@ def _resumed(resp, offset: int) -> bool:
     return start == offset
 
 
-def _attempt(url: str, begin: Callable[[bool], object], offset: int, timeout: float,
+def _host(url: str) -> str:
+    return urllib.parse.urlsplit(url).netloc or url
+
+
+def _at(url: str, final: str) -> str:
+    """Where a failure happened, when a redirect took the request to another host (else "")."""
+    return "" if _host(final) == _host(url) else f" (at {_host(final)}, where {_host(url)} redirected: {final})"
+
+
+class _Deadline(FetchError):
+    """The fetch ran past JA_FETCH_DEADLINE_S."""
+
+
+def _past_deadline(opts: FetchOptions, what: str, why: str = "") -> _Deadline:
+    return _Deadline(f"{what}: the fetch did not finish within {ENV_DEADLINE}={opts.deadline_s:g} s"
+                     f"{f' ({why})' if why else ''}; nothing was installed. Fetch from a faster server, or allow more "
+                     f"time with {ENV_DEADLINE}=<seconds>")
+
+
+def _decoder(encoding: str, url: str):
+    """A zlib decoder for a gzip- or deflate-encoded body (some servers encode JSON though asked not to), None for a
+    plain one; another encoding is refused by name."""
+    if encoding in ("", "identity"):
+        return None
+    if encoding in ("gzip", "x-gzip", "deflate"):
+        return zlib.decompressobj(wbits=47)  # 32 + 15: a gzip or zlib header, whichever it has
+    raise FetchError(f"{url}: the server sent the body {encoding}-encoded (Content-Encoding: {encoding}), which this "
+                     "fetch cannot decode (it asks for none, and decodes gzip and deflate); serve the release files "
+                     "as they are, or use another base URL")
+
+
+def _attempt(url: str, begin: Callable[[bool], object], offset: int, opts: FetchOptions,
              advance: Callable[[int], None], log: Log | None = None) -> None:
     """One GET of `url` from byte `offset`; `begin(resumed)` returns the sink once the status is known.
-    A redirect to another host is followed and logged: the pins and hashes, not the host, decide."""
+    A redirect to another host is followed and logged (the pins and hashes, not the host, decide), and a failure
+    after it names that host. A body arriving slower than opts.min_rate over each opts.timeout_s is abandoned; past
+    opts.deadline the attempt stops for good (_Deadline). A line says how far it got at least every HEARTBEAT_S."""
+    name = url.rsplit("/", 1)[-1]
+    left = None if opts.deadline is None else opts.deadline - time.monotonic()
+    if left is not None and left <= 0:
+        raise _past_deadline(opts, url)
+    timeout = opts.timeout_s if left is None else max(0.05, min(opts.timeout_s, left))
     headers = {"User-Agent": "jax-aiter-fetch", "Accept-Encoding": "identity"}
     if offset:
         headers["Range"] = f"bytes={offset}-"
     try:
         resp = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout)
     except urllib.error.HTTPError as e:
+        at = _at(url, e.url or url)
         if e.code in (404, 410):
-            raise ReleaseNotFound(f"{url}: HTTP {e.code} (not found)") from None
+            raise ReleaseNotFound(f"{url}: HTTP {e.code} (not found){at}") from None
         if e.code in (408, 425, 429) or e.code >= 500:
-            raise _Transient(f"HTTP {e.code} {e.reason}") from None
-        raise FetchError(f"{url}: HTTP {e.code} {e.reason}; check the base URL and access rights") from None
+            raise _Transient(f"HTTP {e.code} {e.reason}{at}") from None
+        raise FetchError(f"{url}: HTTP {e.code} {e.reason}{at}; check the base URL and access rights") from None
     except urllib.error.URLError as e:
         if isinstance(e.reason, (FileNotFoundError, NotADirectoryError)):
             raise ReleaseNotFound(f"{url}: not found") from None
@@ -233,29 +290,56 @@ def _attempt(url: str, begin: Callable[[bool], object], offset: int, timeout: fl
     except (ConnectionError, http.client.HTTPException) as e:
         raise _Transient(f"connection failed ({e!r})") from None
     final = resp.geturl()
-    if log is not None and urllib.parse.urlsplit(final).netloc != urllib.parse.urlsplit(url).netloc:
-        log(f"  {url.rsplit('/', 1)[-1]}: redirected to host {urllib.parse.urlsplit(final).netloc} ({final})")
+    at = _at(url, final)
+    if log is not None and at:
+        log(f"  {name}: redirected to host {_host(final)} ({final})")
     with resp:
-        sink = begin(_resumed(resp, offset))
-        buf = bytearray(CHUNK)
-        view = memoryview(buf)
-        got = 0
+        decode = _decoder((resp.headers.get("Content-Encoding") or "").strip().lower(), f"{url}{at}")
+        sink = begin(_resumed(resp, offset) if decode is None else False)  # an encoded body starts from 0 again
+        start = mark = said = time.monotonic()
+        got = marked = 0
+        report = min(HEARTBEAT_S, opts.timeout_s)
         while True:
             try:
-                n = resp.readinto(buf)
+                data = resp.read1(CHUNK)  # what has arrived: a whole-buffer read waits for every byte of it
             except TimeoutError:
-                raise _Transient(f"stalled: no data for {timeout:g} s after {got} bytes") from None
+                raise _Transient(f"stalled: no data for {timeout:g} s after {got} bytes{at}") from None
             except http.client.IncompleteRead:
-                raise _Transient(f"connection closed early after {got} bytes") from None
+                raise _Transient(f"connection closed early after {got} bytes{at}") from None
             except (ConnectionError, http.client.HTTPException, OSError) as e:
-                raise _Transient(f"connection lost after {got} bytes ({e!r})") from None
-            if not n:
+                raise _Transient(f"connection lost after {got} bytes ({e!r}){at}") from None
+            if not data:
                 break
-            got += n
-            advance(sink.write(view[:n]))  # progress counts new bytes only: a resumed part never shows 150 %
+            got += len(data)
+            if decode is not None:
+                try:
+                    data = decode.decompress(data)
+                except zlib.error as e:
+                    raise FetchError(f"{url}{at}: the server's {resp.headers['Content-Encoding']}-encoded body "
+                                     f"cannot be decoded ({e}); nothing was installed") from None
+            advance(sink.write(data))  # progress counts new bytes only: a resumed part never shows 150 %
+            now = time.monotonic()
+            if opts.deadline is not None and now > opts.deadline:
+                raise _past_deadline(opts, url, f"{byte_text(got)} arrived in {now - start:.0f} s{at}")
+            if log is not None and now - said >= report:
+                log(f"  {name}: {byte_text(got)} in {now - start:.0f} s ({byte_text(int(got / (now - start)))}/s)"
+                    f" from {_host(final)}")
+                said = now
+            if now - mark >= opts.timeout_s:
+                rate = (got - marked) / (now - mark)
+                if rate < opts.min_rate:
+                    raise _Transient(f"too slow: {byte_text(got - marked)} in {now - mark:.1f} s "
+                                     f"({byte_text(int(rate))}/s), under the {byte_text(opts.min_rate)}/s "
+                                     f"{ENV_MIN_RATE} asks for{at}")
+                mark, marked = now, got
+        if decode is not None:
+            advance(sink.write(decode.flush()))
+            if not decode.eof:
+                raise _Transient(f"the {resp.headers['Content-Encoding']}-encoded body ended early after {got} "
+                                 f"bytes{at}")
     declared = resp.headers.get("Content-Length")
     if declared is not None and declared.isdigit() and got < int(declared):
-        raise _Transient(f"connection closed early after {got} of {declared} bytes")
+        raise _Transient(f"connection closed early after {got} of {declared} bytes{at}")
 
 
 def _retrying(what: str, opts: FetchOptions, log: Log, once: Callable[[], None]) -> None:
@@ -268,14 +352,18 @@ def _retrying(what: str, opts: FetchOptions, log: Log, once: Callable[[], None])
             if attempt == attempts:
                 raise FetchError(
                     f"{what}: {e}; gave up after {attempts} attempts. Check the network and the server, "
-                    f"or allow more with {ENV_TIMEOUT}=<seconds> / {ENV_RETRIES}=<n>") from None
+                    f"or allow more with {ENV_TIMEOUT}=<seconds> / {ENV_RETRIES}=<n> / {ENV_MIN_RATE}=<bytes/s>"
+                    ) from None
             wait = min(opts.backoff_s * 2 ** (attempt - 1), 60.0)
+            if opts.deadline is not None and time.monotonic() + wait >= opts.deadline:
+                raise _past_deadline(opts, what, f"attempt {attempt}: {e}") from None
             log(f"  {what}: {e}; retrying in {wait:g} s (attempt {attempt + 1} of {attempts})")
             time.sleep(wait)
 
 
 def fetch_bytes(url: str, opts: FetchOptions, log: Log = _stderr, limit: int = MAX_MANIFEST_BYTES) -> bytes:
-    """A small file (the manifest) into memory, with the same timeouts and retries."""
+    """A small file (the manifest) into memory, with the same timeouts, rates, deadline, retries and progress."""
+    opts = opts.started()
     out = io.BytesIO()
 
     class Capped:
@@ -289,7 +377,7 @@ def fetch_bytes(url: str, opts: FetchOptions, log: Log = _stderr, limit: int = M
         out.truncate()
         return Capped()
 
-    _retrying(url, opts, log, lambda: _attempt(url, begin, 0, opts.timeout_s, lambda n: None, log))
+    _retrying(url, opts, log, lambda: _attempt(url, begin, 0, opts, lambda n: None, log))
     return out.getvalue()
 
 
@@ -302,7 +390,7 @@ def download(url: str, sink: _PartSink, size: int, sha256: str, opts: FetchOptio
     name = url.rsplit("/", 1)[-1]
 
     def once() -> None:
-        _attempt(url, sink.begin, sink.size, opts.timeout_s, advance, log)
+        _attempt(url, sink.begin, sink.size, opts, advance, log)
         if sink.size < size:
             raise _Transient(f"truncated: {sink.size} of {size} bytes")
         if sink.size > size:
@@ -335,6 +423,7 @@ class FetchResult:
 def read_manifest(base_url: str, cache_id: str, opts: FetchOptions, log: Log = _stderr) -> tuple[dict, str]:
     """The release's manifest, parsed and schema-checked; ReleaseNotFound when there is none."""
     url = f"{release_url(base_url, cache_id)}/{mf.MANIFEST_NAME}"
+    log(f"fetch: reading the manifest {url}")
     try:
         data = fetch_bytes(url, opts, log)
     except ReleaseNotFound:
@@ -410,7 +499,14 @@ def byte_text(n: int) -> str:
 
 def _prepare_parent(dest: Path) -> None:
     try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        trust.make_folders(dest.parent)  # mode 755 whatever the umask: the loader refuses a folder others may write
+        for folder, parent in ((dest.parent, True), (dest, False)):
+            why = trust.others_can_write(folder, parent)
+            if why:
+                raise FetchError(f"refusing to install libraries {'beside' if parent else 'into'} {folder}: {why}, "
+                                 "so another user could swap them for code that runs as whoever loads them (and the "
+                                 f"loader would refuse them). Fix it ({trust.fix(folder)}) or choose a folder of "
+                                 "your own (--dest, JAX_AITER_LIB_DIR or XDG_CACHE_HOME). Nothing was downloaded")
         probe = dest.parent / f".{dest.name}.probe-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
@@ -557,7 +653,7 @@ def fetch_release(base_url: str, want: dict, dest: Path, names: list[str] | None
                   strict_toolchain: bool = False, force: bool = False, opts: FetchOptions | None = None,
                   log: Log = _stderr) -> FetchResult:
     """Fetch the release of identity `want` (its libraries `names`, default all) into `dest`."""
-    opts = opts or FetchOptions.from_env()
+    opts = (opts or FetchOptions.from_env()).started()
     start = time.monotonic()
     cid = want.get("cache_id") or reuse_gate.cache_id(want)
     release = release_url(base_url, cid)
@@ -574,7 +670,9 @@ def fetch_release(base_url: str, want: dict, dest: Path, names: list[str] | None
         log(f"fetch: no pins: the release's own manifest is all that vouches for these bytes, so the store at "
             f"{base_url} is trusted (a wheel's pins, or `{remedies.door('jit_fetch')} --pins-from URL`, hold a fetch to known "
             "bytes; docs/security.md)")
+    waited = time.monotonic()
     lock = _lock(dest, opts, log)
+    opts = replace(opts, deadline=opts.deadline + time.monotonic() - waited)  # the wait for another fetch is not ours
     try:
         _clear_leftovers(dest, log)
         problems = installed(dest, cid, chosen)
@@ -597,6 +695,7 @@ def fetch_release(base_url: str, want: dict, dest: Path, names: list[str] | None
         staging = dest.parent / f".{dest.name}.fetch-{os.getpid()}"
         try:
             staging.mkdir()
+            staging.chmod(trust.SAFE_DIR_MODE)  # it becomes the destination: not the umask's mode
         except OSError as e:
             raise FetchError(f"cannot create {staging}: {e.strerror or e}; choose another destination (--dest)"
                              ) from None
@@ -611,6 +710,7 @@ def fetch_release(base_url: str, want: dict, dest: Path, names: list[str] | None
                 raise FetchError(f"{e}. Nothing was installed; fetch from the project's own release store") from None
             try:
                 (staging / mf.MANIFEST_NAME).write_text(mf.dumps(manifest))
+                (staging / mf.MANIFEST_NAME).chmod(trust.SAFE_FILE_MODE)
                 install_staged(staging, dest, chosen)
             except OSError as e:
                 raise FetchError(f"cannot write {e.filename or staging}: {e.strerror or e}; free disk space or "

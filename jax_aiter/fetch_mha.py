@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_arch_check:
             check_arch(identity)
         base = resolve_base_url(args.base_url, identity.get(BASE_URL_KEY))
-        dest = args.dest or _loader.fetch_cache_dir(identity)
+        dest = args.dest or _loader.fetch_cache_dir(identity, required=True)
         opts = FetchOptions.from_env()
         flags = {"timeout_s": args.timeout, "retries": args.retries, "progress": False if args.quiet else None}
         opts = dataclasses.replace(opts, **{k: v for k, v in flags.items() if v is not None})

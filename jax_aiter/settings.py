@@ -135,8 +135,14 @@ SETTINGS: tuple[Setting, ...] = (
             "libraries); a folder that does not exist is an error, not a silent fall-back", rule="folder"),
     Setting("JA_FETCH_BASE_URL", "runtime", "where JIT-library releases live (a wheel bakes the default in)",
             key="jit_libs_base_url", rule="text", accepts="https://, http://, file:// or a folder"),
-    _n("JA_FETCH_TIMEOUT_S", "runtime", "seconds without data before a fetch attempt is abandoned",
-       float, 0.1, 3600, 60.0, "seconds"),
+    _n("JA_FETCH_TIMEOUT_S", "runtime", "seconds without data before a fetch attempt is abandoned; also the window "
+       "JA_FETCH_MIN_RATE is judged over", float, 0.1, 3600, 60.0, "seconds"),
+    _n("JA_FETCH_MIN_RATE", "runtime", "bytes per second a download must average over each JA_FETCH_TIMEOUT_S "
+       "seconds, or the attempt is abandoned and retried (a server trickling bytes; 0: no minimum)", int, 0, 1 << 40,
+       10_000, "bytes per second"),
+    _n("JA_FETCH_DEADLINE_S", "runtime", "seconds one fetch may take, its retries and their waits included (a wait "
+       "for another fetch's lock not counted); then it stops, installing nothing", float, 1, 7 * 86400, 7200.0,
+       "seconds"),
     _n("JA_FETCH_RETRIES", "runtime", "retries of a fetch after the first attempt", int, 0, 20, 4),
     _n("JA_FETCH_BACKOFF_S", "runtime", "first wait before a retry; doubles each retry, at most 60 s",
        float, 0, 600, 2.0, "seconds"),

@@ -8,8 +8,10 @@ import os
 import re
 import resource
 import signal
+import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -346,3 +348,126 @@ def test_faults_fetch_refuses_a_symlinked_destination_folder(release, server, tm
     assert r.returncode == 1, r.stderr
     assert f"cannot lock {tmp_path / 'link'} for the fetch" in r.stderr and "not a symlink" in r.stderr
     assert list(real.iterdir()) == []
+
+
+# --- bounded time: a server trickling bytes, a deadline; progress on every download ----------------------------
+
+def test_faults_trickling_server_fails_in_bounded_time_with_progress(release, server, tmp_path):
+    """A server sending the manifest at 1 byte/s: JA_FETCH_TIMEOUT_S bounded only the gap between bytes, so the fetch
+    ran for days and printed nothing. Now the attempt is abandoned when it averages under JA_FETCH_MIN_RATE over
+    the timeout, retried, and the fetch ends within seconds, having said how far the manifest got."""
+    ident, _ = release
+    server.faults[mf.MANIFEST_NAME] = "trickle"
+    env = {"JA_FETCH_TIMEOUT_S": "2", "JA_FETCH_RETRIES": "1", "JA_FETCH_BACKOFF_S": "0.1", "CI": "1"}
+    start = time.monotonic()
+    r = run_py(["-m", "jax_aiter.fetch_mha", "--identity", str(_identity_file(tmp_path, ident, None, server.url)),
+                "--dest", str(tmp_path / "dest"), "--skip-arch-check"], env)
+    took = time.monotonic() - start
+    assert r.returncode == 1, r.stderr
+    assert took < 20, took
+    assert f"fetch: reading the manifest {server.url}/" in r.stderr, r.stderr
+    assert re.search(r"jit-libs-manifest\.json: \d+ bytes in \d+ s \(\d+ bytes?/s\) from 127\.0\.0\.1:", r.stderr), \
+        r.stderr
+    assert re.search(r"too slow: \d+ bytes in 2\.\d s \(\d+ bytes?/s\), under the 10 kB/s JA_FETCH_MIN_RATE asks for; "
+                     r"gave up after 2 attempts", r.stderr), r.stderr
+    assert not (tmp_path / "dest").exists()
+
+
+def test_faults_deadline_stops_a_fetch_that_never_stalls(release, server, tmp_path):
+    """No minimum rate (JA_FETCH_MIN_RATE=0): the whole fetch still stops at JA_FETCH_DEADLINE_S, naming it."""
+    ident, manifest = release
+    part = mf.select_files(manifest, ["libmha_bwd.so"])[0]["compressed"]["parts"][0]["name"]
+    server.faults[part] = "trickle"
+    server.trickle_pause = 0.2
+    env = {"JA_FETCH_TIMEOUT_S": "2", "JA_FETCH_MIN_RATE": "0", "JA_FETCH_DEADLINE_S": "3", "CI": "1"}
+    start = time.monotonic()
+    r = _fetch_mha(_identity_file(tmp_path, ident, manifest, server.url), tmp_path / "dest", env=env)
+    took = time.monotonic() - start
+    assert r.returncode == 1 and took < 15, (took, r.stderr)
+    assert f"{part}: the fetch did not finish within JA_FETCH_DEADLINE_S=3 s (" in r.stderr, r.stderr
+    assert "allow more time with JA_FETCH_DEADLINE_S=<seconds>" in r.stderr
+    assert not (tmp_path / "dest").exists() and not list(tmp_path.glob(".dest.fetch-*"))
+
+
+def test_faults_gzip_encoded_answers_are_decoded_not_called_truncated(release, server, tmp_path, fast_fetch_env):
+    """A server that gzips what it sends though asked not to (Content-Encoding: gzip): the manifest and a part are
+    decoded and verified as usual (the compressed length was reported as 'truncated')."""
+    ident, manifest = release
+    part = mf.select_files(manifest, ["libmha_fwd.so"])[0]["compressed"]["parts"][0]["name"]
+    server.faults[mf.MANIFEST_NAME] = "gzip"
+    server.faults[part] = "gzip"
+    dest = tmp_path / "dest"
+    fetch.fetch_release(server.url, ident, dest, MHA, opts=fetch.FetchOptions.from_env(), log=lambda m: None)
+    assert diff_entries(dest, mf.raw_entries(mf.select_files(manifest, MHA))) == []
+
+
+def test_faults_failure_after_a_redirect_names_the_host_that_failed(release, server, tmp_path, fast_fetch_env):
+    """The front host redirects to a mirror whose part is cut short every time: the error names the mirror's host,
+    where it failed (it named only the first URL)."""
+    ident, manifest = release
+    mirror_root = tmp_path / "mirror"
+    mirror_root.mkdir()
+    make_release(mirror_root, ident, sizes=SIZES)
+    part = mf.select_files(manifest, ["libmha_fwd.so"])[0]["compressed"]["parts"][0]["name"]
+    with FaultServer(mirror_root) as mirror:
+        mirror.faults[part] = "truncate"
+        server.redirect_to = mirror.url.replace("127.0.0.1", "localhost")
+        with pytest.raises(fetch.FetchError) as e:
+            fetch.fetch_release(server.url, ident, tmp_path / "dest", MHA, opts=fetch.FetchOptions.from_env(),
+                                log=lambda m: None)
+    host = mirror.url.replace("127.0.0.1", "localhost").split("//", 1)[1]
+    assert f"(at {host}, where {server.url.split('//', 1)[1]} redirected: " in str(e.value), e.value
+    assert "gave up after 3 attempts" in str(e.value)
+
+
+# --- where the fetch installs: a home folder, folders nobody else may write --------------------------------------
+
+def test_faults_empty_home_is_refused_not_the_filesystem_root(release, server, tmp_path):
+    """HOME='' and no XDG_CACHE_HOME: the fetch installed into /.cache (Path.home() of an empty HOME is /). Now it
+    says there is no cache folder and how to give one, and writes nothing."""
+    ident, manifest = release
+    had = os.path.exists("/.cache/jax-aiter")
+    r = run_py(["-m", "jax_aiter.fetch_mha", "--identity", str(_identity_file(tmp_path, ident, manifest, server.url)),
+                "--quiet"], {"HOME": "", "XDG_CACHE_HOME": "", "JAX_AITER_LIB_DIR": ""})
+    assert r.returncode == 1, r.stderr
+    assert "no cache folder for fetched libraries: HOME='' is not a home folder and XDG_CACHE_HOME is unset" in r.stderr
+    assert "set XDG_CACHE_HOME (or JAX_AITER_LIB_DIR) to a folder of your own, or pass --dest" in r.stderr
+    assert os.path.exists("/.cache/jax-aiter") == had and server.requests == []
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_faults_fetch_under_umask_000_makes_no_folder_others_may_write(release, server, tmp_path):
+    """umask 000: the fetch made a mode-777 library folder (and parents), which the loader must then refuse. Every
+    folder it makes is 755 and every file 755 (libraries) or 644 (the manifest copy), whatever the umask."""
+    ident, manifest = release
+    dest = tmp_path / "cache" / "jax-aiter" / "dest"
+    r = _fetch_mha(_identity_file(tmp_path, ident, manifest, server.url), dest, preexec_fn=lambda: os.umask(0))
+    assert r.returncode == 0, r.stderr
+    assert [_mode(p) for p in (tmp_path / "cache", dest.parent, dest)] == [0o755] * 3
+    assert {p.name: _mode(p) for p in dest.iterdir()} == {"libmha_fwd.so": 0o755, "libmha_bwd.so": 0o755,
+                                                         mf.MANIFEST_NAME: 0o644}
+
+
+@pytest.mark.parametrize("where", ["dest", "parent"])
+def test_faults_fetch_refuses_a_folder_others_may_write(release, server, tmp_path, where):
+    """`--force` into a mode-777 folder (or beside one in a mode-777 parent) is refused before downloading, naming
+    the folder, its mode and the fix; a sticky parent such as /tmp is not a risk (others cannot rename what is
+    ours in it) and is used."""
+    ident, manifest = release
+    parent = tmp_path / "shared"
+    dest = parent / "dest"
+    dest.mkdir(parents=True)
+    (dest if where == "dest" else parent).chmod(0o777)
+    idf = _identity_file(tmp_path, ident, manifest, server.url)
+    r = _fetch_mha(idf, dest, "--force")
+    shown = dest if where == "dest" else parent
+    assert r.returncode == 1, r.stderr
+    assert (f"refusing to install libraries {'into' if where == 'dest' else 'beside'} {shown}: group and others may "
+            f"write to it (mode 777)") in r.stderr and f"(chmod go-w {shown})" in r.stderr, r.stderr
+    assert [q for q in server.requests if not q[1].endswith(mf.MANIFEST_NAME)] == [] and list(dest.iterdir()) == []
+    if where == "parent":
+        parent.chmod(0o1777)
+        assert _fetch_mha(idf, dest, "--force").returncode == 0

@@ -237,3 +237,65 @@ def test_faults_info_into_a_closed_pipe_prints_no_traceback(install, tmp_path):
         os.close(write)
     assert "Traceback" not in r.stderr and "BrokenPipeError" not in r.stderr, r.stderr
     assert r.returncode == 0
+
+
+@pytest.mark.parametrize("where", ["lib_dir", "library"])
+def test_faults_library_others_may_write_is_not_loaded(checkout, tmp_path, where):
+    """Root (this test runs as whoever runs the suite: root in CI) loaded libraries from a mode-777
+    JAX_AITER_LIB_DIR, where any user could swap one for code that then runs as root. A library whose folder, or
+    the file itself, others may write is refused before dlopen, naming it, the mode and the fix (not a new
+    download: the folder would still be open); info says the same."""
+    build, env = checkout
+    lib_dir = tmp_path / "libs"
+    lib_dir.mkdir()
+    for n in ("libjax_aiter.so", "rmsnorm_fwd_ja.so"):
+        shutil.copyfile(build / "jax_aiter_build" / n, lib_dir / n)
+    shutil.copyfile(build / "aiter_build" / "librmsnorm_fwd.so", lib_dir / "librmsnorm_fwd.so")
+    env = {**env, "JAX_AITER_LIB_DIR": str(lib_dir)}
+    assert _py(env, RMS, tmp_path).returncode == 0  # the same libraries in a folder of one's own load
+    shared = lib_dir if where == "lib_dir" else lib_dir / "libjax_aiter.so"
+    shared.chmod(0o777)
+    r = _py(env, RMS, tmp_path)
+    assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
+    said = f"{'its folder ' if where == 'lib_dir' else ''}{shared}: group and others may write to it (mode 777)"
+    assert said in r.stderr and "could replace it with code that runs as you; it is not loaded" in r.stderr, \
+        r.stderr[-2000:]
+    assert f"chmod go-w {shared}" in r.stderr and "--force" not in r.stderr
+    i = _info(env, tmp_path)
+    assert i.returncode == 1 and said in i.stdout, i.stdout
+
+
+def test_faults_library_this_user_cannot_read_is_not_answered_with_force(tmp_path):
+    """A fetched attention library another user's umask left unreadable to this one: Permission denied was answered
+    with `jax-aiter-fetch-mha --force`, which cannot help (the fetch reuses the folder). Now the fix is the
+    permission. Run by a real user without the right (nobody) under the system Python 3 (pyenv's is under /root)."""
+    import tempfile
+
+    _built()
+    python = shutil.which("python3", path="/usr/bin")
+    if os.getuid() != 0 or python is None:
+        pytest.skip(f"needs root to run a process as nobody (uid {os.getuid()}) and /usr/bin/python3 ({python})")
+    world = Path(tempfile.mkdtemp(prefix="ja-perm-", dir="/tmp"))
+    try:
+        world.chmod(0o755)
+        pkg = world / "site" / "jax_aiter"
+        shutil.copytree(ROOT / "jax_aiter", pkg, ignore=shutil.ignore_patterns("__pycache__", "_lib", "*.json.tmp*"))
+        ident = {"version": "0.1.0", "variant": "lite", "cache_id": "0123456789abcdef", "backend": "cpu"}
+        (pkg / "_build_identity.json").write_text(json.dumps(ident))
+        cache = world / "cache" / "jax-aiter" / "0.1.0" / "0123456789abcdef"
+        cache.mkdir(parents=True)
+        shutil.copyfile(JIT_DIR / "libmha_fwd.so", cache / "libmha_fwd.so")
+        (cache / "libmha_fwd.so").chmod(0o600)  # root's, unreadable to anyone else
+        for d in [world, *world.rglob("*")]:
+            if d.is_dir():
+                d.chmod(0o755)
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(world / "site"), "XDG_CACHE_HOME": str(world / "cache"),
+               "HOME": str(world)}
+        r = subprocess.run([python, "-m", "jax_aiter", "info"], env=env, cwd=world, capture_output=True, text=True,
+                           timeout=60, check=False, user=65534, group=65534)
+    finally:
+        shutil.rmtree(world, ignore_errors=True)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "Permission denied" in r.stdout and f"make it readable to you (chmod a+r {cache / 'libmha_fwd.so'}" \
+        in r.stdout, r.stdout
+    assert "jax-aiter-fetch-mha --force" not in r.stdout

@@ -2,6 +2,7 @@
 checkout, generated libraries and releases. Small files only; no GPU, no native build."""
 from __future__ import annotations
 
+import gzip
 import hashlib
 import http.server
 import json
@@ -35,7 +36,9 @@ class FaultServer:
 
     faults[name] is one of: "404", "stall" (half the body, then silence),
     "truncate" (full Content-Length, half the body, then close), "tamper" (one
-    byte flipped), "slow" (small chunks with pauses); a "_once" suffix applies it
+    byte flipped), "slow" (small chunks with pauses), "trickle" (one byte every
+    trickle_pause seconds: a server that never stalls long enough to time out), "gzip" (the body gzip-encoded,
+    Content-Encoding: gzip, though the client asked for none); a "_once" suffix applies it
     to the first request only; "huge" streams zeros (1 GiB, no Content-Length) until the client stops.
     Range requests get 206 (unless ignore_range: then 200 and the whole body, as some servers do;
     full_206: 206 carrying the whole body); redirect_to sends every GET there (302); PUT stores files.
@@ -48,6 +51,7 @@ class FaultServer:
         self.sent: dict[str, int] = {}
         self.release = threading.Event()
         self.slow_chunk, self.slow_pause = 16 << 10, 0.02
+        self.trickle_pause = 1.0
         self.ignore_range = False
         self.full_206 = False
         self.redirect_to: str | None = None
@@ -111,6 +115,9 @@ class FaultServer:
                 else:
                     self.send_response(200)
                 body = body[start:]
+                if mode == "gzip":
+                    body = gzip.compress(body)
+                    self.send_header("Content-Encoding", "gzip")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 try:
@@ -122,13 +129,15 @@ class FaultServer:
                             server.release.wait(30)
                         self.close_connection = True
                         return
-                    step = server.slow_chunk if mode == "slow" else len(body) or 1
+                    step = {"slow": server.slow_chunk, "trickle": 1}.get(mode, len(body) or 1)
                     for i in range(0, len(body), step):
                         self.wfile.write(body[i:i + step])
                         self.wfile.flush()
                         server.sent[name] = server.sent.get(name, 0) + len(body[i:i + step])
                         if mode == "slow":
                             time.sleep(server.slow_pause)
+                        elif mode == "trickle" and server.release.wait(server.trickle_pause):
+                            break  # the server is shutting down
                 except (BrokenPipeError, ConnectionResetError):
                     self.close_connection = True
 
