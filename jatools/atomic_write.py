@@ -9,10 +9,11 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
+
+from jax_aiter import folder_lock
 
 _PID_SUFFIX = re.compile(r"\.(?:tmp|old)-?(\d+)$")
 
@@ -36,10 +37,7 @@ def remove_dead_temps(folder: Path, log: Callable[[str], None] = print) -> list[
         if not p.name.startswith(".") or not m or int(m.group(1)) == os.getpid() or _alive(int(m.group(1))):
             continue
         log(f"removing {p}, left by process {m.group(1)}, which is no longer running")
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p, ignore_errors=True)
-        else:
-            p.unlink(missing_ok=True)
+        folder_lock.remove(p)
         removed.append(p)
     return removed
 

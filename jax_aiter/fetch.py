@@ -32,7 +32,6 @@ Runs at runtime, so it must not import JAX.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import http.client
 import io
@@ -50,7 +49,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from jax_aiter import blob, integrity, provenance, remedies, reuse_gate, settings, trust
+from jax_aiter import (
+    blob,
+    folder_lock,
+    integrity,
+    provenance,
+    remedies,
+    reuse_gate,
+    settings,
+    trust,
+)
 from jax_aiter import manifest as mf
 from jax_aiter.integrity import diff_entries
 from jax_aiter.progress import Progress
@@ -446,36 +454,11 @@ def check_identity(want: dict, manifest: dict, source: str, strict_toolchain: bo
     return cmp.warnings
 
 
-class _FolderLock:
-    """An exclusive flock on the destination's parent folder itself: fetches into one folder take turns, and
-    no lock file is made, so none is left behind (a lock file beside the destination outlived every fetch,
-    failed or not, and removing it safely races with a fetch waiting on it). The folder is opened with
-    O_NOFOLLOW: a symlink there is never followed."""
-
-    def __init__(self, folder: Path):
-        self.folder = folder
-        self._fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-
-    def acquire(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return True
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    return False
-                time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
-
-    def release(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)  # closing the descriptor drops the flock
-            self._fd = -1
-
-
-def _lock(dest: Path, opts: FetchOptions, log: Log) -> _FolderLock:
+def _lock(dest: Path, opts: FetchOptions, log: Log) -> folder_lock.FolderLock:
+    """The lock on the destination's parent (jax_aiter/folder_lock.py: the JIT build of a build tree takes the same
+    one, so a fetch into build/aiter_build and a build there take turns)."""
     try:
-        lock = _FolderLock(dest.parent)
+        lock = folder_lock.FolderLock(dest.parent)
     except OSError as e:
         raise FetchError(f"cannot lock {dest.parent} for the fetch: {e.strerror or e} (it must be a real folder, "
                          "not a symlink); choose another destination (--dest)") from None
@@ -520,13 +503,6 @@ def _prepare_parent(dest: Path) -> None:
         raise FetchError(f"cannot write to {e.filename or dest.parent}: {e.strerror or e}; choose a writable "
                          "destination (--dest, JAX_AITER_LIB_DIR or XDG_CACHE_HOME) or fix its permissions. "
                          "Nothing was changed") from None
-
-
-def _clear_leftovers(dest: Path, log: Log) -> None:
-    """Staging folders of earlier fetches (killed or failed); safe to remove while holding the lock."""
-    for stale in sorted(dest.parent.glob(f".{dest.name}.fetch-*")):
-        log(f"fetch: removing leftovers of an interrupted fetch: {stale}")
-        shutil.rmtree(stale, ignore_errors=True)
 
 
 def check_pins(files: list[dict], want: dict, source: str) -> None:
@@ -674,7 +650,7 @@ def fetch_release(base_url: str, want: dict, dest: Path, names: list[str] | None
     lock = _lock(dest, opts, log)
     opts = replace(opts, deadline=opts.deadline + time.monotonic() - waited)  # the wait for another fetch is not ours
     try:
-        _clear_leftovers(dest, log)
+        folder_lock.remove_leftovers(dest.parent, f".{dest.name}.fetch-*", log, "fetch")  # a killed fetch's
         problems = installed(dest, cid, chosen)
         if problems == [] and want.get("pins"):  # installed and verified, but are they the pinned bytes?
             copy = dest / mf.MANIFEST_NAME

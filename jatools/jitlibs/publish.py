@@ -34,9 +34,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from jatools import config
+from jatools import atomic_write, config
 from jatools.native import jit_build
-from jax_aiter import __version__, blob, fetch, provenance, remedies, reuse_gate
+from jax_aiter import (
+    __version__,
+    blob,
+    fetch,
+    folder_lock,
+    provenance,
+    remedies,
+    reuse_gate,
+)
 from jax_aiter import manifest as mf
 from jax_aiter.integrity import (
     RECORD_NAME,
@@ -214,7 +222,6 @@ def stage(record: dict, ident: dict, jit_dir: Path, stage_root: Path, comp: Comp
         return staged, folder
     stage_root.mkdir(parents=True, exist_ok=True)
     tmp = stage_root / f".{tag}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     modules = {m["file"]["name"]: (name, m.get("instances")) for name, m in record["modules"].items()}
     files = []
@@ -252,9 +259,10 @@ def stage(record: dict, ident: dict, jit_dir: Path, stage_root: Path, comp: Comp
 class FolderTarget:
     """A folder (or file:// URL): `<folder>/<tag>/<asset>`, each written to a temporary name and renamed."""
 
-    def __init__(self, root: Path, tag: str):
+    def __init__(self, root: Path, tag: str, log: Log = print):
         self.folder = root / tag
         self.description = str(self.folder)
+        self.log = log
 
     def existing_manifest(self) -> bytes | None:
         path = self.folder / mf.MANIFEST_NAME
@@ -263,10 +271,12 @@ class FolderTarget:
     def upload(self, paths: list[Path]) -> None:
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            for p in paths:
-                tmp = self.folder / f".{p.name}.tmp-{os.getpid()}"
-                shutil.copyfile(p, tmp)
-                os.replace(tmp, self.folder / p.name)
+            with folder_lock.hold(self.folder, "publish", self.log):  # one publish at a time writes here
+                atomic_write.remove_dead_temps(self.folder, lambda m: self.log(f"publish: {m}"))
+                for p in paths:
+                    tmp = self.folder / f".{p.name}.tmp-{os.getpid()}"
+                    shutil.copyfile(p, tmp)
+                    os.replace(tmp, self.folder / p.name)
         except OSError as e:
             raise PublishError(f"cannot write to {e.filename or self.folder}: {e.strerror or e}; "
                                "choose a writable target (--to)") from None
@@ -350,8 +360,8 @@ class GhReleaseTarget:
                                "manifest yet, so consumers ignore it; run the publish again")
 
 
-def target_for(spec: str, tag: str, runner: Runner | None = None,
-               notes: str = "") -> FolderTarget | HttpTarget | GhReleaseTarget:
+def target_for(spec: str, tag: str, runner: Runner | None = None, notes: str = "",
+               log: Log = print) -> FolderTarget | HttpTarget | GhReleaseTarget:
     """`gh` or `gh:OWNER/REPO`, a GitHub repository's release-download URL (JA_FETCH_BASE_URL on GitHub: its
     releases, through gh), another http(s):// URL, a file:// URL, or a folder: so a job can publish to the base URL
     its consumers fetch from."""
@@ -360,7 +370,7 @@ def target_for(spec: str, tag: str, runner: Runner | None = None,
         return GhReleaseTarget(tag, repo or spec[3:] or None, runner or subprocess_runner, notes)
     if spec.startswith(("http://", "https://")):
         return HttpTarget(spec, tag, fetch.FetchOptions.from_env())
-    return FolderTarget(Path(urllib.request.url2pathname(fetch.as_url(spec)[len("file://"):])), tag)
+    return FolderTarget(Path(urllib.request.url2pathname(fetch.as_url(spec)[len("file://"):])), tag, log)
 
 
 # --- the whole step -----------------------------------------------------------------------
@@ -377,7 +387,7 @@ def publish(settings: config.Settings, to: str, *, level: int | None = None, win
     comp = Compression.from_settings(settings, level, window_log)
     limit = asset_limit or int(settings.raw["jit_libs_asset_limit"])
     notes = "jax-aiter JIT libraries. Identity:\n\n```json\n" + json.dumps(ident, indent=2, sort_keys=True) + "\n```"
-    target = None if stage_only else target_for(to, tag, runner, notes)
+    target = None if stage_only else target_for(to, tag, runner, notes, log)
     existing = target.existing_manifest() if target else None
     if existing is not None:
         have = mf.parse(existing, f"{target.description}/{mf.MANIFEST_NAME}")
@@ -389,6 +399,14 @@ def publish(settings: config.Settings, to: str, *, level: int | None = None, win
             "(consumers may have fetched it). Its libraries have the same identity, so reuse them "
             f"(`{remedies.door('jit_fetch')}`) instead of publishing")
     stage_root = settings.path("jit_publish")
+    stage_root.mkdir(parents=True, exist_ok=True)
+    with folder_lock.hold(stage_root, "publish", log):  # one publish at a time stages here
+        atomic_write.remove_dead_temps(stage_root, lambda m: log(f"publish: {m}"))  # what killed ones left
+        return _publish_staged(record, ident, jit_dir, stage_root, comp, limit, target, tag, start, log)
+
+
+def _publish_staged(record: dict, ident: dict, jit_dir: Path, stage_root: Path, comp: Compression, limit: int,
+                    target, tag: str, start: float, log: Log) -> dict:
     manifest, folder = stage(record, ident, jit_dir, stage_root, comp, limit, log)
     assets = [folder / p["name"] for f in manifest["files"] for p in f["compressed"]["parts"]]
     if target is not None:
@@ -397,7 +415,7 @@ def publish(settings: config.Settings, to: str, *, level: int | None = None, win
         target.upload([folder / mf.MANIFEST_NAME])  # last: its presence marks the release complete
     raw_total = sum(f["size"] for f in manifest["files"])
     comp_total = sum(f["compressed"]["size"] for f in manifest["files"])
-    summary = {"release_tag": tag, "status": "staged" if stage_only else "published",
+    summary = {"release_tag": tag, "status": "staged" if target is None else "published",
                "target": target.description if target else None, "staged": str(folder),
                "files": len(manifest["files"]), "assets": len(assets), "raw_bytes": raw_total,
                "compressed_bytes": comp_total, "seconds": round(time.monotonic() - start, 2),

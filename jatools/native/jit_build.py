@@ -29,7 +29,7 @@ from pathlib import Path
 from jatools import atomic_write, config
 from jatools.native import jit_modules, jit_ninja, jit_packages, toolchain
 from jatools.native.jit_modules import ARCH_KINDS, BuildError
-from jax_aiter import op_table
+from jax_aiter import folder_lock, op_table
 from jax_aiter.integrity import RECORD_NAME, RECORD_SCHEMA, file_entry, sha256_files
 from jax_aiter.reuse_gate import cache_id
 
@@ -225,6 +225,15 @@ def build(module_names: list[str] | None, jobs: int | None, verbose: bool, log_p
     umbrella = settings.umbrella_dir / "libjax_aiter.so"
     if not umbrella.exists():
         raise BuildError(f"{umbrella.relative_to(settings.root)} is missing; run `make` (or `nox -s umbrella`) first")
+    # One JIT build (or fetch) at a time in a build tree: two `nox -s release` runs of one checkout ran two ninja
+    # builds in one build/aiter_build at once. The later one waits, then finds its work done (ninja: no-op).
+    settings.jit_dir.parent.mkdir(parents=True, exist_ok=True)
+    with folder_lock.hold(settings.jit_dir.parent.resolve(), "build_jit", lambda m: print(m, flush=True)):
+        _build_locked(settings, tc, all_modules, names, jobs, verbose, log_path)
+
+
+def _build_locked(settings: config.Settings, tc: toolchain.Toolchain, all_modules: dict, names: list[str],
+                  jobs: int | None, verbose: bool, log_path: Path | None) -> None:
     modules = {n: all_modules[n] for n in names}
     kinds_of = {n: jit_modules.build_kinds(m, tc) for n, m in modules.items()}
     packages = jit_packages.package_includes(settings.root, modules, kinds_of, resolve=True)
@@ -271,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     modules = [m.strip() for m in args.module.split(",") if m.strip()] if args.module else None
     try:
         build(modules, args.jobs, args.verbose, args.log)
-    except (BuildError, toolchain.ToolchainError, ValueError) as e:
+    except (BuildError, toolchain.ToolchainError, ValueError, folder_lock.FolderLockError) as e:
         print(f"build_jit: error: {e}", file=sys.stderr)
         return 2
     return 0

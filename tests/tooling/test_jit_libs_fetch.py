@@ -286,7 +286,7 @@ def test_a_fetch_killed_mid_download_leaves_the_previous_state_and_the_next_one_
     del server.faults["libmha_fwd.so.zst"]
     done = run_py(args)
     assert done.returncode == 0, done.stderr
-    assert "removing leftovers of an interrupted fetch" in done.stderr
+    assert "fetch: removing leftovers of an interrupted run" in done.stderr
     assert not list(dest.parent.glob(f".{dest.name}.fetch-*"))
     assert diff_entries(dest, mf.raw_entries(mf.select_files(manifest, MHA))) == []
 
