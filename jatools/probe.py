@@ -8,6 +8,15 @@ import shutil
 import subprocess
 
 TOOL_TIMEOUT_S = 10.0  # a GPU probe that takes longer is broken, not slow
+KFD = "/dev/kfd"  # the amdgpu driver's compute device: every AMD GPU a ROCm program can use is behind it
+KFD_ENV = "JA_KFD_PATH"  # where to look for it instead (a test's stand-in for a host with AMD GPUs)
+
+
+def no_amd_gpu(env: dict[str, str]) -> str | None:
+    """Why this host certainly has no AMD GPU (no /dev/kfd), else None (then ask rocminfo). A host with ROCm's
+    user-space tools and no GPU (Debian's rocminfo on a build box) has rocminfo exit 1; that is not a broken probe."""
+    node = env.get(KFD_ENV) or KFD
+    return None if os.path.exists(node) else f"no {node}: no AMD GPU driver, so no AMD GPU"
 
 
 def tool_lines(cmd: list[str], env: dict[str, str]) -> list[str] | str | None:

@@ -180,6 +180,9 @@ SETTINGS: tuple[Setting, ...] = (
     # 0.9 / n must stay >= 0.01 as XLA_PYTHON_CLIENT_MEM_FRACTION with two decimals
     _n("JA_TESTS_PER_GPU", "tests", "GPU slots per GPU: tests that may share one GPU", int, 1, 64, 1),
     _n("JA_GPU_SLOT_TIMEOUT", "tests", "how long to wait for a free GPU slot", float, 0, 7 * 86400, 900.0, "seconds"),
+    Setting("JA_KFD_PATH", "tests", "the AMD GPU driver's device the GPU count and the arch detection look for "
+            "before asking rocminfo (no such device: no AMD GPU); a test points it at a stand-in",
+            default="/dev/kfd", accepts="a path", internal=True),
     Setting("JA_GPU_LOCK_DIR", "tests", "where the GPU slot locks live",
             default="$XDG_RUNTIME_DIR/jax-aiter-gpu-locks, else $TMPDIR/jax-aiter-gpu-locks-<uid>", accepts="a folder"),
     Setting("JA_GPU_SLOT", "tests", "0: pytest workers never take a GPU slot; 1: a run without xdist takes one "

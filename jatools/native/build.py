@@ -44,12 +44,26 @@ def jit_mode(requested: str | None, env: dict[str, str]) -> str:
     return mode
 
 
+def resolved_backend(env: dict[str, str]) -> dict[str, str]:
+    """JA_BACKEND (and GPU_ARCHS, unless set) as `auto` resolves now, for every step of one run: each step resolving
+    it again let a toolchain that appeared mid-run make the JIT step CUDA and ja_mods ROCm. {} when the backend is
+    named already."""
+    settings = config.load(env=env)
+    if settings.backend != "auto":
+        return {}
+    tc = toolchain.detect(settings, env=env)
+    print(f"native build: {tc.how[-1]}; every step of this run builds for it", flush=True)
+    return {"JA_BACKEND": tc.backend, **({"GPU_ARCHS": ";".join(tc.archs)} if tc.archs and not settings.gpu_archs
+                                        else {})}
+
+
 def native_steps(*, jit: str | None = None, shims: str = "ja_mods", jobs: int | None = None,
                  env: dict[str, str] | None = None) -> list[steps.Step]:
     """The umbrella, then the JIT libraries built or taken, then the FFI shims, as steps for jatools.steps.run."""
     env = dict(os.environ if env is None else env)
     root = config.repo_root()
     env.setdefault("JA_ROOT_DIR", str(root))
+    env.update(resolved_backend(env))
     mode = jit_mode(jit, env)
     jflag = [f"-j{jobs}"] if jobs else []
     step = lambda name, argv: steps.Step(name, argv, env, root)

@@ -9,6 +9,7 @@ build can print why it chose what it chose.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import shlex
@@ -178,6 +179,8 @@ def present_archs(backend: str, env: dict[str, str]) -> tuple[tuple[str, ...], s
     """The archs of the GPUs on this host for `backend` (none when its tool is absent or fails) and a note saying
     where they came from, or why none did."""
     cmd, pattern = ARCH_PROBES[backend]
+    if backend == "rocm" and (none := probe.no_amd_gpu(env)):
+        return (), f"GPU_ARCHS unset and {none}: the default archs"
     lines = probe.tool_lines(cmd, env)
     if not isinstance(lines, list):
         return (), f"GPU_ARCHS unset and {lines or f'no {cmd[0]} on PATH'}: the default archs"
@@ -189,46 +192,78 @@ def present_archs(backend: str, env: dict[str, str]) -> tuple[tuple[str, ...], s
 
 def detect(settings: config.Settings, env: dict[str, str] | None = None, which=shutil.which,
            check_archs: bool = True) -> Toolchain:
+    """The toolchain of settings.backend; for `auto`, the first of ROCm, CUDA that can build for the archs it would
+    target (asked of its compiler, whatever `check_archs` says), else the CPU, with why in `how`."""
     env = dict(os.environ if env is None else env)
     cxx = env.get("CXX", "g++")
-    how: list[str] = []
-    want = settings.backend
-    rocm_root = hipcc = nvcc = None
-    if want in ("auto", "rocm"):
-        rocm_root, hipcc, notes = find_rocm(env, settings.raw.get("rocm_legacy_root", "/opt/rocm"), which)
-        how += notes
-        if want == "rocm" and not hipcc:
-            raise ToolchainError("JA_BACKEND=rocm but no ROCm toolchain was found (no ROCM_PATH, no /opt/rocm, no "
-                                 "rocm-sdk, no hipcc on PATH); install ROCm or TheRock (pip install rocm[devel]), or "
-                                 "use JA_BACKEND=cpu")
-    if want == "cuda" or (want == "auto" and not hipcc):
-        nvcc, notes = find_nvcc(env, which)
-        how += notes
-        if want == "cuda" and not nvcc:
-            raise ToolchainError("JA_BACKEND=cuda but nvcc was not found on PATH or in CUDA_HOME; "
-                                 "install the CUDA toolkit or set CUDA_HOME, or use JA_BACKEND=cpu")
-    backend = "rocm" if hipcc and want in ("auto", "rocm") else "cuda" if nvcc else "cpu"
-    if want == "auto":
-        how.append(f"JA_BACKEND=auto resolved to {backend}")
-    cxxv = cxx_version(cxx)
+    if settings.backend != "auto":
+        return _detect(settings.backend, settings, env, which, cxx, check_archs, [])
+    passed: list[str] = []  # why each earlier backend was not taken
+    notes: list[str] = []   # what each attempt found (where its archs came from)
+    for backend in ("rocm", "cuda"):
+        attempt: list[str] = []
+        try:
+            tc = _detect(backend, settings, env, which, cxx, True, attempt)
+        except _Absent as e:
+            passed.append(e.note)
+            continue
+        except ToolchainError as e:
+            passed.append(f"{backend}: {e}")
+            notes += attempt
+            continue
+        return dataclasses.replace(tc, how=(*notes, *tc.how, f"JA_BACKEND=auto resolved to {backend}, the first "
+                                            f"backend that builds for {';'.join(tc.archs)}"
+                                            + (f" ({'; '.join(passed)})" if passed else "")))
+    return Toolchain("cpu", cxx, cxx_version(cxx),
+                     how=(*notes, f"JA_BACKEND=auto resolved to cpu ({'; '.join(passed)})"))
+
+
+class _Absent(ToolchainError):
+    """The backend's compiler is not installed (for auto: try the next backend; `note` says so in a few words)."""
+
+    def __init__(self, message: str, note: str):
+        super().__init__(message)
+        self.note = note
+
+
+def _detect(backend: str, settings: config.Settings, env: dict[str, str], which, cxx: str, check_archs: bool,
+            how: list[str]) -> Toolchain:
+    """The toolchain of one backend (cpu, cuda or rocm): its compiler, archs (GPU_ARCHS, else the GPUs present, else
+    the default) and versions; _Absent when its compiler is not installed, ToolchainError when it refuses an arch.
+    What it finds is appended to `how` as it goes (so a caller has it when it fails too)."""
     if backend == "cpu":
-        return Toolchain("cpu", cxx, cxxv, how=tuple(how))
+        return Toolchain("cpu", cxx, cxx_version(cxx), how=tuple(how))
+    if backend == "rocm":
+        rocm_root, compiler, notes = find_rocm(env, settings.raw.get("rocm_legacy_root", "/opt/rocm"), which)
+        if not compiler:
+            raise _Absent("JA_BACKEND=rocm but no ROCm toolchain was found (no ROCM_PATH, no /opt/rocm, no rocm-sdk, "
+                          "no hipcc on PATH); install ROCm or TheRock (pip install rocm[devel]), or use JA_BACKEND=cpu",
+                          "rocm: no ROCm toolchain")
+    else:
+        compiler, notes = find_nvcc(env, which)
+        rocm_root = None
+        if not compiler:
+            raise _Absent("JA_BACKEND=cuda but nvcc was not found on PATH or in CUDA_HOME; install the CUDA toolkit "
+                          "or set CUDA_HOME, or use JA_BACKEND=cpu", "cuda: no nvcc")
+    how += notes
     archs = list(settings.gpu_archs or ())
     if not archs:
         present, note = present_archs(backend, env)
-        archs, how = list(present or settings.default_archs(backend)), [*how, note]
+        archs = list(present or settings.default_archs(backend))
+        how.append(note)
+    cxxv = cxx_version(cxx)
     if backend == "cuda":
         archs = [normalise_cuda_arch(a) for a in archs]
         if check_archs:
-            check_cuda_archs(nvcc, archs)
-        ver = nvcc_version(nvcc)
-        return Toolchain("cuda", cxx, cxxv, nvcc, ver, ver, cuda_home=str(Path(nvcc).parent.parent),
+            check_cuda_archs(compiler, archs)
+        ver = nvcc_version(compiler)
+        return Toolchain("cuda", cxx, cxxv, compiler, ver, ver, cuda_home=str(Path(compiler).parent.parent),
                          archs=tuple(archs), how=tuple(how))
     if check_archs:
-        check_rocm_archs(hipcc, archs, env)
-    ver = hipcc_version(hipcc)
+        check_rocm_archs(compiler, archs, env)
+    ver = hipcc_version(compiler)
     platform_version = rocm_sdk_version(env, which) or ver
-    return Toolchain("rocm", cxx, cxxv, hipcc, ver, platform_version, rocm_root=rocm_root,
+    return Toolchain("rocm", cxx, cxxv, compiler, ver, platform_version, rocm_root=rocm_root,
                      archs=tuple(archs), how=tuple(how))
 
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jatools.probe import tool_lines
+from jatools.probe import no_amd_gpu, tool_lines
 from jax_aiter import settings
 
 GPU_COUNT_ENV = "JA_GPU_COUNT"          # override: number of GPUs (skips rocminfo / nvidia-smi)
@@ -115,6 +115,9 @@ def detect(env: dict[str, str] | None = None) -> Gpus:
     else:
         platform, found, how, failed = "cpu", (), "no GPU: rocminfo and nvidia-smi found none", []
         for kind, cmd, pattern, said in PROBES:
+            if kind == "rocm" and (none := no_amd_gpu(env)):
+                how = f"no GPU: {none}, and nvidia-smi found none"
+                continue  # rocminfo exits 1 there: that is the answer, not a broken probe
             out = tool_lines(cmd, env)
             if isinstance(out, str):
                 failed.append(out)

@@ -109,14 +109,15 @@ def test_therock_without_hipcc_on_path_is_an_error(tools, tmp_path):
     bin_dir, settings, env = tools
     _tool(bin_dir, "rocm-sdk", f"#!/bin/sh\necho {tmp_path}\n")
     with pytest.raises(toolchain.ToolchainError, match="hipcc is not on PATH"):
-        toolchain.detect(settings(), env=env())
+        toolchain.detect(settings(backend="rocm"), env=env())
+    assert "hipcc is not on PATH" in toolchain.detect(settings(), env=env()).how[-1]  # auto: said, and passed by
 
 
 def test_rejected_rocm_arch_names_arch_and_compiler(tools):
     bin_dir, settings, env = tools
     hipcc = _tool(bin_dir, "hipcc", HIPCC)
     with pytest.raises(toolchain.ToolchainError) as e:
-        toolchain.detect(settings(archs="gfx942;gfx950"), env=env())
+        toolchain.detect(settings(backend="rocm", archs="gfx942;gfx950"), env=env())
     assert "gfx950" in str(e.value) and str(hipcc) in str(e.value) and "invalid target ID" in str(e.value)
 
 
@@ -227,7 +228,8 @@ def test_rocm_archs_from_the_gpus_present(tools, tmp_path):
     _tool(rocm / "bin", "hipcc", HIPCC)
     bin_dir, _, _ = tools
     _tool(bin_dir, "rocminfo", ROCMINFO)
-    tc = toolchain.detect(settings(), env=env(ROCM_PATH=str(rocm)))
+    (tmp_path / "kfd").touch()  # the AMD driver's device: a host with AMD GPUs
+    tc = toolchain.detect(settings(), env=env(ROCM_PATH=str(rocm), JA_KFD_PATH=str(tmp_path / "kfd")))
     assert tc.archs == ("gfx942",) and "GPU_ARCHS unset: gfx942, the GPUs present (rocminfo)" in tc.how
 
 

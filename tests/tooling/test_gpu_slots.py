@@ -50,9 +50,11 @@ def host(tmp_path, monkeypatch):
         for name, body in (("rocminfo", _rocminfo(rocm)), ("nvidia-smi", _smi(cuda))):
             (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
             (bin_dir / name).chmod(0o755)
+        kfd = tmp_path / "kfd"  # the AMD driver's device, standing in for a host where rocminfo is asked
+        kfd.touch()
         env = {k: v for k, v in os.environ.items() if k not in SHOW and not k.startswith("JA_GPU")}
         env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", JA_GPU_LOCK_DIR=str(tmp_path / "locks"),
-                   JA_TESTS_PER_GPU=str(per_gpu))
+                   JA_TESTS_PER_GPU=str(per_gpu), JA_KFD_PATH=str(kfd))
         return env
 
     return make
