@@ -26,6 +26,7 @@ import os
 import re
 import struct
 import threading
+import warnings
 from pathlib import Path
 
 from jax_aiter import integrity, op_table, remedies, settings, trust
@@ -62,10 +63,60 @@ class CacheDirError(ValueError):
     """There is no folder of this user's to cache fetched libraries in (HOME empty, XDG_CACHE_HOME unset)."""
 
 
+def _checkout_root() -> Path:
+    return Path(os.environ.get("JA_ROOT_DIR") or PACKAGE_DIR.parent)
+
+
 def _checkout_dirs() -> list[Path]:
-    root = Path(os.environ.get("JA_ROOT_DIR") or PACKAGE_DIR.parent)
-    build = root / os.environ.get("JA_BUILD_DIR", DEFAULT_BUILD_DIR)
+    build = _checkout_root() / os.environ.get("JA_BUILD_DIR", DEFAULT_BUILD_DIR)
     return [build / settings.LIBRARY_DIRS["umbrella"], build / settings.LIBRARY_DIRS["jit"]]
+
+
+class StaleLibraryWarning(UserWarning):
+    """JIT libraries of a checkout's build tree were built from other kernel sources than the checkout has."""
+
+
+_stale_checked: dict[Path, str | None] = {}
+
+
+def stale_build(folder: Path) -> str | None:
+    """Why the JIT libraries in the checkout's build folder `folder` are not built from the checkout's kernel sources
+    (their build record names another revision, or the sources changed since), or None (they are, or git cannot
+    tell: not a git checkout, a content-hash build). Asked once per folder: two git calls."""
+    if folder in _stale_checked:
+        return _stale_checked[folder]
+    _stale_checked[folder] = why = _stale_build(folder)
+    return why
+
+
+def _stale_build(folder: Path) -> str | None:
+    import subprocess
+    import tomllib
+
+    root = _checkout_root()
+    try:
+        ident = json.loads((folder / integrity.RECORD_NAME).read_text()).get("identity") or {}
+        kernels = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["jax-aiter"]["kernel_source_dir"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    built = ident.get("kernel_source_revision") or ""
+    if not built or built.startswith("content-sha256:"):
+        return None
+    git = lambda *a: subprocess.run(["git", "-C", str(root), *a], capture_output=True, text=True, check=False)
+    try:
+        head, status = git("rev-parse", f"HEAD:{kernels}"), git("status", "--porcelain", "--", kernels)
+    except OSError:
+        return None
+    if head.returncode or status.returncode:
+        return None
+    fix = remedies.build_or_fetch()
+    if head.stdout.strip() != built:
+        return (f"the JIT libraries in {folder} were built from kernel sources {built} ({kernels}), but the checkout "
+                f"{root} has {head.stdout.strip()}: they are another commit's; {fix}")
+    if status.stdout.strip() and not ident.get("kernel_source_dirty"):
+        return (f"the kernel sources in {root / kernels} changed since the JIT libraries in {folder} were built "
+                f"(uncommitted edits: {', '.join(ln[3:] for ln in status.stdout.splitlines()[:3])}); {fix}")
+    return None
 
 
 def build_identity() -> dict | None:
@@ -330,6 +381,9 @@ _registered: set[str] = set()
 def _load(path: Path) -> ctypes.CDLL:
     key = path.name
     if key not in _loaded:
+        if path.parent == _checkout_dirs()[1] and (why := stale_build(path.parent)):
+            log.warning("jax_aiter: %s", why)
+            warnings.warn(f"jax_aiter: {why}", StaleLibraryWarning, stacklevel=2)
         problems = check_library(path)
         if problems:
             raise LibraryCheckError(f"jax_aiter: {path}: {'; '.join(problems)}; {_fix(path.name, path)}")

@@ -15,6 +15,7 @@ checked after a build against ninja's depfiles (docs/jit-libs.md).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import hashlib
 import json
@@ -29,9 +30,9 @@ from pathlib import Path
 from jatools import atomic_write, config
 from jatools.native import jit_modules, jit_ninja, jit_packages, toolchain
 from jatools.native.jit_modules import ARCH_KINDS, BuildError
-from jax_aiter import folder_lock, op_table
+from jax_aiter import folder_lock, op_table, remedies
 from jax_aiter.integrity import RECORD_NAME, RECORD_SCHEMA, file_entry, sha256_files
-from jax_aiter.reuse_gate import cache_id
+from jax_aiter.reuse_gate import cache_id, compare
 
 
 def libraries(settings: config.Settings) -> dict[str, str]:
@@ -181,6 +182,22 @@ def checkout_identity(settings: config.Settings) -> tuple[dict, list[str]]:
         ident = {**derive_identity(settings, bare, recipe(settings, bare)[0]), "toolchain": None}
         return ident, [(f"toolchain not detected ({e}); identity from JA_BACKEND={settings.backend} and "
                         f"GPU_ARCHS={';'.join(archs) or '(none)'}, toolchain not compared")]
+
+
+def stale(settings: config.Settings, recorded: dict) -> str | None:
+    """Why JIT libraries of identity `recorded` (a build record's, a wheel's) are not what this checkout builds, or
+    None when they are. The checkout's identity is derived for the recorded backend and archs (a CPU build packed
+    under JA_BACKEND=auto is not stale for it), so what differs is the sources or the recipe: libraries built at
+    another commit. `wheel_build --check` refuses a wheel of such libraries; jit.decide says the same as a miss."""
+    backend = recorded.get("backend") or settings.backend
+    pinned = dataclasses.replace(settings, backend=backend, gpu_archs=tuple(recorded.get("gpu_archs") or ()) or None)
+    want, _ = checkout_identity(pinned)
+    mismatches = compare(want, recorded).mismatches
+    if not mismatches:
+        return None
+    return (f"the JIT libraries (cache id {recorded.get('cache_id')}) are not this checkout's (cache id "
+            f"{want['cache_id']}): {'; '.join(mismatches)}. They were built from other sources: "
+            f"{remedies.build_or_fetch()}")
 
 
 def write_record(settings: config.Settings, tc: toolchain.Toolchain, ident: dict, modules: dict[str, dict],

@@ -299,3 +299,38 @@ def test_faults_library_this_user_cannot_read_is_not_answered_with_force(tmp_pat
     assert "Permission denied" in r.stdout and f"make it readable to you (chmod a+r {cache / 'libmha_fwd.so'}" \
         in r.stdout, r.stdout
     assert "jax-aiter-fetch-mha --force" not in r.stdout
+
+
+def test_faults_jit_libraries_of_another_commit_are_named_at_run_time(tmp_path):
+    """build/aiter_build built at one commit, the checkout at another: attention ran from the checkout without a
+    word. The loader names the difference (a StaleLibraryWarning, and the log): another kernel revision, or kernel
+    edits since the build; libraries of the checkout's own sources load silently."""
+    from tests.tooling.jit_libs_support import git, make_checkout
+
+    _built()
+    root = make_checkout(tmp_path / "repo")
+    for d in (UMBRELLA_DIR, JIT_DIR):
+        (root / "build" / d.name).mkdir(parents=True)
+        for p in d.iterdir():
+            if p.is_file() and (p.suffix == ".so" or p.name == "build_record.json"):
+                shutil.copyfile(p, root / "build" / d.name / p.name)
+    record_path = root / "build" / "aiter_build" / "build_record.json"
+    record = json.loads(record_path.read_text())
+    record["identity"] = dict(record["identity"], kernel_source_revision=git(root, "rev-parse", "HEAD:csrc/kernels")
+                              .strip(), kernel_source_dirty=False)
+    record_path.write_text(json.dumps(record))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JA_", "JAX_AITER"))}
+    env.update(PYTHONPATH=str(ROOT), JA_ROOT_DIR=str(root), JAX_PLATFORMS="cpu")
+    same = _py(env, RMS, tmp_path)
+    assert same.returncode == 0 and "StaleLibraryWarning" not in same.stderr, same.stderr[-2000:]
+    kernel = next((root / "csrc" / "kernels").rglob("*.h"))
+    kernel.write_text(kernel.read_text() + "\n// an edit after the build\n")
+    edited = _py(env, RMS, tmp_path)
+    assert edited.returncode == 0 and "StaleLibraryWarning" in edited.stderr, edited.stderr[-2000:]
+    assert f"the kernel sources in {root / 'csrc/kernels'} changed since the JIT libraries in " \
+           f"{root / 'build' / 'aiter_build'} were built (uncommitted edits: " in edited.stderr, edited.stderr[-2000:]
+    git(root, "commit", "-qam", "a kernel change")
+    moved = _py(env, RMS, tmp_path)
+    assert "StaleLibraryWarning" in moved.stderr and "but the checkout" in moved.stderr, moved.stderr[-2000:]
+    assert f"were built from kernel sources {record['identity']['kernel_source_revision']} (csrc/kernels)" in \
+        moved.stderr and "nox -s jit" in moved.stderr

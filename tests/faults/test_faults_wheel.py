@@ -82,3 +82,30 @@ def test_faults_wheel_that_fails_check_leaves_dist(build_copy, tmp_path):
     assert r.returncode == 1, r.stdout + r.stderr
     assert "but the versioned symbols need" in r.stderr and "it failed the checks above" in r.stderr, r.stderr
     assert sorted(dist.glob("*.whl")) == good, "only the good wheel stays"
+
+
+def test_faults_check_refuses_jit_libraries_of_another_commit(build_copy, tmp_path):
+    """build/aiter_build built at another commit (its record names other kernel sources) and the checkout here:
+    `wheel_build --variant full --check` exited 0 and packed them. It now refuses the wheel, naming both cache ids
+    and the field that differs, and removes it from dist/."""
+    import json
+
+    from jax_aiter import reuse_gate
+
+    record_path = build_copy.jit_dir / "build_record.json"
+    record = json.loads(record_path.read_text())
+    ident_before = record["identity"]
+    ident = dict(ident_before, kernel_source_revision="0" * 40)
+    ident["cache_id"] = reuse_gate.cache_id(ident)
+    record["identity"] = ident
+    for m in record["modules"].values():
+        m["identity"] = ident
+    record_path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    dist = tmp_path / "dist"
+    r = subprocess.run([sys.executable, "-m", "jatools.wheel.wheel_build", "--variant", "full", "--dist", str(dist),
+                        "--check"], env=_env(build_copy), cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       check=False)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"the JIT libraries (cache id {ident['cache_id']}) are not this checkout's (cache id " in r.stderr, r.stderr
+    assert f"kernel_source_revision: wanted {ident_before['kernel_source_revision']}, found {'0' * 40}" in r.stderr
+    assert "it failed the checks above" in r.stderr and not list(dist.glob("*.whl"))
