@@ -29,7 +29,7 @@ STAGE_DIR := $(BUILD)/wheel_stage
 CFG_KEY_NOW := $(strip $(JA_BACKEND)|$(GPU_ARCHS)|$(JA_FFI_INCLUDE_DIR)|$(ROCM_PATH)|$(CUDA_HOME)|$(AITER_SYMBOL_VISIBLE)|$(JA_SANITIZE)|$(CXX)|$(shell command -v hipcc nvcc rocm-sdk 2>/dev/null | tr '\n' ' '))
 
 ifeq ($(filter clean clean-stage,$(MAKECMDGOALS)),)
--include $(CFG)
+include $(CFG)
 ifneq ($(strip $(CFG_KEY)),$(CFG_KEY_NOW))
 $(CFG): ja-config-inputs-changed
 endif

@@ -51,6 +51,10 @@ def _through_temp(path: Path, mode: str) -> Iterator:
         with open(tmp, mode) as f:
             yield f
         os.replace(tmp, path)
+    except OSError as e:
+        if e.filename is None:  # a write or close that failed (a full disk) names no file: this one
+            raise OSError(e.errno, e.strerror, str(path)) from e
+        raise
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -300,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     except (BuildError, toolchain.ToolchainError, ValueError, folder_lock.FolderLockError) as e:
         print(f"build_jit: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a read-only checkout, a full disk: the path and the fix, not a traceback
+        print(f"build_jit: error: {toolchain.build_tree_unwritable(Path(e.filename or '.'), e)}", file=sys.stderr)
+        return 2
     return 0
 
 

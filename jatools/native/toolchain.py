@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import os
 import re
 import shlex
@@ -339,6 +340,16 @@ def make_config(tc: Toolchain, settings: config.Settings, key: str) -> str:
     return "\n".join([*lines, *(f"# {note}" for note in tc.how)]) + "\n"
 
 
+def build_tree_unwritable(path: Path, e: OSError) -> str:
+    """What to say when the build cannot write `path` (its first write to the build tree): the path, why, the fix."""
+    where = Path(e.filename) if e.filename else path
+    why = e.strerror or str(e)
+    fix = ("free some space there, or set JA_BUILD_DIR to a folder on another disk" if e.errno == errno.ENOSPC
+           else "the build writes its tree inside the checkout: make the checkout writable, or set JA_BUILD_DIR to "
+                "a writable folder (an empty one, or a build tree)")
+    return f"cannot write {where.resolve() if not where.is_absolute() else where}: {why}; {fix}"
+
+
 def ffi_api_version(include_dir: Path) -> tuple[int, int]:
     """XLA_FFI_API_MAJOR/MINOR from an XLA FFI c_api.h (ours or the installed jaxlib's)."""
     text = (Path(include_dir) / "xla/ffi/api/c_api.h").read_text()
@@ -371,9 +382,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.emit_make:
-        # surrogateescape: a checkout path's bytes that are not UTF-8 reach make (and the compilers) unchanged
-        with atomic_write.open_bytes(Path(args.emit_make)) as f:
-            f.write(make_config(tc, settings, args.key).encode("utf-8", "surrogateescape"))
+        text = make_config(tc, settings, args.key)
+        try:  # surrogateescape: a checkout path's bytes that are not UTF-8 reach make (and the compilers) unchanged
+            with atomic_write.open_bytes(Path(args.emit_make)) as f:
+                f.write(text.encode("utf-8", "surrogateescape"))
+        except OSError as e:  # a read-only checkout, a full disk: one line naming the path (a traceback was)
+            print(f"error: {build_tree_unwritable(Path(args.emit_make), e)}", file=sys.stderr)
+            return 2
         print(f"jax-aiter: backend {tc.backend}" + (f", archs {';'.join(tc.archs)}" if tc.archs else "")
               + f" ({'; '.join(tc.how) or 'no GPU toolchain found'})", file=sys.stderr)
     if args.json or not args.emit_make:

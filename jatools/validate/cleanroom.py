@@ -82,6 +82,27 @@ def _timed(result: WheelResult, name: str, phase: str, fn: Callable[[], tuple[st
     return value
 
 
+def names_inside(wheel: Path) -> tuple[str, bool]:
+    """Every member name of `wheel` stays inside the folder it is installed into, or ValidationError naming those
+    that would not (absolute, a `..` part, a backslash or a drive letter: a zip-slip wheel). Read from the zip's
+    directory, before anything is installed: an installer met them halfway through an install."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            names = zf.namelist()
+    except (OSError, zipfile.BadZipFile) as e:
+        raise ValidationError(f"{wheel}: not a readable zip ({e})") from None
+    bad = [n for n in names if n.startswith("/") or "\\" in n or (len(n) > 1 and n[1] == ":")
+           or ".." in n.split("/")]
+    if bad:
+        raise ValidationError(f"{wheel.name} has member(s) that would be written outside the install folder: "
+                              f"{', '.join(map(repr, bad[:5]))}{' ...' if len(bad) > 5 else ''} (a zip-slip "
+                              "wheel); it is refused before anything is installed. Rebuild it with the project's "
+                              "wheel builder (`nox -s wheel_lite` / `nox -s wheel_full`)")
+    return f"{len(names)} member names, each inside the install folder", True  # (message, value) as _timed takes
+
+
 def validate_wheel(wheel: Path, opts: Options, engine: cenv.Probe | None, wh: Path, python: Path,
                    pins: list[str], host: HostDeps | None = None) -> WheelResult:
     variant, ident = wheel_variant(wheel), wheel_identity(wheel)
@@ -89,7 +110,9 @@ def validate_wheel(wheel: Path, opts: Options, engine: cenv.Probe | None, wh: Pa
     result = WheelResult(wheel.name, sha256_file(wheel), variant, str(parse_wheel_filename(wheel.name)[1]), backend,
                          "")
     opts.log(f"cleanroom: {variant}: {wheel.name}")
+
     def check_record() -> tuple[str, wheel_scan.WheelScan]:  # one scan of the wheel serves both checks
+        names_inside(wheel)  # a zip-slip wheel: refused before any member is read
         scanned = wheel_scan.scan_or_refuse(wheel)
         return f"{wheel_scan.verify_record(wheel, scanned)} files match the wheel's RECORD", scanned
 

@@ -109,3 +109,22 @@ def test_faults_check_refuses_jit_libraries_of_another_commit(build_copy, tmp_pa
     assert f"the JIT libraries (cache id {ident['cache_id']}) are not this checkout's (cache id " in r.stderr, r.stderr
     assert f"kernel_source_revision: wanted {ident_before['kernel_source_revision']}, found {'0' * 40}" in r.stderr
     assert "it failed the checks above" in r.stderr and not list(dist.glob("*.whl"))
+
+
+@pytest.mark.parametrize("slip", ["../../{target}/evil.py", "/{target}/evil.py", "jax_aiter/..\\\\..\\\\evil.py"])
+def test_faults_validate_refuses_a_zip_slip_wheel_before_installing(build_copy, tmp_path, slip):
+    """A wheel with a member whose name leads outside the install folder, RECORD rewritten to match: `invoke
+    validate` installed it before the installer refused it. Its first check (wheel-record) now refuses it, naming
+    the member, and nothing is installed or written."""
+    from jatools.validate import cleanroom
+
+    good = _build(build_copy, "full", tmp_path / "dist").wheel
+    target = tmp_path / "outside"
+    name = slip.format(target=str(target).lstrip("/"))
+    (tmp_path / "bad").mkdir()
+    bad = rewrite_wheel(good, tmp_path / "bad" / good.name, put={name: b"print('escaped')\n"})
+    opts = cleanroom.Options(root=ROOT, wheels=[bad], engine="none", fill=False, log=lambda m: None)
+    result = cleanroom.validate_wheel(bad, opts, None, tmp_path / "no-wheelhouse", Path(sys.executable), [])
+    assert [(c.name, c.ok) for c in result.checks] == [("wheel-record", False)], result.checks
+    assert f"has member(s) that would be written outside the install folder: {name!r}" in result.checks[0].message
+    assert "a zip-slip wheel" in result.checks[0].message and not target.exists()
