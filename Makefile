@@ -91,8 +91,8 @@ endef
 $(foreach s,$(SHIMS_CORE) $(SHIMS_MHA),$(eval $(call SHIM_RULE,$(s))))
 
 .PHONY: jit
-jit: umbrella
-	$(PYTHON) -m jatools.native.jit_build $(JIT_ARGS)
+jit: umbrella  # the backend build/config.mk resolved (JA_BACKEND=auto is resolved once per run)
+	JA_BACKEND=$(JA_BACKEND_RESOLVED) GPU_ARCHS='$(GPU_ARCHS_RESOLVED)' $(PYTHON) -m jatools.native.jit_build $(JIT_ARGS)
 
 .PHONY: ja_mods ja_mods_nomha
 ja_mods_nomha: $(call shims,$(SHIMS_CORE))

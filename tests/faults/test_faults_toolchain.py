@@ -119,3 +119,20 @@ def test_faults_one_run_resolves_auto_once(tmp_path, monkeypatch):
 
 def _no_rocm(s: config.Settings, tmp_path: Path) -> config.Settings:
     return config.Settings(**{**s.__dict__, "raw": {**s.raw, "rocm_legacy_root": str(tmp_path / "no-rocm")}})
+
+
+def test_faults_make_jit_builds_for_the_backend_config_mk_resolved(tmp_path):
+    """`make jit` (nox -s jit): make resolves auto once, into build/config.mk, and the JIT step is told the answer
+    instead of resolving it again."""
+    from tests.build.scratch import env_for, make_scratch
+
+    root = make_scratch(tmp_path / "repo")
+    env = {**env_for(root), "JA_BACKEND": "auto", "PYTHON": sys.executable}
+    r = subprocess.run(["make", "-n", "jit"], cwd=root, env=env, capture_output=True, text=True, timeout=300,
+                       check=False)
+    assert r.returncode == 0, r.stderr
+    cfg = dict(line.split(" := ", 1) for line in (root / "build" / "config.mk").read_text().splitlines()
+               if " := " in line)
+    jit = [line for line in r.stdout.splitlines() if "jatools.native.jit_build" in line]
+    assert jit == [(f"JA_BACKEND={cfg['JA_BACKEND_RESOLVED']} GPU_ARCHS='{cfg['GPU_ARCHS_RESOLVED']}' {sys.executable} "
+                   "-m jatools.native.jit_build ")], (jit, r.stdout)
