@@ -99,8 +99,9 @@ SETTINGS: tuple[Setting, ...] = (
     # --- build --------------------------------------------------------------------------------
     Setting("JA_ROOT_DIR", "build", "the checkout the tooling (and a checkout's runtime) works on",
             default="the folder holding the code", rule="folder"),
-    Setting("JA_BACKEND", "build", "what to build for and test on (auto: ROCm when a ROCm toolchain is found, "
-            "else CUDA when nvcc is, else the CPU); with JA_GPU_COUNT, rocm makes the stand-in GPUs ROCm ones",
+    Setting("JA_BACKEND", "build", "what to build for and test on (auto: the first of ROCm and CUDA whose compiler "
+            "builds for the archs it would target, else the CPU; resolved once per run); with JA_GPU_COUNT, rocm "
+            "makes the stand-in GPUs ROCm ones",
             key="backend", choices=("auto", "cpu", "cuda", "rocm"), accepts="one of", config_key=True),
     Setting("GPU_ARCHS", "build", "the GPU archs to compile for (unset: the archs of the GPUs present, from "
             "rocminfo or nvidia-smi, else gpu_archs_rocm or gpu_archs_cuda)", rule="archs", config_key=True),

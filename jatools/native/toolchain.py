@@ -2,9 +2,13 @@
 
 ROCm follows the reference recipe: a legacy image has ROCM_PATH or /opt/rocm;
 TheRock has no /opt/rocm, so the root comes from ``rocm-sdk path --root`` and
-``hipcc`` from PATH. CUDA is nvcc from CUDA_HOME or PATH. ``auto`` picks ROCm,
-else CUDA, else the CPU. Every decision is recorded in ``Toolchain.how`` so the
-build can print why it chose what it chose.
+``hipcc`` from PATH. CUDA is nvcc from CUDA_HOME or PATH. ``auto`` picks the first
+of ROCm and CUDA whose compiler builds for the archs it would target (GPU_ARCHS, the
+GPUs present, else the default: Debian's hipcc 5.2 refuses gfx950), else the CPU; a
+host without /dev/kfd has no AMD GPU, so rocminfo is not asked there. One run resolves
+``auto`` once (jatools.native.build.resolved_backend; make's config.mk for `make jit`).
+Every decision is recorded in ``Toolchain.how`` so the build can print why it chose
+what it chose.
 """
 from __future__ import annotations
 
