@@ -1,0 +1,98 @@
+// The per-element definitions of attention's features (ja/kernels/mha.h), written once for
+// every backend: the CPU kernels (g++) and the GPU kernels (nvcc, hipcc) call these, so they
+// agree on the mask, the score's terms and the dropout draw. jax_aiter/ops/_attn_dropout.py
+// implements the same draw in jax.numpy (a test compares them bit for bit).
+#pragma once
+#include <cstdint>
+
+#include "ja/kernels/mha.h"
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define JA_MHA_HD __host__ __device__ __forceinline__
+#else
+#define JA_MHA_HD inline __attribute__((always_inline))
+#endif
+
+namespace ja {
+
+enum MhaMask : int32_t { kMaskNone = 0, kMaskCausal = 1, kMaskRows = 2 };
+
+// The keys query row i of batch b sees, [lo, hi), and diag (the key aligned with i, ALiBi's origin).
+struct MhaRow {
+  int64_t lo, hi, diag;
+};
+
+JA_MHA_HD int64_t mha_clamp(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : (x > hi ? hi : x); }
+
+JA_MHA_HD MhaRow mha_row(const JaMhaProblem& p, int64_t b, int64_t i) {
+  if (p.mask == kMaskRows) {
+    const int32_t* r = p.rows + b * p.rows_batch_stride;
+    return MhaRow{r[i], r[p.seq_q + i], r[2 * p.seq_q + i]};
+  }
+  const int64_t diag = i + p.seq_k - p.seq_q;
+  const int64_t hi = p.mask == kMaskCausal ? mha_clamp(diag + 1, 0, p.seq_k) : p.seq_k;
+  return MhaRow{0, hi, diag};
+}
+
+// The query rows that see key j of batch b, [q_lo, q_hi) (the backward's tile skipping).
+struct MhaCol {
+  int64_t q_lo, q_hi;
+};
+
+JA_MHA_HD MhaCol mha_col(const JaMhaProblem& p, const int32_t* cols, int64_t cols_batch_stride, int64_t b,
+                         int64_t j) {
+  if (p.mask == kMaskRows) {
+    const int32_t* c = cols + b * cols_batch_stride;
+    return MhaCol{c[j], c[p.seq_k + j]};
+  }
+  if (p.mask == kMaskCausal) return MhaCol{mha_clamp(j - (p.seq_k - p.seq_q), 0, p.seq_q), p.seq_q};
+  return MhaCol{0, p.seq_q};
+}
+
+// ALiBi's term for query row i (diag) and key j: -slope * |diag - j|.
+JA_MHA_HD float mha_alibi(float slope, int64_t diag, int64_t j) {
+  const int64_t d = diag > j ? diag - j : j - diag;
+  return -slope * float(d);
+}
+
+// --- dropout: Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11) ---
+//
+// The keep decision for (batch b, query head h, row i, key j), all global indices: the philox block
+// of counter (j / 4, i, h, b) and key (seed[0], seed[1]) gives four words; word j % 4 is u, and the
+// element is kept iff u >= threshold = floor(p * 2^32). A pure function of (seed, b, h, i, j), so the
+// backward recomputes the forward's mask and every backend draws the same one.
+struct MhaPhilox {
+  uint32_t x[4];
+};
+
+JA_MHA_HD void mha_mulhilo(uint32_t a, uint32_t b, uint32_t* hi, uint32_t* lo) {
+  const uint64_t prod = uint64_t(a) * uint64_t(b);
+  *hi = uint32_t(prod >> 32);
+  *lo = uint32_t(prod);
+}
+
+JA_MHA_HD MhaPhilox mha_philox(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) k0 += 0x9E3779B9u, k1 += 0xBB67AE85u;
+    uint32_t hi0, lo0, hi1, lo1;
+    mha_mulhilo(0xD2511F53u, c0, &hi0, &lo0);
+    mha_mulhilo(0xCD9E8D57u, c2, &hi1, &lo1);
+    const uint32_t n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
+    c0 = n0, c1 = n1, c2 = n2, c3 = n3;
+  }
+  return MhaPhilox{{c0, c1, c2, c3}};
+}
+
+// floor(p * 2^32) for p in [0, 1).
+JA_MHA_HD uint32_t mha_dropout_threshold(float p) { return uint32_t(double(p) * 4294967296.0); }
+
+// Whether (b, h, i, j) of this call is kept; seed is JaMhaProblem::seed (its batch and head offsets
+// turn the call's indices into global ones).
+JA_MHA_HD bool mha_dropout_keep(const uint32_t* seed, uint32_t threshold, int64_t b, int64_t h, int64_t i,
+                                int64_t j) {
+  const MhaPhilox r = mha_philox(uint32_t(j >> 2), uint32_t(i), uint32_t(h + seed[3]), uint32_t(b + seed[2]),
+                                 seed[0], seed[1]);
+  return r.x[j & 3] >= threshold;
+}
+
+}  // namespace ja
