@@ -154,10 +154,11 @@ static void release(Bufs& B) {
 }
 static JaMhaFwdArgs args(const Case& c, const Bufs& B) {
   JaMhaFwdArgs a{};
-  a.dtype = c.bf ? 1 : 2;
-  a.batch = c.b, a.seq_q = c.sq, a.seq_k = c.sk, a.heads_q = c.hq, a.heads_kv = c.hkv, a.head_dim = c.d;
-  a.causal = c.causal;
-  a.scale = 1.0f / std::sqrt(float(c.d));
+  a.p.dtype = c.bf ? 1 : 2;
+  a.p.batch = c.b, a.p.seq_q = c.sq, a.p.seq_k = c.sk, a.p.heads_q = c.hq, a.p.heads_kv = c.hkv;
+  a.p.head_dim = a.p.head_dim_v = c.d;
+  a.p.mask = c.causal ? ja::kMaskCausal : ja::kMaskNone;
+  a.p.scale = 1.0f / std::sqrt(float(c.d));
   a.q = B.q, a.k = B.k, a.v = B.v, a.o = B.o, a.lse = B.lse;
   return a;
 }
@@ -177,7 +178,7 @@ static bool check(const Case& c, std::mt19937& rng, bool sm90) {
   CK(cudaDeviceSynchronize());
   const int64_t rows = int64_t(c.b) * c.hq * c.sq;
   ref_kernel<<<unsigned((rows + 127) / 128), 128>>>(B.q, B.k, B.v, B.ro, B.rlse, c.b, c.sq, c.sk, c.hq, c.hkv, c.d,
-                                                    c.causal, a.scale, c.bf);
+                                                    c.causal, a.p.scale, c.bf);
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
   std::vector<uint16_t> o(nq);

@@ -166,9 +166,10 @@ int check_shapes(Entry lib_entry, cudaStream_t s) {
     fill_random<<<64, 256, 0, s>>>(k, nkv, 8u + c.sk);
     fill_random<<<64, 256, 0, s>>>(v, nkv, 9u + c.sk);
     JaMhaFwdArgs a{};
-    a.dtype = int32_t(ja::DType::kBF16);
-    a.batch = c.b, a.seq_q = c.sq, a.seq_k = c.sk, a.heads_q = c.hq, a.heads_kv = c.hkv, a.head_dim = D;
-    a.causal = CAUSAL, a.scale = 1.0f / std::sqrt(float(D));
+    a.p.dtype = int32_t(ja::DType::kBF16);
+    a.p.batch = c.b, a.p.seq_q = c.sq, a.p.seq_k = c.sk, a.p.heads_q = c.hq, a.p.heads_kv = c.hkv;
+    a.p.head_dim = a.p.head_dim_v = D;
+    a.p.mask = CAUSAL ? ja::kMaskCausal : ja::kMaskNone, a.p.scale = 1.0f / std::sqrt(float(D));
     a.q = q, a.k = k, a.v = v, a.o = o, a.lse = lse, a.workspace = ws, a.workspace_bytes = ws_bytes;
     std::vector<T> h_ref(nq), h_out(nq);
     std::vector<float> l_ref(nl), l_out(nl);
@@ -189,7 +190,7 @@ int check_shapes(Entry lib_entry, cudaStream_t s) {
       CK(cudaMemcpy(hq_.data(), q, nq * sizeof(T), cudaMemcpyDeviceToHost));
       CK(cudaMemcpy(hk.data(), k, nkv * sizeof(T), cudaMemcpyDeviceToHost));
       CK(cudaMemcpy(hv.data(), v, nkv * sizeof(T), cudaMemcpyDeviceToHost));
-      host_attention<CAUSAL>(hq_.data(), hk.data(), hv.data(), c.b, c.sq, c.sk, c.hq, c.hkv, a.scale, h_ref.data(),
+      host_attention<CAUSAL>(hq_.data(), hk.data(), hv.data(), c.b, c.sq, c.sk, c.hq, c.hkv, a.p.scale, h_ref.data(),
                              l_ref.data());
     }
     // Against the host's float64 the kernel's P rounding (2^-9 relative, |V| <= 2) is an absolute error.
@@ -317,9 +318,10 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&ws, std::max<int64_t>(ws_py, 16)));
     auto args = [&](int i, bool) {
       JaMhaFwdArgs a{};
-      a.dtype = int32_t(ja::DType::kBF16);
-      a.batch = c.b, a.seq_q = 1, a.seq_k = c.sk, a.heads_q = c.hq, a.heads_kv = c.hkv, a.head_dim = D;
-      a.causal = 0, a.scale = 1.0f / std::sqrt(float(D));
+      a.p.dtype = int32_t(ja::DType::kBF16);
+      a.p.batch = c.b, a.p.seq_q = 1, a.p.seq_k = c.sk, a.p.heads_q = c.hq, a.p.heads_kv = c.hkv;
+      a.p.head_dim = a.p.head_dim_v = D;
+      a.p.mask = ja::kMaskNone, a.p.scale = 1.0f / std::sqrt(float(D));
       a.q = q[i], a.k = k[i], a.v = v[i], a.o = o[i], a.lse = lse[i];
       a.workspace = ws, a.workspace_bytes = ws_py;
       return a;

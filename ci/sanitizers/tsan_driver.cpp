@@ -83,19 +83,25 @@ std::vector<Case> cases() {
     const float scale = 1.0f / std::sqrt(float(hd));
     for (int causal : {0, 1}) {
       std::string tag = causal ? " causal" : "";
+      JaMhaProblem pr{};  // float32, dense or bottom-right causal (mask 0 or 1), no other feature
+      pr.batch = b, pr.seq_q = sq, pr.seq_k = sk, pr.heads_q = hq, pr.heads_kv = hkv;
+      pr.head_dim = pr.head_dim_v = hd, pr.mask = causal, pr.scale = scale;
       out.push_back({"mha_fwd" + tag, {nq, nl}, [=](std::vector<std::vector<float>>& o) {
-                       JaMhaFwdArgs a{0, b, sq, sk, hq, hkv, hd, causal, scale, q->data(), k->data(), v->data(),
-                                      o[0].data(), o[1].data(), nullptr, 0};  // no workspace: the CPU kernel needs none
+                       JaMhaFwdArgs a{pr, q->data(), k->data(), v->data(), o[0].data(), o[1].data(),
+                                      nullptr, 0};  // no workspace: the CPU kernel needs none
                        return ja_mha_fwd_cpu(&a);
                      }});
       // outputs: o, lse (forward, inputs of the backward), dq, dk, dv, then the two workspaces
       out.push_back({"mha_bwd" + tag, {nq, nl, nq, nk, nk, nq, nl}, [=](std::vector<std::vector<float>>& o) {
-                       JaMhaFwdArgs f{0, b, sq, sk, hq, hkv, hd, causal, scale, q->data(), k->data(), v->data(),
-                                      o[0].data(), o[1].data(), nullptr, 0};  // no workspace: the CPU kernel needs none
+                       JaMhaFwdArgs f{pr, q->data(), k->data(), v->data(), o[0].data(), o[1].data(),
+                                      nullptr, 0};  // no workspace: the CPU kernel needs none
                        if (const char* e = ja_mha_fwd_cpu(&f)) return e;
-                       JaMhaBwdArgs a{0, b, sq, sk, hq, hkv, hd, causal, scale, q->data(), k->data(), v->data(),
-                                      o[0].data(), dout->data(), o[1].data(), o[2].data(), o[3].data(),
-                                      o[4].data(), o[5].data(), o[6].data()};
+                       JaMhaBwdArgs a{};
+                       a.p = pr;
+                       a.q = q->data(), a.k = k->data(), a.v = v->data(), a.o = o[0].data();
+                       a.dout = dout->data(), a.lse = o[1].data();
+                       a.dq = o[2].data(), a.dk = o[3].data(), a.dv = o[4].data();
+                       a.dq_accum = o[5].data(), a.delta = o[6].data();
                        return ja_mha_bwd_cpu(&a);
                      }});
     }

@@ -10,6 +10,7 @@
 
 #include "ja/ffi_util.h"
 #include "ja/kernels/mha.h"
+#include "ja/kernels/mha_features.h"
 
 namespace ja {
 
@@ -23,6 +24,17 @@ inline std::string shape_text(const ffi::AnyBuffer& b) {
   const auto dims = b.dimensions();
   for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
   return s + (dims.size() == 1 ? ",)" : ")");
+}
+
+// The problem of a dense (causal or not) call with head_dim_v == head_dim and no other feature.
+inline JaMhaProblem mha_dense_problem(const MhaShape& s, bool causal, float scale) {
+  JaMhaProblem p{};
+  p.dtype = s.dtype;
+  p.batch = s.batch, p.seq_q = s.seq_q, p.seq_k = s.seq_k, p.heads_q = s.heads_q, p.heads_kv = s.heads_kv;
+  p.head_dim = p.head_dim_v = s.head_dim;
+  p.mask = causal ? kMaskCausal : kMaskNone;
+  p.scale = scale;
+  return p;
 }
 
 inline bool has_dims(const ffi::AnyBuffer& b, const std::vector<int64_t>& want) {

@@ -26,11 +26,13 @@ inline ffi::Error mha_bwd_args(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
                   {"dq_accum", dq_accum, f32, q_dims}, {"delta", delta, f32, row_dims}};
   for (const auto& x : expected)
     if (auto e = mha_expect("mha_bwd", x.name, x.buf, x.dt, x.dims); e.failure()) return e;
-  *a = JaMhaBwdArgs{s.dtype, s.batch, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, s.head_dim, causal ? 1 : 0, scale,
-                    q.untyped_data(), k.untyped_data(), v.untyped_data(), o.untyped_data(), dout.untyped_data(),
-                    static_cast<const float*>(lse.untyped_data()), dq.untyped_data(), dk.untyped_data(),
-                    dv.untyped_data(), static_cast<float*>(dq_accum.untyped_data()),
-                    static_cast<float*>(delta.untyped_data())};
+  *a = JaMhaBwdArgs{};
+  a->p = mha_dense_problem(s, causal, scale);
+  a->deterministic = 0;
+  a->q = q.untyped_data(), a->k = k.untyped_data(), a->v = v.untyped_data(), a->o = o.untyped_data();
+  a->dout = dout.untyped_data(), a->lse = static_cast<const float*>(lse.untyped_data());
+  a->dq = dq.untyped_data(), a->dk = dk.untyped_data(), a->dv = dv.untyped_data();
+  a->dq_accum = static_cast<float*>(dq_accum.untyped_data()), a->delta = static_cast<float*>(delta.untyped_data());
   return ffi::Error::Success();
 }
 

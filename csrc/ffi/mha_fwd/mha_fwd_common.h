@@ -17,9 +17,9 @@ inline ffi::Error mha_fwd_args(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
   if (auto e = mha_expect("mha_fwd", "lse", lse, ffi::DataType::F32, {s.batch, s.heads_q, s.seq_q}); e.failure())
     return e;
   if (ws.element_type() != ffi::DataType::F32) return invalid("mha_fwd: the workspace must be float32");
-  *a = JaMhaFwdArgs{s.dtype, s.batch, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, s.head_dim, causal ? 1 : 0, scale,
-                    q.untyped_data(), k.untyped_data(), v.untyped_data(), o.untyped_data(),
-                    static_cast<float*>(lse.untyped_data()), ws.untyped_data(), int64_t(ws.size_bytes())};
+  *a = JaMhaFwdArgs{mha_dense_problem(s, causal, scale), q.untyped_data(), k.untyped_data(), v.untyped_data(),
+                    o.untyped_data(), static_cast<float*>(lse.untyped_data()), ws.untyped_data(),
+                    int64_t(ws.size_bytes())};
   return ffi::Error::Success();
 }
 

@@ -13,6 +13,7 @@
 
 #include "ja/api.h"
 #include "ja/kernels/mha.h"
+#include "ja/kernels/mha_features.h"
 #include "mha/mha_cpu_common.h"
 
 namespace ja {
@@ -36,7 +37,7 @@ struct MhaBwdCpu {
   JA_CPU_INLINE static void head(const JaMhaBwdArgs& a, int64_t b, int64_t hk, Scratch& w) {
     using namespace mha_cpu;
     constexpr int W = Lanes<V>::n;
-    const int64_t sq = a.seq_q, sk = a.seq_k, hq = a.heads_q, hkv = a.heads_kv;
+    const int64_t sq = a.p.seq_q, sk = a.p.seq_k, hq = a.p.heads_q, hkv = a.p.heads_kv;
     const int64_t group = hq / hkv;
     const int64_t q_stride = hq * D, kv_stride = hkv * D;
     const auto row_q = [&](const void* base, int64_t i, int64_t h) {
@@ -52,7 +53,7 @@ struct MhaBwdCpu {
       }
     }
 
-    const float s2 = a.scale * kLog2e;
+    const float s2 = a.p.scale * kLog2e;
     for (int64_t kv0 = 0; kv0 < sk; kv0 += Bc) {
       const int nk = int(std::min<int64_t>(Bc, sk - kv0));
       const T* k = static_cast<const T*>(a.k) + ((b * sk + kv0) * hkv + hk) * D;
@@ -97,14 +98,14 @@ struct MhaBwdCpu {
           for (int r = 0; r < rows; ++r) {
             float* acc = a.dq_accum + ((b * sq + q0 + r) * hq + h) * D;
             const float* src = w.dq + r * D;
-            for (int c = 0; c < D; ++c) acc[c] += src[c] * a.scale;
+            for (int c = 0; c < D; ++c) acc[c] += src[c] * a.p.scale;
           }
         }
       }
       T* dk = static_cast<T*>(a.dk) + ((b * sk + kv0) * hkv + hk) * D;
       T* dv = static_cast<T*>(a.dv) + ((b * sk + kv0) * hkv + hk) * D;
       for (int j = 0; j < nk; ++j) {
-        store_row<D>(dk + j * kv_stride, w.dk + j * D, a.scale);
+        store_row<D>(dk + j * kv_stride, w.dk + j * D, a.p.scale);
         store_row<D>(dv + j * kv_stride, w.dv + j * D, 1.0f);
       }
     }
@@ -120,11 +121,13 @@ struct MhaBwdCpu {
   template <typename V>
   JA_CPU_INLINE static void tasks(const JaMhaBwdArgs& a, int64_t t0, int64_t t1) {
     auto w = std::make_unique<Scratch>();
-    for (int64_t t = t0; t < t1; ++t) head<V>(a, t / a.heads_kv, t % a.heads_kv, *w);
+    for (int64_t t = t0; t < t1; ++t) head<V>(a, t / a.p.heads_kv, t % a.p.heads_kv, *w);
   }
 
   static const char* run(const JaMhaBwdArgs& a) {
-    mha_cpu::run_tasks<MhaBwdCpu>(a, a.batch * a.heads_kv);
+    // Always deterministic: one task owns a kv head's dK, dV and its query heads' dQ.
+    if (const char* f = mha_unhandled_feature(a, kMhaDeterministic)) return ja_error("mha_bwd: the CPU kernel does not handle %s yet", f);
+    mha_cpu::run_tasks<MhaBwdCpu>(a, a.p.batch * a.p.heads_kv);
     return nullptr;
   }
 };

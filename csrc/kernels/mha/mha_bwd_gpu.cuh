@@ -60,7 +60,7 @@ struct BwdKeysPerBlock<T, D, true> {
 // One 16-lane group per query row: delta[b, h, i] = sum_c dO * O; dq_accum row = 0.
 template <typename T, int D>
 JA_GLOBAL void __launch_bounds__(kThreads) mha_bwd_preprocess(JaMhaBwdArgs a) {
-  const int64_t rows = a.batch * a.seq_q * a.heads_q;  // row index = (b * sq + i) * hq + h
+  const int64_t rows = a.p.batch * a.p.seq_q * a.p.heads_q;  // row index = (b * sq + i) * hq + h
   const int tx = threadIdx.x % kTx;
   // The loop bound is uniform across the block, so every lane reaches the shuffles.
   for (int64_t base = int64_t(blockIdx.x) * kTy; base < rows; base += int64_t(gridDim.x) * kTy) {
@@ -78,9 +78,9 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_bwd_preprocess(JaMhaBwdArgs a) {
     }
     sum = ja_group_sum<kTx>(sum);
     if (valid && tx == 0) {
-      const int64_t h = row % a.heads_q, bi = row / a.heads_q;  // bi = b * sq + i
-      const int64_t b = bi / a.seq_q, i = bi % a.seq_q;
-      a.delta[(b * a.heads_q + h) * a.seq_q + i] = sum;
+      const int64_t h = row % a.p.heads_q, bi = row / a.p.heads_q;  // bi = b * sq + i
+      const int64_t b = bi / a.p.seq_q, i = bi % a.p.seq_q;
+      a.delta[(b * a.p.heads_q + h) * a.p.seq_q + i] = sum;
     }
   }
 }
@@ -105,11 +105,11 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_bwd_dkdv(JaMhaBwdArgs a) {
 
   const int tx = threadIdx.x % kTx, ty = threadIdx.x / kTx;
   const int64_t kv0 = int64_t(blockIdx.x) * BC, hk = blockIdx.y, b = blockIdx.z;
-  const int64_t sq = a.seq_q, sk = a.seq_k, hq = a.heads_q, hkv = a.heads_kv;
+  const int64_t sq = a.p.seq_q, sk = a.p.seq_k, hq = a.p.heads_q, hkv = a.p.heads_kv;
   const int64_t group = hq / hkv;
   const int nk = int(sk - kv0 < BC ? sk - kv0 : BC);
   const int64_t q_stride = hq * D, kv_stride = hkv * D;
-  const float s2 = a.scale * ja_log2e;
+  const float s2 = a.p.scale * ja_log2e;
 
   load_tile<T, BC, D>(k_s, static_cast<const T*>(a.k) + ((b * sk + kv0) * hkv + hk) * D, kv_stride, nk);
   load_tile<T, BC, D>(v_s, static_cast<const T*>(a.v) + ((b * sk + kv0) * hkv + hk) * D, kv_stride, nk);
@@ -213,7 +213,7 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_bwd_dkdv(JaMhaBwdArgs a) {
         if (qr < rows) {
           float* dq = a.dq_accum + qoff + qr * q_stride;
 #pragma unroll
-          for (int d = 0; d < DN; ++d) ja_atomic_add(dq + tx + d * kTx, acc[d] * a.scale);
+          for (int d = 0; d < DN; ++d) ja_atomic_add(dq + tx + d * kTx, acc[d] * a.p.scale);
         }
       }
     }
@@ -227,7 +227,7 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_bwd_dkdv(JaMhaBwdArgs a) {
     if (kr >= nk) continue;
 #pragma unroll
     for (int d = 0; d < DN; ++d) {
-      dk_out[kr * kv_stride + tx + d * kTx] = from_f32<T>(dk[j][d] * a.scale);
+      dk_out[kr * kv_stride + tx + d * kTx] = from_f32<T>(dk[j][d] * a.p.scale);
       dv_out[kr * kv_stride + tx + d * kTx] = from_f32<T>(dv[j][d]);
     }
   }
@@ -246,13 +246,17 @@ const char* mha_bwd_gpu(const JaMhaBwdArgs& a, void* stream) {
   using Tiles = mha_gpu::BwdTiles<T, D>;
   using mha_gpu::kThreads;
   const ja_stream_t s = static_cast<ja_stream_t>(stream);
-  const int64_t q_rows = a.batch * a.seq_q * a.heads_q;
-  if (q_rows == 0 && a.batch * a.seq_k * a.heads_kv == 0) return nullptr;
+  const int64_t q_rows = a.p.batch * a.p.seq_q * a.p.heads_q;
+  if (q_rows == 0 && a.p.batch * a.p.seq_k * a.p.heads_kv == 0) return nullptr;
+  if (const char* e = mha_gpu::use_mma<T>()
+                          ? mha_gpu::refuse_unhandled("mha_bwd", "mma.sync", a, mha_gpu::kBwdMmaFeatures)
+                          : mha_gpu::refuse_unhandled("mha_bwd", "SIMT", a, mha_gpu::kBwdSimtFeatures))
+    return e;
   for (const void* p : {a.q, a.k, a.v, a.dout})
     if (!mha_gpu::aligned16(p)) return ja_error("mha_bwd: q, k, v and dout must be 16-byte aligned on the GPU");
   constexpr int kBC = mha_gpu::BwdKeysPerBlock<T, D, mha_gpu::use_mma<T>()>::value;
-  const int64_t kv_tiles = (a.seq_k + kBC - 1) / kBC;
-  if (const char* e = mha_gpu::check_grid("mha_bwd", kv_tiles, a.heads_kv, a.batch)) return e;
+  const int64_t kv_tiles = (a.p.seq_k + kBC - 1) / kBC;
+  if (const char* e = mha_gpu::check_grid("mha_bwd", kv_tiles, a.p.heads_kv, a.p.batch)) return e;
   const int64_t max_blocks = int64_t(1) << 20;  // grid-stride loops cover the rest
 
   if (q_rows > 0) {
@@ -272,14 +276,14 @@ const char* mha_bwd_gpu(const JaMhaBwdArgs& a, void* stream) {
                       "this GPU has (%d); use bfloat16 or float16", dtype_name(dtype_of<T>::value), D,
                       Tiles::kSmemBytes, mha_gpu::kSmemMax);
     } else if (kv_tiles > 0) {
-      const dim3 grid(unsigned(kv_tiles), unsigned(a.heads_kv), unsigned(a.batch));
+      const dim3 grid(unsigned(kv_tiles), unsigned(a.p.heads_kv), unsigned(a.p.batch));
       if (const char* e = mha_gpu::launch_with_smem(mha_gpu::mha_bwd_dkdv<T, D, Tiles::BC, Tiles::BR, CAUSAL>,
                                                     grid, kThreads, Tiles::kSmemBytes, s, a, "mha_bwd (dK/dV/dQ)"))
         return e;
     }
   }
   if (q_rows > 0) {
-    const int64_t n = q_rows * a.head_dim;
+    const int64_t n = q_rows * a.p.head_dim;
     const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, max_blocks);
     mha_gpu::mha_bwd_convert_dq<T><<<unsigned(blocks), kThreads, 0, s>>>(a.dq_accum, static_cast<T*>(a.dq), n);
     if (const char* e = mha_gpu::launch_status("mha_bwd (convert dQ)")) return e;

@@ -116,11 +116,11 @@ JA_GLOBAL void __launch_bounds__(BwdMmaTiles<T, D>::kThreads, JA_MHA_BWD_MMA_MIN
   const int g = lane / 4, t = lane % 4;
   const GridPlace at = grid_place(CAUSAL, false);  // causal: each kv head's first key blocks start first
   const int64_t kv0 = at.tile * BC, hk = at.head, b = at.batch;
-  const int64_t sq = a.seq_q, sk = a.seq_k, hq = a.heads_q, hkv = a.heads_kv;
+  const int64_t sq = a.p.seq_q, sk = a.p.seq_k, hq = a.p.heads_q, hkv = a.p.heads_kv;
   const int64_t group = hq / hkv;
   const int nk = int(sk - kv0 < BC ? sk - kv0 : BC);
   const int64_t q_stride = hq * D, kv_stride = hkv * D;
-  const float s2 = a.scale * ja_log2e;
+  const float s2 = a.p.scale * ja_log2e;
   const int wrow = warp * 16;  // this warp's first key row in the tile
 
   // Query tiles per head: causal blocks start at the tile holding the first
@@ -305,8 +305,8 @@ JA_GLOBAL void __launch_bounds__(BwdMmaTiles<T, D>::kThreads, JA_MHA_BWD_MMA_MIN
           if (qrow + 8 * i >= sq) continue;
 #pragma unroll
           for (int j = 0; j < 2; ++j)
-            ja_atomic_add2(dq + i * 8 * q_stride + n2 * 16 + j * 8, acc[j][2 * i] * a.scale,
-                           acc[j][2 * i + 1] * a.scale);
+            ja_atomic_add2(dq + i * 8 * q_stride + n2 * 16 + j * 8, acc[j][2 * i] * a.p.scale,
+                           acc[j][2 * i + 1] * a.p.scale);
         }
       }
     }
@@ -324,7 +324,7 @@ JA_GLOBAL void __launch_bounds__(BwdMmaTiles<T, D>::kThreads, JA_MHA_BWD_MMA_MIN
 #pragma unroll
     for (int n = 0; n < NO; ++n) {
       const int64_t off = r * kv_stride + n * 8 + 2 * t;
-      *reinterpret_cast<uint32_t*>(dk_out + off) = mma::pack2<T>(dk[n][2 * i] * a.scale, dk[n][2 * i + 1] * a.scale);
+      *reinterpret_cast<uint32_t*>(dk_out + off) = mma::pack2<T>(dk[n][2 * i] * a.p.scale, dk[n][2 * i + 1] * a.p.scale);
       *reinterpret_cast<uint32_t*>(dv_out + off) = mma::pack2<T>(dv[n][2 * i], dv[n][2 * i + 1]);
     }
   }
@@ -333,10 +333,10 @@ JA_GLOBAL void __launch_bounds__(BwdMmaTiles<T, D>::kThreads, JA_MHA_BWD_MMA_MIN
 template <typename T, int D, bool CAUSAL>
 const char* mha_bwd_mma_launch(const JaMhaBwdArgs& a, ja_stream_t stream) {
   using Tl = BwdMmaTiles<T, D>;
-  const int64_t kv_tiles = (a.seq_k + Tl::BC - 1) / Tl::BC;
+  const int64_t kv_tiles = (a.p.seq_k + Tl::BC - 1) / Tl::BC;
   if (kv_tiles == 0) return nullptr;
-  if (const char* e = check_grid("mha_bwd", kv_tiles, a.heads_kv, a.batch)) return e;
-  const dim3 grid(unsigned(kv_tiles), unsigned(a.heads_kv), unsigned(a.batch));
+  if (const char* e = check_grid("mha_bwd", kv_tiles, a.p.heads_kv, a.p.batch)) return e;
+  const dim3 grid(unsigned(kv_tiles), unsigned(a.p.heads_kv), unsigned(a.p.batch));
   return launch_with_smem(mha_bwd_mma_kernel<T, D, CAUSAL>, grid, Tl::kThreads, Tl::kSmemBytes, stream, a,
                           "mha_bwd (dK/dV/dQ, MMA)");
 }

@@ -213,7 +213,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
 template <typename T, int D, bool CAUSAL>
 const char* mha_bwd_sm90_launch(const JaMhaBwdArgs& a, cudaStream_t stream) {
   using Tr = BwdTraits<typename CutlassType<T>::type, D>;
-  const int sq = int(a.seq_q), sk = int(a.seq_k), hq = int(a.heads_q), hkv = int(a.heads_kv), bt = int(a.batch);
+  const int sq = int(a.p.seq_q), sk = int(a.p.seq_k), hq = int(a.p.heads_q), hkv = int(a.p.heads_kv), bt = int(a.p.batch);
   typename Tr::Params p{
       bwd_args<typename Tr::Element, D>(a),
       bwd_tma_q<Tr>(a.q, sq, hq, bt),
@@ -251,17 +251,18 @@ template <typename T, int D, bool CAUSAL>
 const char* mha_bwd_sm90(const JaMhaBwdArgs& a, void* stream, int* handled) {
   *handled = 0;
   const int64_t lim = int64_t(1) << 30;
-  if (a.batch <= 0 || a.seq_q <= 0 || a.seq_k <= 0 || a.heads_q <= 0 || a.heads_kv <= 0) return nullptr;
-  if (a.batch >= 65536 || a.heads_q >= 65536 || a.seq_q >= lim || a.seq_k >= lim) return nullptr;
-  if (a.batch * a.seq_q * a.heads_q * D >= (int64_t(1) << 31)) return nullptr;
+  if (a.p.batch <= 0 || a.p.seq_q <= 0 || a.p.seq_k <= 0 || a.p.heads_q <= 0 || a.p.heads_kv <= 0) return nullptr;
+  if (a.p.batch >= 65536 || a.p.heads_q >= 65536 || a.p.seq_q >= lim || a.p.seq_k >= lim) return nullptr;
+  if (a.p.batch * a.p.seq_q * a.p.heads_q * D >= (int64_t(1) << 31)) return nullptr;
   for (const void* ptr : {a.q, a.k, a.v, a.dout, static_cast<const void*>(a.dk), static_cast<const void*>(a.dv),
                           static_cast<const void*>(a.dq_accum)})
     if (!mha_gpu::aligned16(ptr)) return nullptr;
   if (!device_is_sm90()) return nullptr;
+  if (mha_unhandled_feature(a, mha_gpu::kBwdSm90Features)) return nullptr;
   *handled = 1;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   using mha_gpu::kThreads;
-  const int64_t q_rows = a.batch * a.seq_q * a.heads_q;
+  const int64_t q_rows = a.p.batch * a.p.seq_q * a.p.heads_q;
   const int64_t max_blocks = int64_t(1) << 20;
   {
     const int64_t blocks = std::min<int64_t>((q_rows + mha_gpu::kTy - 1) / mha_gpu::kTy, max_blocks);

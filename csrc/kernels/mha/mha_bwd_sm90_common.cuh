@@ -31,9 +31,9 @@ struct BwdArgs {
 
 template <typename Element, int D>
 BwdArgs<Element> bwd_args(const JaMhaBwdArgs& a) {
-  const int hq = int(a.heads_q), hkv = int(a.heads_kv), bt = int(a.batch);
-  return {make_shape(int(a.seq_q), int(D), hq, bt),
-          make_shape(int(a.seq_k), int(D), hkv, bt),
+  const int hq = int(a.p.heads_q), hkv = int(a.p.heads_kv), bt = int(a.p.batch);
+  return {make_shape(int(a.p.seq_q), int(D), hq, bt),
+          make_shape(int(a.p.seq_k), int(D), hkv, bt),
           a.lse,
           a.delta,
           a.dq_accum,
@@ -42,8 +42,8 @@ BwdArgs<Element> bwd_args(const JaMhaBwdArgs& a) {
           hq,
           hkv,
           hq / hkv,
-          a.scale,
-          a.scale * ja_log2e,
+          a.p.scale,
+          a.p.scale * ja_log2e,
           0};  // chunk: bwd_launch sets it from the grid
 }
 
@@ -308,7 +308,7 @@ CUTE_DEVICE void bwd_store_dkdv(typename Tr::Params const& p, BwdWork const& w, 
 template <typename Tr, typename Kernel>
 const char* bwd_launch(Kernel kernel, typename Tr::Params p, const JaMhaBwdArgs& a, cudaStream_t stream,
                        const char* what) {
-  const dim3 grid(unsigned((a.seq_k + Tr::BN - 1) / Tr::BN), unsigned(a.heads_kv), unsigned(a.batch));
+  const dim3 grid(unsigned((a.p.seq_k + Tr::BN - 1) / Tr::BN), unsigned(a.p.heads_kv), unsigned(a.p.batch));
   p.chunk = causal_chunk(grid.x);  // read only by causal grids (grid_place)
   return mha_gpu::launch_with_smem(kernel, grid, Tr::kThreads, Tr::kSmemBytes, stream, p, what);
 }

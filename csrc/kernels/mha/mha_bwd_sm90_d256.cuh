@@ -281,7 +281,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 template <typename T, bool CAUSAL>
 const char* mha_bwd_sm90_d256_launch(const JaMhaBwdArgs& a, cudaStream_t stream) {
   using Tr = BwdTraitsD256<typename CutlassType<T>::type>;
-  const int sq = int(a.seq_q), sk = int(a.seq_k), hq = int(a.heads_q), hkv = int(a.heads_kv), bt = int(a.batch);
+  const int sq = int(a.p.seq_q), sk = int(a.p.seq_k), hq = int(a.p.heads_q), hkv = int(a.p.heads_kv), bt = int(a.p.batch);
   typename Tr::Params p{bwd_args<typename Tr::Element, Tr::kHeadDim>(a), bwd_tma_q<Tr>(a.q, sq, hq, bt),
                         bwd_tma_q<Tr>(a.dout, sq, hq, bt), bwd_tma_k<Tr>(a.k, sk, hkv, bt),
                         bwd_tma_k<Tr>(a.v, sk, hkv, bt),

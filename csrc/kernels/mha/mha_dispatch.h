@@ -16,6 +16,7 @@
 #include "ja/api.h"
 #include "ja/dtype.h"
 #include "ja/env.h"
+#include "ja/kernels/mha_features.h"
 
 namespace ja {
 
@@ -40,10 +41,12 @@ std::string mha_head_dims(const MhaInstance<Fn> (&table)[N], DType dtype) {
   return out.empty() ? "none" : out;
 }
 
-// Whether table entry e is the instance for args (dtype, head_dim, causal).
+// Whether table entry e is the instance for args: its dtype and head_dim, and its causal flag set for the
+// CAUSAL mask (NONE and ROWS take the non-causal instances; a kernel that does not handle ROWS, or
+// head_dim_v != head_dim, refuses the call, naming the feature: ja/kernels/mha_features.h).
 template <typename Fn, typename Args>
 bool mha_matches(const MhaInstance<Fn>& e, const Args& a) {
-  return e.fn && int(e.dtype) == a.dtype && e.head_dim == a.head_dim && e.causal == (a.causal != 0);
+  return e.fn && int(e.dtype) == a.p.dtype && e.head_dim == a.p.head_dim && e.causal == (a.p.mask == kMaskCausal);
 }
 
 // Calls the instance matching args (dtype, head_dim, causal) with (&args, extra...).
@@ -52,10 +55,10 @@ const char* mha_dispatch(const char* op, const char* backend, const MhaInstance<
                          Extra... extra) {
   for (const auto& e : table)
     if (mha_matches(e, a)) return e.fn(&a, extra...);
-  const DType dt = DType(a.dtype);
-  const bool known = a.dtype >= 0 && a.dtype <= int(DType::kF16);
-  return ja_error("%s: no %s instance for dtype %s, head_dim %lld, causal %d in this build; supported head dims: %s",
-                  op, backend, known ? dtype_name(dt) : "unknown", (long long)a.head_dim, a.causal,
+  const DType dt = DType(a.p.dtype);
+  const bool known = a.p.dtype >= 0 && a.p.dtype <= int(DType::kF16);
+  return ja_error("%s: no %s instance for dtype %s, head_dim %lld, mask %d in this build; supported head dims: %s",
+                  op, backend, known ? dtype_name(dt) : "unknown", (long long)a.p.head_dim, int(a.p.mask),
                   mha_head_dims(table, dt).c_str());
 }
 

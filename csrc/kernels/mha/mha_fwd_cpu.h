@@ -9,6 +9,7 @@
 
 #include "ja/api.h"
 #include "ja/kernels/mha.h"
+#include "ja/kernels/mha_features.h"
 #include "mha/mha_cpu_common.h"
 
 namespace ja {
@@ -32,7 +33,7 @@ struct MhaFwdCpu {
   JA_CPU_INLINE static void tile(const JaMhaFwdArgs& a, int64_t b, int64_t h, int64_t q0, Scratch& w) {
     using namespace mha_cpu;
     constexpr int W = Lanes<V>::n;
-    const int64_t sq = a.seq_q, sk = a.seq_k, hq = a.heads_q, hkv = a.heads_kv;
+    const int64_t sq = a.p.seq_q, sk = a.p.seq_k, hq = a.p.heads_q, hkv = a.p.heads_kv;
     const int64_t hk = h / (hq / hkv);
     const int rows = int(std::min<int64_t>(Br, sq - q0));
     const int64_t q_stride = hq * D, kv_stride = hkv * D;
@@ -40,7 +41,7 @@ struct MhaFwdCpu {
     const T* k = static_cast<const T*>(a.k) + (b * sk * hkv + hk) * D;
     const T* v = static_cast<const T*>(a.v) + (b * sk * hkv + hk) * D;
 
-    load_rows<Br, D>(w.q, q, q_stride, rows, a.scale * kLog2e);
+    load_rows<Br, D>(w.q, q, q_stride, rows, a.p.scale * kLog2e);
     std::fill(w.o, w.o + Br * D, 0.0f);
     std::fill(w.m, w.m + Br, -kInf);
     std::fill(w.l, w.l + Br, 0.0f);
@@ -90,16 +91,17 @@ struct MhaFwdCpu {
 
   template <typename V>
   JA_CPU_INLINE static void tasks(const JaMhaFwdArgs& a, int64_t t0, int64_t t1) {
-    const int64_t q_tiles = (a.seq_q + Br - 1) / Br;
+    const int64_t q_tiles = (a.p.seq_q + Br - 1) / Br;
     auto w = std::make_unique<Scratch>();
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t qt = t % q_tiles, bh = t / q_tiles;
-      tile<V>(a, bh / a.heads_q, bh % a.heads_q, qt * Br, *w);
+      tile<V>(a, bh / a.p.heads_q, bh % a.p.heads_q, qt * Br, *w);
     }
   }
 
   static const char* run(const JaMhaFwdArgs& a) {
-    mha_cpu::run_tasks<MhaFwdCpu>(a, a.batch * a.heads_q * ((a.seq_q + Br - 1) / Br));
+    if (const char* f = mha_unhandled_feature(a.p, 0)) return ja_error("mha_fwd: the CPU kernel does not handle %s yet", f);
+    mha_cpu::run_tasks<MhaFwdCpu>(a, a.p.batch * a.p.heads_q * ((a.p.seq_q + Br - 1) / Br));
     return nullptr;
   }
 };

@@ -156,7 +156,7 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_fwd_kernel(JaMhaFwdArgs a) {
 template <typename T, int D, bool CAUSAL>
 const char* mha_fwd_gpu(const JaMhaFwdArgs& a, void* stream) {
   using Tiles = mha_gpu::FwdTiles<T, D>;
-  if (a.batch == 0 || a.seq_q == 0 || a.heads_q == 0) return nullptr;
+  if (a.p.batch == 0 || a.p.seq_q == 0 || a.p.heads_q == 0) return nullptr;
   if (!mha_gpu::aligned16(a.q) || !mha_gpu::aligned16(a.k) || !mha_gpu::aligned16(a.v))
     return ja_error("mha_fwd: q, k and v must be 16-byte aligned on the GPU");
 #if JA_HAS_WARP_MMA
@@ -169,9 +169,10 @@ const char* mha_fwd_gpu(const JaMhaFwdArgs& a, void* stream) {
   } else
 #endif
   {
-    const int64_t q_tiles = (a.seq_q + Tiles::BR - 1) / Tiles::BR;
-    if (const char* e = mha_gpu::check_grid("mha_fwd", q_tiles, a.heads_q, a.batch)) return e;
-    const dim3 grid(unsigned(q_tiles), unsigned(a.heads_q), unsigned(a.batch));
+    if (const char* e = mha_gpu::refuse_unhandled("mha_fwd", "SIMT", a.p, mha_gpu::kFwdSimtFeatures)) return e;
+    const int64_t q_tiles = (a.p.seq_q + Tiles::BR - 1) / Tiles::BR;
+    if (const char* e = mha_gpu::check_grid("mha_fwd", q_tiles, a.p.heads_q, a.p.batch)) return e;
+    const dim3 grid(unsigned(q_tiles), unsigned(a.p.heads_q), unsigned(a.p.batch));
     return mha_gpu::launch_with_smem(mha_gpu::mha_fwd_kernel<T, D, Tiles::BR, Tiles::BC, CAUSAL>, grid,
                                      mha_gpu::kThreads, Tiles::kSmemBytes, static_cast<ja_stream_t>(stream), a,
                                      "mha_fwd");

@@ -209,10 +209,10 @@ struct DecodeArgs {
 };
 
 // Query rows that share one kv head.
-inline int64_t decode_rows(const JaMhaFwdArgs& a) { return a.heads_q / a.heads_kv * a.seq_q; }
+inline int64_t decode_rows(const JaMhaFwdArgs& a) { return a.p.heads_q / a.p.heads_kv * a.p.seq_q; }
 
 inline bool decode_applies(const JaMhaFwdArgs& a) {
-  return a.heads_kv > 0 && decode_rows(a) <= JA_MHA_DECODE_MAX_ROWS;
+  return a.p.heads_kv > 0 && decode_rows(a) <= JA_MHA_DECODE_MAX_ROWS;
 }
 
 // Multiprocessors of the current device (cached per device).
@@ -241,9 +241,9 @@ struct DecodePlan {
 template <typename T, int D>
 DecodePlan decode_plan(const JaMhaFwdArgs& a, int64_t rblocks, int64_t slots, int64_t max_splits) {
   constexpr int BC = DecodeTiles<T, D>::BC;
-  const int64_t tiles = (a.seq_k + BC - 1) / BC;
+  const int64_t tiles = (a.p.seq_k + BC - 1) / BC;
   if (tiles <= 1) return {1, BC};
-  const int64_t groups = a.batch * a.heads_kv * rblocks;  // blocks per split
+  const int64_t groups = a.p.batch * a.p.heads_kv * rblocks;  // blocks per split
   int64_t max_s = tiles / JA_MHA_DECODE_MIN_TILES;
   const int64_t enough = 4 * slots / groups + 1;  // beyond 4 waves more splits only add merge work
   max_s = max_s < enough ? max_s : enough;
@@ -293,7 +293,7 @@ JA_DEVICE void decode_cluster_merge(const DecodeArgs& d, const float* po, float*
     inv[r] = mx == -INFINITY ? 0.0f : 1.0f / sum;
     if (rank == 0) {
       const int64_t qi = rg / group, h = int64_t(hk) * group + rg % group;
-      a.lse[(b * a.heads_q + h) * a.seq_q + qi] = mx == -INFINITY ? INFINITY : (mx + ja_log2(sum)) * kLn2;
+      a.lse[(b * a.p.heads_q + h) * a.p.seq_q + qi] = mx == -INFINITY ? INFINITY : (mx + ja_log2(sum)) * kLn2;
     }
   }
   __syncthreads();
@@ -316,7 +316,7 @@ JA_DEVICE void decode_cluster_merge(const DecodeArgs& d, const float* po, float*
       acc[3] += f * os[s].w;
     }
     const int64_t qi = rg / group, h = int64_t(hk) * group + rg % group;
-    T* out = static_cast<T*>(a.o) + ((b * a.seq_q + qi) * a.heads_q + h) * D + c;
+    T* out = static_cast<T*>(a.o) + ((b * a.p.seq_q + qi) * a.p.heads_q + h) * D + c;
 #pragma unroll
     for (int j = 0; j < 4; ++j) out[j] = from_f32<T>(acc[j] * inv[r]);
   }
@@ -341,14 +341,14 @@ JA_GLOBAL void __launch_bounds__(DecodeTiles<T, D, TMA>::kThreads)
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;
-  const int64_t sq = a.seq_q, sk = a.seq_k, hq = a.heads_q, hkv = a.heads_kv;
+  const int64_t sq = a.p.seq_q, sk = a.p.seq_k, hq = a.p.heads_q, hkv = a.p.heads_kv;
   const int group = int(hq / hkv);
   const int rows = int(group * sq);
   const int hk = int(blockIdx.y) / d.rblocks, rb = int(blockIdx.y) % d.rblocks;
   const int r0 = rb * 16;  // first row of this block among the kv head's rows
   const int64_t b = blockIdx.z;
   const int64_t kv_stride = hkv * D;
-  const float s2 = a.scale * ja_log2e;
+  const float s2 = a.p.scale * ja_log2e;
   const int64_t key0 = int64_t(blockIdx.x) * d.chunk;
   const int64_t key1 = key0 + d.chunk < sk ? key0 + d.chunk : sk;
   const int ntiles = key1 > key0 ? int((key1 - key0 + BC - 1) / BC) : 0;
@@ -574,14 +574,14 @@ template <typename T, int D>
 JA_GLOBAL void __launch_bounds__(128) mha_decode_combine_kernel(DecodeArgs d, int splits) {
   constexpr int kPer = (D + 31) / 32;  // output columns per lane
   const JaMhaFwdArgs& a = d.a;
-  const int64_t sq = a.seq_q, hq = a.heads_q, hkv = a.heads_kv;
+  const int64_t sq = a.p.seq_q, hq = a.p.heads_q, hkv = a.p.heads_kv;
   const int group = int(hq / hkv);
   const int rows = int(group * sq);
   const int lane = threadIdx.x % 32;
   const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int64_t ys = hkv * d.rblocks;
   pdl_wait();  // the split kernel's partial results are complete and visible
-  if (row >= a.batch * ys * 16) return;
+  if (row >= a.p.batch * ys * 16) return;
   const int r = int(row % 16);
   const int64_t y = (row / 16) % ys, b = row / (16 * ys);
   const int rg = int(y % d.rblocks) * 16 + r;
@@ -701,7 +701,7 @@ bool encode_decode_maps(const JaMhaFwdArgs& a, DecodeMaps* maps) {
   const TensorMapEncodeTiled encode = tensor_map_encoder();
   if (!encode) return false;
   constexpr cuuint64_t es = sizeof(T);
-  const cuuint64_t dims[4] = {cuuint64_t(D), cuuint64_t(a.heads_kv), cuuint64_t(a.seq_k), cuuint64_t(a.batch)};
+  const cuuint64_t dims[4] = {cuuint64_t(D), cuuint64_t(a.p.heads_kv), cuuint64_t(a.p.seq_k), cuuint64_t(a.p.batch)};
   const cuuint64_t strides[3] = {D * es, dims[1] * D * es, dims[2] * dims[1] * D * es};  // bytes, dims 1..3
   const cuuint32_t box[4] = {64, 1, cuuint32_t(DecodeTiles<T, D, true>::BC), 1};
   const cuuint32_t unit[4] = {1, 1, 1, 1};
@@ -731,8 +731,8 @@ bool decode_tma_applies(const JaMhaFwdArgs& a) {
   if constexpr (!kDecodeTmaBuilt<T, D>) {
     return false;
   } else {
-    if (a.seq_k <= 0 || a.seq_k >= (int64_t(1) << 31) || a.batch >= (int64_t(1) << 31) ||
-        a.heads_kv >= (int64_t(1) << 31))
+    if (a.p.seq_k <= 0 || a.p.seq_k >= (int64_t(1) << 31) || a.p.batch >= (int64_t(1) << 31) ||
+        a.p.heads_kv >= (int64_t(1) << 31))
       return false;
     if (ja::env_off("JA_MHA_FWD_DECODE_TMA")) return false;
     static std::atomic<int> cache[64];  // 1 no, 2 yes
@@ -774,7 +774,7 @@ template <typename T, int D, bool CAUSAL, bool TMA>
 const char* mha_decode_launch_with(const JaMhaFwdArgs& a, const DecodeMaps& maps, ja_stream_t stream) {
   using Tl = DecodeTiles<T, D, TMA>;
   const int64_t rblocks = (decode_rows(a) + 15) / 16;
-  const int64_t groups = a.batch * a.heads_kv * rblocks;  // blocks per split
+  const int64_t groups = a.p.batch * a.p.heads_kv * rblocks;  // blocks per split
   // Splits the workspace has room for: each holds 16 rows x (D + 1) floats per block of a split.
   const int64_t per_split = groups * 16 * (D + 1) * int64_t(sizeof(float));
   const int64_t max_splits = a.workspace ? a.workspace_bytes / per_split : 0;
@@ -788,8 +788,8 @@ const char* mha_decode_launch_with(const JaMhaFwdArgs& a, const DecodeMaps& maps
     d.ws_o = static_cast<float*>(a.workspace);
     d.ws_lse = d.ws_o + parts * D;
   }
-  if (const char* e = check_grid("mha_fwd", plan.splits, a.heads_kv * rblocks, a.batch)) return e;
-  const dim3 grid(unsigned(plan.splits), unsigned(a.heads_kv * rblocks), unsigned(a.batch));
+  if (const char* e = check_grid("mha_fwd", plan.splits, a.p.heads_kv * rblocks, a.p.batch)) return e;
+  const dim3 grid(unsigned(plan.splits), unsigned(a.p.heads_kv * rblocks), unsigned(a.p.batch));
   auto kernel = mha_decode_kernel<T, D, CAUSAL, TMA>;
   if (const char* e = allow_smem(kernel, Tl::kSmemBytes, "mha_fwd (decode)")) return e;
   ja_error_t err = launch_clustered(kernel, grid, dim3(Tl::kThreads), size_t(Tl::kSmemBytes), stream,
@@ -807,6 +807,7 @@ const char* mha_decode_launch_with(const JaMhaFwdArgs& a, const DecodeMaps& maps
 
 template <typename T, int D, bool CAUSAL>
 const char* mha_decode_launch(const JaMhaFwdArgs& a, ja_stream_t stream) {
+  if (const char* e = refuse_unhandled("mha_fwd", "split-KV decode", a.p, kFwdDecodeFeatures)) return e;
   DecodeMaps maps{};
   if constexpr (kDecodeTmaBuilt<T, D>) {
     if (decode_tma_applies<T, D, CAUSAL>(a)) {

@@ -294,9 +294,10 @@ JA_GLOBAL void __launch_bounds__(FwdMmaTiles<T, D>::kThreads, JA_MHA_FWD_MMA_MIN
 template <typename T, int D, bool CAUSAL>
 const char* mha_fwd_mma_launch(const JaMhaFwdArgs& a, ja_stream_t stream) {
   using Tl = FwdMmaTiles<T, D>;
-  const int64_t q_tiles = (a.seq_q + Tl::BR - 1) / Tl::BR;
-  if (const char* e = check_grid("mha_fwd", q_tiles, a.heads_q, a.batch)) return e;
-  const dim3 grid(unsigned(q_tiles), unsigned(a.heads_q), unsigned(a.batch));
+  if (const char* e = refuse_unhandled("mha_fwd", "mma.sync", a.p, kFwdMmaFeatures)) return e;
+  const int64_t q_tiles = (a.p.seq_q + Tl::BR - 1) / Tl::BR;
+  if (const char* e = check_grid("mha_fwd", q_tiles, a.p.heads_q, a.p.batch)) return e;
+  const dim3 grid(unsigned(q_tiles), unsigned(a.p.heads_q), unsigned(a.p.batch));
   return launch_with_smem(mha_fwd_mma_kernel<T, D, CAUSAL>, grid, Tl::kThreads, Tl::kSmemBytes, stream, a,
                           "mha_fwd");
 }

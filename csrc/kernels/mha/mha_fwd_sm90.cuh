@@ -475,7 +475,7 @@ template <typename T, int D, bool CAUSAL>
 const char* mha_fwd_sm90_launch(const JaMhaFwdArgs& a, cudaStream_t stream) {
   using Tr = Traits<typename CutlassType<T>::type, D>;
   using Element = typename Tr::Element;
-  const int sq = int(a.seq_q), sk = int(a.seq_k), hq = int(a.heads_q), hkv = int(a.heads_kv), bt = int(a.batch);
+  const int sq = int(a.p.seq_q), sk = int(a.p.seq_k), hq = int(a.p.heads_q), hkv = int(a.p.heads_kv), bt = int(a.p.batch);
   auto tensor = [&](const void* ptr, int seq, int heads) { return bshd_tensor<Element, D>(ptr, seq, heads, bt); };
   const dim3 grid(unsigned((sq + Tr::kBlockM - 1) / Tr::kBlockM), unsigned(hq), unsigned(bt));
   typename Tr::Params p{
@@ -493,7 +493,7 @@ const char* mha_fwd_sm90_launch(const JaMhaFwdArgs& a, cudaStream_t stream) {
       int64_t(sq) * hq * D,
       hq,
       hq / hkv,
-      a.scale * ja_log2e,
+      a.p.scale * ja_log2e,
       causal_chunk(grid.x)};  // read only by causal grids (grid_place)
   return mha_gpu::launch_with_smem(mha_fwd_sm90_kernel<Tr, CAUSAL>, grid, Tr::kThreads, Tr::kSmemBytes, stream, p,
                                    "mha_fwd (sm90)");
@@ -515,11 +515,12 @@ template <typename T, int D, bool CAUSAL>
 const char* mha_fwd_sm90(const JaMhaFwdArgs& a, void* stream, int* handled) {
   *handled = 0;
   const int64_t lim = int64_t(1) << 30;
-  if (a.batch <= 0 || a.seq_q <= 0 || a.seq_k <= 0 || a.heads_q <= 0 || a.heads_kv <= 0) return nullptr;
-  if (a.batch >= 65536 || a.heads_q >= 65536 || a.seq_q >= lim || a.seq_k >= lim) return nullptr;
+  if (a.p.batch <= 0 || a.p.seq_q <= 0 || a.p.seq_k <= 0 || a.p.heads_q <= 0 || a.p.heads_kv <= 0) return nullptr;
+  if (a.p.batch >= 65536 || a.p.heads_q >= 65536 || a.p.seq_q >= lim || a.p.seq_k >= lim) return nullptr;
   if (!mha_gpu::aligned16(a.q) || !mha_gpu::aligned16(a.k) || !mha_gpu::aligned16(a.v) || !mha_gpu::aligned16(a.o))
     return nullptr;
   if (mha_gpu::decode_applies(a) || !device_is_sm90()) return nullptr;
+  if (mha_unhandled_feature(a.p, mha_gpu::kFwdSm90Features)) return nullptr;
   *handled = 1;
   return mha_fwd_sm90_launch<T, D, CAUSAL>(a, static_cast<cudaStream_t>(stream));
 }

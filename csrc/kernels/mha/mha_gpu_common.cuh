@@ -16,6 +16,7 @@
 #include "ja/dtype.h"
 #include "ja/gpu.h"
 #include "ja/kernels/mha.h"
+#include "ja/kernels/mha_features.h"
 #include "ja/mma.h"
 
 namespace ja {
@@ -31,6 +32,22 @@ constexpr int kSmemMax = 64 * 1024;  // a block's LDS on CDNA
 constexpr int kSmemMax = 227 * 1024;  // a block's shared memory with opt-in (sm_90; sm_80 has 163 KiB)
 #endif
 constexpr float kLn2 = 0.6931471805599453f;
+
+// The features (ja::MhaFeature bits, ja/kernels/mha_features.h) each GPU kernel handles; a launch refuses a
+// problem that uses any other, naming it (refuse_unhandled), and the sm_90a kernels decline it (the next
+// kernel then refuses it). None yet: these kernels run dense and bottom-right causal attention with
+// head_dim_v == head_dim, and a nondeterministic backward.
+constexpr uint32_t kFwdSimtFeatures = 0, kFwdMmaFeatures = 0, kFwdDecodeFeatures = 0, kFwdSm90Features = 0;
+constexpr uint32_t kBwdSimtFeatures = 0, kBwdMmaFeatures = 0, kBwdSm90Features = 0;
+
+// nullptr when the kernel `kernel` handles every feature of args (JaMhaFwdArgs::p or JaMhaBwdArgs), else an
+// error naming the first one it does not.
+template <typename Args>
+inline const char* refuse_unhandled(const char* op, const char* kernel, const Args& args, uint32_t handled) {
+  const char* f = mha_unhandled_feature(args, handled);
+  return f ? ja_error("%s: the %s GPU kernel does not handle %s yet; run this call on the CPU backend", op, kernel, f)
+           : nullptr;
+}
 
 // Row stride (elements) of a [rows][D] tile of T in shared memory.
 template <typename T, int D>
@@ -110,9 +127,9 @@ struct FwdBlock {
 
 template <int D>
 JA_DEVICE FwdBlock fwd_block(const JaMhaFwdArgs& a, GridPlace at, int br) {
-  const int64_t q0 = at.tile * br, sq = a.seq_q, hq = a.heads_q, hkv = a.heads_kv, h = at.head;
-  return {q0, h, at.batch, sq, a.seq_k, hq, hkv, h / (hq / hkv), hq * D, hkv * D,
-          int(sq - q0 < br ? sq - q0 : br), a.scale * ja_log2e};
+  const int64_t q0 = at.tile * br, sq = a.p.seq_q, hq = a.p.heads_q, hkv = a.p.heads_kv, h = at.head;
+  return {q0, h, at.batch, sq, a.p.seq_k, hq, hkv, h / (hq / hkv), hq * D, hkv * D,
+          int(sq - q0 < br ? sq - q0 : br), a.p.scale * ja_log2e};
 }
 
 // Whether instances for T run on the matrix units (ja/mma.h) or the SIMT kernels.

@@ -34,6 +34,35 @@ JA_MHA_HD MhaRow mha_row(const JaMhaProblem& p, int64_t b, int64_t i) {
   return MhaRow{0, hi, diag};
 }
 
+// The features beyond dense or bottom-right causal attention with head_dim_v == head_dim, as bits. A kernel
+// states the ones it handles; mha_unhandled_feature names the first one a problem uses that the kernel does not
+// handle (nullptr: none), so a kernel declines or refuses such a call and never ignores a feature silently.
+enum MhaFeature : uint32_t {
+  kMhaHeadDimV = 1u << 0,         // head_dim_v != head_dim
+  kMhaRows = 1u << 1,             // mask == ROWS
+  kMhaSoftcap = 1u << 2,          // softcap > 0
+  kMhaAlibi = 1u << 3,            // alibi != null
+  kMhaBias = 1u << 4,             // bias != null (and, in the backward, dbias)
+  kMhaDropout = 1u << 5,          // dropout_p > 0
+  kMhaDeterministic = 1u << 6,    // the backward's deterministic == 1
+};
+
+JA_MHA_HD const char* mha_unhandled_feature(const JaMhaProblem& p, uint32_t handled) {
+  if (p.head_dim_v != p.head_dim && !(handled & kMhaHeadDimV)) return "head_dim_v != head_dim";
+  if (p.mask == kMaskRows && !(handled & kMhaRows)) return "the ROWS mask (window, varlen, segments)";
+  if (p.softcap != 0.0f && !(handled & kMhaSoftcap)) return "softcap";
+  if (p.alibi != nullptr && !(handled & kMhaAlibi)) return "ALiBi";
+  if (p.bias != nullptr && !(handled & kMhaBias)) return "bias";
+  if (p.dropout_p != 0.0f && !(handled & kMhaDropout)) return "dropout";
+  return nullptr;
+}
+
+JA_MHA_HD const char* mha_unhandled_feature(const JaMhaBwdArgs& a, uint32_t handled) {
+  if (a.deterministic && !(handled & kMhaDeterministic)) return "deterministic";
+  if (a.dbias != nullptr && !(handled & kMhaBias)) return "bias";
+  return mha_unhandled_feature(a.p, handled);
+}
+
 // The query rows that see key j of batch b, [q_lo, q_hi) (the backward's tile skipping).
 struct MhaCol {
   int64_t q_lo, q_hi;
