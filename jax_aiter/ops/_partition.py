@@ -164,12 +164,22 @@ def type_spec(x) -> Spec:
     return padded(spec if spec is not None else (), x.ndim)
 
 
-def like(ct: jax.Array, primal: jax.Array) -> jax.Array:
-    """A cotangent resharded to its primal's type (Explicit axes): custom_vjp requires the backward's results
-    to have the primals' types, shardings included. A no-op without Explicit axes."""
-    if _explicit_mesh() is None or type_spec(ct) == type_spec(primal):
+def spec_of(x: jax.Array) -> Spec | None:
+    """x's spec under Explicit mesh axes (a static, hashable value to reshard a cotangent to), else None."""
+    return type_spec(x) if _explicit_mesh() is not None else None
+
+
+def to_spec(ct: jax.Array, spec: Spec | None) -> jax.Array:
+    """A cotangent resharded to its primal's spec (spec_of): under Explicit axes custom_vjp requires the
+    backward's results to have the primals' types, shardings included. A no-op for None."""
+    if spec is None or type_spec(ct) == spec:
         return ct
-    return jax.sharding.reshard(ct, P(*type_spec(primal)))
+    return jax.sharding.reshard(ct, P(*spec))
+
+
+def like(ct: jax.Array, primal: jax.Array) -> jax.Array:
+    """A cotangent resharded to its primal's type (Explicit axes); a no-op without Explicit axes."""
+    return to_spec(ct, spec_of(primal))
 
 
 def partitioned(fn: Callable, rule: str | Callable, planner: Planner, n_static: int = 0,
@@ -211,3 +221,15 @@ def partitioned(fn: Callable, rule: str | Callable, planner: Planner, n_static: 
         return op(*args)
 
     return run
+
+
+def tangents_from(op: Callable, reference: Callable) -> Callable:
+    """`op` (a partitioned call: no derivative of its own) with the forward-mode derivative of `reference`, the
+    same function in jax.numpy. The norms and SiLU-and-mul call their kernels in the forward of a gradient and
+    keep grad of grad working: JAX differentiates that forward through this rule (plain JAX math)."""
+    g = jax.custom_jvp(op)
+
+    @g.defjvp
+    def _jvp(primals, tangents):
+        return op(*primals), jax.jvp(reference, primals, tangents)[1]
+    return g

@@ -18,7 +18,8 @@ def _xla_silu_and_mul(x):
     return (jax.nn.silu(a) * b).astype(x.dtype)
 
 
-def _call(limit, x):
+def _kernel(limit, x):
+    """silu_and_mul of x [..., 2d] on whatever shapes it gets: the whole array or one shard's [gate_i | up_i]."""
     _loader.ensure_registered("silu_and_mul")
     if _small.in_xla("silu_and_mul", x, limit):
         return _xla_silu_and_mul(x)
@@ -26,41 +27,104 @@ def _call(limit, x):
     return _ffi.ffi_call("ja_silu_and_mul", out, x)
 
 
-def _plan(limit, mesh, operands, refine):
-    """Rows keep their sharding; the last axis ([gate | up] in, d out) stays whole."""
-    row = operands[0].spec[:-1] + (None,)
-    return _partition.Plan([row], [row], partial(_call, limit))
+def _pairs(x):
+    """x [..., 2d] as [..., 2, d]: gate and up, each in the output's columns (what the backward reads)."""
+    return x.reshape(*x.shape[:-1], 2, x.shape[-1] // 2)
 
 
-# The last axis is 2*d in and d out: two factors, neither shardable (a shard would split gate from up).
+def _call(limit, stats, x):
+    """The op; with `stats` (the forward of a gradient) also x as pairs, which a shard of a split last axis has
+    after its exchange below, so the backward need not move x again."""
+    out = _kernel(limit, x)
+    return (out, _pairs(x)) if stats else out
+
+
+def _paired(x, axes: tuple[str, ...], n: int):
+    """[gate_i | up_i] of this shard, from x's last axis split n ways over `axes` (shard j holds columns
+    [j c, (j + 1) c) of [gate | up], c = 2d / n): output shard i needs the i-th c/2 columns of gate and of up,
+    half-chunks that live on shards i // 2 and (n + i) // 2. Four collective-permutes at most, one per
+    (gate or up, first or second half-chunk), as plain JAX's jnp.split of a split axis has; a half-chunk that
+    stays on its own shard is not sent."""
+    i = _partition.shard_index(_partition.entry_of(axes))
+    half = x.shape[-1] // 2
+    halves = (x[..., :half], x[..., half:])
+
+    def gather(offset: int):  # gate: global half-chunk k = i (offset 0); up: k = n + i (offset n)
+        got = jnp.zeros_like(halves[0])
+        for t in (0, 1):  # half-chunk k = 2 j + t sits on shard j
+            pairs = [(j, 2 * j + t - offset) for j in range(n) if 0 <= 2 * j + t - offset < n]
+            moved = [(a, b) for a, b in pairs if a != b]
+            if moved:
+                got = jnp.where((i + offset) % 2 == t, jax.lax.ppermute(halves[t], axes, moved), got)
+            if any(a == b for a, b in pairs):  # the shard that holds its own half-chunk
+                own = next(a for a, b in pairs if a == b)
+                got = jnp.where(i == own, halves[t], got)
+        return got
+
+    return jnp.concatenate([gather(0), gather(n)], axis=-1)
+
+
+def _split_call(limit, stats, axes, n, x):
+    return _call(limit, stats, _paired(x, axes, n))
+
+
+def _plan(limit, stats, mesh, operands, refine):
+    """Rows keep their sharding. A split last axis stays split (d % n == 0): the shards trade half-chunks so that
+    each holds [gate_i | up_i] of its own output columns, then the kernel runs on those; otherwise it is
+    gathered (the kernel needs gate and up of the same columns)."""
+    x = operands[0]
+    rows, last = x.spec[:-1], x.spec[-1]
+    n = _partition.axes_size(mesh, last)
+    if not (n > 1 and (x.shape[-1] // 2) % n == 0):
+        last = None
+    outs = [rows + (last,)] + ([rows + (None, last)] if stats else [])
+    body = (partial(_call, limit, stats) if last is None else
+            partial(_split_call, limit, stats, _partition.axis_names(last), n))
+    return _partition.Plan([rows + (last,)], outs, body)
+
+
+def _rule(limit, stats, mesh, operand_types, result_types):
+    """x's last axis (2d) is, for propagation, the compound (j two), j major: a split of it is then the same split
+    of the output's d, which is what the plan does (shard i's output columns are the i-th of d, as jnp.split
+    gives in plain JAX); the rule says nothing of which columns pair up, the plan does. The pairs [..., 2, d]
+    share j; their pair axis p is never split."""
+    if not stats:
+        return "... (j two) -> ... j", {"two": 2}
+    return "... (j two) -> ... j, ... p j", {"two": 2, "need_replication_factors": ("p",)}
+
+
 # Every leading axis is a row for the kernel, so a vmapped batch folds into the rows (_batching.rowwise).
-_PARTITIONED = _partition.partitioned(_call, "... i -> ... j", _plan, n_static=1, need_replication_factors=("i", "j"))
+_PARTITIONED = _partition.partitioned(_call, _rule, _plan, n_static=2)
 
 
 @cache
-def _prim(limit: int):
-    """The op's call at this JA_KERNEL_MIN_BYTES (static: a new value is a new trace)."""
-    return _batching.rowwise(partial(_PARTITIONED, limit), 1)
+def _prim(limit: int, stats: bool):
+    """The op's call at this JA_KERNEL_MIN_BYTES (static: a new value is a new trace). With `stats` it also gives
+    x as pairs, and has the derivative of its jax.numpy form, so grad of grad differentiates it."""
+    if not stats:
+        return _batching.rowwise(partial(_PARTITIONED, limit, False), 1)
+    op = _batching.rowwise(lambda x: tuple(_PARTITIONED(limit, True, x)), 1)
+    return _partition.tangents_from(op, lambda x: (_xla_silu_and_mul(x), _pairs(x)))
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(1,))
-def _silu_and_mul(x, limit):
-    return _prim(limit)(x)
+@partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _silu_and_mul(x, limit, spec):
+    """`spec`: x's spec under Explicit mesh axes (_partition.spec_of), the gradient's; static."""
+    return _prim(limit, False)(x)
 
 
-def _fwd(x, limit):
-    # the custom_vjp itself, not the kernel call: grad of grad then differentiates this call through
-    # _bwd (plain JAX) instead of asking the kernel for a derivative it does not have
-    return _silu_and_mul(x, limit), x
+def _fwd(x, limit, spec):
+    out, pairs = _prim(limit, True)(x)
+    return out, pairs
 
 
-def _bwd(limit, x, g):
-    a, b = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+def _bwd(limit, spec, pairs, g):
+    a, b = pairs[..., 0, :].astype(jnp.float32), pairs[..., 1, :].astype(jnp.float32)
     gf = g.astype(jnp.float32)
     s = jax.nn.sigmoid(a)
     da = gf * b * s * (1.0 + a * (1.0 - s))
     db = gf * a * s
-    return (jnp.concatenate([da, db], axis=-1).astype(x.dtype),)
+    return (_partition.to_spec(jnp.concatenate([da, db], axis=-1).astype(pairs.dtype), spec),)
 
 
 _silu_and_mul.defvjp(_fwd, _bwd)
@@ -85,7 +149,9 @@ def silu_and_mul(x: ArrayLike) -> jax.Array:
     Input conversion, zero-size inputs, small inputs (JA_KERNEL_MIN_BYTES), the
     transformations that work (grad of grad included: the backward is plain JAX) and the
     one that does not (forward-mode autodiff) are as for rms_norm. Under jax.jit with
-    NamedSharding inputs the rows stay sharded; a sharded last axis is gathered first.
+    NamedSharding inputs (Auto or Explicit mesh axes) the rows stay sharded, and a split
+    last axis stays split: the output's columns split as plain JAX's jnp.split gives
+    (docs/transformations.md).
     """
     x = _checks.as_array("silu_and_mul", "x", x)
     _checks.check_dtype("silu_and_mul", "x", x)
@@ -93,4 +159,4 @@ def silu_and_mul(x: ArrayLike) -> jax.Array:
         raise ValueError(f"silu_and_mul: x's last dimension must be even ([gate | up] halves), got shape {x.shape}")
     if _checks.is_empty(x):
         return _xla_silu_and_mul(x)
-    return _silu_and_mul(x, _small.limit())
+    return _silu_and_mul(x, _small.limit(), _partition.spec_of(x))

@@ -25,6 +25,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 if __name__ == "__main__" and "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
@@ -108,6 +109,8 @@ class Case:
     out_specs: object = None  # shard_map's out_specs (default: the first input's spec)
     exceeds: frozenset = field(default_factory=frozenset)
     shardings_differ: frozenset = field(default_factory=frozenset)
+    dtypes: tuple = ()  # each input's dtype (default float32)
+    check_vma: bool = True  # shard_map's: False where an all-gathered parameter makes a replicated result look varying
 
     @property
     def devices(self) -> int:
@@ -181,6 +184,82 @@ CASES: list[Case] = [
                exceeds=frozenset({("auto", "forward"), ("auto", "grad"), ("explicit", "forward"),
                                   ("explicit", "grad")})),
 ]
+B, S, HIDDEN = 4, 16, 256
+ROWS, HIDDEN_SPLIT = P("data", "model"), P(None, None, "model")
+NO_LOCAL_HIDDEN = "the op normalises the rows it is given; a split hidden axis needs every shard's partial sums"
+
+
+def _case(name, what, axes, mesh_shape, shapes, specs, program, local=None, **kw):
+    return Case(name, what, axes, mesh_shape, shapes, specs, program, program if local is None else local, **kw)
+
+
+def _gathered_weight(ops):
+    """Per shard: whole rows, the weight all-gathered (FSDP written by hand)."""
+    return lambda x, w: ops.rms_norm(x, jax.lax.all_gather(w, "model", tiled=True))
+
+
+CASES += [
+    _case("rms-rows", "rms_norm, rows split over both axes", ("data", "model"), (2, 2), ((B, S, HIDDEN), (HIDDEN,)),
+          (ROWS, P()), lambda ops: ops.rms_norm),
+    _case("rms-hidden", "rms_norm, hidden split 4 ways, weight split with it", ("model",), (4,),
+          ((B, S, HIDDEN), (HIDDEN,)), (HIDDEN_SPLIT, P("model")), lambda ops: ops.rms_norm, NO_LOCAL_HIDDEN),
+    _case("rms-hidden-rows", "rms_norm, batch 2 ways x hidden 2 ways, weight replicated", ("data", "model"), (2, 2),
+          ((B, S, HIDDEN), (HIDDEN,)), (P("data", None, "model"), P()), lambda ops: ops.rms_norm, NO_LOCAL_HIDDEN),
+    _case("rms-weight-split", "rms_norm, batch 2 ways, weight split 2 ways over the other axis (FSDP's weight)",
+          ("data", "model"), (2, 2), ((B, S, HIDDEN), (HIDDEN,)), (P("data"), P("model")), lambda ops: ops.rms_norm,
+          lambda ops: _gathered_weight(ops), check_vma=False),
+    _case("rms-add-hidden", "rms_norm_with_add, hidden split 4 ways", ("model",), (4,),
+          ((B, S, HIDDEN), (B, S, HIDDEN), (HIDDEN,)), (HIDDEN_SPLIT, HIDDEN_SPLIT, P("model")),
+          lambda ops: ops.rms_norm_with_add, NO_LOCAL_HIDDEN),
+    _case("rms-mixed-dtype", "rms_norm, bfloat16 rows split over both axes, float32 weight (Flax's default)",
+          ("data", "model"), (2, 2), ((B, S, HIDDEN), (HIDDEN,)), (ROWS, P()), lambda ops: ops.rms_norm,
+          dtypes=(jnp.bfloat16, jnp.float32)),
+    _case("silu-rows", "silu_and_mul, rows split over both axes", ("data", "model"), (2, 2), ((B, S, 2 * HIDDEN),),
+          (ROWS,), lambda ops: ops.silu_and_mul),
+    _case("silu-hidden", "silu_and_mul, last axis ([gate | up]) split 4 ways", ("model",), (4,), ((B, S, 2 * HIDDEN),),
+          (HIDDEN_SPLIT,), lambda ops: ops.silu_and_mul, "a shard holds a slice of [gate | up], not a pair"),
+]
+
+
+# An FSDP transformer block: norm, attention (GQA 4/2, causal) with its projections, fused-add norm, SwiGLU MLP.
+MODEL, HQ, HK, HD, FF = 128, 4, 2, 32, 256
+BLOCK_SHAPES = ((B, S, MODEL), (MODEL,), (MODEL, HQ * HD), (MODEL, HK * HD), (MODEL, HK * HD), (HQ * HD, MODEL),
+                (MODEL,), (MODEL, 2 * FF), (FF, MODEL))
+
+
+def _whole_under_explicit(w):
+    """Under Explicit axes a parameter split over the contracted axis must be gathered by the program (JAX refuses
+    the ambiguous dot), FSDP's all-gather written out; under Auto axes propagation decides, as in a plain jit."""
+    mesh = jax.sharding.get_abstract_mesh()
+    explicit = not mesh.empty and AxisType.Explicit in mesh.axis_types
+    return jax.sharding.reshard(w, P()) if explicit else w
+
+
+def _block(ops, x, n1, wq, wk, wv, wo, n2, w_up, w_down, gather=_whole_under_explicit):
+    b, s, _ = x.shape
+    n1, wq, wk, wv, wo, n2, w_up, w_down = map(gather, (n1, wq, wk, wv, wo, n2, w_up, w_down))
+    y = ops.rms_norm(x, n1)
+    q, k, v = ((y @ w).reshape(b, s, -1, HD) for w in (wq, wk, wv))
+    a = ops.attention(q, k, v, True).reshape(b, s, HQ * HD) @ wo
+    y, resid = ops.rms_norm_with_add(a, x, n2)
+    return ops.silu_and_mul(y @ w_up) @ w_down + resid
+
+
+def _block_case(name, what, batch, **kw):
+    params = (P("fsdp"), *(P("fsdp", None),) * 4, P("fsdp"), *(P("fsdp", None),) * 2)
+
+    def local(ops):  # FSDP by hand: each parameter all-gathered where it is used
+        return partial(_block, ops, gather=lambda w: jax.lax.all_gather(w, "fsdp", axis=0, tiled=True))
+    return _case(name, what, ("data", "fsdp"), (2, 2), BLOCK_SHAPES, (batch, *params),
+                 lambda ops: partial(_block, ops), local, check_vma=False, **kw)
+
+
+CASES += [
+    _block_case("fsdp-block-data", "a transformer block (norm, GQA attention 4/2, fused-add norm, SwiGLU MLP), "
+                "batch on `data`, every parameter split over `fsdp`", P("data")),
+    _block_case("fsdp-block-2axes", "the same block, batch on `data` and `fsdp` together", P(("data", "fsdp")),
+                exceeds=frozenset({("auto", "grad")}), shardings_differ=frozenset({("auto", "grad")})),
+]
 BY_NAME = {c.name: c for c in CASES}
 
 
@@ -202,7 +281,9 @@ def _mesh(case: Case, mode: str) -> jax.sharding.Mesh:
 
 
 def inputs(case: Case) -> list[jax.Array]:
-    return [jax.random.normal(jax.random.key(i), s, jnp.float32) for i, s in enumerate(case.shapes)]
+    dtypes = case.dtypes or (jnp.float32,) * len(case.shapes)
+    return [(jax.random.normal(jax.random.key(i), s, jnp.float32) * (0.1 if len(s) == 2 else 1)).astype(t)
+            for i, (s, t) in enumerate(zip(case.shapes, dtypes))]
 
 
 def _cotangents(fn, args) -> list[jax.Array]:
@@ -224,7 +305,8 @@ def program(case: Case, impl: str, mode: str, mesh) -> Callable | None:
     if isinstance(case.local, str):
         return None
     out_specs = case.out_specs if case.out_specs is not None else case.specs[0]
-    return jax.shard_map(case.local(ops), mesh=mesh, in_specs=case.specs, out_specs=out_specs)
+    return jax.shard_map(case.local(ops), mesh=mesh, in_specs=case.specs, out_specs=out_specs,
+                         check_vma=case.check_vma)
 
 
 def measure(case: Case, impl: str, mode: str, grad: bool) -> Measured | None:
@@ -271,7 +353,7 @@ def cell(m: Measured | None) -> str:
 
 
 def _size(nbytes: int) -> str:
-    return f"{nbytes // 1024} KiB" if nbytes % 1024 == 0 else f"{nbytes} B"
+    return f"{nbytes} B" if nbytes < 1024 else f"{nbytes / 1024:.1f}".removesuffix(".0") + " KiB"
 
 
 def row(case: Case, mode: str, results: dict) -> str:
@@ -298,9 +380,9 @@ def documented_rows() -> dict[tuple[str, str], str]:
     return rows
 
 
-def table() -> str:
+def table(names: list[str] | None = None) -> str:
     lines = [HEADER]
-    for case in CASES:
+    for case in (BY_NAME[n] for n in names) if names else CASES:
         for mode in MODES:
             results = {(impl, what): measure(case, impl, mode, what == "grad")
                        for impl in ("ours", "plain") for what in ("forward", "grad")}
@@ -329,5 +411,5 @@ def write_docs() -> None:
 if __name__ == "__main__":
     if "--write" in sys.argv:
         write_docs()
-    else:
-        print(table())
+    else:  # the table (of the named patterns, or of all)
+        print(table(sys.argv[1:]))

@@ -134,16 +134,18 @@ def test_explicit_mesh_axes_are_partitioned_too():
                        (q,), jnp.float32, "flash_attn_func (explicit)", mesh)
 
 
-def test_sharded_hidden_is_gathered_and_attention_keeps_its_splits():
-    """A sharded hidden axis is not local to the norm kernel: the partitioner gathers it and the values equal
-    the single-device ones. Attention keeps a split query sequence (K/V gathered, never q) and query heads
-    split across GQA groups (each shard takes its kv heads): the kernel runs on the shard's rows and heads."""
+def test_split_hidden_and_attention_splits_stay_split():
+    """A split hidden axis stays split (the rows' sums of squares are all-reduced; nothing is gathered) and the
+    values equal the single-device ones. Attention keeps a split query sequence (K/V gathered, never q) and
+    query heads split across GQA groups (each shard takes its kv heads): the kernel runs on the shard's rows
+    and heads."""
     mesh = _mesh()
     x, w = random(20, (4, 8, 128), jnp.float32), random(21, (128,), jnp.float32)
     xs = jax.device_put(x, NamedSharding(mesh, P("data", None, "model")))  # hidden split over "model"
     compiled, text = _compiled(jax_aiter.rms_norm, (xs, w))
-    assert kernel_shapes(text, "ja_rmsnorm_fwd") == [(hlo_shape(jnp.float32, (2, 8, 128)),)]
-    np.testing.assert_array_equal(compiled(xs, w), jax_aiter.rms_norm(x, w))
+    assert moves(text) == [] and "all-reduce" in text, text
+    assert compiled(xs, w).sharding.is_equivalent_to(xs.sharding, 3)
+    assert_close(compiled(xs, w), jax_aiter.rms_norm(x, w), jnp.float32, "hidden-split rms_norm")
 
     q, k = random(22, (2, 16, 4, 64), jnp.float32), random(23, (2, 24, 2, 64), jnp.float32)
     seq = NamedSharding(mesh, P("data", "model"))  # sequences split over "model"

@@ -104,11 +104,38 @@ def test_vmap_of_grad(device):
         np.testing.assert_allclose(f64(dw[i]), f64(dwi), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: jnp.dtype(d).name)
+def test_float32_weight_with_16_bit_rows_is_computed_in_float32(dtype, device):
+    """Flax's default (param_dtype float32, dtype bfloat16): the weight is used in float32, not rounded to x's
+    dtype first, and the results are x's dtype; the gradients are each input's dtype."""
+    x, r, g = random((6, 96), dtype, 6), random((6, 96), dtype, 7), random((6, 96), jnp.float32, 8)
+    w = random((96,), jnp.float32, 9) * (1 + 2 ** -10)  # not representable in 16 bits: rounding it would show
+    ulp = float(jnp.finfo(dtype).eps)
+
+    def one_rounding(got, x, w):  # within an ulp of the float32 result, and not the result of a rounded weight
+        np.testing.assert_allclose(f64(got), f64(_ref_jnp(x, w).astype(dtype)), rtol=ulp, atol=0)
+        assert not np.array_equal(f64(got), f64(_ref_jnp(x, w.astype(dtype)).astype(dtype)))
+
+    out = jax.jit(ja.rms_norm)(x, w)
+    assert out.dtype == jnp.dtype(dtype)
+    one_rounding(out, x, w)
+    (out2, summed) = jax.jit(ja.rms_norm_with_add)(x, r, w)
+    assert out2.dtype == summed.dtype == jnp.dtype(dtype)
+    total = (f32(x) + f32(r)).astype(dtype)
+    np.testing.assert_array_equal(f64(summed), f64(total))
+    one_rounding(out2, total, w)
+    ours = jax.jit(jax.grad(lambda x, w: jnp.sum(ja.rms_norm(x, w).astype(jnp.float32) * g), argnums=(0, 1)))(x, w)
+    ref = jax.jit(jax.grad(lambda x, w: jnp.sum(_ref_jnp(x, w) * g), argnums=(0, 1)))(f32(x), w)
+    for got, want, want_dtype, name in zip(ours, ref, (dtype, jnp.float32), ("dx", "dweight")):
+        assert got.dtype == jnp.dtype(want_dtype), name
+        assert_close(got, f64(want), dtype, scale=float(np.abs(f64(want)).max()), what=name)
+
+
 @pytest.mark.parametrize(
     "make, exc, text",
     [
         (lambda: (jnp.ones((2, 4), jnp.int32), jnp.ones(4, jnp.int32), EPS), TypeError, "supported dtypes are"),
-        (lambda: (jnp.ones((2, 4)), jnp.ones(4, jnp.bfloat16), EPS), TypeError, "weight.astype(x.dtype)"),
+        (lambda: (jnp.ones((2, 4)), jnp.ones(4, jnp.int32), EPS), TypeError, "weight has dtype int32"),
         (lambda: (jnp.ones((2, 4)), jnp.ones(5), EPS), ValueError, "must be (hidden,) = (4,)"),
         (lambda: (jnp.ones((2, 4)), jnp.ones((1, 4)), EPS), ValueError, "must be (hidden,)"),
         (lambda: (jnp.ones(()), jnp.ones(1), EPS), ValueError, "rank >= 1"),
