@@ -25,7 +25,6 @@ from pathlib import Path
 
 from jatools import atomic_write, config
 from jatools.jitlibs import expect
-from jatools.native import jit_build
 from jatools.wheel import sdist, wheel_checks, wheel_floor, wheel_scan, wheel_stage
 from jatools.wheel.dist_metadata import (
     MIN_EPOCH,
@@ -316,9 +315,11 @@ def main(argv: list[str] | None = None) -> int:
     print(result.summary(), flush=True)
     # --check: on the read-back's scan, the wheel is not read again; a wheel that fails leaves dist/
     code = wheel_checks.run_and_print(["floor", "contents"], [result.scan]) if args.check else 0
-    if args.check and (why := jit_build.stale(settings, result.identity)):  # libraries of another commit
-        print(f"wheel_build: error: {why}", file=sys.stderr)
-        code = 1
+    if args.check:  # libraries of another commit; imported here: the check needs it, the wheel's bytes do not
+        from jatools.native import jit_build
+        if why := jit_build.stale(settings, result.identity):
+            print(f"wheel_build: error: {why}", file=sys.stderr)
+            code = 1
     if code:
         result.wheel.unlink(missing_ok=True)
         print(f"wheel_build: removed {result.wheel}: it failed the checks above, so it does not stay in "
