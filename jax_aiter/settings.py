@@ -164,6 +164,15 @@ SETTINGS: tuple[Setting, ...] = (
             "every call, so a test can compare both paths)", choices=("0", "1"), accepts="one of"),
     Setting("JA_MHA_BWD_SM90", "runtime", "0: the attention backward skips the Hopper (sm_90a) kernels (read on "
             "every call, so a test can compare both paths)", choices=("0", "1"), accepts="one of"),
+    Setting("JA_MHA_FWD_DECODE", "runtime", "0: the attention forward skips the split-KV decode kernel on the "
+            "GPU (decode shapes take the mma.sync or SIMT kernel; read on every call, so a test can run each)",
+            choices=("0", "1"), accepts="one of"),
+    Setting("JA_MHA_FWD_MMA", "runtime", "0: the attention forward skips the mma.sync kernel on CUDA (16-bit "
+            "calls take the SIMT kernel; read on every call, so a test can run each)", choices=("0", "1"),
+            accepts="one of"),
+    Setting("JA_MHA_BWD_MMA", "runtime", "0: the attention backward skips the mma.sync kernels on CUDA (16-bit "
+            "calls take the SIMT kernels; read on every call, so a test can run each)", choices=("0", "1"),
+            accepts="one of"),
     Setting("JA_MHA_FWD_DECODE_TMA", "runtime", "0: the split-KV decode forward loads K and V with cp.async "
             "instead of TMA on sm_90 (read on every call, so a test can compare both paths)", choices=("0", "1"),
             accepts="one of"),

@@ -72,10 +72,14 @@ JA_DEVICE constexpr int ja_warp_size() {
 }
 template <typename T>
 JA_DEVICE T ja_shfl_xor(T v, int mask) { return __shfl_xor(v, mask); }
+template <typename T>
+JA_DEVICE T ja_shfl(T v, int src) { return __shfl(v, src); }
 #else
 JA_DEVICE constexpr int ja_warp_size() { return 32; }
 template <typename T>
 JA_DEVICE T ja_shfl_xor(T v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
+template <typename T>
+JA_DEVICE T ja_shfl(T v, int src) { return __shfl_sync(0xffffffffu, v, src); }
 #endif
 
 JA_DEVICE float ja_warp_sum(float v) {
@@ -116,6 +120,13 @@ JA_DEVICE float ja_exp2_approx(float x) {
 #endif
 }
 JA_DEVICE float ja_log2(float x) { return log2f(x); }
+// tanh(x) as 1 - 2 / (e^(2x) + 1), with ja_exp2_approx and a fast division: the absolute error is a few
+// 1e-7 (what an attention logit capped by softcap * tanh(s / softcap) needs: its error is softcap times this),
+// in about five instructions where tanhf takes about twenty. +-1 exactly for |x| past about 44.
+JA_DEVICE float ja_tanh(float x) {
+  const float e = ja_exp2_approx(2.0f * ja_log2e * x);
+  return 1.0f - __fdividef(2.0f, e + 1.0f);
+}
 JA_DEVICE float ja_rsqrt(float x) { return rsqrtf(x); }
 
 // Reductions over aligned groups of W consecutive lanes (W a power of two

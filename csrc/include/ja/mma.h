@@ -187,6 +187,13 @@ JA_DEVICE void mbar_wait(uint64_t* bar, uint32_t parity) {
   __trap();
 #endif
 }
+// Orders this thread's earlier shared-memory writes (generic proxy) before later asynchronous-proxy accesses
+// of the same memory (a TMA copy that refills a buffer the thread wrote), as the PTX memory model asks.
+JA_DEVICE void fence_proxy_async() {
+#if JA_MMA_SM90
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
 // Fetches a tensor map (a __grid_constant__ kernel parameter) into the descriptor cache.
 JA_DEVICE void tma_prefetch_map(const void* map) {
 #if JA_MMA_SM90

@@ -1,24 +1,35 @@
-// Flash-attention backward on the GPU (CUDA and HIP from this one source).
+// Flash-attention backward on the GPU (CUDA and HIP from this one source): the dispatch between the
+// portable kernels, and the SIMT kernels, which run every feature.
 //
-// Three kernels on the caller's stream:
-//  1. mha_bwd_preprocess: delta = rowsum(dO * O) per query row, and zeroes the
+// Kernels on the caller's stream:
+//  1. mha_bwd_preprocess: delta = rowsum(dO * O) per query row, and (unless deterministic) zeroes the
 //     float32 dQ accumulator (both are workspace buffers owned by the caller).
-//  2. mha_bwd_dkdv: one block per (tile of BC keys, kv head, batch). It keeps
-//     its dK and dV tile in registers and walks every query tile of every
-//     query head of its GQA group, recomputing P = exp2(S * scale * log2 e -
-//     lse * log2 e) from the forward's lse (no seq x seq matrix is stored):
-//       dV += P^T dO, dP = dO V^T, dS = P * (dP - delta), dK += dS^T Q,
-//       dQ += dS K * scale  (float32 atomics into dq_accum).
-//     A block owns its keys for all heads of the group, so dK/dV need no atomics.
-//     For bfloat16/float16 on CUDA (use_mma<T>()) this kernel is replaced by
-//     the same structure on the matrix units, mha_bwd_gpu_mma.cuh.
-//  3. mha_bwd_convert_dq: dq = dq_accum rounded to the input dtype.
+//  2. mha_bwd_dkdv: one block per (tile of BC keys, kv head, batch). It keeps its dK and dV tile in
+//     registers and walks the query tiles of every query head of its GQA group that see its keys (the
+//     mask's cols: [q_lo of its first key, q_hi of its last key)), recomputing P = exp(s - lse) from the
+//     forward's lse (no seq x seq matrix is stored):
+//       dV += (P * drop)^T dO, dP = (dO V^T) * drop, dS = P * (dP - delta), dX = dS * softcap'(s),
+//       dK += dX^T Q * scale, and unless deterministic dQ += dX K * scale (float32 atomics into dq_accum).
+//     drop is dropout's factor (0 or 1 / (1 - p), recomputed from the seed), softcap' = 1 - tanh^2; dbias
+//     (the gradient of the score s) is dS. A block owns its keys for all heads of the group, so dK/dV need
+//     no atomics.
+//  3. deterministic: mha_bwd_dq, one block per (tile of query rows, query head, batch), walks the key
+//     tiles its rows see and sums dQ = dX K * scale in a fixed order (no atomics): bitwise the same run
+//     after run. It recomputes S and dP (two more products per key tile than the atomics; the dK/dV
+//     kernel then skips its dQ product).
+//     Otherwise mha_bwd_convert_dq: dq = dq_accum rounded to the input dtype.
+// mha_bwd_gpu sends a call to the mma.sync kernels (mha_bwd_gpu_mma.cuh, bfloat16/float16 on CUDA) where
+// they handle its features (JA_MHA_BWD_MMA=0, read on every call, skips them), else to the SIMT ones
+// (float32, HIP, and bias and dropout everywhere); ja_mha_bwd_gpu_path_calls(path) counts the calls each ran.
+// A key a row does not see never reaches its gradients: P and dX of such a pair are selected to 0 whatever
+// K and V hold, and where a K tile holds a NaN or an infinity the dQ product skips dX's zeros.
 #pragma once
 #include <algorithm>
 #include <initializer_list>
 
 #include "ja/kernels/mha.h"
 #include "mha/mha_bwd_gpu_mma.cuh"
+#include "mha/mha_gpu_calls.h"
 #include "mha/mha_gpu_common.cuh"
 
 namespace ja {
@@ -27,7 +38,7 @@ namespace mha_gpu {
 template <typename T, int D>
 constexpr int bwd_smem_bytes(int bc, int br) {
   return (2 * bc + 2 * br) * tile_ld<T, D>() * int(sizeof(T)) + 2 * bc * (br + 1) * int(sizeof(float)) +
-         2 * br * int(sizeof(float));
+         2 * br * int(sizeof(float)) + 3 * br * int(sizeof(int32_t));
 }
 
 // Largest (BC, BR) of (64,64), (64,32), (32,32), (32,16), (16,16) that fits without
@@ -44,6 +55,27 @@ struct BwdTiles {
                 "tile sizes must match the thread layout");
 };
 
+// The deterministic dQ kernel: Q, dO [BR][LD], K, V [BC][LD] (T), dX [BR][BC + 1], lse, delta [BR] (float),
+// the rows' lo, hi, diag [BR] (int32).
+template <typename T, int D>
+constexpr int dq_smem_bytes(int br, int bc) {
+  return (2 * br + 2 * bc) * tile_ld<T, D>() * int(sizeof(T)) + br * (bc + 1) * int(sizeof(float)) +
+         2 * br * int(sizeof(float)) + 3 * br * int(sizeof(int32_t));
+}
+
+template <typename T, int D>
+struct DqTiles {
+  static constexpr int BR = dq_smem_bytes<T, D>(64, 32) <= kSmemBudget ? 64
+                            : dq_smem_bytes<T, D>(32, 16) <= kSmemBudget ? 32
+                                                                         : 16;
+  static constexpr int BC = dq_smem_bytes<T, D>(BR, 64) <= kSmemBudget   ? 64
+                            : dq_smem_bytes<T, D>(BR, 32) <= kSmemBudget ? 32
+                                                                         : 16;
+  static constexpr int kSmemBytes = dq_smem_bytes<T, D>(BR, BC);
+  static constexpr bool kFits = kSmemBytes <= kSmemMax;
+  static_assert(D % kTx == 0 && BR % kTy == 0 && BC % kTx == 0, "tile sizes must match the thread layout");
+};
+
 // Keys per block of the dK/dV kernel that runs for T: the MMA kernel's tile for 16-bit
 // inputs where it exists, the SIMT kernel's otherwise (only the one used is instantiated).
 template <typename T, int D, bool MMA>
@@ -57,10 +89,14 @@ struct BwdKeysPerBlock<T, D, true> {
 };
 #endif
 
-// One 16-lane group per query row: delta[b, h, i] = sum_c dO * O; dq_accum row = 0.
+// One 16-lane group per query row: delta[b, h, i] = sum_c dO * O; dq_accum row = 0 (unless deterministic:
+// the dQ kernels write dq themselves). Row lengths are the call's head_dim_v and head_dim (D, the instance's,
+// is unused: the sm_90a backward shares this kernel).
 template <typename T, int D>
 JA_GLOBAL void __launch_bounds__(kThreads) mha_bwd_preprocess(JaMhaBwdArgs a) {
-  const int64_t rows = a.p.batch * a.p.seq_q * a.p.heads_q;  // row index = (b * sq + i) * hq + h
+  const JaMhaProblem& p = a.p;
+  const int64_t rows = p.batch * p.seq_q * p.heads_q;  // row index = (b * sq + i) * hq + h
+  const int64_t hd = p.head_dim, hdv = p.head_dim_v;
   const int tx = threadIdx.x % kTx;
   // The loop bound is uniform across the block, so every lane reaches the shuffles.
   for (int64_t base = int64_t(blockIdx.x) * kTy; base < rows; base += int64_t(gridDim.x) * kTy) {
@@ -68,24 +104,55 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_bwd_preprocess(JaMhaBwdArgs a) {
     const bool valid = row < rows;
     float sum = 0.0f;
     if (valid) {
-      const T* o = static_cast<const T*>(a.o) + row * D;
-      const T* g = static_cast<const T*>(a.dout) + row * D;
-      float* acc = a.dq_accum + row * D;
-      for (int c = tx; c < D; c += kTx) {
-        sum += to_f32(o[c]) * to_f32(g[c]);
-        acc[c] = 0.0f;
+      const T* o = static_cast<const T*>(a.o) + row * hdv;
+      const T* g = static_cast<const T*>(a.dout) + row * hdv;
+      for (int64_t c = tx; c < hdv; c += kTx) sum += to_f32(o[c]) * to_f32(g[c]);
+      if (!a.deterministic) {
+        float* acc = a.dq_accum + row * hd;
+        for (int64_t c = tx; c < hd; c += kTx) acc[c] = 0.0f;
       }
     }
     sum = ja_group_sum<kTx>(sum);
     if (valid && tx == 0) {
-      const int64_t h = row % a.p.heads_q, bi = row / a.p.heads_q;  // bi = b * sq + i
-      const int64_t b = bi / a.p.seq_q, i = bi % a.p.seq_q;
-      a.delta[(b * a.p.heads_q + h) * a.p.seq_q + i] = sum;
+      const int64_t h = row % p.heads_q, bi = row / p.heads_q;  // bi = b * sq + i
+      const int64_t b = bi / p.seq_q, i = bi % p.seq_q;
+      a.delta[(b * p.heads_q + h) * p.seq_q + i] = sum;
     }
   }
 }
 
-template <typename T, int D, int BC, int BR, bool CAUSAL>
+// Loads lse (log2 domain), delta and the mask's lo, hi, diag of query rows [q0, q0 + rows) of head h into
+// shared memory (rows past `rows` see nothing).
+JA_DEVICE void load_row_info(const JaMhaBwdArgs& a, int64_t b, int64_t h, int64_t q0, int rows, int br,
+                             float* lse_s, float* delta_s, int32_t* lo_s, int32_t* hi_s, int32_t* dg_s) {
+  const JaMhaProblem& p = a.p;
+  const float* lse = a.lse + (b * p.heads_q + h) * p.seq_q;
+  const float* delta = a.delta + (b * p.heads_q + h) * p.seq_q;
+  for (int i = threadIdx.x; i < br; i += kThreads) {
+    const bool ok = i < rows;
+    const MhaRow r = ok ? mha_row(p, b, q0 + i) : MhaRow{0, 0, 0};
+    lse_s[i] = ok ? lse[q0 + i] * ja_log2e : INFINITY;
+    delta_s[i] = ok ? delta[q0 + i] : 0.0f;
+    lo_s[i] = int32_t(r.lo), hi_s[i] = int32_t(r.hi), dg_s[i] = int32_t(r.diag);
+  }
+}
+
+// The gradient of one visible score: from the score's q.k (acc) and dO . v (dpv) of row i, key j, returns
+// dX (the gradient of q.k / scale's argument: dS times softcap's derivative) and sets *p_drop to the
+// dropped P (the dV product's factor) and *ds to dS (dbias).
+JA_DEVICE float score_grad(const ScoreTerms& terms, const Dropout& drop, float acc, float dpv, float lse2,
+                           float delta, int64_t b, int64_t h, int64_t i, int64_t diag, int64_t j, float* p_drop,
+                           float* ds) {
+  float t;
+  const float x = terms(acc, i, diag, j, &t);
+  const float pr = ja_exp2(x * ja_log2e - lse2);  // lse = +inf (no visible key) gives 0
+  const float f = drop.on ? drop.factor(b, h, i, j) : 1.0f;
+  *p_drop = pr * f;
+  *ds = pr * (dpv * f - delta);
+  return terms.softcap > 0.0f ? *ds * (1.0f - t * t) : *ds;
+}
+
+template <typename T, int D, int BC, int BR>
 JA_GLOBAL void __launch_bounds__(kThreads) mha_bwd_dkdv(JaMhaBwdArgs a) {
   constexpr int LD = tile_ld<T, D>();
   constexpr int LDT = BR + 1;   // row stride of the transposed score tiles
@@ -98,21 +165,30 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_bwd_dkdv(JaMhaBwdArgs a) {
   T* v_s = k_s + BC * LD;
   T* q_s = v_s + BC * LD;
   T* do_s = q_s + BR * LD;
-  float* pt_s = reinterpret_cast<float*>(do_s + BR * LD);  // P^T (4-byte aligned: LD * sizeof(T) is)
-  float* dst_s = pt_s + BC * LDT;                          // dS^T
+  float* pt_s = reinterpret_cast<float*>(do_s + BR * LD);  // (P * drop)^T (4-byte aligned: LD * sizeof(T) is)
+  float* dst_s = pt_s + BC * LDT;                          // dX^T
   float* lse_s = dst_s + BC * LDT;                         // lse * log2(e)
   float* delta_s = lse_s + BR;
+  int32_t* lo_s = reinterpret_cast<int32_t*>(delta_s + BR);
+  int32_t* hi_s = lo_s + BR;
+  int32_t* dg_s = hi_s + BR;
 
+  const JaMhaProblem& p = a.p;
   const int tx = threadIdx.x % kTx, ty = threadIdx.x / kTx;
   const int64_t kv0 = int64_t(blockIdx.x) * BC, hk = blockIdx.y, b = blockIdx.z;
-  const int64_t sq = a.p.seq_q, sk = a.p.seq_k, hq = a.p.heads_q, hkv = a.p.heads_kv;
+  const int64_t sq = p.seq_q, sk = p.seq_k, hq = p.heads_q, hkv = p.heads_kv;
   const int64_t group = hq / hkv;
   const int nk = int(sk - kv0 < BC ? sk - kv0 : BC);
-  const int64_t q_stride = hq * D, kv_stride = hkv * D;
-  const float s2 = a.p.scale * ja_log2e;
+  const int hd = int(p.head_dim), hdv = int(p.head_dim_v);
+  const int64_t q_stride = hq * hd, o_stride = hq * hdv, k_stride = hkv * hd, v_stride = hkv * hdv;
+  const bool vec = vec_dims<T>(p), det = a.deterministic != 0;
+  const Dropout drop = dropout_of(p);
 
-  load_tile<T, BC, D>(k_s, static_cast<const T*>(a.k) + ((b * sk + kv0) * hkv + hk) * D, kv_stride, nk);
-  load_tile<T, BC, D>(v_s, static_cast<const T*>(a.v) + ((b * sk + kv0) * hkv + hk) * D, kv_stride, nk);
+  load_tile<T, BC, D>(v_s, static_cast<const T*>(a.v) + ((b * sk + kv0) * hkv + hk) * hdv, v_stride, nk, hdv, vec);
+  const bool kbad =
+      load_tile<T, BC, D, true>(k_s, static_cast<const T*>(a.k) + ((b * sk + kv0) * hkv + hk) * hd, k_stride, nk,
+                                hd, vec);
+  const bool guard = __syncthreads_or(kbad);  // a NaN/inf in K: the dQ product skips dX's zeros
 
   float dk[RJ][DN], dv[RJ][DN];
 #pragma unroll
@@ -120,20 +196,19 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_bwd_dkdv(JaMhaBwdArgs a) {
 #pragma unroll
     for (int d = 0; d < DN; ++d) dk[j][d] = dv[j][d] = 0.0f;
 
-  const int64_t q_begin = CAUSAL ? first_query_for_key(kv0, sq, sk) / BR * BR : 0;
+  // The query rows that see the block's keys: [q_lo of its first key, q_hi of its last key).
+  const int64_t q_begin = mha_col(p, a.cols, a.cols_batch_stride, b, kv0).q_lo;
+  const int64_t q_end = mha_col(p, a.cols, a.cols_batch_stride, b, kv0 + nk - 1).q_hi;
   for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
-    const float* lse = a.lse + (b * hq + h) * sq;
-    const float* delta = a.delta + (b * hq + h) * sq;
-    for (int64_t q0 = q_begin; q0 < sq; q0 += BR) {
-      const int rows = int(sq - q0 < BR ? sq - q0 : BR);
+    const ScoreTerms terms = score_terms(p, b, h);
+    float* dbias = a.dbias ? a.dbias + (b * hq + h) * sq * sk : nullptr;
+    for (int64_t q0 = q_begin; q0 < q_end; q0 += BR) {
+      const int rows = int(q_end - q0 < BR ? q_end - q0 : BR);
       __syncthreads();  // the previous tile's readers of q_s, do_s, pt_s, dst_s are done
-      const int64_t qoff = ((b * sq + q0) * hq + h) * D;
-      load_tile<T, BR, D>(q_s, static_cast<const T*>(a.q) + qoff, q_stride, rows);
-      load_tile<T, BR, D>(do_s, static_cast<const T*>(a.dout) + qoff, q_stride, rows);
-      for (int i = threadIdx.x; i < BR; i += kThreads) {
-        lse_s[i] = i < rows ? lse[q0 + i] * ja_log2e : INFINITY;
-        delta_s[i] = i < rows ? delta[q0 + i] : 0.0f;
-      }
+      load_tile<T, BR, D>(q_s, static_cast<const T*>(a.q) + ((b * sq + q0) * hq + h) * hd, q_stride, rows, hd, vec);
+      load_tile<T, BR, D>(do_s, static_cast<const T*>(a.dout) + ((b * sq + q0) * hq + h) * hdv, o_stride, rows, hdv,
+                          vec);
+      load_row_info(a, b, h, q0, rows, BR, lse_s, delta_s, lo_s, hi_s, dg_s);
       __syncthreads();
 
       // S^T = K Q^T and dP^T = V dO^T for this thread's (key, query) block.
@@ -142,42 +217,48 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_bwd_dkdv(JaMhaBwdArgs a) {
       for (int j = 0; j < RJ; ++j)
 #pragma unroll
         for (int i = 0; i < CI; ++i) st[j][i] = dpt[j][i] = 0.0f;
-      for (int c = 0; c < D; ++c) {
-        float kv[RJ], vv[RJ], qv[CI], gv[CI];
+      for (int c = 0; c < hd; ++c) {
+        float kv[RJ], qv[CI];
 #pragma unroll
-        for (int j = 0; j < RJ; ++j) {
-          kv[j] = to_f32(k_s[(ty + j * kTy) * LD + c]);
-          vv[j] = to_f32(v_s[(ty + j * kTy) * LD + c]);
-        }
+        for (int j = 0; j < RJ; ++j) kv[j] = to_f32(k_s[(ty + j * kTy) * LD + c]);
 #pragma unroll
-        for (int i = 0; i < CI; ++i) {
-          qv[i] = to_f32(q_s[(tx + i * kTx) * LD + c]);
-          gv[i] = to_f32(do_s[(tx + i * kTx) * LD + c]);
-        }
+        for (int i = 0; i < CI; ++i) qv[i] = to_f32(q_s[(tx + i * kTx) * LD + c]);
 #pragma unroll
         for (int j = 0; j < RJ; ++j)
 #pragma unroll
-          for (int i = 0; i < CI; ++i) {
-            st[j][i] += kv[j] * qv[i];
-            dpt[j][i] += vv[j] * gv[i];
-          }
+          for (int i = 0; i < CI; ++i) st[j][i] += kv[j] * qv[i];
+      }
+      for (int c = 0; c < hdv; ++c) {
+        float vv[RJ], gv[CI];
+#pragma unroll
+        for (int j = 0; j < RJ; ++j) vv[j] = to_f32(v_s[(ty + j * kTy) * LD + c]);
+#pragma unroll
+        for (int i = 0; i < CI; ++i) gv[i] = to_f32(do_s[(tx + i * kTx) * LD + c]);
+#pragma unroll
+        for (int j = 0; j < RJ; ++j)
+#pragma unroll
+          for (int i = 0; i < CI; ++i) dpt[j][i] += vv[j] * gv[i];
       }
 #pragma unroll
       for (int j = 0; j < RJ; ++j) {
         const int kr = ty + j * kTy;
+        const int64_t key = kv0 + kr;
 #pragma unroll
         for (int i = 0; i < CI; ++i) {
           const int qr = tx + i * kTx;
-          const bool ok = kr < nk && qr < rows && key_visible(CAUSAL, q0 + qr, kv0 + kr, sq, sk);
-          const float p = ok ? ja_exp2(st[j][i] * s2 - lse_s[qr]) : 0.0f;  // lse = +inf gives 0 too
-          pt_s[kr * LDT + qr] = p;
-          dst_s[kr * LDT + qr] = p * (dpt[j][i] - delta_s[qr]);
+          float pd = 0.0f, dx = 0.0f, ds = 0.0f;  // a pair the mask hides: 0 whatever K and V hold
+          if (kr < nk && lo_s[qr] <= key && key < hi_s[qr])
+            dx = score_grad(terms, drop, st[j][i], dpt[j][i], lse_s[qr], delta_s[qr], b, h, q0 + qr, dg_s[qr], key,
+                            &pd, &ds);
+          pt_s[kr * LDT + qr] = pd;
+          dst_s[kr * LDT + qr] = dx;
+          if (dbias && kr < nk && qr < rows) dbias[(q0 + qr) * sk + key] = ds;
         }
       }
       __syncthreads();
 
-      // dV += P^T dO and dK += dS^T Q (this thread's key rows).
-      for (int i = 0; i < BR; ++i) {
+      // dV += (P * drop)^T dO and dK += dX^T Q (this thread's key rows).
+      for (int i = 0; i < rows; ++i) {
         float pv[RJ], sv[RJ], gv[DN], qv[DN];
 #pragma unroll
         for (int j = 0; j < RJ; ++j) {
@@ -198,37 +279,163 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_bwd_dkdv(JaMhaBwdArgs a) {
           }
       }
 
-      // dQ += dS K * scale, one query row at a time to bound registers.
+      // dQ += dX K * scale, one query row at a time to bound registers (deterministic: mha_bwd_dq does it).
+      if (!det) {
 #pragma unroll
-      for (int i = 0; i < RI; ++i) {
-        const int qr = ty + i * kTy;
-        float acc[DN];
+        for (int i = 0; i < RI; ++i) {
+          const int qr = ty + i * kTy;
+          float acc[DN];
 #pragma unroll
-        for (int d = 0; d < DN; ++d) acc[d] = 0.0f;
-        for (int j = 0; j < BC; ++j) {
-          const float sv = dst_s[j * LDT + qr];
+          for (int d = 0; d < DN; ++d) acc[d] = 0.0f;
+          for (int j = 0; j < nk; ++j) {
+            const float sv = dst_s[j * LDT + qr];
+            if (guard && sv == 0.0f) continue;  // uniform in the 16-lane group: no product of a hidden key's K
 #pragma unroll
-          for (int d = 0; d < DN; ++d) acc[d] += sv * to_f32(k_s[j * LD + tx + d * kTx]);
-        }
-        if (qr < rows) {
-          float* dq = a.dq_accum + qoff + qr * q_stride;
+            for (int d = 0; d < DN; ++d) acc[d] += sv * to_f32(k_s[j * LD + tx + d * kTx]);
+          }
+          if (qr < rows) {
+            float* dq = a.dq_accum + ((b * sq + q0 + qr) * hq + h) * hd;
 #pragma unroll
-          for (int d = 0; d < DN; ++d) ja_atomic_add(dq + tx + d * kTx, acc[d] * a.p.scale);
+            for (int d = 0; d < DN; ++d)
+              if (tx + d * kTx < hd) ja_atomic_add(dq + tx + d * kTx, acc[d] * p.scale);
+          }
         }
       }
     }
   }
 
-  T* dk_out = static_cast<T*>(a.dk) + ((b * sk + kv0) * hkv + hk) * D;
-  T* dv_out = static_cast<T*>(a.dv) + ((b * sk + kv0) * hkv + hk) * D;
+  T* dk_out = static_cast<T*>(a.dk) + ((b * sk + kv0) * hkv + hk) * hd;
+  T* dv_out = static_cast<T*>(a.dv) + ((b * sk + kv0) * hkv + hk) * hdv;
 #pragma unroll
   for (int j = 0; j < RJ; ++j) {
     const int kr = ty + j * kTy;
     if (kr >= nk) continue;
 #pragma unroll
     for (int d = 0; d < DN; ++d) {
-      dk_out[kr * kv_stride + tx + d * kTx] = from_f32<T>(dk[j][d] * a.p.scale);
-      dv_out[kr * kv_stride + tx + d * kTx] = from_f32<T>(dv[j][d]);
+      const int col = tx + d * kTx;
+      if (col < hd) dk_out[kr * k_stride + col] = from_f32<T>(dk[j][d] * p.scale);
+      if (col < hdv) dv_out[kr * v_stride + col] = from_f32<T>(dv[j][d]);
+    }
+  }
+}
+
+// Deterministic dQ: one block per (tile of BR query rows, query head, batch); dQ = sum over the key tiles its
+// rows see, in order, of dX K * scale; written once, rounded to T.
+template <typename T, int D, int BR, int BC>
+JA_GLOBAL void __launch_bounds__(kThreads) mha_bwd_dq(JaMhaBwdArgs a) {
+  constexpr int LD = tile_ld<T, D>();
+  constexpr int LDP = BC + 1;
+  constexpr int RM = BR / kTy;  // rows per thread
+  constexpr int CN = BC / kTx;  // score columns per thread
+  constexpr int DN = D / kTx;   // dQ columns per thread
+  extern __shared__ __align__(16) unsigned char smem_raw[];  // dq_smem_bytes(BR, BC)
+  T* q_s = reinterpret_cast<T*>(smem_raw);
+  T* do_s = q_s + BR * LD;
+  T* k_s = do_s + BR * LD;
+  T* v_s = k_s + BC * LD;
+  float* ds_s = reinterpret_cast<float*>(v_s + BC * LD);
+  float* lse_s = ds_s + BR * LDP;
+  float* delta_s = lse_s + BR;
+  int32_t* lo_s = reinterpret_cast<int32_t*>(delta_s + BR);
+  int32_t* hi_s = lo_s + BR;
+  int32_t* dg_s = hi_s + BR;
+
+  const JaMhaProblem& p = a.p;
+  const int tx = threadIdx.x % kTx, ty = threadIdx.x / kTx;
+  const int64_t q0 = int64_t(blockIdx.x) * BR, h = blockIdx.y, b = blockIdx.z;
+  const int64_t sq = p.seq_q, sk = p.seq_k, hq = p.heads_q, hkv = p.heads_kv, hk = h / (hq / hkv);
+  const int rows = int(sq - q0 < BR ? sq - q0 : BR);
+  const int hd = int(p.head_dim), hdv = int(p.head_dim_v);
+  const int64_t q_stride = hq * hd, o_stride = hq * hdv, k_stride = hkv * hd, v_stride = hkv * hdv;
+  const bool vec = vec_dims<T>(p);
+  const T* k = static_cast<const T*>(a.k) + (b * sk * hkv + hk) * hd;
+  const T* v = static_cast<const T*>(a.v) + (b * sk * hkv + hk) * hdv;
+  const ScoreTerms terms = score_terms(p, b, h);
+  const Dropout drop = dropout_of(p);
+
+  load_tile<T, BR, D>(q_s, static_cast<const T*>(a.q) + ((b * sq + q0) * hq + h) * hd, q_stride, rows, hd, vec);
+  load_tile<T, BR, D>(do_s, static_cast<const T*>(a.dout) + ((b * sq + q0) * hq + h) * hdv, o_stride, rows, hdv, vec);
+  load_row_info(a, b, h, q0, rows, BR, lse_s, delta_s, lo_s, hi_s, dg_s);
+  __syncthreads();
+
+  float dq[RM][DN];
+#pragma unroll
+  for (int i = 0; i < RM; ++i)
+#pragma unroll
+    for (int d = 0; d < DN; ++d) dq[i][d] = 0.0f;
+
+  const int64_t kv_begin = lo_s[0], kv_end = hi_s[rows - 1];
+  for (int64_t kv0 = kv_begin; kv0 < kv_end; kv0 += BC) {
+    const int nk = int(kv_end - kv0 < BC ? kv_end - kv0 : BC);
+    __syncthreads();  // the previous tile's readers of k_s, v_s, ds_s are done
+    const bool kbad = load_tile<T, BC, D, true>(k_s, k + kv0 * k_stride, k_stride, nk, hd, vec);
+    load_tile<T, BC, D>(v_s, v + kv0 * v_stride, v_stride, nk, hdv, vec);
+    const bool guard = __syncthreads_or(kbad);
+
+    float s[RM][CN], dp[RM][CN];
+#pragma unroll
+    for (int i = 0; i < RM; ++i)
+#pragma unroll
+      for (int j = 0; j < CN; ++j) s[i][j] = dp[i][j] = 0.0f;
+    for (int c = 0; c < hd; ++c) {
+      float qv[RM], kv[CN];
+#pragma unroll
+      for (int i = 0; i < RM; ++i) qv[i] = to_f32(q_s[(ty + i * kTy) * LD + c]);
+#pragma unroll
+      for (int j = 0; j < CN; ++j) kv[j] = to_f32(k_s[(tx + j * kTx) * LD + c]);
+#pragma unroll
+      for (int i = 0; i < RM; ++i)
+#pragma unroll
+        for (int j = 0; j < CN; ++j) s[i][j] += qv[i] * kv[j];
+    }
+    for (int c = 0; c < hdv; ++c) {
+      float gv[RM], vv[CN];
+#pragma unroll
+      for (int i = 0; i < RM; ++i) gv[i] = to_f32(do_s[(ty + i * kTy) * LD + c]);
+#pragma unroll
+      for (int j = 0; j < CN; ++j) vv[j] = to_f32(v_s[(tx + j * kTx) * LD + c]);
+#pragma unroll
+      for (int i = 0; i < RM; ++i)
+#pragma unroll
+        for (int j = 0; j < CN; ++j) dp[i][j] += gv[i] * vv[j];
+    }
+#pragma unroll
+    for (int i = 0; i < RM; ++i) {
+      const int r = ty + i * kTy;
+#pragma unroll
+      for (int j = 0; j < CN; ++j) {
+        const int col = tx + j * kTx;
+        const int64_t key = kv0 + col;
+        float dx = 0.0f, pd, ds;  // a pair the mask hides: 0 whatever K and V hold
+        if (col < nk && lo_s[r] <= key && key < hi_s[r])
+          dx = score_grad(terms, drop, s[i][j], dp[i][j], lse_s[r], delta_s[r], b, h, q0 + r, dg_s[r], key, &pd, &ds);
+        ds_s[r * LDP + col] = dx;
+      }
+    }
+    __syncthreads();
+
+    for (int j = 0; j < nk; ++j) {
+      float sv[RM], kv[DN];
+#pragma unroll
+      for (int i = 0; i < RM; ++i) sv[i] = ds_s[(ty + i * kTy) * LDP + j];
+#pragma unroll
+      for (int d = 0; d < DN; ++d) kv[d] = to_f32(k_s[j * LD + tx + d * kTx]);
+#pragma unroll
+      for (int i = 0; i < RM; ++i)
+#pragma unroll
+        for (int d = 0; d < DN; ++d) dq[i][d] += guard && sv[i] == 0.0f ? 0.0f : sv[i] * kv[d];
+    }
+  }
+
+  T* out = static_cast<T*>(a.dq) + ((b * sq + q0) * hq + h) * hd;
+#pragma unroll
+  for (int i = 0; i < RM; ++i) {
+    const int r = ty + i * kTy;
+    if (r >= rows) continue;
+#pragma unroll
+    for (int d = 0; d < DN; ++d) {
+      const int col = tx + d * kTx;
+      if (col < hd) out[r * q_stride + col] = from_f32<T>(dq[i][d] * p.scale);
     }
   }
 }
@@ -239,55 +446,86 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_bwd_convert_dq(const float* acc, 
     dq[i] = from_f32<T>(acc[i]);
 }
 
+constexpr int64_t kMaxBlocks = int64_t(1) << 20;  // grid-stride loops cover the rest
+
+// The SIMT dK/dV (and, unless deterministic, dQ) kernel, then the deterministic dQ kernel.
+template <typename T, int D>
+const char* mha_bwd_simt_launch(const JaMhaBwdArgs& a, ja_stream_t s) {
+  using Tiles = BwdTiles<T, D>;
+  using Dq = DqTiles<T, D>;
+  if (const char* e = refuse_unhandled("mha_bwd", "SIMT", a, kBwdSimtFeatures)) return e;
+  if constexpr (!Tiles::kFits || !Dq::kFits) {
+    return ja_error("mha_bwd: %s with head_dim %d needs %d bytes of shared memory per block, more than "
+                    "this GPU has (%d); use bfloat16 or float16", dtype_name(dtype_of<T>::value), D,
+                    Tiles::kSmemBytes > Dq::kSmemBytes ? Tiles::kSmemBytes : Dq::kSmemBytes, kSmemMax);
+  } else {
+    const JaMhaProblem& p = a.p;
+    const int64_t kv_tiles = (p.seq_k + Tiles::BC - 1) / Tiles::BC;
+    if (const char* e = check_grid("mha_bwd", kv_tiles, p.heads_kv, p.batch)) return e;
+    if (kv_tiles > 0) {
+      const dim3 grid(unsigned(kv_tiles), unsigned(p.heads_kv), unsigned(p.batch));
+      if (const char* e = launch_with_smem(mha_bwd_dkdv<T, D, Tiles::BC, Tiles::BR>, grid, kThreads,
+                                           Tiles::kSmemBytes, s, a, "mha_bwd (dK/dV/dQ)"))
+        return e;
+    }
+    if (a.deterministic) {
+      const int64_t q_tiles = (p.seq_q + Dq::BR - 1) / Dq::BR;
+      if (const char* e = check_grid("mha_bwd", q_tiles, p.heads_q, p.batch)) return e;
+      const dim3 grid(unsigned(q_tiles), unsigned(p.heads_q), unsigned(p.batch));
+      return launch_with_smem(mha_bwd_dq<T, D, Dq::BR, Dq::BC>, grid, kThreads, Dq::kSmemBytes, s, a,
+                              "mha_bwd (deterministic dQ)");
+    }
+    return nullptr;
+  }
+}
+
 }  // namespace mha_gpu
 
 template <typename T, int D, bool CAUSAL>
 const char* mha_bwd_gpu(const JaMhaBwdArgs& a, void* stream) {
-  using Tiles = mha_gpu::BwdTiles<T, D>;
   using mha_gpu::kThreads;
   const ja_stream_t s = static_cast<ja_stream_t>(stream);
-  const int64_t q_rows = a.p.batch * a.p.seq_q * a.p.heads_q;
-  if (q_rows == 0 && a.p.batch * a.p.seq_k * a.p.heads_kv == 0) return nullptr;
-  if (const char* e = mha_gpu::use_mma<T>()
-                          ? mha_gpu::refuse_unhandled("mha_bwd", "mma.sync", a, mha_gpu::kBwdMmaFeatures)
-                          : mha_gpu::refuse_unhandled("mha_bwd", "SIMT", a, mha_gpu::kBwdSimtFeatures))
-    return e;
-  for (const void* p : {a.q, a.k, a.v, a.dout})
-    if (!mha_gpu::aligned16(p)) return ja_error("mha_bwd: q, k, v and dout must be 16-byte aligned on the GPU");
-  constexpr int kBC = mha_gpu::BwdKeysPerBlock<T, D, mha_gpu::use_mma<T>()>::value;
-  const int64_t kv_tiles = (a.p.seq_k + kBC - 1) / kBC;
-  if (const char* e = mha_gpu::check_grid("mha_bwd", kv_tiles, a.p.heads_kv, a.p.batch)) return e;
-  const int64_t max_blocks = int64_t(1) << 20;  // grid-stride loops cover the rest
+  const JaMhaProblem& p = a.p;
+  const int64_t q_rows = p.batch * p.seq_q * p.heads_q;
+  if (q_rows == 0 && p.batch * p.seq_k * p.heads_kv == 0) return nullptr;
+  if (const char* e = mha_gpu::check_problem<D>("mha_bwd", p)) return e;
+  for (const void* ptr : {a.q, a.k, a.v, a.dout, static_cast<const void*>(a.dq), static_cast<const void*>(a.dk),
+                          static_cast<const void*>(a.dv)})
+    if (!mha_gpu::aligned16(ptr))
+      return ja_error("mha_bwd: q, k, v, dout, dq, dk and dv must be 16-byte aligned on the GPU");
+  int path = kPathSimt;
+#if JA_HAS_WARP_MMA
+  if constexpr (mha_gpu::use_mma<T>()) {
+    if (mha_gpu::bwd_mma_takes<T, D>(a)) path = kPathMma;
+  }
+#endif
 
   if (q_rows > 0) {
-    const int64_t blocks = std::min<int64_t>((q_rows + mha_gpu::kTy - 1) / mha_gpu::kTy, max_blocks);
+    const int64_t blocks = std::min<int64_t>((q_rows + mha_gpu::kTy - 1) / mha_gpu::kTy, mha_gpu::kMaxBlocks);
     mha_gpu::mha_bwd_preprocess<T, D><<<unsigned(blocks), kThreads, 0, s>>>(a);
     if (const char* e = mha_gpu::launch_status("mha_bwd (preprocess)")) return e;
   }
+  if (a.dbias && q_rows > 0 && p.seq_k > 0) {  // the kernels write the visible pairs' dS only
+    const ja_error_t e = ja_memset_async(a.dbias, 0, size_t(q_rows * p.seq_k) * sizeof(float), s);
+    if (e != ja_success) return ja_error("mha_bwd: zeroing dbias failed: %s", ja_get_error_string(e));
+  }
 #if JA_HAS_WARP_MMA
-  // 16-bit inputs on the matrix units; float32 keeps the SIMT kernel (exact float32 products).
   if constexpr (mha_gpu::use_mma<T>()) {
-    if (const char* e = mha_gpu::mha_bwd_mma_launch<T, D, CAUSAL>(a, s)) return e;
-  } else
-#endif
-  {
-    if constexpr (!Tiles::kFits) {
-      return ja_error("mha_bwd: %s with head_dim %d needs %d bytes of shared memory per block, more than "
-                      "this GPU has (%d); use bfloat16 or float16", dtype_name(dtype_of<T>::value), D,
-                      Tiles::kSmemBytes, mha_gpu::kSmemMax);
-    } else if (kv_tiles > 0) {
-      const dim3 grid(unsigned(kv_tiles), unsigned(a.p.heads_kv), unsigned(a.p.batch));
-      if (const char* e = mha_gpu::launch_with_smem(mha_gpu::mha_bwd_dkdv<T, D, Tiles::BC, Tiles::BR, CAUSAL>,
-                                                    grid, kThreads, Tiles::kSmemBytes, s, a, "mha_bwd (dK/dV/dQ)"))
-        return e;
+    if (path == kPathMma) {
+      if (const char* e = mha_gpu::mha_bwd_mma_launch<T, D, CAUSAL>(a, s)) return e;
     }
   }
-  if (q_rows > 0) {
-    const int64_t n = q_rows * a.p.head_dim;
-    const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, max_blocks);
+#endif
+  if (path == kPathSimt) {
+    if (const char* e = mha_gpu::mha_bwd_simt_launch<T, D>(a, s)) return e;
+  }
+  if (q_rows > 0 && !a.deterministic) {
+    const int64_t n = q_rows * p.head_dim;
+    const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, mha_gpu::kMaxBlocks);
     mha_gpu::mha_bwd_convert_dq<T><<<unsigned(blocks), kThreads, 0, s>>>(a.dq_accum, static_cast<T*>(a.dq), n);
     if (const char* e = mha_gpu::launch_status("mha_bwd (convert dQ)")) return e;
   }
+  mha_gpu_path_calls(path).fetch_add(1, std::memory_order_relaxed);
   return nullptr;
 }
 

@@ -9,6 +9,10 @@
 // on sm_90 with TMA loads; ja_mha_fwd_decode_tma_calls() counts those (JA_MHA_FWD_DECODE_TMA=0,
 // read on every call, sends them to its cp.async loads), and ja_mha_fwd_decode_cluster_calls() those
 // whose splits merged in a thread-block cluster (JA_MHA_FWD_DECODE_CLUSTER=0: the merge kernel).
+// Among the regular instances a call takes the split-KV decode kernel (decode shapes), else the mma.sync
+// kernel (bfloat16/float16 on CUDA), else the SIMT kernel, the first that handles all of its features;
+// JA_MHA_FWD_DECODE=0 and JA_MHA_FWD_MMA=0 skip the first two (mha_fwd_gpu.cuh), and
+// ja_mha_fwd_gpu_path_calls(path) counts the calls each ran.
 #define JA_MHA_NAME "mha_fwd"
 #define JA_MHA_ARGS JaMhaFwdArgs
 #define JA_MHA_CPU_TABLE "mha_fwd_cpu_instances.inc"
@@ -22,6 +26,11 @@
 
 #if defined(JA_HAS_GPU)
 #include "mha/mha_decode_calls.h"
+#include "mha/mha_gpu_calls.h"
+
+// Calls the portable GPU kernels ran, by kernel (ja::MhaGpuPath: 0 SIMT, 1 mma.sync, 2 split-KV decode; -1 for
+// another number): the tests check that a call they send to one kernel ran there.
+JA_API int64_t ja_mha_fwd_gpu_path_calls(int path) { return ja::mha_gpu_path_count(path); }
 
 JA_API int64_t ja_mha_fwd_decode_tma_calls(void) { return ja::mha_decode_tma_calls().load(std::memory_order_relaxed); }
 JA_API int64_t ja_mha_fwd_decode_cluster_calls(void) {

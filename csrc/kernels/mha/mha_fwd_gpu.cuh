@@ -1,15 +1,26 @@
-// Flash-attention forward on the GPU (CUDA and HIP from this one source).
+// Flash-attention forward on the GPU (CUDA and HIP from this one source): the dispatch between the
+// portable kernels, and the SIMT kernel, which runs every feature.
 //
-// One block per (tile of BR query rows, query head, batch). The Q tile stays
-// in shared memory; K and V tiles of BC rows stream through it. Each thread
-// holds a (BR/8) x (BC/16) block of scores and a (BR/8) x (D/16) block of the
-// output in registers; the online softmax keeps a running max and sum per row
-// (16-lane shuffles), and P goes through shared memory for O += P V. Nothing
-// of size seq x seq touches global memory.
+// mha_fwd_gpu sends a call to the first kernel that handles all of its features (mha_gpu_common.cuh):
+// the split-KV decode kernel for few query rows per kv head (mha_fwd_gpu_decode.cuh), then the mma.sync
+// kernel (mha_fwd_gpu_mma.cuh), both bfloat16/float16 on CUDA; then this SIMT kernel (float32, HIP, and
+// bias and dropout everywhere). JA_MHA_FWD_DECODE=0 and JA_MHA_FWD_MMA=0 skip the first two (read on every
+// call); ja_mha_fwd_gpu_path_calls(path) counts the calls each kernel ran (mha_gpu_calls.h).
+//
+// The SIMT kernel: one block per (tile of BR query rows, query head, batch). The Q tile stays in shared
+// memory; K and V tiles of BC rows stream through it, only those inside the keys the tile's rows see
+// ([lo of its first row, hi of its last row): the mask's rows are non-decreasing). Each thread holds a
+// (BR/8) x (BC/16) block of scores and a (BR/8) x (D/16) block of the output in registers; the online
+// softmax keeps a running max and sum per row (16-lane shuffles), and P goes through shared memory for
+// O += P V. Nothing of size seq x seq touches global memory. The score takes softcap, ALiBi and the bias
+// (ScoreTerms); dropout scales P's kept elements after the row sum (the lse is of the undropped P).
+// A key a row does not see never reaches it: its score is selected to -inf (whatever K holds), and where a
+// V tile holds a NaN or an infinity the P V product skips the zeros of P (0 * inf would be NaN).
 #pragma once
 #include "ja/kernels/mha.h"
 #include "mha/mha_fwd_gpu_decode.cuh"
 #include "mha/mha_fwd_gpu_mma.cuh"
+#include "mha/mha_gpu_calls.h"
 #include "mha/mha_gpu_common.cuh"
 
 namespace ja {
@@ -17,7 +28,8 @@ namespace mha_gpu {
 
 template <typename T, int D>
 constexpr int fwd_smem_bytes(int br, int bc) {
-  return (br + 2 * bc) * tile_ld<T, D>() * int(sizeof(T)) + br * (bc + 1) * int(sizeof(float));
+  return (br + 2 * bc) * tile_ld<T, D>() * int(sizeof(T)) + br * (bc + 1) * int(sizeof(float)) +
+         3 * br * int(sizeof(int32_t));
 }
 
 // Largest tiles that fit the shared-memory budget without opt-in; where even the
@@ -35,7 +47,7 @@ struct FwdTiles {
   static_assert(D % kTx == 0 && BR % kTy == 0 && BC % kTx == 0, "tile sizes must match the thread layout");
 };
 
-template <typename T, int D, int BR, int BC, bool CAUSAL>
+template <typename T, int D, int BR, int BC>
 JA_GLOBAL void __launch_bounds__(kThreads) mha_fwd_kernel(JaMhaFwdArgs a) {
   constexpr int LD = tile_ld<T, D>();
   constexpr int LDP = BC + 1;
@@ -47,14 +59,28 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_fwd_kernel(JaMhaFwdArgs a) {
   T* k_s = q_s + BR * LD;
   T* v_s = k_s + BC * LD;
   float* p_s = reinterpret_cast<float*>(v_s + BC * LD);  // 4-byte aligned: LD * sizeof(T) is
+  int32_t* lo_s = reinterpret_cast<int32_t*>(p_s + BR * LDP);  // per tile row: the keys [lo, hi) it sees
+  int32_t* hi_s = lo_s + BR;
+  int32_t* dg_s = hi_s + BR;  // and its diagonal (ALiBi's origin)
 
+  const JaMhaProblem& p = a.p;
   const int tx = threadIdx.x % kTx, ty = threadIdx.x / kTx;
-  const auto [q0, h, b, sq, sk, hq, hkv, hk, q_stride, kv_stride, rows, s2] =
-      fwd_block<D>(a, grid_place(false, true), BR);  // the grid's order
-  const T* k = static_cast<const T*>(a.k) + (b * sk * hkv + hk) * D;
-  const T* v = static_cast<const T*>(a.v) + (b * sk * hkv + hk) * D;
+  const auto [q0, h, b, sq, sk, hq, hkv, hk, q_stride, k_stride, v_stride, o_stride, rows, s2] =
+      fwd_block(a, grid_place(false, true), BR);  // the grid's order
+  const int hd = int(p.head_dim), hdv = int(p.head_dim_v);
+  const bool vec = vec_dims<T>(p);
+  const T* k = static_cast<const T*>(a.k) + (b * sk * hkv + hk) * hd;
+  const T* v = static_cast<const T*>(a.v) + (b * sk * hkv + hk) * hdv;
 
-  load_tile<T, BR, D>(q_s, static_cast<const T*>(a.q) + ((b * sq + q0) * hq + h) * D, q_stride, rows);
+  load_tile<T, BR, D>(q_s, static_cast<const T*>(a.q) + ((b * sq + q0) * hq + h) * hd, q_stride, rows, hd, vec);
+  for (int i = threadIdx.x; i < BR; i += kThreads) {
+    const MhaRow r = i < rows ? mha_row(p, b, q0 + i) : MhaRow{0, 0, 0};  // padding rows see nothing
+    lo_s[i] = int32_t(r.lo), hi_s[i] = int32_t(r.hi), dg_s[i] = int32_t(r.diag);
+  }
+  __syncthreads();
+  const ScoreTerms terms = score_terms(p, b, h);
+  const bool plain = !terms.any();
+  const Dropout drop = dropout_of(p);
 
   float o[RM][DN];
   float m[RM], l[RM];
@@ -66,25 +92,21 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_fwd_kernel(JaMhaFwdArgs a) {
     for (int d = 0; d < DN; ++d) o[i][d] = 0.0f;
   }
 
-  // Keys after the last one visible to the tile's last row are skipped.
-  int64_t kv_end = sk;
-  if (CAUSAL) {
-    kv_end = q0 + rows + sk - sq;
-    kv_end = kv_end < 0 ? 0 : (kv_end > sk ? sk : kv_end);
-  }
-  for (int64_t kv0 = 0; kv0 < kv_end; kv0 += BC) {
-    const int nk = int(sk - kv0 < BC ? sk - kv0 : BC);
+  // Key tiles outside [lo of the first row, hi of the last row) are skipped.
+  const int64_t kv_begin = lo_s[0], kv_end = hi_s[rows - 1];
+  for (int64_t kv0 = kv_begin; kv0 < kv_end; kv0 += BC) {
+    const int nk = int(kv_end - kv0 < BC ? kv_end - kv0 : BC);  // keys past kv_end are zeros: no row sees them
     __syncthreads();  // the previous tile's readers of k_s, v_s, p_s are done
-    load_tile<T, BC, D>(k_s, k + kv0 * kv_stride, kv_stride, nk);
-    load_tile<T, BC, D>(v_s, v + kv0 * kv_stride, kv_stride, nk);
-    __syncthreads();
+    load_tile<T, BC, D>(k_s, k + kv0 * k_stride, k_stride, nk, hd, vec);
+    const bool vbad = load_tile<T, BC, D, true>(v_s, v + kv0 * v_stride, v_stride, nk, hdv, vec);
+    const bool guard = __syncthreads_or(vbad);  // a NaN/inf in V: P V skips P's zeros
 
     float s[RM][CN];
 #pragma unroll
     for (int i = 0; i < RM; ++i)
 #pragma unroll
       for (int j = 0; j < CN; ++j) s[i][j] = 0.0f;
-    for (int c = 0; c < D; ++c) {
+    for (int c = 0; c < hd; ++c) {
       float qv[RM], kv[CN];
 #pragma unroll
       for (int i = 0; i < RM; ++i) qv[i] = to_f32(q_s[(ty + i * kTy) * LD + c]);
@@ -99,13 +121,19 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_fwd_kernel(JaMhaFwdArgs a) {
 #pragma unroll
     for (int i = 0; i < RM; ++i) {
       const int r = ty + i * kTy;
+      const int64_t lo = lo_s[r], hi = hi_s[r], diag = dg_s[r];
       float mx = -INFINITY;
 #pragma unroll
       for (int j = 0; j < CN; ++j) {
         const int col = tx + j * kTx;
-        const bool ok = r < rows && col < nk && key_visible(CAUSAL, q0 + r, kv0 + col, sq, sk);
-        s[i][j] = ok ? s[i][j] * s2 : -INFINITY;
-        mx = fmaxf(mx, s[i][j]);
+        const int64_t key = kv0 + col;
+        float x = -INFINITY;  // a key the row does not see: -inf whatever its score holds
+        if (col < nk && lo <= key && key < hi) {
+          float t;
+          x = plain ? s[i][j] * s2 : terms(s[i][j], q0 + r, diag, key, &t) * ja_log2e;
+        }
+        s[i][j] = x;
+        mx = fmaxf(mx, x);
       }
       const float m_new = fmaxf(m[i], ja_group_max<kTx>(mx));
       const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // no key seen yet: keep everything at 0
@@ -113,9 +141,11 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_fwd_kernel(JaMhaFwdArgs a) {
       float rs = 0.0f;
 #pragma unroll
       for (int j = 0; j < CN; ++j) {
-        const float p = ja_exp2(s[i][j] - m_use);
-        p_s[r * LDP + tx + j * kTx] = p;
-        rs += p;
+        const int col = tx + j * kTx;
+        float pe = ja_exp2(s[i][j] - m_use);
+        rs += pe;  // the row sum (and so the lse) is of the undropped P
+        if (drop.on && pe != 0.0f) pe *= drop.factor(b, h, q0 + r, kv0 + col);
+        p_s[r * LDP + col] = pe;
       }
       l[i] = l[i] * alpha + ja_group_sum<kTx>(rs);
       m[i] = m_new;
@@ -124,20 +154,34 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_fwd_kernel(JaMhaFwdArgs a) {
     }
     __syncthreads();
 
-    for (int j = 0; j < BC; ++j) {
-      float pv[RM], vv[DN];
+    if (!guard) {
+      for (int j = 0; j < nk; ++j) {
+        float pv[RM], vv[DN];
 #pragma unroll
-      for (int i = 0; i < RM; ++i) pv[i] = p_s[(ty + i * kTy) * LDP + j];
+        for (int i = 0; i < RM; ++i) pv[i] = p_s[(ty + i * kTy) * LDP + j];
 #pragma unroll
-      for (int d = 0; d < DN; ++d) vv[d] = to_f32(v_s[j * LD + tx + d * kTx]);
+        for (int d = 0; d < DN; ++d) vv[d] = to_f32(v_s[j * LD + tx + d * kTx]);
 #pragma unroll
-      for (int i = 0; i < RM; ++i)
+        for (int i = 0; i < RM; ++i)
 #pragma unroll
-        for (int d = 0; d < DN; ++d) o[i][d] += pv[i] * vv[d];
+          for (int d = 0; d < DN; ++d) o[i][d] += pv[i] * vv[d];
+      }
+    } else {
+      for (int j = 0; j < nk; ++j) {  // the same sums without the products of P's zeros
+        float pv[RM], vv[DN];
+#pragma unroll
+        for (int i = 0; i < RM; ++i) pv[i] = p_s[(ty + i * kTy) * LDP + j];
+#pragma unroll
+        for (int d = 0; d < DN; ++d) vv[d] = to_f32(v_s[j * LD + tx + d * kTx]);
+#pragma unroll
+        for (int i = 0; i < RM; ++i)
+#pragma unroll
+          for (int d = 0; d < DN; ++d) o[i][d] += pv[i] != 0.0f ? pv[i] * vv[d] : 0.0f;
+      }
     }
   }
 
-  T* out = static_cast<T*>(a.o) + ((b * sq + q0) * hq + h) * D;
+  T* out = static_cast<T*>(a.o) + ((b * sq + q0) * hq + h) * hdv;
   float* lse = a.lse + (b * hq + h) * sq + q0;
 #pragma unroll
   for (int i = 0; i < RM; ++i) {
@@ -146,37 +190,54 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_fwd_kernel(JaMhaFwdArgs a) {
     const bool empty = l[i] == 0.0f;  // no visible key: output 0, lse = +inf
     const float inv = empty ? 0.0f : 1.0f / l[i];
 #pragma unroll
-    for (int d = 0; d < DN; ++d) out[r * q_stride + tx + d * kTx] = from_f32<T>(o[i][d] * inv);
+    for (int d = 0; d < DN; ++d) {
+      const int col = tx + d * kTx;
+      if (col < hdv) out[r * o_stride + col] = from_f32<T>(o[i][d] * inv);
+    }
     if (tx == 0) lse[r] = empty ? INFINITY : (m[i] + ja_log2(l[i])) * kLn2;
   }
+}
+
+template <typename T, int D>
+const char* mha_fwd_simt_launch(const JaMhaFwdArgs& a, ja_stream_t stream) {
+  using Tiles = FwdTiles<T, D>;
+  if (const char* e = refuse_unhandled("mha_fwd", "SIMT", a.p, kFwdSimtFeatures)) return e;
+  const int64_t q_tiles = (a.p.seq_q + Tiles::BR - 1) / Tiles::BR;
+  if (const char* e = check_grid("mha_fwd", q_tiles, a.p.heads_q, a.p.batch)) return e;
+  const dim3 grid(unsigned(q_tiles), unsigned(a.p.heads_q), unsigned(a.p.batch));
+  return launch_with_smem(mha_fwd_kernel<T, D, Tiles::BR, Tiles::BC>, grid, kThreads, Tiles::kSmemBytes, stream, a,
+                          "mha_fwd");
+}
+
+// Runs `launch` and counts the call on `path` when it succeeded.
+template <typename Launch>
+const char* counted(int path, Launch&& launch) {
+  const char* err = launch();
+  if (!err) mha_gpu_path_calls(path).fetch_add(1, std::memory_order_relaxed);
+  return err;
 }
 
 }  // namespace mha_gpu
 
 template <typename T, int D, bool CAUSAL>
 const char* mha_fwd_gpu(const JaMhaFwdArgs& a, void* stream) {
-  using Tiles = mha_gpu::FwdTiles<T, D>;
+  const ja_stream_t s = static_cast<ja_stream_t>(stream);
   if (a.p.batch == 0 || a.p.seq_q == 0 || a.p.heads_q == 0) return nullptr;
-  if (!mha_gpu::aligned16(a.q) || !mha_gpu::aligned16(a.k) || !mha_gpu::aligned16(a.v))
-    return ja_error("mha_fwd: q, k and v must be 16-byte aligned on the GPU");
+  if (const char* e = mha_gpu::check_problem<D>("mha_fwd", a.p)) return e;
+  if (!mha_gpu::aligned16(a.q) || !mha_gpu::aligned16(a.k) || !mha_gpu::aligned16(a.v) ||
+      !mha_gpu::aligned16(a.o))
+    return ja_error("mha_fwd: q, k, v and o must be 16-byte aligned on the GPU");
 #if JA_HAS_WARP_MMA
   // 16-bit inputs on the matrix units; float32 keeps the SIMT kernel (exact float32 products).
   // Few query rows per kv head (decode): split-KV over the keys (mha_fwd_gpu_decode.cuh).
   if constexpr (mha_gpu::use_mma<T>()) {
-    if (mha_gpu::decode_applies(a))
-      return mha_gpu::mha_decode_launch<T, D, CAUSAL>(a, static_cast<ja_stream_t>(stream));
-    return mha_gpu::mha_fwd_mma_launch<T, D, CAUSAL>(a, static_cast<ja_stream_t>(stream));
-  } else
-#endif
-  {
-    if (const char* e = mha_gpu::refuse_unhandled("mha_fwd", "SIMT", a.p, mha_gpu::kFwdSimtFeatures)) return e;
-    const int64_t q_tiles = (a.p.seq_q + Tiles::BR - 1) / Tiles::BR;
-    if (const char* e = mha_gpu::check_grid("mha_fwd", q_tiles, a.p.heads_q, a.p.batch)) return e;
-    const dim3 grid(unsigned(q_tiles), unsigned(a.p.heads_q), unsigned(a.p.batch));
-    return mha_gpu::launch_with_smem(mha_gpu::mha_fwd_kernel<T, D, Tiles::BR, Tiles::BC, CAUSAL>, grid,
-                                     mha_gpu::kThreads, Tiles::kSmemBytes, static_cast<ja_stream_t>(stream), a,
-                                     "mha_fwd");
+    if (mha_gpu::decode_applies(a) && mha_gpu::decode_takes<T, D>(a))
+      return mha_gpu::counted(kPathDecode, [&] { return mha_gpu::mha_decode_launch<T, D, CAUSAL>(a, s); });
+    if (mha_gpu::kernel_takes(a.p, mha_gpu::kFwdMmaFeatures, "JA_MHA_FWD_MMA"))
+      return mha_gpu::counted(kPathMma, [&] { return mha_gpu::mha_fwd_mma_launch<T, D, CAUSAL>(a, s); });
   }
+#endif
+  return mha_gpu::counted(kPathSimt, [&] { return mha_gpu::mha_fwd_simt_launch<T, D>(a, s); });
 }
 
 }  // namespace ja

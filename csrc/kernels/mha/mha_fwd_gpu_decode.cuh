@@ -24,9 +24,18 @@
 //   merge through distributed shared memory instead (decode_cluster_merge: the
 //   same arithmetic in the same order, so the same bits; no pass 2).
 //
-// Conventions are the other forward kernels': bottom-right causal alignment,
-// a row with no visible key outputs 0 with lse = +inf; P is rounded to the
-// input dtype before P V; every sum accumulates in float32. The per-split
+// Conventions are the other forward kernels': the mask as per-row key ranges
+// (causal, windows, varlen, segments: a block's keys are those its rows see,
+// [lo of its first query, hi of its last), split into gridDim.x chunks of whole
+// tiles at run time, so a window or a short sequence splits as finely as the
+// whole keys would), softcap and ALiBi in the score, head dims below D (whole
+// 16-byte vectors; others decline to the mma.sync kernel) zero-padded, a row with
+// no visible key outputs 0 with lse = +inf; P is rounded to the input dtype
+// before P V; every sum accumulates in float32. Bias and dropout decline to the
+// SIMT kernel. NaN/Inf: a hidden key's score is selected to -inf; a warp's 16
+// keys that some rows see only in part have their V rows scanned, NaN/Inf values
+// zeroed before P V and added back to the rows that see them (decode_sanitize,
+// decode_add_nonfinite): 0 * inf would be NaN on the matrix units. The per-split
 // results live in the caller's workspace (JaMhaFwdArgs::workspace, an extra
 // float32 result of the FFI call that the Python op sizes and drops); its size
 // caps the number of splits, and without one the kernel runs with one split.
@@ -201,7 +210,6 @@ JA_DEVICE const T* decode_tile_at(const T* tile, int key, int col) {
 
 struct DecodeArgs {
   JaMhaFwdArgs a;
-  int64_t chunk;  // keys per split (a multiple of BC)
   int rblocks;    // 16-row blocks per kv head: ceil(group * seq_q / 16)
   float* ws_o;    // [batch][heads_kv * rblocks][splits][16][D]: O / l of each split (splits > 1)
   float* ws_lse;  // [batch][heads_kv * rblocks][splits][16]: log2-domain lse of each split (-inf: no key)
@@ -213,6 +221,13 @@ inline int64_t decode_rows(const JaMhaFwdArgs& a) { return a.p.heads_q / a.p.hea
 
 inline bool decode_applies(const JaMhaFwdArgs& a) {
   return a.p.heads_kv > 0 && decode_rows(a) <= JA_MHA_DECODE_MAX_ROWS;
+}
+
+// Whether this kernel runs the call: its features, head dims of whole 16-byte vectors (odd ones take the
+// mma.sync kernel), and not JA_MHA_FWD_DECODE=0 (read on every call).
+template <typename T, int D>
+inline bool decode_takes(const JaMhaFwdArgs& a) {
+  return kernel_takes(a.p, kFwdDecodeFeatures, "JA_MHA_FWD_DECODE") && vec_dims<T>(a.p);
 }
 
 // Multiprocessors of the current device (cached per device).
@@ -316,11 +331,70 @@ JA_DEVICE void decode_cluster_merge(const DecodeArgs& d, const float* po, float*
       acc[3] += f * os[s].w;
     }
     const int64_t qi = rg / group, h = int64_t(hk) * group + rg % group;
-    T* out = static_cast<T*>(a.o) + ((b * a.p.seq_q + qi) * a.p.heads_q + h) * D + c;
+    const int hdv = int(a.p.head_dim_v);
+    T* out = static_cast<T*>(a.o) + ((b * a.p.seq_q + qi) * a.p.heads_q + h) * hdv + c;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) out[j] = from_f32<T>(acc[j] * inv[r]);
+    for (int j = 0; j < 4; ++j)
+      if (c + j < hdv) out[j] = from_f32<T>(acc[j] * inv[r]);
   }
   mma::cluster_sync_relaxed();  // no block leaves while another may still read its shared memory
+}
+
+// The NaN/Inf guard of one warp's 16 V rows (vs: this warp's first key of the stage's V tile): values of
+// columns [0, cols) that are infinite or NaN are replaced by 0; returns the bits of the keys that held any
+// (warp-uniform). On the TMA path the lanes that wrote fence their writes against the copies that will
+// refill the stage (the async proxy).
+template <typename T, int D, bool TMA>
+JA_DEVICE uint32_t decode_sanitize(T* vs, int cols) {
+  constexpr int kVec = 16 / int(sizeof(T));
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  uint32_t bad = 0u;
+  for (int idx = lane; idx < 16 * (D / kVec); idx += 32) {
+    const int r = idx / (D / kVec), c = (idx % (D / kVec)) * kVec;
+    if (c >= cols) continue;
+    T* chunk = const_cast<T*>(decode_tile_at<T, D, TMA>(vs, warp * 16 + r, c));
+    Pack<T, kVec> pk = *reinterpret_cast<const Pack<T, kVec>*>(chunk);
+    bool any = false;
+#pragma unroll
+    for (int e = 0; e < kVec; ++e)
+      if (nonfinite(pk.v[e])) any = true, pk.v[e] = from_f32<T>(0.0f);
+    if (any) {
+      *reinterpret_cast<Pack<T, kVec>*>(chunk) = pk;
+      bad |= 1u << r;
+    }
+  }
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) bad |= ja_shfl_xor(bad, m);
+  if (TMA && bad) mma::fence_proxy_async();
+  __syncwarp();  // the zeroed values are in shared memory before any lane's ldmatrix
+  return bad;
+}
+
+// After a sanitized warp tile's P V: each of this lane's rows (g, g + 8) that sees key kbase + kk of a bad
+// key kk gets that key's infinities and NaNs (from global memory: row kk at vg + kk * stride) added to its
+// columns n * 8 + 2t + {0, 1} (p * inf is inf for the p > 0 of a key the row sees).
+template <typename T, int NO>
+JA_DEVICE void decode_add_nonfinite(float (&o)[NO][4], uint32_t bad, int kbase, const int (&lo)[2],
+                                    const int (&hi)[2], const T* vg, int64_t stride, int cols) {
+  const int t = threadIdx.x % 4;
+  while (bad) {
+    const int kk = __ffs(int(bad)) - 1, key = kbase + kk;
+    bad &= bad - 1;
+    const T* v = vg + kk * stride;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      if (!(lo[i] <= key && key < hi[i])) continue;
+#pragma unroll
+      for (int n = 0; n < NO; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = n * 8 + 2 * t + e;
+          if (col >= cols) continue;
+          const float x = to_f32(v[col]);
+          if (nonfinite(x)) o[n][2 * i + e] += x;
+        }
+    }
+  }
 }
 
 template <typename T, int D, bool CAUSAL, bool TMA>
@@ -347,13 +421,11 @@ JA_GLOBAL void __launch_bounds__(DecodeTiles<T, D, TMA>::kThreads)
   const int hk = int(blockIdx.y) / d.rblocks, rb = int(blockIdx.y) % d.rblocks;
   const int r0 = rb * 16;  // first row of this block among the kv head's rows
   const int64_t b = blockIdx.z;
-  const int64_t kv_stride = hkv * D;
+  const int hd = int(a.p.head_dim), hdv = int(a.p.head_dim_v);
+  const int64_t k_stride = hkv * hd, v_stride = hkv * hdv;
   const float s2 = a.p.scale * ja_log2e;
-  const int64_t key0 = int64_t(blockIdx.x) * d.chunk;
-  const int64_t key1 = key0 + d.chunk < sk ? key0 + d.chunk : sk;
-  const int ntiles = key1 > key0 ? int((key1 - key0 + BC - 1) / BC) : 0;
-  const T* k = static_cast<const T*>(a.k) + (b * sk * hkv + hk) * D;
-  const T* v = static_cast<const T*>(a.v) + (b * sk * hkv + hk) * D;
+  const T* k = static_cast<const T*>(a.k) + (b * sk * hkv + hk) * hd;
+  const T* v = static_cast<const T*>(a.v) + (b * sk * hkv + hk) * hdv;
   const T* q = static_cast<const T*>(a.q);
 
   if constexpr (TMA) {
@@ -368,14 +440,27 @@ JA_GLOBAL void __launch_bounds__(DecodeTiles<T, D, TMA>::kThreads)
   pdl_wait();  // launched with PDL (gpu_launch.cuh): the previous kernel's writes are visible from here
   pdl_launch_dependents();  // the merge kernel may be scheduled; it waits for this grid in its pdl_wait
 
+  // The keys this block's rows see: [lo of its first query, hi of its last) (padding rows act as the last
+  // query); they split into gridDim.x chunks of whole tiles, this block taking chunk blockIdx.x, [key0, key1).
+  // (Positions fit int32: check_problem keeps the sequences below 2^30.)
+  const int qi_first = r0 / group, qi_last = int(r0 + 15 < rows ? (r0 + 15) / group : sq - 1);
+  const MhaRow first = mha_row(a.p, b, qi_first), last = mha_row(a.p, b, qi_last);
+  const int span_lo = int(first.lo), span_hi = int(last.hi > first.lo ? last.hi : first.lo);
+  const int all_lo = int(last.lo), all_hi = int(first.hi);  // keys every row of the block sees
+  const int span_tiles = (span_hi - span_lo + BC - 1) / BC;
+  const int per = (span_tiles + int(gridDim.x) - 1) / int(gridDim.x);  // tiles per split
+  const int key0 = span_lo + int(blockIdx.x) * per * BC;
+  const int key1 = key0 + per * BC < span_hi ? key0 + per * BC : span_hi;
+  const int ntiles = key1 > key0 ? (key1 - key0 + BC - 1) / BC : 0;
+
   // Q rows -> shared memory (rows past the kv head's last one are zero).
   constexpr int kVec = 16 / int(sizeof(T));
   for (int idx = threadIdx.x; idx < 16 * (D / kVec); idx += NT) {
     const int r = idx / (D / kVec), c = (idx % (D / kVec)) * kVec;
     const int rg = r0 + r;
-    const bool ok = rg < rows;
+    const bool ok = rg < rows && c < hd;
     const int64_t qi = rg / group, h = int64_t(hk) * group + rg % group;
-    mma::cp_async_16(q_s + r * LD + c, ok ? q + ((b * sq + qi) * hq + h) * D + c : q, ok);
+    mma::cp_async_16(q_s + r * LD + c, ok ? q + ((b * sq + qi) * hq + h) * hd + c : q, ok);
   }
   mma::cp_async_commit();
 
@@ -384,21 +469,22 @@ JA_GLOBAL void __launch_bounds__(DecodeTiles<T, D, TMA>::kThreads)
   // chunk is whole tiles, so only the last split's last tile reaches past key1).
   auto load = [&](int i) {
     T* ks = smem + (i % NS) * Tl::kStageElems;
-    const int64_t kv0 = key0 + int64_t(i) * BC;
+    const int kv0 = key0 + i * BC;
     if constexpr (TMA) {
       if (threadIdx.x == 0) {
         uint64_t* bar = bars + i % NS;
         mma::mbar_arrive_expect_tx(bar, uint32_t(Tl::kStageBytes));
 #pragma unroll
         for (int h = 0; h < D / 64; ++h) {
-          mma::tma_load_4d(ks + h * BC * 64, &maps.k, bar, h * 64, hk, int(kv0), int(b));
-          mma::tma_load_4d(ks + Tl::kTileElems + h * BC * 64, &maps.v, bar, h * 64, hk, int(kv0), int(b));
+          mma::tma_load_4d(ks + h * BC * 64, &maps.k, bar, h * 64, hk, kv0, int(b));
+          mma::tma_load_4d(ks + Tl::kTileElems + h * BC * 64, &maps.v, bar, h * 64, hk, kv0, int(b));
         }
       }
     } else {
-      const int nk = int(key1 - kv0 < BC ? key1 - kv0 : BC);
-      cp_async_tile<T, BC, D, LD, NT, JA_MHA_DECODE_L2PF>(ks, k + kv0 * kv_stride, kv_stride, nk);
-      cp_async_tile<T, BC, D, LD, NT, JA_MHA_DECODE_L2PF>(ks + BC * LD, v + kv0 * kv_stride, kv_stride, nk);
+      const int nk = key1 - kv0 < BC ? key1 - kv0 : BC;
+      cp_async_tile<T, BC, D, LD, NT, JA_MHA_DECODE_L2PF>(ks, k + int64_t(kv0) * k_stride, k_stride, nk, hd);
+      cp_async_tile<T, BC, D, LD, NT, JA_MHA_DECODE_L2PF>(ks + BC * LD, v + int64_t(kv0) * v_stride, v_stride, nk,
+                                                          hdv);
     }
   };
 #pragma unroll
@@ -415,14 +501,19 @@ JA_GLOBAL void __launch_bounds__(DecodeTiles<T, D, TMA>::kThreads)
     for (int kd = 0; kd < KD; ++kd) mma::ldmatrix_x4(qa[kd], q_s + (lane & 15) * LD + kd * 16 + (lane >> 4) * 8);
   }
 
-  // This lane's rows g and g + 8: the query each is (padding rows act as the last query).
-  int64_t last_key[2];
+  // This lane's rows g and g + 8: the keys [lo, hi) of the query each is (padding rows act as the last
+  // query), cut to the split's [key0, key1), and its diagonal (ALiBi).
+  int lo[2], hi[2], diag[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int rg = r0 + g + 8 * i;
-    const int64_t qi = rg < rows ? rg / group : sq - 1;
-    last_key[i] = qi + sk - sq;  // causal: the last key this row may attend
+    const MhaRow r = mha_row(a.p, b, rg < rows ? rg / group : sq - 1);
+    lo[i] = int(r.lo), hi[i] = int(r.hi < key1 ? r.hi : key1), diag[i] = int(r.diag);
   }
+  // The score's softcap and ALiBi terms of each row's head (ScoreTerms; the decode kernel takes no bias).
+  const ScoreTerms st[2] = {score_terms(a.p, b, hk * group + (r0 + g) % group),
+                            score_terms(a.p, b, hk * group + (r0 + g + 8) % group)};
+  const bool terms = st[0].any();
 
   float o[NO][4];
 #pragma unroll
@@ -460,15 +551,24 @@ JA_GLOBAL void __launch_bounds__(DecodeTiles<T, D, TMA>::kThreads)
       mma::mma_16816<T>(s[1], qf, kb + 2);
     }
 
-    // Scale into the log2 domain; mask keys past this split (and seq_k) and, causal, past the diagonal.
-    const int64_t kbase = key0 + int64_t(i) * BC + warp * 16;
+    // Into the log2 domain (with softcap and ALiBi); keys a row does not see (or past this split) -> -inf,
+    // a select: whatever K holds there never reaches the row. A warp's 16 keys that every row sees in full
+    // need no mask.
+    const int kbase = key0 + i * BC + warp * 16;
+    const bool need_mask = !(kbase >= all_lo && kbase + 16 <= (all_hi < key1 ? all_hi : key1));
 #pragma unroll
     for (int n = 0; n < 2; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int64_t key = kbase + n * 8 + 2 * t + (e & 1);
-        const bool ok = key < key1 && (!CAUSAL || key <= last_key[e >> 1]);
-        s[n][e] = ok ? s[n][e] * s2 : -INFINITY;
+        const int key = kbase + n * 8 + 2 * t + (e & 1), r = e >> 1;
+        float x = s[n][e];
+        if (terms) {
+          float tc;
+          x = st[r](x, 0, diag[r], key, &tc) * ja_log2e;
+        } else {
+          x *= s2;
+        }
+        s[n][e] = !need_mask || (lo[r] <= key && key < hi[r]) ? x : -INFINITY;
       }
 
     // Online softmax, rows g (e = 0, 1) and g + 8 (e = 2, 3); a quad of lanes shares a row.
@@ -497,6 +597,11 @@ JA_GLOBAL void __launch_bounds__(DecodeTiles<T, D, TMA>::kThreads)
       }
     }
 
+    // A warp tile some rows see only in part: a NaN/inf in its V rows must not reach the rows whose P there
+    // is 0 (0 * inf is NaN on the matrix units). Such values are zeroed in the tile (bad: their keys), and
+    // after the product each row that sees one of those keys gets them added back.
+    const uint32_t bad = need_mask ? decode_sanitize<T, D, TMA>(const_cast<T*>(vs), hdv) : 0u;
+
     // O += P V over this warp's 16 keys; P (rounded to T) is the A operand straight from S.
     uint32_t pa[4];
     pa[0] = mma::pack2<T>(s[0][0], s[0][1]);
@@ -511,6 +616,7 @@ JA_GLOBAL void __launch_bounds__(DecodeTiles<T, D, TMA>::kThreads)
       mma::mma_16816<T>(o[2 * n2], pa, vb);
       mma::mma_16816<T>(o[2 * n2 + 1], pa, vb + 2);
     }
+    if (bad) decode_add_nonfinite<T, NO>(o, bad, kbase, lo, hi, v + int64_t(kbase) * v_stride, v_stride, hdv);
   }
   mma::cp_async_wait<0>();
   __syncthreads();  // every warp is done with the stage buffers: the merge reuses them
@@ -556,7 +662,7 @@ JA_GLOBAL void __launch_bounds__(DecodeTiles<T, D, TMA>::kThreads)
     const bool empty = sum == 0.0f;
     if (gridDim.x == 1) {  // one split: this is the answer
       const int64_t qi = rg / group, h = int64_t(hk) * group + rg % group;
-      static_cast<T*>(a.o)[((b * sq + qi) * hq + h) * D + c] = from_f32<T>(empty ? 0.0f : acc / sum);
+      if (c < hdv) static_cast<T*>(a.o)[((b * sq + qi) * hq + h) * hdv + c] = from_f32<T>(empty ? 0.0f : acc / sum);
       if (c == 0) a.lse[(b * hq + h) * sq + qi] = empty ? INFINITY : (mx + ja_log2(sum)) * kLn2;
     } else if (TMA && d.cluster > 1) {
       po[r * D + c] = empty ? 0.0f : acc / sum;
@@ -589,6 +695,7 @@ JA_GLOBAL void __launch_bounds__(128) mha_decode_combine_kernel(DecodeArgs d, in
   const int64_t hk = y / d.rblocks;
   const int64_t qi = rg / group, h = hk * group + rg % group;
   const int64_t part = (b * ys + y) * splits * 16 + r;  // + s * 16: split s of this row
+  const int hdv = int(a.p.head_dim_v);
 
   // The splits' lse and O columns are loaded kDecodeMergeBatch splits at a time, all of a batch before any is
   // used, so up to that many splits take one memory round trip. With more, the maximum comes first from a pass
@@ -616,11 +723,11 @@ JA_GLOBAL void __launch_bounds__(128) mha_decode_combine_kernel(DecodeArgs d, in
     for (int s = lane; s < splits; s += 32) mx = fmaxf(mx, d.ws_lse[part + int64_t(s) * 16]);
     mx = ja_warp_max(mx);
   }
-  T* out = static_cast<T*>(a.o) + ((b * sq + qi) * hq + h) * D;
+  T* out = static_cast<T*>(a.o) + ((b * sq + qi) * hq + h) * hdv;
   if (mx == -INFINITY) {  // no split saw a key
 #pragma unroll
     for (int j = 0; j < kPer; ++j)
-      if (lane + 32 * j < D) out[lane + 32 * j] = from_f32<T>(0.0f);
+      if (lane + 32 * j < hdv) out[lane + 32 * j] = from_f32<T>(0.0f);
     if (lane == 0) a.lse[(b * hq + h) * sq + qi] = INFINITY;
     return;
   }
@@ -642,7 +749,7 @@ JA_GLOBAL void __launch_bounds__(128) mha_decode_combine_kernel(DecodeArgs d, in
   const float inv = 1.0f / sum;
 #pragma unroll
   for (int j = 0; j < kPer; ++j)
-    if (lane + 32 * j < D) out[lane + 32 * j] = from_f32<T>(acc[j] * inv);
+    if (lane + 32 * j < hdv) out[lane + 32 * j] = from_f32<T>(acc[j] * inv);
   if (lane == 0) a.lse[(b * hq + h) * sq + qi] = (mx + ja_log2(sum)) * kLn2;
 }
 
@@ -701,8 +808,6 @@ bool encode_decode_maps(const JaMhaFwdArgs& a, DecodeMaps* maps) {
   const TensorMapEncodeTiled encode = tensor_map_encoder();
   if (!encode) return false;
   constexpr cuuint64_t es = sizeof(T);
-  const cuuint64_t dims[4] = {cuuint64_t(D), cuuint64_t(a.p.heads_kv), cuuint64_t(a.p.seq_k), cuuint64_t(a.p.batch)};
-  const cuuint64_t strides[3] = {D * es, dims[1] * D * es, dims[2] * dims[1] * D * es};  // bytes, dims 1..3
   const cuuint32_t box[4] = {64, 1, cuuint32_t(DecodeTiles<T, D, true>::BC), 1};
   const cuuint32_t unit[4] = {1, 1, 1, 1};
   const CUtensorMapDataType type =
@@ -713,6 +818,10 @@ bool encode_decode_maps(const JaMhaFwdArgs& a, DecodeMaps* maps) {
                                                                       : CU_TENSOR_MAP_L2_PROMOTION_NONE;
   for (int i = 0; i < 2; ++i) {
     CUtensorMap* m = i == 0 ? &maps->k : &maps->v;
+    // [batch][seq_k][heads_kv][head dim] (K: head_dim, V: head_dim_v; columns past it read as 0)
+    const cuuint64_t hdim = cuuint64_t(i == 0 ? a.p.head_dim : a.p.head_dim_v);
+    const cuuint64_t dims[4] = {hdim, cuuint64_t(a.p.heads_kv), cuuint64_t(a.p.seq_k), cuuint64_t(a.p.batch)};
+    const cuuint64_t strides[3] = {hdim * es, dims[1] * hdim * es, dims[2] * dims[1] * hdim * es};  // bytes, dims 1..3
     if (encode(m, type, 4, const_cast<void*>(i == 0 ? a.k : a.v), dims, strides, box, unit,
                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, l2, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) !=
         CUDA_SUCCESS)
@@ -782,7 +891,7 @@ const char* mha_decode_launch_with(const JaMhaFwdArgs& a, const DecodeMaps& maps
   const DecodePlan plan = decode_plan<T, D>(a, rblocks, slots, max_splits < 1 ? 1 : max_splits);
   bool cluster = false;
   if constexpr (TMA) cluster = decode_cluster_applies<T, D, CAUSAL>(plan.splits, groups, slots);
-  DecodeArgs d{a, plan.chunk, int(rblocks), nullptr, nullptr, cluster ? plan.splits : 0};
+  DecodeArgs d{a, int(rblocks), nullptr, nullptr, cluster ? plan.splits : 0};
   if (plan.splits > 1 && !cluster) {
     const int64_t parts = groups * plan.splits * 16;
     d.ws_o = static_cast<float*>(a.workspace);

@@ -10,9 +10,21 @@
 // shuffles. P is rounded to the input dtype before the P V product, as
 // FlashAttention does; every sum accumulates in float32.
 //
-// Conventions are the SIMT kernel's (mha_fwd_gpu.cuh): bottom-right causal
-// alignment, key tiles above the diagonal skipped, rows with no visible key
-// give output 0 and lse = +inf.
+// Conventions are the SIMT kernel's (mha_fwd_gpu.cuh): the mask as per-row key
+// ranges (causal, windows, varlen, segments), key tiles outside the tile's rows'
+// keys skipped, rows with no visible key give output 0 and lse = +inf; softcap
+// and ALiBi in the score (an instance per: with them or without, so the plain
+// kernel keeps no registers for them); head dims below D zero-padded. Bias and
+// dropout take the SIMT kernel.
+//
+// NaN/Inf: a hidden key's score is selected to -inf, whatever K holds. Its P is
+// then 0, and 0 * inf is NaN on the matrix units, so in a key tile that some rows
+// see only in part (need_mask) the V tile is scanned: its NaNs and infinities
+// are zeroed in shared memory before P V (sanitize_tile), and the outputs of the
+// rows that see those keys are marked to take them (mark_nonfinite: +inf, -inf
+// or NaN per output, applied in the epilogue). The scan costs a pass over the V
+// tile in shared memory on those boundary tiles only; the marking runs only where
+// V holds such a value.
 #pragma once
 #include "ja/mma.h"
 #include "mha/mha_gpu_common.cuh"
@@ -63,29 +75,121 @@ struct FwdMmaTiles {
   // Q in registers: the Q tile is staged through the K/V buffers before the
   // first K tile arrives. Otherwise Q has its own region after K and V.
   static constexpr int kSmemElems = kQInRegs ? (2 * BC > BR ? 2 * BC : BR) * LD : (2 * BC + BR) * LD;
-  static constexpr int kSmemBytes = kSmemElems * int(sizeof(T));
+  // After the tiles: each row's lo, hi, diag (int32 [3][BR]), the V tile's keys holding a NaN or an
+  // infinity (one bit a key, [BC / 32] words), the outputs they reach (2 bits each: [BR][D / 16] words) and
+  // whether any was marked.
+  static constexpr int kBadWords = (BC + 31) / 32;
+  static constexpr int kMarkWords = D / 16;
+  static constexpr int kSmemBytes =
+      kSmemElems * int(sizeof(T)) + (3 * BR + kBadWords + BR * kMarkWords + 1) * int(sizeof(int32_t));
   static_assert(kSmemBytes <= 227 * 1024, "MHA forward (MMA) tiles exceed shared memory");
   static_assert(D % 16 == 0 && BC % 16 == 0, "tiles must be multiples of the 16x16 MMA shape");
+  static_assert((kSmemElems * int(sizeof(T))) % 4 == 0, "the int32 region must stay aligned");
 };
 
-// Copies rows [0, rows_valid) of a [ROWS][D] global tile to shared memory (row
-// stride LD) with 16-byte cp.async (L2 prefetch size PF, see mma::cp_async_16);
-// rows past rows_valid are zero-filled and not read.
+// Copies rows [0, rows_valid) x columns [0, cols) of a global tile to shared memory [ROWS][D] (row stride LD),
+// zero elsewhere: with 16-byte cp.async (L2 prefetch size PF, see mma::cp_async_16) when `vec` (cols and the
+// row stride whole 16-byte vectors; zero-filled parts are not read), else with element loads and stores
+// (odd head dims; the callers' barriers order them as they order the asynchronous copies).
 template <typename T, int ROWS, int D, int LD, int NTHREADS, int PF = 0>
-JA_DEVICE void cp_async_tile(T* smem, const T* g, int64_t stride, int rows_valid) {
+JA_DEVICE void cp_async_tile(T* smem, const T* g, int64_t stride, int rows_valid, int cols = D, bool vec = true) {
   constexpr int kVec = 16 / int(sizeof(T));
   constexpr int kPerRow = D / kVec;
   static_assert(D % kVec == 0 && (ROWS * kPerRow) % NTHREADS == 0, "tile copy must split evenly over the threads");
+  if (vec) {
 #pragma unroll
-  for (int it = 0; it < ROWS * kPerRow / NTHREADS; ++it) {
-    const int idx = int(threadIdx.x) + it * NTHREADS;
-    const int r = idx / kPerRow, c = (idx % kPerRow) * kVec;
-    const bool ok = r < rows_valid;
-    mma::cp_async_16<PF>(smem + r * LD + c, ok ? g + r * stride + c : g, ok);
+    for (int it = 0; it < ROWS * kPerRow / NTHREADS; ++it) {
+      const int idx = int(threadIdx.x) + it * NTHREADS;
+      const int r = idx / kPerRow, c = (idx % kPerRow) * kVec;
+      const bool ok = r < rows_valid && c < cols;
+      mma::cp_async_16<PF>(smem + r * LD + c, ok ? g + r * stride + c : g, ok);
+    }
+  } else {
+    for (int idx = int(threadIdx.x); idx < ROWS * D; idx += NTHREADS) {
+      const int r = idx / D, c = idx % D;
+      smem[r * LD + c] = r < rows_valid && c < cols ? g[r * stride + c] : from_f32<T>(0.0f);
+    }
   }
 }
 
-template <typename T, int D, bool CAUSAL>
+// Columns col, col + 1 (col even) of a row of `cols` columns, rounded to T: one 4-byte store where cols is
+// even (the row then starts 4-byte aligned), else each column inside the row.
+template <typename T>
+JA_DEVICE void store_pair(T* row, int col, int cols, float x, float y) {
+  if (cols % 2 == 0) {
+    if (col < cols) *reinterpret_cast<uint32_t*>(row + col) = mma::pack2<T>(x, y);
+  } else {
+    if (col < cols) row[col] = from_f32<T>(x);
+    if (col + 1 < cols) row[col + 1] = from_f32<T>(y);
+  }
+}
+
+// NaN/Inf guard of a P V product on the matrix units, where P = 0 times an infinite V would be NaN: finds
+// the keys of a [BC][LD] V tile in shared memory holding a NaN or an infinity in columns [0, cols), sets
+// their bits in bad[] (zeroed before; one bit a key) and replaces those values by 0 in the tile. Returns
+// (block-wide, a barrier) whether there were any; the caller then marks the outputs those values reach
+// (mark_nonfinite), so a row gets the infinities and NaNs of exactly the keys it sees.
+template <typename T, int BC, int D, int LD, int NTHREADS>
+JA_DEVICE bool sanitize_tile(T* tile, int cols, uint32_t* bad) {
+  constexpr int kVec = 16 / int(sizeof(T));
+  bool found = false;
+  for (int idx = int(threadIdx.x); idx < BC * (D / kVec); idx += NTHREADS) {
+    const int r = idx / (D / kVec), c = (idx % (D / kVec)) * kVec;
+    if (c >= cols) continue;
+    Pack<T, kVec> pk = *reinterpret_cast<const Pack<T, kVec>*>(tile + r * LD + c);
+    bool any = false;
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+      if (nonfinite(pk.v[e])) {
+        any = true;
+        pk.v[e] = from_f32<T>(0.0f);
+      }
+    }
+    if (any) {
+      *reinterpret_cast<Pack<T, kVec>*>(tile + r * LD + c) = pk;
+      atomicOr(bad + r / 32, 1u << (r % 32));
+      found = true;
+    }
+  }
+  return __syncthreads_or(found);
+}
+
+// Where sanitize_tile removed values: for every key kk of the tile flagged in bad[] (key kv0 + kk), every
+// row r of the tile that sees it (lo[r] <= key < hi[r]) and every column where the key's V (read from global
+// memory: row kk at vg + kk * stride) is +inf, -inf or NaN, bit 0, bit 1 or both of output (r, col) are set
+// in mark[r] (2 bits per output, 16 columns a word; the epilogue turns them into +inf, -inf, NaN, what
+// p * v adds to a finite sum). It reads only the mask and V, so it runs after the P V product, where the
+// S fragments are dead: the rare path costs the main loop no registers. The whole block takes part.
+template <typename T, int BR, int BC, int MW, int NTHREADS>
+JA_DEVICE void mark_nonfinite(const uint32_t* bad, int cols, const T* vg, int64_t stride, int kv0,
+                              const int32_t* lo, const int32_t* hi, uint32_t* mark) {
+  for (int w = 0; w < (BC + 31) / 32; ++w) {
+    uint32_t bits = bad[w];
+    while (bits) {
+      const int kk = w * 32 + __ffs(int(bits)) - 1;
+      bits &= bits - 1;
+      const int key = kv0 + kk;
+      const T* v = vg + kk * stride;
+      for (int idx = int(threadIdx.x); idx < BR * cols; idx += NTHREADS) {
+        const int r = idx / cols, col = idx % cols;
+        if (!(lo[r] <= key && key < hi[r])) continue;
+        const uint32_t x = __float_as_uint(to_f32(v[col]));
+        if ((x & 0x7f800000u) != 0x7f800000u) continue;
+        const uint32_t kind = (x & 0x007fffffu) ? 3u : (x >> 31) ? 2u : 1u;  // NaN, -inf, +inf
+        atomicOr(mark + r * MW + col / 16, kind << (2 * (col % 16)));
+      }
+    }
+  }
+}
+
+// The output value of a marked (row, col) (mark_nonfinite): +inf, -inf, or NaN for both.
+JA_DEVICE float marked_value(uint32_t kind, float x) {
+  return kind == 0 ? x : kind == 1 ? INFINITY : kind == 2 ? -INFINITY : __int_as_float(0x7fffffff);
+}
+
+// TERMS: the score has softcap or ALiBi terms (ScoreTerms); without them it is scale * q.k, and that
+// instance keeps none of their registers.
+template <typename T, int D, bool CAUSAL, bool TERMS>
 JA_GLOBAL void __launch_bounds__(FwdMmaTiles<T, D>::kThreads, JA_MHA_FWD_MMA_MIN_BLOCKS)
     mha_fwd_mma_kernel(JaMhaFwdArgs a) {
   using Tl = FwdMmaTiles<T, D>;
@@ -100,20 +204,34 @@ JA_GLOBAL void __launch_bounds__(FwdMmaTiles<T, D>::kThreads, JA_MHA_FWD_MMA_MIN
   T* k_s = smem;
   T* v_s = smem + BC * LD;
   T* q_s = QREG ? smem : smem + 2 * BC * LD;
+  int32_t* lo_s = reinterpret_cast<int32_t*>(smem + Tl::kSmemElems);  // per tile row: keys [lo, hi) and diag
+  int32_t* hi_s = lo_s + BR;
+  int32_t* dg_s = hi_s + BR;
+  uint32_t* bad_s = reinterpret_cast<uint32_t*>(dg_s + BR);  // the V tile's keys with a NaN/inf (sanitize_tile)
+  uint32_t* mark_s = bad_s + Tl::kBadWords;                   // the outputs they reach (mark_nonfinite)
+  uint32_t* marked_s = mark_s + BR * Tl::kMarkWords;          // whether any output was marked
 
+  const JaMhaProblem& p = a.p;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;
   // Causal: the longest rows (each head's last query tile) start first (grid_place).
-  const auto [q0, h, b, sq, sk, hq, hkv, hk, q_stride, kv_stride, rows, s2] =
-      fwd_block<D>(a, grid_place(CAUSAL, true), BR);
-  const T* k = static_cast<const T*>(a.k) + (b * sk * hkv + hk) * D;
-  const T* v = static_cast<const T*>(a.v) + (b * sk * hkv + hk) * D;
+  const auto [q0, h, b, sq, sk, hq, hkv, hk, q_stride, k_stride, v_stride, o_stride, rows, s2] =
+      fwd_block(a, grid_place(CAUSAL, true), BR);
+  const int hd = int(p.head_dim), hdv = int(p.head_dim_v);
+  const bool vec = vec_dims<T>(p);
+  const T* k = static_cast<const T*>(a.k) + (b * sk * hkv + hk) * hd;
+  const T* v = static_cast<const T*>(a.v) + (b * sk * hkv + hk) * hdv;
   const int wrow = warp * 16 * MI;  // this warp's first row in the tile
-
-  // Q tile -> shared (-> A fragments in registers when QREG).
+  // Q tile -> shared (-> A fragments in registers when QREG); the rows' mask.
   uint32_t qa[QREG ? KD : 1][4];
-  cp_async_tile<T, BR, D, LD, NT>(q_s, static_cast<const T*>(a.q) + ((b * sq + q0) * hq + h) * D, q_stride, rows);
+  cp_async_tile<T, BR, D, LD, NT>(q_s, static_cast<const T*>(a.q) + ((b * sq + q0) * hq + h) * hd, q_stride, rows,
+                                  hd, vec);
   mma::cp_async_commit();
+  for (int i = threadIdx.x; i < BR; i += NT) {
+    const MhaRow r = i < rows ? mha_row(p, b, q0 + i) : MhaRow{0, 0, 0};  // padding rows see nothing
+    lo_s[i] = int32_t(r.lo), hi_s[i] = int32_t(r.hi), dg_s[i] = int32_t(r.diag);
+  }
+  if (threadIdx.x == 0) *marked_s = 0u;
   if constexpr (QREG) {
     mma::cp_async_wait<0>();
     __syncthreads();
@@ -122,6 +240,13 @@ JA_GLOBAL void __launch_bounds__(FwdMmaTiles<T, D>::kThreads, JA_MHA_FWD_MMA_MIN
       mma::ldmatrix_x4(qa[kd], q_s + (wrow + (lane & 15)) * LD + kd * 16 + (lane >> 4) * 8);
     __syncthreads();  // every warp holds its Q fragments before K overwrites the staging area
   }
+
+  // The keys the tile's rows see: [lo of the first row, hi of the last row); every row sees
+  // [lo of the last row, hi of the first row) (lo and hi are non-decreasing), so a key tile inside that
+  // range and the block's rows needs no mask.
+  const MhaRow first = mha_row(p, b, q0), last = mha_row(p, b, q0 + rows - 1);
+  // (Positions fit int32: check_problem keeps the sequences below 2^30.)
+  const int kv_begin = int(first.lo), kv_end = int(last.hi), all_lo = int(last.lo), all_hi = int(first.hi);
 
   // This lane's rows in the tile: wrow + 16 mi + g + 8 i, i in {0, 1}.
   const int64_t row0 = q0 + wrow + g;
@@ -134,20 +259,17 @@ JA_GLOBAL void __launch_bounds__(FwdMmaTiles<T, D>::kThreads, JA_MHA_FWD_MMA_MIN
 #pragma unroll
   for (int mi = 0; mi < MI; ++mi) m[mi][0] = m[mi][1] = -INFINITY, l[mi][0] = l[mi][1] = 0.0f;
 
-  int64_t kv_end = sk;
-  if (CAUSAL) {
-    kv_end = q0 + rows + sk - sq;
-    kv_end = kv_end < 0 ? 0 : (kv_end > sk ? sk : kv_end);
-  }
-  if (kv_end > 0) {
-    cp_async_tile<T, BC, D, LD, NT>(k_s, k, kv_stride, int(sk < BC ? sk : BC));
+  if (kv_begin < kv_end) {
+    cp_async_tile<T, BC, D, LD, NT>(k_s, k + int64_t(kv_begin) * k_stride, k_stride,
+                                    kv_end - kv_begin < BC ? kv_end - kv_begin : BC, hd, vec);
     mma::cp_async_commit();
   }
-  for (int64_t kv0 = 0; kv0 < kv_end; kv0 += BC) {
-    const int nk = int(sk - kv0 < BC ? sk - kv0 : BC);
+  for (int kv0 = kv_begin; kv0 < kv_end; kv0 += BC) {
+    const int nk = kv_end - kv0 < BC ? kv_end - kv0 : BC;  // keys past kv_end are zeros: no row sees them
     mma::cp_async_wait<0>();
-    __syncthreads();  // K tile (and Q) in shared memory; every warp is done reading v_s (previous P V)
-    cp_async_tile<T, BC, D, LD, NT>(v_s, v + kv0 * kv_stride, kv_stride, nk);
+    __syncthreads();  // K tile (and Q, the rows' mask) in shared memory; every warp is done with v_s and bad_s
+    if (threadIdx.x < Tl::kBadWords) bad_s[threadIdx.x] = 0u;
+    cp_async_tile<T, BC, D, LD, NT>(v_s, v + int64_t(kv0) * v_stride, v_stride, nk, hdv, vec);
     mma::cp_async_commit();
 
     // S = Q K^T for this warp's 16 MI rows x BC keys.
@@ -181,22 +303,40 @@ JA_GLOBAL void __launch_bounds__(FwdMmaTiles<T, D>::kThreads, JA_MHA_FWD_MMA_MIN
       }
     }
 
-    // Scale into the log2 domain; mask keys past seq_k and (causal) above the diagonal.
-    const bool need_mask = kv0 + BC > sk || (CAUSAL && kv0 + BC - 1 > q0 + sk - sq);
+    // The score into the log2 domain (with softcap and ALiBi, ScoreTerms); keys a row does not see -> -inf
+    // (a select: whatever K holds there never reaches the row).
+    const bool need_mask = !(kv0 >= all_lo && kv0 + BC <= all_hi);
+    if (!TERMS && !need_mask) {
 #pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
+      for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-      for (int n = 0; n < NS; ++n)
+        for (int n = 0; n < NS; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = s[mi][n][e] * s2;
-          if (need_mask) {
-            const int64_t key = kv0 + n * 8 + 2 * t + (e & 1);
-            const int64_t row = row0 + mi * 16 + (e >> 1) * 8;
-            if (key >= sk || (CAUSAL && key > row + sk - sq)) x = -INFINITY;
-          }
-          s[mi][n][e] = x;
+          for (int e = 0; e < 4; ++e) s[mi][n][e] *= s2;
+    } else {
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int rr = wrow + mi * 16 + g + 8 * i;  // tile row
+          // The row's keys relative to the tile, clamped to [0, BC]: key kv0 + kr is visible iff lo <= kr < hi.
+          const int lo = min(max(lo_s[rr] - kv0, 0), BC), hi = min(max(hi_s[rr] - kv0, 0), BC);
+#pragma unroll
+          for (int n = 0; n < NS; ++n)
+#pragma unroll
+            for (int e = 2 * i; e < 2 * i + 2; ++e) {
+              const int kr = n * 8 + 2 * t + (e & 1);
+              float x = s[mi][n][e];
+              if constexpr (TERMS) {
+                float tc;
+                x = score_terms(p, b, h)(x, q0 + rr, dg_s[rr], kv0 + kr, &tc) * ja_log2e;
+              } else {
+                x *= s2;
+              }
+              s[mi][n][e] = !need_mask || (lo <= kr && kr < hi) ? x : -INFINITY;
+            }
         }
+    }
 
     // Online softmax: per m-tile, rows g (e = 0, 1) and g + 8 (e = 2, 3).
 #pragma unroll
@@ -235,9 +375,12 @@ JA_GLOBAL void __launch_bounds__(FwdMmaTiles<T, D>::kThreads, JA_MHA_FWD_MMA_MIN
 
     mma::cp_async_wait<0>();
     __syncthreads();  // V tile is in v_s; every warp is done reading k_s
+    // A tile some rows see only in part: a NaN/inf in V must not reach the rows whose P there is 0.
+    const bool guard = need_mask && sanitize_tile<T, BC, D, LD, NT>(v_s, hdv, bad_s);
     if (kv0 + BC < kv_end) {
-      const int64_t nxt = kv0 + BC;
-      cp_async_tile<T, BC, D, LD, NT>(k_s, k + nxt * kv_stride, kv_stride, int(sk - nxt < BC ? sk - nxt : BC));
+      const int nxt = kv0 + BC;
+      cp_async_tile<T, BC, D, LD, NT>(k_s, k + int64_t(nxt) * k_stride, k_stride, kv_end - nxt < BC ? kv_end - nxt : BC,
+                                      hd, vec);
       mma::cp_async_commit();
     }
 
@@ -264,11 +407,24 @@ JA_GLOBAL void __launch_bounds__(FwdMmaTiles<T, D>::kThreads, JA_MHA_FWD_MMA_MIN
         }
       }
     }
+    if (guard) {  // (block-uniform)
+      if (!*marked_s) {  // the first time: clear the marks
+        __syncthreads();  // every thread has read marked_s
+        for (int i = threadIdx.x; i < BR * Tl::kMarkWords; i += NT) mark_s[i] = 0u;
+        __syncthreads();
+        if (threadIdx.x == 0) *marked_s = 1u;
+      }
+      mark_nonfinite<T, BR, BC, Tl::kMarkWords, NT>(bad_s, hdv, v + int64_t(kv0) * v_stride, v_stride, kv0, lo_s, hi_s,
+                                                    mark_s);
+    }
   }
-  if (kv_end <= 0) mma::cp_async_wait<0>();  // the Q copy (unused) must land before the block exits
+  if (kv_begin >= kv_end) mma::cp_async_wait<0>();  // the Q copy (unused) must land before the block exits
 
-  // Epilogue: full row sums over the quad, normalise, store rows < seq_q.
-  T* out = static_cast<T*>(a.o) + (b * sq * hq + h) * D;
+  // Epilogue: full row sums over the quad, normalise, store rows < seq_q and columns < head_dim_v (the
+  // values marked by mark_nonfinite, where there were any, become their infinities and NaNs).
+  __syncthreads();  // every warp's marks are written
+  const bool marked = *marked_s != 0u;
+  T* out = static_cast<T*>(a.o) + (b * sq * hq + h) * hdv;
   float* lse = a.lse + (b * hq + h) * sq;
 #pragma unroll
   for (int mi = 0; mi < MI; ++mi)
@@ -281,11 +437,16 @@ JA_GLOBAL void __launch_bounds__(FwdMmaTiles<T, D>::kThreads, JA_MHA_FWD_MMA_MIN
       if (row >= sq) continue;
       const bool empty = li == 0.0f;  // no visible key: output 0, lse = +inf
       const float inv = empty ? 0.0f : 1.0f / li;
-      T* orow = out + row * q_stride;
+      T* orow = out + row * o_stride;
 #pragma unroll
       for (int n = 0; n < NO; ++n) {
-        const uint32_t pk = mma::pack2<T>(o[mi][n][2 * i] * inv, o[mi][n][2 * i + 1] * inv);
-        *reinterpret_cast<uint32_t*>(orow + n * 8 + 2 * t) = pk;
+        const int col = n * 8 + 2 * t;
+        float x = o[mi][n][2 * i] * inv, y = o[mi][n][2 * i + 1] * inv;
+        if (marked) {
+          const uint32_t w = mark_s[(row - q0) * Tl::kMarkWords + col / 16] >> (2 * (col % 16));
+          x = marked_value(w & 3u, x), y = marked_value((w >> 2) & 3u, y);
+        }
+        store_pair<T>(orow, col, hdv, x, y);
       }
       if (t == 0) lse[row] = empty ? INFINITY : (m[mi][i] + ja_log2(li)) * kLn2;
     }
@@ -298,8 +459,9 @@ const char* mha_fwd_mma_launch(const JaMhaFwdArgs& a, ja_stream_t stream) {
   const int64_t q_tiles = (a.p.seq_q + Tl::BR - 1) / Tl::BR;
   if (const char* e = check_grid("mha_fwd", q_tiles, a.p.heads_q, a.p.batch)) return e;
   const dim3 grid(unsigned(q_tiles), unsigned(a.p.heads_q), unsigned(a.p.batch));
-  return launch_with_smem(mha_fwd_mma_kernel<T, D, CAUSAL>, grid, Tl::kThreads, Tl::kSmemBytes, stream, a,
-                          "mha_fwd");
+  const bool terms = a.p.softcap > 0.0f || a.p.alibi != nullptr;
+  return launch_with_smem(terms ? mha_fwd_mma_kernel<T, D, CAUSAL, true> : mha_fwd_mma_kernel<T, D, CAUSAL, false>,
+                          grid, Tl::kThreads, Tl::kSmemBytes, stream, a, "mha_fwd");
 }
 
 }  // namespace mha_gpu

@@ -8,12 +8,18 @@
 // Tiles live in shared memory in the input dtype, rows padded by one 32-bit
 // word so the 16 lanes reading 16 different rows at the same column hit 16
 // different banks. The inner products are plain loops over shared memory
-// (SIMT, float32 FMA); they are the place where tensor-core MMA goes later.
+// (SIMT, float32 FMA); the mma.sync kernels use the matrix units instead.
+//
+// Every kernel takes the instance's padded head dim D as a template parameter and the call's head_dim and
+// head_dim_v (1..D each) at run time: tiles are zero-padded past them on load, and only they are stored.
+// The mask reaches every kernel as per-row [lo, hi) key ranges (mha_row: NONE, CAUSAL and ROWS alike), the
+// score's terms as ScoreTerms, dropout as Dropout (ja/kernels/mha_features.h's definitions).
 #pragma once
 #include <cstdint>
 
 #include "ja/api.h"
 #include "ja/dtype.h"
+#include "ja/env.h"
 #include "ja/gpu.h"
 #include "ja/kernels/mha.h"
 #include "ja/kernels/mha_features.h"
@@ -33,12 +39,17 @@ constexpr int kSmemMax = 227 * 1024;  // a block's shared memory with opt-in (sm
 #endif
 constexpr float kLn2 = 0.6931471805599453f;
 
-// The features (ja::MhaFeature bits, ja/kernels/mha_features.h) each GPU kernel handles; a launch refuses a
-// problem that uses any other, naming it (refuse_unhandled), and the sm_90a kernels decline it (the next
-// kernel then refuses it). None yet: these kernels run dense and bottom-right causal attention with
-// head_dim_v == head_dim, and a nondeterministic backward.
-constexpr uint32_t kFwdSimtFeatures = 0, kFwdMmaFeatures = 0, kFwdDecodeFeatures = 0, kFwdSm90Features = 0;
-constexpr uint32_t kBwdSimtFeatures = 0, kBwdMmaFeatures = 0, kBwdSm90Features = 0;
+// The features (ja::MhaFeature bits, ja/kernels/mha_features.h) each GPU kernel handles. The dispatch in
+// mha_fwd_gpu / mha_bwd_gpu sends a call to the first kernel that handles all of its features (split-KV
+// decode, then mma.sync, then SIMT), and the SIMT kernels handle every one, so a call is refused only where
+// no kernel can run it (refuse_unhandled names the feature); the sm_90a kernels decline what they do not
+// handle. Bias and dropout run on the SIMT kernels only.
+constexpr uint32_t kMhaFwdAll = kMhaHeadDimV | kMhaRows | kMhaSoftcap | kMhaAlibi | kMhaBias | kMhaDropout;
+constexpr uint32_t kFwdSimtFeatures = kMhaFwdAll;
+constexpr uint32_t kFwdMmaFeatures = kMhaHeadDimV | kMhaRows | kMhaSoftcap | kMhaAlibi;
+constexpr uint32_t kFwdDecodeFeatures = kMhaHeadDimV | kMhaRows | kMhaSoftcap | kMhaAlibi, kFwdSm90Features = 0;
+constexpr uint32_t kBwdSimtFeatures = kMhaFwdAll | kMhaDeterministic;
+constexpr uint32_t kBwdMmaFeatures = kFwdMmaFeatures | kMhaDeterministic, kBwdSm90Features = 0;
 
 // nullptr when the kernel `kernel` handles every feature of args (JaMhaFwdArgs::p or JaMhaBwdArgs), else an
 // error naming the first one it does not.
@@ -47,6 +58,106 @@ inline const char* refuse_unhandled(const char* op, const char* kernel, const Ar
   const char* f = mha_unhandled_feature(args, handled);
   return f ? ja_error("%s: the %s GPU kernel does not handle %s yet; run this call on the CPU backend", op, kernel, f)
            : nullptr;
+}
+
+// Whether kernel `handled` runs args (no feature it lacks) and the environment switch `off_env` is not "0"
+// (JA_MHA_FWD_MMA=0, JA_MHA_FWD_DECODE=0, JA_MHA_BWD_MMA=0: read on every call, so a test can send one call
+// to each kernel in one process).
+template <typename Args>
+inline bool kernel_takes(const Args& args, uint32_t handled, const char* off_env) {
+  return mha_unhandled_feature(args, handled) == nullptr && !env_off(off_env);
+}
+
+// The instance's padded head dim D holds the call's head_dim and head_dim_v (each 1..D; the kernels zero-pad
+// the columns past them on load and never store them), and positions fit int32 (the ROWS mask's type).
+template <int D>
+inline const char* check_problem(const char* op, const JaMhaProblem& p) {
+  if (p.head_dim < 1 || p.head_dim > D || p.head_dim_v < 1 || p.head_dim_v > D)
+    return ja_error("%s: head_dim %lld and head_dim_v %lld must each lie in [1, %d] for the GPU instance of head "
+                    "dim %d", op, (long long)p.head_dim, (long long)p.head_dim_v, D, D);
+  if (p.seq_q > 0x3fffffffLL || p.seq_k > 0x3fffffffLL)
+    return ja_error("%s: seq_q %lld and seq_k %lld must be below 2^30 on the GPU", op, (long long)p.seq_q,
+                    (long long)p.seq_k);
+  if (p.dropout_p != 0.0f && !(p.dropout_p > 0.0f && p.dropout_p < 1.0f))
+    return ja_error("%s: dropout_p %g must lie in [0, 1)", op, double(p.dropout_p));
+  return nullptr;
+}
+
+// Elements per 16-byte vector of T.
+template <typename T>
+constexpr int vec_elems() { return 16 / int(sizeof(T)); }
+
+// Whether rows of head_dim and head_dim_v elements split into whole 16-byte vectors (the base pointers are
+// 16-byte aligned: the launches check it), so tiles load by 16-byte copies; else element by element.
+template <typename T>
+JA_HOST_DEVICE bool vec_dims(const JaMhaProblem& p) {
+  return p.head_dim % vec_elems<T>() == 0 && p.head_dim_v % vec_elems<T>() == 0;
+}
+
+// Whether a value of T is an infinity or a NaN (exponent bits all ones).
+JA_DEVICE bool nonfinite(float v) { return (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u; }
+JA_DEVICE bool nonfinite(bf16_t v) { return (v.bits & 0x7f80u) == 0x7f80u; }
+JA_DEVICE bool nonfinite(f16_t v) { return (v.bits & 0x7c00u) == 0x7c00u; }
+
+// The score of q_i . k_j = acc in the natural-log domain (ja/kernels/mha.h): scale, softcap, ALiBi, bias,
+// for one (batch, query head). Every GPU kernel computes it here, forward and backward alike, so the
+// backward's P = exp(s - lse) recomputes the forward's s.
+struct ScoreTerms {
+  float scale, softcap, inv_softcap, slope;
+  bool alibi;
+  const float* bias;  // this (batch, head)'s [seq_q][seq_k] rows (row stride seq_k); null: none
+  int64_t seq_k;
+  // softcap, ALiBi or bias: without them the score is scale * acc, which kernels fold into one product.
+  JA_DEVICE bool any() const { return softcap > 0.0f || alibi || bias != nullptr; }
+  // *t: tanh(scale acc / softcap) (the backward's softcap derivative is 1 - t^2); 0 without softcap.
+  JA_DEVICE float operator()(float acc, int64_t i, int64_t diag, int64_t j, float* t) const {
+    float x = acc * scale;
+    *t = 0.0f;
+    if (softcap > 0.0f) {
+      *t = ja_tanh(x * inv_softcap);
+      x = softcap * *t;
+    }
+    if (alibi) x += mha_alibi(slope, diag, j);
+    if (bias) x += bias[i * seq_k + j];
+    return x;
+  }
+};
+
+JA_DEVICE ScoreTerms score_terms(const JaMhaProblem& p, int64_t b, int64_t h) {
+  ScoreTerms st;
+  st.scale = p.scale;
+  st.softcap = p.softcap;
+  st.inv_softcap = p.softcap > 0.0f ? 1.0f / p.softcap : 0.0f;
+  st.alibi = p.alibi != nullptr;
+  st.slope = st.alibi ? p.alibi[b * p.alibi_batch_stride + h] : 0.0f;
+  st.bias = p.bias ? p.bias + b * p.bias_batch_stride + h * p.bias_head_stride : nullptr;
+  st.seq_k = p.seq_k;
+  return st;
+}
+
+// Dropout of one call (ja/kernels/mha_features.h's draw): a kept element of P is scaled by 1 / (1 - p).
+struct Dropout {
+  uint32_t seed[4];
+  uint32_t threshold;
+  float scale;
+  bool on;
+  // The factor element (b, h, i, j) of P is multiplied by: 0 (dropped) or 1 / (1 - p); 1 without dropout.
+  JA_DEVICE float factor(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    if (!on) return 1.0f;
+    return mha_dropout_keep(seed, threshold, b, h, i, j) ? scale : 0.0f;
+  }
+};
+
+JA_DEVICE Dropout dropout_of(const JaMhaProblem& p) {
+  Dropout d{};
+  d.on = p.dropout_p > 0.0f;
+  if (d.on) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) d.seed[i] = p.seed[i];
+    d.threshold = mha_dropout_threshold(p.dropout_p);
+    d.scale = 1.0f / (1.0f - p.dropout_p);
+  }
+  return d;
 }
 
 // Row stride (elements) of a [rows][D] tile of T in shared memory.
@@ -58,26 +169,46 @@ struct alignas(16) Pack {
   T v[N];
 };
 
-// Copies rows [0, rows_valid) of a global [ROWS][D] tile (rows `stride`
-// elements apart) to shared memory with 16-byte loads; pads with zeros.
-template <typename T, int ROWS, int D>
-JA_DEVICE void load_tile(T* smem, const T* g, int64_t stride, int rows_valid) {
-  constexpr int kVec = 16 / int(sizeof(T));
+// Copies rows [0, rows_valid) x columns [0, cols) of a global tile (rows `stride` elements apart) to shared
+// memory [ROWS][D] (row stride tile_ld), zero elsewhere: with 16-byte loads when `vec` (cols and stride
+// multiples of 16 bytes, g 16-byte aligned), else element by element. With CHECK, returns whether this
+// thread loaded a non-finite value (the kernels' NaN/Inf guard).
+template <typename T, int ROWS, int D, bool CHECK = false>
+JA_DEVICE bool load_tile(T* smem, const T* g, int64_t stride, int rows_valid, int cols, bool vec) {
+  constexpr int kVec = vec_elems<T>();
   constexpr int kPerRow = D / kVec;
   constexpr int kLd = tile_ld<T, D>();
-  static_assert(D % kVec == 0, "head_dim must be a multiple of 16 bytes");
-  for (int idx = threadIdx.x; idx < ROWS * kPerRow; idx += kThreads) {
-    const int r = idx / kPerRow, c = (idx % kPerRow) * kVec;
-    Pack<T, kVec> p;
-    if (r < rows_valid) {
-      p = *reinterpret_cast<const Pack<T, kVec>*>(g + r * stride + c);
-    } else {
+  static_assert(D % kVec == 0, "the padded head dim must be a multiple of 16 bytes");
+  bool bad = false;
+  if (vec) {
+    for (int idx = threadIdx.x; idx < ROWS * kPerRow; idx += kThreads) {
+      const int r = idx / kPerRow, c = (idx % kPerRow) * kVec;
+      Pack<T, kVec> p;
+      if (r < rows_valid && c < cols) {
+        p = *reinterpret_cast<const Pack<T, kVec>*>(g + r * stride + c);
+        if (CHECK) {
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) p.v[e] = from_f32<T>(0.0f);
+          for (int e = 0; e < kVec; ++e) bad |= nonfinite(p.v[e]);
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) p.v[e] = from_f32<T>(0.0f);
+      }
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) smem[r * kLd + c + e] = p.v[e];
     }
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) smem[r * kLd + c + e] = p.v[e];
+  } else {
+    for (int idx = threadIdx.x; idx < ROWS * D; idx += kThreads) {
+      const int r = idx / D, c = idx % D;
+      T x = from_f32<T>(0.0f);
+      if (r < rows_valid && c < cols) {
+        x = g[r * stride + c];
+        if (CHECK) bad |= nonfinite(x);
+      }
+      smem[r * kLd + c] = x;
+    }
   }
+  return bad;
 }
 
 // First query row that can see key `key` (bottom-right causal alignment).
@@ -112,24 +243,20 @@ JA_DEVICE GridPlace grid_place(bool longest_first, bool heavy_last, int64_t chun
   return {heavy_last ? tiles - 1 - rank : rank, pair % heads, pair / heads};
 }
 
-JA_DEVICE bool key_visible(bool causal, int64_t query, int64_t key, int64_t seq_q, int64_t seq_k) {
-  return !causal || key <= query + seq_k - seq_q;
-}
-
-// What a forward block works on (both forward kernels): rows [q0, q0 + rows) of query
-// head h, which reads kv head hk, in batch b; the sizes, the row strides of q and k/v,
-// and the softmax scale in the log2 domain.
+// What a forward block works on (both prefill forward kernels): rows [q0, q0 + rows) of query head h, which
+// reads kv head hk, in batch b; the sizes, the row strides of q, k, v and o (runtime head dims), and the
+// softmax scale in the log2 domain.
 struct FwdBlock {
-  int64_t q0, h, b, sq, sk, hq, hkv, hk, q_stride, kv_stride;
+  int64_t q0, h, b, sq, sk, hq, hkv, hk, q_stride, k_stride, v_stride, o_stride;
   int rows;
   float s2;
 };
 
-template <int D>
 JA_DEVICE FwdBlock fwd_block(const JaMhaFwdArgs& a, GridPlace at, int br) {
-  const int64_t q0 = at.tile * br, sq = a.p.seq_q, hq = a.p.heads_q, hkv = a.p.heads_kv, h = at.head;
-  return {q0, h, at.batch, sq, a.p.seq_k, hq, hkv, h / (hq / hkv), hq * D, hkv * D,
-          int(sq - q0 < br ? sq - q0 : br), a.p.scale * ja_log2e};
+  const JaMhaProblem& p = a.p;
+  const int64_t q0 = at.tile * br, sq = p.seq_q, hq = p.heads_q, hkv = p.heads_kv, h = at.head;
+  return {q0, h, at.batch, sq, p.seq_k, hq, hkv, h / (hq / hkv), hq * p.head_dim, hkv * p.head_dim,
+          hkv * p.head_dim_v, hq * p.head_dim_v, int(sq - q0 < br ? sq - q0 : br), p.scale * ja_log2e};
 }
 
 // Whether instances for T run on the matrix units (ja/mma.h) or the SIMT kernels.
