@@ -609,11 +609,12 @@ std::vector<Case> cases() {
   return v;
 }
 
-// Timing: bfloat16, batch 2, 16 heads (8 kv heads), 2048 x 2048, head dim 128, each kernel plain and with the
+// Timing: bfloat16, batch 2, 16 heads (8 kv heads), 1024 x 1024, head dim 128, each kernel plain and with the
 // features it takes, forward and backward; TFLOP/s counts 4 b h sq sk d for the forward and 10 b h sq sk d for
-// the backward (its five products), halved for causal and for a window's visible half, ms is the median of 5.
+// the backward (its five products), times the fraction of (query, key) pairs visible, ms is the median of 3
+// runs after a warm-up.
 void time_paths() {
-  const int b = 2, sq = 2048, sk = 2048, hq = 16, hkv = 8, d = 128;
+  const int b = 2, sq = 1024, sk = 1024, hq = 16, hkv = 8, d = 128;
   const size_t nq = size_t(b) * sq * hq * d, nk = size_t(b) * sk * hkv * d, nl = size_t(b) * hq * sq;
   Dev q(nq * 2), k(nk * 2), v(nk * 2), o(nq * 2), dout(nq * 2), lse(nl * 4), dq(nq * 2), dk(nk * 2), dv(nk * 2),
       acc(nq * 4), delta(nl * 4), bias(size_t(sq) * sk * 4), dbias(nl * sk * 4), seed(16), rows(3 * sq * 4),
@@ -675,7 +676,7 @@ void time_paths() {
     ba.dq_accum = static_cast<float*>(acc.p), ba.delta = static_cast<float*>(delta.p);
     auto median = [&](auto&& f) {
       std::vector<float> t;
-      for (int i = 0; i < 6; ++i) {
+      for (int i = 0; i < 4; ++i) {
         const float ms = event_ms(nullptr, e0, e1, f);
         if (i) t.push_back(ms);  // the first is a warm-up
       }
@@ -687,8 +688,10 @@ void time_paths() {
     const float fms = median([&] { err = err ? err : inst->fwd(&fa, nullptr); });
     const int64_t b0 = ja::mha_gpu_path_count(r.path);
     const float bms = median([&] { err = err ? err : inst->bwd(&ba, nullptr); });
-    const bool where = ja::mha_gpu_path_count(r.path) - b0 == 6 && b0 - f0 == 6;
-    const double frac = r.mask == 1 ? 0.5 : r.mask == 2 ? 512.0 / sk : 1.0;  // (the window: about 512 keys a row)
+    const bool where = ja::mha_gpu_path_count(r.path) - b0 == 4 && b0 - f0 == 4;
+    double seen = 0;  // visible pairs of a (batch, head)
+    for (int i = 0; i < sq; ++i) seen += r.mask == 1 ? i + 1 : r.mask == 2 ? std::min(i + 1, 512) : sk;
+    const double frac = seen / (double(sq) * sk);
     const double flop = 4.0 * b * hq * double(sq) * sk * d * frac;
     std::printf("%-8s %-20s %10.3f %10.1f %10.3f %10.1f%s%s\n", r.path == ja::kPathMma ? "mma" : "simt", r.name,
                 fms, flop / fms * 1e-9, bms, 2.5 * flop / bms * 1e-9, where ? "" : "  (ran on another kernel!)",

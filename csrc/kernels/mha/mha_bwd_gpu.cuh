@@ -181,7 +181,7 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_bwd_dkdv(JaMhaBwdArgs a) {
   const int nk = int(sk - kv0 < BC ? sk - kv0 : BC);
   const int hd = int(p.head_dim), hdv = int(p.head_dim_v);
   const int64_t q_stride = hq * hd, o_stride = hq * hdv, k_stride = hkv * hd, v_stride = hkv * hdv;
-  const bool vec = vec_dims<T>(p), det = a.deterministic != 0;
+  const bool vec = vec_dims<T>(p), det = a.deterministic != 0, softcapped = p.softcap > 0.0f;
   const Dropout drop = dropout_of(p);
 
   load_tile<T, BC, D>(v_s, static_cast<const T*>(a.v) + ((b * sk + kv0) * hkv + hk) * hdv, v_stride, nk, hdv, vec);
@@ -252,10 +252,17 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_bwd_dkdv(JaMhaBwdArgs a) {
                             &pd, &ds);
           pt_s[kr * LDT + qr] = pd;
           dst_s[kr * LDT + qr] = dx;
-          if (dbias && kr < nk && qr < rows) dbias[(q0 + qr) * sk + key] = ds;
+          // dbias = dS; with softcap dX differs from dS, so it is written from here (query rows 16 lanes
+          // apart: strided); without, from dst_s below, key-contiguous.
+          if (dbias && softcapped && kr < nk && qr < rows) dbias[(q0 + qr) * sk + key] = ds;
         }
       }
       __syncthreads();
+      if (dbias && !softcapped)
+        for (int idx = threadIdx.x; idx < rows * nk; idx += kThreads) {
+          const int qr = idx / nk, kr = idx % nk;
+          dbias[(q0 + qr) * sk + kv0 + kr] = dst_s[kr * LDT + qr];
+        }
 
       // dV += (P * drop)^T dO and dK += dX^T Q (this thread's key rows).
       for (int i = 0; i < rows; ++i) {
