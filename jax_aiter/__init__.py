@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # the names of _LAZY and _SUBMODULES (a test keeps them equal
 _EXPORT = "jax_aiter.ops.export"
 # upstream jax-aiter's facade modules (jax_aiter/rmsnorm.py ...): importable as jax_aiter.<name>, and reachable as
 # an attribute after a bare `import jax_aiter`, as upstream's __init__ imports them (loaded on first use here)
-_SUBMODULES = ("rmsnorm",)
+_SUBMODULES = ("mha", "rmsnorm")
 
 
 def _names() -> dict[str, str]:

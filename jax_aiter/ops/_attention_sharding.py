@@ -49,17 +49,21 @@ The layout, from q's proposed sharding (`_layout`):
   seq_k - seq_q to be a multiple of the block; otherwise the query sequence is
   gathered too (docs/transformations.md lists the cost).
 - key sequence and head dims: gathered (a query's softmax needs every key).
+- the features of attention v2 (_sequence_split): a mask given by rows, and a bias, split with the query rows;
+  dropout gathers the query sequence (its draw is by global row); ALiBi does with the plain or causal mask (its
+  diagonal is the row's global position), as a bias does with the causal one (no blockwise bias).
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import jax
 import jax.numpy as jnp
 from jax.interpreters import mlir
 
 from jax_aiter.ops import _partition, _sharding
+from jax_aiter.ops._attn_mask import MASK_CAUSAL, MASK_NONE, MASK_ROWS
 from jax_aiter.ops._partition import (
     Entry,
     Operand,
@@ -70,10 +74,10 @@ from jax_aiter.ops._partition import (
     shard_index,
 )
 
-FWD_OPERANDS = ("q", "k", "v")
+FWD_OPERANDS = ("q", "k", "v", "rows", "alibi", "bias", "seed")
 FWD_RESULTS = ("o", "lse")
-BWD_OPERANDS = ("q", "k", "v", "o", "do", "lse")
-BWD_RESULTS = ("dq", "dk", "dv")
+BWD_OPERANDS = ("q", "k", "v", "o", "do", "lse", "rows", "cols", "alibi", "bias", "seed")
+BWD_RESULTS = ("dq", "dk", "dv", "dbias")
 
 ROLES: dict[str, tuple] = {
     "q": ("b", "sq", "hq", "d"), "dq": ("b", "sq", "hq", "d"),
@@ -81,6 +85,11 @@ ROLES: dict[str, tuple] = {
     "v": ("b", "sk", "hk", "e"), "dv": ("b", "sk", "hk", "e"),
     "o": ("b", "sq", "hq", "e"), "do": ("b", "sq", "hq", "e"),
     "lse": ("b", "hq", "sq"),
+    # attention v2 (attention.py): rows [1 or b, 3, sq] (key indices per query row: global already), cols
+    # [1 or b, 2, sk] (query-row indices: made local in _localise), ALiBi [1 or b, hq], the bias and its gradient
+    # [1 or b, 1 or hq, sq, sk], the dropout seed [4] (its batch and head offsets made local in _localise)
+    "rows": ("b", None, "sq"), "cols": ("b", None, "sk"), "alibi": ("b", "hq"),
+    "bias": ("b", "hq", "sq", "sk"), "dbias": ("b", "hq", "sq", "sk"), "seed": (None,),
 }
 # Shardy factor of each role; the roles never sharded (need_replication) are gathered before the kernel.
 _FACTORS = {"b": "b", "sq": "s", "sk": "t", "hq": "h", "hk": "k", "d": "d", "e": "e"}
@@ -123,7 +132,21 @@ def _heads(mesh, entry: Entry, heads_q: int, heads_kv: int, refine: bool):
     return mesh, entry, None, "each", axis_names(entry)
 
 
-def _layout(causal: bool, mesh, operands: dict[str, Operand], refine: bool):
+def _sequence_split(cfg) -> str:
+    """How a split query sequence runs with this call's features: "rows" (each shard its own rows: the mask,
+    ALiBi's diagonal and the bias are given per row; cols are made local), "blockwise" (the causal mask, per key
+    block), or "gather" (the sequence is gathered: dropout draws by global row index, which a shard does not know,
+    and ALiBi or a bias with the causal mask, whose diagonal a block does not know)."""
+    if cfg.dropout:
+        return "gather"
+    if cfg.mask == MASK_ROWS:
+        return "rows"
+    if cfg.mask == MASK_CAUSAL:
+        return "gather" if cfg.alibi or cfg.bias else "blockwise"
+    return "gather" if cfg.alibi else "rows"
+
+
+def _layout(cfg, mesh, operands: dict[str, Operand], refine: bool):
     q, k = operands["q"], operands["k"]
     batch, seq_q, heads_q, _ = q.shape
     seq_k, heads_kv = k.shape[1], k.shape[2]
@@ -131,7 +154,10 @@ def _layout(causal: bool, mesh, operands: dict[str, Operand], refine: bool):
     mesh, qh, kvh, pick, groups = _heads(mesh, h_entry, heads_q, heads_kv, refine)
     ns = axes_size(mesh, s_entry)
     blockwise = False
-    if ns > 1 and causal:
+    how = _sequence_split(cfg)
+    if ns > 1 and how == "gather":
+        s_entry, ns = None, 1
+    if ns > 1 and how == "blockwise":
         rows = seq_q // ns
         blockwise = seq_k >= seq_q and (seq_k - seq_q) % rows == 0
         if not blockwise:
@@ -144,11 +170,23 @@ def _layout(causal: bool, mesh, operands: dict[str, Operand], refine: bool):
 
 
 def _localise(layout: Layout, arrays: dict) -> dict:
-    """The shard's operands as the kernel takes them: K/V's kv heads for this shard's query heads."""
-    if layout.kv_pick is None:
-        return arrays
-    heads = _kv_index(layout, arrays["q"].shape[2])
+    """The shard's operands as the kernel takes them: K/V's kv heads for this shard's query heads; the dropout
+    seed's batch and head offsets moved to this shard's first batch row and query head (so a shard draws the
+    whole array's mask); the backward's cols (query-row indices) relative to this shard's first row."""
     out = dict(arrays)
+    q = arrays["q"]
+    if arrays["seed"].shape[0]:
+        first_b = shard_index(layout.entries["b"]) * q.shape[0]
+        first_h = shard_index(layout.entries["hq"]) * q.shape[2]
+        offsets = jnp.stack([jnp.zeros((), jnp.uint32), jnp.zeros((), jnp.uint32),
+                             jnp.asarray(first_b, jnp.uint32), jnp.asarray(first_h, jnp.uint32)])
+        out["seed"] = arrays["seed"] + offsets
+    if "cols" in arrays and arrays["cols"].shape[0] and layout.entries["sq"] is not None:
+        first = shard_index(layout.entries["sq"]) * q.shape[1]
+        out["cols"] = jnp.clip(arrays["cols"] - first, 0, q.shape[1]).astype(jnp.int32)
+    if layout.kv_pick is None:
+        return out
+    heads = _kv_index(layout, arrays["q"].shape[2])
     for name in ("k", "v"):
         x = arrays[name]
         out[name] = (jax.lax.dynamic_slice_in_dim(x, heads[0], 1, axis=2) if layout.kv_pick == "one"
@@ -188,7 +226,10 @@ def _kind(j, diag):
     return jnp.where(j < diag, 0, jnp.where(j == diag, 1, 2))
 
 
-def _blockwise_fwd(fwd_call: Callable, scale: float, layout: Layout, q, k, v):
+def _blockwise_fwd(fwd_call: Callable, cfg, layout: Layout, q, k, v, *absent):
+    """The causal forward of a split query sequence: per key block, left of the diagonal without a mask, the
+    diagonal block causal (absent: the other operands' empty placeholders: _sequence_split allows none)."""
+    full, diagonal = replace(cfg, mask=MASK_NONE), replace(cfg, mask=MASK_CAUSAL)
     b, rows, h, _ = q.shape
     (kb, diag), (vb, _) = _blocks(layout, k, rows), _blocks(layout, v, rows)
     o_shape = q.shape[:3] + v.shape[3:]
@@ -197,8 +238,8 @@ def _blockwise_fwd(fwd_call: Callable, scale: float, layout: Layout, q, k, v):
         acc, lse = carry
         j, kj, vj = xs
         o_j, lse_j = jax.lax.switch(_kind(j, diag), [
-            lambda: tuple(fwd_call(False, scale, q, kj, vj)),
-            lambda: tuple(fwd_call(True, scale, q, kj, vj)),
+            lambda: tuple(fwd_call(full, q, kj, vj, *absent)),
+            lambda: tuple(fwd_call(diagonal, q, kj, vj, *absent)),
             lambda: _sharding.vary_like(q, kj, vj, jnp.zeros(o_shape, q.dtype),
                                         jnp.full((b, h, rows), -jnp.inf, jnp.float32))[3:],
         ])
@@ -215,15 +256,16 @@ def _blockwise_fwd(fwd_call: Callable, scale: float, layout: Layout, q, k, v):
     return acc.astype(q.dtype), lse
 
 
-def _blockwise_bwd(bwd_call: Callable, scale: float, layout: Layout, q, k, v, o, do, lse):
+def _blockwise_bwd(bwd_call: Callable, cfg, layout: Layout, q, k, v, o, do, lse, *absent):
+    full, diagonal = replace(cfg, mask=MASK_NONE), replace(cfg, mask=MASK_CAUSAL)
     rows = q.shape[1]
     (kb, diag), (vb, _) = _blocks(layout, k, rows), _blocks(layout, v, rows)
 
     def step(dq, xs):
         j, kj, vj = xs
         dq_j, dk_j, dv_j = jax.lax.switch(_kind(j, diag), [
-            lambda: tuple(bwd_call(False, scale, q, kj, vj, o, do, lse)),
-            lambda: tuple(bwd_call(True, scale, q, kj, vj, o, do, lse)),
+            lambda: tuple(bwd_call(full, q, kj, vj, o, do, lse, *absent)[:3]),
+            lambda: tuple(bwd_call(diagonal, q, kj, vj, o, do, lse, *absent)[:3]),
             lambda: _sharding.vary_like(q, kj, vj, o, do, lse, jnp.zeros(q.shape, q.dtype), jnp.zeros(kj.shape, kj.dtype),
                                         jnp.zeros(vj.shape, vj.dtype))[6:],
         ])
@@ -234,18 +276,19 @@ def _blockwise_bwd(bwd_call: Callable, scale: float, layout: Layout, q, k, v, o,
 
     def unblock(x):  # [nb, b, rows, h, d] -> [b, nb * rows, h, d]
         return x.swapaxes(0, 1).reshape(x.shape[1], -1, *x.shape[3:])
-    return dq.astype(q.dtype), unblock(dkb), unblock(dvb)
+    return dq.astype(q.dtype), unblock(dkb), unblock(dvb), jnp.zeros((0,), jnp.float32)
 
 
 def planner(call: Callable, backward: bool) -> Callable[..., Plan]:
-    """The planner (_partition.Planner) of the forward or backward FFI call `call(causal, scale, *operands)`."""
+    """The planner (_partition.Planner) of the forward or backward FFI call `call(cfg, *operands)` (cfg:
+    attention.Config, the calls' static arguments)."""
     names, results = (BWD_OPERANDS, BWD_RESULTS) if backward else (FWD_OPERANDS, FWD_RESULTS)
 
-    def plan(causal: bool, scale: float, mesh, operands: list[Operand], refine: bool) -> Plan:
+    def plan(cfg, mesh, operands: list[Operand], refine: bool) -> Plan:
         ops = dict(zip(names, operands))
-        mesh, layout = _layout(causal, mesh, ops, refine)
+        mesh, layout = _layout(cfg, mesh, ops, refine)
         arg_specs = [layout.spec(n, ops[n].shape) for n in names]
-        shapes = _result_shapes(ops, backward)
+        shapes = _result_shapes(ops, backward, cfg.dbias)
         out_specs = [layout.spec(n, shapes[n]) for n in results]
 
         def body(*arrays):
@@ -254,26 +297,26 @@ def planner(call: Callable, backward: bool) -> Callable[..., Plan]:
             args = [a[n] for n in names]
             if not backward:
                 if layout.blockwise:
-                    return _blockwise_fwd(call, scale, layout, *args)
-                return tuple(call(causal, scale, *args))
+                    return _blockwise_fwd(call, cfg, layout, *args)
+                return tuple(call(cfg, *args))
             if layout.blockwise:
-                dq, dk, dv = _blockwise_bwd(call, scale, layout, *args)
+                dq, dk, dv, dbias = _blockwise_bwd(call, cfg, layout, *args)
             else:
-                dq, dk, dv = call(causal, scale, *args)
+                dq, dk, dv, dbias = call(cfg, *args)
             heads = given["q"].shape[2]
             dk, dv = _put_kv(layout, dk, given["k"], heads), _put_kv(layout, dv, given["v"], heads)
             if layout.kv_sum:
                 dk, dv = jax.lax.psum((dk, dv), layout.kv_sum)
-            return dq, dk, dv
+            return dq, dk, dv, dbias
 
         return Plan(arg_specs, out_specs, body, mesh)
     return plan
 
 
-def _result_shapes(ops: dict[str, Operand], backward: bool) -> dict[str, tuple]:
+def _result_shapes(ops: dict[str, Operand], backward: bool, dbias: bool = False) -> dict[str, tuple]:
     q, k, v = ops["q"].shape, ops["k"].shape, ops["v"].shape
     if backward:
-        return {"dq": q, "dk": k, "dv": v}
+        return {"dq": q, "dk": k, "dv": v, "dbias": (q[0], q[2], q[1], k[1]) if dbias else (0,)}
     return {"o": q[:3] + v[3:], "lse": (q[0], q[2], q[1])}
 
 
@@ -285,7 +328,7 @@ def rule(backward: bool) -> Callable:
     an operand (dK of a sequence-split K leaves replicated, as plain JAX's does)."""
     names, results = (BWD_OPERANDS, BWD_RESULTS) if backward else (FWD_OPERANDS, FWD_RESULTS)
 
-    def make(causal, scale, mesh, operand_types, result_types):
+    def make(cfg, mesh, operand_types, result_types):
         shapes = [tuple(mlir.ir.RankedTensorType(t).shape) for t in operand_types]
         out_shapes = [tuple(mlir.ir.RankedTensorType(t).shape) for t in result_types]
         q, k = shapes[0], shapes[1]

@@ -94,17 +94,47 @@ def varlen_rows(cu_q: jax.Array, cu_k: jax.Array, total_q, total_k, causal: bool
     cu_q, cu_k = sanitize_cu_seqlens(cu_q, total_q), sanitize_cu_seqlens(cu_k, total_k)
     n = cu_q.shape[0] - 1
     t = jnp.arange(total_q, dtype=jnp.int32)
-    if n <= 0:  # no sequence at all: no row sees a key
+    if isinstance(n, int) and n <= 0:  # no sequence at all: no row sees a key
         zero = jnp.zeros_like(t)
         return _stack(zero, zero, t)[None]
-    s = jnp.clip(jnp.searchsorted(cu_q, t, side="right") - 1, 0, n - 1)
-    q0, q1, k0, k1 = cu_q[s], cu_q[s + 1], cu_k[s], cu_k[s + 1]
+    s = sequence_of(cu_q, total_q)
+    q0, q1, k0, k1 = (jnp.take(c, s + i, mode="clip") for c, i in ((cu_q, 0), (cu_q, 1), (cu_k, 0), (cu_k, 1)))
     diag = (t - q0) + k0 + (k1 - k0) - (q1 - q0)
     lo, hi = _clamp_rows(diag, left, right, k0, k1)
     outside = t >= cu_q[-1]
     end = cu_k[-1]
     lo, hi = jnp.where(outside, end, lo), jnp.where(outside, end, hi)
     return _stack(lo, hi, diag)[None]
+
+
+def count_le(a: jax.Array, n) -> jax.Array:
+    """int32 [..., n]: for each j < n, how many entries of the last axis of `a` (values in [0, n]) are <= j. A
+    scatter-add and a running sum, linear in the sizes and fine with symbolic ones (jax.export), where a binary
+    search (jnp.searchsorted) needs constant lengths."""
+    if a.ndim > 1:
+        return jax.vmap(lambda x: count_le(x, n))(a)
+    counts = jnp.zeros((n + 1,), jnp.int32).at[jnp.clip(a, 0, n)].add(1)
+    return jnp.cumsum(counts)[:n]
+
+
+def sequence_of(cu: jax.Array, total) -> jax.Array:
+    """int32 [total]: the sequence each packed token belongs to, for sanitized boundaries cu [n + 1] (a token past
+    the last boundary gets the last sequence; empty sequences own no token)."""
+    n = cu.shape[0] - 1
+    return jnp.clip(count_le(cu[1:], total), 0, jnp.maximum(n - 1, 0)).astype(jnp.int32)
+
+
+def key_columns(cu_q: jax.Array, cu_k: jax.Array, total_q, total_k, width: int):
+    """Upstream's varlen column layout: (index int32 [total_q, width], valid bool [total_q, width]); column c of
+    packed query t is key cu_k[s] + c of t's sequence s, valid while inside that sequence (the layout of
+    jax_aiter.mha.flash_attn_varlen's bias and probabilities)."""
+    cu_q, cu_k = sanitize_cu_seqlens(cu_q, total_q), sanitize_cu_seqlens(cu_k, total_k)
+    s = sequence_of(cu_q, total_q)
+    k0 = jnp.take(cu_k, s, mode="clip")
+    k1 = jnp.take(cu_k, s + 1, mode="clip")
+    idx = k0[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :]
+    inside = jnp.arange(total_q) < cu_q[-1]
+    return jnp.clip(idx, 0, jnp.maximum(total_k - 1, 0)), (idx < k1[:, None]) & inside[:, None]
 
 
 def segment_rows(segment_ids: jax.Array, causal: bool, window: tuple[int, int]) -> jax.Array:
@@ -126,10 +156,7 @@ def segment_rows(segment_ids: jax.Array, causal: bool, window: tuple[int, int]) 
 def cols_from_rows(rows: jax.Array, seq_k) -> jax.Array:
     """int32 [rows_batch, 2, seq_k]: for key j, q_lo_j = the first row i with hi_i > j and q_hi_j = the first
     row i with lo_i > j; the rows that see key j lie in [q_lo_j, q_hi_j) (lo and hi are non-decreasing)."""
-    j = jnp.arange(seq_k, dtype=jnp.int32)
-    lo, hi = rows[:, 0], rows[:, 1]
-    find = jax.vmap(lambda a: jnp.searchsorted(a, j, side="right"))
-    return jnp.stack([find(hi), find(lo)], axis=1).astype(jnp.int32)
+    return jnp.stack([count_le(rows[:, 1], seq_k), count_le(rows[:, 0], seq_k)], axis=1).astype(jnp.int32)
 
 
 def visible(rows: jax.Array, seq_k: int) -> jax.Array:

@@ -1,26 +1,43 @@
 """Flash attention through the mha_fwd / mha_bwd FFI kernels, with a custom VJP.
 
-The forward kernel returns the output and the row log-sum-exp (lse, float32
-[batch, heads_q, seq_q]); lse stays inside the VJP residuals, where the
-backward kernel uses it to recompute the softmax instead of storing it.
-The backward kernel also takes two float32 workspace buffers (the dQ
-accumulator and rowsum(dO * O)), and the forward one (the split-KV decode
-path's partial results); they are extra FFI results that XLA allocates and
-this module drops.
+Every feature of docs/attention.md goes through the same two kernel calls (the FFI spec there):
+masks given row by row (causal, sliding windows, varlen batches, segment ids: _attn_mask.py),
+softcap, ALiBi, an additive bias (with its gradient), dropout (the kernels' Philox draw:
+_attn_dropout.py), head dims 1-256 with head_dim_v of its own, the row log-sum-exp and a
+deterministic backward. This module turns the user's arguments into those operands
+(`attend`, checked by _attn_args.py), wraps the two calls in a custom VJP, and gives them
+their vmap and sharding rules.
+
+The forward kernel returns the output and the row log-sum-exp (lse, float32 [batch, heads_q,
+seq_q]); lse stays inside the VJP residuals, where the backward kernel uses it to recompute the
+softmax instead of storing it. When the caller also takes lse (return_lse) and differentiates
+through it, its cotangent dlse adds P * dlse to the score's gradient; the backward kernel has no
+such input, so a second backward call supplies it: with v a column of ones, o zeros and dO = dlse,
+the kernel's dS = P (dO v^T - rowsum(dO o)) is exactly P * dlse. The backward kernel also takes
+float32 workspace buffers (the dQ accumulator, rowsum(dO * O), the deterministic ordering words),
+and the forward one (the split-KV decode path's partial results); they are extra FFI results
+that XLA allocates and this module drops.
 """
 from __future__ import annotations
 
 import math
+import warnings
+from dataclasses import dataclass, replace
 from functools import cache, partial
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_derivatives import SymbolicZero
 from jax.typing import ArrayLike
 
 from jax_aiter import _loader
 from jax_aiter.ops import (
     _attention_sharding,
+    _attn_args,
+    _attn_dropout,
+    _attn_mask,
+    _attn_probs,
     _batching,
     _checks,
     _ffi,
@@ -29,45 +46,37 @@ from jax_aiter.ops import (
 )
 
 OP = "flash_attn_func"
-# Head dims with compiled instances: the head_dim axis of the mha_fwd/mha_bwd
-# modules in jax_aiter/jit/optCompilerConfig.json (a test keeps them equal).
-SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
 
 
-def _check(q, k, v, causal, softmax_scale) -> float:
-    """Validate the inputs; return the softmax scale as a Python float."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        _checks.check_dtype(OP, name, x)
-    _checks.check_same_dtype(OP, "q", q, "k", k)
-    _checks.check_same_dtype(OP, "q", q, "v", v)
-    for name, x, seq, heads in (("q", q, "seq_q", "heads_q"), ("k", k, "seq_k", "heads_kv"),
-                                ("v", v, "seq_k", "heads_kv")):
-        if x.ndim != 4:
-            raise ValueError(f"{OP}: {name} must have rank 4 [batch, {seq}, {heads}, head_dim], "
-                             f"got shape {tuple(x.shape)}")
-    if k.shape != v.shape:
-        raise ValueError(f"{OP}: k and v must have the same shape [batch, seq_k, heads_kv, head_dim], "
-                         f"got k {tuple(k.shape)} and v {tuple(v.shape)}")
-    batch, _, heads_q, head_dim = q.shape
-    if k.shape[0] != batch:
-        raise ValueError(f"{OP}: batch size mismatch: q has {batch}, k and v have {k.shape[0]}")
-    if k.shape[3] != head_dim:
-        raise ValueError(f"{OP}: head_dim mismatch: q has {head_dim}, k and v have {k.shape[3]}")
-    heads_kv = k.shape[2]
-    if heads_kv == 0 or heads_q % heads_kv != 0:
-        raise ValueError(f"{OP}: heads_q ({heads_q}) must be a multiple of heads_kv ({heads_kv}) "
-                         "for grouped-query attention")
-    if head_dim not in SUPPORTED_HEAD_DIMS:
-        padded = min((d for d in SUPPORTED_HEAD_DIMS if d > head_dim), default=None)
-        hint = ("" if padded is None else
-                f"; pad q, k and v with zeros to head_dim {padded} (jnp.pad on the last axis), pass "
-                f"softmax_scale=1/sqrt({head_dim}) = {1.0 / math.sqrt(head_dim):.6g} (the scale of the original "
-                f"head_dim, not of {padded}) and keep the output's first {head_dim} columns")
-        raise ValueError(f"{OP}: head_dim {head_dim} is not supported; supported head dims are "
-                         f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))}{hint}")
-    if not isinstance(causal, (bool, np.bool_)):
-        raise TypeError(f"{OP}: causal must be a Python bool, got {type(causal).__name__}")
-    return _checks.check_scale(OP, softmax_scale, 1.0 / math.sqrt(head_dim))
+@dataclass(frozen=True)
+class Config:
+    """The static arguments of one call's two kernels (hashable: the custom VJP's and the partitioner's key). The
+    optional operands a call is given follow from it: rows (and cols) with the ROWS mask, the seed with dropout,
+    ALiBi and the bias when flagged; the others are (0,) placeholders."""
+    mask: int                # _attn_mask.MASK_NONE / MASK_CAUSAL / MASK_ROWS
+    scale: float
+    softcap: float
+    dropout_p: float
+    deterministic: bool
+    alibi: bool = False
+    bias: bool = False
+    dbias: bool = False      # the backward writes the bias's gradient
+
+    @property
+    def rows(self) -> bool:
+        return self.mask == _attn_mask.MASK_ROWS
+
+    @property
+    def dropout(self) -> bool:
+        return self.dropout_p > 0
+
+
+_PLACEHOLDER_DTYPES = {"rows": jnp.int32, "alibi": jnp.float32, "bias": jnp.float32, "seed": jnp.uint32}
+
+
+def _placeholder(name: str) -> jax.Array:
+    """An absent optional operand: shape (0,) of its dtype, as the FFI spec passes it."""
+    return jnp.zeros((0,), _PLACEHOLDER_DTYPES[name])
 
 
 # The GPU's split-KV decode path (csrc/kernels/mha/mha_fwd_gpu_decode.cuh) keeps each
@@ -82,7 +91,7 @@ _DECODE_BLOCKS = 2048      # blocks worth room for: 4 waves of 2 blocks on 256 m
 _DECODE_MAX_SPLITS = 256
 
 
-def _decode_workspace_shape(batch, seq_q, seq_k, heads_q: int, heads_kv: int, head_dim: int) -> tuple:
+def _decode_workspace_shape(batch, seq_q, seq_k, heads_q: int, heads_kv: int, head_dim_v: int) -> tuple:
     """(batch, n): the forward's float32 workspace; n = 0 where the split-KV path cannot split, or where
     the batch or a sequence length is symbolic (jax.export): the kernel then runs one split."""
     if heads_q == 0 or not all(isinstance(n, int) for n in (batch, seq_q, seq_k)):
@@ -95,36 +104,72 @@ def _decode_workspace_shape(batch, seq_q, seq_k, heads_q: int, heads_kv: int, he
                  -(-seq_k // _DECODE_TILE_KEYS) // _DECODE_MIN_TILES)
     if splits <= 1:
         return (batch, 0)
-    return (batch, blocks_per_batch * splits * 16 * (head_dim + 1))
+    return (batch, blocks_per_batch * splits * 16 * (head_dim_v + 1))
 
 
-def _fwd_call(causal, scale, q, k, v):
+# The kernels of this build take the FFI of the dense op (operands q, k, v; attributes causal, scale): dense or
+# bottom-right causal attention at SUPPORTED_HEAD_DIMS, head_dim_v == head_dim. The attention v2 kernels take
+# every operand these calls are given (rows, ALiBi, bias, seed; docs/attention.md's FFI spec); until they are in
+# this build, _needs_v2 refuses, by name, the arguments only they run, before anything is traced, and these
+# calls pass the dense op's operands.
+SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
+
+
+def _needs_v2(cfg: Config, head_dim: int, head_dim_v: int) -> str | None:
+    """What of this call only the attention v2 kernels run (None: the kernels of this build run all of it)."""
+    for needed, what in ((cfg.mask == _attn_mask.MASK_ROWS, "window_size, segment_ids and cu_seqlens (masks by rows)"),
+                         (cfg.softcap > 0, "softcap"), (cfg.alibi, "alibi_slopes"), (cfg.bias, "bias"),
+                         (cfg.dropout, "dropout_p > 0"), (head_dim_v != head_dim, "head_dim_v != head_dim")):
+        if needed:
+            return what
+    return None
+
+
+def _check_head_dim(op: str, head_dim: int) -> None:
+    """The head dims the kernels of this build take; the error says how to pad another one."""
+    if head_dim in SUPPORTED_HEAD_DIMS:
+        return
+    padded = min((d for d in SUPPORTED_HEAD_DIMS if d > head_dim), default=None)
+    hint = ("" if padded is None else
+            f"; pad q, k and v with zeros to head_dim {padded} (jnp.pad on the last axis), pass "
+            f"softmax_scale=1/sqrt({head_dim}) = {1.0 / math.sqrt(head_dim):.6g} (the scale of the original "
+            f"head_dim, not of {padded}) and keep the output's first {head_dim} columns")
+    raise ValueError(f"{op}: head_dim {head_dim} is not supported; supported head dims are "
+                     f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))}{hint}")
+
+
+def _fwd_call(cfg: Config, q, k, v, rows, alibi, bias, seed):
     """The forward FFI call on whatever shapes it gets: the whole arrays, or one shard of them."""
+    del rows, alibi, bias, seed  # the v2 operands: refused by _needs_v2 until the v2 kernels are built
     _loader.ensure_registered("mha_fwd")
-    batch, seq_q, heads_q, head_dim = q.shape
-    ws = _decode_workspace_shape(batch, seq_q, k.shape[1], heads_q, k.shape[2], head_dim)
-    outs = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((batch, heads_q, seq_q), jnp.float32),
+    batch, seq_q, heads_q, _ = q.shape
+    dv = v.shape[3]
+    ws = _decode_workspace_shape(batch, seq_q, k.shape[1], heads_q, k.shape[2], dv)
+    outs = (jax.ShapeDtypeStruct((batch, seq_q, heads_q, dv), q.dtype),
+            jax.ShapeDtypeStruct((batch, heads_q, seq_q), jnp.float32),
             jax.ShapeDtypeStruct(ws, jnp.float32))  # workspace: split-KV partial results
-    o, lse, _ = _ffi.ffi_call("ja_mha_fwd", outs, q, k, v, causal=np.bool_(causal), scale=_ffi.f32(scale))
+    o, lse, _ = _ffi.ffi_call("ja_mha_fwd", outs, q, k, v, causal=np.bool_(cfg.mask == _attn_mask.MASK_CAUSAL),
+                              scale=_ffi.f32(cfg.scale))
     return o, lse
 
 
-def _bwd_call(causal, scale, q, k, v, o, do, lse):
+def _bwd_call(cfg: Config, q, k, v, o, do, lse, rows, cols, alibi, bias, seed):
+    del rows, cols, alibi, bias, seed  # as in _fwd_call
     _loader.ensure_registered("mha_bwd")
     outs = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
             jax.ShapeDtypeStruct(v.shape, v.dtype),
             jax.ShapeDtypeStruct(q.shape, jnp.float32),      # workspace: dQ accumulator
             jax.ShapeDtypeStruct(lse.shape, jnp.float32))    # workspace: rowsum(dO * O)
-    dq, dk, dv, _, _ = _ffi.ffi_call("ja_mha_bwd", outs, q, k, v, o, do, lse, causal=np.bool_(causal),
-                                     scale=_ffi.f32(scale))
-    return dq, dk, dv
+    dq, dk, dv, _, _ = _ffi.ffi_call("ja_mha_bwd", outs, q, k, v, o, do, lse,
+                                     causal=np.bool_(cfg.mask == _attn_mask.MASK_CAUSAL), scale=_ffi.f32(cfg.scale))
+    return dq, dk, dv, jnp.zeros((0,), jnp.float32)  # no bias gradient without the v2 kernels
 
 
 # Sharding: jax_aiter/ops/_attention_sharding.py (the layout of every operand, and the per-shard body).
 _FWD = _partition.partitioned(_fwd_call, _attention_sharding.rule(False), _attention_sharding.planner(_fwd_call, False),
-                              n_static=2)
+                              n_static=1)
 _BWD = _partition.partitioned(_bwd_call, _attention_sharding.rule(True), _attention_sharding.planner(_bwd_call, True),
-                              n_static=2)
+                              n_static=1)
 
 
 def _first_order_only(f):
@@ -142,83 +187,284 @@ def _first_order_only(f):
     return g
 
 
+def _kinds(cfg: Config, backward: bool):
+    """fold_into_batch's operand kinds: q, k, v (o, dO, lse) carry the batch; rows, cols, ALiBi and the bias
+    have 1 or the batch; the seed and every absent operand's placeholder have none."""
+    b, r, s = _batching.BATCH, _batching.ROWS, _batching.SHARED
+    rows = r if cfg.rows else s
+    return (b,) * (6 if backward else 3) + ((rows, rows) if backward else (rows,)) + (
+        r if cfg.alibi else s, r if cfg.bias else s, s)
+
+
 @cache
-def _prims(causal: bool, scale: float):
-    """The forward and backward FFI calls for one (causal, scale), batched by folding into batch."""
-    def fwd(q, k, v):
-        return tuple(_FWD(causal, scale, q, k, v))
+def _prims(cfg: Config):
+    """The forward and backward FFI calls of one configuration, batched by folding into batch."""
+    def fwd(*args):
+        return tuple(_FWD(cfg, *args))
 
-    def bwd(q, k, v, o, do, lse):
-        return tuple(_BWD(causal, scale, q, k, v, o, do, lse))
+    def bwd(*args):
+        return tuple(_BWD(cfg, *args))
 
-    return _first_order_only(_batching.fold_into_batch(fwd)), _first_order_only(_batching.fold_into_batch(bwd))
-
-
-@partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _flash(q, k, v, causal, scale):
-    return _partition.like(_prims(causal, scale)[0](q, k, v)[0], q)
+    b, s = _batching.BATCH, _batching.SHARED
+    return (_first_order_only(_batching.fold_into_batch(fwd, _kinds(cfg, False), (b, b))),
+            _first_order_only(_batching.fold_into_batch(bwd, _kinds(cfg, True), (b, b, b, b if cfg.dbias else s))))
 
 
-def _flash_fwd(q, k, v, causal, scale):
-    o, lse = _prims(causal, scale)[0](q, k, v)
-    return _partition.like(o, q), (q, k, v, o, lse)
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _flash(cfg: Config, q, k, v, rows, alibi, bias, seed):
+    o, lse = _prims(cfg)[0](q, k, v, rows, alibi, bias, seed)
+    return _partition.like(o, q), lse  # Explicit axes: the output keeps q's sharding, as plain JAX's does
 
 
-def _flash_bwd(causal, scale, res, do):
-    q, k, v, o, lse = res
-    grads = _prims(causal, scale)[1](q, k, v, o, do.astype(o.dtype), lse)
-    return tuple(_partition.like(g, p) for g, p in zip(grads, (q, k, v)))
+def _flash_fwd(cfg: Config, q, k, v, rows, alibi, bias, seed):
+    """Primals arrive as CustomVJPPrimal (symbolic zeros): `perturbed` says whether the bias needs a gradient
+    (the residuals' marker: () it does, None it does not)."""
+    args = [a.value for a in (q, k, v, rows, alibi, bias, seed)]
+    o, lse = _prims(cfg)[0](*args)
+    return (_partition.like(o, args[0]), lse), (*args, o, lse, () if cfg.bias and bias.perturbed else None)
 
 
-_flash.defvjp(_flash_fwd, _flash_bwd)
+def _flash_bwd(cfg: Config, res, cts):
+    q, k, v, rows, alibi, bias, seed, o, lse, mark = res
+    do, dlse = cts
+    cfg = replace(cfg, dbias=mark is not None)
+    cols = _attn_mask.cols_from_rows(rows, k.shape[1]) if cfg.rows else _placeholder("rows")
+    do = jnp.zeros_like(o) if isinstance(do, SymbolicZero) else do.astype(o.dtype)
+    dq, dk, dv, dbias = _prims(cfg)[1](q, k, v, o, do, lse, rows, cols, alibi, bias, seed)
+    if not isinstance(dlse, SymbolicZero):
+        dq2, dk2, dbias2 = _lse_grad(cfg, q, k, lse, dlse, rows, cols, alibi, bias)
+        dq, dk = (dq.astype(jnp.float32) + dq2).astype(q.dtype), (dk.astype(jnp.float32) + dk2).astype(k.dtype)
+        dbias = dbias + dbias2 if cfg.dbias else dbias
+    dbias = _partition.like(_sum_to(dbias, bias.shape), bias) if cfg.dbias else None
+    return (*(_partition.like(g, p) for g, p in zip((dq, dk, dv), (q, k, v))), None, None, dbias, None)
+
+
+def _lse_grad(cfg: Config, q, k, lse, dlse, rows, cols, alibi, bias):
+    """The gradient of the score through lse (d lse / d s = P): one more backward call with head_dim_v 1, v a
+    column of ones, o zeros and dO = dlse, whose dS is P * dlse (module docstring). Without dropout: lse is
+    the softmax's normaliser before dropout."""
+    if _needs_v2(cfg, q.shape[3], 1):  # head_dim_v 1 (the ones column): only the v2 kernels
+        raise NotImplementedError(f"{OP}: differentiating through lse (return_lse) needs the attention v2 kernels "
+                                  "(a backward of head_dim_v 1), which this build does not have")
+    b, sq, hq, _ = q.shape
+    ones = jnp.ones((*k.shape[:3], 1), q.dtype)
+    zeros = jnp.zeros((b, sq, hq, 1), q.dtype)
+    d_o = jnp.swapaxes(dlse.astype(jnp.float32), 1, 2)[..., None].astype(q.dtype)
+    cfg0 = replace(cfg, dropout_p=0.0)
+    seed = _placeholder("seed")
+    dq, dk, _, dbias = _prims(cfg0)[1](q, k, ones, zeros, d_o, lse, rows, cols, alibi, bias, seed)
+    return dq.astype(jnp.float32), dk.astype(jnp.float32), dbias
+
+
+def _sum_to(g, shape):
+    """The kernel's dbias [batch, heads_q, seq_q, seq_k] summed over the bias's broadcast axes (1 in `shape`)."""
+    axes = tuple(i for i in (0, 1) if shape[i] == 1 and g.shape[i] != 1)
+    return jnp.sum(g, axis=axes, keepdims=True) if axes else g
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd, symbolic_zeros=True)
+
+
+# --- the public functions --------------------------------------------------------------------------------
+
+def _default_key(op: str, p: float):
+    warnings.warn(
+        f"{op}: dropout_p={p} without dropout_key: jax.random.key(0) is used, so every call draws the same "
+        "dropout mask (every step, every layer). Pass dropout_key=jax.random.key(...) split per step and layer "
+        "(docs/attention.md, Dropout).", UserWarning, stacklevel=4)
+    return jax.random.key(0)
+
+
+def _layout(op, q, k, v, varlen: bool):
+    """q, k, v as rank-4 arrays, and whether the caller gave them packed ([total, heads, dim], varlen)."""
+    arrays = (("q", q, "seq_q", "heads_q"), ("k", k, "seq_k", "heads_kv"), ("v", v, "seq_k", "heads_kv"))
+    if varlen and all(x.ndim == 3 for x in (q, k, v)):
+        return q[None], k[None], v[None], True
+    for name, x, seq, heads in arrays:
+        if x.ndim != 4:
+            packed = " or [total_tokens, heads, head_dim] (packed, with cu_seqlens)" if varlen else ""
+            raise ValueError(f"{op}: {name} must have rank 4 [batch, {seq}, {heads}, head_dim]{packed}, "
+                             f"got shape {tuple(x.shape)}")
+    if varlen and q.shape[0] != 1:
+        raise ValueError(f"{op}: with cu_seqlens, q, k and v are packed: [total_tokens, heads, head_dim], or "
+                         f"[1, total_tokens, heads, head_dim]; got q of shape {tuple(q.shape)} (batch "
+                         f"{q.shape[0]}); reshape to one packed row, or use segment_ids for [batch, seq] inputs")
+    return q, k, v, False
+
+
+def _check_shapes(op, q, k, v):
+    batch, _, heads_q, head_dim = q.shape
+    kb, _seq_k, heads_kv, head_dim_k = k.shape
+    if v.shape[:3] != k.shape[:3]:
+        raise ValueError(f"{op}: k and v must agree in [batch, seq_k, heads_kv] (v's head_dim may differ), got "
+                         f"k {tuple(k.shape)} and v {tuple(v.shape)}")
+    if kb != batch:
+        raise ValueError(f"{op}: batch size mismatch: q has {batch}, k and v have {kb}")
+    if head_dim_k != head_dim:
+        raise ValueError(f"{op}: head_dim mismatch: q has {head_dim}, k has {head_dim_k} (q and k share one "
+                         "head_dim; v's may differ)")
+    if heads_kv == 0 and heads_q == 0:
+        return
+    if heads_kv == 0 or heads_q % heads_kv != 0:
+        raise ValueError(f"{op}: heads_q ({heads_q}) must be a multiple of heads_kv ({heads_kv}) "
+                         "for grouped-query attention")
+    _attn_args.head_dims(op, head_dim, v.shape[3])
+
+
+def attend(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, causal: bool = False, softmax_scale: float | None = None,
+           dropout_p: float = 0.0, window_size=(-1, -1), bias: ArrayLike | None = None,
+           alibi_slopes: ArrayLike | None = None, softcap: float = 0.0, segment_ids: ArrayLike | None = None,
+           cu_seqlens_q: ArrayLike | None = None, cu_seqlens_kv: ArrayLike | None = None, max_seqlen_q: int = 0,
+           max_seqlen_k: int = 0, deterministic: bool = False, dropout_key=None, return_lse: bool = False,
+           return_probs: bool = False, op: str = OP):
+    """Attention with every feature: (out, lse or None, probabilities or None). The one implementation behind
+    flash_attn_func and the upstream facades (jax_aiter/mha.py), which translate their conventions to it;
+    the arguments are flash_attn_func's (docs/attention.md)."""
+    q, k, v = (_checks.as_array(op, name, x) for name, x in (("q", q), ("k", k), ("v", v)))
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _checks.check_dtype(op, name, x)
+    _checks.check_same_dtype(op, "q", q, "k", k)
+    _checks.check_same_dtype(op, "q", q, "v", v)
+    causal = _attn_args.check_bool(op, "causal", causal)
+    deterministic = _attn_args.check_bool(op, "deterministic", deterministic)
+    window = _attn_args.window(op, window_size)
+    p = _attn_args.dropout_p(op, dropout_p)
+    cap = _attn_args.softcap(op, softcap)
+    max_q, max_k = (_attn_args.max_seqlen(op, n, x) for n, x in (("max_seqlen_q", max_seqlen_q),
+                                                                  ("max_seqlen_k", max_seqlen_k)))
+    varlen = cu_seqlens_q is not None or cu_seqlens_kv is not None
+    if varlen and (cu_seqlens_q is None or cu_seqlens_kv is None):
+        raise ValueError(f"{op}: give both cu_seqlens_q and cu_seqlens_kv (the same array for self-attention), "
+                         f"got only {'cu_seqlens_q' if cu_seqlens_kv is None else 'cu_seqlens_kv'}")
+    if varlen and segment_ids is not None:
+        raise ValueError(f"{op}: give segment_ids or cu_seqlens_q/cu_seqlens_kv, not both (both say where the "
+                         "documents of a packed batch start)")
+    q, k, v, packed = _layout(op, q, k, v, varlen)
+    _check_shapes(op, q, k, v)
+    batch, seq_q, heads_q, head_dim = q.shape
+    seq_k, dv = k.shape[1], v.shape[3]
+    scale = _checks.check_scale(op, softmax_scale, _attn_args.default_scale(head_dim))
+
+    if varlen:
+        cu_q = _attn_args.cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, seq_q, max_q, "q")
+        cu_k = _attn_args.cu_seqlens(op, "cu_seqlens_kv", cu_seqlens_kv, seq_k, max_k, "k")
+        if cu_q.shape[0] != cu_k.shape[0]:
+            raise ValueError(f"{op}: cu_seqlens_q and cu_seqlens_kv must count the same sequences, got "
+                             f"{cu_q.shape[0] - 1} and {cu_k.shape[0] - 1}")
+        mask, rows = _attn_mask.MASK_ROWS, _attn_mask.varlen_rows(cu_q, cu_k, seq_q, seq_k, causal, window)
+    elif segment_ids is not None:
+        ids = _attn_args.segment_ids(op, segment_ids, batch, seq_q, seq_k)
+        mask, rows = _attn_mask.MASK_ROWS, _attn_mask.segment_rows(ids, causal, window)
+    else:
+        mask, rows = _attn_mask.dense_mask(seq_q, seq_k, causal, window)
+        rows = None if rows is None else jnp.asarray(rows)
+    alibi = None if alibi_slopes is None else _attn_args.alibi(op, alibi_slopes, batch, heads_q)
+    bias_f32 = None if bias is None else _attn_args.bias(op, bias, batch, heads_q, seq_q, seq_k)
+    seed = None
+    if p > 0:
+        key = _default_key(op, p) if dropout_key is None else _attn_args.dropout_key(op, dropout_key)
+        seed = _attn_dropout.seed_from_key(key)
+    if head_dim == 0:  # every score is 0 before the other terms: zero columns give the same attention
+        q, k = (jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, SUPPORTED_HEAD_DIMS[0]))) for x in (q, k))
+
+    empty = _checks.is_empty(q) or _checks.is_empty(k) or _checks.is_empty(v)
+    if empty:  # no kernel call: rows that see no key give 0 (lse +inf)
+        out = jnp.zeros((batch, seq_q, heads_q, dv), q.dtype)
+        lse = jnp.full((batch, heads_q, seq_q), jnp.inf, jnp.float32)
+    else:
+        cfg = Config(mask, scale, cap, p, deterministic, alibi=alibi is not None, bias=bias_f32 is not None)
+        _check_head_dim(op, q.shape[3])
+        if why := _needs_v2(cfg, q.shape[3], dv):
+            raise NotImplementedError(f"{op}: {why} needs the attention v2 kernels, which this build does not have")
+        q, k, v, alibi, bias_f32 = _vary(q, k, v, alibi, bias_f32)
+        operands = [x if x is not None else _placeholder(n) for n, x in
+                    (("rows", rows), ("alibi", alibi), ("bias", bias_f32), ("seed", seed))]
+        out, lse = _flash(cfg, q, k, v, *operands)
+    probs = None
+    if return_probs:
+        probs = (jnp.zeros((batch, heads_q, seq_q, seq_k), jnp.float32) if empty else
+                 _attn_probs.probabilities(q, k, mask=mask, rows=rows, scale=scale, softcap=cap, alibi=alibi,
+                                           bias=bias_f32, seed=seed, dropout_p=p))
+    if packed:
+        out, lse, probs = out[0], lse[0], None if probs is None else probs[0]
+    return out, (lse if return_lse else None), probs
+
+
+def _vary(q, k, v, alibi, bias):
+    """q, k, v and the float operands cast to vary alike inside shard_map (a replicated bias's gradient is then
+    summed over the shards, as a replicated K/V's is)."""
+    given = [x for x in (alibi, bias) if x is not None]
+    out = list(_sharding.vary_like(q, k, v, *given))
+    it = iter(out[3:])
+    return (*out[:3], None if alibi is None else next(it), None if bias is None else next(it))
 
 
 def flash_attn_func(q: ArrayLike, k: ArrayLike, v: ArrayLike, causal: bool = False,
-                    softmax_scale: float | None = None) -> jax.Array:
-    """Attention softmax(q k^T * softmax_scale) v, without materialising the seq_q x seq_k matrix.
+                    softmax_scale: float | None = None, *, dropout_p: float = 0.0,
+                    window_size: tuple[int, int] = (-1, -1), bias: ArrayLike | None = None,
+                    alibi_slopes: ArrayLike | None = None, softcap: float = 0.0,
+                    segment_ids: ArrayLike | None = None, cu_seqlens_q: ArrayLike | None = None,
+                    cu_seqlens_kv: ArrayLike | None = None, deterministic: bool = False,
+                    dropout_key: jax.Array | None = None) -> jax.Array:
+    """Attention softmax(q k^T * softmax_scale + terms) v, without materialising the seq_q x seq_k matrix.
 
     Parameters
     ----------
     q : array_like, shape [batch, seq_q, heads_q, head_dim]
-        Queries. float16, bfloat16 or float32; head_dim 32, 64, 96, 128 or 256.
-    k, v : array_like, shape [batch, seq_k, heads_kv, head_dim]
-        Keys and values, the dtype of q. heads_q must be a multiple of heads_kv
-        (grouped-query attention: query head h reads kv head h // (heads_q // heads_kv);
-        heads_kv == 1 is multi-query attention).
+        Queries. float16, bfloat16 or float32; head_dim 0 to 256. With cu_seqlens, packed:
+        [total_q, heads_q, head_dim] (or [1, total_q, heads_q, head_dim]).
+    k : array_like, shape [batch, seq_k, heads_kv, head_dim]
+        Keys, the dtype of q. heads_q must be a multiple of heads_kv (grouped-query
+        attention: query head h reads kv head h // (heads_q // heads_kv)).
+    v : array_like, shape [batch, seq_k, heads_kv, head_dim_v]
+        Values; head_dim_v (0 to 256) may differ from head_dim.
     causal : bool
-        Mask key j for query i unless j <= i + seq_k - seq_q: the mask is aligned to the
-        bottom-right corner (as FlashAttention 2 does), so with seq_q < seq_k the last
-        query sees every key. A query row that sees no key (causal with seq_q > seq_k,
-        or seq_k == 0) outputs 0.
+        Key j is visible to query i only if j <= i + seq_k - seq_q: aligned to the
+        bottom-right corner, as FlashAttention 2 does. Equivalent to window_size[1] = 0.
     softmax_scale : float, optional
         Multiplies q k^T; default 1/sqrt(head_dim).
+    dropout_p : float
+        Probability in [0, 1) of dropping each attention probability (the kept ones are
+        scaled by 1/(1 - dropout_p)); the mask is a pure function of dropout_key and the
+        element's (batch, head, row, key), so the backward and every backend draw the same.
+    window_size : (int, int)
+        (left, right), -1 unbounded: query i sees keys [d - left, d + right] where
+        d = i + seq_k - seq_q (each sequence's own in a packed batch).
+    bias : array_like, optional
+        Added to the scores: [seq_q, seq_k] or broadcastable to [batch, heads_q, seq_q,
+        seq_k]; differentiable (the gradient sums over the broadcast axes).
+    alibi_slopes : array_like, optional
+        [heads_q] or [batch, heads_q]: the score of query i and key j gets
+        -slope * |i + seq_k - seq_q - j|. Not differentiated.
+    softcap : float
+        > 0: scores pass through softcap * tanh(s / softcap) (Gemma 2); 0 turns it off.
+    segment_ids : array_like, optional
+        int [batch, seq] (seq_q == seq_k): a run of equal ids is one document; a
+        query sees only keys of its own document (then causal and window apply within it).
+    cu_seqlens_q, cu_seqlens_kv : array_like, optional
+        int [num_sequences + 1], the running totals of the packed sequences' lengths
+        (varlen): sequence s is rows [cu[s], cu[s + 1]) of the packed q (and of k, v).
+    deterministic : bool
+        True: the backward's gradients are bitwise identical run after run.
+    dropout_key : jax.random key, optional
+        The dropout draw's seed (needed with dropout_p > 0: without it a fixed key is
+        used, with a warning).
 
     Returns
     -------
-    jax.Array, shape [batch, seq_q, heads_q, head_dim], the dtype of q
-        Softmax and accumulation run in float32.
+    jax.Array, shape [batch, seq_q, heads_q, head_dim_v] (packed: [total_q, heads_q,
+    head_dim_v]), the dtype of q. Softmax and accumulation run in float32. A query
+    that sees no key outputs 0. The lse and the probabilities: jax_aiter.mha.flash_attn_func
+    (return_lse, return_attn_probs).
 
     Notes
     -----
-    Inputs are converted with jax.numpy.asarray, so lists and NumPy arrays follow
-    jax.numpy's dtype rules (a float64 NumPy array becomes float32 unless jax_enable_x64
-    is on, and float64 is refused). Zero-size inputs (batch, seq_q, seq_k or heads 0)
-    give a zero-filled output of q's shape and zero gradients, with no kernel call.
-
-    Works under jit, vmap, grad (a custom VJP calling the mha_bwd kernel), remat, scan,
-    jax.shard_map (any mix of sharded and replicated q, k, v) and jax.jit with
-    NamedSharding inputs under Auto or Explicit mesh axes (batch, heads and the query
-    sequence stay sharded; K/V's sequence and a sharded head_dim are gathered), and
-    jax.export with symbolic batch and sequence sizes (docs/transformations.md).
-
-    Not supported: forward-mode autodiff (jax.jvp, jax.jacfwd, jax.hessian; JAX raises
-    "can't apply forward-mode autodiff (jvp) to a custom_vjp function") and
-    higher-order gradients (grad of grad raises NotImplementedError). Use
+    docs/attention.md has every argument's shapes and backends; docs/transformations.md
+    how each composes with jit, grad, vmap, remat, scan, shard_map, sharding and export.
+    Not supported: forward-mode autodiff and grad of grad (clear errors); use
     jax.nn.dot_product_attention where those are needed.
     """
-    q, k, v = (_checks.as_array(OP, name, x) for name, x in (("q", q), ("k", k), ("v", v)))
-    scale = _check(q, k, v, causal, softmax_scale)
-    if _checks.is_empty(q) or _checks.is_empty(k):
-        return jnp.zeros_like(q)  # nothing to attend to: rows that see no key give 0
-    q, k, v = _sharding.vary_like(q, k, v)
-    return _flash(q, k, v, bool(causal), scale)
+    return attend(q, k, v, causal=causal, softmax_scale=softmax_scale, dropout_p=dropout_p,
+                  window_size=window_size, bias=bias, alibi_slopes=alibi_slopes, softcap=softcap,
+                  segment_ids=segment_ids, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
+                  deterministic=deterministic, dropout_key=dropout_key)[0]

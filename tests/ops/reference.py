@@ -184,12 +184,13 @@ def dropout_keep_ref(seed, p: float, batch: int, heads: int, sq: int, sk: int) -
 
 
 def attention_features_ref(q, k, v, do, *, scale: float, mask, diag=None, softcap: float = 0.0, alibi=None,
-                           bias=None, keep=None, dropout_p: float = 0.0):
+                           bias=None, keep=None, dropout_p: float = 0.0, dlse=None):
     """float64 attention with every feature, and its gradients.
 
     q [b, sq, hq, d], k [b, sk, hkv, d], v [b, sk, hkv, dv], do [b, sq, hq, dv]; mask bool [1 or b, sq, sk];
     diag int [1 or b, sq] (ALiBi's origin); alibi [1 or b, hq]; bias [bb, bh, sq, sk] (broadcast); keep bool
-    [b, hq, sq, sk] with dropout_p. The score is s = scale q.k, then softcap * tanh(s / softcap), minus
+    [b, hq, sq, sk] with dropout_p; dlse [b, hq, sq] a cotangent of lse (d lse / d s = P). The score is
+    s = scale q.k, then softcap * tanh(s / softcap), minus
     alibi * |diag_i - j|, plus bias; P = softmax over the visible keys (0 for a row that sees none, whose
     lse is +inf); O = (P * keep / (1 - p)) V. Returns (o, lse [b, hq, sq], (dq, dk, dv, dbias [b, hq, sq, sk]))."""
     q, k, v, do = (np.asarray(x, np.float64) for x in (q, k, v, do))
@@ -219,6 +220,8 @@ def attention_features_ref(q, k, v, do, *, scale: float, mask, diag=None, softca
     dvv = np.einsum("bhqk,bhqd->bkhd", pd, dov)
     dp = np.einsum("bhqd,bkhd->bhqk", dov, ve) * drop
     ds = p * (dp - (p * dp).sum(-1, keepdims=True))
+    if dlse is not None:
+        ds = ds + p * np.asarray(dlse, np.float64)[..., None]
     dz = ds * (1.0 - (np.where(vis, s_soft(z, softcap), 0.0) / softcap) ** 2) if softcap else ds
     dq = np.einsum("bhqk,bkhd->bqhd", dz, ke) * scale
     dk = np.einsum("bhqk,bqhd->bkhd", dz, q) * scale

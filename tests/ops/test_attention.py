@@ -56,6 +56,18 @@ def forward_and_grads(q, k, v, do, causal, scale=None):
     return out, vjp(do)
 
 
+def _kernels(causal: bool, scale: float):
+    """The op's forward and backward kernel calls for dense attention (no other feature): fwd(q, k, v) -> (o, lse),
+    bwd(q, k, v, o, do, lse) -> (dq, dk, dv); every optional operand absent, as the op passes them."""
+    from jax_aiter.ops._attn_mask import MASK_CAUSAL, MASK_NONE
+
+    cfg = attention.Config(MASK_CAUSAL if causal else MASK_NONE, scale, 0.0, 0.0, False)
+    fwd, bwd = attention._prims(cfg)
+    rows, alibi, bias, seed = (attention._placeholder(n) for n in ("rows", "alibi", "bias", "seed"))
+    return (lambda q, k, v: fwd(q, k, v, rows, alibi, bias, seed),
+            lambda q, k, v, o, do, lse: bwd(q, k, v, o, do, lse, rows, rows, alibi, bias, seed)[:3])
+
+
 def check_case(device, dtype, d, causal, hq, hkv, sq, sk, batch=2, scale=None, seed=0):
     (q, k, v, do), (qe, ke, ve, doe) = make_inputs(seed, dtype, batch, sq, sk, hq, hkv, d, device)
     out, grads = forward_and_grads(q, k, v, do, causal=causal, scale=scale)
@@ -137,7 +149,7 @@ def test_head_dims(device, dtype, d, causal, seqs):
 def test_decode_rows_without_keys(device):
     """Decode path, causal with seq_q > seq_k: the first rows see no key (output 0, lse +inf)."""
     (q, k, v, _), _ = make_inputs(7, "bfloat16", 1, 6, 2, 8, 2, 128, device)
-    o, lse = jax.jit(attention._prims(True, 0.1)[0])(q, k, v)
+    o, lse = jax.jit(_kernels(True, 0.1)[0])(q, k, v)
     o, lse = np.asarray(o, np.float32), np.asarray(lse)
     assert np.all(o[:, :4] == 0.0) and np.all(lse[:, :, :4] == np.inf)
     assert np.all(np.isfinite(lse[:, :, 4:])) and np.all(np.abs(o[:, 4:]) > 0)
@@ -245,7 +257,7 @@ def test_forward_lse_and_workspace_written_under_poison(device, monkeypatch):
     """The raw FFI results, lse and workspaces included, hold no NaN when poisoned."""
     monkeypatch.setenv("JA_POISON_OUTPUTS", "1")
     (q, k, v, do), _ = make_inputs(6, "float16", 1, 40, 17, 2, 1, 64, device)
-    fwd, bwd = attention._prims(True, 0.125)
+    fwd, bwd = _kernels(True, 0.125)
     assert_poisoned(fwd, (q, k, v), calls=1)
     o, lse = jax.jit(fwd)(q, k, v)
     lse = np.asarray(lse)
@@ -332,7 +344,7 @@ def test_hopper_forward_matches_reference_and_fallback(dtype, d, causal, shape, 
     fallback (JA_MHA_FWD_SM90=0) within the same bound; lse equal up to float32 rounding."""
     batch, sq, sk, hq, hkv = shape
     (q, k, v, _), (qe, ke, ve, doe) = make_inputs(sk + d, dtype, batch, sq, sk, hq, hkv, d, "gpu")
-    fwd, _ = attention._prims(causal, d ** -0.5)
+    fwd, _ = _kernels(causal, d ** -0.5)
     (o1, lse1), (o2, lse2) = _both_paths(jax.jit(fwd), (q, k, v), "JA_MHA_FWD_SM90", _sm90_calls,
                                          1 if _is_sm90() else 0, monkeypatch)
     ref_o, _ = attention_ref(qe, ke, ve, doe, causal, d ** -0.5)
@@ -373,7 +385,7 @@ def test_decode_tma_matches_reference_and_cp_async(dtype, d, causal, shape, monk
     cp.async path (JA_MHA_FWD_DECODE_TMA=0) within the same bound; lse equal up to float32 rounding."""
     batch, sq, sk, hq, hkv = shape
     (q, k, v, _), (qe, ke, ve, doe) = make_inputs(sk + d, dtype, batch, sq, sk, hq, hkv, d, "gpu")
-    fwd = jax.jit(attention._prims(causal, d ** -0.5)[0])
+    fwd = jax.jit(_kernels(causal, d ** -0.5)[0])
     (o1, lse1), (o2, lse2) = _both_paths(fwd, (q, k, v), "JA_MHA_FWD_DECODE_TMA", _decode_tma_calls,
                                          1 if _is_sm90_or_newer() else 0, monkeypatch)
     ref_o, _ = attention_ref(qe, ke, ve, doe, causal, d ** -0.5)
@@ -421,7 +433,7 @@ def _multiprocessors() -> int:
 def test_decode_cluster_merge_matches_merge_kernel_bitwise(dtype, d, causal, shape, monkeypatch):
     batch, sq, sk, hq, hkv = shape
     (q, k, v, _), (qe, ke, ve, doe) = make_inputs(sk + d, dtype, batch, sq, sk, hq, hkv, d, "gpu")
-    fwd = jax.jit(attention._prims(causal, d ** -0.5)[0])
+    fwd = jax.jit(_kernels(causal, d ** -0.5)[0])
     monkeypatch.delenv("JA_MHA_FWD_DECODE_CLUSTER", raising=False)
     before = _decode_cluster_calls()
     o1, lse1 = jax.block_until_ready(fwd(q, k, v))
@@ -457,7 +469,7 @@ def test_hopper_backward_matches_reference_and_fallback(dtype, d, causal, shape,
     (JA_MHA_BWD_SM90=0) within the same bound."""
     batch, sq, sk, hq, hkv = shape
     (q, k, v, do), (qe, ke, ve, doe) = make_inputs(sq + d, dtype, batch, sq, sk, hq, hkv, d, "gpu")
-    fwd, bwd = attention._prims(causal, d ** -0.5)
+    fwd, bwd = _kernels(causal, d ** -0.5)
     o, lse = jax.block_until_ready(jax.jit(fwd)(q, k, v))
     g1, g2 = _both_paths(jax.jit(bwd), (q, k, v, o, do, lse), "JA_MHA_BWD_SM90", _sm90_bwd_calls,
                          1 if _is_sm90() else 0, monkeypatch)
@@ -494,11 +506,11 @@ BAD_INPUTS = [
     ("mixed dtypes", ((B, F32), (B, BF16), (B, F32)), {}, TypeError, r"k has dtype bfloat16 but q has float32"),
     ("rank 3", ((B[1:], F32), (B, F32), (B, F32)), {}, ValueError,
      r"q must have rank 4 \[batch, seq_q, heads_q, head_dim\], got shape \(8, 4, 64\)"),
-    ("k v differ", ((B, F32), (B, F32), ((2, 9, 4, 64), F32)), {}, ValueError, r"k and v must have the same shape"),
+    ("k v differ", ((B, F32), (B, F32), ((2, 9, 4, 64), F32)), {}, ValueError, r"k and v must agree in \[batch, seq_k, heads_kv\]"),
     ("batch", ((B, F32), ((3, 8, 4, 64), F32), ((3, 8, 4, 64), F32)), {}, ValueError,
      r"batch size mismatch: q has 2, k and v have 3"),
     ("head_dim mismatch", ((B, F32), ((2, 8, 4, 128), F32), ((2, 8, 4, 128), F32)), {}, ValueError,
-     r"head_dim mismatch: q has 64, k and v have 128"),
+     r"head_dim mismatch: q has 64, k has 128"),
     ("heads", ((B, F32), ((2, 8, 3, 64), F32), ((2, 8, 3, 64), F32)), {}, ValueError,
      r"heads_q \(4\) must be a multiple of heads_kv \(3\)"),
     ("head_dim 80", (((2, 8, 4, 80), F32),) * 3, {}, ValueError,

@@ -1,8 +1,12 @@
-"""Code written against upstream jax-aiter's API runs unchanged: `jax_aiter.rmsnorm` (and `jax_aiter.mha`).
+"""Code written against upstream jax-aiter's API runs unchanged: `jax_aiter.mha` and `jax_aiter.rmsnorm`.
 
-The calls below are written as upstream's users and tests write them (module imports, positional and
-keyword arguments with upstream's names, the return conventions); each must run and give what the op
-it forwards to gives, bit for bit (the facades translate names and conventions, nothing else).
+The calls below are written as upstream's users and its own tests (tests/test_mha_ja.py,
+tests/test_mha_varlen_ja.py, tests/test_rmsnorm_ja.py upstream) write them: the module imports and
+paths, positional and keyword arguments with upstream's names (min_seqlen_q, logits_soft_cap,
+block_table=None, out=None ...), bias in the activations' dtype, dropout without a key, the return
+conventions (a tuple; varlen's fixed triple). Each must run; the facades translate names and
+conventions only, so their results equal the op's bit for bit, and the op's equal a float32
+jax.numpy reference as upstream's tests check it.
 """
 from __future__ import annotations
 
@@ -45,7 +49,7 @@ def test_rmsnorm_module_calls(device):
 
 
 def test_rmsnorm_module_under_jit_and_grad(device):
-    import jax_aiter.rmsnorm as rmsnorm
+    from jax_aiter import rmsnorm
 
     x, gamma = random((8, 128), jnp.float32, 3), random((128,), jnp.float32, 4)
 
@@ -63,7 +67,7 @@ def test_rmsnorm_module_under_jit_and_grad(device):
         _same(g, w)
 
 
-FACADES = ["rmsnorm"]
+FACADES = ["mha", "rmsnorm"]
 
 
 @pytest.mark.parametrize("name", FACADES)
@@ -77,3 +81,67 @@ def test_facades_are_reachable_as_upstream_has_them(name):
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                           check=False)
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
+
+
+# --- jax_aiter.mha --------------------------------------------------------------------------------
+
+def _make_qkv(b, sq, sk, hq, hk, d, dtype, seed=0):
+    """As upstream's tests make them: jax.random.normal in the dtype, a legacy PRNGKey."""
+    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(seed), 3)
+    return (jax.random.normal(k1, (b, sq, hq, d), dtype=dtype), jax.random.normal(k2, (b, sk, hk, d), dtype=dtype),
+            jax.random.normal(k3, (b, sk, hk, d), dtype=dtype))
+
+
+def _ref(q, k, v, causal=False, scale=None, window_size=(-1, -1), bias=None):
+    """Upstream's test reference (float32 jax.numpy), with an additive bias."""
+    q, k, v = q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32)
+    scale = scale or q.shape[-1] ** -0.5
+    sq, sk = q.shape[1], k.shape[1]
+    k, v = jnp.repeat(k, q.shape[2] // k.shape[2], 2), jnp.repeat(v, q.shape[2] // v.shape[2], 2)
+    s = jnp.einsum("bshd,bthd->bhst", q, k) * scale
+    if bias is not None:
+        s = s + bias.astype(jnp.float32)
+    row, col = jnp.arange(sq)[:, None] + (sk - sq), jnp.arange(sk)[None, :]
+    ok = jnp.ones((sq, sk), bool)
+    if causal:
+        ok &= col <= row
+    if window_size[0] >= 0:
+        ok &= row - col <= window_size[0]
+    if window_size[1] >= 0:
+        ok &= col - row <= window_size[1]
+    p = jax.nn.softmax(jnp.where(ok, s, -jnp.inf), axis=-1)
+    return jnp.einsum("bhst,bthd->bshd", jnp.nan_to_num(p), v)
+
+
+def _close(out, ref, dtype, factor=1.0):
+    """Upstream's criterion: eps^(2/3) of the dtype, absolute or relative to the largest reference value."""
+    tol = (float(jnp.finfo(dtype).eps) ** (2 / 3) if dtype != jnp.float32 else 1e-5) * factor
+    diff = float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref.astype(jnp.float32))))
+    assert diff < tol or diff / max(float(jnp.max(jnp.abs(ref))), 1e-6) < tol, (diff, tol)
+
+
+BATCH = [
+    (2, 64, 64, 4, 4, 32, jnp.bfloat16), (1, 64, 64, 2, 2, 256, jnp.bfloat16),
+    (2, 96, 48, 4, 4, 64, jnp.bfloat16), (2, 48, 96, 4, 4, 64, jnp.bfloat16), (2, 64, 64, 6, 3, 64, jnp.float16),
+    (2, 64, 64, 6, 1, 64, jnp.float16), (2, 1, 128, 4, 4, 64, jnp.bfloat16),
+]
+
+
+@pytest.mark.parametrize("b,sq,sk,hq,hk,d,dtype", BATCH, ids=lambda x: str(x) if not isinstance(x, type) else "")
+@pytest.mark.parametrize("causal", [False, True], ids=["nomask", "causal"])
+def test_mha_batch_calls(device, b, sq, sk, hq, hk, d, dtype, causal):
+    """run_fwd / run_bwd as upstream writes them: result[0] of the tuple, grads of its sum."""
+    from jax_aiter.mha import flash_attn_func
+
+    q, k, v = _make_qkv(b, sq, sk, hq, hk, d, dtype)
+    result = flash_attn_func(q, k, v, causal=causal)
+    assert isinstance(result, tuple) and len(result) == 1
+    out = result[0]
+    assert out.shape == (b, sq, hq, d) and out.dtype == dtype and bool(jnp.all(jnp.isfinite(out)))
+    _close(out, _ref(q, k, v, causal=causal), dtype)
+    _same(out, jax_aiter.flash_attn_func(q, k, v, causal=causal))
+    grads = jax.grad(lambda q, k, v: jnp.sum(flash_attn_func(q, k, v, causal=causal)[0]), argnums=(0, 1, 2))(q, k, v)
+    want = jax.grad(lambda q, k, v: jnp.sum(_ref(q, k, v, causal=causal).astype(dtype)), argnums=(0, 1, 2))(q, k, v)
+    for g, w in zip(grads, want):
+        assert g.shape == w.shape and g.dtype == dtype and bool(jnp.all(jnp.isfinite(g)))
+        _close(g, w, dtype, factor=10)  # upstream's backward factor

@@ -1,0 +1,124 @@
+"""Attention's arguments through the public API: every bad argument refused with an error naming it, before any
+kernel runs; the conventions that need no kernel of their own (zero heads, head_dim 0, windows that cover every
+key); and, for this build, what only the attention v2 kernels run refused by name (docs/attention.md)."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_aiter
+from jax_aiter import mha
+
+
+def _inputs(seed, dtype, b, sq, sk, hq, hkv, d):
+    rng = np.random.default_rng(seed)
+    return [jax.device_put(rng.standard_normal(s).astype(np.float32).astype(jnp.dtype(dtype)))
+            for s in ((b, sq, hq, d), (b, sk, hkv, d), (b, sk, hkv, d))]
+
+
+def _qkv(shape=(1, 8, 2, 32), kv=None):
+    kv = shape if kv is None else kv
+    return jnp.zeros(shape), jnp.zeros(kv), jnp.zeros(kv)
+
+
+BAD = [
+    ("window three ints", {"window_size": (1, 2, 3)}, TypeError, r"window_size must be two Python ints"),
+    ("window floats", {"window_size": (1.0, 2)}, TypeError, r"window_size must be two Python ints"),
+    ("window int", {"window_size": 4}, TypeError, r"window_size must be two Python ints"),
+    ("window -2", {"window_size": (-2, 0)}, ValueError, r"window_size entries must be -1 \(unbounded\) or >= 0"),
+    ("dropout 1", {"dropout_p": 1.0}, ValueError, r"dropout_p must be in \[0, 1\), got 1.0"),
+    ("dropout negative", {"dropout_p": -0.1}, ValueError, r"dropout_p must be in \[0, 1\)"),
+    ("dropout array", {"dropout_p": jnp.asarray(0.1)}, TypeError, r"dropout_p must be a Python float"),
+    ("alibi shape", {"alibi_slopes": np.ones(3, np.float32)}, ValueError,
+     r"alibi_slopes must have shape \[heads_q\] = \(2,\) or \[batch, heads_q\] = \(1, 2\), got \(3,\)"),
+    ("alibi int", {"alibi_slopes": np.ones(2, np.int32)}, TypeError, r"alibi_slopes must be a float array"),
+    ("bias shape", {"bias": np.ones((3, 8, 8), np.float32)}, ValueError,
+     r"bias of shape \(3, 8, 8\) does not broadcast to \[batch, heads_q, seq_q, seq_k\] = \(1, 2, 8, 8\)"),
+    ("softcap negative", {"softcap": -1.0}, ValueError, r"softcap must be >= 0"),
+    ("segment ids shape", {"segment_ids": np.zeros((1, 7), np.int32)}, ValueError,
+     r"segment_ids must have shape \[batch, seq\] = \(1, 8\)"),
+    ("segment ids float", {"segment_ids": np.zeros((1, 8), np.float32)}, TypeError,
+     r"segment_ids must be an integer array of rank 2"),
+    ("causal int", {"causal": 1}, TypeError, r"causal must be a Python bool"),
+    ("deterministic str", {"deterministic": "yes"}, TypeError, r"deterministic must be a Python bool"),
+    ("key", {"dropout_p": 0.1, "dropout_key": 3}, TypeError, r"dropout_key must be a jax.random key"),
+]
+
+
+@pytest.mark.parametrize("kwargs,exc,msg", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_arguments_name_the_argument(kwargs, exc, msg):
+    with pytest.raises(exc, match=msg):
+        jax_aiter.flash_attn_func(*_qkv(), **kwargs)
+
+
+CU_BAD = [
+    ("decreasing", [0, 5, 3, 8], [0, 5, 3, 8], 0, r"cu_seqlens_q must not decrease: entry 2 \(3\) is below entry 1 \(5\)"),
+    ("short", [0, 3, 6], [0, 3, 6], 0, r"cu_seqlens_q must end at the number of packed tokens q = 8, got 6"),
+    ("not from 0", [1, 3, 8], [1, 3, 8], 0, r"cu_seqlens_q must start at 0"),
+    ("over max", [0, 6, 8], [0, 6, 8], 4, r"sequence 0 has 6 tokens in cu_seqlens_q, more than max_seqlen 4"),
+    ("counts", [0, 4, 8], [0, 8], 0, r"cu_seqlens_q and cu_seqlens_kv must count the same sequences, got 2 and 1"),
+    ("float", np.array([0.0, 8.0]), [0, 8], 0, r"cu_seqlens_q must be an integer array of rank 1"),
+]
+
+
+@pytest.mark.parametrize("cu_q,cu_k,max_len,msg", [c[1:] for c in CU_BAD], ids=[c[0] for c in CU_BAD])
+def test_bad_cu_seqlens_name_the_argument(cu_q, cu_k, max_len, msg):
+    q, k, v = _qkv((8, 2, 32))
+    with pytest.raises(ValueError if "float" not in msg and "integer" not in msg else TypeError, match=msg):
+        mha.flash_attn_varlen(q, k, v, np.asarray(cu_q), np.asarray(cu_k), max_seqlen_q=max_len, max_seqlen_k=max_len)
+
+
+def test_other_bad_combinations():
+    q, k, v = _qkv((8, 2, 32))
+    with pytest.raises(ValueError, match=r"give both cu_seqlens_q and cu_seqlens_kv"):
+        jax_aiter.flash_attn_func(q, k, v, cu_seqlens_q=np.array([0, 8]))
+    with pytest.raises(ValueError, match=r"give segment_ids or cu_seqlens_q/cu_seqlens_kv, not both"):
+        jax_aiter.flash_attn_func(q, k, v, cu_seqlens_q=np.array([0, 8]), cu_seqlens_kv=np.array([0, 8]),
+                                  segment_ids=np.zeros((1, 8), np.int32))
+    with pytest.raises(ValueError, match=r"segment_ids need seq_q == seq_k"):
+        jax_aiter.flash_attn_func(*_qkv((1, 8, 2, 32), (1, 6, 2, 32)), segment_ids=np.zeros((1, 8), np.int32))
+    with pytest.raises(ValueError, match=r"head_dim 257 is larger than 256"):
+        jax_aiter.flash_attn_func(*_qkv((1, 4, 2, 257)))
+    with pytest.raises(ValueError, match=r"with cu_seqlens, q, k and v are packed"):
+        jax_aiter.flash_attn_func(*_qkv((2, 4, 2, 32)), cu_seqlens_q=np.array([0, 4]), cu_seqlens_kv=np.array([0, 4]))
+
+
+def test_heads_zero_and_head_dim_zero(device):
+    """Zero heads return an empty output (docs/transformations.md); head_dim 0 is attention of all-equal scores
+    (the mean of the visible values), head_dim_v 0 an empty output, each with gradients and no error."""
+    z = jnp.zeros((2, 8, 0, 32), jnp.float32)
+    assert jax_aiter.flash_attn_func(z, z, z).shape == (2, 8, 0, 32)
+    q0, v = jnp.zeros((1, 5, 2, 0)), jnp.asarray(np.random.default_rng(0).standard_normal((1, 5, 2, 32)), jnp.float32)
+    out = jax_aiter.flash_attn_func(q0, q0, v, causal=True)
+    want = np.cumsum(np.asarray(v), axis=1) / np.arange(1, 6)[None, :, None, None]
+    np.testing.assert_allclose(np.asarray(out), want, rtol=1e-5, atol=1e-6)
+    e = jnp.zeros((1, 5, 2, 16))
+    assert jax_aiter.flash_attn_func(e, e, jnp.zeros((1, 5, 2, 0))).shape == (1, 5, 2, 0)
+
+
+def test_window_wider_than_the_sequence_is_plain_attention(device):
+    q, k, v = _inputs(11, "bfloat16", 2, 20, 30, 4, 2, 64)
+    for causal, window in ((False, (100, 100)), (True, (100, -1)), (False, (29, 19))):
+        a = jax_aiter.flash_attn_func(q, k, v, causal=causal, window_size=window)
+        b = jax_aiter.flash_attn_func(q, k, v, causal=causal)
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
+V2_ONLY = [
+    ("window", {"window_size": (3, 0)}, r"window_size, segment_ids and cu_seqlens \(masks by rows\)"),
+    ("segments", {"segment_ids": np.zeros((1, 8), np.int32)}, r"window_size, segment_ids and cu_seqlens \(masks by rows\)"),
+    ("softcap", {"softcap": 5.0}, r"softcap"),
+    ("alibi", {"alibi_slopes": np.ones(2, np.float32)}, r"alibi_slopes"),
+    ("bias", {"bias": np.zeros((8, 8), np.float32)}, r"bias"),
+    ("dropout", {"dropout_p": 0.1, "dropout_key": jax.random.key(0)}, r"dropout_p > 0"),
+]
+
+
+@pytest.mark.parametrize("kwargs,what", [c[1:] for c in V2_ONLY], ids=[c[0] for c in V2_ONLY])
+def test_this_build_refuses_what_only_the_v2_kernels_run(kwargs, what):
+    """The kernels of this build are the dense op's: an argument only the attention v2 kernels run is refused by
+    name, before anything is traced (attention._needs_v2; this test goes when the v2 kernels are built)."""
+    with pytest.raises(NotImplementedError, match=what + r" needs the attention v2 kernels"):
+        jax_aiter.flash_attn_func(*_qkv(), **kwargs)
