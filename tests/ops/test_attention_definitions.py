@@ -193,3 +193,43 @@ def test_every_combination_is_monotone():
                                           causal, window)
             mask, diag = varlen_mask_ref(cu_q, cu_k, causal, window)
             _assert_valid(rows, int(cu_k[-1]), mask[None], diag)
+
+
+# The kernels' own definition (csrc/include/ja/kernels/mha_features.h), compiled here with the host C++
+# compiler: for a grid of (b, h, i, j) and seeds with nonzero batch/head offsets, one char per element.
+_DRIVER = r"""
+#include <cstdio>
+#include <cstdlib>
+#include "ja/kernels/mha_features.h"
+int main(int argc, char** argv) {
+  uint32_t seed[4];
+  for (int n = 0; n < 4; ++n) seed[n] = uint32_t(std::strtoul(argv[1 + n], nullptr, 10));
+  const float p = std::strtof(argv[5], nullptr);
+  const int B = std::atoi(argv[6]), H = std::atoi(argv[7]), Q = std::atoi(argv[8]), K = std::atoi(argv[9]);
+  const uint32_t thr = ja::mha_dropout_threshold(p);
+  for (int b = 0; b < B; ++b) for (int h = 0; h < H; ++h) for (int i = 0; i < Q; ++i) for (int j = 0; j < K; ++j)
+    std::putchar(ja::mha_dropout_keep(seed, thr, b, h, i, j) ? '1' : '0');
+  return 0;
+}
+"""
+
+
+def test_keep_mask_equals_the_kernels_definition_bit_for_bit(tmp_path):
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler (g++ or c++) on PATH to compile csrc/include/ja/kernels/mha_features.h")
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "drv.cpp").write_text(_DRIVER)
+    subprocess.run([cxx, "-std=c++17", "-O1", f"-I{root / 'csrc/include'}", str(tmp_path / "drv.cpp"), "-o",
+                    str(tmp_path / "drv")], check=True, capture_output=True, timeout=300)
+    for seed, p, shape in (([0xDEADBEEF, 7, 3, 5], 0.3, (2, 3, 9, 13)), ([1, 0xFFFFFFFF, 0, 0], 0.9, (1, 2, 5, 33)),
+                           ([12345, 67890, 4000000000, 17], 0.05, (2, 2, 3, 7))):
+        out = subprocess.run([str(tmp_path / "drv"), *map(str, seed), repr(p), *map(str, shape)], check=True,
+                             capture_output=True, text=True, timeout=60).stdout
+        want = np.array([c == "1" for c in out]).reshape(shape)
+        got = np.asarray(_attn_dropout.keep_mask(np.asarray(seed, np.uint32), p, *shape))
+        np.testing.assert_array_equal(got, want)
