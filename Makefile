@@ -39,6 +39,21 @@ ja-config-inputs-changed:
 $(CFG): pyproject.toml jatools/native/toolchain.py jatools/config.py jax_aiter/op_table.toml jax_aiter/op_table.py
 	@$(PYTHON) -m jatools.native.toolchain --emit-make $@ --key '$(CFG_KEY_NOW)'
 
+# The compiler cache (ccache, shared by every checkout of this user: jatools/native/compiler_cache.py) goes before
+# every compile; build/cache.mk names it and the settings it reads, written again when the toolchain's
+# configuration, the ccache found or the cache settings change. JA_COMPILER_CACHE=off compiles without it.
+CACHE_MK := $(BUILD)/cache.mk
+CACHE_KEY_NOW := $(strip $(CFG_KEY_NOW)|$(JA_COMPILER_CACHE)|$(JA_COMPILER_CACHE_DIR)|$(XDG_CACHE_HOME)|$(shell command -v ccache 2>/dev/null))
+ifeq ($(filter clean clean-stage,$(MAKECMDGOALS)),)
+-include $(CACHE_MK)
+ifneq ($(strip $(CACHE_KEY)),$(CACHE_KEY_NOW))
+$(CACHE_MK): ja-config-inputs-changed
+endif
+endif
+
+$(CACHE_MK): $(CFG) jatools/native/compiler_cache.py jatools/private_dir.py
+	@$(PYTHON) -m jatools.native.compiler_cache --emit-make $@ --key '$(CACHE_KEY_NOW)'
+
 OBJ := $(BUILD)/obj/$(JA_BACKEND_RESOLVED)
 HAS_GPU := $(filter cuda rocm,$(JA_BACKEND_RESOLVED))
 
@@ -106,11 +121,11 @@ $(JIT_DIR)/lib%.so:
 # --- compilation ----------------------------------------------------------------
 $(OBJ)/%.o: %.cpp $(CFG)
 	@mkdir -p $(@D)
-	$(CXX) $(CXXFLAGS_BASE) $(EXTRA_DEFS) -MMD -MP -c $< -o $@
+	$(CACHE_LAUNCHER) $(CXX) $(CXXFLAGS_BASE) $(EXTRA_DEFS) -MMD -MP -c $< -o $@
 
 $(OBJ)/%.cu.o: %.cu $(CFG)
 	@mkdir -p $(@D)
-	$(GPUCC) $(GPUFLAGS_BASE) -MMD -MP -c $< -o $@
+	$(CACHE_LAUNCHER) $(GPUCC) $(GPUFLAGS_BASE) -MMD -MP -c $< -o $@
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
 
@@ -120,7 +135,7 @@ clean-stage:
 	rm -rf $(STAGE_DIR)
 
 clean: clean-stage
-	rm -rf $(BUILD)/obj $(UMBRELLA_DIR) $(CFG) $(BUILD)/sanitize
+	rm -rf $(BUILD)/obj $(UMBRELLA_DIR) $(CFG) $(CACHE_MK) $(BUILD)/sanitize
 ifeq ($(JA_CLEAN_JIT),yes)
 	rm -rf $(JIT_DIR)
 else

@@ -62,6 +62,8 @@ BUILD_TREE = {
     "ci_records": "ci-records",         # ci/build.py's record of each build's commands, the environment report
     "ci_local": "ci-local",             # nox -s ci_local's logs, one per act run
     "bench": "bench",                   # the benchmarks' JSON results and the GPU timer (nox -s bench, benchmarks/)
+    "compiler_cache": "compiler-cache", # ccache's stats log and make's launcher settings (native/compiler_cache.py)
+    "cache_mk": "cache.mk",             # make's compiler-cache launcher (jatools/native/compiler_cache.py writes it)
 }
 
 

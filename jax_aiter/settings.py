@@ -129,6 +129,12 @@ SETTINGS: tuple[Setting, ...] = (
             accepts="one of"),
     Setting("JA_TOOLCHAIN_STRICT", "build", "1: a toolchain difference refuses the reuse of JIT libraries "
             "(default: a warning)", key="toolchain_strict", rule="flag"),
+    Setting("JA_COMPILER_CACHE", "build", "auto: every native and JIT compile goes through ccache (the build "
+            "dependency group installs it), shared by this user's checkouts; off: compile without it",
+            default="auto", choices=("auto", "off"), accepts="one of"),
+    Setting("JA_COMPILER_CACHE_DIR", "build", "the compiler cache's folder (made mode 0700; refused when it is a "
+            "symlink, another user's, or writable by others)", default="$XDG_CACHE_HOME/jax-aiter/ccache",
+            accepts="a folder"),
     Setting("JA_CLEAN_JIT", "build", "yes: `make clean` deletes the JIT libraries too (they cost hours)",
             choices=("yes", "no"), accepts="one of"),
     # --- runtime ------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from jatools import atomic_write, config, steps
 from jatools.jitlibs import decide, record
-from jatools.native import toolchain
+from jatools.native import compiler_cache, toolchain
 
 COMPILE_ONLY = {
     "cuda": {"GPU_ARCHS": "sm_90", "tool": "nvcc", "install": "install the CUDA toolkit (nvcc) or set CUDA_HOME"},
@@ -144,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if a.compile_only:
             return compile_only_main(a.backend, a.jobs or os.cpu_count() or 2)
+        since = compiler_cache.log_offset(config.load())
         records = steps.run(native_steps(jit=a.jit, shims=a.shims, jobs=a.jobs), "native build")
     except record.JitCacheError as e:
         print(f"native build: error: {e}", file=sys.stderr)
@@ -152,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         print(e, file=sys.stderr)
         return e.record.exit or 1
     print(f"native build: {steps.timing_line(records)}", flush=True)
+    print(compiler_cache.summary(config.load(), since, "native build"), flush=True)
     return 0
 
 

@@ -21,14 +21,13 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from jatools import atomic_write, config
-from jatools.native import jit_modules, jit_ninja, jit_packages, toolchain
+from jatools.native import compiler_cache, jit_modules, jit_ninja, jit_packages, toolchain
 from jatools.native.jit_modules import ARCH_KINDS, BuildError
 from jax_aiter import folder_lock, op_table, remedies
 from jax_aiter.integrity import RECORD_NAME, RECORD_SCHEMA, file_entry, sha256_files
@@ -268,15 +267,14 @@ def _build_locked(settings: config.Settings, tc: toolchain.Toolchain, all_module
     sources = {n: jit_modules.generate(n, m, kinds_of[n], settings.jit_dir, settings.root)
                for n, m in modules.items()}
     counts = {n: sum(len(v) for v in s.values()) for n, s in sources.items()}
-    ccache = shutil.which("ccache")
-    if ccache:
-        print(f"  compiler cache: {ccache}")
     build_file = settings.jit_dir / "build.ninja"
     steps = jit_ninja.plan(modules, sources, tc, settings, packages)
     flags = toolchain.compile_flags(tc, settings)
-    jit_modules.write_if_changed(build_file, jit_ninja.ninja_text(modules, steps, tc, flags, settings, ccache))
+    cache = compiler_cache.launcher(settings, flags)
+    since = compiler_cache.log_offset(settings)
+    jit_modules.write_if_changed(build_file, jit_ninja.ninja_text(modules, steps, tc, flags, settings, cache))
     with open(log_path or os.devnull, "a") as log:
-        done = jit_ninja.run_ninja(build_file, jobs, verbose, log, settings.root)
+        done = jit_ninja.run_ninja(build_file, jobs, verbose, log, settings.root, cache.env if cache else {})
     jit_ninja.check_depfiles(settings, build_file, set(inputs), tuple(packages.values()))
     seconds = time.monotonic() - start
     record = write_record(settings, tc, ident, modules, counts, seconds)
@@ -285,6 +283,7 @@ def _build_locked(settings: config.Settings, tc: toolchain.Toolchain, all_module
     for n, m in modules.items():
         size = (settings.jit_dir / m["library"]).stat().st_size
         print(f"  {m['library']:<20} {size / 1e6:8.2f} MB  {counts[n]} instances")
+    print(compiler_cache.summary(settings, since, "build_jit"), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from jatools.private_dir import PrivateDirError, own_folder
 from jatools.probe import no_amd_gpu, tool_lines
 from jax_aiter import settings
 
@@ -166,22 +167,11 @@ def lock_dir(env: dict[str, str] | None = None) -> Path:
 
 
 def _own_folder(folder: Path) -> Path:
-    """Create the lock folder (mode 0700) or check an existing one: a real folder (not a symlink) of this user
-    that nobody else may write, so no other user can plant a symlink in it."""
+    """The lock folder, made or checked by jatools.private_dir (mode 0700, ours, not a symlink)."""
     try:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = os.lstat(folder)
-    except OSError as e:
-        raise GpuSlotError(f"cannot use {folder} as the GPU lock folder: {e.strerror or e}; set {LOCK_DIR_ENV} to a "
-                           "folder of your own") from None
-    problem = ("it is a symlink or not a folder" if not stat.S_ISDIR(st.st_mode)
-               else f"it belongs to uid {st.st_uid}, not to you (uid {os.getuid()})" if st.st_uid != os.getuid()
-               else f"others may write to it (mode {stat.S_IMODE(st.st_mode):o})" if st.st_mode & 0o022 else None)
-    if problem:
-        raise GpuSlotError(f"refusing the GPU lock folder {folder}: {problem}, so another user could plant a symlink "
-                           f"in it and have a lock overwrite their target. Set {LOCK_DIR_ENV} to a folder of your own, "
-                           f"or fix it (chmod 700 {folder}, or remove it if it is not yours to keep)")
-    return folder
+        return own_folder(folder, "the GPU lock folder", f"set {LOCK_DIR_ENV} to a folder of your own")
+    except PrivateDirError as e:
+        raise GpuSlotError(str(e)) from None
 
 
 def slot_order(gpus: Gpus, per_gpu: int) -> list[tuple[int, int]]:
