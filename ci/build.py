@@ -86,8 +86,10 @@ MI355_1_MANYLINUX = Runner("linux-mi355-1gpu", 1, THEROCK_MANYLINUX, ROCM_GPU_OP
 H200_1 = Runner("linux-h200-1gpu", 1, CUDA_DEVEL, CUDA_GPU_OPTIONS)
 H200_2 = Runner("linux-h200-2gpu", 2, CUDA_DEVEL, CUDA_GPU_OPTIONS)
 
-ROCM_ENV = (("JA_BACKEND", "rocm"), ("GPU_ARCHS", "gfx950"))
-CUDA_ENV = (("JA_BACKEND", "cuda"), ("GPU_ARCHS", "sm_90"))
+# Each GPU backend's archs from their one home, pyproject's gpu_archs_<backend> (the lanes' archs).
+_ARCHS = {b: ";".join(config.load(env={}).default_archs(b)) for b in ("rocm", "cuda")}
+ROCM_ENV = (("JA_BACKEND", "rocm"), ("GPU_ARCHS", _ARCHS["rocm"]))
+CUDA_ENV = (("JA_BACKEND", "cuda"), ("GPU_ARCHS", _ARCHS["cuda"]))
 CPU_ENV = (("JA_BACKEND", "cpu"),)
 
 
@@ -197,7 +199,7 @@ Build(name="pr_convergence_gate", group="pr", runner=UBUNTU, timeout_minutes=10,
       description="PR: a numerics change needs a `Convergence:` decision trailer (ci/convergence_paths.toml)",
       steps=(Invoke("convergence-check", ("--base", "${JA_BASE_REV}", "--json-out", (RECORDS / "convergence.json").as_posix())),))
 Build(name="pr_compile_cuda", group="pr", runner=UBUNTU_CUDA, timeout_minutes=45,
-      description="PR: compile every library for CUDA sm_90 with nvcc, no GPU",
+      description=f"PR: compile every library for CUDA {_ARCHS['cuda']} with nvcc, no GPU",
       steps=(Nox("compile_only", ("--backend", "cuda")),))
 Build(name="pr_compile_rocm", group="pr", runner=UBUNTU_THEROCK, timeout_minutes=45,
       description="PR: compile every library for ROCm with TheRock's hipcc, no GPU",

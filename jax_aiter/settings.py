@@ -105,8 +105,10 @@ SETTINGS: tuple[Setting, ...] = (
             key="backend", choices=("auto", "cpu", "cuda", "rocm"), accepts="one of", config_key=True),
     Setting("GPU_ARCHS", "build", "the GPU archs to compile for (unset: the archs of the GPUs present, from "
             "rocminfo or nvidia-smi, else gpu_archs_rocm or gpu_archs_cuda)", rule="archs", config_key=True),
-    Setting("", "build", "GPU_ARCHS default for ROCm when no GPU is present", key="gpu_archs_rocm", rule="archs"),
-    Setting("", "build", "GPU_ARCHS default for CUDA when no GPU is present", key="gpu_archs_cuda", rule="archs"),
+    Setting("", "build", "the ROCm archs: the ROCm lane's, CI's, and GPU_ARCHS' default when no GPU is present",
+            key="gpu_archs_rocm", rule="archs"),
+    Setting("", "build", "the CUDA archs: the CUDA lane's, CI's, and GPU_ARCHS' default when no GPU is present",
+            key="gpu_archs_cuda", rule="archs"),
     Setting("ROCM_PATH", "build", "the ROCm toolchain (else TheRock's rocm-sdk, rocm_legacy_root, hipcc on PATH)",
             accepts="a folder", config_key=True),
     Setting("", "build", "where a legacy ROCm install lives", key="rocm_legacy_root", rule="text", accepts="a path"),

@@ -26,7 +26,8 @@ py=$(command -v "${PYTHON:-python3}")
 bin=$(mktemp -d)  # python<X.Y> (the project's Python) on PATH for scripts/run.sh and nox: the host's interpreter
 pyv=$("$py" -c 'from jatools.config import python_version; print(python_version())') || exit 1
 ln -s "$py" "$bin/python$pyv"
-export PATH="$bin:$PATH" PYTHONUNBUFFERED=1 CI=true JA_BACKEND="${JA_BACKEND:-cuda}" GPU_ARCHS="${GPU_ARCHS-sm_90}"
+export PATH="$bin:$PATH" PYTHONUNBUFFERED=1 CI=true JA_BACKEND="${JA_BACKEND:-cuda}"
+GPU_ARCHS="${GPU_ARCHS-$("$py" -c 'from jatools.native.build import default_archs; print(default_archs("cuda"))')}" && export GPU_ARCHS
 idx=$(mktemp -d)
 "$py" ci/gpu/offline_index.py index "$idx" --carried "$wheels" || exit 1
 export PIP_NO_INDEX=1 PIP_FIND_LINKS="$idx" PIP_CONSTRAINT="" UV_OFFLINE=1 UV_NO_INDEX=1 UV_FIND_LINKS="$idx"

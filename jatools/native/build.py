@@ -8,8 +8,9 @@ scripts) runs this sequence through `native_steps`; only the environment differs
 (the producer, or a local run) or takes the libraries `invoke jit.fetch` put in build/aiter_build (a
 consumer, which never builds: a mismatch with this checkout's identity fails at once, naming the cache
 id and the producer); `--jit auto` takes under CI=true. `--compile-only` builds every library for the
-GPU backends without a GPU (CUDA sm_90 with nvcc; ROCm gfx950 with the HIP compiler, or gfx90a where it
-knows no gfx950, as Debian's ROCm 5.2 `hipcc`) into build/compile_only/<backend>, each its own JIT producer, and writes
+GPU backends without a GPU (each backend's archs, pyproject gpu_archs_<backend>: CUDA with nvcc; ROCm with the HIP
+compiler, or gfx90a where it knows no gfx950, as Debian's ROCm 5.2 `hipcc`) into build/compile_only/<backend>, each
+its own JIT producer, and writes
 build/compile_only/summary.json (docs/build.md, "Compile-only").
 """
 from __future__ import annotations
@@ -25,13 +26,17 @@ from jatools import atomic_write, config, steps
 from jatools.jitlibs import decide, record
 from jatools.native import compiler_cache, toolchain
 
+# Each backend's archs are its default ones (pyproject gpu_archs_<backend>, the lanes' archs); ROCm falls back to
+# gfx90a where the HIP compiler knows no gfx950 (Debian's ROCm 5.x hipcc; rocm_compile_arch asks the compiler).
 COMPILE_ONLY = {
-    "cuda": {"GPU_ARCHS": "sm_90", "tool": "nvcc", "install": "install the CUDA toolkit (nvcc) or set CUDA_HOME"},
-    # gfx950 (the reference's MI355) where the HIP compiler accepts it, else gfx90a: Debian's ROCm 5.x hipcc
-    # knows no gfx950 (rocm_compile_arch asks the compiler)
-    "rocm": {"GPU_ARCHS": "gfx950", "fallback": "gfx90a", "tool": "hipcc",
-             "install": "apt-get install hipcc (or install ROCm/TheRock)"},
+    "cuda": {"tool": "nvcc", "install": "install the CUDA toolkit (nvcc) or set CUDA_HOME"},
+    "rocm": {"fallback": "gfx90a", "tool": "hipcc", "install": "apt-get install hipcc (or install ROCm/TheRock)"},
 }
+
+
+def default_archs(backend: str) -> str:
+    """The backend's archs from their one home (pyproject gpu_archs_<backend>), `;` separated."""
+    return ";".join(config.load(env={}).default_archs(backend))
 
 
 def jit_mode(requested: str | None, env: dict[str, str]) -> str:
@@ -81,11 +86,11 @@ def native_steps(*, jit: str | None = None, shims: str = "ja_mods", jobs: int | 
 def rocm_compile_arch(hipcc: str) -> str:
     """COMPILE_ONLY's ROCm arch if `hipcc` compiles for it (toolchain.rocm_arch_refusal, the probe the build's own
     arch check runs), else the fallback (said so)."""
-    spec = COMPILE_ONLY["rocm"]
-    reason = toolchain.rocm_arch_refusal(hipcc, spec["GPU_ARCHS"], {})
-    if reason is None:
-        return spec["GPU_ARCHS"]
-    print(f"compile_only: {hipcc} does not compile for {spec['GPU_ARCHS']} ({reason}); compiling for "
+    spec, archs = COMPILE_ONLY["rocm"], default_archs("rocm")
+    refused = [r for a in config.split_archs(archs) if (r := toolchain.rocm_arch_refusal(hipcc, a, {})) is not None]
+    if not refused:
+        return archs
+    print(f"compile_only: {hipcc} does not compile for {archs} ({refused[0]}); compiling for "
           f"{spec['fallback']} instead", flush=True)
     return spec["fallback"]
 
@@ -98,7 +103,7 @@ def compile_only(backend: str, jobs: int) -> dict:
     root = config.repo_root()
     out_dir = (config.build_path("compile_only") / backend).as_posix()
     hipcc = shutil.which("hipcc") or str(Path(os.environ.get("ROCM_PATH", ""), "bin", "hipcc"))
-    archs = rocm_compile_arch(hipcc) if backend == "rocm" else spec["GPU_ARCHS"]
+    archs = rocm_compile_arch(hipcc) if backend == "rocm" else default_archs(backend)
     env = {**os.environ, "JA_BACKEND": backend, "GPU_ARCHS": archs, "JA_BUILD_DIR": out_dir,
            "JA_ROOT_DIR": str(root)}
     if backend == "rocm":

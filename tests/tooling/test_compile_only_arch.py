@@ -31,7 +31,7 @@ def test_the_rocm_arch_is_the_newest_the_compiler_accepts(known, want, tmp_path,
     if want == "gfx90a":
         assert "does not compile for gfx950 (clang: error: unsupported HIP gpu architecture: gfx950)" \
             in capsys.readouterr().out
-    assert build.COMPILE_ONLY["rocm"]["GPU_ARCHS"] == "gfx950"
+    assert build.default_archs("rocm") == "gfx950"
     # The choice is made by the build's own arch check (one probe, one command line); the arch it took passes it.
     toolchain.check_rocm_archs(str(hipcc), [want], {})
     lines = probes.read_text().splitlines()
