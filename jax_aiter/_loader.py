@@ -29,7 +29,7 @@ import threading
 import warnings
 from pathlib import Path
 
-from jax_aiter import integrity, op_table, remedies, settings, trust
+from jax_aiter import integrity, lane, op_table, remedies, settings, trust
 from jax_aiter.manifest import MANIFEST_NAME
 
 log = logging.getLogger("jax_aiter")
@@ -414,6 +414,7 @@ def ensure_registered(op: str) -> None:
         settings.check_environment(group="runtime")
         import jax
 
+        lane.check(build_identity(), jax)  # a lane built for another GPU backend stops here, saying which to install
         spec = OPS[op]
         _load(find_library(UMBRELLA))
         for jit in spec.jit:

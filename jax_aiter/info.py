@@ -20,7 +20,7 @@ import sys
 
 from jax_aiter import __version__, _loader, settings
 
-IDENTITY_ORDER = ("version", "variant", "backend", "gpu_archs", "wheel_arch", "kernel_source_revision",
+IDENTITY_ORDER = ("version", "variant", "lane", "backend", "gpu_archs", "wheel_arch", "kernel_source_revision",
                   "recipe_hash", "cache_id", "ffi_api_version", "toolchain")
 
 
@@ -39,11 +39,13 @@ def collect(verify: bool = False) -> dict:
 
 
 def render(info: dict) -> str:
-    lines = [f"jax-aiter {info['version']} ({info['variant']})", f"  {'package:':<24} {info['package_dir']}"]
+    lane = (info["identity"] or {}).get("lane")
+    lines = [f"jax-aiter {info['version']} ({info['variant']}{f', lane {lane}' if lane else ''})",
+             f"  {'package:':<24} {info['package_dir']}"]
     ident = info["identity"]
     if ident:
         for key in IDENTITY_ORDER:
-            if key in ident and key not in ("version", "variant"):
+            if key in ident and key not in ("version", "variant", "lane"):
                 value = ident[key]
                 if isinstance(value, (list, dict)):
                     value = json.dumps(value, sort_keys=True)

@@ -191,15 +191,21 @@ def _verify(settings: config.Settings, options: BuildOptions, layout: Layout,
             expectations: expect.JitExpectations | None, log: Callable[[str], None]) -> _Verified:
     variant = layout.variant(options.variant)
     project = project_table(settings.root)
-    version = variant.version(project["version"])
+    libs = wheel_stage.library_sources(settings, layout, variant)  # a missing library fails first, naming its fix
+    try:
+        expectations = expectations or expect.expectations(settings)
+    except expect.JitExpectationError as e:
+        raise WheelBuildError(str(e)) from e
+    lane = wheel_stage.lane_of(layout, expectations)
+    version = variant.version(project["version"], lane)
     notes = [f"layout without {', '.join(layout.dropped)}"] if layout.dropped else []
-    libs = wheel_stage.library_sources(settings, layout, variant)
     jit_names = [n for n in variant.libraries if layout.libraries[n].kind == "jit"]
     native_names = [n for n in variant.libraries if layout.libraries[n].kind != "jit"]
     expectations, native = wheel_stage.verify_libraries(settings, variant, version, libs, jit_names, native_names,
                                                         expectations, log)
     identity = wheel_stage.build_identity(expectations, version, variant, options.wheel_arch, native,
-                                          settings.raw.get("jit_libs_base_url"), options.source_build)
+                                          settings.raw.get("jit_libs_base_url"), options.source_build, lane,
+                                          {b: lane.name for b, lane in layout.lanes.items()})
     if identity.get("kernel_source_dirty"):
         notes.append("the JIT libraries were built from uncommitted kernel sources (kernel_source_dirty)")
     return _Verified(variant, project, version, libs, expectations, {layout.lib_member(n): n for n in jit_names},

@@ -19,7 +19,13 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
-from jatools.wheel.wheel_layout import Layout, LayoutError, Variant, python_packages
+from jatools.wheel.wheel_layout import (
+    SOURCE_VARIANT,
+    Layout,
+    LayoutError,
+    Variant,
+    python_packages,
+)
 from jatools.wheel.wheel_scan import (
     WheelReadError,
     WheelScan,
@@ -195,7 +201,20 @@ def _identity_rule(w: _Wheel) -> list[str]:
         (ident.get("variant") != w.variant.name,
          f"{f} says variant {ident.get('variant')}, the version's local label makes it {w.variant.name}"),
         (ident.get("backend") not in BACKENDS,
-         f"{f}: backend {ident.get('backend')!r} is not one of {', '.join(BACKENDS)}")) if bad]
+         f"{f}: backend {ident.get('backend')!r} is not one of {', '.join(BACKENDS)}"),
+        *_lane_problems(w, ident)) if bad]
+
+
+def _lane_problems(w: _Wheel, ident: dict) -> list[tuple[bool, str]]:
+    """The version's lane label names the lane of the libraries' backend, and the identity says the same."""
+    if w.variant.name == SOURCE_VARIANT or ident.get("backend") not in w.layout.lanes:
+        return []
+    want, named = w.layout.lanes[ident["backend"]].name, w.layout.lane_for_version(str(w.version))
+    f = w.layout.identity_file
+    return [(named is None or named.name != want,
+             (f"{w.version} names lane {named.name if named else '(none)'}, but the libraries are {ident['backend']}'s "
+             f"(lane {want}): two backends' wheels would share a file name")),
+            (ident.get("lane") != want, f"{f} says lane {ident.get('lane')}, the {ident['backend']} lane is {want}")]
 
 
 def _elf_rule(w: _Wheel) -> list[str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import fnmatch
 import tomllib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from packaging.version import Version
@@ -42,17 +42,29 @@ class LibrarySpec:
 
 
 @dataclass(frozen=True)
+class Lane:
+    """A backend's release lane: `name` is the local label of its wheels' versions (cuda13, rocm7, cpu)."""
+
+    backend: str
+    name: str
+    toolkit: int | None = None  # the GPU toolkit's major version the lane is named for
+
+
+@dataclass(frozen=True)
 class Variant:
     name: str
     local_version: str
     libraries: tuple[str, ...]
     fetched: tuple[str, ...]
 
-    def version(self, public: str) -> str:
-        """The distribution version: the public one, plus the local label when the variant has one."""
+    def version(self, public: str, lane: Lane | None = None) -> str:
+        """The distribution version: the public one plus the local label, the lane's name then the variant's
+        (0.1.0+cuda13, 0.1.0+cuda13.full); the source variant keeps the sdist's public version."""
         if Version(public).local:
             raise LayoutError(f"the project version {public!r} already has a local label")
-        return str(Version(f"{public}+{self.local_version}" if self.local_version else public))
+        label = ".".join(p for p in (lane.name if lane and self.name != SOURCE_VARIANT else "", self.local_version)
+                         if p)
+        return str(Version(f"{public}+{label}" if label else public))
 
 
 @dataclass(frozen=True)
@@ -66,6 +78,7 @@ class Layout:
     dist_info_files: tuple[str, ...]
     external: dict[str, tuple[str, ...]]
     runpath_forbidden: tuple[str, ...]
+    lanes: dict[str, Lane] = field(default_factory=dict)  # {backend: its lane}
     dropped: tuple[str, ...] = ()  # libraries removed with without(); reported, never silent
 
     @classmethod
@@ -83,9 +96,10 @@ class Layout:
         for name, v in data["variants"].items():
             out = fetched if v["fetches"] else ()
             variants[name] = Variant(name, v["local_version"], tuple(n for n in libs if n not in out), out)
+        lanes = {backend: Lane(backend, **spec) for backend, spec in data["lanes"].items()}
         return cls(data["lib_dir"], data["identity_file"], libs, variants, (*files["required"], *files["data"]),
                    tuple(files["data"]), tuple(files["dist_info"]), {k: tuple(v) for k, v in data["external"].items()},
-                   tuple(data["runpath"]["forbidden_substrings"]))
+                   tuple(data["runpath"]["forbidden_substrings"]), lanes)
 
     def variant(self, name: str) -> Variant:
         try:
@@ -93,15 +107,31 @@ class Layout:
         except KeyError:
             raise LayoutError(f"unknown wheel variant {name!r}; known: {', '.join(self.variants)}") from None
 
+    def lane(self, backend: str) -> Lane:
+        try:
+            return self.lanes[backend]
+        except KeyError:
+            raise LayoutError(f"no lane for backend {backend!r} in {LAYOUT_FILE.name}; lanes: "
+                              f"{', '.join(f'{b}: {lane.name}' for b, lane in self.lanes.items())}") from None
+
+    def lane_for_version(self, version: str) -> Lane | None:
+        """The lane a wheel version names (its local label's first part), None for a public version."""
+        first = (Version(version).local or "").split(".")[0]
+        return next((lane for lane in self.lanes.values() if lane.name == first), None)
+
     def variant_for_version(self, version: str, named: str | None = None) -> Variant:
-        """The variant a wheel version belongs to (by its local label); where several share the label (lite and
-        source: the public version), the one `named` (the identity's variant), else the first declared."""
+        """The variant a wheel version belongs to (its local label after the lane's name); where several share the
+        label (lite and source: none), the one `named` (the identity's variant), else the first declared."""
         local = Version(version).local or ""
-        matching = [v for v in self.variants.values() if v.local_version == local]
-        if matching:
-            return next((v for v in matching if v.name == named), matching[0])
-        raise LayoutError(f"version {version} has local label {local!r}, which no wheel variant uses "
-                          f"({', '.join(f'{v.name}: {v.local_version!r}' for v in self.variants.values())})")
+        lane = self.lane_for_version(version)
+        rest = local.split(".", 1)[1] if lane and "." in local else "" if lane else local
+        matching = [v for v in self.variants.values() if v.local_version == rest]
+        if matching:  # the named one, else the one the label implies (no lane: the source build), else the first
+            return next((v for v in matching if v.name == named), next(
+                (v for v in matching if (lane is None) == (v.name == SOURCE_VARIANT)), matching[0]))
+        raise LayoutError(f"version {version} has local label {local!r}, which names no lane and wheel variant "
+                          f"(lanes: {', '.join(lane.name for lane in self.lanes.values())}; variants: "
+                          f"{', '.join(f'{v.name}: {v.local_version!r}' for v in self.variants.values())})")
 
     def without(self, names: list[str] | tuple[str, ...]) -> Layout:
         """A copy with `names` removed from every variant (for checkouts that cannot build them yet)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +20,13 @@ from jatools.wheel.dist_metadata import (
     WheelBuildError,
     license_files,
 )
-from jatools.wheel.wheel_layout import Layout, Variant, python_files, python_packages
+from jatools.wheel.wheel_layout import (
+    Lane,
+    Layout,
+    Variant,
+    python_files,
+    python_packages,
+)
 from jax_aiter import remedies
 from jax_aiter.fetch_mha import BASE_URL_KEY
 from jax_aiter.integrity import (
@@ -43,9 +50,24 @@ def library_sources(settings: config.Settings, layout: Layout, variant: Variant)
     return paths
 
 
+def lane_of(layout: Layout, expectations: expect.JitExpectations) -> Lane:
+    """The lane of the JIT libraries' backend; WheelBuildError when they were compiled by a GPU toolkit of another
+    major version than the lane is named for (a CUDA 12 build is no cuda13 wheel)."""
+    ident = expectations.identity
+    lane = layout.lane(ident.get("backend") or "cpu")
+    tc = ident.get("toolchain") or {}
+    found = tc.get("platform_version") or tc.get("gpu_compiler_version") or ""
+    major = re.match(r"\D*(\d+)", str(found))
+    if lane.toolkit is not None and major and int(major.group(1)) != lane.toolkit:
+        raise WheelBuildError(f"the JIT libraries ({expectations.source}) were compiled by {tc.get('gpu_compiler')} "
+                              f"{found}, but the {lane.backend} lane is {lane.name} (toolkit {lane.toolkit}, "
+                              f"jatools/wheel/wheel_layout.toml): build them with that toolkit, or add a lane")
+    return lane
+
+
 def build_identity(expectations: expect.JitExpectations, version: str, variant: Variant,
                    wheel_arch: str | None, native: dict[str, dict], base_url: str | None,
-                   source_build: bool = False) -> dict:
+                   source_build: bool = False, lane: Lane | None = None, lanes: dict[str, str] | None = None) -> dict:
     """The identity baked into the wheel: the JIT libraries' identity plus what this wheel is, the pins
     ({name, size, sha256} of every JIT library of its cache id and of the `native` libraries it ships: the
     loader and jax-aiter-fetch-mha accept only those bytes) and the base URL jax-aiter-fetch-mha fetches from."""
@@ -56,7 +78,9 @@ def build_identity(expectations: expect.JitExpectations, version: str, variant: 
             f"JA_WHEEL_ARCH={wheel_arch} but the JIT libraries were built for "
             f"{', '.join(archs) or 'no GPU arch'} (backend {ident.get('backend')}, {expectations.source}); "
             f"rebuild them with GPU_ARCHS={wheel_arch} {remedies.door('jit')}, or unset JA_WHEEL_ARCH")
-    ident.update(schema=IDENTITY_SCHEMA, version=version, variant=variant.name,
+    # lanes: {backend: lane} of the release, so the runtime can name the lane to install on another backend
+    ident.update(schema=IDENTITY_SCHEMA, version=version, variant=variant.name, lane=lane.name if lane else None,
+                 lanes=dict(lanes or {}),
                  wheel_arch=";".join(config.split_archs(wheel_arch)) if wheel_arch else (";".join(archs) or None),
                  pins=sorted([*expectations.entries.values(), *native.values()], key=lambda e: e["name"]))
     if base_url:

@@ -205,10 +205,11 @@ def _identity_only_wheel(folder: Path, version: str, identity: bytes | None) -> 
 
 
 @pytest.mark.parametrize(("version", "named", "variant"), [
-    ("0.1.0", "source", "source"),  # lite and source share the public version: the identity tells them apart
-    ("0.1.0", "lite", "lite"),
-    ("0.1.0", None, "lite"),        # no identity: the first variant declared with that label
-    ("0.1.0+full", "full", "full"),
+    ("0.1.0", "source", "source"),  # a source build keeps the sdist's public version
+    ("0.1.0", None, "source"),       # no identity: no lane label means a source build
+    ("0.1.0+cpu", "lite", "lite"),  # a lane's label, then the variant's (docs/wheels.md "Lanes")
+    ("0.1.0+cpu", None, "lite"),
+    ("0.1.0+cuda13.full", "full", "full"),
 ])
 def test_a_wheels_variant_comes_from_the_layout_and_its_identity(tmp_path, version, named, variant):
     ident = None if named is None else json.dumps({"variant": named, "backend": "cpu"}).encode()

@@ -67,7 +67,8 @@ def test_floor_is_what_auditwheel_show_measures(wheels):
 
 def test_names_versions_and_tags(wheels):
     floor = auditwheel_show(wheels["lite"].wheel)["sym_tag"]
-    for variant, version in (("lite", PROJECT_VERSION), ("full", f"{PROJECT_VERSION}+full")):
+    # the lane's label (the CPU build's: cpu), then the variant's: distinct names per backend (docs/wheels.md)
+    for variant, version in (("lite", f"{PROJECT_VERSION}+cpu"), ("full", f"{PROJECT_VERSION}+cpu.full")):
         w = wheels[variant].wheel
         assert w.name == f"jax_aiter-{version}-py3-none-{floor}.whl"
         name, ver, build_tag, _ = parse_wheel_filename(w.name)
@@ -200,7 +201,8 @@ def test_installed_wheel_runs_info_and_an_op(wheels, tmp_path):
     out = subprocess.run([sys.executable, "-m", "jax_aiter", "info", "--json"], cwd=tmp_path, env=env,
                          capture_output=True, text=True, check=True)
     info = json.loads(out.stdout)
-    assert info["variant"] == "lite" and info["version"] == PROJECT_VERSION
+    assert info["variant"] == "lite" and info["version"] == f"{PROJECT_VERSION}+cpu"
+    assert info["identity"]["lane"] == "cpu" and info["identity"]["lanes"]["cuda"] == "cuda13"
     assert info["identity"]["cache_id"] == wheels["lite"].identity["cache_id"]
     where = {lib["library"]: lib["path"] for lib in info["libraries"]}
     assert where["libjax_aiter.so"] == str(site / "jax_aiter/_lib/libjax_aiter.so")
@@ -210,7 +212,8 @@ def test_installed_wheel_runs_info_and_an_op(wheels, tmp_path):
     text = subprocess.run([sys.executable, "-c", no_jax],
                           cwd=tmp_path, env=env, capture_output=True, text=True, check=False)
     assert text.returncode == 0, text.stderr
-    assert "jax-aiter" in text.stdout and "(lite)" in text.stdout and "NOT FOUND" in text.stdout  # MHA: fetch
+    assert f"jax-aiter {PROJECT_VERSION}+cpu (lite, lane cpu)" in text.stdout  # info names the lane
+    assert "NOT FOUND" in text.stdout  # MHA: fetched later
     run_op = ("import jax.numpy as jnp, jax_aiter; "
               "y = jax_aiter.silu_and_mul(jnp.ones((2, 8), jnp.float32)); print(float(y.sum()))")
     op = subprocess.run([sys.executable, "-c", run_op],

@@ -19,16 +19,24 @@ def test_layout_matches_the_loader_table():
     assert layout.identity_file == _loader.IDENTITY_FILE.relative_to(_loader.PACKAGE_DIR.parent).as_posix()
 
 
-def test_versions_and_variants():
+def test_versions_name_the_lane_then_the_variant():
     layout = Layout.load()
-    assert layout.variant("lite").version("0.1.0") == "0.1.0"
-    assert layout.variant("full").version("0.1.0") == "0.1.0+full"
-    assert layout.variant_for_version("0.1.0+full").name == "full"
-    assert layout.variant_for_version("0.1.0").name == "lite"
+    cuda, rocm = layout.lane("cuda"), layout.lane("rocm")
+    assert (cuda.name, rocm.name, layout.lane("cpu").name) == ("cuda13", "rocm7", "cpu")
+    names = {layout.variant(v).version("0.1.0", lane) for v in ("lite", "full") for lane in (cuda, rocm)}
+    assert names == {"0.1.0+cuda13", "0.1.0+cuda13.full", "0.1.0+rocm7", "0.1.0+rocm7.full"}, "lanes share a version"
+    assert layout.variant("source").version("0.1.0", cuda) == "0.1.0", "a source build keeps the sdist's version"
+    for version, variant, lane in (("0.1.0+cuda13.full", "full", "cuda13"), ("0.1.0+rocm7", "lite", "rocm7"),
+                                   ("0.1.0", "source", None)):
+        assert layout.variant_for_version(version).name == variant
+        assert (layout.lane_for_version(version) or None) == (layout.lanes.get({"cuda13": "cuda", "rocm7": "rocm"}
+                                                                               .get(lane, "")) if lane else None)
     with pytest.raises(LayoutError, match="unknown wheel variant 'medium'"):
         layout.variant("medium")
     with pytest.raises(LayoutError, match="local label 'cu12'"):
         layout.variant_for_version("0.1.0+cu12")
+    with pytest.raises(LayoutError, match="no lane for backend 'tpu'"):
+        layout.lane("tpu")
 
 
 def test_external_allowlist_is_per_backend():
