@@ -19,15 +19,16 @@ STAGES: tuple[tuple[str, tuple[str, ...], str], ...] = (
      "settings, the one atomic write, the one step runner, the bounded tool probe, this table, private folders"),
     ("native-tools", ("jatools.native.toolchain", "jatools.native.compiler_cache", "jatools.native.jit_modules",
                       "jatools.native.jit_packages", "jatools.native.jit_ninja", "jatools.native.jit_build"),
-     "toolchain detection, the compiler cache; the JIT build: its modules and sources, pinned headers, ninja, "
-     "its identity"),
+     ("toolchain detection, the compiler cache; the JIT build: its modules and sources, pinned headers, ninja, "
+     "its identity")),
     ("ci", ("jatools.ci",), "environment report, convergence-decision check"),
     ("jitlibs", ("jatools.jitlibs",), "the JIT libraries after the build: record, expect, decide, download, publish"),
     ("native", ("jatools.native",), "the one native-build sequence (its consumer check reads jitlibs), sanitizers"),
     ("wheel", ("jatools.wheel",), "libraries -> wheels, and every check on a wheel"),
     ("validate", ("jatools.validate",), "wheels -> clean room"),
     ("testing", ("jatools.testing",), "tiers, GPU slots, the pytest plugin"),
-    ("release", ("jatools.release", "jatools.bench"), "the main job and the tooling benchmarks"),
+    ("release", ("jatools.release", "jatools.release_index", "jatools.bench"),
+     "the main job, the artifact index and the tooling benchmarks"),
 )
 PACKAGES = ("jax_aiter", "jatools")
 

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import functools
 import http.server
+import io
 import os
 import threading
 from pathlib import Path
 from typing import Self
 from urllib.parse import unquote, urlsplit
+
+SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"  # PEP 691's media type of a simple index page in JSON
 
 
 def _inside(root: Path, url_path: str) -> Path | None:
@@ -40,9 +43,20 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
         self.send_error(code, why)
 
     def send_head(self):
-        if _inside(Path(self.directory), self.path) is None:
+        path = _inside(Path(self.directory), self.path)
+        if path is None:
             self._refuse(404, "not in the store")
             return None
+        # PEP 691: a folder of the simple index answers with its JSON page when the client prefers it (pip and uv
+        # ask for it first); else the HTML page (index.html), as any static host serves it.
+        page = path / "index.json"
+        if SIMPLE_JSON in self.headers.get("Accept", "") and page.is_file() and not page.is_symlink():
+            body = page.read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Type", SIMPLE_JSON)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            return io.BytesIO(body)
         return super().send_head()
 
     def do_PUT(self) -> None:
