@@ -24,7 +24,6 @@ import json
 import os
 import re
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 from typing import ClassVar
@@ -367,21 +366,6 @@ def matrix(group: str, event: str | None = None, fork: bool = False, runners: st
                         and not (fork and b.runner.gpus) and runners in (None, "gpu" if b.runner.gpus else "cpu")]}
 
 
-def jit_inputs_changed(base: str | None) -> tuple[bool, str]:
-    """(changed, why): did base...HEAD change an input of the JIT cache id (jit_build.path_filter)? An unknown or
-    missing base counts as changed: the producer's plan then decides by the cache id itself."""
-    if not base or set(base) == {"0"}:
-        return True, "no base revision"
-    diff = subprocess.run(["git", "diff", "--name-only", f"{base}...HEAD"], check=False, cwd=ROOT, capture_output=True, text=True)
-    if diff.returncode != 0:
-        return True, f"git diff {base}...HEAD failed: {diff.stderr.strip()[:200]}"
-    patterns = jit_build.path_filter(config.load(backend="cpu", env={}))
-    hits = [f for f in diff.stdout.split() if any(f == p or (p.endswith("/**") and f.startswith(p[:-2]))
-                                                  for p in patterns)]
-    return bool(hits), (f"{len(hits)} input(s) of the JIT cache id changed: {', '.join(hits[:5])}" if hits
-                        else "no input of the JIT cache id changed")
-
-
 def check_release_tag(env: dict[str, str]) -> str:
     """The release's tag (a `v*` tag the workflow runs on); checked in the release workflow's first minute, so a
     dispatch from a branch fails at once, not after the release build at upload."""
@@ -433,8 +417,6 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--list", action="store_true", help="name and describe every build")
     mode.add_argument("--dump_commands", action="store_true", help="print every build's commands (the golden file)")
     mode.add_argument("--matrix", metavar="GROUP", help="print a GitHub matrix of the group's builds as JSON")
-    mode.add_argument("--jit-inputs-changed", action="store_true",
-                      help="did $JA_BASE_REV...HEAD change an input of the JIT cache id? (jit_changed= to $GITHUB_OUTPUT)")
     mode.add_argument("--workflows", action="store_true",
                       help="write this file's facts (runners, timeouts, Python version) into .github/workflows")
     mode.add_argument("--check-release-tag", action="store_true",
@@ -454,10 +436,6 @@ def main(argv: list[str] | None = None) -> int:
             text = json.dumps(matrix(args.matrix, args.event or event, fork, args.runners))
             print(text)
             steps.github_output({"matrix" + (f"_{args.runners}" if args.runners else ""): text})
-        elif args.jit_inputs_changed:
-            changed, why = jit_inputs_changed(os.environ.get("JA_BASE_REV"))
-            print(f"jit_changed={'true' if changed else 'false'} ({why})")
-            steps.github_output({"jit_changed": "true" if changed else "false"})
         elif args.workflows:
             changed = write_workflows()
             print("\n".join(f"wrote {p.relative_to(ROOT)}" for p in changed) or "the workflows are up to date")

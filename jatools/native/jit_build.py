@@ -27,9 +27,15 @@ import time
 from pathlib import Path
 
 from jatools import atomic_write, config
-from jatools.native import compiler_cache, jit_modules, jit_ninja, jit_packages, toolchain
+from jatools.native import (
+    compiler_cache,
+    jit_modules,
+    jit_ninja,
+    jit_packages,
+    toolchain,
+)
 from jatools.native.jit_modules import ARCH_KINDS, BuildError
-from jax_aiter import folder_lock, op_table, remedies
+from jax_aiter import folder_lock, remedies
 from jax_aiter.integrity import RECORD_NAME, RECORD_SCHEMA, file_entry, sha256_files
 from jax_aiter.reuse_gate import cache_id, compare
 
@@ -37,11 +43,6 @@ from jax_aiter.reuse_gate import cache_id, compare
 def libraries(settings: config.Settings) -> dict[str, str]:
     """{module: its library} of every JIT module, in order: what a build, a merge or a publication holds."""
     return {name: spec["library"] for name, spec in jit_modules.module_table(settings).items()}
-
-
-# The code the JIT build's command lines and generated sources come from: a change to any can change a cache id
-# (path_filter; tests/tooling/test_jit_libs_identity.py checks every project module this one imports is here).
-CODE = (config, toolchain, op_table, jit_modules, jit_packages, jit_ninja, sys.modules[__name__])
 
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.MULTILINE)
@@ -145,22 +146,6 @@ def derive_identity(settings: config.Settings, tc: toolchain.Toolchain, recipe_h
              "toolchain": tc.identity()}
     ident["cache_id"] = cache_id(ident)
     return ident
-
-
-def path_filter(settings: config.Settings) -> list[str]:
-    """The paths whose change can change a cache id (ci/build.py --jit-inputs-changed: ci.yml then calls the
-    producer, jit-libs.yml): the folders of every file a build of any backend reads (two levels deep), the code
-    and settings its command lines come from (CODE), and the workflow; not the op table's data (docs/jit-libs.md
-    says why)."""
-    root = settings.root
-    found: set[str] = set()
-    for backend in ("cpu", "cuda", "rocm"):
-        tc = toolchain.Toolchain(backend, cxx="", cxx_version="", gpu_compiler=None if backend == "cpu" else "",
-                                 archs=settings.default_archs(backend))
-        found |= {"/".join(Path(p).parts[:2]) + "/**" for p in recipe(settings, tc)[1]}
-    code = {Path(m.__file__).resolve().relative_to(root).as_posix() for m in CODE}
-    return sorted(found | code | {"pyproject.toml", os.path.relpath(settings.jit_config, root),
-                                  ".github/workflows/jit-libs.yml"})
 
 
 def checkout_identity(settings: config.Settings) -> tuple[dict, list[str]]:
