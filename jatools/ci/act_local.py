@@ -32,7 +32,7 @@ ROOT = Path(os.environ.get("JA_ROOT_DIR") or Path(__file__).resolve().parents[2]
 # The stand-in (ci/act/<folder>) of each action the workflows use.
 STANDINS = {"actions/checkout": "checkout", "actions/setup-python": "setup-python",
             "actions/upload-artifact": "upload-artifact", "actions/download-artifact": "download-artifact",
-            "docker/login-action": "login", "actions/attest-build-provenance": "attest"}
+            "docker/login-action": "login", "actions/attest-build-provenance": "attest", "actions/cache": "cache"}
 # What a container image has that the host may have too: (tool on PATH, what it stands for).
 HOST_EQUIVALENT = {"nvidia/cuda:13.0.1-devel-ubuntu24.04": ("nvcc", "the CUDA 13 toolkit")}
 # Builds that need a service this machine cannot reach, and which one (the JIT-library release store is served
