@@ -14,7 +14,6 @@ import argparse
 import hashlib
 import json
 import os
-import shlex
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ REPORT = "dist/release-report.json"
 SCHEMA = 1
 WHEEL_BUILDER = "jatools.wheel.wheel_build"  # the module the wheel stages run (its imports decide the bytes too)
 CHECKER = "jatools.wheel.wheel_checks"
+JITLIBS = "jatools.jitlibs"  # fetch and verify: the functions invoke jit.fetch and invoke verify call
 GREEN = ("ok", "up-to-date")  # the results of a stage that passed
 VARIANTS = ("lite", "full")
 
@@ -133,15 +133,6 @@ def _validated(ctx: Context) -> str | None:
     return "both wheels (same sha256) already passed validation" if covered else None
 
 
-def _door(ctx: Context, action: str, *args: str) -> list[str]:
-    """The contract's door for `action` (jax_aiter/remedies.py, e.g. `invoke jit.fetch`) run with the release's
-    Python: the one command line of that action (the tasks parse its flags and call the module)."""
-    tool, *words = shlex.split(remedies.door(action))
-    if tool != "invoke":  # `python -m` runs an invoke task's door; a make or shell door would need its own argv
-        raise ValueError(f"the release runs only invoke doors with its Python; {action!r} is {remedies.door(action)!r}")
-    return [ctx.python, "-m", tool, *words, *args]
-
-
 def _native(ctx: Context, stage, settings: config.Settings) -> list[steps.Step]:
     """The native sequence as jatools.native.build writes it (umbrella, JIT libraries built or taken, shims; a
     consumer's check first), each step given the release's log, re-run command, skip test and artifacts. With
@@ -152,8 +143,8 @@ def _native(ctx: Context, stage, settings: config.Settings) -> list[steps.Step]:
     jit_libs = lambda: sorted(jit_dir.glob("lib*.so"))
     taken = {"rerun": f"{remedies.door('jit_fetch')}  (or {remedies.door('jit')})", "artifacts": jit_libs}
     if ctx.fetch_jit:  # the release's pins come from where the producer publishes (pyproject)
-        taken = {"argv": _door(ctx, "jit_fetch", "--base-url", ctx.fetch_jit,
-                               "--pins-from", settings.raw["jit_libs_base_url"]),
+        taken = {"argv": [ctx.python, "-m", JITLIBS, "fetch", "--base-url", ctx.fetch_jit,
+                          "--pins-from", settings.raw["jit_libs_base_url"]],
                  "rerun": f"{remedies.door('jit_fetch')} --base-url {ctx.fetch_jit}", "artifacts": jit_libs}
     extra = {
         "umbrella": {"rerun": "make  (or nox -s umbrella)", "up_to_date": lambda: _make_q(ctx, "umbrella"),
@@ -187,7 +178,7 @@ def stages(ctx: Context) -> list[steps.Step]:
                 f"nox -s wheel_{v}  (or bash scripts/build_wheel.sh --variant {v})",
                 up_to_date=lambda v=v: _wheel_up_to_date(ctx, v), artifacts=lambda v=v: _wheel_artifact(ctx, v))
           for v in VARIANTS],
-        stage("verify", _door(ctx, "verify"), remedies.door("verify")),
+        stage("verify", [py, "-m", JITLIBS, "verify"], remedies.door("verify")),
         # One scan of each wheel feeds both checks (the symbol floor and the content policy).
         stage("floor+contents", lambda: [py, "-m", CHECKER, "--floor", "--contents", *_wheels(ctx)],
               lambda: f"invoke floor -- {wheels()}; invoke contents -- {wheels()}"),

@@ -84,11 +84,11 @@ def test_dry_run_prints_the_plan_and_runs_nothing(scratch):
 
 
 @pytest.mark.parametrize("jit, fetch", [("build", None), ("take", None), ("take", "file:///releases")])
-def test_the_release_runs_the_native_sequence_of_native_build_and_no_door(monkeypatch, jit, fetch):
+def test_the_release_runs_the_native_sequence_of_native_build_and_never_invoke(monkeypatch, jit, fetch):
     """The native stages are jatools.native.build's sequence (a consumer's check before anything compiles),
-    not a second copy. No stage runs nox (the release is itself `nox -s release`); the JIT fetch and verify
-    stages run the contract's doors (`invoke jit.fetch`, `invoke verify`: one command line each), every other
-    stage a module or make."""
+    not a second copy. No stage runs nox (the release is itself `nox -s release`) or invoke: the JIT fetch and
+    verify stages run the functions `invoke jit.fetch` and `invoke verify` call, through `python -m
+    jatools.jitlibs`; every other stage a module or make."""
     from jatools.native import build as native_build
     monkeypatch.setenv("JA_JIT_LIBS", jit)
     plan = release_mod.stages(release_mod.Context(REPO, sys.executable, fetch, {}))
@@ -99,31 +99,39 @@ def test_the_release_runs_the_native_sequence_of_native_build_and_no_door(monkey
     assert got[1:] == native[1:] and (got[0] == native[0]) == (fetch is None)
     pins = config.load(root=REPO).raw["jit_libs_base_url"]
     if fetch:
-        assert got[0][1:] == ["-m", "invoke", "jit.fetch", "--base-url", fetch, "--pins-from", pins]
-    doors = {"jit": got[0] if fetch else None, "verify": [sys.executable, "-m", "invoke", "verify"]}
+        assert got[0][1:] == ["-m", "jatools.jitlibs", "fetch", "--base-url", fetch, "--pins-from", pins]
     for step in plan:  # (the commands read when their stage starts name the wheels and run a module too)
         argv = None if callable(step.argv) else list(step.argv)
-        assert argv is None or "nox" not in argv, (step.name, argv)
-        assert argv is None or "invoke" not in argv or argv == doors.get(step.name), (step.name, argv)
-    assert next(s for s in plan if s.name == "verify").argv == doors["verify"]
+        assert argv is None or not {"nox", "invoke"} & set(argv), (step.name, argv)
+    assert next(s for s in plan if s.name == "verify").argv == [sys.executable, "-m", "jatools.jitlibs", "verify"]
 
 
-@pytest.mark.parametrize(("door", "flags"), [("verify", []), ("jit.fetch", ["--base-url", "--pins-from"])])
-def test_the_doors_the_release_runs_take_the_flags_it_passes(door, flags):
-    """What the release runs as `python -m invoke NAME` is a task invoke finds from the checkout, with the flags
-    the release passes (asked of invoke itself)."""
-    r = subprocess.run([sys.executable, "-m", "invoke", "--help", door], cwd=REPO, capture_output=True, text=True,
-                       timeout=120, check=False)
-    assert r.returncode == 0 and f"Usage: inv[oke] [--core-opts] {door}" in r.stdout, r.stdout + r.stderr
-    assert all(f in r.stdout for f in flags), r.stdout
+@pytest.mark.parametrize(("action", "flags"), [("verify", ["--dir", "--against"]),
+                                               ("fetch", ["--base-url", "--pins-from"])])
+def test_the_jit_steps_the_release_runs_take_the_flags_it_passes(action, flags):
+    """`python -m jatools.jitlibs ACTION` takes the flags the release passes, as the invoke task does."""
+    r = subprocess.run([sys.executable, "-m", "jatools.jitlibs", action, "--help"], cwd=REPO, capture_output=True,
+                       text=True, timeout=120, check=False)
+    assert r.returncode == 0 and all(f in r.stdout for f in flags), r.stdout + r.stderr
 
 
-def test_the_release_refuses_to_run_a_door_that_is_not_an_invoke_task(monkeypatch):
-    """`python -m invoke ...` is how the release runs a door; a door of another tool (make, nox) is refused by
-    name instead of becoming a wrong command line."""
-    monkeypatch.setitem(release_mod.remedies.DOORS, "verify", "make verify")
-    with pytest.raises(ValueError, match="only invoke doors.*'verify' is 'make verify'"):
-        release_mod.stages(release_mod.Context(REPO, sys.executable, None, {}))
+def test_verify_through_the_module_fails_on_a_changed_library(tmp_path):
+    """The release's verify stage fails (exit 1, the file named) when a library differs from its record."""
+    from tests.tooling.jit_libs_support import make_checkout, write_build
+
+    root = make_checkout(tmp_path / "repo")
+    ident = {"cache_id": "0" * 16}
+    jit_dir = root / "build" / "aiter_build"
+    write_build(jit_dir, ident)
+    env = {**os.environ, "JA_ROOT_DIR": str(root), "JA_BACKEND": "cpu", "PYTHONPATH": str(root)}
+    ok = subprocess.run([sys.executable, "-m", "jatools.jitlibs", "verify"], cwd=root, env=env, capture_output=True,
+                        text=True, timeout=120, check=False)
+    assert ok.returncode == 0 and "match" in ok.stdout, ok.stderr
+    lib = next(jit_dir.glob("lib*.so"))
+    lib.write_bytes(lib.read_bytes()[:-1] + b"x")
+    bad = subprocess.run([sys.executable, "-m", "jatools.jitlibs", "verify"], cwd=root, env=env, capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert bad.returncode == 1 and lib.name in bad.stderr and "jit.verify: error" in bad.stderr, bad.stderr
 
 
 def test_the_environment_report_the_ci_driver_wrote_is_taken_not_made_again(tmp_path, monkeypatch):
