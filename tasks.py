@@ -203,13 +203,16 @@ def contents(c, wheel=None, clients=False):
 
 
 # --- release upload (jatools/release.py): only a green report for this commit, wheels unchanged
-@task(help={"tag": "release tag to upload to", "to": "gh (GitHub release, both wheels) or pypi (lite wheel, twine)",
-            "dry_run": "check the report and print the upload commands only"})
-def release_upload(c, tag, to="gh", dry_run=False):
-    """Upload the wheels of a green `nox -s release` run for the current commit (refuses stale or modified)."""
+@task(iterable=["lane"],
+      help={"tag": "release tag to upload to", "dry_run": "check the reports and print the upload commands only",
+            "to": "gh (the GitHub release: every lane's wheels and the sdist), pypi (the sdist, twine) or a store "
+                  "folder (the files and the artifact index, jatools/release_index.py)",
+            "lane": "a folder holding one lane's release report and files (repeatable; default dist/)"})
+def release_upload(c, tag, to="gh", dry_run=False, lane=None):
+    """Upload the distributions of green `nox -s release` runs for the current commit (refuses stale or modified)."""
     from jatools import release
     try:
-        release.upload(tag, to=to, dry_run=dry_run)
+        release.upload(tag, to=to, dry_run=dry_run, lanes=[Path(p) for p in lane or []] or None)
     except release.ReleaseError as e:
         raise Exit(f"release.upload: refused: {e}", code=1)
 

@@ -25,6 +25,7 @@ import os
 import re
 import shlex
 import sys
+import tomllib
 from pathlib import Path
 from typing import ClassVar
 
@@ -173,6 +174,13 @@ class Build:
         return {"env-report"} | {s.task for s in self.steps if isinstance(s, Invoke)}
 
 
+def release_lane(backend: str) -> str:
+    """The lane a backend's wheels are released in: jatools/wheel/wheel_layout.toml [lanes], read as data (the
+    layout module needs `packaging`, which the plan jobs' bare Python lacks)."""
+    layout = tomllib.loads((ROOT / "jatools" / "wheel" / "wheel_layout.toml").read_text())
+    return layout["lanes"][backend]["name"]
+
+
 def jit_modules() -> list[str]:
     """The JIT modules (the op table's, jit_build.libraries): the producer builds one shard per module."""
     return list(jit_build.libraries(config.load(env={})))
@@ -279,15 +287,32 @@ Build(name="validation_image", group="images", runner=UBUNTU, timeout_minutes=90
       description="Publish the clean-room validation image tagged with its Dockerfile hash (skip if present)",
       steps=(Invoke("image.publish", ("--push",)),))
 
-Build(name="release", group="release", runner=MI355_1_MANYLINUX, env=(
-          *ROCM_ENV, ("JA_WHEEL_ARCH", "gfx950"), ("JA_WHEEL_PLAT_NAME", "manylinux_2_39_x86_64")),
-      timeout_minutes=180,
-      description="Release: fetch JIT libraries, both wheels, verify/floor/contents, clean-room validation of "
-                  "both on 1x MI355, dist/release-report.json",
-      steps=(Nox("release", ("--fetch-jit", "${JA_FETCH_BASE_URL}")),))
+# The release: one build per lane (jatools/wheel/wheel_layout.toml [lanes], docs/wheels.md), each its backend's
+# wheels built from published JIT libraries, checked and clean-room validated on its GPU; then one job writes the
+# artifact index over every lane's files, attests them and uploads them. Each lane's dist/ arrives in the upload
+# job as the artifact release-dist-<build>, downloaded to RELEASE_LANES/release-dist-<build>/.
+RELEASE_LANES = config.build_path("release").as_posix() + "-lanes"
+RELEASE_STORE = config.build_path("release").as_posix() + "-store"
+_LANE_RUNNERS = {"rocm": (MI355_1_MANYLINUX, (*ROCM_ENV, ("JA_WHEEL_ARCH", "gfx950"),
+                                              ("JA_WHEEL_PLAT_NAME", "manylinux_2_39_x86_64"))),
+                 "cuda": (H200_1, CUDA_ENV)}
+RELEASES = []
+for _backend, (_runner, _env) in _LANE_RUNNERS.items():
+    _lane = release_lane(_backend)
+    RELEASES.append(Build(
+        name=f"release_{_lane}", group="release", runner=_runner, env=_env, timeout_minutes=180,
+        description=f"Release, lane {_lane}: fetch the {_backend} JIT libraries, both wheels, verify/floor/contents, "
+                    f"clean-room validation of both on 1x {'MI355' if _backend == 'rocm' else 'H200'}, "
+                    "dist/release-report.json",
+        steps=(Nox("release", ("--fetch-jit", "${JA_FETCH_BASE_URL}")),)))
+_LANE_ARGS = tuple(a for b in RELEASES for a in ("--lane", f"{RELEASE_LANES}/release-dist-{b.name}"))
+Build(name="release_index", group="release_upload", runner=UBUNTU, timeout_minutes=30,
+      description="Release: every lane's files and the artifact index (PEP 503 + PEP 691, sha256) written into a "
+                  f"store folder ({RELEASE_STORE}), to be attested with the wheels",
+      steps=(Invoke("release.upload", ("--tag", "${JA_RELEASE_TAG}", "--to", RELEASE_STORE, *_LANE_ARGS)),))
 Build(name="release_upload", group="release_upload", runner=UBUNTU, timeout_minutes=30,
-      description="Release: upload the validated wheels (refuses a stale or red report)",
-      steps=(Invoke("release.upload", ("--tag", "${JA_RELEASE_TAG}")),))
+      description="Release: upload every lane's validated wheels and the sdist (refuses a stale or red report)",
+      steps=(Invoke("release.upload", ("--tag", "${JA_RELEASE_TAG}", *_LANE_ARGS)),))
 
 
 class BuildError(RuntimeError):

@@ -227,10 +227,20 @@ def run(fetch_jit: str | None = None, dry_run: bool = False, root: Path | None =
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "seconds": round(time.time() - started, 2), "ok": ok, "stages": results,
         "wheels": [a for r in results if r["name"].startswith("wheel_") for a in r["artifacts"]],
+        "lane": _lane(ctx),
     }
     atomic_write.write_text(report_path, json.dumps(report, indent=2) + "\n")
     print(summary(report))
     return 0 if ok else 1
+
+
+def _lane(ctx: Context) -> str | None:
+    """The lane the release's wheels are (their identity's), for the report and the upload's notes."""
+    from jatools.wheel import wheel_scan
+    from jatools.wheel.wheel_layout import Layout
+
+    idents = [wheel_scan.read_identity(w, Layout.load()) for w in ctx.wheels.values() if w.is_file()]
+    return next((i.get("lane") for i in idents if i), None)
 
 
 def summary(report: dict) -> str:
@@ -241,60 +251,96 @@ def summary(report: dict) -> str:
         art = s["artifacts"][0]["path"] if len(s["artifacts"]) == 1 else (
             f"{len(s['artifacts'])} files" if s["artifacts"] else "")
         lines.append(f"  {s['name']:<{w}}{s['result']:<12}{s['seconds']:>8.1f}s  {art}")
-    verdict = "GREEN: both wheels built, checked and validated" if report["ok"] else "FAILED"
+    lane = f" of lane {report['lane']}" if report.get("lane") else ""
+    verdict = f"GREEN: both wheels{lane} built, checked and validated" if report["ok"] else "FAILED"
     lines += [f"  {verdict} in {report['seconds']:.1f} s; report: {REPORT}"]
     return "\n".join(lines)
 
 
-def check_uploadable(root: Path) -> dict:
-    """The report, if it shows every stage green for this commit and the wheels unchanged; else ReleaseError."""
-    if not (root / REPORT).is_file():
-        raise ReleaseError(f"no {REPORT}; run `nox -s release` first")
-    report = json.loads((root / REPORT).read_text())
+def check_uploadable(root: Path, report_path: Path | None = None) -> dict:
+    """The report (default <root>/dist/release-report.json; a lane's from another job: its dist folder's), if it
+    shows every stage green for this commit and its distributions unchanged; else ReleaseError. Each artifact's
+    path is resolved beside the report (`files`: {name: path})."""
+    report_path = report_path or root / REPORT
+    if not report_path.is_file():
+        raise ReleaseError(f"no {report_path}; run `nox -s release` first")
+    report = json.loads(report_path.read_text())
     if report.get("kind") != "jax-aiter-release" or report.get("schema") != SCHEMA:
-        raise ReleaseError(f"{REPORT} is not a release report of schema {SCHEMA}; run `nox -s release` again")
+        raise ReleaseError(f"{report_path} is not a release report of schema {SCHEMA}; run `nox -s release` again")
     bad = [s["name"] for s in report["stages"] if s["result"] not in GREEN]
     if not report.get("ok") or bad:
-        raise ReleaseError(f"the release report is not green (stages {', '.join(bad)}); fix them and run "
-                           "`nox -s release`")
+        raise ReleaseError(f"the release report {report_path} is not green (stages {', '.join(bad)}); fix them and "
+                           "run `nox -s release`")
     commit, dirty = commit_state(root)
     if report["commit"] != commit:
-        raise ReleaseError(f"the release report is for commit {report['commit'][:12]}, but HEAD is {commit[:12]}; "
-                           "run `nox -s release` for this commit")
+        raise ReleaseError(f"the release report {report_path} is for commit {report['commit'][:12]}, but HEAD is "
+                           f"{commit[:12]}; run `nox -s release` for this commit")
     if report.get("dirty") or dirty:
         raise ReleaseError("the release was built from (or the checkout now has) uncommitted changes; commit them "
                            "and run `nox -s release`")
-    for w in report["wheels"]:
-        if not (root / w["path"]).is_file():
-            raise ReleaseError(f"{w['path']} is missing; run `nox -s release`")
-        if (got := sha256_file(root / w["path"])) != w["sha256"]:
-            raise ReleaseError(f"{w['path']} changed since the release run: sha256 {got} != reported {w['sha256']}")
+    sdists = [a for s in report["stages"] if s["name"] == "sdist" for a in s["artifacts"]]
+    report["files"] = {}
+    for w in [*report["wheels"], *sdists]:
+        path = report_path.parent / Path(w["path"]).name
+        if not path.is_file():
+            raise ReleaseError(f"{path} is missing; run `nox -s release`")
+        if (got := sha256_file(path)) != w["sha256"]:
+            raise ReleaseError(f"{path} changed since the release run: sha256 {got} != reported {w['sha256']}")
+        report["files"][path.name] = path
     return report
 
 
-def upload(tag: str, to: str = "gh", dry_run: bool = False, root: Path | None = None) -> list[list[str]]:
-    """Upload the validated wheels: only a green report for HEAD, and only to a tag that names that commit.
-    Idempotent: the GitHub release is created when missing, and a re-run replaces the assets."""
+def release_files(reports: list[dict]) -> list[Path]:
+    """Every lane's distributions, once each: two lanes' files never share a name (the sdist, the same source in
+    every lane, is taken once when its bytes agree)."""
+    out: dict[str, Path] = {}
+    for report in reports:
+        for name, path in report["files"].items():
+            if name in out and sha256_file(out[name]) != sha256_file(path):
+                raise ReleaseError(f"two lanes made {name} with different bytes ({out[name]}, {path}): no two "
+                                   "artifacts of a release may share a file name")
+            out.setdefault(name, path)
+    return [out[n] for n in sorted(out)]
+
+
+def upload(tag: str, to: str = "gh", dry_run: bool = False, root: Path | None = None,
+           lanes: list[Path] | None = None) -> list[list[str]]:
+    """Upload the validated distributions of every lane (`lanes`: each a folder holding one lane's release report
+    and files; default this checkout's dist/): only green reports for HEAD, and only to a tag that names that
+    commit. `to`: gh (the GitHub release; created when missing, a re-run replaces the assets), pypi (the sdist:
+    PyPI takes no local versions, so no lane wheel), or a store folder (file:// too), which gets the files and
+    the artifact index (jatools/release_index.py)."""
     root = root or config.repo_root()
-    report = check_uploadable(root)
+    reports = [check_uploadable(root, (lane / Path(REPORT).name) if lane else None) for lane in lanes or [None]]
     if not (tagged := _git(root, "rev-parse", "--verify", "--quiet", f"refs/tags/{tag}^{{commit}}")):
         raise ReleaseError(f"there is no tag {tag!r} in this checkout; a release uploads to a tag that names the "
                            f"built and validated commit: git tag {tag} <commit> && git push origin {tag}")
-    if tagged != report["commit"]:
+    if tagged != reports[0]["commit"]:
         raise ReleaseError(f"tag {tag} names commit {tagged[:12]}, but the wheels were built and validated from "
-                           f"{report['commit'][:12]}; move the tag to the validated commit or run `nox -s release` "
+                           f"{reports[0]['commit'][:12]}; move the tag to the validated commit or run `nox -s release` "
                            f"at {tagged[:12]}")
-    wheels = [w["path"] for w in report["wheels"]]
+    files = release_files(reports)
     if to == "pypi":
-        cmds = [["twine", "upload", *[w for w in wheels if "+full" not in w]]]
-    else:  # the GitHub release is created on the existing tag when missing; --clobber: a re-run replaces, not fails
-        if dry_run and to == "gh":
+        cmds = [["twine", "upload", *[str(f) for f in files if f.name.endswith(".tar.gz")]]]
+    elif to == "gh":  # the GitHub release is created on the existing tag when missing; --clobber: re-runs replace
+        if dry_run:
             print(f"dry run: gh release view {tag}  (created below when missing)", flush=True)
-        create = to == "gh" and (dry_run or subprocess.run(["gh", "release", "view", tag], cwd=root,
-                                                           capture_output=True, check=False).returncode != 0)
-        notes = f"jax-aiter {tag}: wheels built and validated from {report['commit']} (dist/release-report.json)"
+        create = dry_run or subprocess.run(["gh", "release", "view", tag], cwd=root, capture_output=True,
+                                           check=False).returncode != 0
+        notes = (f"jax-aiter {tag}: wheels built and validated from {reports[0]['commit']}, lanes "
+                 f"{', '.join(sorted({r['lane'] for r in reports if r.get('lane')}))} (docs/wheels.md)")
         cmds = [["gh", "release", "create", tag, "--verify-tag", "--title", tag, "--notes", notes]] if create else []
-        cmds.append(["gh", "release", "upload", tag, *wheels, "--clobber"])
+        cmds.append(["gh", "release", "upload", tag, *map(str, files), "--clobber"])
+    else:
+        store = Path(to.removeprefix("file://"))
+        print(("dry run: " if dry_run else "") + f"index: {len(files)} files of {tag} into {store}", flush=True)
+        if not dry_run:
+            from jatools import release_index
+            try:
+                release_index.add(store, tag, files)
+            except release_index.ReleaseIndexError as e:
+                raise ReleaseError(str(e)) from None
+        return []
     for cmd in cmds:
         print(("dry run: " if dry_run else "$ ") + " ".join(cmd), flush=True)
         if not dry_run:

@@ -65,7 +65,7 @@ def test_golden_file_is_current() -> None:
 def test_required_builds_exist() -> None:
     builds = ci_build.Build.all_builds()
     for name in ("pr_cpu", "pr_compile_cuda", "pr_compile_rocm", "pr_gpu_rocm_mi355", "pr_gpu_cuda_h200",
-                 "nightly_rocm_4gpu", "multigpu_rocm_4gpu", "validation_image", "release", "release_upload",
+                 "nightly_rocm_4gpu", "multigpu_rocm_4gpu", "validation_image", "release_rocm7", "release_cuda13", "release_index", "release_upload",
                  "pr_convergence_gate", "nightly_cpu_sanitize"):
         assert name in builds
     shards = {n for n, b in builds.items() if b.group == "jit_libs_shard_rocm"}
@@ -163,11 +163,14 @@ def test_placeholders_come_from_the_environment() -> None:
     with pytest.raises(ci_build.BuildError, match="needs JA_RELEASE_TAG"):
         ci_build.run_build(build, env={})
     cmd = next(c for c in build.commands() if "release.upload" in c)
-    assert ci_build.substitute(cmd, {"JA_RELEASE_TAG": "v0.1.0"})[-1] == "v0.1.0"
+    got = ci_build.substitute(cmd, {"JA_RELEASE_TAG": "v0.1.0"})
+    assert got[got.index("--tag") + 1] == "v0.1.0"
+    lanes = [got[i + 1] for i, a in enumerate(got) if a == "--lane"]  # every lane's dist, as the workflow lays it
+    assert lanes == [f"{ci_build.RELEASE_LANES}/release-dist-{b.name}" for b in ci_build.RELEASES]
 
 
 def test_dry_run_prints_without_running() -> None:
-    r = cli("--build", "release", "--dry_run")
+    r = cli("--build", "release_cuda13", "--dry_run")
     assert r.returncode == 0
     assert "nox -R -s release -- --fetch-jit '${JA_FETCH_BASE_URL}'" in r.stdout
 
@@ -189,7 +192,7 @@ def test_every_command_is_told_where_the_environment_report_is(monkeypatch) -> N
     """JA_ENV_REPORT: the release takes the report the build wrote first instead of reporting again."""
     seen = []
     monkeypatch.setattr(ci_build.steps, "run", lambda todo, label, **kw: seen.extend(todo) or [])
-    assert ci_build.run_build(ci_build.get_build("release"), dry_run=True, env={}) == 0
+    assert ci_build.run_build(ci_build.get_build("release_rocm7"), dry_run=True, env={}) == 0
     assert seen[0].argv[-3:] == ["env-report", "--json-out", "build/ci-records/env-report.json"]
     assert all(s.env["JA_ENV_REPORT"] == str(ROOT / "build/ci-records/env-report.json") for s in seen)
 

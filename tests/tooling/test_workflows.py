@@ -39,7 +39,7 @@ ci_build = act_local.load_ci_build(ROOT)
 BUILDS = ci_build.Build.all_builds()
 BACKENDS = [b for b, _runner, _env in ci_build.PRODUCER_BACKENDS]
 # Builds allowed to run in a job with write permission (uploads and publishing only).
-WRITE_BUILDS = {"release_upload", "validation_image", *(f"jit_libs_publish_{b}" for b in BACKENDS)}
+WRITE_BUILDS = {"release_upload", "release_index", "validation_image", *(f"jit_libs_publish_{b}" for b in BACKENDS)}
 GITHUB_HOSTED = ci_build.GITHUB_HOSTED
 # Where the JIT-library releases live: the repository variable when set (nox -s ci_local sets it to its store on
 # 127.0.0.1), else the repository's own releases.
@@ -170,10 +170,19 @@ def test_the_release_checks_its_tag_first_and_attests_its_assets() -> None:
     assert jobs["release"]["needs"] == "plan" and jobs["plan"]["timeout-minutes"] <= 5
     upload = jobs["release_upload"]
     attest = [s for s in upload["steps"] if s.get("uses", "").startswith("actions/attest-build-provenance@")]
-    assert attest and "dist/*.whl" in attest[0]["with"]["subject-path"]
+    store = ci_build.RELEASE_STORE
+    subjects = attest[0]["with"]["subject-path"].split() if attest else []
+    assert {f"{store}/*/*.whl", f"{store}/*/*.tar.gz", f"{store}/simple/**/index.html",
+            f"{store}/simple/**/index.json"} <= set(subjects), "every lane's files and the index are attested"
     assert upload["permissions"] == {"contents": "write", "id-token": "write", "attestations": "write"}
-    runs = [i for i, s in enumerate(upload["steps"]) if "run" in s]
-    assert upload["steps"].index(attest[0]) < runs[0], "attest before the upload"
+    runs = [s["run"] for s in upload["steps"] if "run" in s]
+    at = upload["steps"].index(attest[0])
+    index, push = (next(i for i, s in enumerate(upload["steps"]) if b in s.get("run", ""))
+                   for b in ("--build release_index", "--build release_upload"))
+    assert index < at < push, f"the index is written, then attested, then uploaded: {runs}"
+    lanes = {b.name for b in ci_build.RELEASES}
+    assert lanes == {"release_rocm7", "release_cuda13"} and jobs["release"]["strategy"]["matrix"] == \
+        "${{ fromJSON(needs.plan.outputs.matrix) }}", "a release job per lane, from ci/build.py's release group"
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
@@ -405,9 +414,12 @@ def test_manylinux_jobs_use_the_containers_python_and_the_upload_checks_out_the_
     `invoke release.upload` refuses a tag that does not name the validated commit."""
     for name, wf, job_id, job in all_jobs():
         images = {BUILDS[b].runner.container or "" for b in job_builds(wf, job)}
-        if any("manylinux" in image for image in images):
-            uses = [s.get("uses", "") for s in job["steps"]]
-            assert not any(u.startswith("actions/setup-python") for u in uses), f"{name}:{job_id}"
+        if any("manylinux" in image for image in images):  # a matrix of lanes: set up only for the others
+            setup = [s for s in job["steps"] if s.get("uses", "").startswith("actions/setup-python")]
+            manylinux = {dict(BUILDS[b].env).get("JA_BACKEND") for b in job_builds(wf, job)
+                         if "manylinux" in (BUILDS[b].runner.container or "")}
+            assert all(s.get("if") and all(f"'{b}'" not in s["if"] for b in manylinux) for s in setup), \
+                f"{name}:{job_id}"
     lines = [x for x in (ROOT / "scripts" / "run.sh").read_text().splitlines() if x.startswith(("pyv=", "manylinux_py="))]
     found = subprocess.run(["bash", "-c", "; ".join([*lines, 'printf %s "$manylinux_py"'])], cwd=ROOT,
                            capture_output=True, text=True, check=True).stdout
