@@ -1,23 +1,24 @@
 #!/usr/bin/env bash
-# The H200 jobs of CI, run as CI runs them, on an offline GPU host (the lent H200):
-#   1. a local package index (ci/gpu/offline_index.py index: the carried wheels plus the host's jax, jaxlib and
-#      jax-cuda13 plugin repacked), which pip and uv use offline, so every install pass is CI's own;
-#   2. the producer, as ci.yml runs it for a kernel change: `nox -s jit` (install pass, then -R), then
-#      `invoke jit.publish --to <the run's JIT store>` (the merge build's step), and the JIT libraries emptied;
-#   3. each BUILD through `ci/build.py --build BUILD` with JA_FETCH_BASE_URL=<that store>, as build_gpu
-#      runs it after the producer: env-report, jit.fetch, then each session's --install-only and -R passes.
-# The copy is made a git checkout first when it is none (CI's is; the JIT identity needs one).
-# Results (tier JSON with the GPU tests per device, ci/build.py's records, the bench gate's JSON) go to OUT,
-# with the producer's store as OUT/jit-store.tar: a later call given it as JIT_STORE_TAR skips the producer.
-#   bash ci/gpu/h200_ci_jobs.sh WHEELS OUT [BUILD...]   (default: pr_gpu_cuda_h200 nightly_cuda_h200_bench)
-# WHEELS: made on a machine with an index by `python3 ci/gpu/offline_index.py download WHEELS [--on-host NAME ...]`
-# (--on-host: what the GPU image already has, left behind to keep the carried folder under the 64 MiB limit).
+# The H200 job of CI, run as CI runs it, on an offline GPU host (the lent H200): the GPU tier against the CUDA
+# lane's validated wheel, installed into a fresh environment, never against a build tree.
+#   1. a local package index (ci/gpu/offline_index.py index: the carried wheels, the CUDA lane's among them, plus
+#      the host's jax, jaxlib and jax-cuda13 plugin repacked), which pip and uv use offline;
+#   2. a fresh venv with the lane's wheel (jax_aiter-<version>+cuda13.full-*.whl: `nox -s release` made and
+#      validated it), JAX and its CUDA plugin at the test pin, and the tier group (pytest and its plugins);
+#   3. the pr tier on the CUDA platform through jatools.testing.tiers --installed --deps-from <that venv>: pytest
+#      imports the installed jax_aiter (the tier says where from and which lane, and refuses the checkout's).
+# BUILD arguments also run those ci/build.py builds afterwards, as build_gpu runs them (env-report, jit.fetch,
+# each session's --install-only and -R passes), after the producer (`nox -s jit`, `invoke jit.publish`).
+# Results (tier JSON with the GPU tests per device and the installed wheel, ci/build.py's records) go to OUT.
+#   bash ci/gpu/h200_ci_jobs.sh WHEELS OUT [BUILD...]
+# WHEELS: made on a machine with an index by
+#   python3 ci/gpu/offline_index.py download WHEELS --groups tier && cp dist/jax_aiter-*+cuda13.full-*.whl WHEELS/
+# For a run without a GPU (tests/wheel/test_h200_ci_job.py): LANE=cpu TIER_PLATFORM=cpu, TIER_ARGS for pytest.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
 wheels=$(realpath "$1") out=$(realpath -m "$2")
 shift 2
 builds=("$@")
-[ "${#builds[@]}" -gt 0 ] || builds=(pr_gpu_cuda_h200 nightly_cuda_h200_bench)
 mkdir -p "$out"
 py=$(command -v "${PYTHON:-python3}")
 # shellcheck source=ci/gpu/steps.sh
@@ -27,11 +28,12 @@ bin=$(mktemp -d)  # python<X.Y> (the project's Python) on PATH for scripts/run.s
 pyv=$("$py" -c 'from jatools.config import python_version; print(python_version())') || exit 1
 ln -s "$py" "$bin/python$pyv"
 export PATH="$bin:$PATH" PYTHONUNBUFFERED=1 CI=true JA_BACKEND="${JA_BACKEND:-cuda}"
-GPU_ARCHS="${GPU_ARCHS-$("$py" -c 'from jatools.native.build import default_archs; print(default_archs("cuda"))')}" && export GPU_ARCHS
+groups=(tier)
+[ "${#builds[@]}" -eq 0 ] || groups=(test build run bench wheel tier)
 idx=$(mktemp -d)
-"$py" ci/gpu/offline_index.py index "$idx" --carried "$wheels" || exit 1
+"$py" ci/gpu/offline_index.py index "$idx" --carried "$wheels" --groups "${groups[@]}" || exit 1
 export PIP_NO_INDEX=1 PIP_FIND_LINKS="$idx" PIP_CONSTRAINT="" UV_OFFLINE=1 UV_NO_INDEX=1 UV_FIND_LINKS="$idx"
-# The CUDA libraries the host's JAX loads from its pip-installed nvidia packages, for the sessions' venvs too.
+# The CUDA libraries the host's JAX loads from its pip-installed nvidia packages, for the fresh venvs too.
 nvlibs=$("$py" -c 'import glob, site; print(":".join(sorted(d for p in site.getsitepackages() for d in glob.glob(p + "/nvidia/*/lib"))))' \
   2>/dev/null || true)
 export LD_LIBRARY_PATH="${nvlibs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -43,30 +45,56 @@ if [ "$(git rev-parse --show-toplevel 2>/dev/null)" != "$PWD" ]; then
   fi
 fi
 nvidia-smi -L
-# The build folders from their one home (jatools/config.py BUILD_TREE, under JA_BUILD_DIR): the run's JIT store,
-# the JIT libraries, the tiers' results, the benchmarks' JSON, ci/build.py's records.
-IFS=$'\t' read -r store jit results bench records < <("$py" -c 'from jatools import config
-print(*(config.build_path(n) for n in ("jit_store", "jit", "test_results", "bench", "ci_records")), sep="\t")') &&
-  [ -n "$records" ] || exit 1
 
-if [ -n "${JIT_STORE_TAR:-}" ]; then
-  step producer-store 60 tar -xf "$JIT_STORE_TAR"  # $store/jit-libs-<cache id>/, from an earlier call
-else
-  step producer-install 300 bash scripts/run.sh nox -s jit --install-only
-  step producer 420 bash scripts/run.sh nox -R -s jit
-  step producer-publish 120 bash scripts/run.sh invoke jit.publish --to "$store"
-  tar -cf "$out/jit-store.tar" "$store"
+# The GPU tier against the CUDA lane's validated wheel, in a fresh venv.
+platform="${TIER_PLATFORM:-cuda}"
+lane=$(find "$wheels" -maxdepth 1 -name "jax_aiter-*+${LANE:-cuda13}.full-*.whl" | sort | tail -1)
+if [ -z "$lane" ]; then
+  echo "h200_ci_jobs: no lane wheel (jax_aiter-*+${LANE:-cuda13}.full-*.whl) in $wheels: copy the one"
+  echo "  \`JA_BACKEND=cuda nox -s release\` validated there (dist/)"
+  exit 1
 fi
-rm -rf "$jit"  # the jobs fetch what the producer published, as on a fresh runner
-export JA_FETCH_BASE_URL=$store
-for b in "${builds[@]}"; do
-  step "$b" 1200 bash scripts/run.sh python3 ci/build.py --build "$b"
-done
-cp "$results"/tier-*.json "$records"/*.json "$bench"/gpu.json "$out"/ 2>/dev/null
+venv="$out/lane-venv"
+rm -rf "$venv"
+IFS=' ' read -r -a tier_reqs < <("$py" -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["dependency-groups"]["tier"]))')
+IFS=' ' read -r -a plugin < <("$py" -m jatools.testing.tiers --plugin-requirements --platform "$platform" | tr '\n' ' ')
+read -r -a tier_args <<<"${TIER_ARGS:-}"
+step lane-venv 120 "$py" -m venv "$venv"
+step lane-install 600 "$venv/bin/python" -m pip install --disable-pip-version-check "$lane" "${plugin[@]}" "${tier_reqs[@]}"
+step lane-info 60 "$venv/bin/python" -P -m jax_aiter info
+step lane-tier 3000 "$py" -m jatools.testing.tiers --tier pr --platform "$platform" --installed \
+  --deps-from "$venv/bin/python" --results-dir "$out" "${tier_args[@]}"
+
+if [ "${#builds[@]}" -gt 0 ]; then
+  # the producer builds for CI's archs (pyproject gpu_archs_cuda, which ci/build.py's builds set), not the GPU here
+  GPU_ARCHS="${GPU_ARCHS-$("$py" -c 'from jatools.native.build import default_archs; print(default_archs("cuda"))')}"
+  export GPU_ARCHS
+  # The build folders from their one home (jatools/config.py BUILD_TREE, under JA_BUILD_DIR): the run's JIT store,
+  # the JIT libraries, the tiers' results, the benchmarks' JSON, ci/build.py's records.
+  IFS=$'\t' read -r store jit results bench records < <("$py" -c 'from jatools import config
+print(*(config.build_path(n) for n in ("jit_store", "jit", "test_results", "bench", "ci_records")), sep="\t")') &&
+    [ -n "$records" ] || exit 1
+  if [ -n "${JIT_STORE_TAR:-}" ]; then
+    step producer-store 60 tar -xf "$JIT_STORE_TAR"  # $store/jit-libs-<cache id>/, from an earlier call
+  else
+    step producer-install 300 bash scripts/run.sh nox -s jit --install-only
+    step producer 420 bash scripts/run.sh nox -R -s jit
+    step producer-publish 120 bash scripts/run.sh invoke jit.publish --to "$store"
+    tar -cf "$out/jit-store.tar" "$store"
+  fi
+  rm -rf "$jit"  # the jobs fetch what the producer published, as on a fresh runner
+  export JA_FETCH_BASE_URL=$store
+  for b in "${builds[@]}"; do
+    step "$b" 1200 bash scripts/run.sh python3 ci/build.py --build "$b"
+  done
+  cp "$results"/tier-*.json "$records"/*.json "$bench"/gpu.json "$out"/ 2>/dev/null
+fi
 "$py" - "$out" <<'PY'
 import glob, json, sys
 for f in sorted(glob.glob(sys.argv[1] + "/tier-*.json")):
     gpu = json.load(open(f)).get("gpu") or {}
-    print(f"{f.rsplit('/', 1)[1]}: GPU tests per device {gpu.get('tests_per_device')}")
+    wheel = gpu.get("installed") or {}
+    print(f"{f.rsplit('/', 1)[1]}: GPU tests per device {gpu.get('tests_per_device')}; jax_aiter "
+          f"{wheel.get('version')} (lane {wheel.get('lane')}) from {wheel.get('file')}")
 PY
 finish

@@ -46,28 +46,30 @@ except ImportError:  # a bare host: pip's vendored copy
     from pip._vendor.packaging.requirements import Requirement
 
 
-def group_requirements() -> list[str]:
+def group_requirements(names: tuple[str, ...] = GROUPS) -> list[str]:
     groups = tomllib.loads((ROOT / "pyproject.toml").read_text())["dependency-groups"]
 
     def expand(name: str) -> list[str]:
         return [x for r in groups[name] for x in (expand(r["include-group"]) if isinstance(r, dict) else [r])]
-    return sorted({r for g in GROUPS for r in expand(g)})
+    return sorted({r for g in names for r in expand(g)})
 
 
-def to_download(on_host: set[str]) -> tuple[list[str], list[str]]:
+def to_download(on_host: set[str], names: tuple[str, ...] = GROUPS) -> tuple[list[str], list[str]]:
     """The group requirements to download with their dependencies, and the header-only ones (without)."""
-    reqs = group_requirements()
+    reqs = group_requirements(names)
     return ([r for r in reqs if not is_headers_only(r) and canonical_name(Requirement(r).name) not in on_host],
             [r for r in reqs if is_headers_only(r)])
 
 
-def download(dest: Path, on_host: set[str] = frozenset()) -> int:
+def download(dest: Path, on_host: set[str] = frozenset(), names: tuple[str, ...] = GROUPS) -> int:
     on_host = ON_THE_HOST | {canonical_name(n) for n in on_host}
-    reqs, headers = to_download(on_host)
+    reqs, headers = to_download(on_host, names)
     common = [sys.executable, "-m", "pip", "download", "-q", "-d", str(dest), "--only-binary=:all:",
               "--python-version", python_version(), "--implementation", "cp", "--platform", "manylinux_2_28_x86_64",
               "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64"]
-    for argv in ([*common, *reqs], [*common, "--no-deps", *headers]):
+    for argv in ([*common, *reqs], [*common, "--no-deps", *headers] if headers else []):
+        if not argv:
+            continue
         if subprocess.run(argv, check=False).returncode:
             return 1
     for whl in dest.glob("*.whl"):  # a dependency of a carried package that the host has
@@ -132,18 +134,18 @@ def wheel_requires(whl: Path) -> list[str]:
     return [r.name for r in reqs if r.marker is None or r.marker.evaluate({"extra": ""})]
 
 
-def unmet(dest: Path) -> list[str]:
+def unmet(dest: Path, names: tuple[str, ...] = GROUPS) -> list[str]:
     """The group requirements no wheel in `dest` satisfies (by name and version)."""
     versions = {}
     for whl in dest.glob("*.whl"):
         versions.setdefault(canonical_name(whl.name.split("-")[0]), []).append(whl.name.split("-")[1])
-    return [r for r in group_requirements() if not any(Requirement(r).specifier.contains(v, prereleases=True)
+    return [r for r in group_requirements(names) if not any(Requirement(r).specifier.contains(v, prereleases=True)
                                                       for v in versions.get(canonical_name(Requirement(r).name), []))]
 
 
-def index(dest: Path, carried: Path | None) -> int:
+def index(dest: Path, carried: Path | None, names: tuple[str, ...] = GROUPS) -> int:
     dest.mkdir(parents=True, exist_ok=True)
-    have, needed = set(), [*SEEDS, *(Requirement(r).name for r in group_requirements())]
+    have, needed = set(), [*SEEDS, *(Requirement(r).name for r in group_requirements(names))]
     for whl in sorted(carried.glob("*.whl")) if carried else []:
         shutil.copy2(whl, dest / whl.name)
         have.add(canonical_name(whl.name.split("-")[0]))
@@ -151,7 +153,7 @@ def index(dest: Path, carried: Path | None) -> int:
     made = [repack(d, dest) for d in closure(needed, have)]
     print(f"offline_index: {len(have)} carried wheel(s), {len(made)} repacked from {sys.prefix}: "
           f"{', '.join(p.name for p in made)}")
-    if missing := unmet(dest):
+    if missing := unmet(dest, names):
         print(f"offline_index: nothing in {dest} satisfies {', '.join(missing)}: carry a wheel of each "
               "(`download` without --on-host for it) or install it on this host")
         return 1
@@ -165,8 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--carried", type=Path, help="with index: the carried wheels")
     p.add_argument("--on-host", nargs="*", default=[], metavar="NAME",
                    help="with download: packages the GPU host has installed, not downloaded")
+    p.add_argument("--groups", nargs="*", default=list(GROUPS), metavar="GROUP",
+                   help=f"the dependency groups (default: {' '.join(GROUPS)}; `tier`: only what a GPU tier run "
+                        "against an installed lane wheel needs)")
     a = p.parse_args(argv)
-    return download(a.dest, set(a.on_host)) if a.action == "download" else index(a.dest, a.carried)
+    names = tuple(a.groups)
+    return download(a.dest, set(a.on_host), names) if a.action == "download" else index(a.dest, a.carried, names)
 
 
 if __name__ == "__main__":

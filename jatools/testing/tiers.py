@@ -97,8 +97,11 @@ def choose_platform(flag: str | None, env: dict[str, str], gpus: gpu_slots.Gpus)
 def plan(tier: str, platform: str, gpus: gpu_slots.Gpus, pytest_args: list[str], workers: int | None = None,
          reruns: int = 0, have_rerun_plugin: bool = True, env: dict[str, str] | None = None,
          python: str = sys.executable, results_dir: Path = RESULTS_DIR,
-         have_timeout_plugin: bool = True) -> list[PytestRun]:
-    """The pytest processes a tier runs on a platform, in order."""
+         have_timeout_plugin: bool = True, installed: bool = False) -> list[PytestRun]:
+    """The pytest processes a tier runs on a platform, in order. `installed`: the tests import the jax_aiter
+    installed for `python` (a wheel), never the checkout's: `-P` keeps the working folder off sys.path, the
+    checkout's pythonpath setting is emptied and pytest appends the root (for tests/ and jatools) after
+    site-packages."""
     env = dict(os.environ if env is None else env)
     runs = []
     slots = gpus.count * gpu_slots.tests_per_gpu(env)
@@ -107,7 +110,8 @@ def plan(tier: str, platform: str, gpus: gpu_slots.Gpus, pytest_args: list[str],
         if flt.contradiction():
             raise TierError(f"tier {tier} on {platform}: {config} selects nothing ({flt.contradiction()})")
         expr = flt.expression()
-        argv = [python, "-m", "pytest", *(["-m", expr] if expr else [])]
+        argv = [python, *INSTALLED_PYTHON_FLAGS * installed, "-m", "pytest",
+                *INSTALLED_PYTEST_FLAGS * installed, *(["-m", expr] if expr else [])]
         over: dict[str, str] = {REPORT_ENV: str(results_dir / f"flaky-{tier}-{kind}.json")}
         # Only the plugins a tier uses load (-p; ours from tests/conftest.py): an image's others cost each process
         # about a second and some import JAX before the slot is taken. A value the caller set is kept.
@@ -227,6 +231,27 @@ def failure_counts(results: list[dict]) -> dict[str, int]:
         counts.update((r["flaky"] or {}).get("failure_counts") or {})
         counts["infrastructure"] += bool(r.get("run_failure"))
     return dict(counts)
+
+
+INSTALLED_PYTHON_FLAGS = ("-P",)  # never the working folder (the checkout) first on sys.path
+INSTALLED_PYTEST_FLAGS = ("-o", "pythonpath=", "--import-mode=append")
+_INSTALLED = ("import json, jax_aiter; from jax_aiter import _loader; i = _loader.build_identity() or {}; "
+              "print(json.dumps({'file': jax_aiter.__file__, 'version': i.get('version'), 'lane': i.get('lane'), "
+              "'variant': i.get('variant'), 'cache_id': i.get('cache_id')}))")
+
+
+def installed_package(python: str) -> dict:
+    """Where the tests' jax_aiter comes from under --installed: an installed wheel (its file outside the checkout,
+    its build identity); TierError when it would be the checkout's or no wheel's."""
+    cp = subprocess.run([python, *INSTALLED_PYTHON_FLAGS, "-c", _INSTALLED], cwd=REPO_ROOT, capture_output=True,
+                        text=True, timeout=300, check=False)
+    if cp.returncode != 0:
+        raise TierError(f"--installed: {python} cannot import an installed jax_aiter ({cp.stderr.strip()[-300:]}); "
+                        "install the lane's wheel into it first (ci/gpu/h200_ci_jobs.sh does)")
+    found = json.loads(cp.stdout.strip().splitlines()[-1])
+    if Path(found["file"]).resolve().is_relative_to(REPO_ROOT.resolve()) or not found["version"]:
+        raise TierError(f"--installed: {python} imports jax_aiter from {found['file']}, not from an installed wheel")
+    return found
 
 
 def probe(python: str, want_jax: bool) -> dict:
@@ -351,6 +376,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--plugin-requirements", action="store_true",
                    help="print the JAX GPU plugin requirements for the platform (none on the CPU or with "
                         "--deps-from) and exit; `nox -s tests` installs them")
+    p.add_argument("--installed", action="store_true",
+                   help="test the jax_aiter installed for the pytest interpreter (a lane's wheel), not the checkout's")
     p.add_argument("--dry-run", action="store_true", help="print the pytest commands and exit")
     return p
 
@@ -384,8 +411,13 @@ def main(argv: list[str] | None = None) -> int:
                   for what, pkg, wanted in (("retries off", "pytest-rerunfailures", reruns),
                                             ("no per-test timeout", "pytest-timeout", True))
                   if wanted and not have[pkg.replace("-", "_")]]
+        package = installed_package(python) if a.installed else None
+        if package:
+            notes.append(f"testing the installed jax_aiter {package['version']} (lane {package['lane']}, "
+                         f"{package['variant']}) from {package['file']}, not the checkout's")
         runs = plan(tier, platform, gpus, pytest_args, workers, reruns, have["pytest_rerunfailures"], env,
-                    python=python, results_dir=results_dir, have_timeout_plugin=have["pytest_timeout"])
+                    python=python, results_dir=results_dir, have_timeout_plugin=have["pytest_timeout"],
+                    installed=a.installed)
     except (TagFilterError, TierError, ValueError) as e:
         print(f"tiers: {e}", file=sys.stderr)
         return 2
@@ -400,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
               "or pass --deps-from an interpreter with the `test` dependency group", file=sys.stderr)
         return 2
     problems = [pr for pr in [device_problem(expect, expect_how, platform, seen, python)] if pr]
-    gpu = {"expected": expect, "how": expect_how, "jax": seen.get("jax"), "problems": problems}
+    gpu = {"expected": expect, "how": expect_how, "jax": seen.get("jax"), "problems": problems,
+           "installed": package}
     # with a device problem no test runs (it would run on the wrong devices)
     return summarize(tier, platform, why, [] if problems else execute(runs, gpus, REPO_ROOT), results_dir, notes, gpu)
 

@@ -62,10 +62,11 @@ get_requires_for_build_editable = get_requires_for_build_sdist = get_requires_fo
 def prepare_metadata_for_build_wheel(metadata_directory: str, config_settings: dict | None = None) -> str:
     """PEP 517: the wheel's dist-info (METADATA, licenses, WHEEL, entry points) without building anything, so
     pip and uv resolve an sdist's dependencies before its native build."""
-    variant = Layout.load().variant(_variant(config_settings))
+    layout = Layout.load()
+    variant = layout.variant(_variant(config_settings))
     root = Path.cwd().resolve()
     project = project_table(root)
-    version = variant.version(project["version"])
+    version = variant.version(project["version"], _lane(layout, root))
     dist_info = Path(metadata_directory) / f"{file_name(project)}-{version}.dist-info"
     with _backend_errors():
         metadata, _ = metadata_text(project, version, root)
@@ -74,6 +75,22 @@ def prepare_metadata_for_build_wheel(metadata_directory: str, config_settings: d
             (dist_info / name).parent.mkdir(parents=True, exist_ok=True)
             (dist_info / name).write_bytes(data)
     return dist_info.name
+
+
+def _lane(layout: Layout, root: Path):
+    """The lane the wheel built here will have: its JIT libraries' backend's; None for an unpacked sdist without
+    libraries (its source build keeps the sdist's version) or a tree with no JIT record yet (build_wheel then
+    fails, naming the command that makes them)."""
+    from jatools.jitlibs import expect
+    from jatools.wheel import wheel_stage
+
+    try:
+        settings = config.load(root=root)
+        if unbuilt_sdist(settings):
+            return None
+        return wheel_stage.lane_of(layout, expect.expectations(settings))
+    except (expect.JitExpectationError, config.SettingError, OSError, ValueError):
+        return None
 
 
 def prepare_metadata_for_build_editable(metadata_directory: str, config_settings: dict | None = None) -> str:
