@@ -48,6 +48,7 @@ def test_the_tier_runs_against_the_installed_lane_wheel(wheels, tmp_path):
     assert f"jax-aiter {wheels['full'].version} (full, lane cpu)" in out.stdout  # `python -m jax_aiter info`
 
 
+@pytest.mark.slow
 def test_without_the_lane_wheel_it_says_which_one_to_copy(tmp_path):
     empty = tmp_path / "wheels"
     empty.mkdir()
