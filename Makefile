@@ -113,10 +113,11 @@ jit: umbrella  # the backend build/config.mk resolved (JA_BACKEND=auto is resolv
 ja_mods_nomha: $(call shims,$(SHIMS_CORE))
 ja_mods: ja_mods_nomha $(call shims,$(SHIMS_MHA))
 
-# A missing JIT library is an error with the command that produces it.
+# A missing JIT library is an error with the command that produces it: jax_aiter/remedies.py's build_or_fetch,
+# word for word (tests/build/test_make.py holds them equal).
 $(JIT_DIR)/lib%.so:
-	@echo "error: $@ is missing. Build it with 'python3 jax_aiter/jit/build_jit.py --module $*'" \
-	  "(or 'nox -s jit'), or fetch published ones with 'invoke jit.fetch'." >&2; exit 1
+	@echo "error: $@ is missing; build the JIT libraries with \`nox -s jit -- --module $*\`" \
+	  "or fetch published ones with \`invoke jit.fetch\`" >&2; exit 1
 
 # --- compilation ----------------------------------------------------------------
 $(OBJ)/%.o: %.cpp $(CFG)

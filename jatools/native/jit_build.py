@@ -272,7 +272,7 @@ def _build_locked(settings: config.Settings, tc: toolchain.Toolchain, all_module
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="build_jit.py", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m jatools.native.jit_build", description=__doc__.splitlines()[0])
     p.add_argument("--module", help="comma-separated modules (default: every one the op table needs)")
     p.add_argument("--verbose", action="store_true", help="print every compiler command")
     p.add_argument("--log", type=Path, help="append the full compiler output to this file")

@@ -72,3 +72,18 @@ def test_the_check_sees_a_missing_row_and_a_session_that_does_not_exist():
     renamed = row.replace("`nox -s lint`", "`nox -s lint_all`", 1)
     assert session_differences(text.replace(row, renamed)) == {"not in the table": {"lint"},
                                                                 "no such session": {"lint_all"}}
+
+
+def test_every_python_main_the_page_lists_exists():
+    """docs/architecture.md lists no deleted command: each `python -m` main it names is a module that runs."""
+    import importlib.util
+
+    text = (REPO / "docs" / "architecture.md").read_text()
+    listed = re.findall(r"`(jatools[\w.]*)`", text[text.index("The `python -m` mains"):text.index("## Rules the layout")])
+    assert len(listed) >= 10, listed
+    for name in listed:
+        spec = importlib.util.find_spec(name)
+        assert spec is not None, f"docs/architecture.md names `python -m {name}`, which does not exist"
+        source = Path(spec.origin).read_text() if not spec.submodule_search_locations else (
+            Path(spec.origin).with_name("__main__.py").read_text())
+        assert re.search(r"__main__|def main|main\(\)", source), f"`python -m {name}` runs nothing"
