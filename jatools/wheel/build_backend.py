@@ -33,6 +33,9 @@ from jatools.wheel.zip_writer import DeterministicZipWriter
 CONFIG_SETTINGS = {"variant": "lite | full | source (default lite; source from an sdist without libraries): "
                               "-C variant=full, --config-settings variant=full"}
 EDITABLE_PTH = "_jax_aiter_editable.pth"
+# What a source build (an unpacked sdist without libraries) needs beyond [build-system].requires: ninja runs the JIT
+# build. `pip wheel <sdist>` failed after 10 s with "ninja not found" before the backend asked for it.
+SOURCE_BUILD_NEEDS = ("ninja",)
 
 
 def _variant(config_settings: dict | None, default: str = "lite") -> str:
@@ -53,10 +56,27 @@ def _backend_errors(hint: str = ""):
 
 
 def get_requires_for_build_wheel(config_settings: dict | None = None) -> list[str]:
-    return []  # [build-system].requires is everything
+    """[build-system].requires, plus, for an unpacked sdist without libraries (a source build runs the native
+    build here), ninja, which runs the JIT build, at pyproject's build group's pin. A checkout's build compiles
+    nothing and needs none. (A CUDA source build also reads nvidia-cutlass's headers; the build names the pin to
+    install, since its Python side pulls some 60 MB no CPU or ROCm build needs.)"""
+    try:
+        settings = config.load(root=Path.cwd().resolve())
+        if not unbuilt_sdist(settings, _variant(config_settings, SOURCE_VARIANT)):
+            return []
+    except (config.SettingError, OSError, SystemExit):
+        return []
+    import tomllib
+
+    build = tomllib.loads((settings.root / "pyproject.toml").read_text())["dependency-groups"]["build"]
+    return [r for r in build if isinstance(r, str) and r.split("=")[0].split(">")[0].strip() in SOURCE_BUILD_NEEDS]
 
 
-get_requires_for_build_editable = get_requires_for_build_sdist = get_requires_for_build_wheel
+def get_requires_for_build_editable(config_settings: dict | None = None) -> list[str]:
+    return []  # [build-system].requires is everything: an editable install builds nothing
+
+
+get_requires_for_build_sdist = get_requires_for_build_editable
 
 
 def prepare_metadata_for_build_wheel(metadata_directory: str, config_settings: dict | None = None) -> str:
