@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("store", type=Path, help="the store folder (<store>/<tag>/<file>, <store>/simple/)")
     p.add_argument("--tag", required=True, help="the release the distributions belong to")
     p.add_argument("dists", nargs="*", type=Path, help="wheels and sdists to add (none: only rewrite the index)")
-    a = p.parse_args(argv)
+    a = p.parse_intermixed_args(argv)  # STORE --tag T DIST...: the tag may come between the positionals
     try:
         written = add(a.store, a.tag, a.dists) if a.dists else write(a.store)
     except (ReleaseIndexError, OSError) as e:
