@@ -24,6 +24,7 @@ from pathlib import Path
 from jatools import atomic_write, config, steps
 from jatools.ci import env_report
 from jatools.native import build as native_build
+from jatools.native import compiler_cache
 from jax_aiter import remedies
 from jax_aiter.integrity import sha256_file, sha256_files
 
@@ -215,6 +216,7 @@ def run(fetch_jit: str | None = None, dry_run: bool = False, root: Path | None =
         return 0
     commit, dirty = commit_state(root)
     started = time.time()
+    since = compiler_cache.log_offset(config.load(root=root))  # this run's compiles, for the summary's last line
     try:
         records = steps.run(plan, "release")
     except steps.StepFailed as e:
@@ -231,6 +233,7 @@ def run(fetch_jit: str | None = None, dry_run: bool = False, root: Path | None =
     }
     atomic_write.write_text(report_path, json.dumps(report, indent=2) + "\n")
     print(summary(report))
+    print("  " + compiler_cache.summary(config.load(root=root), since, "release"), flush=True)
     return 0 if ok else 1
 
 
