@@ -26,7 +26,7 @@ exit 0
 """
 # stand-in nvcc 13: lists the plain archs only, and takes the a/f variants the real one takes (a --dryrun checks
 # the flags); test_real_nvcc_takes_the_suffixes_this_stand_in_does holds it to the real one where nvcc is installed.
-NVCC_TAKES = ("sm_80", "sm_86", "sm_90", "sm_90a", "sm_100", "sm_100a", "sm_100f")
+NVCC_TAKES = ("sm_80", "sm_86", "sm_90", "sm_90a", "sm_100", "sm_100a", "sm_100f", "sm_120")
 NVCC = """#!/bin/sh
 case "$1" in
   --version) echo "Cuda compilation tools, release 13.0, V13.0.48"; exit 0;;
@@ -78,8 +78,9 @@ def test_auto_picks_cuda_when_only_nvcc(tools):
     bin_dir, settings, env = tools
     _tool(bin_dir, "nvcc", NVCC)
     tc = toolchain.detect(settings(), env=env())
-    assert (tc.backend, tc.archs, tc.gpu_compiler_version) == ("cuda", ("sm_90",), "13.0")
-    assert toolchain.arch_flags(tc) == ["--generate-code=arch=compute_90,code=sm_90"]
+    default = settings().default_archs("cuda")  # their one home: pyproject gpu_archs_cuda
+    assert (tc.backend, tc.archs, tc.gpu_compiler_version) == ("cuda", default, "13.0")
+    assert toolchain.arch_flags(tc) == [f"--generate-code=arch=compute_{a[3:]},code={a}" for a in default]
 
 
 def test_therock_root_from_rocm_sdk_and_hipcc_from_path(tools, tmp_path):
@@ -125,8 +126,8 @@ def test_rejected_cuda_arch_names_arch_and_compiler(tools):
     bin_dir, settings, env = tools
     nvcc = _tool(bin_dir, "nvcc", NVCC)
     with pytest.raises(toolchain.ToolchainError) as e:
-        toolchain.detect(settings(backend="cuda", archs="sm_90,sm_120"), env=env())
-    assert "sm_120" in str(e.value) and str(nvcc) in str(e.value)
+        toolchain.detect(settings(backend="cuda", archs="sm_90,sm_70"), env=env())
+    assert "sm_70" in str(e.value) and str(nvcc) in str(e.value)
 
 
 CUDA_NAMES = ["sm_90", "90", "sm_90a", "90a", "sm_100f", "sm_100a", "100f", "sm_120"]
@@ -237,8 +238,9 @@ def test_no_gpu_or_a_failing_probe_keeps_the_default_archs_and_says_why(tools):
     bin_dir, settings, env = tools
     _tool(bin_dir, "nvcc", NVCC)
     tc = toolchain.detect(settings(), env=env())
-    assert tc.archs == ("sm_90",) and "GPU_ARCHS unset and no nvidia-smi on PATH: the default archs" in tc.how
+    default = settings().default_archs("cuda")
+    assert tc.archs == default and "GPU_ARCHS unset and no nvidia-smi on PATH: the default archs" in tc.how
     _tool(bin_dir, "nvidia-smi", "#!/bin/sh\necho 'NVIDIA-SMI has failed: no devices were found' >&2\nexit 6\n")
     tc = toolchain.detect(settings(), env=env())
-    assert tc.archs == ("sm_90",)
+    assert tc.archs == default
     assert any("exited with status 6 (NVIDIA-SMI has failed" in h and h.endswith("the default archs") for h in tc.how)
