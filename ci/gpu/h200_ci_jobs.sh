@@ -54,8 +54,7 @@ if [ -z "$lane" ]; then
   echo "  \`JA_BACKEND=cuda nox -s release\` validated there (dist/)"
   exit 1
 fi
-venv="$out/lane-venv"
-rm -rf "$venv"
+venv="$(mktemp -d)/lane-venv"  # not under OUT: only the results travel back
 IFS=' ' read -r -a tier_reqs < <("$py" -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["dependency-groups"]["tier"]))')
 IFS=' ' read -r -a plugin < <("$py" -m jatools.testing.tiers --plugin-requirements --platform "$platform" | tr '\n' ' ')
 read -r -a tier_args <<<"${TIER_ARGS:-}"
