@@ -133,7 +133,7 @@ def convergence(session: nox.Session) -> None:
     """Train a small LM with jax_aiter's kernels and with plain JAX; fail unless both reach the same loss (args after --)."""
     session.install(*TEST_DEPS)
     _install_gpu_plugin(session)
-    session.run("python", "ci/convergence/train_tiny.py", "--compare", *session.posargs)
+    session.run("python", "-m", "ci.convergence.train_tiny", "--compare", *session.posargs)
 
 
 # Wheels: wheel_build.build(), the function the PEP 517 hook build_wheel (python -m build -C variant=...) calls;

@@ -8,7 +8,7 @@ and for forward + backward (the VJP with a random cotangent, so all three
 gradients are computed). Prints a table and writes the raw numbers to
 build/bench/cpu_attention.json (atomically).
 
-    python benchmarks/cpu_attention.py [--batch 2 --seq 1024 --heads 8 --head-dim 128]
+    python3 -m benchmarks.cpu_attention [--batch 2 --seq 1024 --heads 8 --head-dim 128]
         [--dtypes float32,bfloat16] [--causal] [--repeats 5] [--out FILE]
 
 Needs a CPU build of the libraries (`JA_BACKEND=cpu make && ... build_jit.py && make ja_mods`).
@@ -24,16 +24,14 @@ import sys
 import time
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jax_aiter
+from jatools import config
+
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-import jax_aiter  # noqa: E402
-from jatools import config  # noqa: E402
 
 
 def timed(fns: dict, args, warmup: int, repeats: int) -> dict[str, list[tuple[float, float]]]:
@@ -102,7 +100,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python3 -m benchmarks.cpu_attention", description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--heads", type=int, default=8)

@@ -30,9 +30,14 @@ from pathlib import Path
 from typing import ClassVar
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if __name__ == "__main__" and not __package__:
+    # Run by its path (`python3 ci/build.py`, the contract's name): the same program as `python3 -m ci.build` from the
+    # checkout root, where ci/ is a package of the checkout (jatools/stages.py) and the imports below resolve. Every
+    # path this driver takes or writes is the checkout's, so running it from the root changes nothing else.
+    os.chdir(ROOT)
+    os.execv(sys.executable, [sys.executable, "-m", "ci.build", *sys.argv[1:]])
 
-from jatools import atomic_write, config, steps
+from jatools import atomic_write, config, steps  # after the re-run above
 from jatools.ci import env_report, workflow_facts
 from jatools.native import jit_build
 

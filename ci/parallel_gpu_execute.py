@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run a command on one GPU slot (after XLA's parallel_gpu_execute), on a block of N GPUs, or on all exclusively.
 
-    python3 ci/parallel_gpu_execute.py [--gpus N | --exclusive] [--timeout S] -- CMD [ARGS...]
+    python3 -m ci.parallel_gpu_execute [--gpus N | --exclusive] [--timeout S] -- CMD [ARGS...]
 
 Takes the first free (gpu, slot) lock (slot 0 on every GPU before slot 1), sets
 CUDA_VISIBLE_DEVICES (CUDA) or ROCR_VISIBLE_DEVICES + HIP_VISIBLE_DEVICES (ROCm)
@@ -23,9 +23,6 @@ import argparse
 import os
 import shlex
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from jatools.testing import gpu_slots
 from jax_aiter import settings
@@ -36,7 +33,8 @@ def _say(msg: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python3 -m ci.parallel_gpu_execute", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--exclusive", action="store_true", help="hold every slot of every GPU; leave devices unpinned")
     p.add_argument("--gpus", type=int, default=1, metavar="N",
                    help="the devices the command declares: a block of N GPUs, each held whole (default 1: one slot)")

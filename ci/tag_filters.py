@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Print the pytest marker expression for a (platform, config) or a tier; keep the golden file.
 
-    python3 ci/tag_filters.py --config single_gpu --platform rocm
-    python3 ci/tag_filters.py --tier pr --platform cuda
-    python3 ci/tag_filters.py --all              # the whole table
-    python3 ci/tag_filters.py --update-golden    # rewrite ci/tag_filters_golden.txt
+    python3 -m ci.tag_filters --config single_gpu --platform rocm
+    python3 -m ci.tag_filters --tier pr --platform cuda
+    python3 -m ci.tag_filters --all              # the whole table
+    python3 -m ci.tag_filters --update-golden    # rewrite ci/tag_filters_golden.txt
 
 The table lives in jatools/testing/tag_filters.py; this script only prints it.
 """
@@ -14,17 +14,16 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
 from jatools import atomic_write
 from jatools.testing import tag_filters as tf
+
+ROOT = Path(__file__).resolve().parent.parent
 
 GOLDEN = ROOT / "ci" / "tag_filters_golden.txt"
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python3 -m ci.tag_filters", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--platform", help=f"one of {', '.join(tf.PLATFORMS)}")
     p.add_argument("--config", help=f"one of {', '.join(tf.CONFIGS)}")
     p.add_argument("--tier", help=f"one of {', '.join(tf.TIERS)} (prints one line per pytest run)")

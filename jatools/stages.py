@@ -2,8 +2,10 @@
 
 A module belongs to the stage whose prefix names it most closely; it may import its own stage and the
 stages before it, never a later one. `violations` and `cycles` read the imports (every `import`, at any
-depth, with the standard library's ast; nothing is imported) of jax_aiter/ and jatools/, and
-tests/tooling/test_stages.py fails on either. docs/architecture.md shows this table (`markdown`).
+depth, with the standard library's ast; nothing is imported) of every package of PACKAGES: the runtime, the
+tooling, and the programs of benchmarks/ and ci/, which are packages of the checkout run as modules from its root
+(`python3 -m ci.perf.bench_gate`), so none of them edits `sys.path` to find another (`path_edits`).
+tests/tooling/test_stages.py fails on any of the three. docs/architecture.md shows this table (`markdown`).
 """
 from __future__ import annotations
 
@@ -29,8 +31,11 @@ STAGES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("testing", ("jatools.testing",), "tiers, GPU slots, the pytest plugin"),
     ("release", ("jatools.release", "jatools.release_index", "jatools.bench"),
      "the main job, the artifact index and the tooling benchmarks"),
+    ("benchmarks", ("benchmarks",), "the kernel benchmarks (GPU, CPU attention) and the model they time"),
+    ("ci-programs", ("ci",), "CI's programs: the driver of every build, perf gates, the convergence recipe, GPU hosts"),
 )
-PACKAGES = ("jax_aiter", "jatools")
+PACKAGES = ("jax_aiter", "jatools", "benchmarks", "ci")
+PATH_EDITS = frozenset({"insert", "append", "extend", "remove", "pop", "clear", "__setitem__", "__iadd__"})
 
 
 def stage_of(module: str) -> int:
@@ -98,6 +103,30 @@ def cycles(graph: dict[str, set[str]]) -> list[str]:
     except graphlib.CycleError as e:
         return [" -> ".join(reversed(e.args[1]))]
     return []
+
+
+def path_edits(root: Path) -> list[str]:
+    """Every change to `sys.path` in a module of PACKAGES (an insert, append, extend, remove or assignment of it or
+    of a slice), as `file:line: code`: a module finds the others by its package, never by editing the search path."""
+    out = []
+    for path in modules(root).values():
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        for node in ast.walk(tree):
+            target = None
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in PATH_EDITS:
+                target = node.func.value  # sys.path.insert(...), sys.path.append(...), ...
+            elif isinstance(node, ast.Assign | ast.AugAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                target = next((t.value if isinstance(t, ast.Subscript) else t for t in targets
+                               if _is_sys_path(t.value if isinstance(t, ast.Subscript) else t)), None)
+            if target is not None and _is_sys_path(target):
+                out.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node).splitlines()[0]}")
+    return sorted(out)
+
+
+def _is_sys_path(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name) \
+        and node.value.id == "sys"
 
 
 def markdown() -> str:

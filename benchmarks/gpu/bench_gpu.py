@@ -1,6 +1,6 @@
 """GPU kernel benchmark: jax-aiter's kernels against XLA (and cuDNN for attention).
 
-    python3 benchmarks/gpu/bench_gpu.py [--quick] [--reps N] [--out build/bench/gpu.json]
+    python3 -m benchmarks.gpu.bench_gpu [--quick] [--reps N] [--out build/bench/gpu.json]
 
 Timing is device-side: CUDA/HIP events recorded on XLA's own stream by a small
 FFI library (timer.cu, built here with the project's flags) bracket each
@@ -33,21 +33,13 @@ import time
 from pathlib import Path
 from unittest import mock
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+import jax
+import jax.numpy as jnp
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-
-import jax_aiter as ja  # noqa: E402
-from jatools import config  # noqa: E402
-from jax_aiter import settings  # noqa: E402
-from jax_aiter.ops import _small  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import model_bench  # noqa: E402  (benchmarks/gpu)
-from gpu_provenance import gpu_provenance  # noqa: E402
-from gpu_timing import (  # noqa: E402
+import jax_aiter as ja
+from benchmarks.gpu import model_bench
+from benchmarks.gpu.gpu_provenance import gpu_provenance
+from benchmarks.gpu.gpu_timing import (
     FLUSH,
     FLUSH_BYTES,
     GPU_AHEAD_CYCLES,
@@ -59,9 +51,16 @@ from gpu_timing import (  # noqa: E402
     rand,
     time_cases,
 )
-from llama import plain_rms_norm as xla_rms_norm  # noqa: E402  (XLA's fusions: the anchors)
-from llama import plain_rms_norm_add as xla_rms_norm_add  # noqa: E402
-from llama import plain_silu_and_mul as xla_silu_and_mul  # noqa: E402
+from benchmarks.gpu.llama import (
+    plain_rms_norm as xla_rms_norm,  # XLA's fusions: the anchors
+)
+from benchmarks.gpu.llama import plain_rms_norm_add as xla_rms_norm_add
+from benchmarks.gpu.llama import plain_silu_and_mul as xla_silu_and_mul
+from jatools import config
+from jax_aiter import settings
+from jax_aiter.ops import _small
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def bench_copy(lib, reps):
@@ -282,7 +281,7 @@ SECTIONS = ["copy", "memory", "chain", "decode", "attention", "model"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python3 -m benchmarks.gpu.bench_gpu", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="one size per op (a smoke run)")
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--only", choices=SECTIONS, action="append")
@@ -389,7 +388,7 @@ def main(argv=None) -> int:
         model_bench.print_table(results["model"])
     print(f"JSON: {args.out}")
     if args.gate:
-        return subprocess.call([sys.executable, str(ROOT / "ci/perf/bench_gate.py"), str(args.out)], cwd=ROOT)
+        return subprocess.call([sys.executable, "-m", "ci.perf.bench_gate", str(args.out)], cwd=ROOT)
     return 0
 
 

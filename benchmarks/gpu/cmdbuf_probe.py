@@ -1,7 +1,7 @@
 """Does XLA put our FFI calls into command buffers (CUDA graphs)?
 
-    python3 benchmarks/gpu/cmdbuf_probe.py            # XLA's default command buffers
-    XLA_FLAGS=--xla_gpu_enable_command_buffer= python3 benchmarks/gpu/cmdbuf_probe.py   # none
+    python3 -m benchmarks.gpu.cmdbuf_probe            # XLA's default command buffers
+    XLA_FLAGS=--xla_gpu_enable_command_buffer= python3 -m benchmarks.gpu.cmdbuf_probe   # none
 
 Times one jitted program of CHAIN RMSNorm calls on a tiny input (each kernel a few microseconds,
 so launch cost dominates) three ways: the rmsnorm handler registered as jax_aiter registers it
@@ -16,9 +16,6 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import jax
 import jax.numpy as jnp

@@ -10,11 +10,7 @@ from __future__ import annotations
 import ctypes
 import statistics
 import subprocess
-import sys
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +23,8 @@ try:  # jatools/native/toolchain.py; trees from before the tooling's package spl
     from jatools.native import toolchain
 except ImportError:  # pragma: no cover
     from jatools import toolchain
+
+ROOT = Path(__file__).resolve().parents[2]
 
 _slot = 0
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
-import llama  # benchmarks/gpu, beside this file
+
+from benchmarks.gpu import llama
 
 
 @dataclass(frozen=True)

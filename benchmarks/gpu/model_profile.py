@@ -1,6 +1,6 @@
 """Where a model_bench workload's step time goes, kernel by kernel: ours against plain JAX.
 
-    python3 benchmarks/gpu/model_profile.py "decode b8 kv8k" [--steps 16] [--out build/bench/profile]
+    python3 -m benchmarks.gpu.model_profile "decode b8 kv8k" [--steps 16] [--out build/bench/profile]
 
 Each model is compiled and run twice untimed, then `steps` back-to-back steps run inside
 jax.profiler.trace (CUPTI, in jaxlib: no Nsight needed), one trace per model. The GPU's kernel events
@@ -27,15 +27,12 @@ import warnings
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(ROOT))
-
 import jax
-import llama
-import model_bench
 
+from benchmarks.gpu import llama, model_bench
 from jatools import config
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def launch(details: str) -> str:
@@ -188,7 +185,7 @@ def print_table(r: dict) -> None:
 
 def main(argv: list[str]) -> int:
     names = {w.name: w for w in model_bench.WORKLOADS}
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python3 -m benchmarks.gpu.model_profile", description=__doc__.splitlines()[0])
     ap.add_argument("workload", choices=names)
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--out", type=Path, default=ROOT / config.build_path("bench") / "profile")

@@ -16,7 +16,7 @@ summarised by ci/perf/parse_perf_log.py into JSON and a markdown table (the
 job summary on GitHub). Throughput is reported, not gated: this run answers
 "do the kernels train the same model", not "are they fast".
 
-    python3 ci/convergence/train_tiny.py --compare --out build/convergence [--steps 200] [--dtype bfloat16] [--repeats 3]
+    python3 -m ci.convergence.train_tiny --compare --out build/convergence [--steps 200] [--dtype bfloat16] [--repeats 3]
 
 Exit codes: 0 converged; 1 diverged (loss curves apart, loss not falling, or a
 non-finite loss); 2 bad input (unknown option, parse failure).
@@ -35,10 +35,9 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "ci" / "perf")]  # the checkout's jax_aiter, and the perf-log parser
+from ci.perf import parse_perf_log
 
-import parse_perf_log
+ROOT = Path(__file__).resolve().parents[2]
 
 VOCAB, DIM, HIDDEN, LAYERS, BATCH, SEQ = 64, 128, 256, 2, 16, 32
 HEADS_Q, HEADS_KV, HEAD_DIM = 4, 2, 64
@@ -227,7 +226,7 @@ def positive_int(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="train_tiny.py", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python3 -m ci.convergence.train_tiny", description=__doc__.splitlines()[0])
     p.add_argument("--compare", action="store_true", help="train with the reference and with jax_aiter, compare")
     p.add_argument("--impl", choices=("aiter", "reference"), default="aiter", help="one run (without --compare)")
     p.add_argument("--steps", type=int, default=100)

@@ -12,7 +12,7 @@
 # Results (tier JSON with the GPU tests per device and the installed wheel, ci/build.py's records) go to OUT.
 #   bash ci/gpu/h200_ci_jobs.sh WHEELS OUT [BUILD...]
 # WHEELS: made on a machine with an index by
-#   python3 ci/gpu/offline_index.py download WHEELS --groups tier && cp dist/jax_aiter-*+cuda13.full-*.whl WHEELS/
+#   python3 -m ci.gpu.offline_index download WHEELS --groups tier && cp dist/jax_aiter-*+cuda13.full-*.whl WHEELS/
 # For a run without a GPU (tests/wheel/test_h200_ci_job.py): LANE=cpu TIER_PLATFORM=cpu, TIER_ARGS for pytest.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
@@ -31,7 +31,7 @@ export PATH="$bin:$PATH" PYTHONUNBUFFERED=1 CI=true JA_BACKEND="${JA_BACKEND:-cu
 groups=(tier)
 [ "${#builds[@]}" -eq 0 ] || groups=(test build run bench wheel tier)
 idx=$(mktemp -d)
-"$py" ci/gpu/offline_index.py index "$idx" --carried "$wheels" --groups "${groups[@]}" || exit 1
+"$py" -m ci.gpu.offline_index index "$idx" --carried "$wheels" --groups "${groups[@]}" || exit 1
 export PIP_NO_INDEX=1 PIP_FIND_LINKS="$idx" PIP_CONSTRAINT="" UV_OFFLINE=1 UV_NO_INDEX=1 UV_FIND_LINKS="$idx"
 # The CUDA libraries the host's JAX loads from its pip-installed nvidia packages, for the fresh venvs too.
 nvlibs=$("$py" -c 'import glob, site; print(":".join(sorted(d for p in site.getsitepackages() for d in glob.glob(p + "/nvidia/*/lib"))))' \

@@ -15,8 +15,8 @@ t0=$(date +%s)
 echo "build: $(( $(date +%s) - t0 )) s"
 # shellcheck source=ci/gpu/steps.sh
 . "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
-step slot-speedup 200 "$py" ci/measure_slot_speedup.py --workers 2 --out "$out/slot_speedup.json"
+step slot-speedup 200 "$py" -m jatools.testing.speedup --workers 2 --out "$out/slot_speedup.json"
 step multigpu 90 env JA_TEST_TIER=multigpu PYTHON="$py" bash ci/test.sh
 step sanitize 110 bash ci/gpu/sanitize.sh "$out/san"
-step bench 200 "$py" benchmarks/gpu/bench_gpu.py --reps 15 --out "$out/bench.json"
+step bench 200 "$py" -m benchmarks.gpu.bench_gpu --reps 15 --out "$out/bench.json"
 finish

@@ -13,7 +13,7 @@ py="${PYTHON:-python3}"
   || { tail -n 40 "$out/build.log"; exit 1; }
 # shellcheck source=ci/gpu/steps.sh
 . "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
-step slot-speedup 150 "$py" ci/measure_slot_speedup.py --workers 2 --out "$out/slot_speedup.json" tests/ops
+step slot-speedup 150 "$py" -m jatools.testing.speedup --workers 2 --out "$out/slot_speedup.json" tests/ops
 step gpu-full 150 env JA_TESTS_PER_GPU=1 "$py" -m pytest tests/ops -m gpu -n 2 -q -p no:cacheprovider
 step multigpu 90 env JA_TEST_TIER=multigpu PYTHON="$py" bash ci/test.sh tests/multigpu
 finish

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """A local package index for an offline GPU host, so CI's own install passes run there unchanged.
 
-    python3 ci/gpu/offline_index.py download DEST [--on-host NAME ...]   # here, online: the wheels the host may lack
-    python3 ci/gpu/offline_index.py index DEST --carried DIR                # there: DEST = carried + repacked
+    python3 -m ci.gpu.offline_index download DEST [--on-host NAME ...]   # here, online: the wheels the host may lack
+    python3 -m ci.gpu.offline_index index DEST --carried DIR                # there: DEST = carried + repacked
 
 `download` fetches (pip download, CPython at the project's Python version, manylinux x86_64) every package of pyproject's test, build, run, bench
 and wheel groups with its dependencies, but not the JAX stack, numpy or scipy (the GPU host has them installed)
@@ -29,11 +29,10 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))  # jatools: the Python version's one home (pyproject's requires-python floor)
-
 from jatools.config import python_version
 from jatools.native.jit_packages import canonical_name, is_headers_only
+
+ROOT = Path(__file__).resolve().parents[2]
 
 GROUPS = ("test", "build", "run", "bench", "wheel")
 ON_THE_HOST = {"jax", "jaxlib", "numpy", "scipy"}  # present on the GPU host, large: never carried
@@ -161,7 +160,7 @@ def index(dest: Path, carried: Path | None, names: tuple[str, ...] = GROUPS) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="ci/gpu/offline_index.py", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python3 -m ci.gpu.offline_index", description=__doc__.splitlines()[0])
     p.add_argument("action", choices=("download", "index"))
     p.add_argument("dest", type=Path)
     p.add_argument("--carried", type=Path, help="with index: the carried wheels")

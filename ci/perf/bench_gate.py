@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Gate the GPU kernel benchmark's JSON against a committed baseline per GPU model.
 
-    python3 ci/perf/bench_gate.py build/bench/gpu.json             # gate (exit 1 names each regression)
-    python3 ci/perf/bench_gate.py --make-baseline RUN1.json RUN2.json [RUN3.json ...]
+    python3 -m ci.perf.bench_gate build/bench/gpu.json             # gate (exit 1 names each regression)
+    python3 -m ci.perf.bench_gate --make-baseline RUN1.json RUN2.json [RUN3.json ...]
 
 The benchmark (benchmarks/gpu/bench_gpu.py; `nox -s bench -- gpu --quick --gate` runs both) times every
 case as a median of device-side events; our kernel's time (``ours_ms``) is gated against
@@ -26,19 +26,17 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from parse_perf_log import finite_number  # ci/perf, beside this script
-
+from ci.perf.parse_perf_log import finite_number
 from jatools import atomic_write
+
+ROOT = Path(__file__).resolve().parents[2]
 
 BASELINES = ROOT / "ci" / "perf" / "baselines"
 SCHEMA = 1
 FLOOR_PCT = 5.0
 SPREAD_FACTOR = 3.0
 EXIT_OK, EXIT_REGRESSION, EXIT_INPUT = 0, 1, 2
-MAKE_CMD = "python3 ci/perf/bench_gate.py --make-baseline RUN1.json RUN2.json"
+MAKE_CMD = "python3 -m ci.perf.bench_gate --make-baseline RUN1.json RUN2.json"
 
 
 class InputError(ValueError):

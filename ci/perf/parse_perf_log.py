@@ -16,7 +16,7 @@ The markdown table goes to ``$GITHUB_STEP_SUMMARY`` when set (and ``--markdown``
 Exit codes: 0 ok (gate passed, or no --gate); 1 gate failed; 2 input problem (log missing or unreadable, no
 step lines, baseline missing or invalid, --gate without --baseline, bad arguments).
 Standard library (and jatools.atomic_write) only, so it runs on any CI runner:
-    python3 ci/perf/parse_perf_log.py LOG [--window 20] [--baseline B.json] [--gate]
+    python3 -m ci.perf.parse_perf_log LOG [--window 20] [--baseline B.json] [--gate]
 """
 from __future__ import annotations
 
@@ -29,8 +29,6 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from jatools import atomic_write
 
@@ -131,7 +129,7 @@ def load_baseline(path: Path) -> dict:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         raise InputError(f"baseline {path} does not exist; write one with "
-                         f"`python3 ci/perf/parse_perf_log.py LOG --json-out {path}` from a good run") from None
+                         f"`python3 -m ci.perf.parse_perf_log LOG --json-out {path}` from a good run") from None
     except (OSError, json.JSONDecodeError) as e:
         raise InputError(f"baseline {path} is not readable JSON: {e}") from None
     if not isinstance(data, dict) or not finite_number(data.get("mean_tflops_per_device")):
@@ -194,7 +192,7 @@ def markdown(summary: dict, baseline: dict | None, comparison: dict | None, gate
 
 
 def run(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="parse_perf_log.py", description=__doc__.splitlines()[0],
+    p = argparse.ArgumentParser(prog="python3 -m ci.perf.parse_perf_log", description=__doc__.splitlines()[0],
                                 epilog="exit codes: 0 ok, 1 gate failed, 2 input problem")
     p.add_argument("log", type=Path, help="training log with 'completed step: N, ...' lines")
     p.add_argument("--window", type=int, default=20, help="tail steps summarised (default %(default)s)")

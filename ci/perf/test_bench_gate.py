@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Tests for bench_gate.py on the committed H200 runs: CPU-only, standard library only.
+"""Tests for bench_gate.py on the committed H200 runs: CPU-only, standard library and jatools only.
 
-    python3 ci/perf/test_bench_gate.py      # self-runnable
+    python3 -m ci.perf.test_bench_gate      # self-runnable, from the checkout root
     pytest ci/perf/test_bench_gate.py       # collected by pytest too
 """
 from __future__ import annotations
@@ -15,12 +15,11 @@ import tempfile
 import unittest
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-SCRIPT = HERE / "bench_gate.py"
-RUNS = sorted((HERE / "baselines" / "nvidia-h200-runs").glob("*.json"))
-sys.path.insert(0, str(HERE))
+from ci.perf import bench_gate
 
-import bench_gate
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+RUNS = sorted((HERE / "baselines" / "nvidia-h200-runs").glob("*.json"))
 
 
 class BenchGateTests(unittest.TestCase):
@@ -35,8 +34,8 @@ class BenchGateTests(unittest.TestCase):
     def cli(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         full = {k: v for k, v in os.environ.items() if k != "GITHUB_STEP_SUMMARY"}
         full.update(env or {})
-        return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=full,
-                              check=False)
+        return subprocess.run([sys.executable, "-m", "ci.perf.bench_gate", *args], capture_output=True, text=True,
+                              env=full, cwd=ROOT, check=False)
 
     def write(self, data: dict, name: str) -> Path:
         path = self.tmp / name

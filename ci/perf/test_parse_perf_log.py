@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Tests for parse_perf_log.py: CPU-only, standard library only.
+"""Tests for parse_perf_log.py: CPU-only, standard library and jatools only.
 
-    python3 ci/perf/test_parse_perf_log.py      # self-runnable
+    python3 ci/perf/test_parse_perf_log.py      # self-runnable (the contract's name; = python3 -m ci.perf.test_parse_perf_log)
     pytest ci/perf/test_parse_perf_log.py       # collected by pytest too
 """
 from __future__ import annotations
@@ -16,11 +16,14 @@ import tempfile
 import unittest
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-SCRIPT = HERE / "parse_perf_log.py"
-sys.path.insert(0, str(HERE))
+ROOT = Path(__file__).resolve().parents[2]
+if __name__ == "__main__" and not __package__:
+    # Run by its path (the contract's name): the same tests as `python3 -m ci.perf.test_parse_perf_log` from the
+    # checkout root, where ci/ is a package (jatools/stages.py) and the import below resolves.
+    os.chdir(ROOT)
+    os.execv(sys.executable, [sys.executable, "-m", "ci.perf.test_parse_perf_log", *sys.argv[1:]])
 
-import parse_perf_log as ppl
+from ci.perf import parse_perf_log as ppl  # after the re-run above
 
 
 def step_line(n: int, seconds: float = 1.5, tflops: float = 400.0, loss: str = "3.0",
@@ -45,7 +48,8 @@ class PerfLogCase(unittest.TestCase):
     def cli(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         full_env = {k: v for k, v in os.environ.items() if k not in ("GITHUB_STEP_SUMMARY", "GITHUB_ACTIONS")}
         full_env.update(env or {})
-        return subprocess.run([sys.executable, str(SCRIPT), *args], check=False, capture_output=True, text=True, env=full_env)
+        return subprocess.run([sys.executable, "-m", "ci.perf.parse_perf_log", *args], check=False, capture_output=True,
+                              text=True, env=full_env, cwd=ROOT)
 
 
 class ParseTests(PerfLogCase):

@@ -361,7 +361,7 @@ def bench_incremental(ctx: Context) -> Result:
     """incremental: in a scratch copy of the repository (JA_BACKEND=cpu), a cold `build_jit.py` (the anchor, timed
     once), then per run one edit to INCREMENTAL_MODULE's CPU template and a rebuild (ours), which must recompile
     only that template's instances (the object files whose mtime changed)."""
-    sys.path.insert(0, str(ctx.root))
+    # the checkout's test helpers: `python -m jatools.bench` runs from the root (nox's bench session installs it -e)
     from tests.build.scratch import env_for, make_scratch
 
     module = INCREMENTAL_MODULE

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     root = config.repo_root()
     if argv[:1] == ["gpu"]:  # pass-through to the GPU kernel benchmark
-        return subprocess.call([sys.executable, str(root / "benchmarks/gpu/bench_gpu.py"), *argv[1:]], cwd=root)
+        return subprocess.call([sys.executable, "-m", "benchmarks.gpu.bench_gpu", *argv[1:]], cwd=root)
     p = argparse.ArgumentParser(prog="python -m jatools.bench", description=__doc__.splitlines()[0])
     p.add_argument("--only", action="append", default=[], help=f"benchmark(s) to run: {', '.join(BENCHMARKS)}")
     p.add_argument("--scale", type=float, default=1.0, help="corpus scale (1: production sizes)")

@@ -1,4 +1,4 @@
-"""The slot speed-up measurement (python3 ci/measure_slot_speedup.py; docs/testing.md).
+"""The slot speed-up measurement (python3 -m jatools.testing.speedup; docs/testing.md).
 
 The pr tier's GPU tests with N xdist workers (one GPU each) vs 1, with the tier's own pytest command (plan)
 and retries off: untimed warm-up rounds, then timed rounds, the N-worker run first in each (a warm-cache
@@ -91,7 +91,7 @@ def round_speedups(timed: list[dict], workers: int) -> list[float]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python3 ci/measure_slot_speedup.py", description=__doc__,
+    p = argparse.ArgumentParser(prog="python3 -m jatools.testing.speedup", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("--workers", type=int, default=2, help="workers of the parallel run, one GPU each (2)")
     p.add_argument("--repeats", type=int, default=1, help="rounds of (N workers, 1 worker); medians are compared")
@@ -176,3 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     _print_summary(result, gpus.how)
     print(f"results: {a.out}")
     return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -2,7 +2,7 @@
 
 Composed as XLA composes its ROCm ones: a platform's base list plus each CI configuration's requirements;
 the tiers use the same ``Filter``, so this is the one source of every ``pytest -m`` expression CI uses,
-printed by ci/tag_filters.py (docs/testing.md). Stdlib only.
+printed by python3 -m ci.tag_filters (docs/testing.md). Stdlib only.
 """
 from __future__ import annotations
 
@@ -125,7 +125,7 @@ def tier_runs(name: str, platform: str) -> list[tuple[str, str, Filter]]:
 def render_table() -> str:
     """The whole table as text: the golden file's content."""
     lines = ["# pytest -m expressions by (platform, config): platform base + config additions.",
-             "# Regenerate: python3 ci/tag_filters.py --update-golden", ""]
+             "# Regenerate: python3 -m ci.tag_filters --update-golden", ""]
     for platform in PLATFORMS:
         for config in CONFIGS:
             f = tag_filter(platform, config)

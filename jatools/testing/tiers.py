@@ -5,7 +5,7 @@
 
 Owns the tier runner (docs/testing.md): xdist workers pinned to GPU slots, multi-device runs, each run's
 report, tier-<tier>.json, the GPU checks, exit 7 when GPUs go unused. The tiers and tag filters it runs are
-tag_filters.py; the slot speed-up measurement (ci/measure_slot_speedup.py) is speedup.py.
+tag_filters.py; the slot speed-up measurement (python3 -m jatools.testing.speedup) is speedup.py.
 
 Stdlib only (plus jatools.validate.wheelhouse for --plugin-requirements): it runs under the system
 ``python3`` on any CI runner.
@@ -122,7 +122,7 @@ def plan(tier: str, platform: str, gpus: gpu_slots.Gpus, pytest_args: list[str],
             argv += [*([] if autoload else ["-p", "pytest_rerunfailures"]), "--reruns", str(reruns)]
         if have_timeout_plugin:
             argv += [*([] if autoload else ["-p", "pytest_timeout"]), "--timeout", str(timeout_s)]
-        pinned = gpu_slots.held(env)  # a process pinned already (ci/parallel_gpu_execute.py) keeps its slot
+        pinned = gpu_slots.held(env)  # a process pinned already (python3 -m ci.parallel_gpu_execute) keeps its slot
         if kind == "multi":
             if not pinned:
                 over[gpu_slots.SLOT_ENV] = "0"

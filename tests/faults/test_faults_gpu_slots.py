@@ -1,5 +1,5 @@
 """Faults of GPU pinning: planted symlinks and foreign lock folders, orphaned lock holders, bad GPU pools and
-settings, broken GPU probes. Real runner processes (ci/parallel_gpu_execute.py), real flock, real symlinks,
+settings, broken GPU probes. Real runner processes (python3 -m ci.parallel_gpu_execute), real flock, real symlinks,
 stand-in nvidia-smi scripts on PATH."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from jatools import probe
 from jatools.testing import gpu_slots
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNNER = ROOT / "ci" / "parallel_gpu_execute.py"
+RUNNER = ("-m", "ci.parallel_gpu_execute")  # run from the checkout root (cwd=ROOT)
 CLEAN = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "XDG_RUNTIME_DIR")
 
 
@@ -38,7 +38,7 @@ def env(tmp_path):
 
 
 def _run(env: dict, *cmd: str, flags: tuple[str, ...] = (), timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(RUNNER), *flags, "--", *cmd], env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, *RUNNER, *flags, "--", *cmd], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout, check=False)
 
 

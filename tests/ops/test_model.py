@@ -16,8 +16,7 @@ gradient 1.3e-2).
 from __future__ import annotations
 
 import contextlib
-import importlib.util
-import sys
+import importlib
 from pathlib import Path
 
 import jax
@@ -25,18 +24,11 @@ import jax.numpy as jnp
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "benchmarks/gpu"
 
 
 def _module(name: str):
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))  # model_bench imports llama as its neighbour
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
+    """benchmarks/gpu/<name>.py, a module of the checkout's benchmarks package."""
+    return importlib.import_module(f"benchmarks.gpu.{name}")
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ case's start event. XLA drops any value nothing uses, so the sum must feed the s
 record; these tests read the lowered program (no GPU needed) and check that it does, and that
 each case's work still sits between its own two records.
 """
-import importlib.util
+import importlib
 import re
 from pathlib import Path
 
@@ -17,10 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("gpu_timing", ROOT / "benchmarks/gpu/gpu_timing.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module("benchmarks.gpu.gpu_timing")
 
 
 def _lowered(bench, flush: bool, reps: int = 2) -> str:

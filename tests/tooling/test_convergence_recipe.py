@@ -15,10 +15,9 @@ import pytest
 
 pytest.importorskip("jax", reason="the convergence recipe trains with JAX (pip install --group test)")
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "ci" / "convergence"))
+from ci.convergence import train_tiny
 
-import train_tiny
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_verdict_accepts_matching_curves() -> None:
@@ -72,8 +71,8 @@ def test_short_comparison_on_the_cpu(tmp_path: Path) -> None:
             _loader.find_library(name)
     except _loader.LibraryNotFoundError as e:
         pytest.skip(f"CPU libraries not built ({e}); `nox -s tests` builds them first")
-    r = subprocess.run([sys.executable, str(ROOT / "ci/convergence/train_tiny.py"), "--compare", "--steps", "30",
-                        "--window", "5", "--repeats", "2", "--out", str(tmp_path)], check=False, capture_output=True, text=True, timeout=600,
+    r = subprocess.run([sys.executable, "-m", "ci.convergence.train_tiny", "--compare", "--steps", "30",
+                        "--window", "5", "--repeats", "2", "--out", str(tmp_path)], check=False, capture_output=True, text=True, timeout=600, cwd=ROOT,
                        env={**__import__("os").environ, "JAX_PLATFORMS": "cpu"})
     assert r.returncode == 0, r.stderr[-3000:]
     verdict = json.loads((tmp_path / "verdict.json").read_text())

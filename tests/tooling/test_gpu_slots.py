@@ -1,4 +1,4 @@
-"""ci/parallel_gpu_execute.py with real flock across real processes.
+"""python3 -m ci.parallel_gpu_execute with real flock across real processes.
 
 Stand-in `rocminfo` / `nvidia-smi` scripts on PATH play the GPUs this machine
 lacks; everything else (the locks, the processes, exec, kill) is real.
@@ -18,7 +18,7 @@ import pytest
 from jatools.testing import gpu_slots
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNNER = ROOT / "ci" / "parallel_gpu_execute.py"
+RUNNER = ("-m", "ci.parallel_gpu_execute")  # run from the checkout root (cwd=ROOT)
 SHOW = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", gpu_slots.SLOT_ENV,
         "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_PREALLOCATE", *gpu_slots.BLAS_THREADS_ENV)
 
@@ -69,12 +69,12 @@ def _recorder(out: Path, hold_s: float = 0.0, code: int = 0) -> list[str]:
 
 
 def _run(env: dict, cmd: list[str], *flags: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(RUNNER), *flags, "--", *cmd], env=env, capture_output=True,
+    return subprocess.run([sys.executable, *RUNNER, *flags, "--", *cmd], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout, check=False)
 
 
 def _start(env: dict, cmd: list[str], *flags: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(RUNNER), *flags, "--", *cmd], env=env,
+    return subprocess.Popen([sys.executable, *RUNNER, *flags, "--", *cmd], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -243,7 +243,7 @@ def test_exclusive_holds_every_slot_and_leaves_devices_unpinned(host, tmp_path):
 
 
 def test_missing_command_is_a_usage_error(host):
-    r = subprocess.run([sys.executable, str(RUNNER)], env=host(), capture_output=True, text=True, check=False)
+    r = subprocess.run([sys.executable, *RUNNER], cwd=ROOT, env=host(), capture_output=True, text=True, check=False)
     assert r.returncode == 2 and "give the command" in r.stderr
 
 

@@ -1,8 +1,7 @@
 """benchmarks/gpu/model_profile.py reads a profiler trace (XSpace) into a model step's kernel time, busy time and
 idle gaps. The traces here are real XSpace files, written by jaxlib's own serializer from a text proto, as
 jax.profiler.trace would leave them on a GPU host (no GPU needed)."""
-import importlib.util
-import sys
+import importlib
 from pathlib import Path
 
 import pytest
@@ -13,11 +12,7 @@ GEMM, NORM = "gemm_fusion_dot_3", "void ja::rmsnorm_fwd_kernel<ja::bf16_t, false
 
 @pytest.fixture(scope="module")
 def mp():
-    sys.path.insert(0, str(ROOT / "benchmarks/gpu"))
-    spec = importlib.util.spec_from_file_location("model_profile", ROOT / "benchmarks/gpu/model_profile.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module("benchmarks.gpu.model_profile")
 
 
 def _xspace(tmp_path: Path, events: list[tuple], names: tuple[str, ...] = (GEMM, NORM)) -> Path:

@@ -1,16 +1,14 @@
 """ci/gpu/offline_index.py: an installed distribution repacked as a wheel installs offline and works."""
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import venv
 import zipfile
 from pathlib import Path
 
+from ci.gpu import offline_index
+
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("offline_index", ROOT / "ci" / "gpu" / "offline_index.py")
-offline_index = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(offline_index)
 
 
 def test_a_repacked_distribution_installs_offline_and_imports(tmp_path):

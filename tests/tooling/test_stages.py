@@ -12,9 +12,27 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_every_module_is_in_a_stage_and_imports_only_its_own_or_earlier_stages():
     graph = stages.import_graph(REPO)
-    assert "jatools.jitlibs.record" in graph and "jax_aiter._loader" in graph  # the walk sees both packages
+    assert {"jatools.jitlibs.record", "jax_aiter._loader", "ci.build", "benchmarks.gpu.bench_gpu"} <= set(graph)
+    assert "ci.perf.parse_perf_log" in graph["ci.perf.bench_gate"]  # ci/ and benchmarks/ import by package
+    assert "benchmarks.gpu.llama" in graph["benchmarks.gpu.model_bench"]
     assert {m: stages.STAGES[stages.stage_of(m)][0] for m in graph}  # stage_of raises on a module in no stage
     assert stages.violations(graph) == []
+
+
+def test_no_module_edits_the_import_path():
+    """ci/ and benchmarks/ are packages run from the checkout root: none of their modules (nor the runtime's or the
+    tooling's) puts a folder on sys.path to reach another."""
+    assert stages.path_edits(REPO) == []
+
+
+def test_an_import_path_edit_is_named(tmp_path):
+    root = _tree(tmp_path, {"ci/__init__.py": "", "jatools/__init__.py": "",
+                            "ci/perf/gate.py": "import sys\nsys.path.insert(0, '..')\nsys.path[:0] = ['x']\n",
+                            "benchmarks/gpu/b.py": "import sys\n\ndef f():\n    sys.path.append('.')\n",
+                            "jatools/ok.py": "import sys\nprint('x' in sys.path, sys.path.index('x'))\n"})
+    assert stages.path_edits(root) == ["benchmarks/gpu/b.py:4: sys.path.append('.')",
+                                       "ci/perf/gate.py:2: sys.path.insert(0, '..')",
+                                       "ci/perf/gate.py:3: sys.path[:0] = ['x']"]
 
 
 def test_there_is_no_import_cycle():

@@ -11,12 +11,12 @@ from jatools.testing import tag_filters as tf
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "ci" / "tag_filters_golden.txt"
-CLI = ROOT / "ci" / "tag_filters.py"
+CLI = ("-m", "ci.tag_filters")  # from the checkout root (cwd=ROOT)
 
 
 def test_golden_file_is_current():
     assert GOLDEN.read_text() == tf.render_table(), (
-        "ci/tag_filters_golden.txt is stale; regenerate it with `python3 ci/tag_filters.py --update-golden` "
+        "ci/tag_filters_golden.txt is stale; regenerate it with `python3 -m ci.tag_filters --update-golden` "
         "and review the diff")
 
 
@@ -79,10 +79,10 @@ def test_unknown_names_list_the_valid_ones():
 
 
 def test_cli_prints_one_expression_and_rejects_bad_names():
-    out = subprocess.run([sys.executable, str(CLI), "--config", "single_gpu", "--platform", "rocm"],
+    out = subprocess.run([sys.executable, *CLI, "--config", "single_gpu", "--platform", "rocm"], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout
     assert out.strip() == tf.tag_filter("rocm", "single_gpu").expression()
-    bad = subprocess.run([sys.executable, str(CLI), "--config", "dual_gpu", "--platform", "rocm"],
+    bad = subprocess.run([sys.executable, *CLI, "--config", "dual_gpu", "--platform", "rocm"], cwd=ROOT,
                          capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and "valid configs: cpu, single_gpu, multi_gpu" in bad.stderr
 

@@ -42,7 +42,7 @@ def test_pr_on_a_gpu_host_runs_one_xdist_worker_per_slot():
 
 
 def test_a_process_pinned_already_keeps_its_slot():
-    """Under ci/parallel_gpu_execute.py (JA_GPU_SLOT=<gpu>:<slot>) the tier neither pins again nor unpins."""
+    """Under python3 -m ci.parallel_gpu_execute (JA_GPU_SLOT=<gpu>:<slot>) the tier neither pins again nor unpins."""
     held = {"JA_GPU_SLOT": "1:0"}
     (single,) = _plan("pr", "cuda", TWO_CUDA, workers=0, env=held)
     (multi,) = _plan("multigpu", "cuda", TWO_CUDA, env=held)
@@ -264,7 +264,7 @@ def test_slot_speedup_runs_warm_ups_first_and_leaves_them_out_of_the_medians(tmp
     env.update(JA_GPU_COUNT="2", JA_GPU_LOCK_DIR=str(tmp_path / "locks"),
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     out = tmp_path / "speedup.json"
-    r = subprocess.run([sys.executable, str(ROOT / "ci" / "measure_slot_speedup.py"), "--platform", "cuda",
+    r = subprocess.run([sys.executable, "-m", "jatools.testing.speedup", "--platform", "cuda",
                         "--repeats", "2", "--out", str(out), "-m", "not slow", str(tree)],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -286,7 +286,7 @@ def test_slot_speedup_runs_warm_ups_first_and_leaves_them_out_of_the_medians(tmp
                                   "test_phase_speedup", "wall_speedup_bound"}
     assert len(res["round_speedups"]) == 2 and all(x > 0 for x in res["round_speedups"])
     assert "test phase (first test started to last ended)" in r.stdout and "each round's own speed-up" in r.stdout
-    bad = subprocess.run([sys.executable, str(ROOT / "ci" / "measure_slot_speedup.py"), "--repeats", "0"],
+    bad = subprocess.run([sys.executable, "-m", "jatools.testing.speedup", "--repeats", "0"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False)
     assert bad.returncode == 2 and "--repeats must be >= 1" in bad.stderr
 
