@@ -100,7 +100,8 @@ struct Case {
   int bias = 0;                 // 0 none, 1 [1,1], 2 [b,1], 3 [1,hq], 4 [b,hq] (x [sq, sk])
   float dropout = 0.0f;
   int det = 0;
-  int nan = 0;                  // NaN/Inf planted in K and V at keys hidden from some rows
+  int nan = 0;                  // NaN/Inf planted in K and V at keys hidden from some rows (2: the last three keys)
+  bool tma_off = false;         // decode: JA_MHA_FWD_DECODE_TMA=0 (cp.async loads on sm_90)
   int fwd_path, bwd_path;       // expected kernels (ja::MhaGpuPath); bwd -1: no backward
   bool force = true;            // send the call to that kernel (the env switches); false: the dispatch picks
 };
@@ -377,7 +378,8 @@ bool run_case(const Case& c) {
   if (c.nan) {  // NaN/Inf in K and V at keys some rows do not see (and others do)
     for (int b = 0; b < b_; ++b)
       for (int hk = 0; hk < hkv; ++hk) {
-        const int k1 = std::min(sk - 1, sk / 4 + 1), k2 = std::min(sk - 1, sk / 3 + 2), k3 = std::min(sk - 1, sk * 2 / 3);
+        int k1 = std::min(sk - 1, sk / 4 + 1), k2 = std::min(sk - 1, sk / 3 + 2), k3 = std::min(sk - 1, sk * 2 / 3);
+        if (c.nan == 2) k1 = std::max(0, sk - 3), k2 = std::max(0, sk - 2), k3 = sk - 1;
         H.v[((size_t(b) * sk + k1) * hkv + hk) * hdv + std::min(3, hdv - 1)] = INFINITY;
         H.v[((size_t(b) * sk + k1) * hkv + hk) * hdv + 0] = -INFINITY;
         H.k[((size_t(b) * sk + k2) * hkv + hk) * hd + std::min(5, hd - 1)] = NAN;
@@ -416,6 +418,7 @@ bool run_case(const Case& c) {
 
   // forward, on the kernel the case names
   set_env("JA_MHA_FWD_DECODE", c.force && c.fwd_path != ja::kPathDecode);
+  set_env("JA_MHA_FWD_DECODE_TMA", c.tma_off);
   set_env("JA_MHA_FWD_MMA", c.force && c.fwd_path != ja::kPathMma);
   CK(cudaMemset(o.p, 0xff, o.bytes));
   CK(cudaMemset(lse.p, 0xff, lse.bytes));
@@ -603,7 +606,13 @@ std::vector<Case> cases() {
   add("decode varlen NaN/Inf at sequence starts", BF16, 64, 1, 4, 900, 16, 4, 64, 64, [](Case& c) {
     c.mask = kMaskRows, c.layout = 1, c.lens_q = {1, 1, 1, 1}, c.lens_k = {226, 76, 298, 300}, c.nan = 1; }, DEC, -1);
   add("decode sq4 causal NaN/Inf hidden", BF16, 64, 1, 4, 500, 8, 2, 64, 64, [](Case& c) {
-    c.mask = kMaskCausal, c.nan = 1; }, DEC, -1);
+    c.mask = kMaskCausal, c.nan = 2; }, DEC, -1);
+  // the same calls with cp.async loads where sm_90 would take TMA
+  for (size_t n = v.size(), i = n - 3; i < n; ++i) {
+    Case c = v[i];
+    c.name += " (cp.async)", c.tma_off = true;
+    v.push_back(c);
+  }
   add("decode f16 causal sq2", F16, 128, 2, 2, 1300, 8, 2, 128, 128, causal, DEC, -1);
   add("decode odd head_dim -> mma", BF16, 64, 1, 1, 300, 8, 2, 59, 59, [](Case& c) { c.force = false; }, M, -1);
   return v;
