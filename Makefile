@@ -44,7 +44,9 @@ $(CFG): pyproject.toml jatools/native/toolchain.py jatools/config.py jax_aiter/o
 # configuration, the ccache found or the cache settings change. JA_COMPILER_CACHE=off compiles without it.
 CACHE_MK := $(BUILD)/cache.mk
 CACHE_KEY_NOW := $(strip $(CFG_KEY_NOW)|$(JA_COMPILER_CACHE)|$(JA_COMPILER_CACHE_DIR)|$(XDG_CACHE_HOME)|$(shell command -v ccache 2>/dev/null))
-ifeq ($(filter clean clean-stage,$(MAKECMDGOALS)),)
+# Only once build/config.mk exists (make restarts after writing it): a toolchain step that could not write it has
+# said why, and make stops there rather than asking how to make it for cache.mk.
+ifeq ($(filter clean clean-stage,$(MAKECMDGOALS))$(wildcard $(CFG)),$(CFG))
 -include $(CACHE_MK)
 ifneq ($(strip $(CACHE_KEY)),$(CACHE_KEY_NOW))
 $(CACHE_MK): ja-config-inputs-changed

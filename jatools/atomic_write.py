@@ -64,7 +64,8 @@ def open_bytes(path: Path) -> contextlib.AbstractContextManager[BinaryIO]:
     return _through_temp(path, "wb")
 
 
-def write_text(path: Path, text: str) -> Path:
-    with _through_temp(path, "w") as f:
-        f.write(text)
+def write_text(path: Path, text: str, errors: str = "strict") -> Path:
+    """Write `text` as UTF-8 (errors="surrogateescape": a checkout path's bytes that are not UTF-8 pass unchanged)."""
+    with _through_temp(path, "wb") as f:
+        f.write(text.encode("utf-8", errors))
     return Path(path)

@@ -166,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = config.load()
     if a.emit_make:
         flags = toolchain.compile_flags(toolchain.detect(settings, check_archs=False), settings)
-        atomic_write.write_text(a.emit_make, make_text(settings, flags, a.key))
+        # surrogateescape: make (and the compilers) get a checkout path's bytes unchanged, as build/config.mk does
+        atomic_write.write_text(a.emit_make, make_text(settings, flags, a.key), errors="surrogateescape")
     if a.stats:
         tool = find_tool()
         if tool is None:

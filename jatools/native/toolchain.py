@@ -388,8 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.emit_make:
         text = make_config(tc, settings, args.key)
         try:  # surrogateescape: a checkout path's bytes that are not UTF-8 reach make (and the compilers) unchanged
-            with atomic_write.open_bytes(Path(args.emit_make)) as f:
-                f.write(text.encode("utf-8", "surrogateescape"))
+            atomic_write.write_text(Path(args.emit_make), text, errors="surrogateescape")
         except OSError as e:  # a read-only checkout, a full disk: one line naming the path (a traceback was)
             print(f"error: {build_tree_unwritable(Path(args.emit_make), e)}", file=sys.stderr)
             return 2

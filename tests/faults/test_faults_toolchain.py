@@ -69,7 +69,8 @@ def test_faults_auto_passes_by_a_toolchain_that_refuses_its_archs(tmp_path, nvcc
     assert f"GPU arch gfx950 is rejected by {tmp_path}/bin/hipcc: clang: error: unsupported CUDA gpu architecture: " \
            "gfx950" in why, why
     if chosen == "cuda":
-        assert tc.archs == ("sm_90",) and "the first backend that builds for sm_90" in why
+        archs = _settings(tmp_path).default_archs("cuda")  # pyproject gpu_archs_cuda, the CUDA lane's archs
+        assert tc.archs == archs and f"the first backend that builds for {';'.join(archs)}" in why, why
     else:
         assert "cuda: no nvcc" in why
     assert any("no /" in h and "no AMD GPU driver, so no AMD GPU" in h for h in tc.how), tc.how  # rocminfo not asked
@@ -112,7 +113,8 @@ def test_faults_one_run_resolves_auto_once(tmp_path, monkeypatch):
     monkeypatch.setattr(config, "load", lambda *a, _load=config.load, **k: _no_rocm(_load(*a, **k), tmp_path))
     steps = native_build.native_steps(jit="build", env=env)
     assert [s.name for s in steps] == ["umbrella", "jit", "ja_mods"]
-    assert {(s.env["JA_BACKEND"], s.env["GPU_ARCHS"]) for s in steps} == {("cuda", "sm_90")}
+    archs = ";".join(config.load(env=env).default_archs("cuda"))
+    assert {(s.env["JA_BACKEND"], s.env["GPU_ARCHS"]) for s in steps} == {("cuda", archs)}
     explicit = native_build.native_steps(jit="build", env={**env, "JA_BACKEND": "cpu"})
     assert {s.env["JA_BACKEND"] for s in explicit} == {"cpu"} and "GPU_ARCHS" not in explicit[0].env
 
