@@ -48,9 +48,16 @@ def module_table(settings: config.Settings) -> dict[str, dict]:
     return {name: {**spec, "library": libraries[name]} for name, spec in configured.items()}
 
 
-def instances(module: dict) -> list[dict[str, str]]:
-    """Every combination of the module's axes, as {axis: text value} (a bool as 0 or 1)."""
-    axes = module.get("axes", {})
+def kind_spec(module: dict, kind: str) -> dict:
+    """The module's settings for one template kind: its `symbol` and `axes`, replaced by those the kind's entry of
+    `kind_overrides` names (the CPU attention kernels take their features at run time and need fewer instances
+    than the GPU ones)."""
+    return {**module, **module.get("kind_overrides", {}).get(kind, {})}
+
+
+def instances(module: dict, kind: str | None = None) -> list[dict[str, str]]:
+    """Every combination of the module's axes (of `kind`, where given), as {axis: text value} (a bool as 0 or 1)."""
+    axes = (kind_spec(module, kind) if kind else module).get("axes", {})
     return [{n: str(int(v)) if isinstance(v, bool) else str(v) for n, v in zip(axes, combo)}
             for combo in itertools.product(*axes.values())]
 
@@ -80,8 +87,8 @@ def generated(name: str, module: dict, kinds: list[str], out_dir: Path, root: Pa
         tpl_rel = module["templates"][kind]
         tpl = (root / tpl_rel).read_text()
         sources[kind], table = [], []
-        for values in instances(module):
-            symbol = module["symbol"].format(backend=kind, **values)
+        for values in instances(module, kind):
+            symbol = kind_spec(module, kind)["symbol"].format(backend=kind, **values)
             path = gen / f"{symbol}{'.cpp' if kind == 'cpu' else '.cu'}"
             texts[path] = render(tpl, {**values, "symbol": symbol, "template": tpl_rel, "backend": kind,
                                         "generator": GENERATOR})

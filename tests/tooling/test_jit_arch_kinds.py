@@ -48,6 +48,21 @@ def test_every_generated_file_names_the_module_that_wrote_it(checkout, tmp_path)
     assert generator.is_file() and "def generated(" in generator.read_text()
 
 
+def test_a_kind_override_replaces_symbol_and_axes_for_that_kind_only(checkout, tmp_path):
+    """mha_fwd's CPU instances are (dtype, padded head dim) with their own symbols; the GPU kinds keep the
+    module's (dtype, head_dim, causal) axes, and each instance table row holds that kind's columns."""
+    module = _mha_fwd(checkout)
+    texts, sources = jit_modules.generated("mha_fwd", module, ["cpu", "gpu"], tmp_path, checkout)
+    cpu = module["kind_overrides"]["cpu"]["axes"]
+    assert len(sources["cpu"]) == len(cpu["dtype"]) * len(cpu["head_dim"])
+    assert len(sources["gpu"]) == len(module["axes"]["dtype"]) * len(module["axes"]["head_dim"]) * 2
+    gen = tmp_path / "mha_fwd" / "gen"
+    assert gen / "ja_mha_fwd_cpu__bf16_d160.cpp" in sources["cpu"]
+    assert "JA_INSTANCE(ja_mha_fwd_cpu__bf16_d160, bf16, 160)" in texts[gen / "mha_fwd_cpu_instances.inc"]
+    assert "MhaFwdCpu<ja::type_bf16, 160>" in texts[gen / "ja_mha_fwd_cpu__bf16_d160.cpp"]
+    assert "JA_INSTANCE(ja_mha_fwd_gpu__bf16_d128_c1, bf16, 128, 1)" in texts[gen / "mha_fwd_gpu_instances.inc"]
+
+
 def test_sm90a_compiles_replace_the_arch_flags_and_name_the_pin_not_the_path(checkout):
     s = settings_for(checkout)
     tc = _cuda("sm_80", "sm_90")

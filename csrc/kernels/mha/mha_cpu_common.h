@@ -16,6 +16,8 @@
 
 #include "ja/api.h"
 #include "ja/dtype.h"
+#include "ja/kernels/mha.h"
+#include "ja/kernels/mha_features.h"
 
 #define JA_CPU_INLINE inline __attribute__((always_inline))
 
@@ -156,34 +158,67 @@ JA_CPU_INLINE void gemm(float* __restrict C, int ldc, const float* __restrict A,
   }
 }
 
-// dst[r][c] = mul * src row r (rows of `D` elements, `stride` elements apart);
-// rows >= rows_valid are zero so whole tiles can be processed unmasked.
+// dst[r][c] = mul * src row r, element c, for r < rows_valid and c < cols_valid (rows `stride` elements
+// apart); zero elsewhere, so whole tiles of the instance's padded head dim D are processed unmasked.
 template <int ROWS, int D, typename T>
 JA_CPU_INLINE void load_rows(float* __restrict dst, const T* __restrict src, int64_t stride, int rows_valid,
-                             float mul) {
+                             int cols_valid, float mul) {
   for (int r = 0; r < ROWS; ++r) {
     float* d = dst + r * D;
+    int c = 0;
     if (r < rows_valid) {
       const T* s = src + r * stride;
-      for (int c = 0; c < D; ++c) d[c] = to_f32(s[c]) * mul;
-    } else {
-      for (int c = 0; c < D; ++c) d[c] = 0.0f;
+      for (; c < cols_valid; ++c) d[c] = to_f32(s[c]) * mul;
     }
+    for (; c < D; ++c) d[c] = 0.0f;
   }
 }
 
-// dst[c][r] = src row r, element c (a transposed [D][ROWS] tile), zero-padded.
+// dst[c][r] = src row r, element c (a transposed [D][ROWS] tile), zero-padded the same way.
 template <int ROWS, int D, typename T>
 JA_CPU_INLINE void load_rows_transposed(float* __restrict dst, const T* __restrict src, int64_t stride,
-                                        int rows_valid) {
+                                        int rows_valid, int cols_valid) {
   for (int r = 0; r < ROWS; ++r) {
+    int c = 0;
     if (r < rows_valid) {
       const T* s = src + r * stride;
-      for (int c = 0; c < D; ++c) dst[c * ROWS + r] = to_f32(s[c]);
-    } else {
-      for (int c = 0; c < D; ++c) dst[c * ROWS + r] = 0.0f;
+      for (; c < cols_valid; ++c) dst[c * ROWS + r] = to_f32(s[c]);
     }
+    for (; c < D; ++c) dst[c * ROWS + r] = 0.0f;
   }
+}
+
+// Whether the N floats at x (N a multiple of two vectors) are all finite: x * 0 is 0 for a finite x and NaN
+// for NaN or +-inf, summed in two vector accumulators.
+template <int N, typename V>
+JA_CPU_INLINE bool all_finite(const float* x) {
+  constexpr int W = Lanes<V>::n;
+  static_assert(N % (2 * W) == 0, "all_finite: N must be a multiple of two vectors");
+  V a = {}, b = {};
+  for (int i = 0; i < N; i += 2 * W) a += vload<V>(x + i) * 0.0f, b += vload<V>(x + i + W) * 0.0f;
+  return hsum(a + b) == 0.0f;
+}
+
+// Compensated (Kahan) sums across tiles: acc += x with the low-order bits that acc cannot hold carried in comp, so
+// a long sequence of tiles (tens of millions of keys) loses nothing to acc's magnitude. Each tile's x is a fresh
+// float32 sum of at most one tile of terms. Elementwise over N floats (N a multiple of the vector width).
+template <int N, typename V>
+JA_CPU_INLINE void kahan_add(float* __restrict acc, float* __restrict comp, const float* __restrict x) {
+  constexpr int W = Lanes<V>::n;
+  static_assert(N % W == 0, "kahan_add: N must be a multiple of the vector width");
+  for (int i = 0; i < N; i += W) {
+    const V y = vload<V>(x + i) - vload<V>(comp + i);
+    const V s = vload<V>(acc + i);
+    const V t = s + y;
+    vstore(comp + i, (t - s) - y);
+    vstore(acc + i, t);
+  }
+}
+
+JA_CPU_INLINE void kahan_add(float& acc, float& comp, float x) {
+  const float y = x - comp, t = acc + y;
+  comp = (t - acc) - y;
+  acc = t;
 }
 
 template <int ROWS, int COLS>
@@ -192,17 +227,119 @@ JA_CPU_INLINE void transpose(float* __restrict dst, const float* __restrict src)
     for (int c = 0; c < COLS; ++c) dst[c * ROWS + r] = src[r * COLS + c];
 }
 
-template <int D, typename T>
-JA_CPU_INLINE void store_row(T* __restrict dst, const float* __restrict src, float mul) {
-  for (int c = 0; c < D; ++c) dst[c] = from_f32<T>(src[c] * mul);
+// dst[c] = src[c] * mul for c < n, rounded once to T.
+template <typename T>
+JA_CPU_INLINE void store_row(T* __restrict dst, const float* __restrict src, int n, float mul) {
+  for (int c = 0; c < n; ++c) dst[c] = from_f32<T>(src[c] * mul);
 }
 
-// Number of keys in [kv0, kv0 + nk) that query row q may attend (bottom-right causal).
-template <bool CAUSAL>
-JA_CPU_INLINE int visible_keys(int64_t q, int64_t kv0, int nk, int64_t seq_q, int64_t seq_k) {
-  if (!CAUSAL) return nk;
-  const int64_t last = q + seq_k - seq_q;  // last visible key index
-  return int(std::min<int64_t>(nk, std::max<int64_t>(0, last - kv0 + 1)));
+// tanh lane-wise as sign(x) (1 - e) / (1 + e), e = exp(-2 |x|) by exp2_v: absolute error below 1e-7
+// (what softcap * tanh needs: the score's own float32 rounding is larger); NaN stays NaN.
+template <typename V>
+JA_CPU_INLINE V tanh_v(V x) {
+  const V ax = x < 0.0f ? -x : x;
+  const V e = exp2_v<V>(ax * (-2.0f * kLog2e));
+  const V t = (1.0f - e) / (1.0f + e);
+  return x < 0.0f ? -t : t;
+}
+
+// The mask of a tile of query rows: for each row, its visible keys [lo, hi) and ALiBi origin diag
+// (ja/kernels/mha_features.h's mha_row; lo and hi clamped to [0, seq_k], so a bad rows array cannot
+// send a load out of bounds), and [kv_lo, kv_hi), the keys that any row of the tile sees.
+template <int BR>
+struct TileRows {
+  int64_t lo[BR], hi[BR], diag[BR];
+  int64_t kv_lo, kv_hi;
+  int n;  // rows of the tile (the rest are padding)
+
+  JA_CPU_INLINE void init(const JaMhaProblem& p, int64_t b, int64_t q0, int rows) {
+    n = rows;
+    kv_lo = p.seq_k, kv_hi = 0;
+    for (int r = 0; r < rows; ++r) {
+      const MhaRow x = mha_row(p, b, q0 + r);
+      lo[r] = mha_clamp(x.lo, 0, p.seq_k);
+      hi[r] = mha_clamp(x.hi, lo[r], p.seq_k);
+      diag[r] = x.diag;
+      if (hi[r] > lo[r]) kv_lo = std::min(kv_lo, lo[r]), kv_hi = std::max(kv_hi, hi[r]);
+    }
+  }
+  // Row r sees columns [*a, *e) of the key tile [kv0, kv0 + nk) (empty when *a >= *e).
+  JA_CPU_INLINE void span(int r, int64_t kv0, int nk, int* a, int* e) const {
+    *a = int(mha_clamp(lo[r] - kv0, 0, nk));
+    *e = int(mha_clamp(hi[r] - kv0, 0, nk));
+  }
+  // Every row sees every key of the tile: no element of the tile's products is masked.
+  JA_CPU_INLINE bool full(int64_t kv0, int nk) const {
+    for (int r = 0; r < n; ++r)
+      if (lo[r] > kv0 || hi[r] < kv0 + nk) return false;
+    return true;
+  }
+  // Some row sees some key of the tile.
+  JA_CPU_INLINE bool any(int64_t kv0, int nk) const {
+    for (int r = 0; r < n; ++r)
+      if (std::max(lo[r], kv0) < std::min(hi[r], kv0 + nk)) return true;
+    return false;
+  }
+};
+
+// The score's terms of ja/kernels/mha.h beyond q . k, for one (batch, query head), in the log2 domain.
+struct ScoreTerms {
+  float cap2;         // softcap * log2(e); 0: no softcap
+  float alibi2;       // ALiBi slope * log2(e); 0: none
+  const float* bias;  // bias of this (batch, head), row i at bias + i * seq_k; null: none
+  int64_t seq_k;
+
+  JA_CPU_INLINE static ScoreTerms of(const JaMhaProblem& p, int64_t b, int64_t h) {
+    ScoreTerms t{p.softcap > 0.0f ? p.softcap * kLog2e : 0.0f, 0.0f, nullptr, p.seq_k};
+    if (p.alibi) t.alibi2 = p.alibi[b * p.alibi_batch_stride + h] * kLog2e;
+    if (p.bias) t.bias = p.bias + b * p.bias_batch_stride + h * p.bias_head_stride;
+    return t;
+  }
+  // The multiplier of q . k that the row's scores start from: scale * log2(e), or scale / softcap (tanh's
+  // argument) with a softcap.
+  JA_CPU_INLINE static float qk_mul(const JaMhaProblem& p) {
+    return p.softcap > 0.0f ? p.scale / p.softcap : p.scale * kLog2e;
+  }
+};
+
+// One row of a tile of scores, in place: x[j] = q_i . k_j * ScoreTerms::qk_mul on entry; on return
+// log2(e) * s_ij (softcap, ALiBi of key kv0 + j against diag, bias of row i) for the visible columns
+// [a, e) and -inf for the other BC (masked and padding). With a softcap and dtanh non-null, dtanh[j]
+// receives 1 - tanh^2 of the row's BC columns (the derivative of the softcap, for the backward).
+template <int BC, typename V>
+JA_CPU_INLINE void score_row(float* __restrict x, float* __restrict dtanh, const ScoreTerms& t, int64_t i,
+                             int64_t diag, int64_t kv0, int a, int e) {
+  constexpr int W = Lanes<V>::n;
+  if (t.cap2 != 0.0f) {
+    const V cap = splat<V>(t.cap2);
+    for (int j = 0; j < BC; j += W) {
+      const V th = tanh_v<V>(vload<V>(x + j));
+      vstore(x + j, th * cap);
+      if (dtanh) vstore(dtanh + j, 1.0f - th * th);
+    }
+  }
+  if (t.alibi2 != 0.0f)
+    for (int j = a; j < e; ++j) {
+      const int64_t d = diag - (kv0 + j);
+      x[j] -= t.alibi2 * float(d < 0 ? -d : d);
+    }
+  if (t.bias) {
+    const float* row = t.bias + i * t.seq_k + kv0;
+    for (int j = a; j < e; ++j) x[j] += row[j] * kLog2e;
+  }
+  for (int j = 0; j < a; ++j) x[j] = -kInf;
+  for (int j = e; j < BC; ++j) x[j] = -kInf;
+}
+
+// Dropout: the keep-scale of row i's keys kv0 + j, j in [a, e): 1 / (1 - p) where
+// mha_dropout_keep keeps the element, else 0, into mul[a, e).
+JA_CPU_INLINE void dropout_row(float* __restrict mul, const JaMhaProblem& p, uint32_t threshold, float keep_scale,
+                               int64_t b, int64_t h, int64_t i, int64_t kv0, int a, int e) {
+  for (int j = a; j < e;) {
+    const int64_t key = kv0 + j;
+    const MhaPhilox r = mha_dropout_block(p.seed, b, h, i, key);
+    for (int w = int(key & 3); w < 4 && j < e; ++w, ++j) mul[j] = r.x[w] >= threshold ? keep_scale : 0.0f;
+  }
 }
 
 // True when the AVX2+FMA build may run: the CPU has both and JA_CPU_ISA is not

@@ -1,8 +1,12 @@
 // Instance lookup shared by mha_fwd_dispatch.cpp and mha_bwd_dispatch.cpp.
 //
-// The JIT build generates one instance per (dtype, head_dim, causal) and an
-// instance table (<module>_<backend>_instances.inc, JA_INSTANCE(symbol, dtype,
-// head_dim, causal) rows); the entry points look the request up in it.
+// The JIT build generates instances and an instance table per kind (<module>_<kind>_instances.inc,
+// JA_INSTANCE rows); the entry points check the call (mha_problem_error, ja/kernels/mha_check.h) and look it up:
+//   GPU kinds  one instance per (dtype, head_dim, causal): JA_INSTANCE(symbol, dtype, head_dim, causal),
+//              matched exactly (mha_dispatch);
+//   CPU        one instance per (dtype, padded head dim): JA_INSTANCE(symbol, dtype, head_dim); the smallest
+//              whose head dim holds both head_dim and head_dim_v runs (mha_dispatch_padded), every other
+//              feature is read at run time.
 #pragma once
 #include <algorithm>
 #include <atomic>
@@ -16,6 +20,7 @@
 #include "ja/api.h"
 #include "ja/dtype.h"
 #include "ja/env.h"
+#include "ja/kernels/mha_check.h"
 #include "ja/kernels/mha_features.h"
 
 namespace ja {
@@ -60,6 +65,23 @@ const char* mha_dispatch(const char* op, const char* backend, const MhaInstance<
   return ja_error("%s: no %s instance for dtype %s, head_dim %lld, mask %d in this build; supported head dims: %s",
                   op, backend, known ? dtype_name(dt) : "unknown", (long long)a.p.head_dim, int(a.p.mask),
                   mha_head_dims(table, dt).c_str());
+}
+
+// Calls the instance of args' dtype with the smallest head dim that holds both head_dim and head_dim_v (the CPU
+// instances zero-pad on load), with (&args).
+template <typename Fn, size_t N, typename Args>
+const char* mha_dispatch_padded(const char* op, const char* backend, const MhaInstance<Fn> (&table)[N],
+                                const Args& a) {
+  const int64_t need = std::max(a.p.head_dim, a.p.head_dim_v);
+  const MhaInstance<Fn>* best = nullptr;
+  for (const auto& e : table)
+    if (e.fn && int(e.dtype) == a.p.dtype && e.head_dim >= need && (!best || e.head_dim < best->head_dim)) best = &e;
+  if (best) return best->fn(&a);
+  const DType dt = DType(a.p.dtype);
+  const bool known = a.p.dtype >= 0 && a.p.dtype <= int(DType::kF16);
+  return ja_error("%s: no %s instance for dtype %s holds head_dim %lld and head_dim_v %lld in this build; compiled "
+                  "(padded) head dims: %s", op, backend, known ? dtype_name(dt) : "unknown", (long long)a.p.head_dim,
+                  (long long)a.p.head_dim_v, mha_head_dims(table, dt).c_str());
 }
 
 // Asks the instance matching args in a table of instances that may decline (the sm_90a kernels:

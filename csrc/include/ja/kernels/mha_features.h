@@ -115,13 +115,16 @@ JA_MHA_HD MhaPhilox mha_philox(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c
 // floor(p * 2^32) for p in [0, 1).
 JA_MHA_HD uint32_t mha_dropout_threshold(float p) { return uint32_t(double(p) * 4294967296.0); }
 
-// Whether (b, h, i, j) of this call is kept; seed is JaMhaProblem::seed (its batch and head offsets
-// turn the call's indices into global ones).
+// The philox block of (b, h, i) that holds the words of keys 4 * (j / 4) .. 4 * (j / 4) + 3 of this call;
+// seed is JaMhaProblem::seed (its batch and head offsets turn the call's indices into global ones).
+JA_MHA_HD MhaPhilox mha_dropout_block(const uint32_t* seed, int64_t b, int64_t h, int64_t i, int64_t j) {
+  return mha_philox(uint32_t(j >> 2), uint32_t(i), uint32_t(h + seed[3]), uint32_t(b + seed[2]), seed[0], seed[1]);
+}
+
+// Whether (b, h, i, j) of this call is kept.
 JA_MHA_HD bool mha_dropout_keep(const uint32_t* seed, uint32_t threshold, int64_t b, int64_t h, int64_t i,
                                 int64_t j) {
-  const MhaPhilox r = mha_philox(uint32_t(j >> 2), uint32_t(i), uint32_t(h + seed[3]), uint32_t(b + seed[2]),
-                                 seed[0], seed[1]);
-  return r.x[j & 3] >= threshold;
+  return mha_dropout_block(seed, b, h, i, j).x[j & 3] >= threshold;
 }
 
 }  // namespace ja
