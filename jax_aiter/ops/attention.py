@@ -107,11 +107,10 @@ def _decode_workspace_shape(batch, seq_q, seq_k, heads_q: int, heads_kv: int, he
     return (batch, blocks_per_batch * splits * 16 * (head_dim_v + 1))
 
 
-# The kernels of this build take the FFI of the dense op (operands q, k, v; attributes causal, scale): dense or
-# bottom-right causal attention at SUPPORTED_HEAD_DIMS, head_dim_v == head_dim. The attention v2 kernels take
-# every operand these calls are given (rows, ALiBi, bias, seed; docs/attention.md's FFI spec); until they are in
-# this build, _needs_v2 refuses, by name, the arguments only they run, before anything is traced, and these
-# calls pass the dense op's operands.
+# The calls pass every operand and attribute of the FFI spec (docs/attention.md): rows, ALiBi, bias, seed (a
+# (0,) placeholder where absent); mask, scale, softcap, dropout_p, deterministic. Until the API enables them,
+# _needs_v2 refuses, by name, the arguments this build's kernels do not run everywhere yet, before anything is
+# traced.
 SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
 
 
@@ -138,9 +137,23 @@ def _check_head_dim(op: str, head_dim: int) -> None:
                      f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))}{hint}")
 
 
+def _optional(cfg: Config, rows, cols, alibi, bias, seed) -> tuple:
+    """The optional operands of a call: those the Config has, and fresh (0,) placeholders for the others, made
+    here in the per-shard body. (A placeholder made outside and carried into a shard_map's backward as a residual
+    makes XLA's CPU compiler crash (jax 0.11.2) when it reaches the custom call.)"""
+    own = lambda has, x, name: x if has else _placeholder(name)
+    return (own(cfg.rows, rows, "rows"), own(cfg.rows, cols, "rows"), own(cfg.alibi, alibi, "alibi"),
+            own(cfg.bias, bias, "bias"), own(cfg.dropout, seed, "seed"))
+
+
+def _attrs(cfg: Config) -> dict:
+    """The attributes both kernels take."""
+    return dict(mask=np.int32(cfg.mask), scale=_ffi.f32(cfg.scale), softcap=_ffi.f32(cfg.softcap),
+                dropout_p=_ffi.f32(cfg.dropout_p))
+
+
 def _fwd_call(cfg: Config, q, k, v, rows, alibi, bias, seed):
     """The forward FFI call on whatever shapes it gets: the whole arrays, or one shard of them."""
-    del rows, alibi, bias, seed  # the v2 operands: refused by _needs_v2 until the v2 kernels are built
     _loader.ensure_registered("mha_fwd")
     batch, seq_q, heads_q, _ = q.shape
     dv = v.shape[3]
@@ -148,21 +161,29 @@ def _fwd_call(cfg: Config, q, k, v, rows, alibi, bias, seed):
     outs = (jax.ShapeDtypeStruct((batch, seq_q, heads_q, dv), q.dtype),
             jax.ShapeDtypeStruct((batch, heads_q, seq_q), jnp.float32),
             jax.ShapeDtypeStruct(ws, jnp.float32))  # workspace: split-KV partial results
-    o, lse, _ = _ffi.ffi_call("ja_mha_fwd", outs, q, k, v, causal=np.bool_(cfg.mask == _attn_mask.MASK_CAUSAL),
-                              scale=_ffi.f32(cfg.scale))
+    rows, _, alibi, bias, seed = _optional(cfg, rows, None, alibi, bias, seed)
+    o, lse, _ = _ffi.ffi_call("ja_mha_fwd", outs, q, k, v, rows, alibi, bias, seed, **_attrs(cfg))
     return o, lse
 
 
 def _bwd_call(cfg: Config, q, k, v, o, do, lse, rows, cols, alibi, bias, seed):
-    del rows, cols, alibi, bias, seed  # as in _fwd_call
     _loader.ensure_registered("mha_bwd")
+    batch, seq_q, heads_q, _ = q.shape
+    f32 = jnp.float32
+    # The deterministic GPU backward orders its dQ updates with one int32 word per 64-row query tile.
+    sync = batch * heads_q * ((seq_q + 63) // 64) if cfg.deterministic else 0
     outs = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
             jax.ShapeDtypeStruct(v.shape, v.dtype),
-            jax.ShapeDtypeStruct(q.shape, jnp.float32),      # workspace: dQ accumulator
-            jax.ShapeDtypeStruct(lse.shape, jnp.float32))    # workspace: rowsum(dO * O)
-    dq, dk, dv, _, _ = _ffi.ffi_call("ja_mha_bwd", outs, q, k, v, o, do, lse,
-                                     causal=np.bool_(cfg.mask == _attn_mask.MASK_CAUSAL), scale=_ffi.f32(cfg.scale))
-    return dq, dk, dv, jnp.zeros((0,), jnp.float32)  # no bias gradient without the v2 kernels
+            jax.ShapeDtypeStruct((batch, heads_q, seq_q, k.shape[1]) if cfg.dbias else (0,), f32),  # dbias
+            jax.ShapeDtypeStruct(q.shape, f32),              # workspace: dQ accumulator
+            jax.ShapeDtypeStruct(lse.shape, f32),            # workspace: rowsum(dO * O)
+            jax.ShapeDtypeStruct((sync,), jnp.int32))        # workspace: the deterministic dQ order
+    dq, dk, dv, dbias, _, _, _ = _ffi.ffi_call("ja_mha_bwd", outs, q, k, v, o, do, lse,
+                                               *_optional(cfg, rows, cols, alibi, bias, seed), **_attrs(cfg),
+                                               deterministic=np.bool_(cfg.deterministic))
+    # Without a bias gradient: a fresh (0,) array, replicated as the sharding rules declare it, not the call's
+    # (0,) result (which varies over a shard_map's manual axes like the call's operands).
+    return dq, dk, dv, (dbias if cfg.dbias else jnp.zeros((0,), f32))
 
 
 # Sharding: jax_aiter/ops/_attention_sharding.py (the layout of every operand, and the per-shard body).

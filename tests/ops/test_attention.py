@@ -546,8 +546,10 @@ def test_kernel_checks_guard_the_c_abi(device):
         out = (jax.ShapeDtypeStruct(q.shape, q.dtype),
                jax.ShapeDtypeStruct((q.shape[0], q.shape[2], q.shape[1]), jnp.float32),
                jax.ShapeDtypeStruct((q.shape[0], 0), jnp.float32))  # the (here empty) workspace
+        absent = [jnp.zeros((0,), t) for t in (jnp.int32, jnp.float32, jnp.float32, jnp.uint32)]
         return jax.block_until_ready(
-            _ffi.ffi_call("ja_mha_fwd", out, q, k, k, causal=np.bool_(False), scale=np.float32(0.1)))
+            _ffi.ffi_call("ja_mha_fwd", out, q, k, k, *absent, mask=np.int32(0), scale=np.float32(0.1),
+                          softcap=np.float32(0.0), dropout_p=np.float32(0.0)))
 
     with pytest.raises(Exception, match=r"mha_fwd: head_dim 300 \(q, k\) and head_dim_v 300 \(v\) must each be in "
                                         r"1\.\.256"):
