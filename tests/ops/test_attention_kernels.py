@@ -18,8 +18,15 @@ import pytest
 
 from jax_aiter.ops import _attn_dropout, _attn_mask
 from tests.ops import mha_ffi_calls as ffi
-from tests.ops.reference import (ATTENTION_RTOL, attention_features_ref, dropout_keep_ref, rel_err,
-                                 varlen_mask_ref, window_diag_ref, window_mask_ref)
+from tests.ops.reference import (
+    ATTENTION_RTOL,
+    attention_features_ref,
+    dropout_keep_ref,
+    rel_err,
+    varlen_mask_ref,
+    window_diag_ref,
+    window_mask_ref,
+)
 
 NONE, CAUSAL, ROWS = _attn_mask.MASK_NONE, _attn_mask.MASK_CAUSAL, _attn_mask.MASK_ROWS
 
@@ -67,11 +74,11 @@ def check(dtype, b, sq, sk, hq, hkv, d, dv=None, *, mask=NONE, rows=None, ref_ma
     scale = d ** -0.5 if scale is None else scale
     if mask != ROWS:
         ref_mask, ref_diag = window_mask_ref(sq, sk, mask == CAUSAL)[None], window_diag_ref(sq, sk)[None]
-    kw = dict(mask=mask, rows=rows, alibi=alibi, bias=bias, scale=scale, softcap=softcap)
+    kw = {"mask": mask, "rows": rows, "alibi": alibi, "bias": bias, "scale": scale, "softcap": softcap}
     keep, drop_kw = None, {}
     if dropout is not None:
         keep = dropout_keep_ref(dropout[1], dropout[0], b, hq, sq, sk)
-        drop_kw = dict(seed=np.asarray(dropout[1], np.uint32), dropout_p=dropout[0])
+        drop_kw = {"seed": np.asarray(dropout[1], np.uint32), "dropout_p": dropout[0]}
     o, lse = jax.jit(lambda q, k, v: ffi.fwd(q, k, v, **kw, **drop_kw))(q, k, v)
     cols = None if rows is None else _attn_mask.cols_from_rows(jnp.asarray(rows), sk)
     got = jax.jit(lambda *a: ffi.bwd(*a, **kw, cols=cols, **drop_kw, dbias=dbias))(q, k, v, o, do, lse)
@@ -252,7 +259,7 @@ def test_dropout_gradients_use_the_forward_mask(mask):
 
 def test_backward_is_bitwise_deterministic():
     (q, k, v, do), _ = inputs(9, "bfloat16", 2, 150, 150, 8, 2, 64)
-    kw = dict(mask=CAUSAL, scale=0.125)
+    kw = {"mask": CAUSAL, "scale": 0.125}
     o, lse = ffi.fwd(q, k, v, **kw)
     runs = [jax.jit(lambda *a: ffi.bwd(*a, **kw, deterministic=True))(q, k, v, o, do, lse)[:3] for _ in range(5)]
     for other in runs[1:]:
@@ -274,7 +281,7 @@ def test_non_finite_values_hidden_by_the_mask_stay_hidden(where):
     arr[0, bad, -1, 3] = np.inf
     named[where] = jnp.asarray(arr)
     q, k, v, do = named["q"], named["k"], named["v"], named["do"]
-    kw = dict(mask=ROWS, rows=rows, scale=0.125)
+    kw = {"mask": ROWS, "rows": rows, "scale": 0.125}
     o, lse = ffi.fwd(q, k, v, **kw)
     dq, dk, dv, _ = ffi.bwd(q, k, v, o, do, lse, cols=_attn_mask.cols_from_rows(jnp.asarray(rows), sk), **kw)
     ro, _, (rdq, rdk, rdv, _) = attention_features_ref(qe, ke, ve, doe, scale=0.125, mask=m, diag=dg)
@@ -316,21 +323,21 @@ def _fwd_error(**kw):
 
 
 BAD_FWD = [
-    ("rows without mask", dict(rows=np.zeros((1, 3, 8), np.int32)), r"rows \(1, 3, 8\) is given but mask is 0"),
-    ("mask rows without rows", dict(mask=ROWS), r"mask 2 \(rows\) needs rows int32"),
-    ("rows shape", dict(mask=ROWS, rows=np.zeros((3, 3, 8), np.int32)), r"rows has shape \(3, 3, 8\), expected"),
-    ("rows not monotonic", dict(mask=ROWS, rows=np.array([[[0] * 8, [8, 7, 8, 8, 8, 8, 8, 8], [0] * 8]], np.int32)),
+    ("rows without mask", {"rows": np.zeros((1, 3, 8), np.int32)}, r"rows \(1, 3, 8\) is given but mask is 0"),
+    ("mask rows without rows", {"mask": ROWS}, r"mask 2 \(rows\) needs rows int32"),
+    ("rows shape", {"mask": ROWS, "rows": np.zeros((3, 3, 8), np.int32)}, r"rows has shape \(3, 3, 8\), expected"),
+    ("rows not monotonic", {"mask": ROWS, "rows": np.array([[[0] * 8, [8, 7, 8, 8, 8, 8, 8, 8], [0] * 8]], np.int32)},
      r"rows\[0\] row 1: lo 0, hi 7 .*non-decreasing"),
-    ("rows past seq_k", dict(mask=ROWS, rows=np.array([[[0] * 8, [9] * 8, [0] * 8]], np.int32)),
+    ("rows past seq_k", {"mask": ROWS, "rows": np.array([[[0] * 8, [9] * 8, [0] * 8]], np.int32)},
      r"rows\[0\] row 0: lo 0, hi 9; need 0 <= lo <= hi <= seq_k = 8"),
-    ("mask 3", dict(mask=3), r"mask 3 is not 0 \(none\), 1 \(causal\) or 2 \(rows\)"),
-    ("alibi shape", dict(alibi=np.zeros((2, 2), np.float32)), r"alibi has shape \(2, 2\), expected \(1 or 2, 4\)"),
-    ("bias shape", dict(bias=np.zeros((1, 2, 8, 8), np.float32)), r"bias has shape \(1, 2, 8, 8\), expected"),
-    ("dropout without seed", dict(dropout_p=0.1), r"dropout_p > 0 needs seed uint32 \[4\]"),
-    ("seed without dropout", dict(seed=np.zeros(4, np.uint32)), r"seed is given but dropout_p is 0"),
-    ("seed shape", dict(seed=np.zeros(3, np.uint32), dropout_p=0.1), r"seed has shape \(3,\), expected \(4,\)"),
-    ("dropout 1", dict(seed=np.zeros(4, np.uint32), dropout_p=1.0), r"dropout_p 1 must be in \[0, 1\)"),
-    ("softcap", dict(softcap=-1.0), r"softcap -1 must be 0 \(off\) or a finite value > 0"),
+    ("mask 3", {"mask": 3}, r"mask 3 is not 0 \(none\), 1 \(causal\) or 2 \(rows\)"),
+    ("alibi shape", {"alibi": np.zeros((2, 2), np.float32)}, r"alibi has shape \(2, 2\), expected \(1 or 2, 4\)"),
+    ("bias shape", {"bias": np.zeros((1, 2, 8, 8), np.float32)}, r"bias has shape \(1, 2, 8, 8\), expected"),
+    ("dropout without seed", {"dropout_p": 0.1}, r"dropout_p > 0 needs seed uint32 \[4\]"),
+    ("seed without dropout", {"seed": np.zeros(4, np.uint32)}, r"seed is given but dropout_p is 0"),
+    ("seed shape", {"seed": np.zeros(3, np.uint32), "dropout_p": 0.1}, r"seed has shape \(3,\), expected \(4,\)"),
+    ("dropout 1", {"seed": np.zeros(4, np.uint32), "dropout_p": 1.0}, r"dropout_p 1 must be in \[0, 1\)"),
+    ("softcap", {"softcap": -1.0}, r"softcap -1 must be 0 \(off\) or a finite value > 0"),
 ]
 
 
@@ -345,9 +352,9 @@ def test_backward_checks_name_the_operand():
     rows = _attn_mask.dense_rows_np(8, 8, 2, 0)
     o, lse = ffi.fwd(q, k, v, mask=ROWS, rows=rows, scale=0.1)
     cases = [
-        (dict(mask=ROWS, rows=rows), r"mask 2 \(rows\) needs cols int32"),
-        (dict(mask=ROWS, rows=rows, cols=np.zeros((1, 2, 8), np.int32)), r"cols\[0\] key 0: .* disagree with rows"),
-        (dict(dbias=True), r"dbias \(1, 2, 8, 8\) is asked for without a bias"),
+        ({"mask": ROWS, "rows": rows}, r"mask 2 \(rows\) needs cols int32"),
+        ({"mask": ROWS, "rows": rows, "cols": np.zeros((1, 2, 8), np.int32)}, r"cols\[0\] key 0: .* disagree with rows"),
+        ({"dbias": True}, r"dbias \(1, 2, 8, 8\) is asked for without a bias"),
     ]
     for kw, msg in cases:
         with pytest.raises(Exception, match="INVALID_ARGUMENT: mha_bwd: " + msg):
