@@ -268,9 +268,10 @@ def test_forward_lse_and_workspace_written_under_poison(device, monkeypatch):
 
 
 # --- the Hopper forward ------------------------------------------------------------------
-# On an sm_90 device the bfloat16/float16 forward of head dims 64, 128 and 256 runs the wgmma + TMA
-# kernel (csrc/kernels/mha/mha_fwd_sm90.cuh; not for decode shapes); JA_MHA_FWD_SM90=0 sends the
-# same call to the mma.sync kernel. libmha_fwd.so counts the calls the Hopper kernel handled.
+# On an sm_90 device the bfloat16/float16 forward runs the wgmma + TMA kernel (csrc/kernels/mha/mha_fwd_sm90.cuh;
+# every head dim that is a multiple of 8, in the kernel of the next head dim up: csrc/kernels/mha/mha_sm90_dims.h;
+# not for plain decode shapes); JA_MHA_FWD_SM90=0 sends the same call to the mma.sync kernel. libmha_fwd.so
+# counts the calls the Hopper kernel handled.
 
 def _lib_calls(lib: str, counter: str) -> int:
     """A call counter that an MHA library exports (int64_t counter(void))."""
@@ -320,7 +321,7 @@ def _path_cases(shapes):
     """The marks of the kernel-path tests below: on the GPU, each dtype x head dim x causal x shape
     (batch, seq_q, seq_k, heads_q, heads_kv)."""
     marks = [pytest.mark.gpu, pytest.mark.parametrize("dtype", ["bfloat16", "float16"]),
-             pytest.mark.parametrize("d", [64, 128, 256]),
+             pytest.mark.parametrize("d", [32, 64, 96, 128, 256]),
              pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"]),
              pytest.mark.parametrize("shape", shapes, ids=lambda s: f"b{s[0]}-sq{s[1]}-sk{s[2]}-hq{s[3]}-hkv{s[4]}")]
 
@@ -450,9 +451,9 @@ def test_decode_cluster_merge_matches_merge_kernel_bitwise(dtype, d, causal, sha
 
 
 # --- the Hopper backward -----------------------------------------------------------------
-# On an sm_90 device the bfloat16/float16 backward of head dims 64, 128 and 256 runs the wgmma + TMA
-# kernel (csrc/kernels/mha/mha_bwd_sm90.cuh; head dim 256: mha_bwd_sm90_d256.cuh); JA_MHA_BWD_SM90=0
-# sends the same call to the mma.sync kernel. libmha_bwd.so counts the calls the Hopper kernel handled.
+# On an sm_90 device the bfloat16/float16 backward runs the wgmma + TMA kernel (csrc/kernels/mha/mha_bwd_sm90.cuh;
+# head dims past 128: mha_bwd_sm90_d256.cuh; head dims as the forward's); JA_MHA_BWD_SM90=0 sends the same call
+# to the mma.sync kernel. libmha_bwd.so counts the calls the Hopper kernel handled.
 
 def _sm90_bwd_calls() -> int:
     return _lib_calls("libmha_bwd.so", "ja_mha_bwd_sm90_calls")
@@ -481,12 +482,11 @@ def test_hopper_backward_matches_reference_and_fallback(dtype, d, causal, shape,
 
 
 @pytest.mark.gpu
-def test_hopper_backward_is_not_used_for_float32_or_other_head_dims(monkeypatch):
+def test_hopper_backward_is_not_used_for_float32(monkeypatch):
     monkeypatch.delenv("JA_MHA_BWD_SM90", raising=False)
     before = _sm90_bwd_calls()
-    for dtype, d in (("float32", 128), ("bfloat16", 96)):
-        (q, k, v, do), _ = make_inputs(0, dtype, 1, 70, 90, 4, 2, d, "gpu")
-        jax.block_until_ready(forward_and_grads(q, k, v, do, causal=True))
+    (q, k, v, do), _ = make_inputs(0, "float32", 1, 70, 90, 4, 2, 128, "gpu")
+    jax.block_until_ready(forward_and_grads(q, k, v, do, causal=True))
     assert _sm90_bwd_calls() == before
 
 

@@ -1,60 +1,63 @@
 // Flash-attention backward for Hopper (sm_90a): warpgroup MMA, Q/dO tiles by TMA.
 //
-// The middle kernel of the backward (dK, dV and the float32 dQ accumulation); the
-// preprocess (delta = rowsum(dO * O), zeroed dq_accum) is mha_bwd_gpu.cuh's kernel, the dQ
-// conversion its kernel four elements a thread (the same rounding). Head dims 64 and 128 run the
-// kernel below; head dim 256, whose dK and dV would not fit a warpgroup's registers here, runs
-// mha_bwd_sm90_d256.cuh's (64 keys a block, the head dim split over the warpgroups).
+// The middle kernel of the backward (dK, dV and the float32 dQ accumulation); the preprocess
+// (delta = rowsum(dO * O), zeroed dq_accum; deterministic: the semaphores) and the dQ conversion are
+// mha_bwd_sm90_common.cuh's. Instance head dims 64, 96 and 128 run the kernel below; 192 and 256, whose
+// dK and dV would not fit a warpgroup's registers here, run mha_bwd_sm90_d256.cuh's (64 keys a block, the
+// head dim split over the warpgroups).
 //
 // One block of two warpgroups per (128 keys, kv head, batch); warpgroup w owns key rows
 // [64 w, 64 w + 64) of the tile and keeps their dK and dV (64 x D each, float32) in
 // wgmma accumulators for the whole block. K and V are loaded once by TMA; the block then
 // walks every query head of its GQA group and every 64-row query tile that can see its
-// keys, Q and dO by TMA through three shared-memory stages (tile i + 2 is loaded while tile i
-// is computed), lse and delta staged in shared memory, dS double-buffered, so one block barrier
-// per tile suffices. Per query tile (keys are the M dimension of the products, as in the
-// mma.sync kernel):
+// keys (mha_bwd_sm90_common.cuh: the mask's query range), Q and dO by TMA through three
+// shared-memory stages (tile i + 2 is loaded while tile i is computed), the rows' lse, delta
+// and mask bounds staged in shared memory, dS double-buffered, so one block barrier per tile
+// suffices. Per query tile (keys are the M dimension of the products, as in the mma.sync kernel):
 //   S^T  = K Q^T, dP^T = V dO^T                   wgmma, both operands in shared memory
-//   P^T  = exp2(S^T * scale * log2 e - lse * log2 e), masked to 0
-//   dS^T = P^T * (dP^T - delta)
+//   P^T  = exp2(x * s2 - lse * log2 e), 0 where masked (x: the score, with softcap and ALiBi)
+//   dS^T = P^T * (dP^T - delta) (softcap: times 1 - tanh^2)
 //   dV  += P^T dO, dK += dS^T Q                    wgmma, A (P^T, dS^T) from registers
 //   dQ   = dS K (64 x D, split by columns over the warpgroups; dS through shared memory,
 //          stored by stmatrix)
 //          times scale, through shared memory, added to dq_accum by a TMA reduce-add per
-//          warpgroup (issued in order dV, dQ, dK: dQ goes out while dK runs)
+//          warpgroup (issued in order dV, dQ, dK: dQ goes out while dK runs); deterministic:
+//          in the order of the tile's semaphore
 // P and dS are rounded to the input dtype before their products (as FlashAttention and
 // the mma.sync kernel do); every product accumulates in float32.
 //
-// Conventions are those of the other backward kernels: bottom-right causal alignment
-// (query i sees key j iff j <= i + seq_k - seq_q), query tiles that see none of the
-// block's keys skipped, rows with no visible key (lse = +inf) contribute 0. Keys and
-// query rows past the ends are zero-filled by TMA and masked.
+// Conventions are those of the other backward kernels (ja/kernels/mha.h): rows with no visible key
+// (lse = +inf) contribute 0. Keys and query rows past the ends are zero-filled by TMA and masked.
 #pragma once
 #include "mha/mha_bwd_sm90_common.cuh"
-#include "mha/mha_bwd_sm90_d256.cuh"  // head_dim 256: the head dim split over the warpgroups
+#include "mha/mha_bwd_sm90_d256.cuh"  // head dims 192, 256: the head dim split over the warpgroups
 
 namespace ja {
 namespace mha_sm90 {
 
 // 64 query rows a tile, 128 keys a block (2 warpgroups x 64), 3 Q/dO stages.
 template <typename Element_, int D>
-struct BwdTraits : BwdLayouts<Element_, D, 64, 128, 3> {
-  using Layouts = BwdLayouts<Element_, D, 64, 128, 3>;
+struct BwdTraits
+    : BwdLayouts<Element_, D, D, 64, 128, 3, bwd_atom_width(D, D / 2, D), bwd_atom_width(D, D, D)> {
+  // K's atom: the dQ product's warpgroups read K^T by halves of D / 2 columns.
+  using Layouts = BwdLayouts<Element_, D, D, 64, 128, 3, bwd_atom_width(D, D / 2, D), bwd_atom_width(D, D, D)>;
   using Element = Element_;
   static constexpr int BM = Layouts::BM, BN = Layouts::BN, kStages = Layouts::kStages;
-  static constexpr int kSlots = kStages;  // lse/delta slots
+  static constexpr int kSlots = kStages;  // per-row slots
   static constexpr int kThreads = 256;
-  static_assert(D % 64 == 0 && D <= 128, "this kernel covers head_dim 64 and 128 (256: mha_bwd_sm90_d256.cuh)");
+  static_assert(D % 32 == 0 && D <= 128, "this kernel covers head dims 64, 96 and 128 (mha_bwd_sm90_d256.cuh: more)");
 
   using TiledMmaSdP = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<BM>, Int<D>>>(), Layout<Shape<_2, _1, _1>>{}));
   using TiledMmadKV = decltype(make_tiled_mma(
       GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<D>, Int<BM>>, GMMA::Major::K, GMMA::Major::MN>(),
       Layout<Shape<_2, _1, _1>>{}));
-  using TiledMmadQ = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<D / 2>, Int<BN>>, GMMA::Major::MN,
-                           GMMA::Major::MN>(),
-      Layout<Shape<_1, _2, _1>>{}));
+  // dQ = dS K: warpgroup w computes columns [w D/2, (w + 1) D/2), one wgmma wide (ss_atom: at D = 96 the
+  // selector's narrower atoms would interleave the warpgroups' columns, which the dQ staging's halves
+  // assume contiguous).
+  using AtomdQ = decltype(ss_atom<Element, 64, D / 2, BN, GMMA::Major::MN, GMMA::Major::MN>());
+  static_assert(atom_n<AtomdQ>() == D / 2, "each warpgroup's dQ columns must be one wgmma wide");
+  using TiledMmadQ = decltype(make_tiled_mma(AtomdQ{}, Layout<Shape<_1, _2, _1>>{}));
 
   // dS as the A operand of dQ = dS K: (queries, keys), queries contiguous.
   using SmemLayoutdS = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, Shape<Int<BM>, Int<BN>>{}));
@@ -63,7 +66,7 @@ struct BwdTraits : BwdLayouts<Element_, D, 64, 128, 3> {
       decltype(composition(SmemLayoutdS{}, make_layout(Shape<Int<BN>, Int<BM>>{}, Stride<Int<BM>, _1>{})));
   // dQ * scale (float32) of a query tile, (queries, head_dim); warpgroup w's columns [w D/2, (w + 1) D/2)
   // are the contiguous half w, added to dq_accum by one TMA reduce-add.
-  using DqStage = BwdDqStage<BM, D, D>;
+  using DqStage = BwdDqStage<BM, D>;
   using SmemLayoutdQ = typename DqStage::Layout;
   using TmadQ = typename DqStage::Tma;
 
@@ -75,13 +78,15 @@ struct BwdTraits : BwdLayouts<Element_, D, 64, 128, 3> {
   static_assert(kSmemBytes <= 227 * 1024, "MHA backward (sm90) tiles exceed shared memory");
 
   struct Params : BwdArgs<Element> {
-    typename Layouts::TmaQ tma_q, tma_do;
-    typename Layouts::TmaK tma_k, tma_v;
+    typename Layouts::TmaQ tma_q;
+    typename Layouts::TmadO tma_do;
+    typename Layouts::TmaK tma_k;
+    typename Layouts::TmaV tma_v;
     TmadQ tma_dq;
   };
 };
 
-template <typename Tr, bool CAUSAL>
+template <typename Tr, bool CAUSAL, bool FEAT>
 __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID_CONSTANT typename Tr::Params const p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Element = typename Tr::Element;
@@ -91,7 +96,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
 
   auto& ss = bwd_smem<Tr>();
   const BwdWork w = bwd_work<BM, BN, CAUSAL>(p);
-  const int b = w.b, sq = w.sq, sk = w.sk, kv0 = w.kv0, nk = w.nk, n_iter = w.n_iter;
+  const int b = w.b, n_iter = w.n_iter;
   const int tid = threadIdx.x;
 
   auto [sQ, sdO, sQt, sdOt, sK, sV, sKt] = bwd_smem_tensors<Tr>(ss);
@@ -99,7 +104,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
   Tensor sdS1 = make_tensor(make_smem_ptr(ss.ds[1].data()), typename Tr::SmemLayoutdS{});
 
   if (tid == 0) cute::prefetch_tma_descriptor(p.tma_dq.get_tma_descriptor());
-  bwd_start<Tr>(p, ss, w);
+  bwd_start<Tr, CAUSAL>(p, ss, w);
 
   typename Tr::TiledMmaSdP mma_sdp;
   typename Tr::TiledMmadKV mma_dkv;
@@ -132,18 +137,21 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
   const bool wg_leader = tid % 128 == 0;  // issues its warpgroup's dQ reduce-add
   Tensor sdQ = make_tensor(make_smem_ptr(ss.dq.data()), typename Tr::SmemLayoutdQ{});
   Tensor tdQsdQ = thr_dq.partition_C(sdQ);
-  const float s2 = p.scale_log2;
+  float neg_slope = 0.0f;  // FEAT: -ALiBi slope of the iteration's query head
+  // Deterministic: the tile whose semaphore this warpgroup releases once its add has completed, an iteration
+  // after issuing it. (Two iterations after, so that the wait finds the add complete, measured slower: 1.36
+  // against 1.31x the default backward at b1 s16k h32 d128, as each key block then trails the next by two
+  // tiles.)
+  int32_t* pending = nullptr;
 
-  __syncthreads();  // lse, delta of the first two tiles
+  __syncthreads();  // the rows of the first two tiles
   ss.barrier_kv.wait(0);
   CUTLASS_PRAGMA_NO_UNROLL
   for (int it = 0; it < n_iter; ++it) {
     const int h = w.head(it), m = w.tile(it);
-    const int q0 = m * BM;
-    const int st = it % kStages;
-    // lse (log2 domain; +inf past seq_q gives P = 0) and delta of the tile's rows.
-    const float* lse2 = ss.lse[it % Tr::kSlots];  // the slot bwd_load_rows wrote
-    const float* dlt = ss.delta[it % Tr::kSlots];
+    const int st = it % kStages, slot = it % Tr::kSlots;
+    if constexpr (FEAT)
+      if (p.alibi) neg_slope = -p.alibi[int64_t(b) * p.alibi_batch_stride + h];
     ss.barrier_q[st].wait((it / kStages) & 1);
 
     Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<BN>, Int<BM>>{});
@@ -153,13 +161,19 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
     warpgroup_wait<1>();
     Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
     Tensor dp = make_tensor(tSrdP.data(), acc_rowcol(tSrdP.layout()));
-    // Visible iff key < seq_k, query < seq_q (lse), and (causal) key - query <= q0 + sk - sq - kv0.
-    bwd_p_ds<CAUSAL>(
-        s, dp, [&](int r, int) { return int(get<0>(tScS_rc(r, 0))); },
-        [&](int r, int c) { return int(get<1>(tScS_rc(r, c))); },
-        [&](int r, int c) { return lse2[int(get<1>(tScS_rc(r, c)))]; },
-        [&](int r, int c) { return dlt[int(get<1>(tScS_rc(r, c)))]; }, s2, nk, q0 + sk - sq - kv0,
-        [] { warpgroup_wait<0>(); });
+    // Visible iff the key lies in its query row's [lo, hi) (query rows past seq_q: lse = +inf, P = 0).
+    auto key = [&](int r, int) { return int(get<0>(tScS_rc(r, 0))); };
+    auto row = [&](int r, int c) { return int(get<1>(tScS_rc(r, c))); };
+    auto p_ds = [&](auto stage, auto masked) {
+      bwd_p_ds<decltype(stage)::value, decltype(masked)::value, FEAT>(p, s, dp, key, row, ss.lse[slot], ss.delta[slot],
+                                                                      ss.bounds[slot], ss.diag[slot], neg_slope);
+    };
+    const bool full = w.full(it);
+    if (full) p_ds(cute::Int<0>{}, cute::false_type{});
+    else p_ds(cute::Int<0>{}, cute::true_type{});
+    warpgroup_wait<0>();  // dP has landed
+    if (full) p_ds(cute::Int<1>{}, cute::false_type{});
+    else p_ds(cute::Int<1>{}, cute::true_type{});
 
     // P^T and dS^T rounded to the input dtype, as A operands of dV and dK.
     Tensor tdVrP = make_tensor<Element>(acc_as_a(tSrS.layout()));
@@ -174,14 +188,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
     }
     cutlass::arch::fence_view_async_shared();
     gemm<false, -1>(mma_dkv, tdVrP, tdVrdOt(_, _, _, st), tdVacc);
-    if (wg_leader) tma_store_wait<0>();  // the previous tile's dQ has left shared memory
+    if (wg_leader) {
+      tma_store_wait<0>();  // the previous tile's dQ has left shared memory
+      if (pending) bwd_sync_release(pending), pending = nullptr;
+    }
     // dS complete; every warpgroup is done with iteration it - 1: its Q/dO stage
-    // ((it + 2) % 3), its lse/delta slot and dS buffer ((it + 1) % 2) may be refilled;
+    // ((it + 2) % 3), its row slot and dS buffer ((it + 1) % 2) may be refilled;
     // the dQ tile in shared memory may be overwritten.
     __syncthreads();
     if (it + 2 < n_iter) {
       if (tid == 0) bwd_load_q<Tr>(p, ss, w, it + 2);
-      bwd_load_rows<Tr>(p, ss, w, it + 2);  // read at iteration it + 2, after iteration it + 1's barrier
+      bwd_load_rows<Tr, CAUSAL>(p, ss, w, it + 2);  // read at iteration it + 2, after iteration it + 1's barrier
     }
 
     // dQ (waits for dV), then dK, which runs while dQ goes out.
@@ -197,96 +214,69 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
         *reinterpret_cast<float2*>(&tdQsdQ(i)) = make_float2(tdQacc(i) * p.scale, tdQacc(i + 1) * p.scale);
       cutlass::arch::fence_view_async_shared();
       cutlass::arch::NamedBarrier::sync(128, 1 + wg);
-      if (wg_leader) bwd_reduce_dq<typename Tr::DqStage>(p.tma_dq, p.shape_q, sdQ, h, b, m, wg, wg);
+      if (wg_leader) {
+        if (p.sync) {
+          pending = bwd_sem(p, w, it);
+          bwd_sync_wait(pending, w.n_block);
+        }
+        bwd_reduce_dq<typename Tr::DqStage>(p.tma_dq, p.shape_q, sdQ, h, b, m, wg, wg);
+      }
     }
     warpgroup_wait<0>();
     warpgroup_fence_operand(tdKacc);
   }
-  if (wg_leader) tma_store_wait<0>();
+  if (wg_leader) {
+    tma_store_wait<0>();
+    if (pending) bwd_sync_release(pending);
+  }
 
-  bwd_store_dkdv<Tr>(p, w, thr_dkv, tdKacc, tdVacc);
+  bwd_store_dkdv<BN, D, D>(p, w, thr_dkv, tdKacc, thr_dkv, tdVacc);
 #else
   __trap();  // built for another target than sm_90a: never launched (the host checks the device)
 #endif
 }
 
-template <typename T, int D, bool CAUSAL>
+template <typename T, int D, bool CAUSAL, bool FEAT>
 const char* mha_bwd_sm90_launch(const JaMhaBwdArgs& a, cudaStream_t stream) {
   using Tr = BwdTraits<typename CutlassType<T>::type, D>;
-  const int sq = int(a.p.seq_q), sk = int(a.p.seq_k), hq = int(a.p.heads_q), hkv = int(a.p.heads_kv), bt = int(a.p.batch);
-  typename Tr::Params p{
-      bwd_args<typename Tr::Element, D>(a),
-      bwd_tma_q<Tr>(a.q, sq, hq, bt),
-      bwd_tma_q<Tr>(a.dout, sq, hq, bt),
-      bwd_tma_k<Tr>(a.k, sk, hkv, bt),
-      bwd_tma_k<Tr>(a.v, sk, hkv, bt),
-      Tr::DqStage::tma(a.dq_accum, sq, hq, bt)};
-  return bwd_launch<Tr>(mha_bwd_sm90_kernel<Tr, CAUSAL>, p, a, stream, "mha_bwd (sm90)");
+  const JaMhaProblem& pr = a.p;
+  const auto loads = bwd_loads<Tr>(a);
+  typename Tr::Params p{bwd_args<typename Tr::Element>(a, FEAT), loads.tma_q, loads.tma_do, loads.tma_k, loads.tma_v,
+                        Tr::DqStage::tma(a.dq_accum, int(pr.seq_q), int(pr.head_dim), int(pr.heads_q),
+                                         int(pr.batch))};
+  return bwd_launch<Tr>(mha_bwd_sm90_kernel<Tr, CAUSAL, FEAT>, p, a, stream, "mha_bwd (sm90)");
 }
-
-// mha_bwd_convert_dq four elements a thread (n4 = elements / 4, dq 8-byte aligned): the same
-// rounding of each element, fewer and wider accesses.
-template <typename T>
-__global__ void __launch_bounds__(256) convert_dq4(const float4* acc, T* dq, int64_t n4) {
-  for (int64_t i = int64_t(blockIdx.x) * 256 + threadIdx.x; i < n4; i += int64_t(gridDim.x) * 256) {
-    const float4 v = acc[i];
-    struct alignas(8) Four {
-      T e[4];
-    } o;
-    o.e[0] = from_f32<T>(v.x);
-    o.e[1] = from_f32<T>(v.y);
-    o.e[2] = from_f32<T>(v.z);
-    o.e[3] = from_f32<T>(v.w);
-    reinterpret_cast<Four*>(dq)[i] = o;
-  }
-}
-
-constexpr bool bwd_supported_head_dim(int d) { return d == 64 || d == 128 || d == 256; }
 
 // Runs the whole backward (preprocess, this kernel, dQ conversion) when the Hopper kernel
 // applies: sets *handled and returns the launch status; otherwise leaves *handled = 0 and the
 // caller takes the mma.sync / SIMT path. It does not apply on another device, to empty shapes,
-// to unaligned pointers, or to sizes past int32.
+// to unaligned pointers, to sizes past int32, to head dims this instance does not cover
+// (mha_sm90_dims.h) or to features it does not handle (kBwdFeatures).
 template <typename T, int D, bool CAUSAL>
 const char* mha_bwd_sm90(const JaMhaBwdArgs& a, void* stream, int* handled) {
   *handled = 0;
-  const int64_t lim = int64_t(1) << 30;
-  if (a.p.batch <= 0 || a.p.seq_q <= 0 || a.p.seq_k <= 0 || a.p.heads_q <= 0 || a.p.heads_kv <= 0) return nullptr;
-  if (a.p.batch >= 65536 || a.p.heads_q >= 65536 || a.p.seq_q >= lim || a.p.seq_k >= lim) return nullptr;
-  if (a.p.batch * a.p.seq_q * a.p.heads_q * D >= (int64_t(1) << 31)) return nullptr;
-  for (const void* ptr : {a.q, a.k, a.v, a.dout, static_cast<const void*>(a.dk), static_cast<const void*>(a.dv),
-                          static_cast<const void*>(a.dq_accum)})
-    if (!mha_gpu::aligned16(ptr)) return nullptr;
-  if (!device_is_sm90()) return nullptr;
-  if (mha_unhandled_feature(a, mha_gpu::kBwdSm90Features)) return nullptr;
+  if (!bwd_sm90_applies<D>(a) || !device_is_sm90()) return nullptr;
   *handled = 1;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  using mha_gpu::kThreads;
-  const int64_t q_rows = a.p.batch * a.p.seq_q * a.p.heads_q;
-  const int64_t max_blocks = int64_t(1) << 20;
-  {
-    const int64_t blocks = std::min<int64_t>((q_rows + mha_gpu::kTy - 1) / mha_gpu::kTy, max_blocks);
-    mha_gpu::mha_bwd_preprocess<T, D><<<unsigned(blocks), kThreads, 0, s>>>(a);
-    if (const char* e = mha_gpu::launch_status("mha_bwd (preprocess)")) return e;
-  }
+  const bool feat = a.p.softcap > 0.0f || a.p.alibi != nullptr;
   if constexpr (D == 256) {
-    if (const char* e = mha_bwd_sm90_d256_launch<T, CAUSAL>(a, s)) return e;
+    const int kd = sm90_kernel_head_dim(a.p.head_dim, a.p.head_dim_v);
+    return bwd_run<T, 64, CAUSAL>(a, s, [&]() -> const char* {
+      if (kd == 192 && a.p.head_dim_v <= 128)
+        return feat ? mha_bwd_sm90_d256_launch<T, 192, 128, CAUSAL, true>(a, s)
+                    : mha_bwd_sm90_d256_launch<T, 192, 128, CAUSAL, false>(a, s);
+      if (kd == 192)
+        return feat ? mha_bwd_sm90_d256_launch<T, 192, 192, CAUSAL, true>(a, s)
+                    : mha_bwd_sm90_d256_launch<T, 192, 192, CAUSAL, false>(a, s);
+      return feat ? mha_bwd_sm90_d256_launch<T, 256, 256, CAUSAL, true>(a, s)
+                  : mha_bwd_sm90_d256_launch<T, 256, 256, CAUSAL, false>(a, s);
+    });
   } else {
-    if (const char* e = mha_bwd_sm90_launch<T, D, CAUSAL>(a, s)) return e;
+    constexpr int kBN = BwdTraits<typename CutlassType<T>::type, D>::BN;
+    return bwd_run<T, kBN, CAUSAL>(a, s, [&]() -> const char* {
+      return feat ? mha_bwd_sm90_launch<T, D, CAUSAL, true>(a, s) : mha_bwd_sm90_launch<T, D, CAUSAL, false>(a, s);
+    });
   }
-  {
-    const int64_t n = q_rows * D;  // a multiple of 4; dq_accum is 16-byte aligned
-    if ((reinterpret_cast<uintptr_t>(a.dq) & 7u) == 0) {
-      const int64_t blocks = std::min<int64_t>((n / 4 + 255) / 256, max_blocks);
-      convert_dq4<T><<<unsigned(blocks), 256, 0, s>>>(reinterpret_cast<const float4*>(a.dq_accum),
-                                                      static_cast<T*>(a.dq), n / 4);
-    } else {
-      const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, max_blocks);
-      mha_gpu::mha_bwd_convert_dq<T><<<unsigned(blocks), kThreads, 0, s>>>(a.dq_accum, static_cast<T*>(a.dq), n);
-    }
-    if (const char* e = mha_gpu::launch_status("mha_bwd (convert dQ)")) return e;
-  }
-  return nullptr;
 }
 
 }  // namespace mha_sm90

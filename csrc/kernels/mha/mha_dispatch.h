@@ -22,6 +22,7 @@
 #include "ja/env.h"
 #include "ja/kernels/mha_check.h"
 #include "ja/kernels/mha_features.h"
+#include "mha/mha_sm90_dims.h"
 
 namespace ja {
 
@@ -84,16 +85,26 @@ const char* mha_dispatch_padded(const char* op, const char* backend, const MhaIn
                   (long long)a.p.head_dim_v, mha_head_dims(table, dt).c_str());
 }
 
-// Asks the instance matching args in a table of instances that may decline (the sm_90a kernels:
-// fn(&args, stream, &handled)) first, unless the environment variable off_env is "0" (read on every
-// call, so a test can compare both paths in one process). True, with the instance's status in *err,
-// when it handled the call (counted in calls); false when none matched or it declined.
+// Whether sm_90a table entry e is the instance for args: its dtype and causal flag as mha_matches, and the
+// instance that holds the sm_90a kernel for the call's head dims (mha_sm90_dims.h: the kernel of the next
+// head dim up, TMA filling the columns past the call's with zeros), which need not be its head_dim.
+template <typename Fn, typename Args>
+bool mha_sm90_matches(const MhaInstance<Fn>& e, const Args& a) {
+  return e.fn && int(e.dtype) == a.p.dtype &&
+         e.head_dim == mha_sm90::sm90_instance_head_dim(a.p.head_dim, a.p.head_dim_v) &&
+         e.causal == (a.p.mask == kMaskCausal);
+}
+
+// Asks the instance for args in a table of instances that may decline (the sm_90a kernels:
+// fn(&args, stream, &handled); mha_sm90_matches) first, unless the environment variable off_env is "0"
+// (read on every call, so a test can compare both paths in one process). True, with the instance's status
+// in *err, when it handled the call (counted in calls); false when none matched or it declined.
 template <typename Fn, size_t N, typename Args>
 bool mha_try_first(const MhaInstance<Fn> (&table)[N], const char* off_env, std::atomic<int64_t>& calls,
                    const Args& a, void* stream, const char** err) {
   if (env_off(off_env)) return false;
   for (const auto& e : table) {
-    if (!mha_matches(e, a)) continue;
+    if (!mha_sm90_matches(e, a)) continue;
     int handled = 0;
     *err = e.fn(&a, stream, &handled);
     if (handled) calls.fetch_add(1, std::memory_order_relaxed);

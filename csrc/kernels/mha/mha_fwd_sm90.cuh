@@ -6,22 +6,48 @@
 // PipelineTmaAsync: a full and an empty mbarrier per stage); it gives most of its
 // registers to the consumers (setmaxnreg). Warpgroups 1 and 2 each own 64 query rows:
 // S = Q K^T by wgmma with both operands in shared memory, the online softmax on the
-// accumulators in registers (exp2 domain, scale * log2(e) folded in), P rounded to the
+// accumulators in registers (exp2 domain, log2(e) folded in), P rounded to the
 // input dtype in registers, and O += P V by wgmma with P from registers. The two
 // products of consecutive key tiles overlap: S of tile n-1 is issued before P V of
 // tile n, and the softmax of tile n-1 runs while P V of tile n is on the tensor cores
 // (FlashAttention-3's intra-warpgroup pipelining); a pair of named barriers lets the two
-// consumer warpgroups take turns issuing their products (FA-3's ping-pong). Key tiles are
-// visited from the last to the first, so the tiles that need masking (the seq_k
-// boundary, the causal diagonal) come first.
+// consumer warpgroups take turns issuing their products (FA-3's ping-pong).
 //
-// Conventions are those of the other forward kernels (ja/kernels/mha.h): bottom-right
-// causal alignment, rows with no visible key get output 0 and lse = +inf, lse is the
-// natural log. Rows and keys past the ends of q, k and v are zero-filled by the TMA
-// unit and masked; out and lse are stored only for rows < seq_q.
+// The mask (ja/kernels/mha.h): every row i sees the keys [lo_i, hi_i) (NONE: [0, seq_k); CAUSAL:
+// bottom-right aligned; ROWS: read from `rows`: windows, varlen, segments). As lo and hi are
+// non-decreasing, the block's rows see keys [lo of its first row, hi of its last row) in all, and
+// key tiles outside that range are never loaded or computed. Tiles wholly inside [lo of the last
+// row, hi of the first row) are seen whole by every row and take no per-element mask; the others
+// (the tiles that straddle a row's lo or hi, and the seq_k boundary) are masked element by element.
+// Key tiles are visited from the last to the first: the masked tiles on the right (the diagonal),
+// then the unmasked ones, then the masked ones on the left (a window's or a document's start).
+//
+// The score's terms (kernels per SOFTCAP x ALIBI, taken when a call has them): the softmax runs on x in
+// units u of the score (s = u x; the exponent's factor is u log2(e)): u = scale and x = q.k without softcap
+// (as the plain kernel), u = softcap and x = tanh(q.k * scale / softcap) with it, with tanh.approx.f32
+// (relative error about 2^-11, on the multifunction unit beside exp2: one more of its operations per
+// score, where a tanh from exp2 and a reciprocal would take two); ALiBi adds -slope / u * |diag_i - j|
+// (computed in float32 as |float(diag_i - tile start) - column|, exact below 2^24 keys). ALiBi without
+// softcap at scale 0 has no such unit and is declined. With softcap, two multifunction operations a score
+// (tanh, exp2) outlast the tensor cores' work on the tile at head dim 128, so a fraction of the exp2s
+// (every kSoftcapEmu-th column) runs on the FMA pipe instead (exp2_fma: a degree-3 polynomial, relative
+// error below 7.8e-5, under the rounding of P to the input dtype; exactly 0 for masked scores).
+//
+// Head dims: a kernel of head dim D (mha_sm90_dims.h: 64, 96, 128, 192, 256) runs any d, d_v <= D that
+// are multiples of 8; TMA fills the columns past the tensor's d with zeros (Q K^T adds 0, the extra
+// columns of P V are not stored). The 192 kernel (held by the 256 instance) runs d_v <= 128 with a
+// 128-column V (DV = 128).
+//
+// Conventions are those of the other forward kernels (ja/kernels/mha.h): rows with no visible key get
+// output 0 and lse = +inf, lse is the natural log. Rows and keys past the ends of q, k and v are
+// zero-filled by the TMA unit and masked; out and lse are stored only for rows < seq_q. A key a row does
+// not see never enters its softmax; but in a tile that straddles the mask a key's V row is multiplied
+// by P = 0 (and K by dS = 0 in the backward), so NaN or Inf held there reaches the row (IEEE 0 * NaN);
+// tiles wholly outside the mask are never read.
 //
 // Its speed against cuDNN: `python3 benchmarks/gpu/bench_gpu.py --only attention [--head-dim D]` on an
-// H200 (the numbers live in that run's output, not here). Left to try: kBlockN = 176 without causal
+// H200 (the numbers live in that run's output, not here); kernel-level timings of each feature against
+// the plain kernel: benchmarks/gpu/check_mha_fwd_sm90.cu. Left to try: kBlockN = 176 without causal
 // (FA-3's choice at d128), an epilogue through shared memory (16-byte or TMA stores), a persistent grid.
 // Causal blocks start heaviest first across the heads and batches of a chunk that one wave of blocks covers
 // (mha_gpu::grid_place, causal_chunk: the measurements are there).
@@ -39,7 +65,7 @@
 #include <cute/atom/copy_traits_sm90_tma.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/arch/mma_sm90.hpp>
-#include <cute/arch/mma_sm90_gmma_ext.hpp>    // the 64x80x16 wgmma (head dim 256's S = Q K^T)
+#include <cute/arch/mma_sm90_gmma_ext.hpp>    // the 64 x {48, 80, 112} x 16 wgmmas (ss_atom)
 #include <cute/atom/mma_traits_sm90_gmma_ext.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
@@ -49,91 +75,122 @@
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include "ja/kernels/mha.h"
+#include "ja/kernels/mha_features.h"
 #include "mha/mha_fwd_gpu_decode.cuh"
+#include "mha/mha_sm90_dims.h"
 
 namespace ja {
 namespace mha_sm90 {
 
 using namespace cute;
 
+// The features (ja::MhaFeature) the Hopper forward handles; it declines a call with any other (bias,
+// dropout: the mma.sync kernels' path).
+constexpr uint32_t kFwdFeatures = kMhaHeadDimV | kMhaRows | kMhaSoftcap | kMhaAlibi;
+
 template <typename T> struct CutlassType;
 template <> struct CutlassType<bf16_t> { using type = cutlass::bfloat16_t; };
 template <> struct CutlassType<f16_t> { using type = cutlass::half_t; };
 
-// A [batch, seq, heads, D] array in global memory as the (seq, D, heads, batch) tensor the TMA
+// A [batch, seq, heads, d] array in global memory as the (seq, d, heads, batch) tensor the TMA
 // copies of the forward and the backward use: read-only (Element const) from a const pointer,
-// writable from a mutable one (the backward's dQ accumulator).
-template <typename Element, int D, typename P>
-CUTE_HOST_DEVICE auto bshd_tensor(P* ptr, int seq, int heads, int batch) {
+// writable from a mutable one (the backward's dQ accumulator). A box wider than d reads zeros past it.
+template <typename Element, typename P>
+CUTE_HOST_DEVICE auto bshd_tensor(P* ptr, int seq, int d, int heads, int batch) {
   using E = std::conditional_t<std::is_const_v<P>, Element const, Element>;
-  return make_tensor(make_gmem_ptr(static_cast<E*>(ptr)), make_shape(seq, int(D), heads, batch),
-                     make_stride(int64_t(heads) * D, _1{}, int64_t(D), int64_t(seq) * heads * D));
+  return make_tensor(make_gmem_ptr(static_cast<E*>(ptr)), make_shape(seq, d, heads, batch),
+                     make_stride(int64_t(heads) * d, _1{}, int64_t(d), int64_t(seq) * heads * d));
 }
 
-// Head dims with a Hopper instance (the others keep the mma.sync kernel).
-constexpr bool supported_head_dim(int d) { return d == 64 || d == 128 || d == 256; }
+// The widest 16-bit K-major swizzle atom whose width (64, 32 or 16 elements) divides D.
+template <typename Element, int D>
+using SmemAtomK = std::conditional_t<D % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>,
+                                     std::conditional_t<D % 32 == 0, GMMA::Layout_K_SW64_Atom<Element>,
+                                                        GMMA::Layout_K_SW32_Atom<Element>>>;
 
-template <typename Element_, int D>
+// One wgmma atom of shape 64 x N x 16 (A and B in shared memory, majors MA and MB) for an N that
+// ss_op_selector would split: it offers only n = 8, 16, 24, 32, 64, 96, 128, 192, 256 unless every
+// extended shape is compiled in (CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED), and splits N = 48, 80 or 112
+// into narrower wgmmas that each read A from shared memory again (and, with the warpgroups side by side
+// along N, interleave their columns).
+template <typename Element, int M, int N, int K, GMMA::Major MA = GMMA::Major::K, GMMA::Major MB = GMMA::Major::K>
+auto ss_atom() {
+  constexpr bool bf = std::is_same_v<Element, cutlass::bfloat16_t>;
+  if constexpr (N == 48)
+    return std::conditional_t<bf, SM90::GMMA::MMA_64x48x16_F32BF16BF16_SS<MA, MB>,
+                              SM90::GMMA::MMA_64x48x16_F32F16F16_SS<MA, MB>>{};
+  else if constexpr (N == 80)
+    return std::conditional_t<bf, SM90::GMMA::MMA_64x80x16_F32BF16BF16_SS<MA, MB>,
+                              SM90::GMMA::MMA_64x80x16_F32F16F16_SS<MA, MB>>{};
+  else if constexpr (N == 112)
+    return std::conditional_t<bf, SM90::GMMA::MMA_64x112x16_F32BF16BF16_SS<MA, MB>,
+                              SM90::GMMA::MMA_64x112x16_F32F16F16_SS<MA, MB>>{};
+  else
+    return GMMA::ss_op_selector<Element, Element, float, Shape<Int<M>, Int<N>, Int<K>>, MA, MB>();
+}
+
+// The N of a wgmma atom.
+template <typename Atom>
+constexpr int atom_n() {
+  return decltype(size<1>(typename MMA_Traits<Atom>::Shape_MNK{}))::value;
+}
+
+// D: head dim of q and k (the instance's); DV: of v and o.
+template <typename Element_, int D, int DV = D>
 struct Traits {
   using Element = Element_;
   static constexpr int kHeadDim = D;
-  static constexpr int kBlockM = 128;                 // query rows per block: 2 consumer warpgroups x 64
-  static constexpr int kBlockN = D <= 128 ? 128 : 80;  // keys per tile (D = 256: what fits 2 stages)
+  static constexpr int kHeadDimV = DV;
+  static constexpr int kBlockM = 128;  // query rows per block: 2 consumer warpgroups x 64
+  // Keys per tile: what fits two stages of K and V beside Q (227 KB).
+  static constexpr int kBlockN = (D <= 128 && DV <= 128) ? 128 : (D <= 192 && DV <= 128) ? 128 : D <= 192 ? 112 : 80;
   static constexpr int kStages = 2;
   static constexpr int kConsumers = 2;  // consumer warpgroups
   static constexpr int kMmaThreads = 128 * kConsumers;
   static constexpr int kThreads = kMmaThreads + 128;
-  static_assert(D % 64 == 0, "the 128-byte swizzled tiles need head_dim % 64 == 0");
+  static_assert(D % 16 == 0 && DV % 16 == 0, "wgmma needs head dims that are multiples of 16");
 
   using TileShape = Shape<Int<kBlockM>, Int<kBlockN>, Int<D>>;
   using AtomLayout = Layout<Shape<Int<kConsumers>, _1, _1>>;
-  // S = Q K^T. ss_op_selector only offers n = 8, 16, 32, 64, ... unless every extended shape is
-  // compiled in (CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED): for kBlockN = 80 it picks 64x16x16, five
-  // wgmmas per k step that read Q from shared memory five times. One 64x80x16 wgmma per k step
-  // reads it once.
-  using MmaAtom0 = std::conditional_t<
-      kBlockN == 80,
-      std::conditional_t<std::is_same_v<Element, cutlass::bfloat16_t>,
-                         SM90::GMMA::MMA_64x80x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::K>,
-                         SM90::GMMA::MMA_64x80x16_F32F16F16_SS<GMMA::Major::K, GMMA::Major::K>>,
-      decltype(GMMA::ss_op_selector<Element, Element, float, TileShape>())>;
-  static_assert(decltype(size<1>(typename MMA_Traits<MmaAtom0>::Shape_MNK{}))::value == kBlockN,
+  using MmaAtom0 = decltype(ss_atom<Element, kBlockM, kBlockN, D>());
+  static_assert(atom_n<MmaAtom0>() == kBlockN,
                 "S = Q K^T should be one wgmma wide along the key tile (a narrower atom re-reads Q per slice)");
   using TiledMma0 = decltype(make_tiled_mma(MmaAtom0{}, AtomLayout{}));
   using TiledMma1 = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<D>, Int<kBlockN>>, GMMA::Major::K,
+      GMMA::rs_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<DV>, Int<kBlockN>>, GMMA::Major::K,
                            GMMA::Major::MN>(),
       AtomLayout{}));
 
-  using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<kBlockM>, Int<D>>{}));
-  using SmemLayoutK =
-      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<kBlockN>, Int<D>, Int<kStages>>{}));
-  // V^T as the B operand of O += P V: a view of the same bytes, (D, kBlockN, stage).
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtomK<Element, D>{}, Shape<Int<kBlockM>, Int<D>>{}));
+  using SmemLayoutK = decltype(tile_to_shape(SmemAtomK<Element, D>{}, Shape<Int<kBlockN>, Int<D>, Int<kStages>>{}));
+  using SmemLayoutV =
+      decltype(tile_to_shape(SmemAtomK<Element, DV>{}, Shape<Int<kBlockN>, Int<DV>, Int<kStages>>{}));
+  // V^T as the B operand of O += P V: a view of the same bytes, (DV, kBlockN, stage).
   using SmemLayoutVt = decltype(composition(
-      SmemLayoutK{},
-      make_layout(Shape<Int<D>, Int<kBlockN>, Int<kStages>>{}, Stride<Int<kBlockN>, _1, Int<kBlockN * D>>{})));
+      SmemLayoutV{},
+      make_layout(Shape<Int<DV>, Int<kBlockN>, Int<kStages>>{}, Stride<Int<kBlockN>, _1, Int<kBlockN * DV>>{})));
 
   using ShapeQKV = Shape<int32_t, int32_t, int32_t, int32_t>;  // (seq, head_dim, heads, batch)
   using StrideQKV = Stride<int64_t, _1, int64_t, int64_t>;
-  using TmaQ = decltype(make_tma_copy(
-      SM90_TMA_LOAD{},
-      make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}), SmemLayoutQ{},
-      Shape<Int<kBlockM>, Int<D>>{}, _1{}));
-  using TmaKV = decltype(make_tma_copy(
-      SM90_TMA_LOAD{},
-      make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}),
-      take<0, 2>(SmemLayoutK{}), Shape<Int<kBlockN>, Int<D>>{}, _1{}));
+  using GmemQKV = decltype(make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}));
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemQKV{}, SmemLayoutQ{}, Shape<Int<kBlockM>, Int<D>>{}, _1{}));
+  using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemQKV{}, take<0, 2>(SmemLayoutK{}),
+                                      Shape<Int<kBlockN>, Int<D>>{}, _1{}));
+  using TmaV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemQKV{}, take<0, 2>(SmemLayoutV{}),
+                                      Shape<Int<kBlockN>, Int<DV>>{}, _1{}));
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   using PipelineState = typename Pipeline::PipelineState;
 
+  // Bytes each box lands (the full box: the columns and rows TMA fills with zeros count too).
   static constexpr uint32_t kBytesQ = uint32_t(size(SmemLayoutQ{}) * sizeof(Element));
-  static constexpr uint32_t kBytesKV = uint32_t(size(take<0, 2>(SmemLayoutK{})) * sizeof(Element));
+  static constexpr uint32_t kBytesK = uint32_t(size(take<0, 2>(SmemLayoutK{})) * sizeof(Element));
+  static constexpr uint32_t kBytesV = uint32_t(size(take<0, 2>(SmemLayoutV{})) * sizeof(Element));
 
   struct SharedStorage {
     array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q;
     array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
-    array_aligned<Element, cosize_v<SmemLayoutK>, 1024> v;
+    array_aligned<Element, cosize_v<SmemLayoutV>, 1024> v;
     cutlass::arch::ClusterTransactionBarrier barrier_q;
     typename Pipeline::SharedStorage pipeline_k;
     typename Pipeline::SharedStorage pipeline_v;
@@ -143,24 +200,25 @@ struct Traits {
 
   struct Params {
     TmaQ tma_q;
-    TmaKV tma_k, tma_v;
-    ShapeQKV shape_q, shape_k;
+    TmaK tma_k;
+    TmaV tma_v;
+    ShapeQKV shape_q, shape_k, shape_v;
     Element* o;
     float* lse;
-    int64_t o_row_stride, o_batch_stride;  // elements; o is [batch, seq_q, heads_q, D]
-    int32_t heads_q, group;                // query heads per kv head
-    float scale_log2;
+    int64_t o_row_stride, o_batch_stride;  // elements; o is [batch, seq_q, heads_q, dv]
+    int32_t dv, heads_q, group;            // group: query heads per kv head
+    float s2;       // the exponent's factor: u log2(e), u = softcap (SOFTCAP) or scale
+    float tanh_in;  // SOFTCAP: x = tanh(q.k * tanh_in), tanh_in = scale / softcap
+    const float* alibi;  // ALIBI: slopes [., heads_q]
+    int64_t alibi_batch_stride;
+    float alibi_mul;  // ALIBI: 1 / u
+    JaMhaProblem pr;  // the call's problem (sm90_row reads its mask)
     int64_t chunk;  // causal: (head, batch) pairs per chunk of the block order (causal_chunk)
   };
 };
 
 // Named barriers (ids after cutlass's reserved ones): the consumer warpgroups' turns.
 enum : int { kBarrierWG1 = 1, kBarrierWG2 = 2 };
-
-template <int kNRows>
-struct Softmax {
-  float row_max[kNRows], row_sum[kNRows];
-};
 
 // Accumulator layout ((2, 2, V), MMA_M, MMA_N) as (rows = (2, MMA_M), cols = (2, V, MMA_N)).
 template <typename Layout>
@@ -185,6 +243,49 @@ CUTE_DEVICE float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// tanh on the multifunction unit (relative error about 2^-11); not volatile, so the compiler schedules it.
+CUTE_DEVICE float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// 2^x for x <= 0 on the FMA pipe (FlashAttention-4's trick for when the multifunction unit is the
+// bottleneck): x = n + f with n the nearest integer (by adding 1.5 * 2^23) and f in [-0.5, 0.5], 2^f by a
+// degree-3 polynomial (a least-squares fit in relative error; max relative error 7.8e-5), n added to the
+// exponent bits. Below -125 (and at -inf, a masked score) it is 0, as exp2 underflows there.
+CUTE_DEVICE float exp2_fma(float x) {
+  const float xc = fmaxf(x, -125.0f);
+  const float t = xc + 12582912.0f;
+  const float f = xc - (t - 12582912.0f);
+  const float p = fmaf(fmaf(fmaf(0.0550886838f, f, 0.242604051f), f, 0.693276242f), f, 0.99992894f);
+  const float r = __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
+  return x < -125.0f ? 0.0f : r;
+}
+
+// The softcap kernels' share of exp2 on the FMA pipe: every kSoftcapEmu-th column of a thread's scores.
+// Measured (H200, bf16, b1 s16k h32 d128, softcap 50; check_mha_fwd_sm90's "emu" rows): every 2nd, 3rd,
+// 4th column or none took 4.68, 4.25, 4.33, 4.47 ms causal and 9.07, 8.48, 8.43, 8.37 ms without a mask
+// (plain kernel: 3.37 and 6.10 ms). At d128 the softcap kernel stays about 1.3x the plain one: the
+// multifunction unit's two operations a score (tanh, exp2) and the FMA pipe's extra work together
+// outlast the tensor cores' part of the tile.
+constexpr int kSoftcapEmu = 3;
+
+// The keys [lo, hi) row i of batch b sees, and its diagonal (ja::mha_row), with lo and hi clamped to
+// [0, seq_k] and hi >= lo whatever `rows` holds, so no tile range reaches past the keys. CAUSAL: the
+// causal instances, whose mask is always CAUSAL.
+template <bool CAUSAL>
+CUTE_DEVICE MhaRow sm90_row(JaMhaProblem const& pr, int b, int i) {
+  if (CAUSAL) {
+    const int64_t diag = i + pr.seq_k - pr.seq_q;
+    return MhaRow{0, mha_clamp(diag + 1, 0, pr.seq_k), diag};
+  }
+  MhaRow r = mha_row(pr, b, i);
+  r.lo = mha_clamp(r.lo, 0, pr.seq_k);
+  r.hi = mha_clamp(r.hi, r.lo, pr.seq_k);
+  return r;
+}
+
 // Issues (and commits) C (+)= A B over the k blocks; waits for all but WAIT groups when WAIT >= 0.
 template <bool ZERO_INIT, int WAIT, typename TiledMma, typename TA, typename TB, typename TC>
 CUTE_DEVICE void gemm(TiledMma& mma, TA const& a, TB const& b, TC& c) {
@@ -204,13 +305,17 @@ CUTE_DEVICE void gemm(TiledMma& mma, TA const& a, TB const& b, TC& c) {
   if constexpr (kRS) warpgroup_fence_operand(const_cast<TA&>(a));
 }
 
-template <typename Tr, bool CAUSAL>
-__global__ void __launch_bounds__(Tr::kThreads, 1) mha_fwd_sm90_kernel(CUTE_GRID_CONSTANT typename Tr::Params const p) {
+// SOFTCAP, ALIBI: the score's terms; EMU > 0: every EMU-th column's exp2 on the FMA pipe (exp2_fma).
+template <typename Tr, bool CAUSAL, bool SOFTCAP, bool ALIBI, int EMU>
+__global__ void __launch_bounds__(Tr::kThreads, 1)
+    mha_fwd_sm90_kernel(CUTE_GRID_CONSTANT typename Tr::Params const p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Element = typename Tr::Element;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN;
   using TileQ = Shape<Int<BM>, Int<Tr::kHeadDim>>;
-  using TileKV = Shape<Int<BN>, Int<Tr::kHeadDim>>;
+  using TileK = Shape<Int<BN>, Int<Tr::kHeadDim>>;
+  using TileV = Shape<Int<BN>, Int<Tr::kHeadDimV>>;
+  using TileO = Shape<Int<BM>, Int<Tr::kHeadDimV>>;
   using Pipeline = typename Tr::Pipeline;
   using PipelineState = typename Tr::PipelineState;
 
@@ -221,16 +326,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_fwd_sm90_kernel(CUTE_GRID
   const mha_gpu::GridPlace at = mha_gpu::grid_place(CAUSAL, true, p.chunk);
   const int m_block = int(at.tile), h = int(at.head), b = int(at.batch);
   const int hk = h / p.group;
-  const int sq = get<0>(p.shape_q), sk = get<0>(p.shape_k);
+  const int sq = get<0>(p.shape_q);
   const int warp = cutlass::canonical_warp_idx_sync();
   const int wg = cutlass::canonical_warp_group_idx();
   const bool lane_leader = cute::elect_one_sync();
 
-  int n_blocks = (sk + BN - 1) / BN;
-  if (CAUSAL) {
-    const int last = (m_block + 1) * BM + sk - sq;  // one past the last key the tile's last row sees
-    n_blocks = min(n_blocks, last <= 0 ? 0 : (last + BN - 1) / BN);
-  }
+  // The block's rows [r0, r1] see keys [first.lo, last.hi) in all: key tiles [n_min, n_max).
+  const int r0 = m_block * BM, r1 = min(sq, r0 + BM) - 1;
+  const MhaRow first = sm90_row<CAUSAL>(p.pr, b, r0), last = sm90_row<CAUSAL>(p.pr, b, r1);
+  const int n_min = int(first.lo) / BN;
+  const int n_max = last.hi > first.lo ? int(last.hi + BN - 1) / BN : n_min;
 
   if (warp == 0 && lane_leader) {
     cute::prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
@@ -238,28 +343,30 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_fwd_sm90_kernel(CUTE_GRID
     cute::prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
     ss.barrier_q.init(1);
   }
-  typename Pipeline::Params pp;
-  pp.transaction_bytes = Tr::kBytesKV;
-  pp.role = wg == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
-  pp.is_leader = threadIdx.x % 128 == 0;
-  pp.num_consumers = Tr::kMmaThreads;
-  Pipeline pipe_k(ss.pipeline_k, pp, Shape<_1, _1, _1>{});
-  Pipeline pipe_v(ss.pipeline_v, pp, Shape<_1, _1, _1>{});
+  typename Pipeline::Params pk, pv;
+  pk.role = wg == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+  pk.is_leader = threadIdx.x % 128 == 0;
+  pk.num_consumers = Tr::kMmaThreads;
+  pv = pk;
+  pk.transaction_bytes = Tr::kBytesK;
+  pv.transaction_bytes = Tr::kBytesV;
+  Pipeline pipe_k(ss.pipeline_k, pk, Shape<_1, _1, _1>{});
+  Pipeline pipe_v(ss.pipeline_v, pv, Shape<_1, _1, _1>{});
   __syncthreads();  // barrier init visible to every thread
 
   Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Tr::SmemLayoutQ{});
   Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Tr::SmemLayoutK{});
-  Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Tr::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Tr::SmemLayoutV{});
 
   if (wg == 0) {  // producer
     cutlass::arch::warpgroup_reg_dealloc<24>();
-    if (warp == 0 && n_blocks > 0) {
+    if (warp == 0 && n_max > n_min) {
       Tensor mQ = p.tma_q.get_tma_tensor(p.shape_q);
       Tensor mK = p.tma_k.get_tma_tensor(p.shape_k);
-      Tensor mV = p.tma_v.get_tma_tensor(p.shape_k);
-      Tensor gQ = local_tile(mQ(_, _, h, b), TileQ{}, make_coord(m_block, _0{}));                 // (BM, D)
-      Tensor gK = local_tile(mK(_, _, hk, b), TileKV{}, make_coord(_, _0{}));                     // (BN, D, n)
-      Tensor gV = local_tile(mV(_, _, hk, b), TileKV{}, make_coord(_, _0{}));
+      Tensor mV = p.tma_v.get_tma_tensor(p.shape_v);
+      Tensor gQ = local_tile(mQ(_, _, h, b), TileQ{}, make_coord(m_block, _0{}));  // (BM, D)
+      Tensor gK = local_tile(mK(_, _, hk, b), TileK{}, make_coord(_, _0{}));      // (BN, D, n)
+      Tensor gV = local_tile(mV(_, _, hk, b), TileV{}, make_coord(_, _0{}));      // (BN, DV, n)
       Tensor sQx = make_tensor(sQ.data(), make_layout(sQ.layout(), Layout<_1>{}));
       Tensor gQx = make_tensor(gQ.data(), make_layout(gQ.layout(), Layout<_1>{}));
       auto [tQg, tQs] = tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQx), group_modes<0, 2>(gQx));
@@ -271,7 +378,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_fwd_sm90_kernel(CUTE_GRID
         ss.barrier_q.arrive_and_expect_tx(Tr::kBytesQ);
         copy(p.tma_q.with(reinterpret_cast<cutlass::arch::ClusterTransactionBarrier::ValueType&>(ss.barrier_q), 0),
              tQg, tQs);
-        for (int n = n_blocks - 1; n >= 0; --n) {
+        for (int n = n_max - 1; n >= n_min; --n) {
           pipe_k.producer_acquire(wk);
           copy(p.tma_k.with(*pipe_k.producer_get_barrier(wk), 0), tKg(_, n), tKs(_, wk.index()));
           ++wk;
@@ -295,55 +402,86 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_fwd_sm90_kernel(CUTE_GRID
   Tensor tSrQ = thr0.partition_fragment_A(sQ);
   Tensor tSrK = thr0.partition_fragment_B(sK);
   Tensor tOrV = thr1.partition_fragment_B(sVt);
-  Tensor tOrO = partition_fragment_C(mma1, TileQ{});
+  Tensor tOrO = partition_fragment_C(mma1, TileO{});
   clear(tOrO);
   mma1.accumulate_ = GMMA::ScaleOut::One;
 
   Tensor cS = make_identity_tensor(Shape<Int<BM>, Int<BN>>{});
   Tensor tScS = thr0.partition_C(cS);
   Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
+  // Thread 0's columns (known at compile time); this thread's are those plus col_off.
+  Tensor t0ScS = mma0.get_thread_slice(0).partition_C(cS);
+  Tensor t0ScS_rc = make_tensor(t0ScS.data(), acc_rowcol(t0ScS.layout()));
+  const int col_off = int(get<1>(tScS_rc(0, 0)));
   constexpr int kRows = decltype(size<0>(tScS_rc))::value;  // rows of this thread (2)
+  constexpr int kCols = decltype(size<1>(tScS_rc))::value;
   float row_max[kRows], row_sum[kRows], scale_o[kRows];
+  // This thread's rows: the keys [lo, hi) each sees, less col_off (compared with thread 0's columns),
+  // and (ALiBi) its diagonal less col_off. Rows past seq_q take the last row's (never stored).
+  int lo_r[kRows], hi_r[kRows];
+  float diag_r[kRows];
   CUTLASS_PRAGMA_UNROLL
-  for (int r = 0; r < kRows; ++r) row_max[r] = -INFINITY, row_sum[r] = 0.0f, scale_o[r] = 1.0f;
-  const float s2 = p.scale_log2;
+  for (int r = 0; r < kRows; ++r) {
+    row_max[r] = -INFINITY, row_sum[r] = 0.0f, scale_o[r] = 1.0f;
+    const MhaRow row = sm90_row<CAUSAL>(p.pr, b, min(r0 + int(get<0>(tScS_rc(r, 0))), r1));
+    lo_r[r] = int(row.lo) - col_off;
+    hi_r[r] = int(row.hi) - col_off;
+    diag_r[r] = float(int(row.diag) - col_off);
+  }
+  const float s2 = p.s2;
+  float neg_slope = 0.0f;  // ALIBI: -slope / u of head h
+  if constexpr (ALIBI) neg_slope = -p.alibi[int64_t(b) * p.alibi_batch_stride + h] * p.alibi_mul;
 
-  // Masks keys >= seq_k and (causal) keys above the diagonal in key tile n.
-  auto mask = [&](auto& tSrS, int n, bool causal_part) {
+  // The score's terms (SOFTCAP, ALIBI) and the mask (MASKED) of key tile n, in place on the accumulators.
+  auto score = [&](auto& tSrS, int n, auto masked) {
     Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
-    const int key_end = sk - n * BN;
-    CUTLASS_PRAGMA_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      int limit = key_end;
-      if (CAUSAL && causal_part) {
-        const int row = int(get<0>(tScS_rc(r, 0)));
-        limit = min(limit, row + 1 + sk - sq + m_block * BM - n * BN);
-      }
+    const int k0 = n * BN;
+    if constexpr (SOFTCAP) {
       CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < size<1>(s); ++c)
-        if (int(get<1>(tScS_rc(r, c))) >= limit) s(r, c) = -INFINITY;
+      for (int i = 0; i < size(s); ++i) s(i) = tanh_approx(s(i) * p.tanh_in);
+    }
+    if constexpr (ALIBI) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const float d0 = diag_r[r] - float(k0);  // diag - (k0 + col_off): |d0 - col| = |diag - key|
+        CUTLASS_PRAGMA_UNROLL
+        for (int c = 0; c < kCols; ++c)
+          s(r, c) = fmaf(neg_slope, fabsf(d0 - float(int(get<1>(t0ScS_rc(0, c))))), s(r, c));
+      }
+    }
+    if constexpr (decltype(masked)::value) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const int lo = lo_r[r] - k0, hi = hi_r[r] - k0;
+        CUTLASS_PRAGMA_UNROLL
+        for (int c = 0; c < kCols; ++c) {
+          const int col = int(get<1>(t0ScS_rc(0, c)));
+          if (col < lo || col >= hi) s(r, c) = -INFINITY;
+        }
+      }
     }
   };
   // Online softmax of a score tile: new row maxima, O's rescale factors, P = exp2(s * s2 - max * s2).
-  auto softmax = [&](auto& tSrS, bool first) {
+  auto softmax = [&](auto& tSrS, bool is_first) {
     Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      float mx = first ? -INFINITY : row_max[r];
+      float mx = is_first ? -INFINITY : row_max[r];
       CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < size<1>(s); ++c) mx = fmaxf(mx, s(r, c));
+      for (int c = 0; c < kCols; ++c) mx = fmaxf(mx, s(r, c));
       mx = quad_max(mx);
       // A row that has seen no key yet keeps max -inf: use 0 so exp2 gives 0, never NaN.
       const float m_use = mx == -INFINITY ? 0.0f : mx * s2;
-      scale_o[r] = first ? 1.0f : ja_exp2_approx(row_max[r] * s2 - m_use);
+      scale_o[r] = is_first ? 1.0f : ja_exp2_approx(row_max[r] * s2 - m_use);
       row_max[r] = mx;
       float sum = 0.0f;
       CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < size<1>(s); ++c) {
-        s(r, c) = ja_exp2_approx(s(r, c) * s2 - m_use);
+      for (int c = 0; c < kCols; ++c) {
+        const float x = s(r, c) * s2 - m_use;
+        s(r, c) = EMU > 0 && c % (EMU > 0 ? EMU : 1) == EMU - 1 ? exp2_fma(x) : ja_exp2_approx(x);
         sum += s(r, c);
       }
-      row_sum[r] = (first ? 0.0f : row_sum[r] * scale_o[r]) + sum;
+      row_sum[r] = (is_first ? 0.0f : row_sum[r] * scale_o[r]) + sum;
     }
   };
   auto rescale_o = [&]() {
@@ -369,11 +507,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_fwd_sm90_kernel(CUTE_GRID
   auto turn_wait = [&]() { cutlass::arch::NamedBarrier::sync(Tr::kMmaThreads, wg == 1 ? kBarrierWG1 : kBarrierWG2); };
   auto turn_pass = [&]() { cutlass::arch::NamedBarrier::arrive(Tr::kMmaThreads, wg == 1 ? kBarrierWG2 : kBarrierWG1); };
 
-  if (n_blocks > 0) {
+  if (n_max > n_min) {
     if (wg == 2) cutlass::arch::NamedBarrier::arrive(Tr::kMmaThreads, kBarrierWG1);
     PipelineState rk, rv;
     ss.barrier_q.wait(0);
-    int n = n_blocks - 1;
+    int n = n_max - 1;
     {
       Tensor tSrS = partition_fragment_C(mma0, Shape<Int<BM>, Int<BN>>{});
       wait(pipe_k, rk);
@@ -383,11 +521,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_fwd_sm90_kernel(CUTE_GRID
       warpgroup_wait<0>();
       pipe_k.consumer_release(rk);
       ++rk;
-      mask(tSrS, n, true);
+      score(tSrS, n, cute::true_type{});
       softmax(tSrS, true);
       to_p(tSrS);
     }
-    // One step: S of tile n - 1 while P V of tile n runs. MASKED: tile n - 1 may cross the causal diagonal.
+    // One step: S of tile n - 1 while P V of tile n runs. MASKED: tile n - 1 takes the per-element mask.
     auto step = [&](auto masked) {
       Tensor tSrS = partition_fragment_C(mma0, Shape<Int<BM>, Int<BN>>{});
       wait(pipe_k, rk);
@@ -399,7 +537,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_fwd_sm90_kernel(CUTE_GRID
       turn_pass();
       warpgroup_wait<1>();
       pipe_k.consumer_release(rk);
-      if constexpr (decltype(masked)::value) mask(tSrS, n - 1, true);
+      score(tSrS, n - 1, masked);
       softmax(tSrS, false);
       warpgroup_wait<0>();
       pipe_v.consumer_release(rv);
@@ -407,40 +545,43 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_fwd_sm90_kernel(CUTE_GRID
       ++rv;
       to_p(tSrS);
     };
-    // Causal: the tiles after the first that may cross the diagonal come first, masked; the rest
-    // need no mask (two loops, so the unmasked one carries no test).
-    if constexpr (CAUSAL) {
-      constexpr int kMaskSteps = (BM + BN - 1) / BN;
-      CUTLASS_PRAGMA_NO_UNROLL
-      for (int i = 0; i < kMaskSteps && n > 0; ++i, --n) step(cute::true_type{});
-    }
+    // Every row sees the whole of the key tiles [n_all_lo, n_all_hi) (empty where n_all_lo >= n_all_hi):
+    // the tiles at or after max(n_all_lo, n_all_hi) come first, masked, then the unmasked ones, then the
+    // masked ones before n_all_lo (three loops, so the unmasked one carries no test).
+    const int n_all_lo = int(last.lo + BN - 1) / BN, n_all_hi = int(first.hi) / BN;
+    const int n_right = max(n_all_lo, n_all_hi);
     CUTLASS_PRAGMA_NO_UNROLL
-    for (; n > 0; --n) step(cute::false_type{});
+    for (; n > n_min && n - 1 >= n_right; --n) step(cute::true_type{});
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (; n > n_min && n - 1 >= n_all_lo; --n) step(cute::false_type{});
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (; n > n_min; --n) step(cute::true_type{});
     rescale_o();
     wait(pipe_v, rv);
     gemm<false, 0>(mma1, tOrP, tOrV(_, _, _, rv.index()), tOrO);
     pipe_v.consumer_release(rv);
   }
 
-  // Epilogue: normalise, store rows < seq_q of out and lse.
-  Tensor cO = make_identity_tensor(TileQ{});
+  // Epilogue: normalise, store rows < seq_q and columns < dv of out, and lse.
+  Tensor cO = make_identity_tensor(TileO{});
   Tensor tOcO = thr1.partition_C(cO);
   Tensor tOcO_rc = make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));
   Tensor o = make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));
   static_assert(decltype(size<0>(tOcO_rc))::value == kRows);
-  Element* out = p.o + int64_t(b) * p.o_batch_stride + int64_t(h) * get<1>(p.shape_q);
+  Element* out = p.o + int64_t(b) * p.o_batch_stride + int64_t(h) * p.dv;
   float* lse = p.lse + (int64_t(b) * p.heads_q + h) * sq;
   CUTLASS_PRAGMA_UNROLL
   for (int r = 0; r < kRows; ++r) {
     const float sum = quad_sum(row_sum[r]);
     const bool empty = !(sum > 0.0f);  // no visible key: output 0, lse = +inf
     const float inv = empty ? 0.0f : 1.0f / sum;
-    const int row = m_block * BM + int(get<0>(tOcO_rc(r, 0)));
+    const int row = r0 + int(get<0>(tOcO_rc(r, 0)));
     if (row >= sq) continue;
     Element* orow = out + int64_t(row) * p.o_row_stride;
     CUTLASS_PRAGMA_UNROLL
     for (int c = 0; c < size<1>(o); c += 2) {  // columns c and c + 1 are adjacent
       const int col = int(get<1>(tOcO_rc(r, c)));
+      if (col >= p.dv) continue;  // dv is a multiple of 8: columns c and c + 1 fall on one side
       cutlass::Array<Element, 2> v;
       v[0] = Element(o(r, c) * inv);
       v[1] = Element(o(r, c + 1) * inv);
@@ -471,32 +612,56 @@ inline int64_t causal_chunk(int64_t tiles) {
   return per > 0 ? per : 1;
 }
 
-template <typename T, int D, bool CAUSAL>
+// Launches the (D, DV) kernel with the score's terms SOFTCAP and ALIBI (EMU: exp2 on the FMA pipe for every
+// EMU-th column; the softcap kernels' default kSoftcapEmu).
+template <typename T, int D, int DV, bool CAUSAL, bool SOFTCAP, bool ALIBI, int EMU = (SOFTCAP ? kSoftcapEmu : 0)>
 const char* mha_fwd_sm90_launch(const JaMhaFwdArgs& a, cudaStream_t stream) {
-  using Tr = Traits<typename CutlassType<T>::type, D>;
+  using Tr = Traits<typename CutlassType<T>::type, D, DV>;
   using Element = typename Tr::Element;
-  const int sq = int(a.p.seq_q), sk = int(a.p.seq_k), hq = int(a.p.heads_q), hkv = int(a.p.heads_kv), bt = int(a.p.batch);
-  auto tensor = [&](const void* ptr, int seq, int heads) { return bshd_tensor<Element, D>(ptr, seq, heads, bt); };
+  const JaMhaProblem& pr = a.p;
+  const int sq = int(pr.seq_q), sk = int(pr.seq_k), hq = int(pr.heads_q), hkv = int(pr.heads_kv), bt = int(pr.batch);
+  const int d = int(pr.head_dim), dv = int(pr.head_dim_v);
+  auto tensor = [&](const void* ptr, int seq, int dim, int heads) {
+    return bshd_tensor<Element>(ptr, seq, dim, heads, bt);
+  };
   const dim3 grid(unsigned((sq + Tr::kBlockM - 1) / Tr::kBlockM), unsigned(hq), unsigned(bt));
+  const float u = SOFTCAP ? pr.softcap : pr.scale;  // the units of x (s = u x)
   typename Tr::Params p{
-      make_tma_copy(SM90_TMA_LOAD{}, tensor(a.q, sq, hq), typename Tr::SmemLayoutQ{},
+      make_tma_copy(SM90_TMA_LOAD{}, tensor(a.q, sq, d, hq), typename Tr::SmemLayoutQ{},
                     Shape<Int<Tr::kBlockM>, Int<D>>{}, _1{}),
-      make_tma_copy(SM90_TMA_LOAD{}, tensor(a.k, sk, hkv), take<0, 2>(typename Tr::SmemLayoutK{}),
+      make_tma_copy(SM90_TMA_LOAD{}, tensor(a.k, sk, d, hkv), take<0, 2>(typename Tr::SmemLayoutK{}),
                     Shape<Int<Tr::kBlockN>, Int<D>>{}, _1{}),
-      make_tma_copy(SM90_TMA_LOAD{}, tensor(a.v, sk, hkv), take<0, 2>(typename Tr::SmemLayoutK{}),
-                    Shape<Int<Tr::kBlockN>, Int<D>>{}, _1{}),
-      make_shape(sq, int(D), hq, bt),
-      make_shape(sk, int(D), hkv, bt),
+      make_tma_copy(SM90_TMA_LOAD{}, tensor(a.v, sk, dv, hkv), take<0, 2>(typename Tr::SmemLayoutV{}),
+                    Shape<Int<Tr::kBlockN>, Int<DV>>{}, _1{}),
+      make_shape(sq, d, hq, bt),
+      make_shape(sk, d, hkv, bt),
+      make_shape(sk, dv, hkv, bt),
       static_cast<Element*>(a.o),
       a.lse,
-      int64_t(hq) * D,
-      int64_t(sq) * hq * D,
+      int64_t(hq) * dv,
+      int64_t(sq) * hq * dv,
+      dv,
       hq,
       hq / hkv,
-      a.p.scale * ja_log2e,
+      u * ja_log2e,
+      SOFTCAP ? pr.scale / pr.softcap : 0.0f,
+      ALIBI ? pr.alibi : nullptr,
+      pr.alibi_batch_stride,
+      ALIBI ? 1.0f / u : 0.0f,
+      pr,
       causal_chunk(grid.x)};  // read only by causal grids (grid_place)
-  return mha_gpu::launch_with_smem(mha_fwd_sm90_kernel<Tr, CAUSAL>, grid, Tr::kThreads, Tr::kSmemBytes, stream, p,
-                                   "mha_fwd (sm90)");
+  return mha_gpu::launch_with_smem(mha_fwd_sm90_kernel<Tr, CAUSAL, SOFTCAP, ALIBI, EMU>, grid, Tr::kThreads,
+                                   Tr::kSmemBytes, stream, p, "mha_fwd (sm90)");
+}
+
+// The launch of the (D, DV) kernel for the call's score terms.
+template <typename T, int D, int DV, bool CAUSAL>
+const char* mha_fwd_sm90_terms(const JaMhaFwdArgs& a, cudaStream_t s) {
+  const bool softcap = a.p.softcap > 0.0f, alibi = a.p.alibi != nullptr;
+  if (softcap && alibi) return mha_fwd_sm90_launch<T, D, DV, CAUSAL, true, true>(a, s);
+  if (softcap) return mha_fwd_sm90_launch<T, D, DV, CAUSAL, true, false>(a, s);
+  if (alibi) return mha_fwd_sm90_launch<T, D, DV, CAUSAL, false, true>(a, s);
+  return mha_fwd_sm90_launch<T, D, DV, CAUSAL, false, false>(a, s);
 }
 
 // Whether the current device runs the sm_90a instances (compute capability 9.0; cached per device).
@@ -507,22 +672,44 @@ inline bool device_is_sm90() {
   return ja::per_device(cache, dev, [](int d) { return ja::compute_capability(d) == 90 ? 2 : 1; }) == 2;
 }
 
+// Whether the Hopper kernels of instance head dim D run problem pr (both directions): the instance
+// mha_sm90_dims.h picks for its head dims, features within `features`, a mask that needs rows has them,
+// sizes within int32 and the grid's limits, and a softcap that is 0 or positive.
+template <int D>
+bool sm90_applies(const JaMhaProblem& pr, uint32_t features) {
+  const int64_t lim = int64_t(1) << 30;
+  if (pr.batch <= 0 || pr.seq_q <= 0 || pr.seq_k <= 0 || pr.heads_q <= 0 || pr.heads_kv <= 0) return false;
+  if (pr.batch >= 65536 || pr.heads_q >= 65536 || pr.seq_q >= lim || pr.seq_k >= lim) return false;
+  if (pr.heads_q % pr.heads_kv != 0) return false;
+  if (sm90_instance_head_dim(pr.head_dim, pr.head_dim_v) != D) return false;
+  if (mha_unhandled_feature(pr, features)) return false;
+  if (pr.mask == kMaskRows && pr.rows == nullptr) return false;
+  if (!(pr.softcap >= 0.0f)) return false;  // negative or NaN: not a softcap the kernels define
+  if (pr.alibi && pr.softcap == 0.0f && pr.scale == 0.0f) return false;  // the forward's ALiBi has no units
+  return true;
+}
+
 // Runs the Hopper kernel when it applies: sets *handled and returns the launch status;
 // otherwise leaves *handled = 0 and the caller takes the mma.sync / SIMT / decode path.
-// It does not apply on another device, to empty shapes, to decode shapes (few query rows
-// per kv head: the split-KV kernel), to unaligned pointers, or to sizes past int32.
+// It does not apply on another device, to empty shapes, to decode shapes the split-KV kernel
+// runs (few query rows per kv head), to unaligned pointers, to sizes past int32, to head dims
+// this instance does not cover (mha_sm90_dims.h), or to features it does not handle (kFwdFeatures).
 template <typename T, int D, bool CAUSAL>
 const char* mha_fwd_sm90(const JaMhaFwdArgs& a, void* stream, int* handled) {
   *handled = 0;
-  const int64_t lim = int64_t(1) << 30;
-  if (a.p.batch <= 0 || a.p.seq_q <= 0 || a.p.seq_k <= 0 || a.p.heads_q <= 0 || a.p.heads_kv <= 0) return nullptr;
-  if (a.p.batch >= 65536 || a.p.heads_q >= 65536 || a.p.seq_q >= lim || a.p.seq_k >= lim) return nullptr;
+  if (!sm90_applies<D>(a.p, kFwdFeatures)) return nullptr;
   if (!mha_gpu::aligned16(a.q) || !mha_gpu::aligned16(a.k) || !mha_gpu::aligned16(a.v) || !mha_gpu::aligned16(a.o))
     return nullptr;
-  if (mha_gpu::decode_applies(a) || !device_is_sm90()) return nullptr;
-  if (mha_unhandled_feature(a.p, mha_gpu::kFwdSm90Features)) return nullptr;
+  if (mha_gpu::decode_applies(a) && !mha_unhandled_feature(a.p, mha_gpu::kFwdDecodeFeatures)) return nullptr;
+  if (!device_is_sm90()) return nullptr;
   *handled = 1;
-  return mha_fwd_sm90_launch<T, D, CAUSAL>(a, static_cast<cudaStream_t>(stream));
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if constexpr (D == 256) {
+    if (sm90_kernel_head_dim(a.p.head_dim, a.p.head_dim_v) == 192)
+      return a.p.head_dim_v <= 128 ? mha_fwd_sm90_terms<T, 192, 128, CAUSAL>(a, s)
+                                   : mha_fwd_sm90_terms<T, 192, 192, CAUSAL>(a, s);
+  }
+  return mha_fwd_sm90_terms<T, D, D, CAUSAL>(a, s);
 }
 
 }  // namespace mha_sm90

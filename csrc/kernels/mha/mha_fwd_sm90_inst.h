@@ -1,12 +1,13 @@
 // Included by the generated sm_90a instances (mha_fwd_sm90.inst.in) after they define
 // JA_SM90_DT_<dtype> and JA_SM90_HD_<head_dim>: the Hopper kernel (and the CUTLASS
-// headers) are compiled only for the dtypes and head dims it covers; the other
+// headers) are compiled only for the dtypes and the instances that hold a kernel
+// (mha_sm90_dims.h: 64, 96, 128, and 256, which also holds the 192 kernel); the other
 // instances say "not handled" and cost a trivial compile.
 #pragma once
 #include "ja/kernels/mha.h"
 
 #if (defined(JA_SM90_DT_bf16) || defined(JA_SM90_DT_f16)) && \
-    (defined(JA_SM90_HD_64) || defined(JA_SM90_HD_128) || defined(JA_SM90_HD_256))
+    (defined(JA_SM90_HD_64) || defined(JA_SM90_HD_96) || defined(JA_SM90_HD_128) || defined(JA_SM90_HD_256))
 #define JA_SM90_BUILT 1
 #include "mha/mha_fwd_sm90.cuh"
 #else

@@ -43,13 +43,14 @@ constexpr float kLn2 = 0.6931471805599453f;
 // mha_fwd_gpu / mha_bwd_gpu sends a call to the first kernel that handles all of its features (split-KV
 // decode, then mma.sync, then SIMT), and the SIMT kernels handle every one, so a call is refused only where
 // no kernel can run it (refuse_unhandled names the feature); the sm_90a kernels decline what they do not
-// handle. Bias and dropout run on the SIMT kernels only.
+// handle (theirs: kFwdFeatures, kBwdFeatures in mha_fwd_sm90.cuh, mha_bwd_sm90_common.cuh). Bias and dropout
+// run on the SIMT kernels only.
 constexpr uint32_t kMhaFwdAll = kMhaHeadDimV | kMhaRows | kMhaSoftcap | kMhaAlibi | kMhaBias | kMhaDropout;
 constexpr uint32_t kFwdSimtFeatures = kMhaFwdAll;
 constexpr uint32_t kFwdMmaFeatures = kMhaHeadDimV | kMhaRows | kMhaSoftcap | kMhaAlibi;
-constexpr uint32_t kFwdDecodeFeatures = kMhaHeadDimV | kMhaRows | kMhaSoftcap | kMhaAlibi, kFwdSm90Features = 0;
+constexpr uint32_t kFwdDecodeFeatures = kMhaHeadDimV | kMhaRows | kMhaSoftcap | kMhaAlibi;
 constexpr uint32_t kBwdSimtFeatures = kMhaFwdAll | kMhaDeterministic;
-constexpr uint32_t kBwdMmaFeatures = kFwdMmaFeatures | kMhaDeterministic, kBwdSm90Features = 0;
+constexpr uint32_t kBwdMmaFeatures = kFwdMmaFeatures | kMhaDeterministic;
 
 // nullptr when the kernel `kernel` handles every feature of args (JaMhaFwdArgs::p or JaMhaBwdArgs), else an
 // error naming the first one it does not.

@@ -1,0 +1,39 @@
+// Which head dims the sm_90a (wgmma + TMA) attention kernels run, and in which generated instance: one home
+// for that rule, read by the dispatch (mha_dispatch.h, to pick the instance) and by the kernels
+// (mha_fwd_sm90.cuh, mha_bwd_sm90*.cuh, to decline what they cannot run). A plain C++ header: the
+// host-compiled dispatch includes it.
+//
+// A kernel of head dim D runs head dims d (of q and k) and d_v (of v and o) up to D that are multiples of
+// 8: the TMA unit loads boxes of D columns and fills the columns past the tensor's d with zeros (they add
+// 0 to Q K^T, and the extra columns of P V are never stored), so no copy is made. A multiple of 8 is what
+// TMA needs (every stride of a [batch, seq, heads, d] tensor a multiple of 16 bytes). Other head dims are
+// declined here, and the mma.sync / SIMT kernels take them.
+#pragma once
+#include <cstdint>
+
+namespace ja {
+namespace mha_sm90 {
+
+// The head dims of the sm_90a kernels, ascending.
+constexpr int kSm90KernelDims[] = {64, 96, 128, 192, 256};
+
+// The kernel head dim that runs a problem of head dims (d, d_v): the smallest one >= both, or 0 where none
+// does (too large, or not a multiple of 8).
+constexpr int sm90_kernel_head_dim(int64_t d, int64_t d_v) {
+  if (d <= 0 || d_v <= 0 || d % 8 != 0 || d_v % 8 != 0) return 0;
+  const int64_t need = d > d_v ? d : d_v;
+  for (int D : kSm90KernelDims)
+    if (need <= D) return D;
+  return 0;
+}
+
+// The generated instance (the head_dim axis value of jax_aiter/jit/optCompilerConfig.json's mha modules)
+// whose sm_90a entry runs that kernel: its own head dim, except 192, which the 256 instance holds (the
+// axis has no 192), or 0.
+constexpr int sm90_instance_head_dim(int64_t d, int64_t d_v) {
+  const int k = sm90_kernel_head_dim(d, d_v);
+  return k == 192 ? 256 : k;
+}
+
+}  // namespace mha_sm90
+}  // namespace ja
