@@ -38,7 +38,7 @@ namespace mha_gpu {
 template <typename T, int D>
 constexpr int bwd_smem_bytes(int bc, int br) {
   return (2 * bc + 2 * br) * tile_ld<T, D>() * int(sizeof(T)) + 2 * bc * (br + 1) * int(sizeof(float)) +
-         2 * br * int(sizeof(float)) + 3 * br * int(sizeof(int32_t));
+         2 * br * int(sizeof(float)) + (3 + (bc + 31) / 32) * br * int(sizeof(int32_t));
 }
 
 // Largest (BC, BR) of (64,64), (64,32), (32,32), (32,16), (16,16) that fits without
@@ -56,11 +56,11 @@ struct BwdTiles {
 };
 
 // The deterministic dQ kernel: Q, dO [BR][LD], K, V [BC][LD] (T), dX [BR][BC + 1], lse, delta [BR] (float),
-// the rows' lo, hi, diag [BR] (int32).
+// the rows' lo, hi, diag [BR] and dropout's keep bits [BR][ceil(BC / 32)] (int32).
 template <typename T, int D>
 constexpr int dq_smem_bytes(int br, int bc) {
   return (2 * br + 2 * bc) * tile_ld<T, D>() * int(sizeof(T)) + br * (bc + 1) * int(sizeof(float)) +
-         2 * br * int(sizeof(float)) + 3 * br * int(sizeof(int32_t));
+         2 * br * int(sizeof(float)) + (3 + (bc + 31) / 32) * br * int(sizeof(int32_t));
 }
 
 template <typename T, int D>
@@ -137,16 +137,14 @@ JA_DEVICE void load_row_info(const JaMhaBwdArgs& a, int64_t b, int64_t h, int64_
   }
 }
 
-// The gradient of one visible score: from the score's q.k (acc) and dO . v (dpv) of row i, key j, returns
-// dX (the gradient of q.k / scale's argument: dS times softcap's derivative) and sets *p_drop to the
-// dropped P (the dV product's factor) and *ds to dS (dbias).
-JA_DEVICE float score_grad(const ScoreTerms& terms, const Dropout& drop, float acc, float dpv, float lse2,
-                           float delta, int64_t b, int64_t h, int64_t i, int64_t diag, int64_t j, float* p_drop,
-                           float* ds) {
+// The gradient of one visible score: from the score's q.k (acc) and dO . v (dpv) of row i, key j, and
+// dropout's factor f of the pair (1 without dropout), returns dX (the gradient of q.k / scale's argument: dS
+// times softcap's derivative) and sets *p_drop to the dropped P (the dV product's factor) and *ds to dS (dbias).
+JA_DEVICE float score_grad(const ScoreTerms& terms, float f, float acc, float dpv, float lse2, float delta,
+                           int64_t i, int64_t diag, int64_t j, float* p_drop, float* ds) {
   float t;
   const float x = terms(acc, i, diag, j, &t);
   const float pr = ja_exp2(x * ja_log2e - lse2);  // lse = +inf (no visible key) gives 0
-  const float f = drop.on ? drop.factor(b, h, i, j) : 1.0f;
   *p_drop = pr * f;
   *ds = pr * (dpv * f - delta);
   return terms.softcap > 0.0f ? *ds * (1.0f - t * t) : *ds;
@@ -172,6 +170,8 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_bwd_dkdv(JaMhaBwdArgs a) {
   int32_t* lo_s = reinterpret_cast<int32_t*>(delta_s + BR);
   int32_t* hi_s = lo_s + BR;
   int32_t* dg_s = hi_s + BR;
+  constexpr int W = (BC + 31) / 32;
+  uint32_t* drop_s = reinterpret_cast<uint32_t*>(dg_s + BR);  // [BR][W]: dropout's keep bits of the tile
 
   const JaMhaProblem& p = a.p;
   const int tx = threadIdx.x % kTx, ty = threadIdx.x / kTx;
@@ -204,7 +204,8 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_bwd_dkdv(JaMhaBwdArgs a) {
     float* dbias = a.dbias ? a.dbias + (b * hq + h) * sq * sk : nullptr;
     for (int64_t q0 = q_begin; q0 < q_end; q0 += BR) {
       const int rows = int(q_end - q0 < BR ? q_end - q0 : BR);
-      __syncthreads();  // the previous tile's readers of q_s, do_s, pt_s, dst_s are done
+      __syncthreads();  // the previous tile's readers of q_s, do_s, pt_s, dst_s, drop_s are done
+      if (drop.on) drop.tile_bits<BR, W>(b, h, q0, rows, kv0, nk, drop_s);
       load_tile<T, BR, D>(q_s, static_cast<const T*>(a.q) + ((b * sq + q0) * hq + h) * hd, q_stride, rows, hd, vec);
       load_tile<T, BR, D>(do_s, static_cast<const T*>(a.dout) + ((b * sq + q0) * hq + h) * hdv, o_stride, rows, hdv,
                           vec);
@@ -248,8 +249,8 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_bwd_dkdv(JaMhaBwdArgs a) {
           const int qr = tx + i * kTx;
           float pd = 0.0f, dx = 0.0f, ds = 0.0f;  // a pair the mask hides: 0 whatever K and V hold
           if (kr < nk && lo_s[qr] <= key && key < hi_s[qr])
-            dx = score_grad(terms, drop, st[j][i], dpt[j][i], lse_s[qr], delta_s[qr], b, h, q0 + qr, dg_s[qr], key,
-                            &pd, &ds);
+            dx = score_grad(terms, drop.on ? drop.factor(drop_s, W, qr, kr) : 1.0f, st[j][i], dpt[j][i], lse_s[qr],
+                            delta_s[qr], q0 + qr, dg_s[qr], key, &pd, &ds);
           pt_s[kr * LDT + qr] = pd;
           dst_s[kr * LDT + qr] = dx;
           // dbias = dS; with softcap dX differs from dS, so it is written from here (query rows 16 lanes
@@ -346,6 +347,8 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_bwd_dq(JaMhaBwdArgs a) {
   int32_t* lo_s = reinterpret_cast<int32_t*>(delta_s + BR);
   int32_t* hi_s = lo_s + BR;
   int32_t* dg_s = hi_s + BR;
+  constexpr int W = (BC + 31) / 32;
+  uint32_t* drop_s = reinterpret_cast<uint32_t*>(dg_s + BR);  // [BR][W]: dropout's keep bits of the tile
 
   const JaMhaProblem& p = a.p;
   const int tx = threadIdx.x % kTx, ty = threadIdx.x / kTx;
@@ -374,7 +377,8 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_bwd_dq(JaMhaBwdArgs a) {
   const int64_t kv_begin = lo_s[0], kv_end = hi_s[rows - 1];
   for (int64_t kv0 = kv_begin; kv0 < kv_end; kv0 += BC) {
     const int nk = int(kv_end - kv0 < BC ? kv_end - kv0 : BC);
-    __syncthreads();  // the previous tile's readers of k_s, v_s, ds_s are done
+    __syncthreads();  // the previous tile's readers of k_s, v_s, ds_s, drop_s are done
+    if (drop.on) drop.tile_bits<BR, W>(b, h, q0, rows, kv0, nk, drop_s);
     const bool kbad = load_tile<T, BC, D, true>(k_s, k + kv0 * k_stride, k_stride, nk, hd, vec);
     load_tile<T, BC, D>(v_s, v + kv0 * v_stride, v_stride, nk, hdv, vec);
     const bool guard = __syncthreads_or(kbad);
@@ -415,7 +419,8 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_bwd_dq(JaMhaBwdArgs a) {
         const int64_t key = kv0 + col;
         float dx = 0.0f, pd, ds;  // a pair the mask hides: 0 whatever K and V hold
         if (col < nk && lo_s[r] <= key && key < hi_s[r])
-          dx = score_grad(terms, drop, s[i][j], dp[i][j], lse_s[r], delta_s[r], b, h, q0 + r, dg_s[r], key, &pd, &ds);
+          dx = score_grad(terms, drop.on ? drop.factor(drop_s, W, r, col) : 1.0f, s[i][j], dp[i][j], lse_s[r],
+                          delta_s[r], q0 + r, dg_s[r], key, &pd, &ds);
         ds_s[r * LDP + col] = dx;
       }
     }

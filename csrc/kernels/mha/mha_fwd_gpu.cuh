@@ -29,7 +29,7 @@ namespace mha_gpu {
 template <typename T, int D>
 constexpr int fwd_smem_bytes(int br, int bc) {
   return (br + 2 * bc) * tile_ld<T, D>() * int(sizeof(T)) + br * (bc + 1) * int(sizeof(float)) +
-         3 * br * int(sizeof(int32_t));
+         (3 + (bc + 31) / 32) * br * int(sizeof(int32_t));
 }
 
 // Largest tiles that fit the shared-memory budget without opt-in; where even the
@@ -62,6 +62,8 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_fwd_kernel(JaMhaFwdArgs a) {
   int32_t* lo_s = reinterpret_cast<int32_t*>(p_s + BR * LDP);  // per tile row: the keys [lo, hi) it sees
   int32_t* hi_s = lo_s + BR;
   int32_t* dg_s = hi_s + BR;  // and its diagonal (ALiBi's origin)
+  constexpr int W = (BC + 31) / 32;
+  uint32_t* drop_s = reinterpret_cast<uint32_t*>(dg_s + BR);  // [BR][W]: dropout's keep bits of the tile
 
   const JaMhaProblem& p = a.p;
   const int tx = threadIdx.x % kTx, ty = threadIdx.x / kTx;
@@ -96,7 +98,8 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_fwd_kernel(JaMhaFwdArgs a) {
   const int64_t kv_begin = lo_s[0], kv_end = hi_s[rows - 1];
   for (int64_t kv0 = kv_begin; kv0 < kv_end; kv0 += BC) {
     const int nk = int(kv_end - kv0 < BC ? kv_end - kv0 : BC);  // keys past kv_end are zeros: no row sees them
-    __syncthreads();  // the previous tile's readers of k_s, v_s, p_s are done
+    __syncthreads();  // the previous tile's readers of k_s, v_s, p_s, drop_s are done
+    if (drop.on) drop.tile_bits<BR, W>(b, h, q0, rows, kv0, nk, drop_s);
     load_tile<T, BC, D>(k_s, k + kv0 * k_stride, k_stride, nk, hd, vec);
     const bool vbad = load_tile<T, BC, D, true>(v_s, v + kv0 * v_stride, v_stride, nk, hdv, vec);
     const bool guard = __syncthreads_or(vbad);  // a NaN/inf in V: P V skips P's zeros
@@ -144,7 +147,7 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_fwd_kernel(JaMhaFwdArgs a) {
         const int col = tx + j * kTx;
         float pe = ja_exp2(s[i][j] - m_use);
         rs += pe;  // the row sum (and so the lse) is of the undropped P
-        if (drop.on && pe != 0.0f) pe *= drop.factor(b, h, q0 + r, kv0 + col);
+        if (drop.on) pe *= drop.factor(drop_s, W, r, col);
         p_s[r * LDP + col] = pe;
       }
       l[i] = l[i] * alpha + ja_group_sum<kTx>(rs);

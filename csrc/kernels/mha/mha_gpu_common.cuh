@@ -142,10 +142,30 @@ struct Dropout {
   uint32_t threshold;
   float scale;
   bool on;
-  // The factor element (b, h, i, j) of P is multiplied by: 0 (dropped) or 1 / (1 - p); 1 without dropout.
-  JA_DEVICE float factor(int64_t b, int64_t h, int64_t i, int64_t j) const {
-    if (!on) return 1.0f;
-    return mha_dropout_keep(seed, threshold, b, h, i, j) ? scale : 0.0f;
+  // The keep bits of rows [i0, i0 + rows) x keys [j0, j0 + nk) of (b, h), nk <= 32 W: key j of row r is bit
+  // (j - j0) % 32 of bits[r * W + (j - j0) / 32] (0 past rows / nk). The block's threads compute them together,
+  // each philox block (four keys) once: a quarter of the draws one per element would take.
+  template <int ROWS, int W>
+  JA_DEVICE void tile_bits(int64_t b, int64_t h, int64_t i0, int rows, int64_t j0, int nk, uint32_t* bits) const {
+    for (int idx = threadIdx.x; idx < ROWS * W; idx += kThreads) {
+      const int r = idx / W, w = idx % W;
+      const int64_t k0 = j0 + 32 * w, k1 = j0 + (32 * w + 32 < nk ? 32 * w + 32 : nk);
+      uint32_t word = 0;
+      if (r < rows)
+        for (int64_t kb = k0 >> 2; kb <= (k1 - 1) >> 2 && k0 < k1; ++kb) {
+          const MhaPhilox x = mha_dropout_block(seed, b, h, i0 + r, 4 * kb);
+#pragma unroll
+          for (int u = 0; u < 4; ++u) {
+            const int64_t key = 4 * kb + u;
+            if (key >= k0 && key < k1 && x.x[u] >= threshold) word |= 1u << (key - k0);
+          }
+        }
+      bits[idx] = word;
+    }
+  }
+  // The factor of a kept (bit 1) or dropped element: 1 / (1 - p) or 0.
+  JA_DEVICE float factor(const uint32_t* bits, int W, int r, int j) const {
+    return (bits[r * W + (j >> 5)] >> (j & 31)) & 1u ? scale : 0.0f;
   }
 };
 
