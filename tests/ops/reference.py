@@ -192,7 +192,9 @@ def attention_features_ref(q, k, v, do, *, scale: float, mask, diag=None, softca
     [b, hq, sq, sk] with dropout_p; dlse [b, hq, sq] a cotangent of lse (d lse / d s = P). The score is
     s = scale q.k, then softcap * tanh(s / softcap), minus
     alibi * |diag_i - j|, plus bias; P = softmax over the visible keys (0 for a row that sees none, whose
-    lse is +inf); O = (P * keep / (1 - p)) V. Returns (o, lse [b, hq, sq], (dq, dk, dv, dbias [b, hq, sq, sk]))."""
+    lse is +inf); O = (P * keep / (1 - p)) V. Returns (o, lse [b, hq, sq], (dq, dk, dv, dbias [b, hq, sq, sk])).
+    A key a row does not see never reaches it, NaN or infinite K and V included (the products over keys skip
+    P's zeros, the hidden pairs' dS is 0), while a row that sees one gets its NaN or infinity."""
     q, k, v, do = (np.asarray(x, np.float64) for x in (q, k, v, do))
     b, _, hq, d = q.shape
     sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
@@ -211,23 +213,38 @@ def attention_features_ref(q, k, v, do, *, scale: float, mask, diag=None, softca
     m = np.where(np.isfinite(m), m, 0.0)
     e = np.where(vis, np.exp(s - m), 0.0)
     den = e.sum(-1, keepdims=True)
-    p = np.where(den > 0, e / np.where(den > 0, den, 1.0), 0.0)
-    lse = np.where(den[..., 0] > 0, np.log(np.where(den[..., 0] > 0, den[..., 0], 1.0)) + m[..., 0], np.inf)
+    empty = den == 0  # (a NaN den, from a NaN score the row sees, is not empty)
+    p = np.where(empty, 0.0, e / np.where(empty, 1.0, den))
+    lse = np.where(empty[..., 0], np.inf, np.log(np.where(empty[..., 0], 1.0, den[..., 0])) + m[..., 0])
     drop = np.ones_like(p) if keep is None else np.asarray(keep, np.float64) / (1.0 - dropout_p)
     pd = p * drop
-    o = np.einsum("bhqk,bkhd->bqhd", pd, ve)
+    o = _over_keys(pd, ve)
     dov = np.einsum("bqhd->bhqd", do)
     dvv = np.einsum("bhqk,bhqd->bkhd", pd, dov)
-    dp = np.einsum("bhqd,bkhd->bhqk", dov, ve) * drop
+    dp = np.where(vis, np.einsum("bhqd,bkhd->bhqk", dov, ve), 0.0) * drop
     ds = p * (dp - (p * dp).sum(-1, keepdims=True))
     if dlse is not None:
         ds = ds + p * np.asarray(dlse, np.float64)[..., None]
+    ds = np.where(vis, ds, 0.0)
     dz = ds * (1.0 - (np.where(vis, s_soft(z, softcap), 0.0) / softcap) ** 2) if softcap else ds
-    dq = np.einsum("bhqk,bkhd->bqhd", dz, ke) * scale
+    dq = _over_keys(dz, ke) * scale
     dk = np.einsum("bhqk,bqhd->bkhd", dz, q) * scale
     dk = dk.reshape(b, sk, hkv, g, d).sum(3)
     dvv = dvv.reshape(b, sk, hkv, g, dv).sum(3)
     return o, lse, (dq, dk, dvv, ds)
+
+
+def _over_keys(w, x):
+    """einsum("bhqk,bkhd->bqhd", w, x) where a zero of w never meets x: 0 * inf is NaN, and a key that a row
+    does not see (or dropped) must not reach it whatever K or V hold there. The non-finite elements of x (few)
+    are added one by one to the rows whose w is not 0."""
+    bad = ~np.isfinite(x)
+    out = np.einsum("bhqk,bkhd->bqhd", w, np.where(bad, 0.0, x))
+    for b, j, h, c in zip(*np.nonzero(bad)):
+        wj = w[b, h, :, j]
+        hit = wj != 0  # (NaN != 0: a NaN weight reaches the row)
+        out[b, hit, h, c] += wj[hit] * x[b, j, h, c]
+    return out
 
 
 def s_soft(z, softcap: float):
