@@ -30,8 +30,15 @@ import numpy as np
 import pytest
 
 from jax_aiter.ops import _attn_mask, _ffi
-from tests.ops.reference import ATTENTION_RTOL, attention_features_ref, dropout_keep_ref, f64, rel_err, \
-    varlen_mask_ref, window_mask_ref
+from tests.ops.reference import (
+    ATTENTION_RTOL,
+    attention_features_ref,
+    dropout_keep_ref,
+    f64,
+    rel_err,
+    varlen_mask_ref,
+    window_mask_ref,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -191,10 +198,10 @@ def run_case(c: Case, monkeypatch):
     q, k, v, do = (jax.device_put(h, gpu) for h in host)
     kind, rows, cols, ref_mask, diag = _mask(c)
     scale = c.d ** -0.5
-    dev = lambda x, dt: jax.device_put(jnp.asarray(x, dt), gpu) if x is not None else _none(dt)  # noqa: E731
-    ops = dict(rows=jax.device_put(rows, gpu), alibi=dev(alibi, jnp.float32), bias=dev(bias, jnp.float32),
-               seed=dev(SEED if c.dropout else None, jnp.uint32))
-    attrs = dict(mask=kind, scale=scale, softcap=c.softcap, dropout_p=c.dropout)
+    dev = lambda x, dt: jax.device_put(jnp.asarray(x, dt), gpu) if x is not None else _none(dt)
+    ops = {"rows": jax.device_put(rows, gpu), "alibi": dev(alibi, jnp.float32), "bias": dev(bias, jnp.float32),
+           "seed": dev(SEED if c.dropout else None, jnp.uint32)}
+    attrs = {"mask": kind, "scale": scale, "softcap": c.softcap, "dropout_p": c.dropout}
     keep = dropout_keep_ref(SEED, c.dropout, c.b, c.hq, c.sq, c.sk) if c.dropout else None
     ref_o, ref_lse, ref_grads = attention_features_ref(
         *(f64(h) for h in host), scale=scale, mask=ref_mask, diag=diag, softcap=c.softcap, alibi=alibi,
