@@ -260,11 +260,8 @@ def summary(report: dict) -> str:
     return "\n".join(lines)
 
 
-def check_uploadable(root: Path, report_path: Path | None = None) -> dict:
-    """The report (default <root>/dist/release-report.json; a lane's from another job: its dist folder's), if it
-    shows every stage green for this commit and its distributions unchanged; else ReleaseError. Each artifact's
-    path is resolved beside the report (`files`: {name: path})."""
-    report_path = report_path or root / REPORT
+def green_report(report_path: Path) -> dict:
+    """The release report at `report_path` if it is one and every stage of it passed; else ReleaseError."""
     if not report_path.is_file():
         raise ReleaseError(f"no {report_path}; run `nox -s release` first")
     report = json.loads(report_path.read_text())
@@ -274,6 +271,39 @@ def check_uploadable(root: Path, report_path: Path | None = None) -> dict:
     if not report.get("ok") or bad:
         raise ReleaseError(f"the release report {report_path} is not green (stages {', '.join(bad)}); fix them and "
                            "run `nox -s release`")
+    return report
+
+
+def _unchanged(report_path: Path, artifact: dict) -> Path:
+    """The report's artifact, found beside the report, with the bytes the report recorded; else ReleaseError."""
+    path = report_path.parent / Path(artifact["path"]).name
+    if not path.is_file():
+        raise ReleaseError(f"{path} is missing; run `nox -s release`")
+    if (got := sha256_file(path)) != artifact["sha256"]:
+        raise ReleaseError(f"{path} changed since the release run: sha256 {got} != reported {artifact['sha256']}")
+    return path
+
+
+def validated_wheel(report_path: Path, lane: str, variant: str = "full") -> tuple[Path, dict]:
+    """(the wheel, the report) of `variant` that a green release report of `lane` vouches for: built, checked and
+    clean-room validated by `nox -s release`, found beside the report with the bytes it recorded. What a GPU job
+    installs to test (jatools/lane_tier.py); ReleaseError for a red report, another lane, or a changed file."""
+    report = green_report(report_path)
+    if report.get("lane") != lane:
+        raise ReleaseError(f"the release report {report_path} is of lane {report.get('lane')}, not {lane}; run "
+                           f"`nox -s release` with the backend of lane {lane}")
+    artifacts = [a for s in report["stages"] if s["name"] == f"wheel_{variant}" for a in s["artifacts"]]
+    if len(artifacts) != 1:
+        raise ReleaseError(f"the release report {report_path} names no {variant} wheel; run `nox -s release`")
+    return _unchanged(report_path, artifacts[0]), report
+
+
+def check_uploadable(root: Path, report_path: Path | None = None) -> dict:
+    """The report (default <root>/dist/release-report.json; a lane's from another job: its dist folder's), if it
+    shows every stage green for this commit and its distributions unchanged; else ReleaseError. Each artifact's
+    path is resolved beside the report (`files`: {name: path})."""
+    report_path = report_path or root / REPORT
+    report = green_report(report_path)
     commit, dirty = commit_state(root)
     if report["commit"] != commit:
         raise ReleaseError(f"the release report {report_path} is for commit {report['commit'][:12]}, but HEAD is "
@@ -284,11 +314,7 @@ def check_uploadable(root: Path, report_path: Path | None = None) -> dict:
     sdists = [a for s in report["stages"] if s["name"] == "sdist" for a in s["artifacts"]]
     report["files"] = {}
     for w in [*report["wheels"], *sdists]:
-        path = report_path.parent / Path(w["path"]).name
-        if not path.is_file():
-            raise ReleaseError(f"{path} is missing; run `nox -s release`")
-        if (got := sha256_file(path)) != w["sha256"]:
-            raise ReleaseError(f"{path} changed since the release run: sha256 {got} != reported {w['sha256']}")
+        path = _unchanged(report_path, w)
         report["files"][path.name] = path
     return report
 

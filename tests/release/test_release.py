@@ -305,3 +305,36 @@ def test_summary_columns_stay_apart_for_the_longest_stage_name() -> None:
     assert len(rows) == 3
     assert "floor+contents  ok" in text
     assert len({row.index("ok") if "ok" in row else row.index("result") for row in rows}) == 1  # one result column
+
+
+def test_the_validated_wheel_is_the_one_a_green_report_of_its_lane_names(tmp_path):
+    """What a GPU job installs to test (jatools/lane_tier.py): the variant's wheel of a green report of its lane,
+    beside the report with the recorded bytes; a red report, another lane or changed bytes are refused."""
+    from jax_aiter.integrity import sha256_file
+
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    stages = []
+    for variant, name in (("lite", "jax_aiter-0.1.0+cuda13-py3-none-any.whl"),
+                          ("full", "jax_aiter-0.1.0+cuda13.full-py3-none-any.whl")):
+        (dist / name).write_bytes(f"the {variant} wheel's bytes".encode())
+        stages.append({"name": f"wheel_{variant}", "result": "ok",
+                       "artifacts": [{"path": f"dist/{name}", "sha256": sha256_file(dist / name)}]})
+    report = {"schema": release_mod.SCHEMA, "kind": "jax-aiter-release", "ok": True, "commit": "c" * 40,
+              "dirty": False, "lane": "cuda13", "stages": [*stages, {"name": "validate", "result": "ok"}]}
+    path = dist / Path(release_mod.REPORT).name
+    path.write_text(json.dumps(report))
+    wheel, got = release_mod.validated_wheel(path, "cuda13")
+    assert wheel == dist / "jax_aiter-0.1.0+cuda13.full-py3-none-any.whl" and got["commit"] == "c" * 40
+    assert release_mod.validated_wheel(path, "cuda13", "lite")[0].name == "jax_aiter-0.1.0+cuda13-py3-none-any.whl"
+    with pytest.raises(release_mod.ReleaseError, match="is of lane cuda13, not rocm7"):
+        release_mod.validated_wheel(path, "rocm7")
+    wheel.write_bytes(b"other bytes")
+    with pytest.raises(release_mod.ReleaseError, match="changed since the release run"):
+        release_mod.validated_wheel(path, "cuda13")
+    path.write_text(json.dumps({**report, "ok": False,
+                                "stages": [*stages, {"name": "validate", "result": "failed"}]}))
+    with pytest.raises(release_mod.ReleaseError, match=r"is not green \(stages validate\)"):
+        release_mod.validated_wheel(path, "cuda13", "lite")
+    with pytest.raises(release_mod.ReleaseError, match="no .*release-report.json; run `nox -s release` first"):
+        release_mod.validated_wheel(tmp_path / "release-report.json", "cuda13")
