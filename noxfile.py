@@ -98,6 +98,9 @@ _session("ja_mods_nomha", "build", "make", "ja_mods_nomha",
 _tier_session("tests",
               doc="Native build (a consumer under CI=true: takes the JIT libraries, never builds them), "
                   f"then a test tier:\n    `-- --tier {'|'.join(TIERS)}` or ${TIER_ENV} ({DEFAULT_TIER}).")
+_session("tests_lane", "test", "python", "-m", "jatools.lane_tier",
+         doc="A test tier against a lane's validated wheel (`nox -s release` made it), installed into a fresh venv, "
+             "never the build tree:\n    -- --lane cuda13 [--dist dist] [--tier pr] [pytest args].")
 _session("ci_local", "test", "python", "-m", "jatools.ci.act_local",
          deps=nox.project.dependency_groups(PYPROJECT, "ci-local"),
          doc="Every job of every workflow on this machine with act (host mode, the stand-ins in ci/act/): succeeded, "

@@ -29,8 +29,8 @@ STAGES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("wheel", ("jatools.wheel",), "libraries -> wheels, and every check on a wheel"),
     ("validate", ("jatools.validate",), "wheels -> clean room"),
     ("testing", ("jatools.testing",), "tiers, GPU slots, the pytest plugin"),
-    ("release", ("jatools.release", "jatools.release_index", "jatools.bench"),
-     "the main job, the artifact index and the tooling benchmarks"),
+    ("release", ("jatools.release", "jatools.release_index", "jatools.lane_tier", "jatools.bench"),
+     "the main job, the artifact index, a tier against a lane's validated wheel, the tooling benchmarks"),
     ("benchmarks", ("benchmarks",), "the kernel benchmarks (GPU, CPU attention) and the model they time"),
     ("ci-programs", ("ci",), "CI's programs: the driver of every build, perf gates, the convergence recipe, GPU hosts"),
 )

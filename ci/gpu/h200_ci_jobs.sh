@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # The H200 job of CI, run as CI runs it, on an offline GPU host (the lent H200): the GPU tier against the CUDA
 # lane's validated wheel, installed into a fresh environment, never against a build tree.
-#   1. a local package index (ci/gpu/offline_index.py index: the carried wheels, the CUDA lane's among them, plus
-#      the host's jax, jaxlib and jax-cuda13 plugin repacked), which pip and uv use offline;
-#   2. a fresh venv with the lane's wheel (jax_aiter-<version>+cuda13.full-*.whl: `nox -s release` made and
-#      validated it), JAX and its CUDA plugin at the test pin, and the tier group (pytest and its plugins);
-#   3. the pr tier on the CUDA platform through jatools.testing.tiers --installed --deps-from <that venv>: pytest
-#      imports the installed jax_aiter (the tier says where from and which lane, and refuses the checkout's).
+#   1. a local package index (python3 -m ci.gpu.offline_index index: the carried wheels, the CUDA lane's among them,
+#      plus the host's jax, jaxlib and jax-cuda13 plugin repacked), which pip and uv use offline;
+#   2. the tier against the lane's wheel: python3 -m jatools.lane_tier, what CI's pr_gpu_cuda_h200 runs after
+#      `nox -s release` (nox -s tests_lane): the full wheel the carried release report vouches for
+#      (jax_aiter-<version>+cuda13.full-*.whl, built and validated by `nox -s release`) into a fresh venv with JAX's
+#      CUDA plugin at the test pin and the tier group, `python -m jax_aiter info` from it, and the pr tier on the
+#      CUDA platform against it (the tier says where jax_aiter came from and which lane, and refuses the checkout's).
 # BUILD arguments also run those ci/build.py builds afterwards, as build_gpu runs them (env-report, jit.fetch,
 # each session's --install-only and -R passes), after the producer (`nox -s jit`, `invoke jit.publish`).
 # Results (tier JSON with the GPU tests per device and the installed wheel, ci/build.py's records) go to OUT.
 #   bash ci/gpu/h200_ci_jobs.sh WHEELS OUT [BUILD...]
 # WHEELS: made on a machine with an index by
-#   python3 -m ci.gpu.offline_index download WHEELS --groups tier && cp dist/jax_aiter-*+cuda13.full-*.whl WHEELS/
+#   python3 -m ci.gpu.offline_index download WHEELS --groups tier
+#   cp dist/release-report.json dist/jax_aiter-*+cuda13.full-*.whl WHEELS/
 # For a run without a GPU (tests/wheel/test_h200_ci_job.py): LANE=cpu TIER_PLATFORM=cpu, TIER_ARGS for pytest.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
@@ -46,23 +48,10 @@ if [ "$(git rev-parse --show-toplevel 2>/dev/null)" != "$PWD" ]; then
 fi
 nvidia-smi -L
 
-# The GPU tier against the CUDA lane's validated wheel, in a fresh venv.
-platform="${TIER_PLATFORM:-cuda}"
-lane=$(find "$wheels" -maxdepth 1 -name "jax_aiter-*+${LANE:-cuda13}.full-*.whl" | sort | tail -1)
-if [ -z "$lane" ]; then
-  echo "h200_ci_jobs: no lane wheel (jax_aiter-*+${LANE:-cuda13}.full-*.whl) in $wheels: copy the one"
-  echo "  \`JA_BACKEND=cuda nox -s release\` validated there (dist/)"
-  exit 1
-fi
-venv="$(mktemp -d)/lane-venv"  # not under OUT: only the results travel back
-IFS=' ' read -r -a tier_reqs < <("$py" -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["dependency-groups"]["tier"]))')
-IFS=' ' read -r -a plugin < <("$py" -m jatools.testing.tiers --plugin-requirements --platform "$platform" | tr '\n' ' ')
+# The GPU tier against the CUDA lane's validated wheel, in a fresh venv (outside OUT: only the results travel back).
 read -r -a tier_args <<<"${TIER_ARGS:-}"
-step lane-venv 120 "$py" -m venv "$venv"
-step lane-install 600 "$venv/bin/python" -m pip install --disable-pip-version-check "$lane" "${plugin[@]}" "${tier_reqs[@]}"
-step lane-info 60 "$venv/bin/python" -P -m jax_aiter info
-step lane-tier 3000 "$py" -m jatools.testing.tiers --tier pr --platform "$platform" --installed \
-  --deps-from "$venv/bin/python" --results-dir "$out" "${tier_args[@]}"
+step lane-tier 3600 "$py" -m jatools.lane_tier --lane "${LANE:-cuda13}" --dist "$wheels" --platform "${TIER_PLATFORM:-cuda}" \
+  --tier pr --results-dir "$out" "${tier_args[@]}"
 
 if [ "${#builds[@]}" -gt 0 ]; then
   # the producer builds for CI's archs (pyproject gpu_archs_cuda, which ci/build.py's builds set), not the GPU here
