@@ -201,6 +201,15 @@ RECORDS = config.build_path("ci_records")  # <build>.json per build, the environ
 FETCH_JIT = Invoke("jit.fetch")
 NATIVE = (Nox("umbrella", installs=False), Nox("ja_mods", installs=False))
 
+
+def lane_tier(backend: str, tier: str) -> tuple[Nox, ...]:
+    """A GPU tier against what users install (docs/ci.md): the lane's wheels built from the fetched JIT libraries,
+    checked and clean-room validated (`nox -s release`, dist/ and its report), then the full wheel installed into a
+    fresh venv and the tier run against it (`nox -s tests_lane`), never against the build tree."""
+    return (Nox("release"), Nox("tests_lane", ("--lane", release_lane(backend)), env=(("JA_TEST_TIER", tier),),
+                                installs=False))
+
+
 Build(name="pr_cpu", group="pr", runner=UBUNTU, env=CPU_ENV, timeout_minutes=45,
       description="PR: lint, CPU-only tooling tests, the CPU JIT libraries (this job is their producer), "
                   "the pr test tier on the CPU, and the multigpu tier on 4 forced host devices",
@@ -219,9 +228,10 @@ Build(name="pr_compile_rocm", group="pr", runner=UBUNTU_THEROCK, timeout_minutes
 Build(name="pr_gpu_rocm_mi355", group="pr", runner=MI355_1, env=ROCM_ENV, timeout_minutes=60,
       description="PR: published JIT libraries fetched (never rebuilt), shims built, pr tier on 1x MI355",
       steps=(FETCH_JIT, Nox("tests", env=PR_TIER)))
-Build(name="pr_gpu_cuda_h200", group="pr", runner=H200_1, env=CUDA_ENV, timeout_minutes=60,
-      description="PR: published JIT libraries fetched (never rebuilt), shims built, pr tier on 1x H200",
-      steps=(FETCH_JIT, Nox("tests", env=PR_TIER)))
+Build(name="pr_gpu_cuda_h200", group="pr", runner=H200_1, env=CUDA_ENV, timeout_minutes=120,
+      description="PR: published JIT libraries fetched (never rebuilt), the CUDA lane's wheels built and validated, "
+                  "the full wheel installed into a fresh venv, pr tier against it on 1x H200",
+      steps=(FETCH_JIT, *lane_tier("cuda", "pr")))
 
 Build(name="nightly_rocm_4gpu", group="nightly", runner=MI355_4, env=ROCM_ENV, timeout_minutes=180,
       description="Nightly: the full test suite (nightly tier) on 4x MI355",
@@ -245,9 +255,10 @@ Build(name="nightly_cpu_bench_smoke", group="nightly", runner=UBUNTU, env=CPU_EN
 Build(name="multigpu_rocm_4gpu", group="multigpu", runner=MI355_4, env=ROCM_ENV, timeout_minutes=120,
       description="Multi-GPU: sharded cases (multigpu tier) across 4x MI355, unpinned",
       steps=(FETCH_JIT, Nox("tests", env=(("JA_TEST_TIER", "multigpu"),))))
-Build(name="multigpu_cuda_h200_2gpu", group="multigpu", runner=H200_2, env=CUDA_ENV, timeout_minutes=120,
-      description="Multi-GPU: sharded cases (multigpu tier) across 2x H200, unpinned",
-      steps=(FETCH_JIT, Nox("tests", env=(("JA_TEST_TIER", "multigpu"),))))
+Build(name="multigpu_cuda_h200_2gpu", group="multigpu", runner=H200_2, env=CUDA_ENV, timeout_minutes=180,
+      description="Multi-GPU: the CUDA lane's validated full wheel in a fresh venv, sharded cases (multigpu tier) "
+                  "against it across 2x H200, unpinned",
+      steps=(FETCH_JIT, *lane_tier("cuda", "multigpu")))
 
 # The JIT-library producer: the only builds that compile GPU JIT libraries. One shard per (backend, module)
 # on build-only runners with no GPU; the merge step joins the shards into one manifest and stages it as this

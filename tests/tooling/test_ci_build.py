@@ -73,6 +73,23 @@ def test_required_builds_exist() -> None:
     assert builds["pr_gpu_rocm_mi355"].runner.gpus == 1 and builds["nightly_rocm_4gpu"].runner.gpus == 4
 
 
+def test_the_cuda_lanes_gpu_tiers_test_its_validated_wheel_installed_never_the_build_tree() -> None:
+    """Every GPU-tier build of the CUDA lane (issue 57): the JIT libraries fetched, the lane's wheels built and
+    validated by `nox -s release`, then `nox -s tests_lane` (jatools/lane_tier.py: the full wheel the report
+    vouches for, in a fresh venv) runs its tier; no `nox -s tests` (the build tree's tier) is left in them."""
+    lane = ci_build.release_lane("cuda")
+    tiers = {}
+    for name, build in ci_build.Build.all_builds().items():
+        if build.runner.gpus and ("JA_BACKEND", "cuda") in build.env and build.sessions() & {"tests", "tests_lane"}:
+            runs = [c[c.index("nox"):] for c in build.commands() if "nox" in c and "--install-only" not in c]
+            assert runs[0] == ["nox", "-R", "-s", "release"], (name, runs)
+            assert runs[1] == ["nox", "-s", "tests_lane", "--", "--lane", lane], (name, runs)
+            assert "tests" not in build.sessions(), name
+            assert build.commands()[1][-2:] == ["invoke", "jit.fetch"], name  # before the release takes them
+            tiers[name] = dict(next(s for s in build.steps if getattr(s, "session", "") == "tests_lane").env)["JA_TEST_TIER"]
+    assert tiers == {"pr_gpu_cuda_h200": "pr", "multigpu_cuda_h200_2gpu": "multigpu"}
+
+
 def test_every_build_starts_with_the_environment_report() -> None:
     for build in ci_build.Build.all_builds().values():
         first = build.commands()[0]

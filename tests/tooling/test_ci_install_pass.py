@@ -46,7 +46,7 @@ def _install_command(build: str, session: str) -> list[str]:
 
 
 @pytest.mark.parametrize(("build", "session", "backend"), [
-    ("pr_gpu_cuda_h200", "tests", "cuda"),
+    ("pr_gpu_rocm_mi355", "tests", "rocm"),  # (the CUDA lane's GPU jobs install the plugin into the lane's venv)
     ("nightly_cuda_h200_bench", "bench", "cuda"),
     ("weekly_convergence", "convergence", "rocm"),
 ])

@@ -1,8 +1,9 @@
 """Every test file is collected by a tier CI runs: a file no tier selects is a test nobody runs.
 
-The tiers CI runs are read from ci/build.py (each build's `nox -s tests` step: its JA_TEST_TIER and the build's
-JA_BACKEND), their marker expressions from jatools/testing/tag_filters.py; pytest collects every test once and
-reports each item's markers (a small plugin), and each expression is evaluated with pytest's own matcher. (The
+The tiers CI runs are read from ci/build.py (each build's test-tier step, `nox -s tests` or `nox -s tests_lane`:
+its JA_TEST_TIER and the build's JA_BACKEND), their marker expressions from jatools/testing/tag_filters.py; pytest
+collects every test once and reports each item's markers (a small plugin), and each expression is evaluated with
+pytest's own matcher. (The
 default `norecursedirs` skipped tests/build in every tier until pyproject.toml listed it without "build".)
 """
 from __future__ import annotations
@@ -28,7 +29,7 @@ PLUGIN = textwrap.dedent('''
 
 
 def ci_tiers() -> set[tuple[str, str]]:
-    """(tier, platform) of every `nox -s tests` step of every CI build."""
+    """(tier, platform) of every test-tier step (`nox -s tests`, `nox -s tests_lane`) of every CI build."""
     out = set()
     for build in ci_build.Build.all_builds().values():
         platform = dict(build.env).get("JA_BACKEND", "cpu")
