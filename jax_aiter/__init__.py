@@ -18,6 +18,7 @@ never calls an op, so it calls :func:`register` first.
 # typing.TYPE_CHECKING without importing typing; type checkers take any name TYPE_CHECKING as true.
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # the names of _LAZY and _SUBMODULES (a test keeps them equal); `as` marks a re-export (PEP 484)
+    from jax_aiter import mha as mha  # a facade package (_SUBMODULES)
     from jax_aiter import rmsnorm as rmsnorm  # a facade module (_SUBMODULES)
     from jax_aiter.ops.activation import silu_and_mul as silu_and_mul
     from jax_aiter.ops.attention import flash_attn_func as flash_attn_func
