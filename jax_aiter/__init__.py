@@ -11,7 +11,9 @@ is read on the first public name asked for (tests/faults/test_faults_api.py keep
 
 A program that uses the ops registers their FFI handlers on first use. A
 program that only runs an exported computation (``jax.export.deserialize``)
-never calls an op, so it calls :func:`register` first.
+never calls an op: where jax-aiter is installed, JAX's plugin hook
+(jax_aiter/_jax_plugin.py) registers what the program calls; from a source tree
+that is not installed, call :func:`register` first.
 """
 # No `from __future__ import annotations` and no `typing`: this file imports nothing at run time.
 

@@ -1,27 +1,35 @@
-"""jax.export support: register the FFI handlers up front, and the safety checks export must skip.
+"""jax.export support: the safety checks export must skip, and what a process running a deserialized program needs.
 
-An exported program holds custom calls to the package's FFI targets. jax.export
-refuses to serialize custom calls it does not know to be stable unless told to
-(``disabled_checks``), and a process that deserializes the program and calls it
-must have the handlers registered, though it never calls an op (which is what
-registers them otherwise). Both lists come from the op table
-(jax_aiter/op_table.toml).
+An exported program holds custom calls to the package's FFI targets. jax.export refuses to serialize
+custom calls it does not know to be stable unless told to (`disabled_checks`), and the process that runs
+the deserialized program needs the FFI handlers, though it never calls an op (which is what registers
+them otherwise): `register` does it, and so does `register_used`, which JAX runs for an installed jax-aiter before it lowers a deserialized
+program (jax_aiter/_jax_plugin.py). The lists of targets come from the op table (jax_aiter/op_table.toml).
+This module does not import the native loader until it registers something: the plugin imports it in
+every process that runs an exported program.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 import jax
 
-from jax_aiter import _loader
+from jax_aiter import op_table
+
+
+@functools.cache
+def _table() -> dict[str, op_table.Op]:
+    return op_table.load()
 
 
 def _ops(ops: str | Iterable[str] | None) -> list[str]:
     """The op names asked for: every op for None, one op for a string (not its letters), else each one."""
-    names = list(_loader.OPS) if ops is None else [ops] if isinstance(ops, str) else list(ops)
-    unknown = [n for n in names if n not in _loader.OPS]
+    table = _table()
+    names = list(table) if ops is None else [ops] if isinstance(ops, str) else list(ops)
+    unknown = [n for n in names if n not in table]
     if unknown:
-        raise ValueError(f"jax_aiter: unknown op(s) {', '.join(unknown)}; the ops are {', '.join(_loader.OPS)} "
+        raise ValueError(f"jax_aiter: unknown op(s) {', '.join(unknown)}; the ops are {', '.join(table)} "
                          "(the keys of jax_aiter/op_table.toml)")
     return names
 
@@ -29,9 +37,12 @@ def _ops(ops: str | Iterable[str] | None) -> list[str]:
 def register(ops: str | Iterable[str] | None = None) -> None:
     """Load the native libraries and register the FFI handlers of `ops` (default: every op).
 
-    Call it before running a deserialized jax.export program in a process that has not called
-    the ops itself. Registering is cheap and starts no JAX backend; it is done once per op per
-    process, so calling it again is free.
+    An installed jax-aiter does this by itself for a deserialized jax.export program: JAX calls
+    jax-aiter's plugin hook, which registers the ops the program calls before JAX compiles it. Call
+    ``register`` where that hook is absent (jax_aiter imported from a source tree that is not pip-installed),
+    or to load the libraries up front and fail early. Without either, a reloaded program fails with XLA's
+    ``No FFI handler registered for ja_...``. Registering is cheap and starts no JAX backend; it is done
+    once per op per process, so calling it again is free.
 
     Parameters
     ----------
@@ -46,6 +57,8 @@ def register(ops: str | Iterable[str] | None = None) -> None:
         A library is missing; the message names the command that provides it
         (``jax-aiter-fetch-mha`` for the attention libraries of a lite wheel).
     """
+    from jax_aiter import _loader
+
     for op in _ops(ops):
         _loader.ensure_registered(op)
 
@@ -53,10 +66,41 @@ def register(ops: str | Iterable[str] | None = None) -> None:
 def disabled_checks(ops: str | Iterable[str] | None = None) -> list[jax.export.DisabledSafetyCheck]:
     """What to pass as ``jax.export.export(f, disabled_checks=...)`` for a program that uses the ops.
 
-    One ``DisabledSafetyCheck.custom_call`` per FFI target of `ops` (default: every op), so
-    export accepts the package's custom calls and still refuses any other unknown one.
-    The reloading process must have the same jax-aiter (the handlers' ABI) and call
-    :func:`register` before it runs the program.
+    One ``DisabledSafetyCheck.custom_call`` per FFI target of `ops` (default: every op), so export
+    accepts the package's custom calls and still refuses any other unknown one. The reloading process
+    must have the same jax-aiter (the handlers' ABI).
     """
     return [jax.export.DisabledSafetyCheck.custom_call(target)
-            for op in _ops(ops) for target, _ in _loader.OPS[op].targets]
+            for op in _ops(ops) for target, _ in _table()[op].targets]
+
+
+def register_used(exported: jax.export.Exported) -> list[str]:
+    """Register what a deserialized program calls: the FFI handlers of the ops whose targets it names. Returns
+    the ops registered.
+
+    JAX runs it (jax_aiter/_jax_plugin.py) before it lowers a deserialized program; for a program that names
+    none of the package's targets it costs a search of the serialized module's bytes. A name found in the bytes
+    that is no custom call of the program (a function's name in a location, say) is registered if it can be,
+    and ignored if its library is missing; a library missing for a target the program does call raises
+    LibraryNotFoundError naming the program, the op and the command that provides the library.
+    """
+    blob = exported.mlir_module_serialized
+    named = [op for op, spec in _table().items() if any(t.encode() in blob for t, _ in spec.targets)]
+    if not named:
+        return []
+    from jax_aiter import _loader
+
+    registered = []
+    for op in named:
+        try:
+            _loader.ensure_registered(op)
+        except _loader.LibraryNotFoundError as e:
+            text = exported.mlir_module()
+            called = [t for t, _ in _table()[op].targets if f"custom_call @{t}(" in text]
+            if not called:
+                continue
+            raise _loader.LibraryNotFoundError(
+                f"jax_aiter: the deserialized program {exported.fun_name!r} calls {', '.join(called)} "
+                f"(jax_aiter's {op}), whose library is missing: {e}") from None
+        registered.append(op)
+    return registered

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.faults.test_faults_loader import checkout  # noqa: F401  (fixture: a checkout's build tree, copied)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -106,3 +108,32 @@ def test_faults_register_takes_one_op_name(monkeypatch):
         export.register("mha_fwdd")
     assert [str(c) for c in export.disabled_checks("silu_and_mul")] == \
         [str(c) for c in export.disabled_checks(["silu_and_mul"])]
+
+
+def test_faults_reloaded_program_missing_its_library_names_it(checkout, tmp_path):  # noqa: F811 (the fixture)
+    """A deserialized program whose attention library is missing (a lite wheel before jax-aiter-fetch-mha): the
+    error names the program, the FFI target and the library with the command that provides it, not XLA's bare
+    "No FFI handler registered for ja_mha_fwd"."""
+    pytest.importorskip("jax", reason="jax.export")
+    build, env = checkout
+    r = _python(f"""
+        import jax, jax.numpy as jnp, jax_aiter
+        q = jax.ShapeDtypeStruct((1, 16, 2, 64), jnp.float32)
+        def attention(q):
+            return jax_aiter.flash_attn_func(q, q, q)
+        exp = jax.export.export(jax.jit(attention), disabled_checks=jax_aiter.disabled_checks())(q)
+        open({str(tmp_path / 'blob')!r}, "wb").write(exp.serialize())
+    """, JAX_PLATFORMS="cpu")
+    assert r.returncode == 0, r.stderr[-4000:]
+    (build / "aiter_build" / "libmha_fwd.so").unlink()
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        import jax, numpy as np
+        exp = jax.export.deserialize(bytearray(open({str(tmp_path / 'blob')!r}, "rb").read()))
+        exp.call(np.ones((1, 16, 2, 64), np.float32))
+    """)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    error = [line for line in proc.stderr.splitlines() if line.startswith("jax_aiter._loader.")]
+    assert len(error) == 1 and error[0].startswith(
+        "jax_aiter._loader.LibraryNotFoundError: jax_aiter: the deserialized program 'attention' calls ja_mha_fwd "
+        "(jax_aiter's mha_fwd), whose library is missing: jax_aiter: libmha_fwd.so not found"), proc.stderr[-3000:]
+    assert "No FFI handler" not in proc.stderr

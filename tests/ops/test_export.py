@@ -1,8 +1,10 @@
 """jax.export: symbolic batch and sequence sizes for every op, the safety checks to disable, and an
-exported forward and gradient that reload and run in a fresh process after jax_aiter.register().
+exported forward and gradient that reload and run in a fresh process that never imports jax_aiter (JAX's
+plugin hook, jax_aiter/_jax_plugin.py, registers what the program calls).
 
-Registration and import stay cheap: `import jax_aiter` imports no JAX, and register() starts no
-JAX backend (both checked in a fresh interpreter)."""
+Registration and import stay cheap: `import jax_aiter` imports no JAX, register() starts no JAX backend,
+and the plugin hook loads nothing for a program without the package's ops (each checked in a fresh
+interpreter)."""
 from __future__ import annotations
 
 import os
@@ -81,25 +83,20 @@ def test_disabled_checks_are_the_op_tables_targets_and_are_needed():
         jax_aiter.disabled_checks(["silu"])
 
 
-# Run in a fresh interpreter: deserialize, show that the call needs registration, register, run.
+# Run in a fresh interpreter that never names jax_aiter: deserialize and run (the plugin hook registers the ops).
 RELOAD = textwrap.dedent("""
     import sys, numpy as np
-    import jax, jax_aiter
+    import jax
     data = np.load(sys.argv[1])
     for name in ("forward", "grad"):
         exp = jax.export.deserialize(bytearray(data[name + "_blob"].tobytes()))
         args = [data[f"arg{i}"] for i in range(int(data["n_args"]))]
-        if name == "forward":
-            try:
-                exp.call(*args)
-                raise SystemExit("the exported call ran before jax_aiter.register(): handlers were not needed?")
-            except Exception as e:
-                assert "No FFI handler registered for ja_" in str(e), e
-            jax_aiter.register()
+        assert "jax_aiter._loader" not in sys.modules or name == "grad", "registered before the program ran"
         got = jax.tree.leaves(exp.call(*args))
         want = [data[f"{name}_out{i}"] for i in range(len(got))]
         for g, w in zip(got, want):
             np.testing.assert_array_equal(np.asarray(g), w)
+    assert "jax_aiter._jax_plugin" in sys.modules and "jax_aiter._loader" in sys.modules
     print("reloaded and ran", flush=True)
 """)
 
@@ -118,6 +115,27 @@ def test_exported_forward_and_grad_run_in_a_fresh_process(tmp_path):
     proc = subprocess.run([sys.executable, "-c", RELOAD, str(tmp_path / "exported.npz")], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0 and "reloaded and ran" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
+# A program without the package's ops, exported and run where jax-aiter is installed: the hook is there, and it
+# loads nothing: no native loader, no op module (a search of the program's bytes for the op table's targets).
+UNRELATED = textwrap.dedent("""
+    import sys
+    import jax, jax.numpy as jnp, numpy as np
+    exp = jax.export.deserialize(jax.export.export(jax.jit(jnp.sin))(np.ones(3, np.float32)).serialize())
+    np.testing.assert_array_equal(exp.call(np.zeros(3, np.float32)), np.zeros(3, np.float32))
+    loaded = sorted(m for m in sys.modules if m.startswith("jax_aiter"))
+    assert "jax_aiter._jax_plugin" in loaded, loaded
+    heavy = {"jax_aiter._loader", "jax_aiter.ops.rmsnorm", "jax_aiter.ops.activation", "jax_aiter.ops.attention"}
+    assert not heavy & set(loaded), loaded
+    print("untouched", flush=True)
+""")
+
+
+def test_plugin_hook_loads_nothing_for_a_program_without_the_ops():
+    proc = subprocess.run([sys.executable, "-c", UNRELATED], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 0 and "untouched" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
 
 
 CHEAP = textwrap.dedent("""
