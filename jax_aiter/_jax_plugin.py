@@ -5,7 +5,7 @@ it imports every module of that group and calls its ``initialize()``, in every p
 installed, whether or not the process uses it, so this one only wraps the lowering rule of
 ``call_exported`` (the primitive of ``Exported.call``) and imports nothing else. Before JAX lowers a
 deserialized program, the wrapper has ``jax_aiter.ops.export.register_used`` register the FFI handlers
-of the ops the program calls; a program that calls none costs a search of its bytes.
+(and partitioner) of the ops the program calls; a program that calls none costs a search of its bytes.
 
 Without it, such a program fails with XLA's bare ``No FFI handler registered for ja_...`` unless the process
 called ``jax_aiter.register()``, which a process that only deserializes has no reason to know. JAX offers no

@@ -30,6 +30,9 @@ A planner may split one mesh axis into two sub-axes (``split_entry``), e.g. to
 reduce over the devices that share one GQA kv head: the partition callback may
 return a mesh of the same devices with other axis names. Only the Auto path can
 (``refine``); under Explicit axes the shard_map runs on the caller's mesh.
+
+``jax.export`` cannot serialize the Auto path's callback: an exported program holds the op as a custom call
+that the compiling process partitions with the same planner (_exported_partition.py).
 """
 from __future__ import annotations
 
@@ -43,6 +46,8 @@ import numpy as np
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
+
+from jax_aiter.ops import _exported_partition
 
 Entry = Any  # one dimension's sharding: None, a mesh axis name, or a tuple of names (major to minor)
 Spec = tuple  # one Entry per dimension
@@ -203,6 +208,7 @@ def partitioned(fn: Callable, rule: str | Callable, planner: Planner, n_static: 
         return plan_mesh, plan.body, outs if isinstance(result_shape, (tuple, list)) else outs[0], named
 
     op.def_partition(partition=partition, sharding_rule=rule, **rule_kwargs)
+    _exported_partition.declare(fn, partition)  # jax.export: the same partition, in the process that compiles
 
     def explicit(mesh, static, arrays):
         operands = [Operand(tuple(a.shape), a.dtype, type_spec(a)) for a in arrays]

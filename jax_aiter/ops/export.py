@@ -1,9 +1,11 @@
 """jax.export support: the safety checks export must skip, and what a process running a deserialized program needs.
 
-An exported program holds custom calls to the package's FFI targets. jax.export refuses to serialize
-custom calls it does not know to be stable unless told to (`disabled_checks`), and the process that runs
-the deserialized program needs the FFI handlers, though it never calls an op (which is what registers
-them otherwise): `register` does it, and so does `register_used`, which JAX runs for an installed jax-aiter before it lowers a deserialized
+An exported program holds custom calls to the package's FFI targets, and, where it spans several devices
+under Auto mesh axes, to ``ja_partitioned`` (an op that the compiling process partitions:
+_exported_partition.py). jax.export refuses to serialize custom calls it does not know to be stable unless
+told to (`disabled_checks`), and the process that runs the deserialized program needs the FFI handlers and
+that partitioner, though it never calls an op (which is what registers them otherwise): `register` does
+it, and so does `register_used`, which JAX runs for an installed jax-aiter before it lowers a deserialized
 program (jax_aiter/_jax_plugin.py). The lists of targets come from the op table (jax_aiter/op_table.toml).
 This module does not import the native loader until it registers something: the plugin imports it in
 every process that runs an exported program.
@@ -16,6 +18,7 @@ from collections.abc import Iterable
 import jax
 
 from jax_aiter import op_table
+from jax_aiter.ops import _exported_partition
 
 
 @functools.cache
@@ -35,7 +38,8 @@ def _ops(ops: str | Iterable[str] | None) -> list[str]:
 
 
 def register(ops: str | Iterable[str] | None = None) -> None:
-    """Load the native libraries and register the FFI handlers of `ops` (default: every op).
+    """Load the native libraries and register the FFI handlers of `ops` (default: every op), and the partitioner of
+    ops exported for several devices.
 
     An installed jax-aiter does this by itself for a deserialized jax.export program: JAX calls
     jax-aiter's plugin hook, which registers the ops the program calls before JAX compiles it. Call
@@ -59,24 +63,28 @@ def register(ops: str | Iterable[str] | None = None) -> None:
     """
     from jax_aiter import _loader
 
-    for op in _ops(ops):
+    names = _ops(ops)
+    _exported_partition.install()
+    for op in names:
         _loader.ensure_registered(op)
 
 
 def disabled_checks(ops: str | Iterable[str] | None = None) -> list[jax.export.DisabledSafetyCheck]:
     """What to pass as ``jax.export.export(f, disabled_checks=...)`` for a program that uses the ops.
 
-    One ``DisabledSafetyCheck.custom_call`` per FFI target of `ops` (default: every op), so export
-    accepts the package's custom calls and still refuses any other unknown one. The reloading process
-    must have the same jax-aiter (the handlers' ABI).
+    One ``DisabledSafetyCheck.custom_call`` per FFI target of `ops` (default: every op), and one for
+    ``ja_partitioned`` (an op of a program for several devices, partitioned where the program is compiled),
+    so export accepts the package's custom calls and still refuses any other unknown one. The reloading
+    process must have the same jax-aiter (the handlers' ABI and the ops' partitioning).
     """
     return [jax.export.DisabledSafetyCheck.custom_call(target)
-            for op in _ops(ops) for target, _ in _table()[op].targets]
+            for op in _ops(ops) for target, _ in _table()[op].targets] + [
+        jax.export.DisabledSafetyCheck.custom_call(_exported_partition.TARGET)]
 
 
 def register_used(exported: jax.export.Exported) -> list[str]:
-    """Register what a deserialized program calls: the FFI handlers of the ops whose targets it names. Returns
-    the ops registered.
+    """Register what a deserialized program calls: the FFI handlers of the ops whose targets it names and, if it
+    holds exported partitioned ops, their partitioner. Returns the ops registered.
 
     JAX runs it (jax_aiter/_jax_plugin.py) before it lowers a deserialized program; for a program that names
     none of the package's targets it costs a search of the serialized module's bytes. A name found in the bytes
@@ -85,6 +93,8 @@ def register_used(exported: jax.export.Exported) -> list[str]:
     LibraryNotFoundError naming the program, the op and the command that provides the library.
     """
     blob = exported.mlir_module_serialized
+    if _exported_partition.TARGET.encode() in blob:
+        _exported_partition.install()
     named = [op for op, spec in _table().items() if any(t.encode() in blob for t, _ in spec.targets)]
     if not named:
         return []

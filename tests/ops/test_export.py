@@ -73,9 +73,10 @@ def test_export_with_symbolic_batch_and_sequence(op, specs):
 
 
 def test_disabled_checks_are_the_op_tables_targets_and_are_needed():
-    targets = [t for op in op_table.load().values() for t, _ in op.targets]
+    targets = [t for op in op_table.load().values() for t, _ in op.targets] + ["ja_partitioned"]
     assert jax_aiter.disabled_checks() == [export.DisabledSafetyCheck.custom_call(t) for t in targets]
-    assert jax_aiter.disabled_checks(["silu_and_mul"]) == [export.DisabledSafetyCheck.custom_call("ja_silu_and_mul")]
+    assert jax_aiter.disabled_checks(["silu_and_mul"]) == [export.DisabledSafetyCheck.custom_call(t)
+                                                           for t in ("ja_silu_and_mul", "ja_partitioned")]
     x = jax.ShapeDtypeStruct((2, 8), jnp.float32)
     with pytest.raises(ValueError, match="Cannot serialize code with custom calls whose targets have no"):
         export.export(jax.jit(jax_aiter.silu_and_mul))(x)
