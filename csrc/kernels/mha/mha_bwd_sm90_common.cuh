@@ -279,7 +279,7 @@ __global__ void __launch_bounds__(256) bwd_init_sync(JaMhaProblem const pr, cons
 // completed their adds. A wait past 10 s means the counts and the ranges disagree (malformed cols): it
 // traps rather than hang. Not inlined: inlined into the leader's branch, its loop made the compiler
 // serialize the kernel's wgmmas (ptxas C7518).
-__device__ __noinline__ void bwd_sync_wait(const int32_t* sem, int n_block) {
+static __device__ __noinline__ void bwd_sync_wait(const int32_t* sem, int n_block) {
   const int target = -2 * n_block;
   int v;
   asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(sem) : "memory");
