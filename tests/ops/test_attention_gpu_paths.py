@@ -11,7 +11,7 @@ ja_mha_bwd_sm90_calls (on an sm_90 device only: elsewhere they are skipped, sayi
 cases with the Hopper kernels on must still run on SIMT (the Hopper kernels decline them).
 
 The calls go through the FFI targets ja_mha_fwd / ja_mha_bwd with the operands of ATTN_PLAN.md (rows, cols,
-alibi, bias, seed; absent ones as shape-(0,) arrays). Masks come from jax_aiter/ops/_attn_mask.py (what the
+alibi, bias, seed; absent ones as shape-(0,) arrays), by tests/ops/mha_ffi_calls.py. Masks come from jax_aiter/ops/_attn_mask.py (what the
 kernels take); the reference's masks from tests/ops/reference.py's loop-written definitions, and its dropout
 mask from the plain-Python Philox there, so neither side checks itself. Error measure and bounds: rel_err and
 ATTENTION_RTOL (tests/ops/reference.py). The NaN/Inf cases plant non-finite values in K and V at keys some
@@ -29,7 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_aiter.ops import _attn_mask, _ffi
+from jax_aiter.ops import _attn_mask
+from tests.ops import mha_ffi_calls as ffi
 from tests.ops.reference import (
     ATTENTION_RTOL,
     attention_features_ref,
@@ -84,37 +85,6 @@ def _force(monkeypatch, fwd_path: int, bwd_path: int | None, force: bool, sm90: 
             monkeypatch.setenv(env, "0")
 
 
-def _none(dtype):
-    return jnp.zeros((0,), dtype)
-
-
-def fwd_call(q, k, v, rows, alibi, bias, seed, *, mask, scale, softcap=0.0, dropout_p=0.0):
-    b, sq, hq, _ = q.shape
-    dv = v.shape[3]
-    outs = (jax.ShapeDtypeStruct((b, sq, hq, dv), q.dtype), jax.ShapeDtypeStruct((b, hq, sq), jnp.float32),
-            jax.ShapeDtypeStruct((1 << 21,), jnp.float32))  # workspace: room for the decode kernel's splits
-    o, lse, _ = _ffi.ffi_call("ja_mha_fwd", outs, q, k, v, rows, alibi, bias, seed, mask=np.int32(mask),
-                              scale=_ffi.f32(scale), softcap=_ffi.f32(softcap), dropout_p=_ffi.f32(dropout_p))
-    return o, lse
-
-
-def bwd_call(q, k, v, o, do, lse, rows, cols, alibi, bias, seed, *, mask, scale, softcap=0.0, dropout_p=0.0,
-             deterministic=False, dbias=False):
-    b, sq, hq, d = q.shape
-    sk = k.shape[1]
-    sync = (b * hq * -(-sq // 64),) if deterministic else (0,)
-    outs = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
-            jax.ShapeDtypeStruct(v.shape, v.dtype),
-            jax.ShapeDtypeStruct((b, hq, sq, sk) if dbias else (0,), jnp.float32),
-            jax.ShapeDtypeStruct((b, sq, hq, d), jnp.float32), jax.ShapeDtypeStruct((b, hq, sq), jnp.float32),
-            jax.ShapeDtypeStruct(sync, jnp.int32))
-    dq, dk, dv, db, _, _, _ = _ffi.ffi_call(
-        "ja_mha_bwd", outs, q, k, v, o, do, lse, rows, cols, alibi, bias, seed, mask=np.int32(mask),
-        scale=_ffi.f32(scale), softcap=_ffi.f32(softcap), dropout_p=_ffi.f32(dropout_p),
-        deterministic=np.bool_(deterministic))
-    return dq, dk, dv, db
-
-
 class Case:
     """One call: shapes, mask, features, and the kernels it must run on."""
 
@@ -151,7 +121,7 @@ def _mask(c: Case):
         ref_mask = window_mask_ref(c.sq, c.sk, c.causal, c.window or (-1, -1))[None]
         diag = (np.arange(c.sq) + c.sk - c.sq)[None]
     if kind != _attn_mask.MASK_ROWS:
-        return kind, _none(jnp.int32), _none(jnp.int32), ref_mask, diag
+        return kind, None, None, ref_mask, diag
     rows = jnp.asarray(rows, jnp.int32)
     return kind, rows, _attn_mask.cols_from_rows(rows, c.sk), ref_mask, diag
 
@@ -198,8 +168,8 @@ def run_case(c: Case, monkeypatch):
     q, k, v, do = (jax.device_put(h, gpu) for h in host)
     kind, rows, cols, ref_mask, diag = _mask(c)
     scale = c.d ** -0.5
-    dev = lambda x, dt: jax.device_put(jnp.asarray(x, dt), gpu) if x is not None else _none(dt)
-    ops = {"rows": jax.device_put(rows, gpu), "alibi": dev(alibi, jnp.float32), "bias": dev(bias, jnp.float32),
+    dev = lambda x, dt: None if x is None else jax.device_put(jnp.asarray(x, dt), gpu)
+    ops = {"rows": dev(rows, jnp.int32), "alibi": dev(alibi, jnp.float32), "bias": dev(bias, jnp.float32),
            "seed": dev(SEED if c.dropout else None, jnp.uint32)}
     attrs = {"mask": kind, "scale": scale, "softcap": c.softcap, "dropout_p": c.dropout}
     keep = dropout_keep_ref(SEED, c.dropout, c.b, c.hq, c.sq, c.sk) if c.dropout else None
@@ -209,8 +179,9 @@ def run_case(c: Case, monkeypatch):
     rtol = ATTENTION_RTOL[c.dtype]
 
     before = _path_calls("mha_fwd", c.fwd)
-    o, lse = jax.block_until_ready(jax.jit(lambda *a: fwd_call(*a, **attrs))(
-        q, k, v, ops["rows"], ops["alibi"], ops["bias"], ops["seed"]))
+    ws = (1 << 21) // c.b  # the split-KV decode kernel's workspace: room for its splits (it takes what fits)
+    fwd = jax.jit(lambda q, k, v, ops: ffi.fwd(q, k, v, **ops, **attrs, ws=ws))
+    o, lse = jax.block_until_ready(fwd(q, k, v, ops))
     assert _path_calls("mha_fwd", c.fwd) == before + 1, f"the forward did not run on {PATH_NAMES[c.fwd]}"
     _compare("o", o, ref_o, rtol)
     lse, ref_lse = np.asarray(lse, np.float64), np.asarray(ref_lse)
@@ -220,12 +191,12 @@ def run_case(c: Case, monkeypatch):
     np.testing.assert_allclose(lse[fin], ref_lse[fin], rtol=0, atol=1e-3)
     if c.bwd is None:
         return
-    cols_d = jax.device_put(cols, gpu)
-    call = jax.jit(lambda *a: bwd_call(*a, **attrs, deterministic=c.deterministic, dbias=c.bias is not None))
-    args = (q, k, v, o, do, jnp.asarray(lse, jnp.float32), ops["rows"], cols_d, ops["alibi"], ops["bias"],
-            ops["seed"])
+    ops["cols"] = dev(cols, jnp.int32)
+    bwd = jax.jit(lambda q, k, v, o, do, lse, ops: ffi.bwd(q, k, v, o, do, lse, **ops, **attrs,
+                                                          deterministic=c.deterministic, dbias=c.bias is not None))
+    args = (q, k, v, o, do, jnp.asarray(lse, jnp.float32), ops)
     before = _path_calls("mha_bwd", c.bwd)
-    grads = jax.block_until_ready(call(*args))
+    grads = jax.block_until_ready(bwd(*args))
     assert _path_calls("mha_bwd", c.bwd) == before + 1, f"the backward did not run on {PATH_NAMES[c.bwd]}"
     names = ("dq", "dk", "dv", "dbias")
     for name, got, ref in zip(names, grads, ref_grads):
@@ -233,7 +204,7 @@ def run_case(c: Case, monkeypatch):
             continue
         _compare(name, got, ref, rtol)
     if c.deterministic:
-        again = jax.block_until_ready(call(*args))
+        again = jax.block_until_ready(bwd(*args))
         for name, x, y in zip(names, grads, again):
             assert np.asarray(x).tobytes() == np.asarray(y).tobytes(), f"{name} differs between two runs"
 
@@ -254,7 +225,7 @@ def _cases():
                  varlen=([30, 20, 40], [40, 0, 50])),
             Case(f"{n}-window-softcap-d256", p, p, b=1, sq=90, sk=90, d=256, causal=True, window=(40, 0),
                  softcap=30.0),
-            Case(f"{n}-gqa-alibi", p, p, hq=8, hkv=2, causal=True, alibi=(8,)),
+            Case(f"{n}-gqa-alibi", p, p, hq=8, hkv=2, causal=True, alibi=(1, 8)),
             Case(f"{n}-alibi-batch-window", p, p, alibi=(2, 4), window=(16, 16)),
             Case(f"{n}-head-dim-59", p, p, d=59, causal=True),
             Case(f"{n}-head-dim-192-128", p, p, b=1, sq=50, sk=70, d=192, dv=128, causal=True),
@@ -266,7 +237,7 @@ def _cases():
         ]
     cs += [
         Case("mma-float16-window-softcap-alibi", MMA, MMA, dtype="float16", sq=120, sk=120, window=(30, 10),
-             softcap=6.0, alibi=(4,)),
+             softcap=6.0, alibi=(1, 4)),
         # bias and dropout: the SIMT kernels, also where mma.sync is allowed
         Case("bias-broadcast-dbias", SIMT, SIMT, bias=(1, 1), force=False),
         Case("bias-per-batch-causal", SIMT, SIMT, bias=(2, 1), causal=True, force=False),
@@ -301,7 +272,7 @@ def _cases():
              varlen=([130, 120, 140], [240, 0, 150])),
         Case("hopper-window-softcap-d256", h, h, b=1, sq=400, sk=400, d=256, causal=True, window=(140, 0),
              softcap=30.0),
-        Case("hopper-gqa-alibi", h, h, sq=300, sk=300, hq=8, hkv=2, d=128, causal=True, alibi=(8,)),
+        Case("hopper-gqa-alibi", h, h, sq=300, sk=300, hq=8, hkv=2, d=128, causal=True, alibi=(1, 8)),
         Case("hopper-alibi-batch-window-softcap", h, h, sq=300, sk=300, d=96, alibi=(2, 4), window=(60, 60),
              softcap=10.0),
         *(Case(f"hopper-head-dim-{d}", h, h, b=1, sq=300, sk=300, d=d, causal=True) for d in (40, 80, 112, 160, 192)),
@@ -315,7 +286,7 @@ def _cases():
              deterministic=True),
         Case("hopper-nan-hidden-causal", h, h, b=1, sq=300, sk=300, hq=2, hkv=1, d=64, causal=True, nan=True),
         Case("hopper-float16-window-softcap-alibi", h, h, dtype="float16", sq=320, sk=320, d=64,
-             window=(90, 10), softcap=6.0, alibi=(4,)),
+             window=(90, 10), softcap=6.0, alibi=(1, 4)),
         # the Hopper kernels left on decline bias and dropout: the call moves to SIMT
         Case("hopper-on-bias-takes-simt", SIMT, SIMT, b=1, sq=200, sk=200, d=128, bias=(1, 4), causal=True,
              force=False, sm90=True),
