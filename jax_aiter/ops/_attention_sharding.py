@@ -292,7 +292,9 @@ def planner(call: Callable, backward: bool) -> Callable[..., Plan]:
         out_specs = [layout.spec(n, shapes[n]) for n in results]
 
         def body(*arrays):
-            given = dict(zip(names, arrays))
+            # an absent operand is made here, not taken from the caller: XLA's CPU compiler crashed (JAX 0.11)
+            # on a shape-(0,) operand crossing the shard_map of Explicit axes
+            given = {n: jnp.zeros((0,), a.dtype) if a.shape == (0,) else a for n, a in zip(names, arrays)}
             a = _localise(layout, given)
             args = [a[n] for n in names]
             if not backward:
@@ -307,6 +309,8 @@ def planner(call: Callable, backward: bool) -> Callable[..., Plan]:
             dk, dv = _put_kv(layout, dk, given["k"], heads), _put_kv(layout, dv, given["v"], heads)
             if layout.kv_sum:
                 dk, dv = jax.lax.psum((dk, dv), layout.kv_sum)
+            if dbias.shape == (0,):  # no bias gradient: an empty result, replicated (not the kernel's, per shard)
+                dbias = jnp.zeros((0,), dbias.dtype)
             return dq, dk, dv, dbias
 
         return Plan(arg_specs, out_specs, body, mesh)

@@ -140,13 +140,14 @@ def key_columns(cu_q: jax.Array, cu_k: jax.Array, total_q, total_k, width: int):
 def segment_rows(segment_ids: jax.Array, causal: bool, window: tuple[int, int]) -> jax.Array:
     """int32 [batch, 3, seq] from segment ids [batch, seq]: each run of equal ids is one sequence."""
     ids = jnp.asarray(segment_ids)
-    batch, seq = ids.shape
+    seq = ids.shape[1]
     left, right = effective_window(causal, window)
-    i = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (batch, seq))
+    pos = jnp.arange(seq, dtype=jnp.int32)
+    i = jnp.zeros_like(ids, jnp.int32) + pos  # with ids' sharding (Explicit axes refuse mixing it with none)
     if seq == 0:
         return _stack(i, i, i)
-    first = jnp.concatenate([jnp.ones((batch, 1), bool), ids[:, 1:] != ids[:, :-1]], axis=1)
-    last = jnp.concatenate([ids[:, 1:] != ids[:, :-1], jnp.ones((batch, 1), bool)], axis=1)
+    first = (pos == 0) | (ids != jnp.pad(ids[:, :-1], ((0, 0), (1, 0))))
+    last = (pos == seq - 1) | (ids != jnp.pad(ids[:, 1:], ((0, 0), (0, 1))))
     start = jax.lax.cummax(jnp.where(first, i, 0), axis=1)
     end = jax.lax.cummin(jnp.where(last, i + 1, seq), axis=1, reverse=True)
     lo, hi = _clamp_rows(i, left, right, start, end)

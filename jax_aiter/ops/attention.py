@@ -11,16 +11,14 @@ their vmap and sharding rules.
 The forward kernel returns the output and the row log-sum-exp (lse, float32 [batch, heads_q,
 seq_q]); lse stays inside the VJP residuals, where the backward kernel uses it to recompute the
 softmax instead of storing it. When the caller also takes lse (return_lse) and differentiates
-through it, its cotangent dlse adds P * dlse to the score's gradient; the backward kernel has no
-such input, so a second backward call supplies it: with v a column of ones, o zeros and dO = dlse,
-the kernel's dS = P (dO v^T - rowsum(dO o)) is exactly P * dlse. The backward kernel also takes
-float32 workspace buffers (the dQ accumulator, rowsum(dO * O), the deterministic ordering words),
+through it, its cotangent dlse adds P * dlse to the score's gradient, which the backward kernel
+cannot give (its dS sums to 0 over each row): two more kernel calls do (_lse_grad). The backward
+kernel also takes float32 workspace buffers (the dQ accumulator, rowsum(dO * O), the deterministic ordering words),
 and the forward one (the split-KV decode path's partial results); they are extra FFI results
 that XLA allocates and this module drops.
 """
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass, replace
 from functools import cache, partial
@@ -108,33 +106,8 @@ def _decode_workspace_shape(batch, seq_q, seq_k, heads_q: int, heads_kv: int, he
 
 
 # The calls pass every operand and attribute of the FFI spec (docs/attention.md): rows, ALiBi, bias, seed (a
-# (0,) placeholder where absent); mask, scale, softcap, dropout_p, deterministic. Until the API enables them,
-# _needs_v2 refuses, by name, the arguments this build's kernels do not run everywhere yet, before anything is
-# traced.
-SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
-
-
-def _needs_v2(cfg: Config, head_dim: int, head_dim_v: int) -> str | None:
-    """What of this call only the attention v2 kernels run (None: the kernels of this build run all of it)."""
-    for needed, what in ((cfg.mask == _attn_mask.MASK_ROWS, "window_size, segment_ids and cu_seqlens (masks by rows)"),
-                         (cfg.softcap > 0, "softcap"), (cfg.alibi, "alibi_slopes"), (cfg.bias, "bias"),
-                         (cfg.dropout, "dropout_p > 0"), (head_dim_v != head_dim, "head_dim_v != head_dim")):
-        if needed:
-            return what
-    return None
-
-
-def _check_head_dim(op: str, head_dim: int) -> None:
-    """The head dims the kernels of this build take; the error says how to pad another one."""
-    if head_dim in SUPPORTED_HEAD_DIMS:
-        return
-    padded = min((d for d in SUPPORTED_HEAD_DIMS if d > head_dim), default=None)
-    hint = ("" if padded is None else
-            f"; pad q, k and v with zeros to head_dim {padded} (jnp.pad on the last axis), pass "
-            f"softmax_scale=1/sqrt({head_dim}) = {1.0 / math.sqrt(head_dim):.6g} (the scale of the original "
-            f"head_dim, not of {padded}) and keep the output's first {head_dim} columns")
-    raise ValueError(f"{op}: head_dim {head_dim} is not supported; supported head dims are "
-                     f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))}{hint}")
+# (0,) placeholder where absent); mask, scale, softcap, dropout_p, deterministic. Which head dims and features a
+# backend runs is the kernels' to say: the FFI handlers refuse what no instance takes, naming it.
 
 
 def _optional(cfg: Config, rows, cols, alibi, bias, seed) -> tuple:
@@ -148,8 +121,8 @@ def _optional(cfg: Config, rows, cols, alibi, bias, seed) -> tuple:
 
 def _attrs(cfg: Config) -> dict:
     """The attributes both kernels take."""
-    return dict(mask=np.int32(cfg.mask), scale=_ffi.f32(cfg.scale), softcap=_ffi.f32(cfg.softcap),
-                dropout_p=_ffi.f32(cfg.dropout_p))
+    return {"mask": np.int32(cfg.mask), "scale": _ffi.f32(cfg.scale), "softcap": _ffi.f32(cfg.softcap),
+            "dropout_p": _ffi.f32(cfg.dropout_p)}
 
 
 def _fwd_call(cfg: Config, q, k, v, rows, alibi, bias, seed):
@@ -242,11 +215,16 @@ def _flash_fwd(cfg: Config, q, k, v, rows, alibi, bias, seed):
     (the residuals' marker: () it does, None it does not)."""
     args = [a.value for a in (q, k, v, rows, alibi, bias, seed)]
     o, lse = _prims(cfg)[0](*args)
-    return (_partition.like(o, args[0]), lse), (*args, o, lse, () if cfg.bias and bias.perturbed else None)
+    # absent operands are not residuals (None): a zero-size residual crossing jax.shard_map crashed XLA's SPMD
+    # partitioner (JAX 0.11, CPU); the backward makes its own placeholders
+    given = [a if a.shape != (0,) else None for a in args]
+    return (_partition.like(o, args[0]), lse), (*given, o, lse, () if cfg.bias and bias.perturbed else None)
 
 
 def _flash_bwd(cfg: Config, res, cts):
     q, k, v, rows, alibi, bias, seed, o, lse, mark = res
+    rows, alibi, bias, seed = (_placeholder(n) if x is None else x for n, x in
+                               (("rows", rows), ("alibi", alibi), ("bias", bias), ("seed", seed)))
     do, dlse = cts
     cfg = replace(cfg, dbias=mark is not None)
     cols = _attn_mask.cols_from_rows(rows, k.shape[1]) if cfg.rows else _placeholder("rows")
@@ -255,26 +233,45 @@ def _flash_bwd(cfg: Config, res, cts):
     if not isinstance(dlse, SymbolicZero):
         dq2, dk2, dbias2 = _lse_grad(cfg, q, k, lse, dlse, rows, cols, alibi, bias)
         dq, dk = (dq.astype(jnp.float32) + dq2).astype(q.dtype), (dk.astype(jnp.float32) + dk2).astype(k.dtype)
-        dbias = dbias + dbias2 if cfg.dbias else dbias
+        dbias = dbias if dbias2 is None else dbias + dbias2
     dbias = _partition.like(_sum_to(dbias, bias.shape), bias) if cfg.dbias else None
     return (*(_partition.like(g, p) for g, p in zip((dq, dk, dv), (q, k, v))), None, None, dbias, None)
 
 
 def _lse_grad(cfg: Config, q, k, lse, dlse, rows, cols, alibi, bias):
-    """The gradient of the score through lse (d lse / d s = P): one more backward call with head_dim_v 1, v a
-    column of ones, o zeros and dO = dlse, whose dS is P * dlse (module docstring). Without dropout: lse is
-    the softmax's normaliser before dropout."""
-    if _needs_v2(cfg, q.shape[3], 1):  # head_dim_v 1 (the ones column): only the v2 kernels
-        raise NotImplementedError(f"{OP}: differentiating through lse (return_lse) needs the attention v2 kernels "
-                                  "(a backward of head_dim_v 1), which this build does not have")
-    b, sq, hq, _ = q.shape
-    ones = jnp.ones((*k.shape[:3], 1), q.dtype)
-    zeros = jnp.zeros((b, sq, hq, 1), q.dtype)
-    d_o = jnp.swapaxes(dlse.astype(jnp.float32), 1, 2)[..., None].astype(q.dtype)
+    """The gradient through lse: d lse / d s = P, so dS = P * dlse (module docstring). The backward kernel cannot
+    give it (its dS sums to 0 over each row), so without softcap and a bias gradient two kernel calls do:
+    dq_i = scale * dlse_i * sum_j P_ij k_j is the forward with v = k, and dk_j = scale * sum_i P_ij dlse_i q_i is
+    the backward's dV with dO = dlse * q (dV = P^T dO). With softcap (whose derivative differs per score) or a
+    bias gradient (dbias = dS itself), P is materialised in jax.numpy instead. Returns float32 (dq, dk, dbias or
+    None); lse is the softmax's normaliser before dropout, so no dropout here."""
+    f32 = jnp.float32
+    w = jnp.swapaxes(dlse.astype(f32), 1, 2)[..., None]                    # [b, sq, hq, 1]
+    if cfg.softcap or cfg.dbias:
+        return _lse_grad_materialised(cfg, q, k, dlse, rows, alibi, bias)
     cfg0 = replace(cfg, dropout_p=0.0)
     seed = _placeholder("seed")
-    dq, dk, _, dbias = _prims(cfg0)[1](q, k, ones, zeros, d_o, lse, rows, cols, alibi, bias, seed)
-    return dq.astype(jnp.float32), dk.astype(jnp.float32), dbias
+    mean_k, _ = _prims(cfg0)[0](q, k, k, rows, alibi, bias, seed)            # sum_j P_ij k_j
+    do = (w * q.astype(f32)).astype(q.dtype)
+    _, _, p_t_do, _ = _prims(cfg0)[1](q, k, k, jnp.zeros_like(q), do, lse, rows, cols, alibi, bias, seed)
+    return cfg.scale * w * mean_k.astype(f32), cfg.scale * p_t_do.astype(f32), None
+
+
+def _lse_grad_materialised(cfg: Config, q, k, dlse, rows, alibi, bias):
+    p = _attn_probs.probabilities(q, k, mask=cfg.mask, rows=rows if cfg.rows else None, scale=cfg.scale,
+                                  softcap=cfg.softcap, alibi=alibi if cfg.alibi else None,
+                                  bias=bias if cfg.bias else None, seed=None, dropout_p=0.0)
+    ds = p * dlse.astype(jnp.float32)[..., None]                             # [b, hq, sq, sk]
+    hq, hkv = q.shape[2], k.shape[2]
+    qf, kf = q.astype(jnp.float32), jnp.repeat(k, hq // hkv, axis=2).astype(jnp.float32)
+    dz = ds
+    if cfg.softcap:
+        t = jnp.tanh(jnp.einsum("bqhd,bkhd->bhqk", qf, kf) * cfg.scale / cfg.softcap)
+        dz = ds * (1.0 - t * t)
+    dq = cfg.scale * jnp.einsum("bhqk,bkhd->bqhd", dz, kf)
+    dk = cfg.scale * jnp.einsum("bhqk,bqhd->bkhd", dz, qf)
+    dk = dk.reshape(*k.shape[:3], hq // hkv, k.shape[3]).sum(3)
+    return dq, dk, (ds if cfg.dbias else None)
 
 
 def _sum_to(g, shape):
@@ -385,8 +382,8 @@ def attend(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, causal: bool = False, so
     if p > 0:
         key = _default_key(op, p) if dropout_key is None else _attn_args.dropout_key(op, dropout_key)
         seed = _attn_dropout.seed_from_key(key)
-    if head_dim == 0:  # every score is 0 before the other terms: zero columns give the same attention
-        q, k = (jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, SUPPORTED_HEAD_DIMS[0]))) for x in (q, k))
+    if head_dim == 0:  # every score is 0 before the other terms: a zero column gives the same attention
+        q, k = (jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, 1))) for x in (q, k))
 
     empty = _checks.is_empty(q) or _checks.is_empty(k) or _checks.is_empty(v)
     if empty:  # no kernel call: rows that see no key give 0 (lse +inf)
@@ -394,9 +391,6 @@ def attend(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, causal: bool = False, so
         lse = jnp.full((batch, heads_q, seq_q), jnp.inf, jnp.float32)
     else:
         cfg = Config(mask, scale, cap, p, deterministic, alibi=alibi is not None, bias=bias_f32 is not None)
-        _check_head_dim(op, q.shape[3])
-        if why := _needs_v2(cfg, q.shape[3], dv):
-            raise NotImplementedError(f"{op}: {why} needs the attention v2 kernels, which this build does not have")
         q, k, v, alibi, bias_f32 = _vary(q, k, v, alibi, bias_f32)
         operands = [x if x is not None else _placeholder(n) for n, x in
                     (("rows", rows), ("alibi", alibi), ("bias", bias_f32), ("seed", seed))]

@@ -1,6 +1,7 @@
 """Attention's arguments through the public API: every bad argument refused with an error naming it, before any
 kernel runs; the conventions that need no kernel of their own (zero heads, head_dim 0, windows that cover every
-key); and, for this build, what only the attention v2 kernels run refused by name (docs/attention.md)."""
+key); lse's gradient through the upstream facade (docs/attention.md). Each feature against float64:
+test_attention_features.py."""
 from __future__ import annotations
 
 import jax
@@ -10,6 +11,7 @@ import pytest
 
 import jax_aiter
 from jax_aiter import mha
+from tests.ops.reference import f64, rel_err
 
 
 def _inputs(seed, dtype, b, sq, sk, hq, hkv, d):
@@ -106,19 +108,22 @@ def test_window_wider_than_the_sequence_is_plain_attention(device):
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
 
 
-V2_ONLY = [
-    ("window", {"window_size": (3, 0)}, r"window_size, segment_ids and cu_seqlens \(masks by rows\)"),
-    ("segments", {"segment_ids": np.zeros((1, 8), np.int32)}, r"window_size, segment_ids and cu_seqlens \(masks by rows\)"),
-    ("softcap", {"softcap": 5.0}, r"softcap"),
-    ("alibi", {"alibi_slopes": np.ones(2, np.float32)}, r"alibi_slopes"),
-    ("bias", {"bias": np.zeros((8, 8), np.float32)}, r"bias"),
-    ("dropout", {"dropout_p": 0.1, "dropout_key": jax.random.key(0)}, r"dropout_p > 0"),
-]
+def test_lse_is_differentiable_through_the_facade(device):
+    """jax_aiter.mha's tuple (out, lse) under jit and grad: a loss through both gives plain JAX's gradients (the lse
+    part by the forward with v = k and the backward's dV: attention._lse_grad)."""
+    q, k, v = _inputs(0, "float32", 1, 12, 12, 2, 2, 32)
 
+    @jax.jit
+    def loss(q, k, v):
+        out, lse = mha.flash_attn_func(q, k, v, causal=True, return_lse=True)
+        return jnp.sum(out ** 2) + jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0))
 
-@pytest.mark.parametrize("kwargs,what", [c[1:] for c in V2_ONLY], ids=[c[0] for c in V2_ONLY])
-def test_this_build_refuses_what_only_the_v2_kernels_run(kwargs, what):
-    """The kernels of this build are the dense op's: an argument only the attention v2 kernels run is refused by
-    name, before anything is traced (attention._needs_v2; this test goes when the v2 kernels are built)."""
-    with pytest.raises(NotImplementedError, match=what + r" needs the attention v2 kernels"):
-        jax_aiter.flash_attn_func(*_qkv(), **kwargs)
+    def plain(q, k, v):  # the same in jax.numpy: causal softmax, its lse
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k) * 32 ** -0.5
+        s = jnp.where(jnp.tril(jnp.ones((12, 12), bool)), s, -jnp.inf)
+        lse = jax.nn.logsumexp(s, axis=-1)
+        out = jnp.einsum("bhqk,bkhd->bqhd", jnp.exp(s - lse[..., None]), v)
+        return jnp.sum(out ** 2) + jnp.sum(lse)
+
+    for g, r in zip(jax.grad(loss, argnums=(0, 1, 2))(q, k, v), jax.grad(plain, argnums=(0, 1, 2))(q, k, v)):
+        assert rel_err(g, f64(r)) <= 1e-5
