@@ -102,12 +102,13 @@ RELOAD = textwrap.dedent("""
 """)
 
 
-def test_exported_forward_and_grad_run_in_a_fresh_process(tmp_path):
-    specs = CASES[3][2]
-    args = _concrete(specs, BINDINGS[1], seed=1)
+def reload_in_a_fresh_process(tmp_path, fns: dict, avals, args) -> None:
+    """Exports each of fns ({"forward": f, "grad": g}) at the symbolic avals, saves it with args and the jitted
+    outputs, and runs RELOAD on them in a fresh interpreter: the same values bit for bit, with no registration
+    but JAX's plugin hook."""
     saved = {"n_args": np.array(len(args)), **{f"arg{i}": a for i, a in enumerate(args)}}
-    for name, fn in (("forward", _attn), ("grad", _loss_grad(_attn, 3))):
-        exp = export.export(jax.jit(fn), disabled_checks=jax_aiter.disabled_checks())(*_symbolic(specs))
+    for name, fn in fns.items():
+        exp = export.export(jax.jit(fn), disabled_checks=jax_aiter.disabled_checks())(*avals)
         saved[f"{name}_blob"] = np.frombuffer(bytes(exp.serialize()), np.uint8)
         for i, out in enumerate(jax.tree.leaves(jax.jit(fn)(*args))):
             saved[f"{name}_out{i}"] = np.asarray(out)
@@ -116,6 +117,12 @@ def test_exported_forward_and_grad_run_in_a_fresh_process(tmp_path):
     proc = subprocess.run([sys.executable, "-c", RELOAD, str(tmp_path / "exported.npz")], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0 and "reloaded and ran" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
+def test_exported_forward_and_grad_run_in_a_fresh_process(tmp_path):
+    specs = CASES[3][2]
+    reload_in_a_fresh_process(tmp_path, {"forward": _attn, "grad": _loss_grad(_attn, 3)}, _symbolic(specs),
+                              _concrete(specs, BINDINGS[1], seed=1))
 
 
 # A program without the package's ops, exported and run where jax-aiter is installed: the hook is there, and it
