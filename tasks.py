@@ -217,6 +217,22 @@ def release_upload(c, tag, to="gh", dry_run=False, lane=None):
         raise Exit(f"release.upload: refused: {e}", code=1)
 
 
+@task(iterable=["lane"],
+      help={"to": "the store folder: the files go to <store>/<commit>/, the artifact index to <store>/simple/",
+            "lane": "a folder holding one lane's release report and files (repeatable; default dist/)"})
+def release_index(c, to="", lane=None):
+    """Index the distributions of green `nox -s release` runs for the current commit under its name (a CI run's
+    index; a tagged release: release.upload --to STORE)."""
+    from jatools import release
+    if not to:  # a flag, not a positional: a stray word (even --help) never becomes the store
+        raise Exit("release.index: --to STORE is required: the store folder to write the files and index into "
+                   "(CI's: build/release-store)", code=2)
+    try:
+        release.index_commit(Path(to), lanes=[Path(p) for p in lane or []] or None)
+    except release.ReleaseError as e:
+        raise Exit(f"release.index: refused: {e}", code=1)
+
+
 
 def _settings_errors_in_one_line(ns: Collection) -> Collection:
     """Every task of `ns`: a bad setting (config.SettingError names the setting, the value, what is allowed and the
@@ -241,4 +257,4 @@ ns = _settings_errors_in_one_line(Collection(
     image=Collection(publish=image_publish),
     jit=Collection(identity=jit_identity, show=jit_show, fetch=jit_fetch, publish=jit_publish, decide=jit_decide,
                    merge_manifests=jit_merge_manifests),
-    release=Collection(upload=release_upload)))
+    release=Collection(upload=release_upload, index=release_index)))

@@ -199,6 +199,13 @@ JIT_STORE = config.build_path("jit_store").as_posix()
 RECORDS = config.build_path("ci_records")  # <build>.json per build, the environment report, the convergence gate's JSON
 # The release base URL is JA_FETCH_BASE_URL (the workflows set it; fetch, decide and the lite wheel read it).
 FETCH_JIT = Invoke("jit.fetch")
+RELEASE_LANES = config.build_path("release").as_posix() + "-lanes"
+# A store of releases (jatools/release_index.py: <store>/<tag or commit>/ and the artifact index <store>/simple/):
+# the release's upload job writes one, and so does every run of the CUDA lane's PR GPU job (INDEX_COMMIT).
+RELEASE_STORE = config.build_path("release").as_posix() + "-store"
+# After the tier passed against the lane's installed wheel: the files `nox -s release` validated, under the commit's
+# name, with the artifact index (PEP 503 + 691, sha256), uploaded with the job's records (ci-<build>).
+INDEX_COMMIT = Invoke("release.index", ("--to", RELEASE_STORE))
 NATIVE = (Nox("umbrella", installs=False), Nox("ja_mods", installs=False))
 
 
@@ -230,8 +237,9 @@ Build(name="pr_gpu_rocm_mi355", group="pr", runner=MI355_1, env=ROCM_ENV, timeou
       steps=(FETCH_JIT, Nox("tests", env=PR_TIER)))
 Build(name="pr_gpu_cuda_h200", group="pr", runner=H200_1, env=CUDA_ENV, timeout_minutes=120,
       description="PR: published JIT libraries fetched (never rebuilt), the CUDA lane's wheels built and validated, "
-                  "the full wheel installed into a fresh venv, pr tier against it on 1x H200",
-      steps=(FETCH_JIT, *lane_tier("cuda", "pr")))
+                  "the full wheel installed into a fresh venv, pr tier against it on 1x H200; then the lane's files "
+                  f"and the artifact index under the commit's name in {RELEASE_STORE}",
+      steps=(FETCH_JIT, *lane_tier("cuda", "pr"), INDEX_COMMIT))
 
 Build(name="nightly_rocm_4gpu", group="nightly", runner=MI355_4, env=ROCM_ENV, timeout_minutes=180,
       description="Nightly: the full test suite (nightly tier) on 4x MI355",
@@ -307,8 +315,6 @@ Build(name="validation_image", group="images", runner=UBUNTU, timeout_minutes=90
 # wheels built from published JIT libraries, checked and clean-room validated on its GPU; then one job writes the
 # artifact index over every lane's files, attests them and uploads them. Each lane's dist/ arrives in the upload
 # job as the artifact release-dist-<build>, downloaded to RELEASE_LANES/release-dist-<build>/.
-RELEASE_LANES = config.build_path("release").as_posix() + "-lanes"
-RELEASE_STORE = config.build_path("release").as_posix() + "-store"
 _LANE_RUNNERS = {"rocm": (MI355_1_MANYLINUX, (*ROCM_ENV, ("JA_WHEEL_ARCH", "gfx950"),
                                               ("JA_WHEEL_PLAT_NAME", "manylinux_2_39_x86_64"))),
                  "cuda": (H200_1, CUDA_ENV)}

@@ -332,6 +332,34 @@ def release_files(reports: list[dict]) -> list[Path]:
     return [out[n] for n in sorted(out)]
 
 
+def validated_files(root: Path, lanes: list[Path] | None = None) -> tuple[list[dict], list[Path]]:
+    """(the reports, every lane's distributions once) of green `nox -s release` runs for HEAD, bytes unchanged
+    (`lanes`: each a folder holding one lane's release report and files; default this checkout's dist/)."""
+    reports = [check_uploadable(root, (lane / Path(REPORT).name) if lane else None) for lane in lanes or [None]]
+    return reports, release_files(reports)
+
+
+def _index(store: Path, tag: str, files: list[Path]) -> None:
+    from jatools import release_index
+    try:
+        release_index.add(store, tag, files)
+    except release_index.ReleaseIndexError as e:
+        raise ReleaseError(str(e)) from None
+
+
+def index_commit(store: Path, root: Path | None = None, lanes: list[Path] | None = None) -> Path:
+    """A CI run's artifact index (docs/ci.md: the CUDA lane's GPU job, on every push to main and every PR): the
+    distributions green release reports vouch for, for HEAD, copied into <store>/<commit>/ and the index written
+    again (jatools/release_index.py); that folder. No git tag names a main commit, so the folder is named by the
+    commit the files were built and validated from; a tagged release goes through `upload`, which needs its tag."""
+    root = root or config.repo_root()
+    reports, files = validated_files(root, lanes)
+    commit = reports[0]["commit"]
+    print(f"index: {len(files)} files of {commit[:12]} into {store}", flush=True)
+    _index(store, commit, files)
+    return store / commit
+
+
 def upload(tag: str, to: str = "gh", dry_run: bool = False, root: Path | None = None,
            lanes: list[Path] | None = None) -> list[list[str]]:
     """Upload the validated distributions of every lane (`lanes`: each a folder holding one lane's release report
@@ -340,7 +368,7 @@ def upload(tag: str, to: str = "gh", dry_run: bool = False, root: Path | None = 
     PyPI takes no local versions, so no lane wheel), or a store folder (file:// too), which gets the files and
     the artifact index (jatools/release_index.py)."""
     root = root or config.repo_root()
-    reports = [check_uploadable(root, (lane / Path(REPORT).name) if lane else None) for lane in lanes or [None]]
+    reports, files = validated_files(root, lanes)
     if not (tagged := _git(root, "rev-parse", "--verify", "--quiet", f"refs/tags/{tag}^{{commit}}")):
         raise ReleaseError(f"there is no tag {tag!r} in this checkout; a release uploads to a tag that names the "
                            f"built and validated commit: git tag {tag} <commit> && git push origin {tag}")
@@ -348,7 +376,6 @@ def upload(tag: str, to: str = "gh", dry_run: bool = False, root: Path | None = 
         raise ReleaseError(f"tag {tag} names commit {tagged[:12]}, but the wheels were built and validated from "
                            f"{reports[0]['commit'][:12]}; move the tag to the validated commit or run `nox -s release` "
                            f"at {tagged[:12]}")
-    files = release_files(reports)
     if to == "pypi":
         cmds = [["twine", "upload", *[str(f) for f in files if f.name.endswith(".tar.gz")]]]
     elif to == "gh":  # the GitHub release is created on the existing tag when missing; --clobber: re-runs replace
@@ -364,11 +391,7 @@ def upload(tag: str, to: str = "gh", dry_run: bool = False, root: Path | None = 
         store = Path(to.removeprefix("file://"))
         print(("dry run: " if dry_run else "") + f"index: {len(files)} files of {tag} into {store}", flush=True)
         if not dry_run:
-            from jatools import release_index
-            try:
-                release_index.add(store, tag, files)
-            except release_index.ReleaseIndexError as e:
-                raise ReleaseError(str(e)) from None
+            _index(store, tag, files)
         return []
     for cmd in cmds:
         print(("dry run: " if dry_run else "$ ") + " ".join(cmd), flush=True)

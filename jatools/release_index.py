@@ -1,6 +1,7 @@
 """The artifact index: a PEP 503 simple index, with the PEP 691 JSON beside each page, over a store of releases.
 
-    python -m jatools.release_index STORE --tag TAG DIST...      (invoke release.index; release.upload runs it)
+    python -m jatools.release_index STORE --tag TAG DIST...      (invoke release.upload --to STORE and invoke
+                                                                  release.index run its `add`: jatools/release.py)
 
 A store is a folder (or a folder an HTTP server serves: ci_local's store, any static host) laid out as GitHub's
 release downloads are: `<store>/<tag>/<file>`. Adding a release copies its distributions there (a file already

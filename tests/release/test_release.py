@@ -338,3 +338,47 @@ def test_the_validated_wheel_is_the_one_a_green_report_of_its_lane_names(tmp_pat
         release_mod.validated_wheel(path, "cuda13", "lite")
     with pytest.raises(release_mod.ReleaseError, match="no .*release-report.json; run `nox -s release` first"):
         release_mod.validated_wheel(tmp_path / "release-report.json", "cuda13")
+
+
+def test_a_ci_run_indexes_the_validated_files_under_its_commit(tmp_path):
+    """invoke release.index (pr_gpu_cuda_h200's last step): the files a green report for HEAD vouches for go to
+    <store>/<commit>/ and the index links them with their sha256; a changed file, a red report or a later commit
+    is refused, and the store is left as it was."""
+    from jatools import release
+    from jax_aiter.integrity import sha256_file
+
+    root = tmp_path / "repo"
+    (root / "dist").mkdir(parents=True)
+    wheel = root / "dist" / "jax_aiter-0.1.0+cuda13.full-py3-none-any.whl"
+    wheel.write_bytes(b"the full wheel's bytes")
+    (root / ".gitignore").write_text("dist/\n")  # as the checkout's: the release's outputs are not tracked
+    _git(tmp_path, "init", "-q", str(root))
+    _git(root, "add", "-A")
+    _git(root, "commit", "-qm", "main")
+    commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    report = {"schema": release.SCHEMA, "kind": "jax-aiter-release", "ok": True, "commit": commit, "dirty": False,
+              "lane": "cuda13", "stages": [{"name": "validate", "result": "ok"}],
+              "wheels": [{"path": "dist/" + wheel.name, "sha256": sha256_file(wheel)}]}
+    (root / release.REPORT).write_text(json.dumps(report))
+    store = tmp_path / "store"
+    assert release.index_commit(store, root=root) == store / commit
+    assert (store / commit / wheel.name).read_bytes() == wheel.read_bytes()
+    page = (store / "simple" / "jax-aiter" / "index.html").read_text()
+    assert f"../../{commit}/{wheel.name}#sha256={sha256_file(wheel)}" in page
+    pages = {p: p.read_bytes() for p in store.rglob("*") if p.is_file()}
+
+    wheel.write_bytes(b"other bytes")
+    with pytest.raises(release.ReleaseError, match="changed since the release run"):
+        release.index_commit(store, root=root)
+    wheel.write_bytes(b"the full wheel's bytes")
+    (root / release.REPORT).write_text(json.dumps({**report, "ok": False}))
+    with pytest.raises(release.ReleaseError, match="is not green"):
+        release.index_commit(store, root=root)
+    (root / release.REPORT).write_text(json.dumps(report))
+    (root / "later.txt").write_text("x")
+    _git(root, "add", "later.txt")
+    _git(root, "commit", "-qm", "later")
+    with pytest.raises(release.ReleaseError, match="run `nox -s release` for this commit"):
+        release.index_commit(store, root=root)
+    assert {p: p.read_bytes() for p in store.rglob("*") if p.is_file()} == pages

@@ -90,6 +90,14 @@ def test_the_cuda_lanes_gpu_tiers_test_its_validated_wheel_installed_never_the_b
     assert tiers == {"pr_gpu_cuda_h200": "pr", "multigpu_cuda_h200_2gpu": "multigpu"}
 
 
+def test_every_pr_run_of_the_cuda_lane_ends_with_its_index() -> None:
+    """pr_gpu_cuda_h200 (every push to main, every PR) ends, after the tier against the installed lane wheel, with
+    the validated files and the artifact index under the commit's name in the store folder its artifact holds."""
+    cmds = ci_build.Build.all_builds()["pr_gpu_cuda_h200"].commands()
+    tier = next(i for i, c in enumerate(cmds) if "tests_lane" in c)
+    assert cmds[-1][-4:] == ["invoke", "release.index", "--to", ci_build.RELEASE_STORE] and len(cmds) == tier + 2
+
+
 def test_every_build_starts_with_the_environment_report() -> None:
     for build in ci_build.Build.all_builds().values():
         first = build.commands()[0]

@@ -457,6 +457,16 @@ def test_the_build_record_artifacts_hold_the_folders_ci_build_writes() -> None:
     assert ci_build.RECORDS == config.build_path("ci_records")
 
 
+def test_the_gpu_jobs_artifact_holds_the_store_the_cuda_lanes_index_is_written_to() -> None:
+    """ci.yml's GPU job runs pr_gpu_cuda_h200, whose last step writes the commit's files and artifact index into
+    ci/build.py's RELEASE_STORE: its ci-<build> artifact carries that folder back (docs/wheels.md)."""
+    assert ci_build.INDEX_COMMIT in ci_build.Build.all_builds()["pr_gpu_cuda_h200"].steps
+    job = load(ROOT / ".github" / "workflows" / "ci.yml")["jobs"]["build_gpu"]
+    paths = [p.rstrip("/") for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact@")
+             for p in s["with"]["path"].split()]
+    assert ci_build.RELEASE_STORE in paths, paths
+
+
 def test_the_producers_shard_artifacts_use_the_build_folder_of_the_shards() -> None:
     """The shards jit-libs.yml's merge jobs download lie where ci/build.py's merge reads them from: the
     build-folder table's jit_shards (config.BUILD_TREE, the one home of build folder names)."""
