@@ -53,8 +53,8 @@ def run(lane: str, dist: Path, tier_argv: list[str], platform: str | None = None
         root: Path | None = None) -> int:
     """Make the lane's environment and run the tier against it; the tier's exit code (2: no environment)."""
     root = root or config.repo_root()
-    try:
-        wheel, report = validated_wheel(dist / Path(REPORT).name, lane, variant)
+    try:  # absolute: the installer runs in the venv's folder, not here
+        wheel, report = validated_wheel(dist.resolve() / Path(REPORT).name, lane, variant)
     except ReleaseError as e:
         print(f"lane_tier: {e}", file=sys.stderr)
         return 2
