@@ -5,7 +5,7 @@
 
 The wheel is the one a green release report vouches for (`nox -s release` built, checked and clean-room validated
 it; jatools.release.validated_wheel finds it beside the report, with the bytes the report recorded). A fresh venv
-outside the checkout gets that wheel, JAX's GPU plugin of the platform at the test pin and pyproject's `tier`
+outside the checkout gets that wheel, JAX and its GPU plugin of the platform at the test pins and pyproject's `tier`
 dependency group (pytest and its plugins); `python -m jax_aiter info` from it names the lane; then the tier runs
 with that interpreter (jatools.testing.tiers --installed --deps-from: pytest imports the installed jax_aiter, and
 the tier refuses the checkout's). pip is the installer (as a user's would be); on an offline host the caller points
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -29,19 +30,25 @@ class LaneTierError(RuntimeError):
     """The lane's environment could not be made (the message names the step and what to do)."""
 
 
-def tier_requirements(root: Path) -> list[str]:
-    """pyproject's `tier` dependency group: what a tier needs besides JAX and the package under test."""
-    return list(config.read_pyproject(root)["dependency-groups"]["tier"])
+def requirements(wheel: Path, platform: str, root: Path) -> list[str]:
+    """What the lane's venv gets: the wheel, JAX at the `test` group's pins (jax==, jaxlib==: the version the GPU
+    plugin is pinned to and the tiers are run with; left to the wheel's own `jax` requirement, pip takes the newest
+    JAX, which the plugin does not match), the platform's JAX plugin and the `tier` group (pytest and its plugins)."""
+    groups = config.read_pyproject(root)["dependency-groups"]
+    jax = [r for r in groups["test"] if isinstance(r, str) and re.match(r"(jax|jaxlib)\s*==", r)]
+    if len(jax) != 2:
+        raise LaneTierError(f"pyproject.toml's `test` dependency group pins {jax or 'no'} jax and jaxlib; pin both "
+                            "(jax==X, jaxlib==X): the lane's venv takes JAX at that version")
+    return [str(wheel), *jax, *tiers.plugin_requirements(platform), *groups["tier"]]
 
 
 def make_env(wheel: Path, platform: str, folder: Path, root: Path) -> Path:
-    """A fresh venv in `folder` with `wheel`, the platform's JAX plugin and the tier group; its interpreter."""
+    """A fresh venv in `folder` with `requirements`; its interpreter, after `python -m jax_aiter info` from it."""
     venv = folder / "lane-venv"
     python = venv / "bin" / "python"
-    plugin = tiers.plugin_requirements(platform)
     for what, argv in (("make the venv", [sys.executable, "-m", "venv", str(venv)]),
                        ("install the lane's wheel", [str(python), "-m", "pip", "install", "--disable-pip-version-check",
-                                                    str(wheel), *plugin, *tier_requirements(root)]),
+                                                    *requirements(wheel, platform, root)]),
                        ("describe the installed package", [str(python), "-P", "-m", "jax_aiter", "info"])):
         print(f"lane_tier: {what}: {' '.join(argv)}", flush=True)
         if subprocess.run(argv, cwd=folder, check=False).returncode != 0:

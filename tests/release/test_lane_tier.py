@@ -31,3 +31,19 @@ def test_a_relative_dist_gives_the_installer_the_wheels_absolute_path(tmp_path, 
     assert lane_tier.run("cpu", Path("dist"), [], platform="cpu", root=tmp_path) == 2
     (got, folder), = given
     assert got.is_absolute() and got == wheel and not got.is_relative_to(folder)
+
+
+def test_the_venv_takes_jax_at_the_test_pins_with_the_plugin_at_the_same_version():
+    """The lane's venv gets JAX at the `test` group's jax==/jaxlib== (unpinned, pip took the newest JAX, 0.12, which
+    the 0.11 GPU plugin does not match), the CUDA plugin at that version, and the `tier` group."""
+    from jatools import config
+    from jatools.validate import wheelhouse
+
+    root = config.repo_root()
+    pin = wheelhouse.test_jax_version(root)
+    wheel = Path("/dist/jax_aiter-0.1.0+cuda13.full-py3-none-any.whl")
+    reqs = lane_tier.requirements(wheel, "cuda", root)
+    assert reqs[:3] == [str(wheel), f"jax=={pin}", f"jaxlib=={pin}"], reqs
+    assert any(r.startswith("jax-cuda13-plugin") and r.endswith(f"=={pin}") for r in reqs), reqs
+    assert set(config.read_pyproject(root)["dependency-groups"]["tier"]) <= set(reqs)
+    assert lane_tier.requirements(wheel, "cpu", root)[:3] == reqs[:3]
