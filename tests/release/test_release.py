@@ -382,3 +382,23 @@ def test_a_ci_run_indexes_the_validated_files_under_its_commit(tmp_path):
     with pytest.raises(release.ReleaseError, match="run `nox -s release` for this commit"):
         release.index_commit(store, root=root)
     assert {p: p.read_bytes() for p in store.rglob("*") if p.is_file()} == pages
+
+
+def test_two_lanes_files_never_share_a_name_and_the_common_sdist_is_taken_once(tmp_path):
+    """release_files over every lane's report: the sdist both lanes made from one source (same bytes) once, each
+    lane's wheels beside it; the same file name with other bytes in two lanes is refused, naming the file."""
+    def lane(name: str, files: dict[str, bytes]) -> dict:
+        folder = tmp_path / name
+        folder.mkdir()
+        for f, data in files.items():
+            (folder / f).write_bytes(data)
+        return {"files": {f: folder / f for f in files}}
+
+    sdist = "jax_aiter-0.1.0.tar.gz"
+    rocm = lane("rocm7", {"jax_aiter-0.1.0+rocm7-py3-none-any.whl": b"r", sdist: b"the source"})
+    cuda = lane("cuda13", {"jax_aiter-0.1.0+cuda13-py3-none-any.whl": b"c", sdist: b"the source"})
+    got = release_mod.release_files([rocm, cuda])
+    assert sorted(p.name for p in got) == sorted({*rocm["files"], *cuda["files"]}) and len(got) == 3
+    clash = lane("clash", {sdist: b"another source"})
+    with pytest.raises(release_mod.ReleaseError, match=f"two lanes made {sdist} with different bytes"):
+        release_mod.release_files([rocm, clash])
