@@ -127,3 +127,19 @@ def test_lse_is_differentiable_through_the_facade(device):
 
     for g, r in zip(jax.grad(loss, argnums=(0, 1, 2))(q, k, v), jax.grad(plain, argnums=(0, 1, 2))(q, k, v)):
         assert rel_err(g, f64(r)) <= 1e-5
+
+
+def test_malformed_traced_cu_seqlens_run_as_their_sanitized_values(device):
+    """Under jit cu_seqlens are traced and cannot be checked in Python: the op makes them valid (clipped to [0,
+    total], then their running maximum) and the kernels run that, never reading out of bounds: [0, 5, 3, 12]
+    (decreasing, past the end) runs as [0, 5, 5, 8] would, and a token past the last boundary outputs 0."""
+    q, k, v = (x[0] for x in _inputs(3, "float32", 1, 8, 8, 2, 2, 32))
+    run = jax.jit(lambda cu: mha.flash_attn_varlen(q, k, v, cu, cu, causal=True, return_lse=True)[:2])
+    out, lse = run(jnp.asarray([0, 5, 3, 12], jnp.int32))
+    want_out, want_lse = mha.flash_attn_varlen(q, k, v, np.asarray([0, 5, 5, 8]), np.asarray([0, 5, 5, 8]),
+                                               causal=True, return_lse=True)[:2]
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(want_out))
+    np.testing.assert_array_equal(np.asarray(lse), np.asarray(want_lse))
+    out, lse = run(jnp.asarray([0, 3, 6], jnp.int32))  # ends before the packed length: tokens 6, 7 see nothing
+    assert np.all(np.asarray(out)[6:] == 0) and np.all(np.isposinf(np.asarray(lse)[:, 6:]))
+    assert np.all(np.isfinite(np.asarray(out)))
