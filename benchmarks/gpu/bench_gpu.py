@@ -15,7 +15,9 @@ SiLU-and-mul over hidden sizes 4096-8192 and 1k-32k rows, against XLA); chain
 (the same ops 8 times back to back in one program, as a model's layers run
 them); decode (seq_q = 1 against a long grouped-query KV cache: K/V bytes read
 per second against copy bandwidth, with cuDNN and XLA); attention (prefill
-forward and backward against cuDNN; --head-dim picks the head dims, 128 by default); model (a
+forward and backward against cuDNN; --head-dim picks the head dims, 128 by default); features (issue 56's
+attention features through the public API against our dense kernel and cuDNN: packed documents, sliding
+windows, softcap, ALiBi, odd head dims, the deterministic backward; bench_attn_features.py); model (a
 Llama-like decoder built from our ops against the same model in plain JAX, cuDNN attention:
 prefill, train step, decode; model_bench.py, llama.py). The JSON records the GPU's provenance
 before and after the run (nvidia-smi: driver, clocks, power limit, ECC, other
@@ -37,7 +39,7 @@ import jax
 import jax.numpy as jnp
 
 import jax_aiter as ja
-from benchmarks.gpu import model_bench
+from benchmarks.gpu import bench_attn_features, model_bench
 from benchmarks.gpu.gpu_provenance import gpu_provenance
 from benchmarks.gpu.gpu_timing import (
     FLUSH,
@@ -277,7 +279,7 @@ def bench_attention(lib, reps, quick, head_dims=(128,)):
     return rows
 
 
-SECTIONS = ["copy", "memory", "chain", "decode", "attention", "model"]
+SECTIONS = ["copy", "memory", "chain", "decode", "attention", "features", "model"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -316,7 +318,7 @@ def run_sections(args: argparse.Namespace, lib, device_kind: str) -> dict:
                            "gpu_before": provenance_before},
                "l2_flush_bytes": FLUSH_BYTES if FLUSH["on"] else 0, "gpu_ahead_cycles": SPIN["cycles"],
                "reps": args.reps,
-               "copy": copy, "memory_bound": [], "chains": [], "decode": [], "attention": [], "model": []}
+               "copy": copy, "memory_bound": [], "chains": [], "decode": [], "attention": [], "features": [], "model": []}
     # The memory and chain sections time the kernels, also at sizes where the ops would write their math in
     # jax.numpy for XLA (jax_aiter/ops/_small.py); the model section runs the ops as a user gets them.
     with mock.patch.dict(os.environ, {_small.SETTING: "0"}):
@@ -329,6 +331,8 @@ def run_sections(args: argparse.Namespace, lib, device_kind: str) -> dict:
     if "attention" in only:
         results["attention"] = bench_attention(lib, max(5, args.reps // 3), args.quick,
                                                tuple(args.head_dim or [128]))
+    if "features" in only:
+        results["features"] = bench_attn_features.bench_features(lib, max(3, args.reps // 6))
     if "model" in only:
         results["model"] = model_bench.bench_model(
             max(5, args.reps // 2), args.model_workload or (list(model_bench.QUICK) if args.quick else None),
@@ -384,6 +388,8 @@ def main(argv=None) -> int:
           f"ECC {gpu.get('ecc.mode.current', '?')}, other processes on the GPU: "
           f"{before.get('other_processes', before.get('error', '?'))}")
     print_kernel_tables(results)
+    if results["features"]:
+        bench_attn_features.print_table(results["features"])
     if results["model"]:
         model_bench.print_table(results["model"])
     print(f"JSON: {args.out}")

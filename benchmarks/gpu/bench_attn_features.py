@@ -1,0 +1,226 @@
+"""The issue-56 attention feature section of bench_gpu.py (--only features): our attention through the public
+API (jax_aiter.flash_attn_func) with each feature, against our own dense kernel and against cuDNN through
+jax.nn.dot_product_attention in the same run, in bfloat16 at batch 1 x 16k tokens, 32 heads of 128 (head dims:
+8k tokens). Each row states its issue-56 goal, the measured ratio and whether it is met.
+
+- packed: documents of mixed lengths (128 to 8k) packed into one 16k row, causal within each document, forward
+  and backward: ours as varlen (cu_seqlens) and as segment_ids, our dense causal kernel on the same tokens, cuDNN
+  with the packing as a segment mask, and cuDNN with the documents padded to one batch (query/key seq lengths).
+  Our throughput is FLOPs of the visible pairs per second.
+- window: windows of 1k and 4k in 16k, causal and not, forward and backward, against the unmasked fraction of
+  our full (unmasked) time and against cuDNN's local_window_size.
+- softcap 50 and ALiBi: against our causal time without them.
+- head dims 40, 80, 112, 160, 192 against the next kernel head dim up (64, 96, 128, 256, 256): FLOP rates.
+- deterministic backward against the default backward (the backward alone timed).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jax_aiter as ja
+from benchmarks.gpu.gpu_timing import median, n_sets, rand, time_cases
+
+SEQ, HEADS, HEAD_DIM = 16384, 32, 128
+DOCS = (8192, 3072, 2048, 1536, 768, 384, 256, 128)  # 16384 tokens: one packed row
+WINDOWS = (1024, 4096)
+SOFTCAP = 50.0
+HEAD_DIM_PAIRS = ((40, 64), (80, 96), (112, 128), (160, 256), (192, 256))
+HEAD_DIM_SEQ = 8192
+GOALS = {"varlen_of_dense": 0.9, "varlen_vs_cudnn_segment": 4.0, "window_of_visible_dense": 1.2,
+         "window_vs_cudnn": 1.0, "softcap": 1.15, "alibi": 1.1, "head_dim_rate": 0.85, "deterministic": 1.3}
+
+
+def visible_pairs(seq: int, causal: bool, window=(-1, -1)) -> int:
+    """Query-key pairs a dense [seq, seq] mask with this causal flag and window lets through."""
+    i = np.arange(seq, dtype=np.int64)
+    left, right = window
+    right = 0 if causal else right
+    lo = np.zeros_like(i) if left < 0 else np.clip(i - left, 0, seq)
+    hi = np.full_like(i, seq) if right < 0 else np.clip(i + right + 1, 0, seq)
+    return int(np.maximum(hi - lo, 0).sum())
+
+
+def doc_pairs(docs, causal: bool = True) -> int:
+    return int(sum(n * (n + 1) // 2 if causal else n * n for n in docs))
+
+
+def fwd_bwd(f):
+    """One timed forward and backward: the vjp of f at (q, k, v) applied to g."""
+    return lambda q, k, v, g: jax.vjp(f, q, k, v)[1](g)
+
+
+def bwd_only(f):
+    """The backward alone: the forward and its vjp are built untimed (bench_gpu.bench_attention's way)."""
+    return (lambda q, k, v, g: (jax.vjp(f, q, k, v)[1], g)), (lambda tree: tree[0](tree[1]))
+
+
+def _sets(b, s, h, d, seed, hkv=None):
+    hkv = hkv or h
+    per = 2 * b * s * (2 * h + 2 * hkv) * d
+    return [(rand((b, s, h, d), jnp.bfloat16, seed + 10 * i), rand((b, s, hkv, d), jnp.bfloat16, seed + 10 * i + 1),
+             rand((b, s, hkv, d), jnp.bfloat16, seed + 10 * i + 2), rand((b, s, h, d), jnp.bfloat16, seed + 10 * i + 3))
+            for i in range(n_sets(per))]
+
+
+def _time(lib, cases: dict, sets, reps: int, refused: dict) -> dict[str, float]:
+    """Median ms of each case that compiles; a refused anchor (cuDNN declining a shape) is recorded, not run."""
+    ok = {}
+    for name, case in cases.items():
+        fn = case if callable(case) else None
+        if fn is not None and name.startswith("cudnn"):
+            try:
+                jax.jit(fn).lower(*sets[0]).compile()
+            except Exception as e:  # noqa: BLE001 -- any refusal is recorded, the run goes on
+                refused[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:240]}"
+                continue
+        ok[name] = case
+    return {k: median(v) for k, v in time_cases(lib, ok, sets, reps).items()}
+
+
+def _row(section, case, ms, ratio, goal_name, goal_text, better_low, **extra):
+    goal = GOALS[goal_name]
+    met = None if ratio is None else (ratio <= goal if better_low else ratio >= goal)
+    return {"section": section, "case": case, "ms": ms, "ratio": ratio, "goal": goal_text, "met": met, **extra}
+
+
+def bench_packed(lib, reps, refused):
+    cu = np.concatenate([[0], np.cumsum(DOCS)]).astype(np.int32)
+    ids = np.repeat(np.arange(len(DOCS), dtype=np.int32), DOCS)[None]
+    cu_d, ids_d = jnp.asarray(cu), jnp.asarray(ids)
+    lens = jnp.asarray(DOCS, jnp.int32)
+    width = max(DOCS)
+    # the padded batch's token index per (document, position); positions past a document's length read token 0
+    pad_idx = jnp.asarray(np.stack([np.where(np.arange(width) < n, c + np.arange(width), 0)
+                                    for c, n in zip(cu[:-1], DOCS)]))
+
+    def cudnn_padded(q, k, v):
+        qp, kp, vp = (x[0][pad_idx] for x in (q, k, v))  # [docs, width, h, d]
+        o = jax.nn.dot_product_attention(qp, kp, vp, is_causal=True, query_seq_lengths=lens, key_value_seq_lengths=lens,
+                                         implementation="cudnn")
+        valid = (jnp.arange(width)[None] < lens[:, None])[..., None, None]
+        return jnp.zeros_like(q[0]).at[pad_idx].add(jnp.where(valid, o, 0))[None]
+
+    def cudnn_segment(q, k, v):
+        mask = (ids_d[:, :, None] == ids_d[:, None, :])[:, None]  # [1, 1, s, s]
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True, mask=mask, implementation="cudnn")
+
+    cases = {
+        "ours_dense_causal": fwd_bwd(lambda q, k, v: ja.flash_attn_func(q, k, v, causal=True)),
+        "ours_varlen": fwd_bwd(lambda q, k, v: ja.flash_attn_func(q[0], k[0], v[0], causal=True, cu_seqlens_q=cu_d,
+                                                                  cu_seqlens_kv=cu_d)[None]),
+        "ours_segment_ids": fwd_bwd(lambda q, k, v: ja.flash_attn_func(q, k, v, causal=True, segment_ids=ids_d)),
+        "cudnn_dense_causal": fwd_bwd(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True,
+                                                                                    implementation="cudnn")),
+        "cudnn_segment_mask": fwd_bwd(cudnn_segment),
+        "cudnn_padded_seq_lengths": fwd_bwd(cudnn_padded),
+    }
+    t = _time(lib, cases, _sets(1, SEQ, HEADS, HEAD_DIM, 1000), reps, refused)
+    dense_rate = visible_pairs(SEQ, True) / t["ours_dense_causal"]
+    rows = []
+    for name in ("ours_varlen", "ours_segment_ids"):
+        rate = doc_pairs(DOCS) / t[name]
+        rows.append(_row("packed", f"{name} (fwd+bwd) FLOP rate / our dense causal's", t[name], rate / dense_rate,
+                         "varlen_of_dense", ">= 0.9", False, dense_ms=t["ours_dense_causal"]))
+        for anchor in ("cudnn_segment_mask", "cudnn_padded_seq_lengths", "cudnn_dense_causal"):
+            if anchor in t:
+                goal = ">= 4 (cuDNN time / ours)" if anchor == "cudnn_segment_mask" else "reported"
+                rows.append(_row("packed", f"{name} vs {anchor}: speedup", t[name], t[anchor] / t[name],
+                                 "varlen_vs_cudnn_segment", goal, False, anchor_ms=t[anchor]))
+                if anchor != "cudnn_segment_mask":
+                    rows[-1]["met"] = None
+    rows.append({"section": "packed", "case": "times (ms)", "times": t,
+                 "visible_fraction_of_causal": doc_pairs(DOCS) / visible_pairs(SEQ, True)})
+    return rows
+
+
+def bench_windows(lib, reps, refused):
+    sets = _sets(1, SEQ, HEADS, HEAD_DIM, 2000)
+    cases = {"ours_full": fwd_bwd(lambda q, k, v: ja.flash_attn_func(q, k, v))}
+    for w in WINDOWS:
+        for causal in (True, False):
+            win = (w, 0 if causal else w)
+            tag = f"{w // 1024}k_{'causal' if causal else 'both'}"
+            cases[f"ours_{tag}"] = fwd_bwd(lambda q, k, v, c=causal, win=win:
+                                           ja.flash_attn_func(q, k, v, causal=c, window_size=win))
+            cases[f"cudnn_{tag}"] = fwd_bwd(lambda q, k, v, c=causal, win=win: jax.nn.dot_product_attention(
+                q, k, v, is_causal=c, local_window_size=win, implementation="cudnn"))
+    t = _time(lib, cases, sets, reps, refused)
+    rows = []
+    for w in WINDOWS:
+        for causal in (True, False):
+            tag = f"{w // 1024}k_{'causal' if causal else 'both'}"
+            frac = visible_pairs(SEQ, causal, (w, 0 if causal else w)) / SEQ ** 2
+            ours = t[f"ours_{tag}"]
+            rows.append(_row("window", f"window {tag}: time / (visible {frac:.3f} x our full time)", ours,
+                             ours / (frac * t["ours_full"]), "window_of_visible_dense", "<= 1.2", True,
+                             full_ms=t["ours_full"]))
+            if f"cudnn_{tag}" in t:
+                rows.append(_row("window", f"window {tag}: ours / cuDNN local_window_size", ours,
+                                 ours / t[f"cudnn_{tag}"], "window_vs_cudnn", "<= 1.0", True,
+                                 anchor_ms=t[f"cudnn_{tag}"]))
+    return rows
+
+
+def bench_terms(lib, reps, refused):
+    slopes = jnp.asarray(2.0 ** (-8.0 * (np.arange(HEADS) + 1) / HEADS), jnp.float32)
+    cases = {
+        "ours_causal": fwd_bwd(lambda q, k, v: ja.flash_attn_func(q, k, v, causal=True)),
+        "ours_causal_softcap": fwd_bwd(lambda q, k, v: ja.flash_attn_func(q, k, v, causal=True, softcap=SOFTCAP)),
+        "ours_causal_alibi": fwd_bwd(lambda q, k, v: ja.flash_attn_func(q, k, v, causal=True, alibi_slopes=slopes)),
+    }
+    t = _time(lib, cases, _sets(1, SEQ, HEADS, HEAD_DIM, 3000), reps, refused)
+    return [_row("softcap", f"softcap {SOFTCAP:g}, causal, fwd+bwd: time / no softcap", t["ours_causal_softcap"],
+                 t["ours_causal_softcap"] / t["ours_causal"], "softcap", "<= 1.15", True, base_ms=t["ours_causal"]),
+            _row("alibi", "ALiBi, causal, fwd+bwd: time / no ALiBi", t["ours_causal_alibi"],
+                 t["ours_causal_alibi"] / t["ours_causal"], "alibi", "<= 1.1", True, base_ms=t["ours_causal"])]
+
+
+def bench_head_dims(lib, reps, refused):
+    rows = []
+    for d, ref in HEAD_DIM_PAIRS:
+        ms = {}
+        for dim in (d, ref):
+            f = fwd_bwd(lambda q, k, v: ja.flash_attn_func(q, k, v))
+            ms[dim] = _time(lib, {f"d{dim}": f}, _sets(1, HEAD_DIM_SEQ, HEADS, dim, 4000 + dim), reps, refused)[f"d{dim}"]
+        rows.append(_row("head_dim", f"head dim {d} FLOP rate / head dim {ref}'s (fwd+bwd, {HEAD_DIM_SEQ} tokens)",
+                         ms[d], (d / ms[d]) / (ref / ms[ref]), "head_dim_rate", ">= 0.85", False, ref_ms=ms[ref]))
+    return rows
+
+
+def bench_deterministic(lib, reps, refused):
+    rows = []
+    for hkv in (HEADS, 8):
+        cases = {"default": bwd_only(lambda q, k, v: ja.flash_attn_func(q, k, v, causal=True)),
+                 "deterministic": bwd_only(lambda q, k, v: ja.flash_attn_func(q, k, v, causal=True,
+                                                                               deterministic=True))}
+        t = _time(lib, cases, _sets(1, SEQ, HEADS, HEAD_DIM, 5000 + hkv, hkv), reps, refused)
+        rows.append(_row("deterministic", f"deterministic backward / default, causal, heads {HEADS}/{hkv}",
+                         t["deterministic"], t["deterministic"] / t["default"], "deterministic", "<= 1.3", True,
+                         base_ms=t["default"]))
+    return rows
+
+
+def bench_features(lib, reps):
+    """Every section's rows, then one row of the cuDNN anchors that declined (and why)."""
+    refused: dict[str, str] = {}
+    rows = []
+    for section in (bench_packed, bench_windows, bench_terms, bench_head_dims, bench_deterministic):
+        new = section(lib, reps, refused)
+        print_table(new)  # as each section ends: a run cut short still shows what it measured
+        rows += new
+    if refused:
+        rows.append({"section": "refused", "case": "cuDNN anchors that did not compile", "refused": refused})
+    return rows
+
+
+def print_table(rows) -> None:
+    print(f"\n{'issue 56':<14}{'case':<78}{'ours ms':>9}{'ratio':>8}  {'goal':<22}met")
+    for r in rows:
+        if "ratio" not in r:
+            extra = r.get("times") or r.get("refused")
+            print(f"{r['section']:<14}{r['case']:<78}  {extra}")
+            continue
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
+        print(f"{r['section']:<14}{r['case']:<78}{r['ms']:>9.3f}{ratio:>8}  {r['goal']:<22}{r['met']}", flush=True)
