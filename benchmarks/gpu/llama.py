@@ -16,6 +16,7 @@ tests/ops/test_model.py at a tiny size on the CPU.
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -34,15 +35,25 @@ class Config:
     vocab: int = 32000
     eps: float = 1e-6
     rope_theta: float = 500000.0
+    window: int = -1            # > 0: a causal sliding window of this many keys on the even layers (Gemma 2)
+    softcap: float = 0.0        # > 0: attention logit softcap on every layer (Gemma 2's 50)
+    docs: tuple[int, ...] = ()  # packed documents (lengths, summing to seq) of a batch-1 row: causal within each
 
     def with_(self, **kw) -> Config:
         return replace(self, **kw)
+
+    def attention_features(self, layer: int) -> dict:
+        """Layer `layer`'s attention keywords (Ops.attention's): window, softcap, docs."""
+        window = (self.window, 0) if self.window > 0 and layer % 2 == 0 else (-1, -1)
+        return {"window": window, "softcap": self.softcap, "docs": self.docs}
 
 
 # The issue's model: Llama-3-8B's layer shape (4 layers of it), a 32k vocabulary.
 LLAMA = Config()
 # Gemma-2-9B-like: head dim 256, 16 query / 8 kv heads, d_model 3584.
 GEMMA_LIKE = Config(d_model=3584, heads_q=16, heads_kv=8, head_dim=256)
+# issue 56's packed row: documents of mixed lengths, 128 to 8k tokens, 16384 in all.
+PACKED_DOCS = (8192, 3072, 2048, 1536, 768, 384, 256, 128)
 
 
 @dataclass(frozen=True)
@@ -51,7 +62,8 @@ class Ops:
     rms_norm: Callable          # (x, w, eps) -> y
     rms_norm_add: Callable      # (x, residual, w, eps) -> (rms_norm(x + residual), x + residual)
     silu_and_mul: Callable      # (x [.., 2f]) -> silu(x[.., :f]) * x[.., f:]
-    attention: Callable         # (q, k, v, causal) -> o; q [b, sq, hq, d], k and v [b, sk, hkv, d]
+    attention: Callable         # (q, k, v, causal, window=(-1, -1), softcap=0.0, docs=()) -> o;
+    #                             q [b, sq, hq, d], k and v [b, sk, hkv, d] (Config.attention_features)
 
 
 def plain_rms_norm(x, w, eps=1e-6):
@@ -69,10 +81,48 @@ def plain_silu_and_mul(x):
     return (jax.nn.silu(a) * b).astype(x.dtype)
 
 
+def segment_ids(docs: tuple[int, ...]) -> jax.Array:
+    """[1, sum(docs)] int32: the document of each token of a packed row."""
+    return jnp.repeat(jnp.arange(len(docs), dtype=jnp.int32), jnp.asarray(docs), total_repeat_length=sum(docs))[None]
+
+
+def softcap_attention(q, k, v, causal, window, softcap, docs):
+    """Attention with a logit softcap as plain JAX must write it (jax.nn.dot_product_attention has no softcap):
+    the scores materialised by XLA, float32 softmax."""
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    qg = q.reshape(b, sq, hkv, hq // hkv, d)
+    s = jnp.einsum("bqhgd,bkhd->bhgqk", qg, k, preferred_element_type=jnp.float32) * d ** -0.5
+    s = softcap * jnp.tanh(s / softcap)
+    i, j = jnp.arange(sq)[:, None] + sk - sq, jnp.arange(sk)[None, :]
+    vis = jnp.ones((sq, sk), bool)
+    if causal:
+        vis &= j <= i
+    if window[0] >= 0:
+        vis &= j >= i - window[0]
+    if window[1] >= 0:
+        vis &= j <= i + window[1]
+    if docs:
+        ids = segment_ids(docs)[0]
+        vis &= ids[:, None] == ids[None, :]
+    p = jax.nn.softmax(jnp.where(vis, s, -jnp.inf), axis=-1)
+    o = jnp.einsum("bhgqk,bkhd->bqhgd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return o.reshape(b, sq, hq, v.shape[3]).astype(q.dtype)
+
+
 def plain_ops(implementation: str | None = None) -> Ops:
-    """Plain JAX; implementation is jax.nn.dot_product_attention's ("cudnn", "xla" or None: JAX picks)."""
-    def attention(q, k, v, causal):
-        return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation=implementation)
+    """Plain JAX; implementation is jax.nn.dot_product_attention's ("cudnn", "xla" or None: JAX picks). A
+    window becomes its local_window_size, packed documents a segment mask; softcap takes softcap_attention."""
+    def attention(q, k, v, causal, window=(-1, -1), softcap=0.0, docs=()):
+        if softcap > 0:
+            return softcap_attention(q, k, v, causal, window, softcap, docs)
+        mask = None
+        if docs:
+            ids = segment_ids(docs)
+            mask = (ids[:, :, None] == ids[:, None, :])[:, None]
+        local = None if window == (-1, -1) else window
+        return jax.nn.dot_product_attention(q, k, v, is_causal=causal, mask=mask, local_window_size=local,
+                                            implementation=implementation)
     return Ops(f"plain ({implementation or 'default'} attention)", plain_rms_norm, plain_rms_norm_add,
                plain_silu_and_mul, attention)
 
@@ -86,9 +136,15 @@ def swapped(base: Ops, donor: Ops, *fields: str) -> Ops:
 def our_ops() -> Ops:
     import jax_aiter as ja
 
+    def attention(q, k, v, causal, window=(-1, -1), softcap=0.0, docs=()):
+        if docs:  # a packed row: varlen over its documents
+            cu = jnp.asarray([0, *itertools.accumulate(docs)], jnp.int32)
+            return ja.flash_attn_func(q[0], k[0], v[0], causal=causal, window_size=window, softcap=softcap,
+                                      cu_seqlens_q=cu, cu_seqlens_kv=cu)[None]
+        return ja.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap)
+
     return Ops("jax-aiter", lambda x, w, eps: ja.rms_norm(x, w, eps),
-               lambda x, r, w, eps: ja.rms_norm_with_add(x, r, w, eps), ja.silu_and_mul,
-               lambda q, k, v, causal: ja.flash_attn_func(q, k, v, causal=causal))
+               lambda x, r, w, eps: ja.rms_norm_with_add(x, r, w, eps), ja.silu_and_mul, attention)
 
 
 def init_params(cfg: Config, key, dtype=jnp.bfloat16) -> dict:
@@ -154,7 +210,7 @@ def prefill(cfg: Config, ops: Ops, params, tokens):
     def attend(i, layer, h):
         q, k, v = _qkv(cfg, layer, h, positions)
         cache.append((k, v))
-        return ops.attention(q, k, v, True).reshape(b, s, cfg.heads_q * cfg.head_dim)
+        return ops.attention(q, k, v, True, **cfg.attention_features(i)).reshape(b, s, cfg.heads_q * cfg.head_dim)
 
     return _layers(cfg, ops, params, params["embed"][tokens], attend), cache
 

@@ -105,7 +105,7 @@ def test_agreement_check_fails_on_a_wrong_model(device, llama, model_bench):
     tokens = jax.random.randint(jax.random.key(7), (2, 16), 0, cfg.vocab)
     plain = llama.plain_ops()
     unmasked = plain.__class__("unmasked", plain.rms_norm, plain.rms_norm_add, plain.silu_and_mul,
-                               lambda q, k, v, causal: plain.attention(q, k, v, False))
+                               lambda q, k, v, causal, **features: plain.attention(q, k, v, False))
     outs = [{"logits": jax.jit(lambda p, t, o=o: llama.forward(cfg, o, p, t))(params, tokens)}
             for o in (llama.our_ops(), unmasked)]
     verdict = model_bench.agreement(*outs)
@@ -148,3 +148,24 @@ def test_hlo_launches_counts_what_the_compiled_step_calls(device, llama, model_b
     assert ours == want, census["ours"]
     assert not any(k.startswith("custom-call ja_") for k in census["plain"]), census["plain"]
     assert census["ours"].get("fusion", 0) > 0 and census["plain"].get("fusion", 0) > 0
+
+
+# issue 56's model rows at a tiny size: a packed row of documents (ours varlen, plain JAX a segment mask) and
+# Gemma 2's attention (a causal window on the even layers, softcap on every layer: plain JAX writes it out).
+FEATURES = {"packed-docs": {"docs": (9, 4, 1, 2)}, "gemma2-window-softcap": {"window": 5, "softcap": 3.0}}
+
+
+@pytest.mark.parametrize("features", list(FEATURES.values()), ids=list(FEATURES))
+def test_feature_models_agree_with_plain_jax(device, llama, model_bench, features):
+    cfg = tiny(llama).with_(**features)
+    with jax.default_matmul_precision("highest"):
+        params = llama.init_params(cfg, jax.random.key(1), jnp.float32)
+        tokens = jax.random.randint(jax.random.key(2), (1, 17), 0, cfg.vocab)
+        ours, plain = llama.our_ops(), llama.plain_ops()
+        (l_ours, g_ours), (l_plain, g_plain) = (jax.jit(llama.train_step(cfg, o))(params, tokens)
+                                                for o in (ours, plain))
+        base = jax.jit(llama.train_step(tiny(llama), plain))(params, tokens)[0]
+    bounds = BOUNDS[jnp.float32]
+    assert abs(float(l_ours) - float(l_plain)) <= bounds["loss"] * abs(float(l_plain))
+    assert llama.worst_leaf_err(g_ours, g_plain) <= bounds["grad"]
+    assert abs(float(l_plain) - float(base)) > 1e-3 * abs(float(base)), "the features changed nothing"
