@@ -214,7 +214,7 @@ def attention_features_ref(q, k, v, do, *, scale: float, mask, diag=None, softca
     e = np.where(vis, np.exp(s - m), 0.0)
     den = e.sum(-1, keepdims=True)
     empty = den == 0  # (a NaN den, from a NaN score the row sees, is not empty)
-    p = np.where(empty, 0.0, e / np.where(empty, 1.0, den))
+    p = np.where(empty | ~vis, 0.0, e / np.where(empty, 1.0, den))  # a NaN row's NaN stays on the keys it sees
     lse = np.where(empty[..., 0], np.inf, np.log(np.where(empty[..., 0], 1.0, den[..., 0])) + m[..., 0])
     drop = np.ones_like(p) if keep is None else np.asarray(keep, np.float64) / (1.0 - dropout_p)
     pd = p * drop
