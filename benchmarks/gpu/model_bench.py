@@ -166,7 +166,8 @@ def bench_workload(w: Workload, samples: int, swaps: bool = False) -> dict:
     outs = {n: outs[n] for n in ("ours", "plain")}
     launches = {n: outs[n].pop("hlo") for n in outs}
     row = {"name": w.name, "kind": w.kind, "batch": w.batch, "seq": w.seq, "config": vars(w.cfg),
-           "plain_attention": impl or "default", **({"cudnn_refused": refused} if refused else {}),
+           "plain_attention": (impl or "default") + (" (softcap: XLA, llama.softcap_attention)" if w.cfg.softcap else ""),
+           **({"cudnn_refused": refused} if refused else {}),
            "hlo_launches": launches, **agreement(outs["ours"], outs["plain"])}
     del outs
     t = time_models(steps, states, w.calls, samples)
