@@ -27,7 +27,8 @@ def _probs(dropout_p: float, mask: int, scale: float, softcap: float, q, k, rows
     else:
         vis, diag = _attn_mask.visible(rows, seq_k), rows[:, 2]
     kf = jnp.repeat(k, heads_q // heads_kv, axis=2)
-    s = jnp.einsum("bqhd,bkhd->bhqk", q, kf, preferred_element_type=jnp.float32) * jnp.float32(scale)
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, kf, preferred_element_type=jnp.float32,  # float32 inputs: not TF32
+                   precision=jax.lax.Precision.HIGHEST) * jnp.float32(scale)
     if softcap:
         s = softcap * jnp.tanh(s / softcap)
     if alibi.size:

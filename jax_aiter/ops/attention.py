@@ -257,6 +257,11 @@ def _lse_grad(cfg: Config, q, k, lse, dlse, rows, cols, alibi, bias):
     return cfg.scale * w * mean_k.astype(f32), cfg.scale * p_t_do.astype(f32), None
 
 
+# float32 products in float32 (XLA's default on a GPU rounds their inputs to TF32: 1e-4 relative errors in the
+# lse's gradient, against the kernels' float32 accumulation)
+_EXACT = jax.lax.Precision.HIGHEST
+
+
 def _lse_grad_materialised(cfg: Config, q, k, dlse, rows, alibi, bias):
     p = _attn_probs.probabilities(q, k, mask=cfg.mask, rows=rows if cfg.rows else None, scale=cfg.scale,
                                   softcap=cfg.softcap, alibi=alibi if cfg.alibi else None,
@@ -266,10 +271,10 @@ def _lse_grad_materialised(cfg: Config, q, k, dlse, rows, alibi, bias):
     qf, kf = q.astype(jnp.float32), jnp.repeat(k, hq // hkv, axis=2).astype(jnp.float32)
     dz = ds
     if cfg.softcap:
-        t = jnp.tanh(jnp.einsum("bqhd,bkhd->bhqk", qf, kf) * cfg.scale / cfg.softcap)
+        t = jnp.tanh(jnp.einsum("bqhd,bkhd->bhqk", qf, kf, precision=_EXACT) * cfg.scale / cfg.softcap)
         dz = ds * (1.0 - t * t)
-    dq = cfg.scale * jnp.einsum("bhqk,bkhd->bqhd", dz, kf)
-    dk = cfg.scale * jnp.einsum("bhqk,bqhd->bkhd", dz, qf)
+    dq = cfg.scale * jnp.einsum("bhqk,bkhd->bqhd", dz, kf, precision=_EXACT)
+    dk = cfg.scale * jnp.einsum("bhqk,bqhd->bkhd", dz, qf, precision=_EXACT)
     dk = dk.reshape(*k.shape[:3], hq // hkv, k.shape[3]).sum(3)
     return dq, dk, (ds if cfg.dbias else None)
 

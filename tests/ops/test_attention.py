@@ -552,10 +552,9 @@ def test_kernel_checks_guard_the_c_abi(device):
     with pytest.raises(Exception, match=r"mha_fwd: head_dim 300 \(q, k\) and head_dim_v 300 \(v\) must each be in "
                                         r"1\.\.256"):
         call((1, 4, 2, 300), (1, 4, 2, 300))
-    if device == "gpu":  # the CPU kernels take any head dim up to 256, zero-padded on load
-        with pytest.raises(Exception, match=r"mha_fwd: no GPU instance for dtype float32, head_dim 48.*"
-                                            r"supported head dims: 32, 64, 96, 128, 256"):
-            call((1, 4, 2, 48), (1, 4, 2, 48))
+    # head_dim 48 has no instance of its own: the one of head dim 64 runs it (zero-padded on load), on every backend
+    o, lse, _ = call((1, 4, 2, 48), (1, 4, 2, 48))
+    assert o.shape == (1, 4, 2, 48) and bool(jnp.isfinite(o).all()) and bool(jnp.isfinite(lse).all())
     with pytest.raises(Exception, match=r"mha_fwd: heads_q \(2\) must be a multiple of heads_kv \(3\)"):
         call((1, 4, 2, 64), (1, 4, 3, 64))
 

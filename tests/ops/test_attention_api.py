@@ -118,11 +118,11 @@ def test_lse_is_differentiable_through_the_facade(device):
         out, lse = mha.flash_attn_func(q, k, v, causal=True, return_lse=True)
         return jnp.sum(out ** 2) + jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0))
 
-    def plain(q, k, v):  # the same in jax.numpy: causal softmax, its lse
-        s = jnp.einsum("bqhd,bkhd->bhqk", q, k) * 32 ** -0.5
+    def plain(q, k, v):  # the same in jax.numpy: causal softmax, its lse (float32 products: a GPU's default is TF32)
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision="highest") * 32 ** -0.5
         s = jnp.where(jnp.tril(jnp.ones((12, 12), bool)), s, -jnp.inf)
         lse = jax.nn.logsumexp(s, axis=-1)
-        out = jnp.einsum("bhqk,bkhd->bqhd", jnp.exp(s - lse[..., None]), v)
+        out = jnp.einsum("bhqk,bkhd->bqhd", jnp.exp(s - lse[..., None]), v, precision="highest")
         return jnp.sum(out ** 2) + jnp.sum(lse)
 
     for g, r in zip(jax.grad(loss, argnums=(0, 1, 2))(q, k, v), jax.grad(plain, argnums=(0, 1, 2))(q, k, v)):
