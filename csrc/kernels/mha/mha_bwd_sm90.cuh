@@ -139,9 +139,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
   Tensor tdQsdQ = thr_dq.partition_C(sdQ);
   float neg_slope = 0.0f;  // FEAT: -ALiBi slope of the iteration's query head
   // Deterministic: the tile whose semaphore this warpgroup releases once its add has completed, an iteration
-  // after issuing it. (Two iterations after, so that the wait finds the add complete, measured slower: 1.36
-  // against 1.31x the default backward at b1 s16k h32 d128, as each key block then trails the next by two
-  // tiles.)
+  // after issuing it. (Two iterations after, so that the wait finds the add complete, was slower in
+  // benchmarks/gpu/check_mha_bwd_sm90.cu's deterministic timing at d128, as each key block then trails the
+  // next by two tiles.)
   int32_t* pending = nullptr;
 
   __syncthreads();  // the rows of the first two tiles

@@ -15,7 +15,8 @@
 // delta).
 //
 // The score's terms (the FEAT kernels, for calls with softcap or ALiBi, which pick softcap and ALiBi at run
-// time; measured at 1.03-1.12x the plain backward, so one kernel serves both): P is recomputed in the
+// time; benchmarks/gpu/check_mha_bwd_sm90.cu times them only slightly slower than the plain backward, so
+// one kernel serves both): P is recomputed in the
 // natural-log domain, x = scale q.k or softcap tanh(scale q.k / softcap) (tanh.approx.f32, as the
 // forward), plus ALiBi's -slope |diag_i - j|; with softcap dS takes the factor 1 - tanh^2 (dK and dQ the
 // factor scale, as without).

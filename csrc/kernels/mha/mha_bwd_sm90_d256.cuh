@@ -31,11 +31,12 @@
 // Why the reduce-add through shared memory: dQ is 64 KB of float32 a tile, and at this head dim
 // the L2 cache's float reductions, not the tensor cores, bound the kernel. Vector atomics straight
 // from the wgmma accumulators (red.global.add.v2.f32: each warp instruction writes 32 bytes of 8
-// rows) measured 2.3 TB/s of reductions into an L2-resident array; whole-row reductions (TMA,
-// bulk copies, or 512-byte coalesced vector atomics) 3.8 TB/s. At b4 s2048 (16/8 heads, causal)
-// the kernel took 1.21 ms with those atomics, 1.09 ms with this reduce-add, and 0.63 ms with no dQ
-// reduction at all; coalesced atomics read back from the staging tile took 1.17 ms. What is left
-// is the reduce-add's latency: one 8 KB staging tile per warpgroup lets one slice be in flight.
+// rows) reduce into an L2-resident array clearly slower than whole-row reductions (TMA, bulk
+// copies, or 512-byte coalesced vector atomics). In the kernel (causal, grouped kv heads; timed by
+// benchmarks/gpu/check_mha_bwd_sm90.cu) this reduce-add beat both those atomics and coalesced
+// atomics read back from the staging tile, and the kernel without any dQ reduction was far faster
+// still: the reductions, not the products, set its time. What is left is the reduce-add's
+// latency: one 8 KB staging tile per warpgroup lets one slice be in flight.
 //
 // P and dS are rounded to the input dtype before their products (as FlashAttention and the
 // other backward kernels do); every product accumulates in float32.
@@ -190,8 +191,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   float neg_slope = 0.0f;      // FEAT: -ALiBi slope of the iteration's query head
   // Deterministic: the tile whose semaphore this warpgroup releases once its adds have completed (at the
   // next tile's second slice: all but the newest add, the next tile's first slice, have completed). (A
-  // tile later measured slower, 1.60 against 1.36x the default backward at b2 s8k 16/8 heads causal: each
-  // key block trails the next by one tile here, and the wait then stalled every block.)
+  // tile later was clearly slower in benchmarks/gpu/check_mha_bwd_sm90.cu's deterministic timing at d256,
+  // causal: each key block trails the next by one tile here, and the wait then stalled every block.)
   int32_t* pending = nullptr;
 
   // dQ slice j of iteration it * scale through this warpgroup's half of the staging tile, to dq_accum by

@@ -64,25 +64,25 @@ namespace mha_gpu {
 //   MIN_TILES   fewest key tiles a split gets (the pipeline's fill is paid per split)
 //   MAX_ROWS    query rows per kv head (group x seq_q) up to which this path is taken
 //   L2PF        L2 prefetch size of the K/V cp.async in bytes: 0 (none), 128 or 256
-// Measured alternatives (H200, bf16, batch 8, 32 query heads, 4 and 8 kv heads, 8k and 32k keys,
-// benchmarks/gpu/tune_decode.cu against this kernel in the same run; the figures are in issue 39's
-// notes, not here): as many stage buffers as one block's shared memory holds (6 at head_dim 128, one
-// block per multiprocessor: 5 K/V tiles in flight per multiprocessor instead of at most 4), splits
-// that take interleaved key tiles instead of one contiguous chunk, 2 warps with 6 stages, and a merge
-// kernel that loads its splits' rows in parallel were all within 1-2% of this kernel or slower; K/V
-// rows brought in by cp.async.bulk (one copy per 256-byte row, on one mbarrier per stage) took about
-// 4x as long. So neither the bytes in flight nor the order of the splits bound it. cuDNN's decode
-// kernel runs the same grid (splits x kv heads x batch, 128 threads, sm_80-style mma) in about 8%
-// less time at 32k keys (Nsight Compute), so the memory system does not bound it either; what
-// differs is not found; the TMA path below (fourth round) closes about half of the gap.
-// A third round (same shapes and harness, 2-5 rounds each against the previous kernel in the same
-// run): the K/V cp.async with an L2 prefetch size of 128 bytes took 0.972-0.975 of the time in all
-// four model shapes (Nsight Compute at 32k keys: DRAM 4.06 -> 4.18 TB/s, L2 hit rate 35% -> 48%,
-// L2 throughput at 93% of peak in both, the unit closest to its limit); so it is the default.
-// 256 bytes took 0.99, and on top of either an L2 evict_first policy, K and V as separate cp.async
-// groups (S waits for K only), 32 keys per warp (128-key tiles of 4 warps, as cuDNN's kernel), 8
-// warps, masking only the boundary tiles and skipping the O rescale when no row maximum moved,
-// and 2, 8 or 16 splits instead of the plan's were all within 1% or slower.
+// Alternatives tried (H200, bf16, batch 8, 32 query heads, 4 and 8 kv heads, 8k and 32k keys,
+// benchmarks/gpu/tune_decode.cu against this kernel in the same run; the figures are in that
+// program's output and issue 39's notes, not here): as many stage buffers as one block's shared
+// memory holds (6 at head_dim 128, one block per multiprocessor: more K/V tiles in flight per
+// multiprocessor), splits that take interleaved key tiles instead of one contiguous chunk, 2 warps
+// with 6 stages, and a merge kernel that loads its splits' rows in parallel were all within noise of
+// this kernel or slower; K/V rows brought in by cp.async.bulk (one copy per 256-byte row, on one
+// mbarrier per stage) were far slower. So neither the bytes in flight nor the order of the splits
+// bound it. cuDNN's decode kernel runs the same grid (splits x kv heads x batch, 128 threads,
+// sm_80-style mma) somewhat faster at 32k keys (Nsight Compute), so the memory system does not bound
+// it either; what differs is not found; the TMA path below (fourth round) closes part of the gap.
+// A third round (same shapes and harness, against the previous kernel in the same run): the K/V
+// cp.async with an L2 prefetch size of 128 bytes was faster in all four model shapes (Nsight
+// Compute: more DRAM bandwidth and a higher L2 hit rate, with the L2 the unit closest to its limit
+// in both); so it is the default. 256 bytes gained less, and on top of either an L2 evict_first
+// policy, K and V as separate cp.async groups (S waits for K only), 32 keys per warp (128-key tiles
+// of 4 warps, as cuDNN's kernel), 8 warps, masking only the boundary tiles and skipping the O
+// rescale when no row maximum moved, and 2, 8 or 16 splits instead of the plan's were all within
+// noise or slower.
 #ifndef JA_MHA_DECODE_WARPS
 #define JA_MHA_DECODE_WARPS 4
 #endif
@@ -101,45 +101,42 @@ namespace mha_gpu {
 // TMA         1: on sm_90+ at head_dim 64, 128, 256, K and V tiles come by TMA (tensor-map copies)
 // TMA_STAGES  K/V tiles in flight per block on the TMA path (0: 4 up to head_dim 128, 3 above)
 // TMA_L2      the tensor maps' L2 promotion in bytes: 0, 64, 128 or 256
-// A fourth round (same shapes and harness, two rounds against the kernel before it): the TMA path
-// with 4 stages (one block per multiprocessor) took 0.946 / 0.957 / 0.950 / 0.952 of the cp.async
-// kernel's time (8k, 32k, 8k with 4 kv heads, 32k with 4 kv heads); Nsight Compute at 32k keys:
-// DRAM 4.18 -> 4.37 TB/s, L2 hit rate 48% -> 2% (no sector is fetched twice), instructions
-// 58M -> 42M. 3 stages (two blocks per multiprocessor) took 0.96-1.00, 2 stages 0.97-1.06, 6 stages
-// 0.95-0.96, 8 warps (128-key tiles) 0.96, no L2 promotion the same as 128 bytes, 256 bytes 0.97-1.02.
-// The merge: Nsight Compute times the merge kernel at 5-6 us a call at 32k keys, and under PDL much of
-// that overlaps the split kernel's tail. The model's decode step (bench_gpu.py --only model) without the
-// merge kernel (a probe that skipped it, wrong results) took 0.999-1.000 of plain JAX's time against
-// 1.008-1.010 with it, and one split per kv head (no merge at all) leaves half the multiprocessors idle
-// (0.76-0.84 of copy bandwidth against 0.89-0.99). So the splits of a kv head's rows run as one
-// thread-block cluster that merges them through distributed shared memory where the clusters fit in the
-// grid's waves: bench_gpu.py --only decode, same run, 8 kv heads (2 splits): 0.0712 ms against 0.0744 at
-// 8k keys and 0.2534 against 0.2557 at 32k; in the model 1.006-1.012 of plain JAX against 1.014-1.015
-// at 8k keys (alternating runs). With 4 kv heads (4 splits) clusters of 4 do not all fit at once (30 of
-// 32 at one block per multiprocessor), so those calls keep the merge kernel.
-// Inside the model at 4 kv heads and 8k keys (model_profile.py "decode b8 kv8k hkv4", H200,
-// JA_GPU_PDL=0 so kernel times do not include PDL waits) this kernel takes 36.9 us a layer against
-// 34.4 us for cuDNN's split kernel (3.64 against 3.90 TB/s of K/V), and the merge 3.0 against cuDNN's
-// reduction's 2.5 us, while bench_gpu.py --only decode times ours faster at the same shape (0.0421
-// against 0.0467 ms a call): the gap is this kernel's, in the model. PDL on or off moves the model's
-// ratio by less than 0.5%. cuDNN's split kernel there launches 8 splits x 4 kv heads x 8 batches of 128
-// threads at two blocks a multiprocessor (183 registers, 86 KB of shared memory; model_profile.py lists each
-// kernel's launch shape), and its lean_reduction 1 x 32 x 8 blocks. This kernel with TMA_STAGES 3 gets that
-// grid (8,4,8 at two blocks a multiprocessor, 104 KB), and in the model it lost more, not less (ours / plain
-// JAX, each run against its own plain JAX; the default build in an earlier run on another H200 the same day):
-// 1.027 against 1.010 at 8k keys and 4 kv heads, 1.020 against 1.014 at 32k, 1.018 against 0.997 at 8k keys
-// and 8 kv heads. So the grid is not what cuDNN's kernel gains by.
+// A fourth round (same shapes and harness, against the kernel before it): the TMA path with 4 stages
+// (one block per multiprocessor) was faster than the cp.async kernel in all four shapes (8k and 32k
+// keys, 4 and 8 kv heads); Nsight Compute shows more DRAM bandwidth, almost no L2 hits (no sector is
+// fetched twice) and fewer instructions. 3 stages (two blocks per multiprocessor), 2 stages, 6 stages,
+// 8 warps (128-key tiles) and 256 bytes of L2 promotion were within noise of it or slower; no L2
+// promotion was the same as 128 bytes.
+// The merge: Nsight Compute shows the merge kernel short against the split kernel, and under PDL much
+// of it overlaps the split kernel's tail, yet the model's decode step (`python3 -m
+// benchmarks.gpu.bench_gpu --only model`) without the merge kernel (a probe that skipped it, wrong
+// results) was measurably faster; and one split per kv head (no merge at all) leaves half the
+// multiprocessors idle, far from copy bandwidth. So the splits of a kv head's rows run as one
+// thread-block cluster that merges them through distributed shared memory where the clusters fit in
+// the grid's waves: faster with 8 kv heads (2 splits) at 8k and 32k keys in `python3 -m
+// benchmarks.gpu.bench_gpu --only decode` and in the model (alternating runs). With 4 kv heads (4
+// splits) clusters of 4 do not all fit at once (30 of 32 at one block per multiprocessor), so those
+// calls keep the merge kernel.
+// Inside the model at 4 kv heads and 8k keys (benchmarks/gpu/model_profile.py "decode b8 kv8k hkv4",
+// JA_GPU_PDL=0 so kernel times do not include PDL waits) this kernel is slower a layer than cuDNN's
+// split kernel, and the merge slower than cuDNN's reduction, while `bench_gpu --only decode` times ours
+// faster at the same shape: the gap is this kernel's, in the model. PDL on or off barely moves the
+// model's ratio. cuDNN's split kernel there launches 8 splits x 4 kv heads x 8 batches of 128
+// threads at two blocks a multiprocessor (183 registers, 86 KB of shared memory; model_profile.py lists
+// each kernel's launch shape), and its lean_reduction 1 x 32 x 8 blocks. This kernel with TMA_STAGES 3
+// gets that grid (8,4,8 at two blocks a multiprocessor, 104 KB), and in the model (`--only model`, ours
+// against plain JAX, each run against its own) it lost more, not less, at 8k and 32k keys with 4 kv
+// heads and at 8k with 8. So the grid is not what cuDNN's kernel gains by.
 // That build merges 8 splits in clusters of 8; with the merge kernel instead (JA_MHA_FWD_DECODE_CLUSTER=0)
-// it took 1.022 / 1.015 (8k / 32k keys, 4 kv heads), and with 4 splits in clusters of 4 (which then fit)
-// 1.028 / 1.054. More splits at one block a multiprocessor (8, 12, 16, 32: two or more waves) took
-// 1.044-1.204 at 8k keys. The merge kernel loads all of a row's splits (up to kDecodeMergeBatch) before it
-// uses any, one memory round trip instead of one per split: in the model at 4 kv heads, alternating with
-// the build that loaded a split at a time, 1.003-1.011 (median 1.007, five runs) against 1.013-1.014 at 8k
-// keys, and 0.999-1.010 against 1.008-1.012 at 32k (bench_gpu.py --only model, one H200).
-// A block that takes 4 kv heads of its batch at once (TMA boxes of 4 heads x 16 keys, so 1 KB rows of K and V
-// are read whole; warp w on head w, 16 splits to fill the device, no cross-warp merge) took 1.36 / 1.11 of
-// this kernel's time at 8k / 32k keys with 4 kv heads and 1.17 / 1.04 with 8 (tune_decode.cu b2b, same run,
-// float64 check passed): reading whole rows of all heads is not what the gap to cuDNN is.
+// or with 4 splits in clusters of 4 (which then fit) it stayed behind the default build, and more splits
+// at one block a multiprocessor (8, 12, 16, 32: two or more waves) were slower still at 8k keys.
+// The merge kernel loads all of a row's splits (up to kDecodeMergeBatch) before it uses any, one memory
+// round trip instead of one per split: in the model at 4 kv heads, alternating with the build that loaded
+// a split at a time, it was faster at 8k and 32k keys (`--only model`, one H200, five runs).
+// A block that takes 4 kv heads of its batch at once (TMA boxes of 4 heads x 16 keys, so 1 KB rows of K
+// and V are read whole; warp w on head w, 16 splits to fill the device, no cross-warp merge) was slower
+// than this kernel at 8k and 32k keys with 4 and 8 kv heads (benchmarks/gpu/tune_decode.cu b2b, same
+// run, float64 check passed): reading whole rows of all heads is not what the gap to cuDNN is.
 #ifndef JA_MHA_DECODE_TMA
 #define JA_MHA_DECODE_TMA 1
 #endif

@@ -50,7 +50,7 @@
 // the plain kernel: benchmarks/gpu/check_mha_fwd_sm90.cu. Left to try: kBlockN = 176 without causal
 // (FA-3's choice at d128), an epilogue through shared memory (16-byte or TMA stores), a persistent grid.
 // Causal blocks start heaviest first across the heads and batches of a chunk that one wave of blocks covers
-// (mha_gpu::grid_place, causal_chunk: the measurements are there).
+// (mha_gpu::grid_place, causal_chunk: the reasons are there).
 //
 // Built only for sm_90a (the gpu_sm90a kind of the mha_fwd module in
 // jax_aiter/jit/optCompilerConfig.json), with the CUTLASS/CuTe headers of the pinned
@@ -264,11 +264,11 @@ CUTE_DEVICE float exp2_fma(float x) {
 }
 
 // The softcap kernels' share of exp2 on the FMA pipe: every kSoftcapEmu-th column of a thread's scores.
-// Measured (H200, bf16, b1 s16k h32 d128, softcap 50; check_mha_fwd_sm90's "emu" rows): every 2nd, 3rd,
-// 4th column or none took 4.68, 4.25, 4.33, 4.47 ms causal and 9.07, 8.48, 8.43, 8.37 ms without a mask
-// (plain kernel: 3.37 and 6.10 ms). At d128 the softcap kernel stays about 1.3x the plain one: the
-// multifunction unit's two operations a score (tanh, exp2) and the FMA pipe's extra work together
-// outlast the tensor cores' part of the tile.
+// On the H200 (bf16, d128, softcap 50; benchmarks/gpu/check_mha_fwd_sm90.cu's "emu" rows time every 2nd,
+// 3rd, 4th column and none) every 3rd was the fastest causal and close to the best without a mask;
+// every 2nd moves too much onto the FMA pipe, none leaves all of it on the multifunction unit. At
+// d128 the softcap kernel stays slower than the plain one: the multifunction unit's two operations a
+// score (tanh, exp2) and the FMA pipe's extra work together outlast the tensor cores' part of the tile.
 constexpr int kSoftcapEmu = 3;
 
 // The keys [lo, hi) row i of batch b sees, and its diagonal (ja::mha_row), with lo and hi clamped to
@@ -597,16 +597,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
 // The (head, batch) pairs per chunk of a causal grid's block order (mha_gpu::grid_place) for the Hopper
 // forward and backward, which hold one block per multiprocessor (their registers): as many as one wave of
-// blocks covers, floor(multiprocessors / tiles a head), at least 1. Measured (H200, bf16, head dim 128,
-// causal, chunks of 1, 2, 4, 8, 16 and all pairs, one run): the best chunk was 16, 8, 4 and 2 pairs at
-// 8, 16, 32 and 64 tiles a head (b4 s1024 and b4 s4096 with 32 heads, b4 s2048 and b1 s8192 with 32 query
-// and 8 kv heads) within the runs' noise, this rule's; one chunk of all pairs took up to 1.3x as long (the
-// backward at b4 s4096: 4.28 against 3.28-3.34 ms), and one pair a chunk up to 1.2x (the backward at b4
-// s2048 with 8 kv heads: 1.04 against 0.87 ms). At head dim 256 (16 query / 8 kv heads; b4 s2048, b2 s4096,
-// b1 s8192; one run) the rule's forward was within 1% of the best chunk and its backward 1-3% slower than the
-// best (twice the rule's chunk), where one chunk of all pairs took up to 1.17x (the backward at b4 s2048: 1.53
-// against 1.31 ms); in the model's head-dim-256 train step the rule and one chunk of all pairs gave the same
-// ratio to plain JAX within the runs' noise (1.007 and 1.012 against 1.006 and 1.005, alternating runs).
+// blocks covers, floor(multiprocessors / tiles a head), at least 1. Chunks of 1, 2, 4, 8, 16 and all pairs
+// were compared on the H200 (bf16, causal, head dims 128 and 256, 8 to 64 tiles a head, with and without
+// grouped kv heads) by editing this function and timing `python3 -m benchmarks.gpu.bench_gpu --only
+// attention [--head-dim 256]`: at head dim 128 the best chunk was this rule's within noise, and both
+// extremes, one chunk of all pairs and one pair a chunk, were clearly slower in the backward. At head dim
+// 256 the rule was within noise of the best forward and slightly behind the best backward (twice the
+// rule's chunk), still clearly ahead of one chunk of all pairs; the model's head-dim-256 train step
+// (`--only model`) did not tell the rule and one chunk of all pairs apart.
 inline int64_t causal_chunk(int64_t tiles) {
   const int64_t per = mha_gpu::multiprocessors() / (tiles > 0 ? tiles : 1);
   return per > 0 ? per : 1;
