@@ -3,10 +3,9 @@
 // The JIT build generates instances and an instance table per kind (<module>_<kind>_instances.inc,
 // JA_INSTANCE rows); the entry points check the call (mha_problem_error, ja/kernels/mha_check.h) and look it up:
 //   GPU kinds  one instance per (dtype, padded head dim, causal): JA_INSTANCE(symbol, dtype, head_dim, causal);
-//              the smallest whose head dim holds both head_dim and head_dim_v runs (mha_dispatch: the
-//              kernels zero-pad the columns past the call's on load and never store them);
+//              the smallest whose head dim holds both head_dim and head_dim_v runs (mha_dispatch<true>);
 //   CPU        one instance per (dtype, padded head dim): JA_INSTANCE(symbol, dtype, head_dim); the smallest
-//              whose head dim holds both head_dim and head_dim_v runs (mha_dispatch_padded), every other
+//              whose head dim holds both head_dim and head_dim_v runs (mha_dispatch<false>), every other
 //              feature is read at run time.
 #pragma once
 #include <algorithm>
@@ -48,51 +47,32 @@ std::string mha_head_dims(const MhaInstance<Fn> (&table)[N], DType dtype) {
   return out.empty() ? "none" : out;
 }
 
-// Whether table entry e can run args: its dtype, a head dim that holds both head_dim and head_dim_v, and its
-// causal flag set for the CAUSAL mask (NONE and ROWS take the non-causal instances; a kernel that does not handle
-// ROWS or head_dim_v != head_dim sends the call to one that does, or refuses it naming the feature:
-// ja/kernels/mha_features.h).
-template <typename Fn, typename Args>
-bool mha_matches(const MhaInstance<Fn>& e, const Args& a) {
-  return e.fn && int(e.dtype) == a.p.dtype && e.head_dim >= std::max(a.p.head_dim, a.p.head_dim_v) &&
-         e.causal == (a.p.mask == kMaskCausal);
-}
-
-// Calls the instance for args (mha_matches; the smallest such head dim) with (&args, extra...).
-template <typename Fn, size_t N, typename Args, typename... Extra>
+// Calls the instance of args' dtype with the smallest head dim that holds both head_dim and head_dim_v (the
+// kernels zero-pad the columns past the call's on load and never store them) with (&args, extra...). ByMask: the
+// GPU kinds, whose instances are per causal flag: the CAUSAL mask takes the causal ones, NONE and ROWS the others
+// (a kernel that does not handle ROWS or head_dim_v != head_dim sends the call to one that does, or refuses it
+// naming the feature: ja/kernels/mha_features.h). The CPU instances read the mask at run time.
+template <bool ByMask, typename Fn, size_t N, typename Args, typename... Extra>
 const char* mha_dispatch(const char* op, const char* backend, const MhaInstance<Fn> (&table)[N], const Args& a,
                          Extra... extra) {
-  const MhaInstance<Fn>* best = nullptr;
-  for (const auto& e : table)
-    if (mha_matches(e, a) && (!best || e.head_dim < best->head_dim)) best = &e;
-  if (best) return best->fn(&a, extra...);
-  const DType dt = DType(a.p.dtype);
-  const bool known = a.p.dtype >= 0 && a.p.dtype <= int(DType::kF16);
-  return ja_error("%s: no %s instance for dtype %s holds head_dim %lld and head_dim_v %lld (mask %d) in this build; "
-                  "compiled (padded) head dims: %s", op, backend, known ? dtype_name(dt) : "unknown",
-                  (long long)a.p.head_dim, (long long)a.p.head_dim_v, int(a.p.mask), mha_head_dims(table, dt).c_str());
-}
-
-// Calls the instance of args' dtype with the smallest head dim that holds both head_dim and head_dim_v (the CPU
-// instances zero-pad on load), with (&args).
-template <typename Fn, size_t N, typename Args>
-const char* mha_dispatch_padded(const char* op, const char* backend, const MhaInstance<Fn> (&table)[N],
-                                const Args& a) {
   const int64_t need = std::max(a.p.head_dim, a.p.head_dim_v);
   const MhaInstance<Fn>* best = nullptr;
   for (const auto& e : table)
-    if (e.fn && int(e.dtype) == a.p.dtype && e.head_dim >= need && (!best || e.head_dim < best->head_dim)) best = &e;
-  if (best) return best->fn(&a);
+    if (e.fn && int(e.dtype) == a.p.dtype && e.head_dim >= need &&
+        (!ByMask || e.causal == (a.p.mask == kMaskCausal)) && (!best || e.head_dim < best->head_dim))
+      best = &e;
+  if (best) return best->fn(&a, extra...);
   const DType dt = DType(a.p.dtype);
   const bool known = a.p.dtype >= 0 && a.p.dtype <= int(DType::kF16);
-  return ja_error("%s: no %s instance for dtype %s holds head_dim %lld and head_dim_v %lld in this build; compiled "
-                  "(padded) head dims: %s", op, backend, known ? dtype_name(dt) : "unknown", (long long)a.p.head_dim,
-                  (long long)a.p.head_dim_v, mha_head_dims(table, dt).c_str());
+  const std::string mask = ByMask ? " (mask " + std::to_string(a.p.mask) + ")" : "";
+  return ja_error("%s: no %s instance for dtype %s holds head_dim %lld and head_dim_v %lld%s in this build; "
+                  "compiled (padded) head dims: %s", op, backend, known ? dtype_name(dt) : "unknown",
+                  (long long)a.p.head_dim, (long long)a.p.head_dim_v, mask.c_str(), mha_head_dims(table, dt).c_str());
 }
 
-// Whether sm_90a table entry e is the instance for args: its dtype and causal flag as mha_matches, and the
-// instance that holds the sm_90a kernel for the call's head dims (mha_sm90_dims.h: the kernel of the next
-// head dim up, TMA filling the columns past the call's with zeros), which need not be its head_dim.
+// Whether sm_90a table entry e is the instance for args: its dtype and causal flag as mha_dispatch<true> takes
+// them, and the instance that holds the sm_90a kernel for the call's head dims (mha_sm90_dims.h: the kernel of
+// the next head dim up, TMA filling the columns past the call's with zeros), which need not be its head_dim.
 template <typename Fn, typename Args>
 bool mha_sm90_matches(const MhaInstance<Fn>& e, const Args& a) {
   return e.fn && int(e.dtype) == a.p.dtype &&
