@@ -53,6 +53,14 @@ def store(tmp_path):
         yield root, served.url
 
 
+def altered_stand_in(folder: Path, version: str, member: str, text: str) -> Path:
+    """stand_in_wheel's wheel in a new `folder` with `member` added: other bytes under the same file name."""
+    folder.mkdir()
+    path = stand_in_wheel(folder, version)
+    with zipfile.ZipFile(path, "a") as zf:
+        zf.writestr(member, text)
+    return path
+
 def installed(target: Path) -> tuple[str, str]:
     """(version of the installed dist-info, the lane its package names)."""
     (info,) = target.glob("jax_aiter-*.dist-info")
@@ -118,11 +126,8 @@ def test_pip_and_uv_install_a_lane_from_the_release_assets_page(store, tmp_path)
 
 def test_a_file_changed_after_indexing_is_refused_by_both_installers(store, tmp_path):
     root, url = store
-    made = tmp_path / "other"
-    made.mkdir()
-    other = stand_in_wheel(made, "0.1.0+cuda13")
-    with zipfile.ZipFile(other, "a") as zf:
-        zf.writestr("jax_aiter/planted.py", "print('not what the index pinned')\n")
+    other = altered_stand_in(tmp_path / "other", "0.1.0+cuda13", "jax_aiter/planted.py",
+                             "print('not what the index pinned')\n")
     shutil.copyfile(other, root / "v0.1.0" / other.name)
     for i, cmd in enumerate(installers()):
         out = run([*cmd, "--no-deps", "--target", str(tmp_path / f"t{i}"), "--index-url", f"{url}/simple",
@@ -133,14 +138,10 @@ def test_a_file_changed_after_indexing_is_refused_by_both_installers(store, tmp_
 
 def test_a_published_file_never_changes_and_releases_accumulate(store, tmp_path):
     root, _ = store
-    made = tmp_path / "next"
-    made.mkdir()
-    changed = stand_in_wheel(made, "0.1.0+cuda13")
-    with zipfile.ZipFile(changed, "a") as zf:
-        zf.writestr("jax_aiter/extra.py", "")
+    changed = altered_stand_in(tmp_path / "next", "0.1.0+cuda13", "jax_aiter/extra.py", "")
     with pytest.raises(release_index.ReleaseIndexError, match="already in the store with other bytes"):
         release_index.add(root, "v0.1.0", [changed])
-    release_index.add(root, "v0.2.0", [stand_in_wheel(made, "0.2.0+cuda13")])
+    release_index.add(root, "v0.2.0", [stand_in_wheel(changed.parent, "0.2.0+cuda13")])
     doc = json.loads((root / "simple/jax-aiter/index.json").read_text())
     assert "0.2.0+cuda13" in doc["versions"] and "0.1.0+rocm7" in doc["versions"]
     with pytest.raises(release_index.ReleaseIndexError, match="cannot name a folder"):
