@@ -137,9 +137,11 @@ def plan(tier: str, platform: str, gpus: gpu_slots.Gpus, pytest_args: list[str],
                                 f"{gpu_slots.PER_GPU_ENV}={gpu_slots.tests_per_gpu(env)}); the extra workers would "
                                 f"wait for a slot until timeout. Use --workers {slots} or raise "
                                 f"{gpu_slots.PER_GPU_ENV}")
-            if n:  # our plugin is named too, so --longest-first is known whatever paths the run is given
+            if n:  # our plugin is named too, so --longest-first is known whatever paths the run is given; not
+                # when installed: -P and the emptied pythonpath leave jatools unimportable until tests/conftest.py
+                # (which loads the plugin) has the root appended after site-packages
                 argv += [*([] if autoload else ["-p", "xdist.plugin"]), "-n", str(n), "--dist", "worksteal",
-                         "-p", PLUGIN, "--longest-first"]
+                         *([] if installed else ["-p", PLUGIN]), "--longest-first"]
             elif platform != "cpu" and not pinned:
                 over[gpu_slots.SLOT_ENV] = "1"  # no xdist: pin this one process
         runs.append(PytestRun(kind, config, expr, (*argv, *pytest_args), over,
