@@ -88,6 +88,15 @@ def read_pyproject(root: Path | None = None) -> dict:
     return _read_pyproject(str(root or repo_root()))
 
 
+def dependency_group(name: str, root: Path | None = None) -> list[str]:
+    """A [dependency-groups] group's requirements, its {include-group = ...} entries expanded (PEP 735)."""
+    groups = read_pyproject(root)["dependency-groups"]
+
+    def expand(group: str) -> list[str]:
+        return [x for r in groups[group] for x in (expand(r["include-group"]) if isinstance(r, dict) else [r])]
+    return expand(name)
+
+
 def _near_miss(tool: dict, path: Path) -> None:
     """A table that looks like [tool.jax-aiter] and is not ([tool.jax_aiter], [tool.jaxaiter], [tool.jax-aitr]) would
     be ignored whole, its settings with it: refused instead."""

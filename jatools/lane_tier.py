@@ -33,13 +33,14 @@ class LaneTierError(RuntimeError):
 def requirements(wheel: Path, platform: str, root: Path) -> list[str]:
     """What the lane's venv gets: the wheel, JAX at the `test` group's pins (jax==, jaxlib==: the version the GPU
     plugin is pinned to and the tiers are run with; left to the wheel's own `jax` requirement, pip takes the newest
-    JAX, which the plugin does not match), the platform's JAX plugin and the `tier` group (pytest and its plugins)."""
+    JAX, which the plugin does not match), the platform's JAX plugin and the `tier` group (pytest and its plugins, and
+    what the tests' modules import when pytest collects them)."""
     groups = config.read_pyproject(root)["dependency-groups"]
     jax = [r for r in groups["test"] if isinstance(r, str) and re.match(r"(jax|jaxlib)\s*==", r)]
     if len(jax) != 2:
         raise LaneTierError(f"pyproject.toml's `test` dependency group pins {jax or 'no'} jax and jaxlib; pin both "
                             "(jax==X, jaxlib==X): the lane's venv takes JAX at that version")
-    return [str(wheel), *jax, *tiers.plugin_requirements(platform), *groups["tier"]]
+    return [str(wheel), *jax, *tiers.plugin_requirements(platform), *config.dependency_group("tier", root)]
 
 
 def make_env(wheel: Path, platform: str, folder: Path, root: Path) -> Path:

@@ -25,11 +25,10 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 import zipfile
 from pathlib import Path
 
-from jatools.config import python_version
+from jatools.config import dependency_group, python_version
 from jatools.native.jit_packages import canonical_name, is_headers_only
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,11 +45,7 @@ except ImportError:  # a bare host: pip's vendored copy
 
 
 def group_requirements(names: tuple[str, ...] = GROUPS) -> list[str]:
-    groups = tomllib.loads((ROOT / "pyproject.toml").read_text())["dependency-groups"]
-
-    def expand(name: str) -> list[str]:
-        return [x for r in groups[name] for x in (expand(r["include-group"]) if isinstance(r, dict) else [r])]
-    return sorted({r for g in names for r in expand(g)})
+    return sorted({r for g in names for r in dependency_group(g, ROOT)})
 
 
 def to_download(on_host: set[str], names: tuple[str, ...] = GROUPS) -> tuple[list[str], list[str]]:
