@@ -145,6 +145,16 @@ def test_remat_gives_the_same_gradients(device, policy):
 NO_DSF = {"xla_gpu_enable_dynamic_slice_fusion": False}
 
 
+@pytest.fixture
+def fresh_traces():
+    """JAX's trace caches emptied before and after the test: poisoning (JA_POISON_OUTPUTS) is decided when an op
+    is traced, and a trace cached under the other setting would be reused (seen on the H200: the production form,
+    run after the poisoned one in one process, got the poisoned calls)."""
+    jax.clear_caches()
+    yield
+    jax.clear_caches()
+
+
 def _scan_and_unrolled(layers=3):
     wq = _rand(30, (layers, D, D)) * 0.2
     keys = jax.random.split(jax.random.key(5), layers)
@@ -168,7 +178,7 @@ def _scan_and_unrolled(layers=3):
 
 
 @pytest.mark.parametrize("poisoned", [True, False], ids=["poisoned", "production"])
-def test_scan_over_layers(device, poisoned, monkeypatch):
+def test_scan_over_layers(device, poisoned, monkeypatch, fresh_traces):
     """lax.scan over layers (a key per layer, window and softcap, segment ids): equal to the unrolled loop,
     forward and gradients; with the harness's poisoned outputs and as users call it (no aliases)."""
     monkeypatch.setenv("JA_POISON_OUTPUTS", "1" if poisoned else "0")
@@ -184,7 +194,7 @@ def test_scan_over_layers(device, poisoned, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_scan_gradients_do_not_depend_on_dynamic_slice_fusion(monkeypatch):
+def test_scan_gradients_do_not_depend_on_dynamic_slice_fusion(monkeypatch, fresh_traces):
     """As users call it (no poisoning), the scanned program's gradients are bitwise the same whether XLA's GPU
     dynamic-slice fusion wraps the attention calls or not."""
     gpus = [d for d in jax.devices() if d.platform != "cpu"]
