@@ -194,7 +194,8 @@ def attention_features_ref(q, k, v, do, *, scale: float, mask, diag=None, softca
     alibi * |diag_i - j|, plus bias; P = softmax over the visible keys (0 for a row that sees none, whose
     lse is +inf); O = (P * keep / (1 - p)) V. Returns (o, lse [b, hq, sq], (dq, dk, dv, dbias [b, hq, sq, sk])).
     A key a row does not see never reaches it, NaN or infinite K and V included (the products over keys skip
-    P's zeros, the hidden pairs' dS is 0), while a row that sees one gets its NaN or infinity."""
+    P's zeros, the hidden pairs' dS is 0), nor a row's Q or dO the key's dk and dv (the products over rows skip
+    them too), while a row that sees one gets its NaN or infinity."""
     q, k, v, do = (np.asarray(x, np.float64) for x in (q, k, v, do))
     b, _, hq, d = q.shape
     sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
@@ -220,7 +221,7 @@ def attention_features_ref(q, k, v, do, *, scale: float, mask, diag=None, softca
     pd = p * drop
     o = _over_keys(pd, ve)
     dov = np.einsum("bqhd->bhqd", do)
-    dvv = np.einsum("bhqk,bhqd->bkhd", pd, dov)
+    dvv = _over_keys(np.swapaxes(pd, 2, 3), do)  # over the rows: a dO row a key does not see never reaches it
     dp = np.where(vis, np.einsum("bhqd,bkhd->bhqk", dov, ve), 0.0) * drop
     ds = p * (dp - (p * dp).sum(-1, keepdims=True))
     if dlse is not None:
@@ -228,7 +229,7 @@ def attention_features_ref(q, k, v, do, *, scale: float, mask, diag=None, softca
     ds = np.where(vis, ds, 0.0)
     dz = ds * (1.0 - (np.where(vis, s_soft(z, softcap), 0.0) / softcap) ** 2) if softcap else ds
     dq = _over_keys(dz, ke) * scale
-    dk = np.einsum("bhqk,bqhd->bkhd", dz, q) * scale
+    dk = _over_keys(np.swapaxes(dz, 2, 3), q) * scale  # the same for a Q row
     dk = dk.reshape(b, sk, hkv, g, d).sum(3)
     dvv = dvv.reshape(b, sk, hkv, g, dv).sum(3)
     return o, lse, (dq, dk, dvv, ds)

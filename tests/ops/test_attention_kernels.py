@@ -297,6 +297,8 @@ def test_non_finite_values_hidden_by_the_mask_stay_hidden(where):
     if where != "do":  # dO does not enter the forward
         assert np.all(np.isfinite(o[:, good_rows])) and rel_err(o[:, good_rows], ro[:, good_rows]) <= 1e-4
         assert not np.all(np.isfinite(o[:, bad_rows]))  # NaN/Inf reached the rows that see it
+    if where == "q":  # a NaN query row's scores are all NaN: its output and lse are NaN, never an empty row's 0
+        assert np.isnan(o[0, bad, 0]).all() and np.isnan(np.asarray(lse)[0, 0, bad])
     assert np.all(np.isfinite(dq[:, good_rows])) and rel_err(dq[:, good_rows], rdq[:, good_rows]) <= 1e-4
     for got, want in ((dk, rdk), (dv, rdv)):
         assert np.all(np.isfinite(got[:, good_keys])) and rel_err(got[:, good_keys], want[:, good_keys]) <= 1e-4

@@ -15,6 +15,7 @@
 // its score is -inf, and where a tile's V holds NaN or Inf and some row does not see every key of the
 // tile, O += P V runs over each row's visible keys only (0 * NaN would otherwise spread it).
 #pragma once
+#include <limits>
 #include <memory>
 
 #include "ja/api.h"
@@ -84,10 +85,13 @@ struct MhaFwdCpu {
           continue;
         }
         score_row<Bc, V>(s, nullptr, terms, q0 + r, w.rows.diag[r], kv0, lo, hi);
-        const float m_new = std::max(w.m[r], row_max<Bc, V>(s));
-        if (m_new == -kInf) {  // every visible score is -inf (a -inf bias): as if nothing were visible
-          std::fill(s, s + Bc, 0.0f);
-          continue;
+        float m_new = std::max(w.m[r], row_max<Bc, V>(s));  // (row_max passes over NaN)
+        if (m_new == -kInf) {
+          if (std::none_of(s + lo, s + hi, [](float x) { return std::isnan(x); })) {
+            std::fill(s, s + Bc, 0.0f);  // every visible score is -inf (a -inf bias): as if nothing were visible
+            continue;
+          }
+          m_new = std::numeric_limits<float>::quiet_NaN();  // NaN scores only (NaN in q or k): the row is NaN
         }
         const float alpha = exp2_scalar<V>(w.m[r] - m_new);  // 0 while m was -inf
         const V m_v = splat<V>(m_new);
