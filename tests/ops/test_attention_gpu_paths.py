@@ -90,13 +90,13 @@ class Case:
 
     def __init__(self, name, fwd, bwd, *, dtype="bfloat16", b=2, sq=77, sk=131, hq=4, hkv=2, d=64, dv=None,
                  causal=False, window=None, varlen=None, softcap=0.0, alibi=None, bias=None, dropout=0.0,
-                 deterministic=False, nan=False, force=True, sm90=None):
+                 deterministic=False, nan=False, nan_rows=False, force=True, sm90=None):
         self.name, self.fwd, self.bwd, self.dtype, self.force = name, fwd, bwd, dtype, force
         self.sm90 = fwd == HOPPER if sm90 is None else sm90  # the Hopper kernels left on
         self.b, self.sq, self.sk, self.hq, self.hkv, self.d, self.dv = b, sq, sk, hq, hkv, d, dv or d
         self.causal, self.window, self.varlen = causal, window, varlen
         self.softcap, self.alibi, self.bias, self.dropout = softcap, alibi, bias, dropout
-        self.deterministic, self.nan = deterministic, nan
+        self.deterministic, self.nan, self.nan_rows = deterministic, nan, nan_rows
 
     def __repr__(self):
         return self.name
@@ -137,6 +137,9 @@ def _inputs(c: Case, seed: int):
         host[2][:, k1, :, 0] = -np.inf
         host[1][:, k2, :, min(5, c.d - 1)] = np.nan
         host[2][:, k3, :, :] = np.nan
+    if c.nan_rows:  # query rows that see some keys of a tile and not others: NaN in their q and dO
+        host[0][:, c.sq // 3 + 1, :, min(2, c.d - 1)] = np.nan
+        host[3][:, c.sq // 2 + 3, :, 0] = np.nan
     alibi = bias = None
     if c.alibi is not None:
         alibi = (0.05 * (1 + np.arange(np.prod(c.alibi)) % 7)).astype(np.float32).reshape(c.alibi)
@@ -233,7 +236,8 @@ def _cases():
                  varlen=([90, 110], [90, 110]), softcap=4.0, deterministic=True),
             Case(f"{n}-deterministic-causal-d128", p, p, sq=150, sk=170, d=128, causal=True, deterministic=True),
             Case(f"{n}-nan-hidden-causal", p, p, b=1, sq=96, sk=96, hq=2, hkv=1, causal=True, nan=True),
-            Case(f"{n}-nan-hidden-window", p, p, b=1, sq=160, sk=160, hq=2, hkv=1, window=(8, 0), nan=True),
+            Case(f"{n}-nan-hidden-window", p, p, b=1, sq=160, sk=160, hq=2, hkv=1, window=(8, 0), nan=True,
+                 nan_rows=True),
         ]
     cs += [
         Case("mma-float16-window-softcap-alibi", MMA, MMA, dtype="float16", sq=120, sk=120, window=(30, 10),
@@ -285,6 +289,15 @@ def _cases():
         Case("hopper-deterministic-d256-window", h, h, b=1, sq=400, sk=400, d=256, window=(100, 0),
              deterministic=True),
         Case("hopper-nan-hidden-causal", h, h, b=1, sq=300, sk=300, hq=2, hkv=1, d=64, causal=True, nan=True),
+        Case("hopper-nan-hidden-window-d128", h, h, b=1, sq=400, sk=400, hq=4, hkv=2, d=128, window=(40, 0),
+             nan=True),
+        Case("hopper-nan-rows-causal-gqa", h, h, b=1, sq=300, sk=300, hq=4, hkv=1, d=128, causal=True, nan_rows=True),
+        Case("hopper-nan-rows-varlen-deterministic", h, h, b=1, sq=330, sk=330, hq=2, hkv=1, d=64,
+             varlen=([100, 130, 100], [100, 130, 100]), causal=True, nan=True, nan_rows=True, deterministic=True),
+        Case("hopper-nan-hidden-d256-window", h, h, b=1, sq=260, sk=260, hq=2, hkv=1, d=256, window=(30, 0),
+             nan=True, nan_rows=True),
+        Case("hopper-nan-hidden-softcap-alibi", h, h, b=2, sq=300, sk=300, hq=4, hkv=2, d=128, causal=True,
+             softcap=20.0, alibi=(2, 4), nan=True, nan_rows=True),
         Case("hopper-float16-window-softcap-alibi", h, h, dtype="float16", sq=320, sk=320, d=64,
              window=(90, 10), softcap=6.0, alibi=(1, 4)),
         # the Hopper kernels left on decline bias and dropout: the call moves to SIMT
@@ -296,17 +309,6 @@ def _cases():
     return cs
 
 
-# Cases a kernel fails by a limitation its header documents (strict: the mark must go when the kernel is fixed).
-KNOWN = {"hopper-nan-hidden-causal": "mha_fwd_sm90.cuh: in a tile that straddles the causal diagonal, a V row a "
-         "query does not see is still multiplied by P = 0 in the P V product, so NaN/Inf held there reaches that "
-         "query's output (issue 58's masked-NaN goal, not met on the sm_90a path)"}
-
-
-def _marked(cases):
-    return [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=KNOWN[c.name])) if c.name in KNOWN else c
-            for c in cases]
-
-
-@pytest.mark.parametrize("case", _marked(_cases()), ids=repr)
+@pytest.mark.parametrize("case", _cases(), ids=repr)
 def test_gpu_kernel_matches_reference(case, monkeypatch):
     run_case(case, monkeypatch)

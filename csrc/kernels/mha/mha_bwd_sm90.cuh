@@ -230,7 +230,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
     if (pending) bwd_sync_release(pending);
   }
 
-  bwd_store_dkdv<BN, D, D>(p, w, thr_dkv, tdKacc, thr_dkv, tdVacc);
+  bwd_store_dkdv<BN, D, D, CAUSAL>(p, w, thr_dkv, tdKacc, thr_dkv, tdVacc);
 #else
   __trap();  // built for another target than sm_90a: never launched (the host checks the device)
 #endif

@@ -72,7 +72,14 @@ struct BwdArgs {
   int32_t* sync;    // deterministic: the semaphores, [batch, heads_q, m_tiles]; null otherwise
   int32_t m_tiles;  // ceil(seq_q / kBwdTileRows)
   int64_t chunk;    // causal: (head, batch) pairs per chunk of the block order (causal_chunk)
+  ExactBwd<Element> in;  // the inputs, for keys computed again (exact_dkdv_key)
 };
+
+template <typename Element>
+ExactBwd<Element> exact_bwd(const JaMhaBwdArgs& a) {
+  return {static_cast<const Element*>(a.q), static_cast<const Element*>(a.k), static_cast<const Element*>(a.v),
+          static_cast<const Element*>(a.dout), a.lse, a.delta};
+}
 
 template <typename Element>
 BwdArgs<Element> bwd_args(const JaMhaBwdArgs& a, bool feat) {
@@ -102,7 +109,8 @@ BwdArgs<Element> bwd_args(const JaMhaBwdArgs& a, bool feat) {
           a.cols_batch_stride,
           a.deterministic ? a.sync : nullptr,
           int((pr.seq_q + kBwdTileRows - 1) / kBwdTileRows),
-          0};  // chunk: bwd_launch sets it from the grid
+          0,  // chunk: bwd_launch sets it from the grid
+          exact_bwd<Element>(a)};
 }
 
 // A TMA load of ROWS x COLS tiles of a [batch, seq, heads, dim] tensor into SmemLayout (columns past dim
@@ -554,14 +562,68 @@ CUTE_DEVICE void bwd_store_rows(ThrMma const& thr_mma, Acc const& acc, Element* 
   }
 }
 
-// dK * scale and dV of the block's keys (< seq_k), columns < d and < dv.
-template <int BN, int D, int DV, typename Element, typename ThrK, typename ThrV, typename AccK, typename AccV>
+// The 32-bit words of a bit set over N entries (keys of a block, columns of a head dim).
+template <int N>
+struct Bits {
+  uint32_t w[(N + 31) / 32] = {};
+  CUTE_DEVICE void set(int i) { w[i / 32] |= 1u << (i % 32); }
+  CUTE_DEVICE bool has(int i) const { return (w[i / 32] >> (i % 32)) & 1u; }
+  CUTE_DEVICE bool warp_or() {  // the union over the warp; whether it is empty
+    uint32_t any = 0;
+    CUTLASS_PRAGMA_UNROLL
+    for (int k = 0; k < (N + 31) / 32; ++k) any |= (w[k] = __reduce_or_sync(0xffffffffu, w[k]));
+    return any != 0;
+  }
+};
+
+// Marks in `keys` the block's keys (rows < nk) whose accumulators in `acc` are NaN or infinite, and in `cols`
+// the columns this thread holds.
+template <int BN, int COLS, typename ThrMma, typename Acc>
+CUTE_DEVICE void bwd_nonfinite(ThrMma const& thr_mma, Acc const& acc, int nk, Bits<BN>& keys, Bits<COLS>& cols) {
+  Tensor c = thr_mma.partition_C(make_identity_tensor(Shape<Int<BN>, Int<COLS>>{}));
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < decltype(size(acc))::value; ++i) {
+    const int kr = int(get<0>(c(i)));
+    cols.set(int(get<1>(c(i))));
+    if (kr < nk && !isfinite(acc(i))) keys.set(kr);
+  }
+}
+
+// dK * scale and dV of the block's keys (< seq_k), columns < d and < dv. A key whose dK or dV came out NaN or
+// infinite is computed again, exactly, by each warp that holds some of its columns, which it then rewrites
+// (mha_sm90_exact.cuh): NaN or Inf in Q or dO of rows that do not see the key stays out of it.
+template <int BN, int D, int DV, bool CAUSAL, typename Element, typename ThrK, typename ThrV, typename AccK,
+          typename AccV>
 CUTE_DEVICE void bwd_store_dkdv(BwdArgs<Element> const& p, BwdWork const& w, ThrK const& thr_dk, AccK const& dk_acc,
                                 ThrV const& thr_dv, AccV const& dv_acc) {
   const int64_t row0 = (int64_t(w.b) * w.sk + w.kv0) * p.heads_kv + w.hk;
   bwd_store_rows<BN, D>(thr_dk, dk_acc, p.dk + row0 * p.d, int64_t(p.heads_kv) * p.d, w.nk, p.d, p.scale);
   bwd_store_rows<BN, DV>(thr_dv, dv_acc, p.dv + row0 * p.dv_cols, int64_t(p.heads_kv) * p.dv_cols, w.nk, p.dv_cols,
                          1.0f);
+  Bits<BN> keys;
+  Bits<D> cols_k;
+  Bits<DV> cols_v;
+  bwd_nonfinite(thr_dk, dk_acc, w.nk, keys, cols_k);
+  bwd_nonfinite(thr_dv, dv_acc, w.nk, keys, cols_v);
+  if (!keys.warp_or()) return;
+  cols_k.warp_or();
+  cols_v.warp_or();
+  __syncwarp();  // this warp's stores above come first
+  const int lane = int(threadIdx.x % 32);
+  for (int kr = 0; kr < w.nk; ++kr) {
+    if (!keys.has(kr)) continue;  // the same on every lane
+    const int64_t j = w.kv0 + kr;
+    float dk[kExactCols], dv[kExactCols];
+    exact_dkdv_key(p.pr, p.in, w.b, w.hk, j, sm90_col<CAUSAL>(p.pr, p.cols, p.cols_batch_stride, w.b, int(j)),
+                   [&](int64_t i) { return sm90_row<CAUSAL>(p.pr, w.b, int(i)).diag; }, dk, dv);
+    const int64_t row = row0 + int64_t(kr) * p.heads_kv;
+    CUTLASS_PRAGMA_UNROLL
+    for (int t = 0; t < kExactCols; ++t) {
+      const int c = lane + 32 * t;
+      if (c < p.d && c < D && cols_k.has(c)) p.dk[row * p.d + c] = Element(dk[t]);
+      if (c < p.dv_cols && c < DV && cols_v.has(c)) p.dv[row * p.dv_cols + c] = Element(dv[t]);
+    }
+  }
 }
 
 // delta = rowsum(dO * O) over the dv columns, dq_accum's rows zeroed over the d columns: one 8-lane
@@ -595,19 +657,32 @@ __global__ void __launch_bounds__(256) bwd_preprocess(const T* o, const T* dout,
   }
 }
 
-// dq = dq_accum rounded to the input dtype, four elements a thread (n4 = elements / 4; dq 8-byte aligned).
-template <typename T>
-__global__ void __launch_bounds__(256) convert_dq4(const float4* acc, T* dq, int64_t n4) {
-  for (int64_t i = int64_t(blockIdx.x) * 256 + threadIdx.x; i < n4; i += int64_t(gridDim.x) * 256) {
-    const float4 v = acc[i];
-    struct alignas(8) Four {
-      T e[4];
-    } o;
-    o.e[0] = from_f32<T>(v.x);
-    o.e[1] = from_f32<T>(v.y);
-    o.e[2] = from_f32<T>(v.z);
-    o.e[3] = from_f32<T>(v.w);
-    reinterpret_cast<Four*>(dq)[i] = o;
+// dq = dq_accum rounded to the input dtype, one warp a row (b, i, h) of d columns (d a multiple of 8, dq_accum
+// and dq 16-byte aligned), four columns a lane at a time. A row that came out NaN or infinite (a K, V or dO
+// value hidden from it can put 0 x NaN into dq_accum) is computed again, exactly, by the warp
+// (mha_sm90_exact.cuh).
+template <typename Element, bool CAUSAL>
+__global__ void __launch_bounds__(256, 4) convert_dq_rows(JaMhaProblem const pr, ExactBwd<Element> const in,
+                                                      const float* acc, Element* dq) {
+  const int d = int(pr.head_dim), lane = int(threadIdx.x % 32);
+  const int64_t rows = pr.batch * pr.seq_q * pr.heads_q;
+  for (int64_t r = int64_t(blockIdx.x) * 8 + threadIdx.x / 32; r < rows; r += int64_t(gridDim.x) * 8) {
+    bool bad = false;
+    for (int c = 4 * lane; c < d; c += 128) {
+      const float4 v = *reinterpret_cast<const float4*>(acc + r * d + c);
+      bad |= !isfinite(v.x) || !isfinite(v.y) || !isfinite(v.z) || !isfinite(v.w);
+      cutlass::Array<Element, 4> o;
+      o[0] = Element(v.x);
+      o[1] = Element(v.y);
+      o[2] = Element(v.z);
+      o[3] = Element(v.w);
+      *reinterpret_cast<cutlass::Array<Element, 4>*>(dq + r * d + c) = o;
+    }
+    if (__any_sync(0xffffffffu, bad)) {
+      __syncwarp();  // this warp's stores above come first
+      const int h = int(r % pr.heads_q), i = int((r / pr.heads_q) % pr.seq_q), b = int(r / (pr.heads_q * pr.seq_q));
+      exact_dq_row(pr, in, dq, b, h, i, sm90_row<CAUSAL>(pr, b, i));
+    }
   }
 }
 
@@ -662,10 +737,9 @@ const char* bwd_run(const JaMhaBwdArgs& a, cudaStream_t s, Main launch_main) {
   }
   if (const char* e = launch_main()) return e;
   {
-    const int64_t n4 = q_rows * pr.head_dim / 4;  // d is a multiple of 8; dq_accum and dq are 16-byte aligned
-    const int64_t blocks = std::min<int64_t>((n4 + 255) / 256, max_blocks);
-    convert_dq4<T><<<unsigned(blocks), 256, 0, s>>>(reinterpret_cast<const float4*>(a.dq_accum),
-                                                    static_cast<T*>(a.dq), n4);
+    using E = typename CutlassType<T>::type;
+    const int64_t blocks = std::min<int64_t>((q_rows + 7) / 8, max_blocks);
+    convert_dq_rows<E, CAUSAL><<<unsigned(blocks), 256, 0, s>>>(pr, exact_bwd<E>(a), a.dq_accum, static_cast<E*>(a.dq));
     if (const char* e = mha_gpu::launch_status("mha_bwd (convert dQ)")) return e;
   }
   return nullptr;

@@ -312,7 +312,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     if (pending) bwd_sync_release(pending);
   }
 
-  bwd_store_dkdv<BN, D, DV>(p, w, thr_dk, tdKacc, thr_dv, tdVacc);
+  bwd_store_dkdv<BN, D, DV, CAUSAL>(p, w, thr_dk, tdKacc, thr_dv, tdVacc);
 #else
   __trap();  // built for another target than sm_90a: never launched (the host checks the device)
 #endif

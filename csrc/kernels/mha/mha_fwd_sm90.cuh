@@ -41,9 +41,10 @@
 // Conventions are those of the other forward kernels (ja/kernels/mha.h): rows with no visible key get
 // output 0 and lse = +inf, lse is the natural log. Rows and keys past the ends of q, k and v are
 // zero-filled by the TMA unit and masked; out and lse are stored only for rows < seq_q. A key a row does
-// not see never enters its softmax; but in a tile that straddles the mask a key's V row is multiplied
-// by P = 0 (and K by dS = 0 in the backward), so NaN or Inf held there reaches the row (IEEE 0 * NaN);
-// tiles wholly outside the mask are never read.
+// not see never enters its softmax, but in a tile that straddles the mask its V row is still multiplied
+// by P = 0, and IEEE 0 * NaN is NaN: a row whose output comes out non-finite is computed again, exactly,
+// over the keys it sees (mha_sm90_exact.cuh), so NaN or Inf reaches a row only when the row sees it.
+// Tiles wholly outside the mask are never read.
 //
 // Its speed against cuDNN: `python3 benchmarks/gpu/bench_gpu.py --only attention [--head-dim D]` on an
 // H200 (the numbers live in that run's output, not here); kernel-level timings of each feature against
@@ -78,6 +79,7 @@
 #include "ja/kernels/mha_features.h"
 #include "mha/mha_fwd_gpu_decode.cuh"
 #include "mha/mha_sm90_dims.h"
+#include "mha/mha_sm90_exact.cuh"
 
 namespace ja {
 namespace mha_sm90 {
@@ -214,6 +216,7 @@ struct Traits {
     float alibi_mul;  // ALIBI: 1 / u
     JaMhaProblem pr;  // the call's problem (sm90_row reads its mask)
     int64_t chunk;  // causal: (head, batch) pairs per chunk of the block order (causal_chunk)
+    const Element *q, *k, *v;  // the inputs, for rows computed again (exact_fwd_row)
   };
 };
 
@@ -590,6 +593,28 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     if (int(get<1>(tOcO_rc(r, 0))) == 0)
       lse[row] = empty ? INFINITY : row_max[r] * s2 * 0.6931471805599453f + __logf(sum);
   }
+  // Rows whose output came out NaN or infinite (a warp holds 16 whole rows): computed again, exactly, by the
+  // warp (mha_sm90_exact.cuh). Finite results pass this check only.
+  {
+    uint32_t bad = 0;
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      bool nf = !isfinite(row_sum[r]);
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < size<1>(o); ++c) nf |= !isfinite(o(r, c));
+      if (nf) bad |= 1u << (int(get<0>(tOcO_rc(r, 0))) % 16);
+    }
+    bad = __reduce_or_sync(0xffffffffu, bad);
+    if (bad) {
+      __syncwarp();  // this warp's stores above come first
+      const int base = r0 + (int(get<0>(tOcO_rc(0, 0))) & ~15);
+      for (; bad; bad &= bad - 1) {
+        const int row = base + __ffs(bad) - 1;
+        if (row < sq)
+          exact_fwd_row(p.pr, p.q, p.k, p.v, p.o, p.lse, b, h, row, sm90_row<CAUSAL>(p.pr, b, row));
+      }
+    }
+  }
 #else
   __trap();  // built for another target than sm_90a: never launched (the host checks the device)
 #endif
@@ -647,7 +672,10 @@ const char* mha_fwd_sm90_launch(const JaMhaFwdArgs& a, cudaStream_t stream) {
       pr.alibi_batch_stride,
       ALIBI ? 1.0f / u : 0.0f,
       pr,
-      causal_chunk(grid.x)};  // read only by causal grids (grid_place)
+      causal_chunk(grid.x),  // read only by causal grids (grid_place)
+      static_cast<Element const*>(a.q),
+      static_cast<Element const*>(a.k),
+      static_cast<Element const*>(a.v)};
   return mha_gpu::launch_with_smem(mha_fwd_sm90_kernel<Tr, CAUSAL, SOFTCAP, ALIBI, EMU>, grid, Tr::kThreads,
                                    Tr::kSmemBytes, stream, p, "mha_fwd (sm90)");
 }
