@@ -600,12 +600,18 @@ CUTE_DEVICE void bwd_store_dkdv(BwdArgs<Element> const& p, BwdWork const& w, Thr
   bwd_store_rows<BN, D>(thr_dk, dk_acc, p.dk + row0 * p.d, int64_t(p.heads_kv) * p.d, w.nk, p.d, p.scale);
   bwd_store_rows<BN, DV>(thr_dv, dv_acc, p.dv + row0 * p.dv_cols, int64_t(p.heads_kv) * p.dv_cols, w.nk, p.dv_cols,
                          1.0f);
+  bool bad = false;  // the fast check (registers only); the sets below index by thread, in local memory
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < decltype(size(dk_acc))::value; ++i) bad |= !isfinite(dk_acc(i));
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < decltype(size(dv_acc))::value; ++i) bad |= !isfinite(dv_acc(i));
+  if (!__any_sync(0xffffffffu, bad)) return;
   Bits<BN> keys;
   Bits<D> cols_k;
   Bits<DV> cols_v;
   bwd_nonfinite(thr_dk, dk_acc, w.nk, keys, cols_k);
   bwd_nonfinite(thr_dv, dv_acc, w.nk, keys, cols_v);
-  if (!keys.warp_or()) return;
+  if (!keys.warp_or()) return;  // only keys past seq_k
   cols_k.warp_or();
   cols_v.warp_or();
   __syncwarp();  // this warp's stores above come first
@@ -615,7 +621,8 @@ CUTE_DEVICE void bwd_store_dkdv(BwdArgs<Element> const& p, BwdWork const& w, Thr
     const int64_t j = w.kv0 + kr;
     float dk[kExactCols], dv[kExactCols];
     exact_dkdv_key(p.pr, p.in, w.b, w.hk, j, sm90_col<CAUSAL>(p.pr, p.cols, p.cols_batch_stride, w.b, int(j)),
-                   [&](int64_t i) { return sm90_row<CAUSAL>(p.pr, w.b, int(i)).diag; }, dk, dv);
+                   // by value: a reference to w would send it to local memory for the whole kernel
+                   [pr = p.pr, b = w.b](int64_t i) { return sm90_row<CAUSAL>(pr, b, int(i)).diag; }, dk, dv);
     const int64_t row = row0 + int64_t(kr) * p.heads_kv;
     CUTLASS_PRAGMA_UNROLL
     for (int t = 0; t < kExactCols; ++t) {
@@ -662,8 +669,9 @@ __global__ void __launch_bounds__(256) bwd_preprocess(const T* o, const T* dout,
 // value hidden from it can put 0 x NaN into dq_accum) is computed again, exactly, by the warp
 // (mha_sm90_exact.cuh).
 template <typename Element, bool CAUSAL>
-__global__ void __launch_bounds__(256, 4) convert_dq_rows(JaMhaProblem const pr, ExactBwd<Element> const in,
-                                                      const float* acc, Element* dq) {
+__global__ void __launch_bounds__(256, 4) convert_dq_rows(CUTE_GRID_CONSTANT JaMhaProblem const pr,
+                                                         CUTE_GRID_CONSTANT ExactBwd<Element> const in,
+                                                         const float* acc, Element* dq) {
   const int d = int(pr.head_dim), lane = int(threadIdx.x % 32);
   const int64_t rows = pr.batch * pr.seq_q * pr.heads_q;
   for (int64_t r = int64_t(blockIdx.x) * 8 + threadIdx.x / 32; r < rows; r += int64_t(gridDim.x) * 8) {
