@@ -22,7 +22,8 @@
 // they handle its features (JA_MHA_BWD_MMA=0, read on every call, skips them), else to the SIMT ones
 // (float32, HIP, and bias and dropout everywhere); ja_mha_bwd_gpu_path_calls(path) counts the calls each ran.
 // A key a row does not see never reaches its gradients: P and dX of such a pair are selected to 0 whatever
-// K and V hold, and where a K tile holds a NaN or an infinity the dQ product skips dX's zeros.
+// K and V hold, and where a K tile holds a NaN or an infinity the dQ product skips dX's zeros; where a Q or dO
+// tile does, the dK and dV products skip them (a hidden row's Q and dO never reach the key).
 #pragma once
 #include <algorithm>
 #include <initializer_list>
@@ -206,11 +207,13 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_bwd_dkdv(JaMhaBwdArgs a) {
       const int rows = int(q_end - q0 < BR ? q_end - q0 : BR);
       __syncthreads();  // the previous tile's readers of q_s, do_s, pt_s, dst_s, drop_s are done
       if (drop.on) drop.tile_bits<BR, W>(b, h, q0, rows, kv0, nk, drop_s);
-      load_tile<T, BR, D>(q_s, static_cast<const T*>(a.q) + ((b * sq + q0) * hq + h) * hd, q_stride, rows, hd, vec);
-      load_tile<T, BR, D>(do_s, static_cast<const T*>(a.dout) + ((b * sq + q0) * hq + h) * hdv, o_stride, rows, hdv,
-                          vec);
+      const bool qbad = load_tile<T, BR, D, true>(q_s, static_cast<const T*>(a.q) + ((b * sq + q0) * hq + h) * hd,
+                                                  q_stride, rows, hd, vec);
+      const bool gbad = load_tile<T, BR, D, true>(
+          do_s, static_cast<const T*>(a.dout) + ((b * sq + q0) * hq + h) * hdv, o_stride, rows, hdv, vec);
       load_row_info(a, b, h, q0, rows, BR, lse_s, delta_s, lo_s, hi_s, dg_s);
-      __syncthreads();
+      // a NaN/inf in Q or dO: the dK and dV products skip P's and dX's zeros (a hidden row's Q and dO)
+      const bool qguard = __syncthreads_or(qbad || gbad);
 
       // S^T = K Q^T and dP^T = V dO^T for this thread's (key, query) block.
       float st[RJ][CI], dpt[RJ][CI];
@@ -278,13 +281,23 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_bwd_dkdv(JaMhaBwdArgs a) {
           gv[d] = to_f32(do_s[i * LD + tx + d * kTx]);
           qv[d] = to_f32(q_s[i * LD + tx + d * kTx]);
         }
+        if (qguard) {
 #pragma unroll
-        for (int j = 0; j < RJ; ++j)
+          for (int j = 0; j < RJ; ++j)
 #pragma unroll
-          for (int d = 0; d < DN; ++d) {
-            dv[j][d] += pv[j] * gv[d];
-            dk[j][d] += sv[j] * qv[d];
-          }
+            for (int d = 0; d < DN; ++d) {
+              if (pv[j] != 0.0f) dv[j][d] += pv[j] * gv[d];
+              if (sv[j] != 0.0f) dk[j][d] += sv[j] * qv[d];
+            }
+        } else {
+#pragma unroll
+          for (int j = 0; j < RJ; ++j)
+#pragma unroll
+            for (int d = 0; d < DN; ++d) {
+              dv[j][d] += pv[j] * gv[d];
+              dk[j][d] += sv[j] * qv[d];
+            }
+        }
       }
 
       // dQ += dX K * scale, one query row at a time to bound registers (deterministic: mha_bwd_dq does it).

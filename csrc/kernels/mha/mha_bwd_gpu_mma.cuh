@@ -284,6 +284,13 @@ JA_GLOBAL void __launch_bounds__(BwdMmaTiles<T, D>::kThreads, JA_MHA_BWD_MMA_MIN
     // by a select, whatever K and V hold. Every pair is visible where the tile's keys lie in
     // [lo of its last row, hi of its first row) (lo, hi non-decreasing) and the tile is whole.
     const bool need_mask = nk < BC || rows < BR || !(kv0 >= lo_t[rows - 1] && kv0 + BC <= hi_t[0]);
+    // A NaN/inf in Q or dO where some pairs are hidden: this tile's dK and dV take the SIMT sums below, which
+    // skip P's and dX's zeros (a hidden row's Q and dO never reach the key; 0 * inf is NaN on the matrix units).
+    // Head dims up to 128 only: above, the sums' code made the kernel spill two to three times as much (nvcc 13,
+    // sm_80) for every call, and there a hidden row's NaN in Q or dO can reach a key's dK and dV.
+    bool qbad = false;
+    if constexpr (D <= 128)
+      qbad = need_mask && (tile_nonfinite<T, BR, D, LD, NT>(qt, hd) || tile_nonfinite<T, BR, D, LD, NT>(dot, hdv));
 #pragma unroll
     for (int n = 0; n < NS; ++n) {
       const float2 l2 = *reinterpret_cast<const float2*>(lse_t + n * 8 + 2 * t);
@@ -320,36 +327,72 @@ JA_GLOBAL void __launch_bounds__(BwdMmaTiles<T, D>::kThreads, JA_MHA_BWD_MMA_MIN
     // B (k = query, n = head-dim; stored [query][d]): the forward's V pattern
     // (ldmatrix_x4_trans, two B fragments for head-dim n2*16 + [0, 8) and [8, 16)).
     // The rounded dX^T also goes to ds_s for the dQ product.
+    if (!qbad) {
 #pragma unroll
-    for (int kr = 0; kr < KR; ++kr) {
-      uint32_t pa[4], sa[4];
-      pa[0] = mma::pack2<T>(st[2 * kr][0], st[2 * kr][1]);
-      pa[1] = mma::pack2<T>(st[2 * kr][2], st[2 * kr][3]);
-      pa[2] = mma::pack2<T>(st[2 * kr + 1][0], st[2 * kr + 1][1]);
-      pa[3] = mma::pack2<T>(st[2 * kr + 1][2], st[2 * kr + 1][3]);
-      sa[0] = mma::pack2<T>(dpt[2 * kr][0], dpt[2 * kr][1]);
-      sa[1] = mma::pack2<T>(dpt[2 * kr][2], dpt[2 * kr][3]);
-      sa[2] = mma::pack2<T>(dpt[2 * kr + 1][0], dpt[2 * kr + 1][1]);
-      sa[3] = mma::pack2<T>(dpt[2 * kr + 1][2], dpt[2 * kr + 1][3]);
-      if constexpr (!DET) {
-        // a[0] = (key g, queries 2t..), a[1] = (g + 8, 2t..), a[2] = (g, 2t + 8..), a[3] = (g + 8, 2t + 8..)
-        T* ds_row = ds_s + (wrow + g) * LDS + kr * 16 + 2 * t;
-        *reinterpret_cast<uint32_t*>(ds_row) = sa[0];
-        *reinterpret_cast<uint32_t*>(ds_row + 8 * LDS) = sa[1];
-        *reinterpret_cast<uint32_t*>(ds_row + 8) = sa[2];
-        *reinterpret_cast<uint32_t*>(ds_row + 8 * LDS + 8) = sa[3];
-      }
+      for (int kr = 0; kr < KR; ++kr) {
+        uint32_t pa[4], sa[4];
+        pa[0] = mma::pack2<T>(st[2 * kr][0], st[2 * kr][1]);
+        pa[1] = mma::pack2<T>(st[2 * kr][2], st[2 * kr][3]);
+        pa[2] = mma::pack2<T>(st[2 * kr + 1][0], st[2 * kr + 1][1]);
+        pa[3] = mma::pack2<T>(st[2 * kr + 1][2], st[2 * kr + 1][3]);
+        sa[0] = mma::pack2<T>(dpt[2 * kr][0], dpt[2 * kr][1]);
+        sa[1] = mma::pack2<T>(dpt[2 * kr][2], dpt[2 * kr][3]);
+        sa[2] = mma::pack2<T>(dpt[2 * kr + 1][0], dpt[2 * kr + 1][1]);
+        sa[3] = mma::pack2<T>(dpt[2 * kr + 1][2], dpt[2 * kr + 1][3]);
+        if constexpr (!DET) {
+          // a[0] = (key g, queries 2t..), a[1] = (g + 8, 2t..), a[2] = (g, 2t + 8..), a[3] = (g + 8, 2t + 8..)
+          T* ds_row = ds_s + (wrow + g) * LDS + kr * 16 + 2 * t;
+          *reinterpret_cast<uint32_t*>(ds_row) = sa[0];
+          *reinterpret_cast<uint32_t*>(ds_row + 8 * LDS) = sa[1];
+          *reinterpret_cast<uint32_t*>(ds_row + 8) = sa[2];
+          *reinterpret_cast<uint32_t*>(ds_row + 8 * LDS + 8) = sa[3];
+        }
 #pragma unroll
-      for (int n2 = 0; n2 < NO / 2; ++n2) {
-        const int b_off = (kr * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n2 * 16 + (lane >> 4) * 8;
-        uint32_t gb[4], qb[4];
-        mma::ldmatrix_x4_trans(gb, dot + b_off);
-        mma::ldmatrix_x4_trans(qb, qt + b_off);
-        mma::mma_16816<T>(dv[2 * n2], pa, gb);
-        mma::mma_16816<T>(dv[2 * n2 + 1], pa, gb + 2);
-        mma::mma_16816<T>(dk[2 * n2], sa, qb);
-        mma::mma_16816<T>(dk[2 * n2 + 1], sa, qb + 2);
+        for (int n2 = 0; n2 < NO / 2; ++n2) {
+          const int b_off = (kr * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n2 * 16 + (lane >> 4) * 8;
+          uint32_t gb[4], qb[4];
+          mma::ldmatrix_x4_trans(gb, dot + b_off);
+          mma::ldmatrix_x4_trans(qb, qt + b_off);
+          mma::mma_16816<T>(dv[2 * n2], pa, gb);
+          mma::mma_16816<T>(dv[2 * n2 + 1], pa, gb + 2);
+          mma::mma_16816<T>(dk[2 * n2], sa, qb);
+          mma::mma_16816<T>(dk[2 * n2 + 1], sa, qb + 2);
+        }
       }
+    } else if constexpr (D <= 128) {
+      // The warp's 16 key rows of ds_s (its own) hold P^T, then dX^T, rounded to T as the matrix units take
+      // them; each lane sums its dV, then dK, elements over the tile's queries, skipping the zeros. dX^T is
+      // left in ds_s for the dQ product.
+      // (by chunks of 8 fragments of columns, so that a pass over the queries holds 64 accumulators, not all)
+      auto skip_zeros = [&](float(&acc)[NO][4], const T* x) {
+        __syncwarp();
+        constexpr int kChunk = NO < 8 ? NO : 8;
+#pragma unroll
+        for (int n0 = 0; n0 < NO; n0 += kChunk)
+          for (int i = 0; i < BR; ++i) {
+            const float w0 = to_f32(ds_s[(wrow + g) * LDS + i]), w1 = to_f32(ds_s[(wrow + g + 8) * LDS + i]);
+#pragma unroll
+            for (int n = n0; n < n0 + kChunk; ++n)
+#pragma unroll
+              for (int c = 0; c < 2; ++c) {
+                const float xv = to_f32(x[i * LD + n * 8 + 2 * t + c]);
+                if (w0 != 0.0f) acc[n][c] += w0 * xv;
+                if (w1 != 0.0f) acc[n][2 + c] += w1 * xv;
+              }
+          }
+        __syncwarp();
+      };
+      auto stage = [&](float(&frag)[NS][4]) {
+#pragma unroll
+        for (int n = 0; n < NS; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            ds_s[(wrow + g + 8 * (e >> 1)) * LDS + n * 8 + 2 * t + (e & 1)] = from_f32<T>(frag[n][e]);
+      };
+      stage(st);
+      skip_zeros(dv, dot);
+      stage(dpt);
+      skip_zeros(dk, qt);
     }
 
     if constexpr (!DET) {
