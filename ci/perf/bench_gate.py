@@ -57,6 +57,9 @@ def cases(results: dict) -> dict[str, float]:
     for r in results.get("attention", []):
         d = r.get("head_dim", 128)  # the rows before head dims were recorded are head_dim 128
         out[f"{r['name']}{'' if d == 128 else f' d{d}'} seq{r['seq']} {'causal' if r['causal'] else 'full'}"] = r["ours_ms"]
+    for r in results.get("features", []):  # issue 56's feature rows: our time of the row's case ("ms")
+        if isinstance(r.get("ms"), (int, float)):
+            out[f"features {r['case']}"] = r["ms"]
     for r in results.get("model", []):  # host-timed ms per step of the whole model built from our ops
         out[f"model {r['name']}"] = r["ours_ms"]
     return out
