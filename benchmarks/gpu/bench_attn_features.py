@@ -12,6 +12,8 @@ jax.nn.dot_product_attention in the same run, in bfloat16 at batch 1 x 16k token
 - softcap 50 and ALiBi: against our causal time without them.
 - head dims 40, 80, 112, 160, 192 against the next kernel head dim up (64, 96, 128, 256, 256): FLOP rates.
 - deterministic backward against the default backward (the backward alone timed).
+- bias and dropout: they take the SIMT kernels on CUDA, which issue 56 lets be slower (measured, no goal): at
+  4k tokens, against our causal time without them and (bias) against cuDNN given the same bias.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ WINDOWS = (1024, 4096)
 SOFTCAP = 50.0
 HEAD_DIM_PAIRS = ((40, 64), (80, 96), (112, 128), (160, 256), (192, 256))
 HEAD_DIM_SEQ = 8192
+BIAS_SEQ = 4096  # the bias and dropout rows (a [seq, seq] bias, the SIMT kernels)
 GOALS = {"varlen_of_dense": 0.9, "varlen_vs_cudnn_segment": 4.0, "window_of_visible_dense": 1.2,
          "window_vs_cudnn": 1.0, "softcap": 1.15, "alibi": 1.1, "head_dim_rate": 0.85, "deterministic": 1.3}
 
@@ -83,6 +86,11 @@ def _row(section, case, ms, ratio, goal_name, goal_text, better_low, **extra):
     goal = GOALS[goal_name]
     met = None if ratio is None else (ratio <= goal if better_low else ratio >= goal)
     return {"section": section, "case": case, "ms": ms, "ratio": ratio, "goal": goal_text, "met": met, **extra}
+
+
+def _reported(section, case, ms, ratio, **extra):
+    """A row measured and reported, with no goal (bias and dropout: the slower path issue 56 allows)."""
+    return {"section": section, "case": case, "ms": ms, "ratio": ratio, "goal": "reported", "met": None, **extra}
 
 
 def bench_packed(lib, reps, refused):
@@ -202,11 +210,34 @@ def bench_deterministic(lib, reps, refused):
     return rows
 
 
+def bench_bias_dropout(lib, reps, refused):
+    bias = jnp.asarray(np.random.default_rng(6000).standard_normal((BIAS_SEQ, BIAS_SEQ)), jnp.bfloat16)
+    key = jax.random.key(6001)
+    cases = {
+        "ours_causal": fwd_bwd(lambda q, k, v: ja.flash_attn_func(q, k, v, causal=True)),
+        "ours_causal_bias": fwd_bwd(lambda q, k, v: ja.flash_attn_func(q, k, v, causal=True, bias=bias)),
+        "ours_causal_dropout": fwd_bwd(lambda q, k, v: ja.flash_attn_func(q, k, v, causal=True, dropout_p=0.1,
+                                                                         dropout_key=key)),
+        "cudnn_causal_bias": fwd_bwd(lambda q, k, v: jax.nn.dot_product_attention(
+            q, k, v, bias=bias[None, None], is_causal=True, implementation="cudnn")),
+    }
+    t = _time(lib, cases, _sets(1, BIAS_SEQ, HEADS, HEAD_DIM, 6000), reps, refused)
+    base = t["ours_causal"]
+    rows = [_reported("bias", f"bias [{BIAS_SEQ}, {BIAS_SEQ}], causal, fwd+bwd (SIMT): time / no bias",
+                      t["ours_causal_bias"], t["ours_causal_bias"] / base, base_ms=base),
+            _reported("dropout", f"dropout 0.1, causal, {BIAS_SEQ} tokens, fwd+bwd (SIMT): time / no dropout",
+                      t["ours_causal_dropout"], t["ours_causal_dropout"] / base, base_ms=base)]
+    if "cudnn_causal_bias" in t:
+        rows.append(_reported("bias", "bias, causal, fwd+bwd: ours / cuDNN with the same bias", t["ours_causal_bias"],
+                              t["ours_causal_bias"] / t["cudnn_causal_bias"], anchor_ms=t["cudnn_causal_bias"]))
+    return rows
+
+
 def bench_features(lib, reps):
     """Every section's rows, then one row of the cuDNN anchors that declined (and why)."""
     refused: dict[str, str] = {}
     rows = []
-    for section in (bench_packed, bench_windows, bench_terms, bench_head_dims, bench_deterministic):
+    for section in (bench_packed, bench_windows, bench_terms, bench_head_dims, bench_deterministic, bench_bias_dropout):
         new = section(lib, reps, refused)
         print_table(new)  # as each section ends: a run cut short still shows what it measured
         rows += new
@@ -223,4 +254,5 @@ def print_table(rows) -> None:
             print(f"{r['section']:<14}{r['case']:<78}  {extra}")
             continue
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
-        print(f"{r['section']:<14}{r['case']:<78}{r['ms']:>9.3f}{ratio:>8}  {r['goal']:<22}{r['met']}", flush=True)
+        met = "-" if r["met"] is None else r["met"]
+        print(f"{r['section']:<14}{r['case']:<78}{r['ms']:>9.3f}{ratio:>8}  {r['goal']:<22}{met}", flush=True)
