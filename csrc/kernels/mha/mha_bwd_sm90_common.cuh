@@ -667,9 +667,9 @@ __global__ void __launch_bounds__(256) bwd_preprocess(const T* o, const T* dout,
 // dq = dq_accum rounded to the input dtype, one warp a row (b, i, h) of d columns (d a multiple of 8, dq_accum
 // and dq 16-byte aligned), four columns a lane at a time. A row that came out NaN or infinite (a K, V or dO
 // value hidden from it can put 0 x NaN into dq_accum) is computed again, exactly, by the warp
-// (mha_sm90_exact.cuh). Eight blocks a multiprocessor (32 registers): the conversion's occupancy, as the
-// element-wise conversion had (with 64 the backward measured 9-10% slower at b4 s1024 h32 d128 on the H200);
-// the rare recomputation spills instead.
+// (mha_sm90_exact.cuh). Eight blocks a multiprocessor (32 registers): the occupancy of the element-wise
+// conversion it replaced, which this memory-bound pass needs (at 64 registers the backward timed slower in
+// `bench_gpu.py --quick --only attention`); the rare recomputation spills instead.
 template <typename Element, bool CAUSAL>
 __global__ void __launch_bounds__(256, 8) convert_dq_rows(CUTE_GRID_CONSTANT JaMhaProblem const pr,
                                                          CUTE_GRID_CONSTANT ExactBwd<Element> const in,
