@@ -116,6 +116,29 @@ class BenchGateTests(unittest.TestCase):
             self.assertIn("--make-baseline", r.stderr)
             self.assertNotIn("Traceback", r.stderr)
 
+    def test_feature_rows_are_gated_cases(self) -> None:
+        """bench_gpu --only features (issue 56): a row's own time ("ms") is the case "features <row>"; rows
+        without one (the times table, the refused anchors) are not cases."""
+        case = "varlen (fwd+bwd) FLOP rate / our dense causal's"
+        runs = []
+        for ms in (5.4, 5.5):
+            run = copy.deepcopy(self.run1)
+            run["features"] = [{"section": "packed", "case": case, "ms": ms, "ratio": 0.82},
+                               {"section": "packed", "case": "times (ms)", "times": {"ours_varlen": ms}},
+                               {"section": "refused", "case": "cuDNN anchors that did not compile", "refused": {}}]
+            runs.append(run)
+        base = bench_gate.make_baseline(runs, ["r1", "r2"])
+        self.assertEqual([c for c in base["cases"] if c.startswith("features")], [f"features {case}"])
+        folder = self.tmp / "baselines"
+        folder.mkdir()
+        (folder / "nvidia-h200.json").write_text(json.dumps(base))
+        self.assertEqual(self.cli(str(self.write(runs[0], "f_ok.json")), "--baselines", str(folder)).returncode, 0)
+        slow = copy.deepcopy(runs[0])
+        slow["features"][0]["ms"] = 6.5
+        r = self.cli(str(self.write(slow, "f_slow.json")), "--baselines", str(folder))
+        self.assertEqual(r.returncode, bench_gate.EXIT_REGRESSION, r.stdout + r.stderr)
+        self.assertIn(f"regression: features {case}:", r.stderr)
+
     def test_a_baseline_needs_two_runs_of_one_model(self) -> None:
         out = self.tmp / "baselines"
         r = self.cli("--make-baseline", str(RUNS[0]), "--baselines", str(out))
