@@ -83,14 +83,14 @@ def _time(lib, cases: dict, sets, reps: int, refused: dict) -> dict[str, float]:
 
 
 def _row(section, case, ms, ratio, goal_name, goal_text, better_low, **extra):
-    goal = GOALS[goal_name]
-    met = None if ratio is None else (ratio <= goal if better_low else ratio >= goal)
+    goal = None if goal_name is None else GOALS[goal_name]  # a name not in GOALS stays an error
+    met = None if ratio is None or goal is None else (ratio <= goal if better_low else ratio >= goal)
     return {"section": section, "case": case, "ms": ms, "ratio": ratio, "goal": goal_text, "met": met, **extra}
 
 
 def _reported(section, case, ms, ratio, **extra):
     """A row measured and reported, with no goal (bias and dropout: the slower path issue 56 allows)."""
-    return {"section": section, "case": case, "ms": ms, "ratio": ratio, "goal": "reported", "met": None, **extra}
+    return _row(section, case, ms, ratio, None, "reported", True, **extra)
 
 
 def bench_packed(lib, reps, refused):
