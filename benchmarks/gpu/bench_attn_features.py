@@ -143,13 +143,18 @@ def bench_packed(lib, reps, refused):
     return rows
 
 
+def _window_tag(w: int, causal: bool) -> str:
+    """A window's name in its cases: 1k_causal, 4k_both; a width that is not whole kibi-tokens by its count."""
+    return f"{f'{w // 1024}k' if w % 1024 == 0 else w}_{'causal' if causal else 'both'}"
+
+
 def bench_windows(lib, reps, refused):
     sets = _sets(1, SEQ, HEADS, HEAD_DIM, 2000)
     cases = {"ours_full": fwd_bwd(lambda q, k, v: ja.flash_attn_func(q, k, v))}
     for w in WINDOWS:
         for causal in (True, False):
             win = (w, 0 if causal else w)
-            tag = f"{w // 1024}k_{'causal' if causal else 'both'}"
+            tag = _window_tag(w, causal)
             cases[f"ours_{tag}"] = fwd_bwd(lambda q, k, v, c=causal, win=win:
                                            ja.flash_attn_func(q, k, v, causal=c, window_size=win))
             cases[f"cudnn_{tag}"] = fwd_bwd(lambda q, k, v, c=causal, win=win: jax.nn.dot_product_attention(
@@ -158,7 +163,7 @@ def bench_windows(lib, reps, refused):
     rows = []
     for w in WINDOWS:
         for causal in (True, False):
-            tag = f"{w // 1024}k_{'causal' if causal else 'both'}"
+            tag = _window_tag(w, causal)
             frac = visible_pairs(SEQ, causal, (w, 0 if causal else w)) / SEQ ** 2
             ours = t[f"ours_{tag}"]
             rows.append(_row("window", f"window {tag}: time / (visible {frac:.3f} x our full time)", ours,

@@ -1,0 +1,82 @@
+"""benchmarks/gpu/bench_attn_features.py (bench_gpu --only features, issue 56's rows) runs every section through and
+gives the gate one case per measured row, without a GPU: a device run that breaks at its last section wastes the
+H200 time of all the others.
+
+The sizes shrink to a few tokens and the GPU event timer (gpu_timing.time_cases, which needs a GPU) gives way to a
+wall-clock stand-in; the code under test is each section's cases and rows. Timings here mean nothing, and no test
+reads them as speed: only that each row holds a positive time and a finite ratio, and a verdict where it has a goal.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import jax
+import pytest
+
+from benchmarks.gpu import bench_attn_features as features
+from ci.perf import bench_gate
+
+
+def _wall_clock_cases(lib, cases: dict, input_sets: list, reps: int) -> dict[str, list[float]]:
+    """time_cases' contract (name -> fn(*inputs), or (prepare, run)) timed by the host clock, once each."""
+    out = {}
+    for name, case in cases.items():
+        if callable(case):
+            fn, args = jax.jit(case), input_sets[0]
+        else:
+            prepare, run = case
+            fn, args = jax.jit(run), (prepare(*input_sets[0]),)
+        jax.block_until_ready(fn(*args))
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        out[name] = [1e3 * (time.perf_counter() - start) + 1e-9]
+    return out
+
+
+@pytest.fixture(scope="module")
+def rows():
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in {"SEQ": 128, "HEADS": 16, "HEAD_DIM": 32, "DOCS": (64, 32, 16, 8, 8),
+                            "WINDOWS": (16, 64), "HEAD_DIM_SEQ": 64, "BIAS_SEQ": 64}.items():
+            mp.setattr(features, name, value)
+        mp.setattr(features, "n_sets", lambda per_set, l2=0: 2)
+        mp.setattr(features, "time_cases", _wall_clock_cases)
+        yield features.bench_features(None, 1)
+
+
+def test_every_section_gives_its_rows(rows):
+    sections = [r["section"] for r in rows]
+    for section in ("packed", "window", "softcap", "alibi", "head_dim", "deterministic", "bias", "dropout"):
+        assert section in sections, f"no {section} row: {sections}"
+    assert sections.count("head_dim") == len(features.HEAD_DIM_PAIRS)
+    assert sections.count("deterministic") == 2  # MHA and GQA
+
+
+def test_each_measured_row_has_a_time_a_ratio_and_a_verdict_where_it_has_a_goal(rows):
+    measured = [r for r in rows if "ratio" in r]
+    assert measured
+    for r in measured:
+        assert r["ms"] > 0 and math.isfinite(r["ratio"]) and r["ratio"] > 0, r
+        assert r["met"] is None if r["goal"] == "reported" else isinstance(r["met"], bool), r
+
+
+def test_the_gate_reads_one_case_per_measured_row(rows):
+    measured = [r for r in rows if isinstance(r.get("ms"), (int, float))]
+    gated = bench_gate.cases({"features": rows})
+    assert len(gated) == len(measured), "two rows share a case name: the gate would keep only one of them"
+
+
+def test_an_anchor_that_does_not_compile_is_recorded_and_the_run_goes_on(rows):
+    """On this CPU host cuDNN compiles nothing: every cuDNN anchor is named with its reason, and every row of
+    ours is still there."""
+    refused = [r for r in rows if r["section"] == "refused"]
+    assert len(refused) == 1
+    names = refused[0]["refused"]
+    assert {"cudnn_segment_mask", "cudnn_causal_bias"} <= set(names) and all(names.values()), names
+
+
+def test_window_tags_name_each_width():
+    assert features._window_tag(1024, True) == "1k_causal"
+    assert features._window_tag(4096, False) == "4k_both"
+    assert features._window_tag(16, True) != features._window_tag(64, True)
