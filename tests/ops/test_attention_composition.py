@@ -31,9 +31,9 @@ def _qkv(seed=0, lead=(), b=B, sq=S, sk=S):
 SEG = np.asarray([[0] * 7 + [1] * 13, [5] * 12 + [6] * 8], np.int32)
 
 
-def _close(a, b, what=""):
+def _close(a, b, what="", tol=2e-6):
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        np.testing.assert_allclose(np.asarray(x, np.float32), np.asarray(y, np.float32), rtol=2e-6, atol=2e-6,
+        np.testing.assert_allclose(np.asarray(x, np.float32), np.asarray(y, np.float32), rtol=tol, atol=tol,
                                    err_msg=what)
 
 
@@ -187,24 +187,19 @@ def test_scan_over_layers(device, poisoned, monkeypatch, fresh_traces):
     grad = lambda f: jax.jit(jax.grad(f, argnums=(0, 1)), compiler_options=opts)
     # float32 on the GPU: the two programs fuse differently, so their sums round in different orders
     tol = 2e-6 if device.platform == "cpu" else 2e-5
-    for got, want, what in ((jax.jit(scanned, compiler_options=opts)(*args), jax.jit(unrolled)(*args), "forward"),
-                            (grad(scanned)(*args), grad(unrolled)(*args), "gradients")):
-        for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-            np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=tol, atol=tol, err_msg=what)
+    _close(jax.jit(scanned, compiler_options=opts)(*args), jax.jit(unrolled)(*args), "forward", tol)
+    _close(grad(scanned)(*args), grad(unrolled)(*args), "gradients", tol)
 
 
 @pytest.mark.gpu
-def test_scan_gradients_do_not_depend_on_dynamic_slice_fusion(monkeypatch, fresh_traces):
+@pytest.mark.parametrize("device", ["gpu"], indirect=True)  # dynamic-slice fusion is a GPU pass
+def test_scan_gradients_do_not_depend_on_dynamic_slice_fusion(device, monkeypatch, fresh_traces):
     """As users call it (no poisoning), the scanned program's gradients are bitwise the same whether XLA's GPU
     dynamic-slice fusion wraps the attention calls or not."""
-    gpus = [d for d in jax.devices() if d.platform != "cpu"]
-    if not gpus:
-        pytest.skip("no GPU visible to JAX (dynamic-slice fusion is a GPU pass)")
     monkeypatch.setenv("JA_POISON_OUTPUTS", "0")
     scanned, _, args = _scan_and_unrolled()
-    with jax.default_device(gpus[0]):
-        on = jax.jit(jax.grad(scanned, argnums=(0, 1)))(*args)
-        off = jax.jit(jax.grad(scanned, argnums=(0, 1)), compiler_options=NO_DSF)(*args)
+    on = jax.jit(jax.grad(scanned, argnums=(0, 1)))(*args)
+    off = jax.jit(jax.grad(scanned, argnums=(0, 1)), compiler_options=NO_DSF)(*args)
     for x, y in zip(on, off):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
