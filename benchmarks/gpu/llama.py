@@ -127,6 +127,15 @@ def plain_ops(implementation: str | None = None) -> Ops:
                plain_silu_and_mul, attention)
 
 
+def attention_taken_out(q, k, v, causal, window=(-1, -1), softcap=0.0, docs=()):
+    """What is left of a train or prefill step with attention taken out: q plus the mean over kv heads of k + v
+    (one memory-bound pass; every input stays in use, so XLA still computes the whole q/k/v projection, and
+    every gradient is nonzero). The step built with it is the floor under any attention kernel's time."""
+    del causal, window, softcap, docs
+    kv = (k.astype(jnp.float32) + v.astype(jnp.float32)).mean(axis=2, keepdims=True)
+    return (q.astype(jnp.float32) + kv).astype(q.dtype)
+
+
 def swapped(base: Ops, donor: Ops, *fields: str) -> Ops:
     """base with the named functions taken from donor (e.g. plain JAX with our attention)."""
     return replace(base, name=f"{base.name} with {donor.name}'s {', '.join(fields)}",
