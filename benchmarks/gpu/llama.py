@@ -136,6 +136,11 @@ def attention_taken_out(q, k, v, causal, window=(-1, -1), softcap=0.0, docs=()):
     return (q.astype(jnp.float32) + kv).astype(q.dtype)
 
 
+def without_attention(ops: Ops) -> Ops:
+    """ops with its attention taken out (attention_taken_out): the floor step of model_bench."""
+    return replace(ops, name=f"{ops.name} without attention", attention=attention_taken_out)
+
+
 def swapped(base: Ops, donor: Ops, *fields: str) -> Ops:
     """base with the named functions taken from donor (e.g. plain JAX with our attention)."""
     return replace(base, name=f"{base.name} with {donor.name}'s {', '.join(fields)}",

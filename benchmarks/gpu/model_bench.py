@@ -15,7 +15,7 @@ import re
 import statistics
 import time
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -54,7 +54,7 @@ QUICK = ("prefill b4 s2048", "train b4 s2048", "decode b8 kv8k", "decode b8 kv8k
 # --model-swaps: plain JAX with one group of our ops swapped in, so a difference between the two
 # models can be put on the op it comes from (a custom call also changes what XLA fuses around it).
 SWAPS = {"attention": ("attention",), "norms": ("rms_norm", "rms_norm_add"), "silu_and_mul": ("silu_and_mul",)}
-# The step with attention taken out (llama.attention_taken_out; only for a workload whose goal is over 1, the
+# The step with attention taken out (llama.without_attention; only for a workload whose goal is over 1, the
 # issue-56 ones, where attention is what is asked to be faster): plain / its time is the most any attention
 # kernel could give, so a goal above it is out of reach whatever the kernel.
 FLOOR = "ours without attention"
@@ -163,7 +163,7 @@ def bench_workload(w: Workload, samples: int, swaps: bool = False) -> dict:
     if swaps:
         models.update({f"plain+{k}": llama.swapped(models["plain"], models["ours"], *f) for k, f in SWAPS.items()})
     if floor := w.goal > 1 and w.kind != "decode":  # a goal that rests on attention: can any attention meet it?
-        models[FLOOR] = replace(models["ours"], name="jax-aiter without attention", attention=llama.attention_taken_out)
+        models[FLOOR] = llama.without_attention(models["ours"])
     key = jax.random.key(0)
     params = llama.init_params(w.cfg, jax.random.fold_in(key, 7))
     steps, states, outs = {}, {}, {}

@@ -173,20 +173,21 @@ def test_feature_models_agree_with_plain_jax(device, llama, model_bench, feature
 
 def test_a_goal_on_attention_gets_the_step_without_attention(device, llama, model_bench):
     """bench_workload times an issue-56 workload (goal over 1) a third time with attention taken out
-    (llama.attention_taken_out): plain / that time is the most any attention kernel could give. That step
+    (llama.without_attention): plain / that time is the most any attention kernel could give. That step
     calls no attention of ours and still computes and differentiates through all of q, k and v."""
     w = model_bench.Workload("tiny packed", "train", tiny(llama).with_(docs=(5, 8, 3)), 1, 16, 1, goal=1.8)
     row = model_bench.bench_workload(w, samples=2)
     assert row["no_attention_ms"] > 0 and row["goal_reachable"] == (row["no_attention_ms"] * 1.8 <= row["plain_ms"])
     assert row["ceiling_speedup"] == pytest.approx(row["plain_ms"] / row["no_attention_ms"])
-    ops = model_bench.replace(llama.our_ops(), attention=llama.attention_taken_out)
+    ops = llama.without_attention(llama.our_ops())
     tokens = jax.random.randint(jax.random.key(3), (1, 17), 0, w.cfg.vocab)
     params = llama.init_params(w.cfg, jax.random.key(4))
     step = jax.jit(llama.train_step(w.cfg, ops))
     hlo = step.lower(params, tokens).compile().as_text()
     assert "ja_mha" not in hlo and "ja_rmsnorm_fwd" in hlo  # our norms stay; attention is gone
     _, grads = step(params, tokens)
-    q_k_v = jnp.split(grads["layers"][0]["wqkv"], [4 * 32, 6 * 32], axis=1)  # tiny(): 4 query, 2 kv heads of 32
+    nq, nk = w.cfg.heads_q * w.cfg.head_dim, w.cfg.heads_kv * w.cfg.head_dim
+    q_k_v = jnp.split(grads["layers"][0]["wqkv"], [nq, nq + nk], axis=1)
     assert all(float(jnp.abs(part).max()) > 0 for part in q_k_v)
     decode = model_bench.Workload("tiny decode", "decode", tiny(llama), 1, 16, 1, goal=1.15)
     assert "no_attention_ms" not in model_bench.bench_workload(decode, samples=1)
