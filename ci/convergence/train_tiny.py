@@ -3,7 +3,8 @@
 
 The model is a real (if tiny) decoder: token and position embeddings, then
 per layer RMSNorm, causal grouped-query attention (4 query heads sharing 2
-key/value heads, head_dim 64) and a residual, RMSNorm, a SiLU-and-mul MLP and a
+key/value heads, head_dim 64 unless --head-dim says otherwise: a kernel that
+runs only some head dims is trained at its own) and a residual, RMSNorm, a SiLU-and-mul MLP and a
 residual; a final RMSNorm and tied output embeddings. Both runs start from the
 same weights and see the same batches; only the implementation of RMSNorm,
 SiLU-and-mul and attention (``flash_attn_func``, forward and backward kernels)
@@ -17,6 +18,7 @@ job summary on GitHub). Throughput is reported, not gated: this run answers
 "do the kernels train the same model", not "are they fast".
 
     python3 -m ci.convergence.train_tiny --compare --out build/convergence [--steps 200] [--dtype bfloat16] [--repeats 3]
+        [--head-dim 160]
 
 Exit codes: 0 converged; 1 diverged (loss curves apart, loss not falling, or a
 non-finite loss); 2 bad input (unknown option, parse failure).
@@ -77,7 +79,7 @@ def ops(impl: str):
             (lambda q, k, v: jax_aiter.flash_attn_func(q, k, v, causal=True)))
 
 
-def init(key, dtype):
+def init(key, dtype, head_dim=HEAD_DIM):
     keys = iter(jax.random.split(key, 2 + 6 * LAYERS))
     normal = lambda shape, fan_in: jax.random.normal(next(keys), shape) / math.sqrt(fan_in)
     params = {"embed": jax.random.normal(next(keys), (VOCAB, DIM)) * 0.02,
@@ -85,10 +87,10 @@ def init(key, dtype):
     for _ in range(LAYERS):
         params["layers"].append({
             "attn_norm": jnp.ones((DIM,)),
-            "wq": normal((DIM, HEADS_Q * HEAD_DIM), DIM),
-            "wk": normal((DIM, HEADS_KV * HEAD_DIM), DIM),
-            "wv": normal((DIM, HEADS_KV * HEAD_DIM), DIM),
-            "wo": normal((HEADS_Q * HEAD_DIM, DIM), HEADS_Q * HEAD_DIM),
+            "wq": normal((DIM, HEADS_Q * head_dim), DIM),
+            "wk": normal((DIM, HEADS_KV * head_dim), DIM),
+            "wv": normal((DIM, HEADS_KV * head_dim), DIM),
+            "wo": normal((HEADS_Q * head_dim, DIM), HEADS_Q * head_dim),
             "mlp_norm": jnp.ones((DIM,)),
             "up": normal((DIM, 2 * HIDDEN), DIM),
             "down": normal((HIDDEN, DIM), HIDDEN),
@@ -113,11 +115,12 @@ def loss_fn(params, tokens, rms_norm, silu_and_mul, attention):
     b, n = tokens.shape[0], tokens.shape[1] - 1
     x = params["embed"][tokens[:, :-1]] + params["pos"][:n]
     for layer in params["layers"]:
+        hd = layer["wq"].shape[1] // HEADS_Q  # the head dim the weights were made for (init)
         h = rms_norm(x, layer["attn_norm"])
-        q = (h @ layer["wq"]).reshape(b, n, HEADS_Q, HEAD_DIM)
-        k = (h @ layer["wk"]).reshape(b, n, HEADS_KV, HEAD_DIM)
-        v = (h @ layer["wv"]).reshape(b, n, HEADS_KV, HEAD_DIM)
-        x = x + attention(q, k, v).reshape(b, n, HEADS_Q * HEAD_DIM) @ layer["wo"]
+        q = (h @ layer["wq"]).reshape(b, n, HEADS_Q, hd)
+        k = (h @ layer["wk"]).reshape(b, n, HEADS_KV, hd)
+        v = (h @ layer["wv"]).reshape(b, n, HEADS_KV, hd)
+        x = x + attention(q, k, v).reshape(b, n, HEADS_Q * hd) @ layer["wo"]
         h = rms_norm(x, layer["mlp_norm"])
         x = x + silu_and_mul(h @ layer["up"]) @ layer["down"]
     logits = (rms_norm(x, params["norm"]) @ params["embed"].T).astype(jnp.float32)
@@ -155,21 +158,21 @@ def step_fn(impl: str):
     return step
 
 
-def train(impl: str, steps: int, dtype, log_path: Path) -> list[float]:
-    params = init(jax.random.PRNGKey(0), dtype)
+def train(impl: str, steps: int, dtype, log_path: Path, head_dim: int = HEAD_DIM) -> list[float]:
+    params = init(jax.random.PRNGKey(0), dtype, head_dim)
     init_state, _ = adam()
     state = init_state(params)
     n_params = sum(p.size for p in jax.tree_util.tree_leaves(params))
     tokens_per_step = BATCH * SEQ
     # forward + backward, the usual estimate, plus the attention scores (causal: half of seq^2)
-    attn_flops = 3 * 4 * BATCH * HEADS_Q * SEQ * SEQ * HEAD_DIM / 2 * LAYERS
+    attn_flops = 3 * 4 * BATCH * HEADS_Q * SEQ * SEQ * head_dim / 2 * LAYERS
     flops_per_step = 6.0 * n_params * tokens_per_step + attn_flops
     step = step_fn(impl)
 
     losses = []
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
-        log.write(f"train_tiny: impl={impl} dtype={jnp.dtype(dtype).name} params={n_params} "
+        log.write(f"train_tiny: impl={impl} dtype={jnp.dtype(dtype).name} head_dim={head_dim} params={n_params} "
                   f"backend={jax.default_backend()}\n")
         for i in range(steps):
             start = time.perf_counter()
@@ -225,6 +228,13 @@ def positive_int(text: str) -> int:
     return n
 
 
+def head_dim_arg(text: str) -> int:
+    n = int(text)
+    if not 1 <= n <= 256:
+        raise argparse.ArgumentTypeError(f"{n} is not a head dim jax_aiter's attention takes (1 to 256)")
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python3 -m ci.convergence.train_tiny", description=__doc__.splitlines()[0])
     p.add_argument("--compare", action="store_true", help="train with the reference and with jax_aiter, compare")
@@ -235,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rel-tol", type=float, default=0.02, help="allowed relative gap of the tail mean loss")
     p.add_argument("--repeats", type=positive_int, default=1, help="runs of each implementation (with --compare; "
                    "bfloat16 on a GPU varies from run to run: the reference runs' spread is then part of the band)")
+    p.add_argument("--head-dim", type=head_dim_arg, default=HEAD_DIM, help="attention's head dim (1 to 256)")
     p.add_argument("--out", type=Path, default=ROOT / "build" / "convergence")
     args = p.parse_args(argv)
     if args.repeats > 1 and not args.compare:
@@ -245,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     for k in range(args.repeats):  # the implementations alternate, run by run
         for impl in impls:
             log = args.out / (f"{impl}.log" if k == 0 else f"{impl}.{k + 1}.log")
-            runs[impl].append(train(impl, args.steps, dtype, log))
+            runs[impl].append(train(impl, args.steps, dtype, log, args.head_dim))
     summaries = {}
     for impl in impls:
         rc = parse_perf_log.run([str(args.out / f"{impl}.log"), "--window", str(args.window),
@@ -259,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     problems = verdict(runs["reference"], runs["aiter"], args.window, args.rel_tol)
     result = {"converged": not problems, "problems": problems, "steps": args.steps, "dtype": args.dtype,
-              "rel_tol": args.rel_tol, "repeats": args.repeats,
+              "head_dim": args.head_dim, "rel_tol": args.rel_tol, "repeats": args.repeats,
               "mean_loss": {k: v["mean_loss"] for k, v in summaries.items()},
               "tail_mean_loss_runs": {k: [tail_mean(c, args.window) for c in v] for k, v in runs.items()}}
     (args.out / "verdict.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -270,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         each = f"{min(ours):.4f}-{max(ours):.4f} (reference {min(ref):.4f}-{max(ref):.4f}), {args.repeats} runs each"
         print(f"train_tiny: converged: last-{args.window} mean loss "
               + (each if args.repeats > 1 else f"{ours[0]:.4f} (reference {ref[0]:.4f})")
-              + f", {args.steps} steps, {args.dtype}")
+              + f", {args.steps} steps, {args.dtype}, head dim {args.head_dim}")
     return 1 if problems else 0
 
 

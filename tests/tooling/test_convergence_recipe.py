@@ -62,6 +62,35 @@ def test_repeats_must_be_positive(capsys) -> None:
     assert e.value.code == 2 and "--repeats needs --compare" in capsys.readouterr().err
 
 
+def test_head_dim_must_be_one_attention_takes(capsys) -> None:
+    for bad in ("0", "257"):
+        with pytest.raises(SystemExit) as e:
+            train_tiny.main(["--compare", "--head-dim", bad])
+        assert e.value.code == 2 and f"{bad} is not a head dim" in capsys.readouterr().err
+
+
+def test_the_model_is_built_at_the_head_dim_asked() -> None:
+    """--head-dim reaches every attention weight and the attention call (a kernel that runs only some head
+    dims is trained at its own); the loss is that of plain JAX at that head dim."""
+    import jax
+    import jax.numpy as jnp
+
+    params = train_tiny.init(jax.random.PRNGKey(0), jnp.float32, 40)
+    layer = params["layers"][0]
+    assert layer["wq"].shape[1] == train_tiny.HEADS_Q * 40 and layer["wk"].shape[1] == train_tiny.HEADS_KV * 40
+    assert layer["wo"].shape[0] == train_tiny.HEADS_Q * 40
+    seen = []
+
+    def attention(q, k, v):
+        seen.append((q.shape[-1], k.shape[-1], v.shape[-1]))
+        return train_tiny.attention_ref(q, k, v)
+
+    loss = train_tiny.loss_fn(params, train_tiny.batch(0), train_tiny.rms_norm_ref, train_tiny.silu_and_mul_ref,
+                              attention)
+    assert seen == [(40, 40, 40)] * train_tiny.LAYERS
+    assert 0 < float(loss) < 10
+
+
 def test_short_comparison_on_the_cpu(tmp_path: Path) -> None:
     from jax_aiter import _loader
 
@@ -72,11 +101,12 @@ def test_short_comparison_on_the_cpu(tmp_path: Path) -> None:
     except _loader.LibraryNotFoundError as e:
         pytest.skip(f"CPU libraries not built ({e}); `nox -s tests` builds them first")
     r = subprocess.run([sys.executable, "-m", "ci.convergence.train_tiny", "--compare", "--steps", "30",
-                        "--window", "5", "--repeats", "2", "--out", str(tmp_path)], check=False, capture_output=True, text=True, timeout=600, cwd=ROOT,
+                        "--window", "5", "--repeats", "2", "--head-dim", "40", "--out", str(tmp_path)], check=False, capture_output=True, text=True, timeout=600, cwd=ROOT,
                        env={**__import__("os").environ, "JAX_PLATFORMS": "cpu"})
     assert r.returncode == 0, r.stderr[-3000:]
     verdict = json.loads((tmp_path / "verdict.json").read_text())
-    assert verdict["converged"] and verdict["problems"] == []
+    assert verdict["converged"] and verdict["problems"] == [] and verdict["head_dim"] == 40
+    assert " head_dim=40 " in (tmp_path / "aiter.log").read_text().splitlines()[0]
     # the CPU trains deterministically: the second run of each gives the first's loss exactly
     for impl in ("reference", "aiter"):
         first, second = verdict["tail_mean_loss_runs"][impl]
