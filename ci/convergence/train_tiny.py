@@ -4,9 +4,9 @@
 The model is a real (if tiny) decoder: token and position embeddings, then
 per layer RMSNorm, causal grouped-query attention (4 query heads sharing 2
 key/value heads, head_dim 64 unless --head-dim says otherwise: a kernel that
-runs only some head dims is trained at its own) and a residual, RMSNorm, a SiLU-and-mul MLP and a
-residual; a final RMSNorm and tied output embeddings. Both runs start from the
-same weights and see the same batches; only the implementation of RMSNorm,
+runs only some head dims is trained at its own) and a residual, RMSNorm, a
+SiLU-and-mul MLP and a residual; a final RMSNorm and tied output embeddings.
+Both runs start from the same weights and see the same batches; only the implementation of RMSNorm,
 SiLU-and-mul and attention (``flash_attn_func``, forward and backward kernels)
 differs. The kernels converge when the loss falls and their loss curve stays
 within a tolerance of the reference's over the last steps. The data needs the
@@ -229,9 +229,11 @@ def positive_int(text: str) -> int:
 
 
 def head_dim_arg(text: str) -> int:
+    from jax_aiter.ops._attn_args import MAX_HEAD_DIM  # the attention's own bound
+
     n = int(text)
-    if not 1 <= n <= 256:
-        raise argparse.ArgumentTypeError(f"{n} is not a head dim jax_aiter's attention takes (1 to 256)")
+    if not 1 <= n <= MAX_HEAD_DIM:
+        raise argparse.ArgumentTypeError(f"{n} is not a head dim jax_aiter's attention takes (1 to {MAX_HEAD_DIM})")
     return n
 
 
@@ -245,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rel-tol", type=float, default=0.02, help="allowed relative gap of the tail mean loss")
     p.add_argument("--repeats", type=positive_int, default=1, help="runs of each implementation (with --compare; "
                    "bfloat16 on a GPU varies from run to run: the reference runs' spread is then part of the band)")
-    p.add_argument("--head-dim", type=head_dim_arg, default=HEAD_DIM, help="attention's head dim (1 to 256)")
+    p.add_argument("--head-dim", type=head_dim_arg, default=HEAD_DIM, help="attention's head dim (1 to the largest jax_aiter's attention takes)")
     p.add_argument("--out", type=Path, default=ROOT / "build" / "convergence")
     args = p.parse_args(argv)
     if args.repeats > 1 and not args.compare:
