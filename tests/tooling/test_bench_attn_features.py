@@ -80,3 +80,30 @@ def test_window_tags_name_each_width():
     assert features._window_tag(1024, True) == "1k_causal"
     assert features._window_tag(4096, False) == "4k_both"
     assert features._window_tag(16, True) != features._window_tag(64, True)
+
+
+def test_window_and_head_dim_rows_carry_cudnns_own_ratio_where_it_ran():
+    """The anchor's own ratio (cuDNN's window time over the unmasked fraction of cuDNN's full time; cuDNN's FLOP
+    rate at d over its rate at the reference head dim) rides on our row, from the anchor's times, not ours."""
+    t = {"ours_full": 100.0, "cudnn_full": 80.0}
+    for w in features.WINDOWS:
+        for causal in (True, False):
+            tag = features._window_tag(w, causal)
+            frac = features.visible_pairs(features.SEQ, causal, (w, 0 if causal else w)) / features.SEQ ** 2
+            t[f"ours_{tag}"], t[f"cudnn_{tag}"] = 1.5 * frac * 100.0, 1.25 * frac * 80.0
+    del t[f"cudnn_{features._window_tag(features.WINDOWS[-1], False)}"]  # cuDNN refuses a right window without causal: no anchor ratio, no cuDNN row
+    rows = features.window_rows(t)
+    firsts = [r for r in rows if r["goal"] == "<= 1.2"]
+    assert [r["ratio"] for r in firsts] == pytest.approx([1.5] * 4)
+    assert [r.get("anchor_of_visible_dense") for r in firsts] == pytest.approx([1.25, 1.25, 1.25, None])
+    assert len(rows) == 7 and rows[-1]["goal"] == "<= 1.2"
+    assert all(r["met"] is False for r in firsts)
+
+    t = {f"ours_d{d}": float(d) for pair in features.HEAD_DIM_PAIRS for d in pair}  # ours: equal rates
+    t |= {f"cudnn_d{d}": 2.0 * d for pair in features.HEAD_DIM_PAIRS for d in pair}
+    (d0, _), (d2, _) = features.HEAD_DIM_PAIRS[0], features.HEAD_DIM_PAIRS[2]
+    t[f"cudnn_d{d0}"] = float(d0)  # cuDNN twice as fast per FLOP at the first pair's head dim as at its reference
+    del t[f"cudnn_d{d2}"]
+    rows = features.head_dim_rows(t)
+    assert [r["ratio"] for r in rows] == pytest.approx([1.0] * len(rows))
+    assert [r.get("anchor_rate_ratio") for r in rows] == pytest.approx([2.0, 1.0, None, 1.0, 1.0])
