@@ -32,6 +32,7 @@ import platform
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from unittest import mock
 
@@ -58,7 +59,7 @@ from benchmarks.gpu.llama import (
 )
 from benchmarks.gpu.llama import plain_rms_norm_add as xla_rms_norm_add
 from benchmarks.gpu.llama import plain_silu_and_mul as xla_silu_and_mul
-from jatools import config
+from jatools import atomic_write, config
 from jax_aiter import settings
 from jax_aiter.ops import _small
 
@@ -305,8 +306,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def run_sections(args: argparse.Namespace, lib, device_kind: str) -> dict:
-    """The JSON of one run: the machine, the copy bandwidth, and the rows of every section asked for."""
+def run_sections(args: argparse.Namespace, lib, device_kind: str, save=lambda results: None) -> dict:
+    """The JSON of one run: the machine, the copy bandwidth, and the rows of every section asked for. save(results)
+    is called as each section ends ("partial": true until the last), so a run cut short keeps what it measured."""
     only = set(args.only or SECTIONS)
     shapes = [tuple(int(v) for v in sh.lower().split("x")) for sh in args.shape] or None
     start = time.time()
@@ -318,25 +320,31 @@ def run_sections(args: argparse.Namespace, lib, device_kind: str) -> dict:
                            "gpu_before": provenance_before},
                "l2_flush_bytes": FLUSH_BYTES if FLUSH["on"] else 0, "gpu_ahead_cycles": SPIN["cycles"],
                "reps": args.reps,
-               "copy": copy, "memory_bound": [], "chains": [], "decode": [], "attention": [], "features": [], "model": []}
+               "copy": copy, "memory_bound": [], "chains": [], "decode": [], "attention": [], "features": [], "model": [],
+               "partial": True}
+
+    def section(key, fn, *fn_args):
+        results[key] = fn(*fn_args)
+        results["seconds"] = round(time.time() - start, 1)
+        save(results)
+
     # The memory and chain sections time the kernels, also at sizes where the ops would write their math in
     # jax.numpy for XLA (jax_aiter/ops/_small.py); the model section runs the ops as a user gets them.
     with mock.patch.dict(os.environ, {_small.SETTING: "0"}):
         if "memory" in only:
-            results["memory_bound"] = bench_memory_bound(lib, args.reps, copy["GBps"], args.quick, shapes)
+            section("memory_bound", bench_memory_bound, lib, args.reps, copy["GBps"], args.quick, shapes)
         if "chain" in only:
-            results["chains"] = bench_chains(lib, args.reps, copy["GBps"], args.quick)
+            section("chains", bench_chains, lib, args.reps, copy["GBps"], args.quick)
     if "decode" in only:
-        results["decode"] = bench_decode(lib, args.reps, copy["GBps"], args.quick)
+        section("decode", bench_decode, lib, args.reps, copy["GBps"], args.quick)
     if "attention" in only:
-        results["attention"] = bench_attention(lib, max(5, args.reps // 3), args.quick,
-                                               tuple(args.head_dim or [128]))
+        section("attention", bench_attention, lib, max(5, args.reps // 3), args.quick, tuple(args.head_dim or [128]))
     if "features" in only:
-        results["features"] = bench_attn_features.bench_features(lib, max(3, args.reps // 6))
+        section("features", bench_attn_features.bench_features, lib, max(3, args.reps // 6))
     if "model" in only:
-        results["model"] = model_bench.bench_model(
-            max(5, args.reps // 2), args.model_workload or (list(model_bench.QUICK) if args.quick else None),
-            args.model_swaps)
+        section("model", model_bench.bench_model, max(5, args.reps // 2),
+                args.model_workload or (list(model_bench.QUICK) if args.quick else None), args.model_swaps)
+    results["partial"] = False
     results["seconds"] = round(time.time() - start, 1)
     results["machine"]["gpu_after"] = gpu_provenance()
     return results
@@ -369,6 +377,11 @@ def print_kernel_tables(results: dict) -> None:
               f"{xla:>10}{r['frac_of_cudnn']:>9.2f}  {r['met']}")
 
 
+def write_json(path: Path, results: dict) -> None:
+    """The run's JSON, replaced whole (jatools.atomic_write): a reader never sees half of it."""
+    atomic_write.write_text(path, json.dumps(results, indent=2) + "\n")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     devs = jax.devices()
@@ -377,9 +390,9 @@ def main(argv=None) -> int:
     lib = build_timer()
     FLUSH["on"] = not args.warm_l2
     SPIN["cycles"] = GPU_AHEAD_CYCLES if args.gpu_ahead else 0
-    results = run_sections(args, lib, devs[0].device_kind)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    results = run_sections(args, lib, devs[0].device_kind, save=partial(write_json, args.out))
+    write_json(args.out, results)
     gpu = (results["machine"]["gpu_before"].get("gpus") or [{}])[0]
     before = results["machine"]["gpu_before"]
     print(f"\ndevice {results['machine']['device']}; copy bandwidth {results['copy']['GBps']:.0f} GB/s (memcpy, "

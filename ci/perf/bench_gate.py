@@ -77,6 +77,10 @@ def make_baseline(runs: list[dict], sources: list[str]) -> dict:
     if len(runs) < 2:
         raise InputError(f"a baseline needs two or more runs of the benchmark (the noise band is measured "
                          f"between them); got {len(runs)}: {MAKE_CMD}")
+    cut = [src for r, src in zip(runs, sources) if r.get("partial")]
+    if cut:
+        raise InputError(f"{', '.join(cut)}: a run cut short (\"partial\": true, its later sections missing) makes "
+                         f"no baseline; run the benchmark through: {MAKE_CMD}")
     devices = {r["machine"]["device"] for r in runs}
     if len(devices) != 1:
         raise InputError(f"the runs come from different GPU models ({', '.join(sorted(devices))})")

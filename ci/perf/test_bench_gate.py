@@ -148,6 +148,15 @@ class BenchGateTests(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertTrue((out / "nvidia-h200.json").exists())
 
+    def test_a_run_cut_short_makes_no_baseline(self) -> None:
+        cut = copy.deepcopy(self.run1)
+        cut["partial"] = True
+        out = self.tmp / "baselines"
+        r = self.cli("--make-baseline", str(self.write(cut, "cut.json")), str(RUNS[1]), "--baselines", str(out))
+        self.assertEqual(r.returncode, bench_gate.EXIT_INPUT, r.stdout + r.stderr)
+        self.assertIn("cut.json: a run cut short", r.stderr)
+        self.assertFalse(out.exists())
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=1)

@@ -58,3 +58,34 @@ def test_warm_l2_program_has_no_flush(bench):
     text = _lowered(bench, flush=False)
     assert len(_records(text)) == 8
     assert not _reduce_results(text)
+
+
+def test_a_run_saves_its_json_as_each_section_ends(tmp_path, monkeypatch):
+    """bench_gpu.run_sections hands each finished section to save (bench_gpu.main: write_json, the whole file
+    replaced): a run killed in a later section (a device call's time limit) keeps what it measured, marked
+    "partial", and only a run that went through is marked otherwise. The sections here are stand-ins (no GPU);
+    the code under test is the saving."""
+    import argparse
+    import json
+
+    gpu = importlib.import_module("benchmarks.gpu.bench_gpu")
+    monkeypatch.setattr(gpu, "gpu_provenance", dict)
+    monkeypatch.setattr(gpu, "bench_copy", lambda lib, reps: {"GBps": 1.0})
+    monkeypatch.setattr(gpu, "bench_decode", lambda lib, reps, gbps, quick: [{"name": "decode row"}])
+
+    def cut(*a):
+        raise KeyboardInterrupt("the device call's time limit")
+
+    monkeypatch.setattr(gpu, "bench_attention", cut)
+    out = tmp_path / "gpu.json"
+    args = argparse.Namespace(only=["decode", "attention"], shape=[], reps=3, quick=True, head_dim=None,
+                              model_workload=None, model_swaps=None)
+    with pytest.raises(KeyboardInterrupt):
+        gpu.run_sections(args, None, "stand-in", save=lambda r: gpu.write_json(out, r))
+    saved = json.loads(out.read_text())
+    assert saved["partial"] is True and saved["decode"] == [{"name": "decode row"}] and saved["attention"] == []
+
+    monkeypatch.setattr(gpu, "bench_attention", lambda lib, reps, quick, dims: [{"name": "attention row"}])
+    done = gpu.run_sections(args, None, "stand-in", save=lambda r: gpu.write_json(out, r))
+    assert done["partial"] is False and json.loads(out.read_text())["attention"] == [{"name": "attention row"}]
+    assert [p.name for p in tmp_path.iterdir()] == ["gpu.json"]  # no temporary file left beside it
