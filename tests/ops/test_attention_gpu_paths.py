@@ -242,6 +242,8 @@ def _cases():
     cs += [
         Case("mma-float16-window-softcap-alibi", MMA, MMA, dtype="float16", sq=120, sk=120, window=(30, 10),
              softcap=6.0, alibi=(1, 4)),
+        Case("mma-nan-rows-d192-window", MMA, MMA, b=1, sq=160, sk=160, hq=2, hkv=1, d=192, window=(8, 0),
+             nan=True, nan_rows=True),
         # bias and dropout: the SIMT kernels, also where mma.sync is allowed
         Case("bias-broadcast-dbias", SIMT, SIMT, bias=(1, 1), force=False),
         Case("bias-per-batch-causal", SIMT, SIMT, bias=(2, 1), causal=True, force=False),

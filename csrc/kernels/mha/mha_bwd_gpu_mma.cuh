@@ -40,6 +40,7 @@
 #pragma once
 #include "ja/mma.h"
 #include "mha/mha_fwd_gpu_mma.cuh"  // cp_async_tile
+#include "mha/mha_exact.cuh"
 #include "mha/mha_gpu_common.cuh"
 
 #if JA_HAS_WARP_MMA
@@ -144,7 +145,7 @@ JA_DEVICE bool tile_nonfinite(const T* tile, int cols) {
 // mha_bwd_dq_mma_kernel).
 template <typename T, int D, bool CAUSAL, bool TERMS, bool DET>
 JA_GLOBAL void __launch_bounds__(BwdMmaTiles<T, D>::kThreads, JA_MHA_BWD_MMA_MIN_BLOCKS)
-    mha_bwd_mma_kernel(JaMhaBwdArgs a) {
+    mha_bwd_mma_kernel(__grid_constant__ const JaMhaBwdArgs a) {
   using Tl = BwdMmaTiles<T, D>;
   constexpr int BR = Tl::BR, BC = Tl::BC, LD = Tl::LD, LDS = Tl::LDS, NT = Tl::kThreads;
   constexpr int WM = Tl::WM, DQN = Tl::DQN;
@@ -284,13 +285,6 @@ JA_GLOBAL void __launch_bounds__(BwdMmaTiles<T, D>::kThreads, JA_MHA_BWD_MMA_MIN
     // by a select, whatever K and V hold. Every pair is visible where the tile's keys lie in
     // [lo of its last row, hi of its first row) (lo, hi non-decreasing) and the tile is whole.
     const bool need_mask = nk < BC || rows < BR || !(kv0 >= lo_t[rows - 1] && kv0 + BC <= hi_t[0]);
-    // A NaN/inf in Q or dO where some pairs are hidden: this tile's dK and dV take the SIMT sums below, which
-    // skip P's and dX's zeros (a hidden row's Q and dO never reach the key; 0 * inf is NaN on the matrix units).
-    // Head dims up to 128 only: above, the sums' code made the kernel spill two to three times as much (nvcc 13,
-    // sm_80) for every call, and there a hidden row's NaN in Q or dO can reach a key's dK and dV.
-    bool qbad = false;
-    if constexpr (D <= 128)
-      qbad = need_mask && (tile_nonfinite<T, BR, D, LD, NT>(qt, hd) || tile_nonfinite<T, BR, D, LD, NT>(dot, hdv));
 #pragma unroll
     for (int n = 0; n < NS; ++n) {
       const float2 l2 = *reinterpret_cast<const float2*>(lse_t + n * 8 + 2 * t);
@@ -327,72 +321,36 @@ JA_GLOBAL void __launch_bounds__(BwdMmaTiles<T, D>::kThreads, JA_MHA_BWD_MMA_MIN
     // B (k = query, n = head-dim; stored [query][d]): the forward's V pattern
     // (ldmatrix_x4_trans, two B fragments for head-dim n2*16 + [0, 8) and [8, 16)).
     // The rounded dX^T also goes to ds_s for the dQ product.
-    if (!qbad) {
 #pragma unroll
-      for (int kr = 0; kr < KR; ++kr) {
-        uint32_t pa[4], sa[4];
-        pa[0] = mma::pack2<T>(st[2 * kr][0], st[2 * kr][1]);
-        pa[1] = mma::pack2<T>(st[2 * kr][2], st[2 * kr][3]);
-        pa[2] = mma::pack2<T>(st[2 * kr + 1][0], st[2 * kr + 1][1]);
-        pa[3] = mma::pack2<T>(st[2 * kr + 1][2], st[2 * kr + 1][3]);
-        sa[0] = mma::pack2<T>(dpt[2 * kr][0], dpt[2 * kr][1]);
-        sa[1] = mma::pack2<T>(dpt[2 * kr][2], dpt[2 * kr][3]);
-        sa[2] = mma::pack2<T>(dpt[2 * kr + 1][0], dpt[2 * kr + 1][1]);
-        sa[3] = mma::pack2<T>(dpt[2 * kr + 1][2], dpt[2 * kr + 1][3]);
-        if constexpr (!DET) {
-          // a[0] = (key g, queries 2t..), a[1] = (g + 8, 2t..), a[2] = (g, 2t + 8..), a[3] = (g + 8, 2t + 8..)
-          T* ds_row = ds_s + (wrow + g) * LDS + kr * 16 + 2 * t;
-          *reinterpret_cast<uint32_t*>(ds_row) = sa[0];
-          *reinterpret_cast<uint32_t*>(ds_row + 8 * LDS) = sa[1];
-          *reinterpret_cast<uint32_t*>(ds_row + 8) = sa[2];
-          *reinterpret_cast<uint32_t*>(ds_row + 8 * LDS + 8) = sa[3];
-        }
-#pragma unroll
-        for (int n2 = 0; n2 < NO / 2; ++n2) {
-          const int b_off = (kr * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n2 * 16 + (lane >> 4) * 8;
-          uint32_t gb[4], qb[4];
-          mma::ldmatrix_x4_trans(gb, dot + b_off);
-          mma::ldmatrix_x4_trans(qb, qt + b_off);
-          mma::mma_16816<T>(dv[2 * n2], pa, gb);
-          mma::mma_16816<T>(dv[2 * n2 + 1], pa, gb + 2);
-          mma::mma_16816<T>(dk[2 * n2], sa, qb);
-          mma::mma_16816<T>(dk[2 * n2 + 1], sa, qb + 2);
-        }
+    for (int kr = 0; kr < KR; ++kr) {
+      uint32_t pa[4], sa[4];
+      pa[0] = mma::pack2<T>(st[2 * kr][0], st[2 * kr][1]);
+      pa[1] = mma::pack2<T>(st[2 * kr][2], st[2 * kr][3]);
+      pa[2] = mma::pack2<T>(st[2 * kr + 1][0], st[2 * kr + 1][1]);
+      pa[3] = mma::pack2<T>(st[2 * kr + 1][2], st[2 * kr + 1][3]);
+      sa[0] = mma::pack2<T>(dpt[2 * kr][0], dpt[2 * kr][1]);
+      sa[1] = mma::pack2<T>(dpt[2 * kr][2], dpt[2 * kr][3]);
+      sa[2] = mma::pack2<T>(dpt[2 * kr + 1][0], dpt[2 * kr + 1][1]);
+      sa[3] = mma::pack2<T>(dpt[2 * kr + 1][2], dpt[2 * kr + 1][3]);
+      if constexpr (!DET) {
+        // a[0] = (key g, queries 2t..), a[1] = (g + 8, 2t..), a[2] = (g, 2t + 8..), a[3] = (g + 8, 2t + 8..)
+        T* ds_row = ds_s + (wrow + g) * LDS + kr * 16 + 2 * t;
+        *reinterpret_cast<uint32_t*>(ds_row) = sa[0];
+        *reinterpret_cast<uint32_t*>(ds_row + 8 * LDS) = sa[1];
+        *reinterpret_cast<uint32_t*>(ds_row + 8) = sa[2];
+        *reinterpret_cast<uint32_t*>(ds_row + 8 * LDS + 8) = sa[3];
       }
-    } else if constexpr (D <= 128) {
-      // The warp's 16 key rows of ds_s (its own) hold P^T, then dX^T, rounded to T as the matrix units take
-      // them; each lane sums its dV, then dK, elements over the tile's queries, skipping the zeros. dX^T is
-      // left in ds_s for the dQ product.
-      // (by chunks of 8 fragments of columns, so that a pass over the queries holds 64 accumulators, not all)
-      auto skip_zeros = [&](float(&acc)[NO][4], const T* x) {
-        __syncwarp();
-        constexpr int kChunk = NO < 8 ? NO : 8;
 #pragma unroll
-        for (int n0 = 0; n0 < NO; n0 += kChunk)
-          for (int i = 0; i < BR; ++i) {
-            const float w0 = to_f32(ds_s[(wrow + g) * LDS + i]), w1 = to_f32(ds_s[(wrow + g + 8) * LDS + i]);
-#pragma unroll
-            for (int n = n0; n < n0 + kChunk; ++n)
-#pragma unroll
-              for (int c = 0; c < 2; ++c) {
-                const float xv = to_f32(x[i * LD + n * 8 + 2 * t + c]);
-                if (w0 != 0.0f) acc[n][c] += w0 * xv;
-                if (w1 != 0.0f) acc[n][2 + c] += w1 * xv;
-              }
-          }
-        __syncwarp();
-      };
-      auto stage = [&](float(&frag)[NS][4]) {
-#pragma unroll
-        for (int n = 0; n < NS; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            ds_s[(wrow + g + 8 * (e >> 1)) * LDS + n * 8 + 2 * t + (e & 1)] = from_f32<T>(frag[n][e]);
-      };
-      stage(st);
-      skip_zeros(dv, dot);
-      stage(dpt);
-      skip_zeros(dk, qt);
+      for (int n2 = 0; n2 < NO / 2; ++n2) {
+        const int b_off = (kr * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n2 * 16 + (lane >> 4) * 8;
+        uint32_t gb[4], qb[4];
+        mma::ldmatrix_x4_trans(gb, dot + b_off);
+        mma::ldmatrix_x4_trans(qb, qt + b_off);
+        mma::mma_16816<T>(dv[2 * n2], pa, gb);
+        mma::mma_16816<T>(dv[2 * n2 + 1], pa, gb + 2);
+        mma::mma_16816<T>(dk[2 * n2], sa, qb);
+        mma::mma_16816<T>(dk[2 * n2 + 1], sa, qb + 2);
+      }
     }
 
     if constexpr (!DET) {
@@ -471,6 +429,7 @@ JA_GLOBAL void __launch_bounds__(BwdMmaTiles<T, D>::kThreads, JA_MHA_BWD_MMA_MIN
   // Epilogue: dK * scale and dV rounded to T, rows < seq_k, columns < head_dim / head_dim_v.
   T* dk_out = static_cast<T*>(a.dk) + ((b * sk + kv0) * hkv + hk) * hd;
   T* dv_out = static_cast<T*>(a.dv) + ((b * sk + kv0) * hkv + hk) * hdv;
+  uint32_t bad = 0;  // this warp's keys whose dK or dV came out NaN or infinite (bit r - wrow)
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int r = wrow + g + 8 * i;
@@ -480,6 +439,34 @@ JA_GLOBAL void __launch_bounds__(BwdMmaTiles<T, D>::kThreads, JA_MHA_BWD_MMA_MIN
       const int col = n * 8 + 2 * t;
       store_pair<T>(dk_out + r * k_stride, col, hd, dk[n][2 * i] * p.scale, dk[n][2 * i + 1] * p.scale);
       store_pair<T>(dv_out + r * v_stride, col, hdv, dv[n][2 * i], dv[n][2 * i + 1]);
+      if (!isfinite(dk[n][2 * i]) || !isfinite(dk[n][2 * i + 1]) || !isfinite(dv[n][2 * i]) ||
+          !isfinite(dv[n][2 * i + 1]))
+        bad |= 1u << (g + 8 * i);
+    }
+  }
+  // A key with a non-finite dK or dV (a hidden row's NaN/Inf in Q or dO meets P = 0 or dX = 0 on the matrix
+  // units, or a row that sees the key holds it) is computed again, exactly, by this warp, which holds its whole
+  // row (mha_exact.cuh): a hidden row's value never reaches it. Finite results pass this check only.
+  bad = __reduce_or_sync(0xffffffffu, bad);
+  if (bad) {
+    __syncwarp();  // this warp's stores above come first
+    const mha_gpu::ExactBwd<T> in{static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
+                                  static_cast<const T*>(a.dout), a.lse, a.delta};
+    for (; bad; bad &= bad - 1) {
+      const int r = wrow + __ffs(int(bad)) - 1;
+      const int64_t j = kv0 + r;
+      float kx[mha_gpu::kExactCols], vx[mha_gpu::kExactCols];
+      MhaCol col = mha_col(p, a.cols, a.cols_batch_stride, b, j);
+      col.q_lo = mha_clamp(col.q_lo, 0, sq);
+      col.q_hi = mha_clamp(col.q_hi, col.q_lo, sq);
+      mha_gpu::exact_dkdv_key(p, in, int(b), int(hk), j, col,
+                              [pp = &a.p, b](int64_t i) { return mha_row(*pp, b, i).diag; }, kx, vx);
+#pragma unroll
+      for (int u = 0; u < mha_gpu::kExactCols; ++u) {
+        const int c = lane + 32 * u;
+        if (c < hd) dk_out[r * k_stride + c] = from_f32<T>(kx[u]);
+        if (c < hdv) dv_out[r * v_stride + c] = from_f32<T>(vx[u]);
+      }
     }
   }
 }

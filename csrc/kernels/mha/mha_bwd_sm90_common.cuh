@@ -72,11 +72,11 @@ struct BwdArgs {
   int32_t* sync;    // deterministic: the semaphores, [batch, heads_q, m_tiles]; null otherwise
   int32_t m_tiles;  // ceil(seq_q / kBwdTileRows)
   int64_t chunk;    // causal: (head, batch) pairs per chunk of the block order (causal_chunk)
-  ExactBwd<Element> in;  // the inputs, for keys computed again (exact_dkdv_key)
+  mha_gpu::ExactBwd<Element> in;  // the inputs, for keys computed again (exact_dkdv_key)
 };
 
 template <typename Element>
-ExactBwd<Element> exact_bwd(const JaMhaBwdArgs& a) {
+mha_gpu::ExactBwd<Element> exact_bwd(const JaMhaBwdArgs& a) {
   return {static_cast<const Element*>(a.q), static_cast<const Element*>(a.k), static_cast<const Element*>(a.v),
           static_cast<const Element*>(a.dout), a.lse, a.delta};
 }
@@ -591,7 +591,7 @@ CUTE_DEVICE void bwd_nonfinite(ThrMma const& thr_mma, Acc const& acc, int nk, Bi
 
 // dK * scale and dV of the block's keys (< seq_k), columns < d and < dv. A key whose dK or dV came out NaN or
 // infinite is computed again, exactly, by each warp that holds some of its columns, which it then rewrites
-// (mha_sm90_exact.cuh): NaN or Inf in Q or dO of rows that do not see the key stays out of it.
+// (mha_exact.cuh): NaN or Inf in Q or dO of rows that do not see the key stays out of it.
 template <int BN, int D, int DV, bool CAUSAL, typename Element, typename ThrK, typename ThrV, typename AccK,
           typename AccV>
 CUTE_DEVICE void bwd_store_dkdv(BwdArgs<Element> const& p, BwdWork const& w, ThrK const& thr_dk, AccK const& dk_acc,
@@ -619,13 +619,13 @@ CUTE_DEVICE void bwd_store_dkdv(BwdArgs<Element> const& p, BwdWork const& w, Thr
   for (int kr = 0; kr < w.nk; ++kr) {
     if (!keys.has(kr)) continue;  // the same on every lane
     const int64_t j = w.kv0 + kr;
-    float dk[kExactCols], dv[kExactCols];
-    exact_dkdv_key(p.pr, p.in, w.b, w.hk, j, sm90_col<CAUSAL>(p.pr, p.cols, p.cols_batch_stride, w.b, int(j)),
+    float dk[mha_gpu::kExactCols], dv[mha_gpu::kExactCols];
+    mha_gpu::exact_dkdv_key(p.pr, p.in, w.b, w.hk, j, sm90_col<CAUSAL>(p.pr, p.cols, p.cols_batch_stride, w.b, int(j)),
                    // by value: a reference to w would send it to local memory for the whole kernel
                    [pr = p.pr, b = w.b](int64_t i) { return sm90_row<CAUSAL>(pr, b, int(i)).diag; }, dk, dv);
     const int64_t row = row0 + int64_t(kr) * p.heads_kv;
     CUTLASS_PRAGMA_UNROLL
-    for (int t = 0; t < kExactCols; ++t) {
+    for (int t = 0; t < mha_gpu::kExactCols; ++t) {
       const int c = lane + 32 * t;
       if (c < p.d && c < D && cols_k.has(c)) p.dk[row * p.d + c] = Element(dk[t]);
       if (c < p.dv_cols && c < DV && cols_v.has(c)) p.dv[row * p.dv_cols + c] = Element(dv[t]);
@@ -667,12 +667,12 @@ __global__ void __launch_bounds__(256) bwd_preprocess(const T* o, const T* dout,
 // dq = dq_accum rounded to the input dtype, one warp a row (b, i, h) of d columns (d a multiple of 8, dq_accum
 // and dq 16-byte aligned), four columns a lane at a time. A row that came out NaN or infinite (a K, V or dO
 // value hidden from it can put 0 x NaN into dq_accum) is computed again, exactly, by the warp
-// (mha_sm90_exact.cuh). Eight blocks a multiprocessor (32 registers): the occupancy of the element-wise
+// (mha_exact.cuh). Eight blocks a multiprocessor (32 registers): the occupancy of the element-wise
 // conversion it replaced, which this memory-bound pass needs (at 64 registers the backward timed slower in
 // `bench_gpu.py --quick --only attention`); the rare recomputation spills instead.
 template <typename Element, bool CAUSAL>
 __global__ void __launch_bounds__(256, 8) convert_dq_rows(CUTE_GRID_CONSTANT JaMhaProblem const pr,
-                                                         CUTE_GRID_CONSTANT ExactBwd<Element> const in,
+                                                         CUTE_GRID_CONSTANT mha_gpu::ExactBwd<Element> const in,
                                                          const float* acc, Element* dq) {
   const int d = int(pr.head_dim), lane = int(threadIdx.x % 32);
   const int64_t rows = pr.batch * pr.seq_q * pr.heads_q;
@@ -691,7 +691,7 @@ __global__ void __launch_bounds__(256, 8) convert_dq_rows(CUTE_GRID_CONSTANT JaM
     if (__any_sync(0xffffffffu, bad)) {
       __syncwarp();  // this warp's stores above come first
       const int h = int(r % pr.heads_q), i = int((r / pr.heads_q) % pr.seq_q), b = int(r / (pr.heads_q * pr.seq_q));
-      exact_dq_row(pr, in, dq, b, h, i, sm90_row<CAUSAL>(pr, b, i));
+      mha_gpu::exact_dq_row(pr, in, dq, b, h, i, sm90_row<CAUSAL>(pr, b, i));
     }
   }
 }

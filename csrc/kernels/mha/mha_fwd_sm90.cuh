@@ -43,7 +43,7 @@
 // zero-filled by the TMA unit and masked; out and lse are stored only for rows < seq_q. A key a row does
 // not see never enters its softmax, but in a tile that straddles the mask its V row is still multiplied
 // by P = 0, and IEEE 0 * NaN is NaN: a row whose output comes out non-finite is computed again, exactly,
-// over the keys it sees (mha_sm90_exact.cuh), so NaN or Inf reaches a row only when the row sees it.
+// over the keys it sees (mha_exact.cuh), so NaN or Inf reaches a row only when the row sees it.
 // Tiles wholly outside the mask are never read.
 //
 // Its speed against cuDNN: `python3 benchmarks/gpu/bench_gpu.py --only attention [--head-dim D]` on an
@@ -79,7 +79,7 @@
 #include "ja/kernels/mha_features.h"
 #include "mha/mha_fwd_gpu_decode.cuh"
 #include "mha/mha_sm90_dims.h"
-#include "mha/mha_sm90_exact.cuh"
+#include "mha/mha_exact.cuh"
 
 namespace ja {
 namespace mha_sm90 {
@@ -594,7 +594,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       lse[row] = empty ? INFINITY : row_max[r] * s2 * 0.6931471805599453f + __logf(sum);
   }
   // Rows whose output came out NaN or infinite (a warp holds 16 whole rows): computed again, exactly, by the
-  // warp (mha_sm90_exact.cuh). Finite results pass this check only.
+  // warp (mha_exact.cuh). Finite results pass this check only.
   {
     uint32_t bad = 0;
     CUTLASS_PRAGMA_UNROLL
@@ -611,7 +611,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       for (; bad; bad &= bad - 1) {
         const int row = base + __ffs(bad) - 1;
         if (row < sq)
-          exact_fwd_row(p.pr, p.q, p.k, p.v, p.o, p.lse, b, h, row, sm90_row<CAUSAL>(p.pr, b, row));
+          mha_gpu::exact_fwd_row(p.pr, p.q, p.k, p.v, p.o, p.lse, b, h, row, sm90_row<CAUSAL>(p.pr, b, row));
       }
     }
   }

@@ -1,6 +1,7 @@
-// The Hopper (sm_90a) kernels' answer to non-finite results: a row or key whose fast-path result came out
-// NaN or infinite is computed again, exactly and by one warp, from the inputs in global memory, so that a
-// NaN or Inf the mask hides never reaches it, while one it sees does.
+// The matrix-unit kernels' answer to non-finite results (the sm_90a forward and backward, the mma.sync
+// backward): a row or key whose fast-path result came out NaN or infinite is computed again, exactly and by
+// one warp, from the inputs in global memory, so that a NaN or Inf the mask hides never reaches it, while one
+// it sees does.
 //
 // Why: in a tile that straddles a row's mask boundary the tensor cores multiply every key of the tile,
 // hidden ones included, by that key's weight, and a hidden key's weight is 0: in O += P V a V row holding
@@ -16,47 +17,62 @@
 // dim up to 256.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "ja/kernels/mha.h"
 #include "ja/kernels/mha_features.h"
+#include "mha/mha_gpu_common.cuh"
 
 namespace ja {
-namespace mha_sm90 {
+namespace mha_gpu {
+
+// Element to float and back: ja's storage types (to_f32, from_f32) and any type that converts (CUTLASS's).
+JA_DEVICE float exact_f32(bf16_t x) { return to_f32(x); }
+JA_DEVICE float exact_f32(f16_t x) { return to_f32(x); }
+template <typename E>
+JA_DEVICE float exact_f32(E x) {
+  return float(x);
+}
+template <typename E>
+JA_DEVICE E exact_to(float x) {
+  if constexpr (std::is_same_v<E, bf16_t> || std::is_same_v<E, f16_t>) return from_f32<E>(x);
+  else return E(x);
+}
 
 constexpr int kExactCols = 8;  // columns a lane holds: 256 / 32
 
-CUTE_DEVICE float warp_sum(float x) {
-  CUTLASS_PRAGMA_UNROLL
+JA_DEVICE float warp_sum(float x) {
+#pragma unroll
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
   return x;
 }
 
 // Columns lane + 32 t (< n) of a row, 0 past n.
 template <typename Element>
-CUTE_DEVICE void exact_load(const Element* row, int n, float (&x)[kExactCols]) {
+JA_DEVICE void exact_load(const Element* row, int n, float (&x)[kExactCols]) {
   const int lane = int(threadIdx.x % 32);
-  CUTLASS_PRAGMA_UNROLL
+#pragma unroll
   for (int t = 0; t < kExactCols; ++t) {
     const int c = lane + 32 * t;
-    x[t] = c < n ? float(row[c]) : 0.0f;
+    x[t] = c < n ? exact_f32(row[c]) : 0.0f;
   }
 }
 
 template <typename Element>
-CUTE_DEVICE float exact_dot(const float (&x)[kExactCols], const Element* row, int n) {
+JA_DEVICE float exact_dot(const float (&x)[kExactCols], const Element* row, int n) {
   const int lane = int(threadIdx.x % 32);
   float s = 0.0f;
-  CUTLASS_PRAGMA_UNROLL
+#pragma unroll
   for (int t = 0; t < kExactCols; ++t) {
     const int c = lane + 32 * t;
-    if (c < n) s = fmaf(x[t], float(row[c]), s);
+    if (c < n) s = fmaf(x[t], exact_f32(row[c]), s);
   }
   return warp_sum(s);
 }
 
 // The score of q.k = qk for key j of a row with diagonal diag (ALiBi slope `slope`), in the natural-log domain;
 // *dx: d score / d(scale q.k) (1 - tanh^2 with softcap, else 1).
-CUTE_DEVICE float exact_score(JaMhaProblem const& pr, float qk, float slope, int64_t diag, int64_t j, float* dx) {
+JA_DEVICE float exact_score(JaMhaProblem const& pr, float qk, float slope, int64_t diag, int64_t j, float* dx) {
   float x = qk * pr.scale;
   *dx = 1.0f;
   if (pr.softcap > 0.0f) {
@@ -68,7 +84,7 @@ CUTE_DEVICE float exact_score(JaMhaProblem const& pr, float qk, float slope, int
   return x;
 }
 
-CUTE_DEVICE float exact_slope(JaMhaProblem const& pr, int b, int h) {
+JA_DEVICE float exact_slope(JaMhaProblem const& pr, int b, int h) {
   return pr.alibi ? pr.alibi[int64_t(b) * pr.alibi_batch_stride + h] : 0.0f;
 }
 
@@ -92,19 +108,19 @@ __device__ __noinline__ void exact_fwd_row(JaMhaProblem const& pr, const Element
     const float p = x == -INFINITY ? 0.0f : expf(x - mn);
     l = fmaf(l, alpha, p);
     const Element* vj = v + kv * dv;
-    CUTLASS_PRAGMA_UNROLL
+#pragma unroll
     for (int t = 0; t < kExactCols; ++t) {
       const int c = lane + 32 * t;
-      if (c < dv) acc[t] = fmaf(p, float(vj[c]), acc[t] * alpha);
+      if (c < dv) acc[t] = fmaf(p, exact_f32(vj[c]), acc[t] * alpha);
     }
     m = mn;
   }
   const bool empty = l == 0.0f;
   Element* orow = o + ((int64_t(b) * pr.seq_q + i) * hq + h) * dv;
-  CUTLASS_PRAGMA_UNROLL
+#pragma unroll
   for (int t = 0; t < kExactCols; ++t) {
     const int c = lane + 32 * t;
-    if (c < dv) orow[c] = Element(empty ? 0.0f : acc[t] / l);
+    if (c < dv) orow[c] = exact_to<Element>(empty ? 0.0f : acc[t] / l);
   }
   if (lane == 0) lse[(int64_t(b) * hq + h) * pr.seq_q + i] = empty ? INFINITY : m + logf(l);
 }
@@ -118,7 +134,7 @@ struct ExactBwd {
 
 // dP and dS of query row i (head h) and key j given their loaded rows: p (the weight) and ds (d score).
 template <typename Element>
-CUTE_DEVICE void exact_p_ds(JaMhaProblem const& pr, ExactBwd<Element> const& in, float qk, float dp, float slope,
+JA_DEVICE void exact_p_ds(JaMhaProblem const& pr, ExactBwd<Element> const& in, float qk, float dp, float slope,
                             int64_t diag, int64_t j, int64_t stat, float* p, float* ds) {
   float dx;
   const float x = exact_score(pr, qk, slope, diag, j, &dx);
@@ -142,16 +158,16 @@ __device__ __noinline__ void exact_dq_row(JaMhaProblem const& pr, ExactBwd<Eleme
     const Element* kj = in.k + kv * d;
     float p, ds;
     exact_p_ds(pr, in, exact_dot(qr, kj, d), exact_dot(gr, in.v + kv * dv, dv), slope, row.diag, j, stat, &p, &ds);
-    CUTLASS_PRAGMA_UNROLL
+#pragma unroll
     for (int t = 0; t < kExactCols; ++t) {
       const int c = lane + 32 * t;
-      if (c < d) acc[t] = fmaf(ds, float(kj[c]), acc[t]);
+      if (c < d) acc[t] = fmaf(ds, exact_f32(kj[c]), acc[t]);
     }
   }
-  CUTLASS_PRAGMA_UNROLL
+#pragma unroll
   for (int t = 0; t < kExactCols; ++t) {
     const int c = lane + 32 * t;
-    if (c < d) dq[qrow * d + c] = Element(acc[t] * pr.scale);
+    if (c < d) dq[qrow * d + c] = exact_to<Element>(acc[t] * pr.scale);
   }
 }
 
@@ -167,7 +183,7 @@ __device__ __noinline__ void exact_dkdv_key(JaMhaProblem const& pr, ExactBwd<Ele
   float kr[kExactCols], vr[kExactCols];
   exact_load(in.k + kv * d, d, kr);
   exact_load(in.v + kv * dv, dv, vr);
-  CUTLASS_PRAGMA_UNROLL
+#pragma unroll
   for (int t = 0; t < kExactCols; ++t) dk[t] = dvv[t] = 0.0f;
   for (int h = hk * group; h < (hk + 1) * group; ++h) {
     const float slope = exact_slope(pr, b, h);
@@ -178,17 +194,17 @@ __device__ __noinline__ void exact_dkdv_key(JaMhaProblem const& pr, ExactBwd<Ele
       float p, ds;
       exact_p_ds(pr, in, exact_dot(kr, qi, d), exact_dot(vr, gi, dv), slope, pr.alibi ? diag(i) : 0, j, stat, &p,
                  &ds);
-      CUTLASS_PRAGMA_UNROLL
+#pragma unroll
       for (int t = 0; t < kExactCols; ++t) {
         const int c = lane + 32 * t;
-        if (c < d) dk[t] = fmaf(ds, float(qi[c]), dk[t]);
-        if (c < dv) dvv[t] = fmaf(p, float(gi[c]), dvv[t]);
+        if (c < d) dk[t] = fmaf(ds, exact_f32(qi[c]), dk[t]);
+        if (c < dv) dvv[t] = fmaf(p, exact_f32(gi[c]), dvv[t]);
       }
     }
   }
-  CUTLASS_PRAGMA_UNROLL
+#pragma unroll
   for (int t = 0; t < kExactCols; ++t) dk[t] *= pr.scale;
 }
 
-}  // namespace mha_sm90
+}  // namespace mha_gpu
 }  // namespace ja
