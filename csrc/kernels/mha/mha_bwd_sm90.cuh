@@ -260,7 +260,7 @@ const char* mha_bwd_sm90(const JaMhaBwdArgs& a, void* stream, int* handled) {
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const bool feat = a.p.softcap > 0.0f || a.p.alibi != nullptr;
   if constexpr (D == 256) {
-    const int kd = sm90_kernel_head_dim(a.p.head_dim, a.p.head_dim_v);
+    const int kd = sm90_bwd_kernel_head_dim(a.p.head_dim, a.p.head_dim_v);
     return bwd_run<T, 64, CAUSAL>(a, s, [&]() -> const char* {
       if (kd == 192 && a.p.head_dim_v <= 128)
         return feat ? mha_bwd_sm90_d256_launch<T, 192, 128, CAUSAL, true>(a, s)

@@ -131,6 +131,18 @@ auto ss_atom() {
     return GMMA::ss_op_selector<Element, Element, float, Shape<Int<M>, Int<N>, Int<K>>, MA, MB>();
 }
 
+// One wgmma atom of shape 64 x N x 16 with A from registers, for the N that rs_op_selector would split
+// (as ss_atom): O += P V at head dim 80.
+template <typename Element, int M, int N, int K, GMMA::Major MA, GMMA::Major MB>
+auto rs_atom() {
+  constexpr bool bf = std::is_same_v<Element, cutlass::bfloat16_t>;
+  if constexpr (N == 80)
+    return std::conditional_t<bf, SM90::GMMA::MMA_64x80x16_F32BF16BF16_RS<MA, MB>,
+                              SM90::GMMA::MMA_64x80x16_F32F16F16_RS<MA, MB>>{};
+  else
+    return GMMA::rs_op_selector<Element, Element, float, Shape<Int<M>, Int<N>, Int<K>>, MA, MB>();
+}
+
 // The N of a wgmma atom.
 template <typename Atom>
 constexpr int atom_n() {
@@ -158,10 +170,9 @@ struct Traits {
   static_assert(atom_n<MmaAtom0>() == kBlockN,
                 "S = Q K^T should be one wgmma wide along the key tile (a narrower atom re-reads Q per slice)");
   using TiledMma0 = decltype(make_tiled_mma(MmaAtom0{}, AtomLayout{}));
-  using TiledMma1 = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<DV>, Int<kBlockN>>, GMMA::Major::K,
-                           GMMA::Major::MN>(),
-      AtomLayout{}));
+  using MmaAtom1 = decltype(rs_atom<Element, kBlockM, DV, kBlockN, GMMA::Major::K, GMMA::Major::MN>());
+  static_assert(atom_n<MmaAtom1>() == DV, "O += P V should be one wgmma wide along the head dim");
+  using TiledMma1 = decltype(make_tiled_mma(MmaAtom1{}, AtomLayout{}));
 
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtomK<Element, D>{}, Shape<Int<kBlockM>, Int<D>>{}));
   using SmemLayoutK = decltype(tile_to_shape(SmemAtomK<Element, D>{}, Shape<Int<kBlockN>, Int<D>, Int<kStages>>{}));
@@ -730,10 +741,14 @@ const char* mha_fwd_sm90(const JaMhaFwdArgs& a, void* stream, int* handled) {
   if (!device_is_sm90()) return nullptr;
   *handled = 1;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const int kd = sm90_fwd_kernel_head_dim(a.p.head_dim, a.p.head_dim_v);
   if constexpr (D == 256) {
-    if (sm90_kernel_head_dim(a.p.head_dim, a.p.head_dim_v) == 192)
+    if (kd == 192)
       return a.p.head_dim_v <= 128 ? mha_fwd_sm90_terms<T, 192, 128, CAUSAL>(a, s)
                                    : mha_fwd_sm90_terms<T, 192, 192, CAUSAL>(a, s);
+  }
+  if constexpr (D == 96) {
+    if (kd == 80) return mha_fwd_sm90_terms<T, 80, 80, CAUSAL>(a, s);
   }
   return mha_fwd_sm90_terms<T, D, D, CAUSAL>(a, s);
 }
