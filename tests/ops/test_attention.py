@@ -362,25 +362,26 @@ def test_hopper_forward_is_not_used_for_decode_or_float32(monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("d, padded", [(80, 96), (160, 192)])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_hopper_head_dim_80_forward_equals_the_padded_96_kernel(causal, monkeypatch):
-    """The forward's head-dim-80 kernel (mha_sm90_dims.h) computes what the 96 kernel computes on the same
-    inputs zero-padded to 96, less the products of the zero columns (which add exact zeros): out and lse
-    equal bit for bit, both calls on the Hopper kernels."""
+def test_hopper_forward_head_dim_kernel_equals_the_padded_one(d, padded, causal, monkeypatch):
+    """The forward's kernels of head dims 80 and 160 (mha_sm90_dims.h) compute what the kernels of 96 and 192
+    (the same key tile) compute on the same inputs zero-padded, less the products of the zero columns (which add
+    exact zeros): out and lse equal bit for bit, both calls on the Hopper kernels."""
     if not _is_sm90():
         pytest.skip("the Hopper kernels run on an sm_90 device only")
     from jax_aiter import mha
 
     monkeypatch.delenv("JA_MHA_FWD_SM90", raising=False)
-    (q, k, v, _), _ = make_inputs(80, "bfloat16", 2, 300, 333, 8, 2, 80, "gpu")
-    pad = partial(jnp.pad, pad_width=((0, 0), (0, 0), (0, 0), (0, 16)))
-    f = jax.jit(partial(mha.flash_attn_func, softmax_scale=80 ** -0.5, causal=causal, return_lse=True))
+    (q, k, v, _), _ = make_inputs(d, "bfloat16", 2, 300, 333, 8, 2, d, "gpu")
+    pad = partial(jnp.pad, pad_width=((0, 0), (0, 0), (0, 0), (0, padded - d)))
+    f = jax.jit(partial(mha.flash_attn_func, softmax_scale=d ** -0.5, causal=causal, return_lse=True))
     before = _sm90_calls()
-    o80, lse80 = jax.block_until_ready(f(q, k, v))
-    o96, lse96 = jax.block_until_ready(f(pad(q), pad(k), pad(v)))
+    o, lse = jax.block_until_ready(f(q, k, v))
+    o_padded, lse_padded = jax.block_until_ready(f(pad(q), pad(k), pad(v)))
     assert _sm90_calls() == before + 2
-    np.testing.assert_array_equal(np.asarray(o80).view(np.uint16), np.asarray(o96[..., :80]).view(np.uint16))
-    np.testing.assert_array_equal(np.asarray(lse80), np.asarray(lse96))
+    np.testing.assert_array_equal(np.asarray(o).view(np.uint16), np.asarray(o_padded[..., :d]).view(np.uint16))
+    np.testing.assert_array_equal(np.asarray(lse), np.asarray(lse_padded))
 
 
 # --- the decode path's TMA loads ----------------------------------------------------------

@@ -132,13 +132,16 @@ auto ss_atom() {
 }
 
 // One wgmma atom of shape 64 x N x 16 with A from registers, for the N that rs_op_selector would split
-// (as ss_atom): O += P V at head dim 80.
+// (as ss_atom): O += P V at head dims 80 and 160.
 template <typename Element, int M, int N, int K, GMMA::Major MA, GMMA::Major MB>
 auto rs_atom() {
   constexpr bool bf = std::is_same_v<Element, cutlass::bfloat16_t>;
   if constexpr (N == 80)
     return std::conditional_t<bf, SM90::GMMA::MMA_64x80x16_F32BF16BF16_RS<MA, MB>,
                               SM90::GMMA::MMA_64x80x16_F32F16F16_RS<MA, MB>>{};
+  else if constexpr (N == 160)
+    return std::conditional_t<bf, SM90::GMMA::MMA_64x160x16_F32BF16BF16_RS<MA, MB>,
+                              SM90::GMMA::MMA_64x160x16_F32F16F16_RS<MA, MB>>{};
   else
     return GMMA::rs_op_selector<Element, Element, float, Shape<Int<M>, Int<N>, Int<K>>, MA, MB>();
 }
@@ -743,6 +746,7 @@ const char* mha_fwd_sm90(const JaMhaFwdArgs& a, void* stream, int* handled) {
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const int kd = sm90_fwd_kernel_head_dim(a.p.head_dim, a.p.head_dim_v);
   if constexpr (D == 256) {
+    if (kd == 160) return mha_fwd_sm90_terms<T, 160, 160, CAUSAL>(a, s);
     if (kd == 192)
       return a.p.head_dim_v <= 128 ? mha_fwd_sm90_terms<T, 192, 128, CAUSAL>(a, s)
                                    : mha_fwd_sm90_terms<T, 192, 192, CAUSAL>(a, s);

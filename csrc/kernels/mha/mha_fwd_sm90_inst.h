@@ -2,7 +2,7 @@
 // JA_SM90_DT_<dtype> and JA_SM90_HD_<head_dim>: the Hopper kernels (and the CUTLASS
 // headers) are compiled only for the dtypes and the instances that hold a kernel
 // (mha_sm90_dims.h: 64; 96, which also holds the 80 kernel; 128; and 256, which also holds
-// the 192 kernel); the other instances say "not handled" and cost a trivial compile.
+// the 160 and 192 kernels); the other instances say "not handled" and cost a trivial compile.
 #pragma once
 #include "ja/kernels/mha.h"
 

@@ -11,7 +11,10 @@
 //
 // The forward has a kernel of head dim 80, held by the 96 instance: a call of head dim 80 padded to 96 does
 // 1.2 times the products. The backward has none (its 96 kernel runs those calls, padded): each of its
-// warpgroups takes half of dQ's columns, and 40 columns are tiled by no swizzle atom.
+// warpgroups takes half of dQ's columns, and 40 columns are tiled by no swizzle atom. The forward has a kernel
+// of head dim 160, held by the 256 instance (as 192 is); the backward runs those calls on its 192 kernel, padded
+// (a split-head-dim kernel at 160, dQ in five slices of 32 columns, timed slower than the 192 kernel on the
+// H200; the commit that added the forward's 160 kernel gives the times).
 #pragma once
 #include <cstdint>
 
@@ -19,7 +22,7 @@ namespace ja {
 namespace mha_sm90 {
 
 // The head dims of the sm_90a kernels, ascending: the forward's, and the backward's.
-constexpr int kSm90FwdKernelDims[] = {64, 80, 96, 128, 192, 256};
+constexpr int kSm90FwdKernelDims[] = {64, 80, 96, 128, 160, 192, 256};
 constexpr int kSm90BwdKernelDims[] = {64, 96, 128, 192, 256};
 
 // The smallest of dims >= both head dims (d, d_v), or 0 where none is (too large, or not a multiple of 8).
