@@ -450,8 +450,7 @@ JA_GLOBAL void __launch_bounds__(BwdMmaTiles<T, D>::kThreads, JA_MHA_BWD_MMA_MIN
   bad = __reduce_or_sync(0xffffffffu, bad);
   if (bad) {
     __syncwarp();  // this warp's stores above come first
-    const mha_gpu::ExactBwd<T> in{static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
-                                  static_cast<const T*>(a.dout), a.lse, a.delta};
+    const mha_gpu::ExactBwd<T> in = mha_gpu::exact_bwd<T>(a);
     for (; bad; bad &= bad - 1) {
       const int r = wrow + __ffs(int(bad)) - 1;
       const int64_t j = kv0 + r;

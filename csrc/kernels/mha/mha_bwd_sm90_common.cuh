@@ -76,12 +76,6 @@ struct BwdArgs {
 };
 
 template <typename Element>
-mha_gpu::ExactBwd<Element> exact_bwd(const JaMhaBwdArgs& a) {
-  return {static_cast<const Element*>(a.q), static_cast<const Element*>(a.k), static_cast<const Element*>(a.v),
-          static_cast<const Element*>(a.dout), a.lse, a.delta};
-}
-
-template <typename Element>
 BwdArgs<Element> bwd_args(const JaMhaBwdArgs& a, bool feat) {
   const JaMhaProblem& pr = a.p;
   const int hq = int(pr.heads_q), hkv = int(pr.heads_kv), bt = int(pr.batch), d = int(pr.head_dim);
@@ -110,7 +104,7 @@ BwdArgs<Element> bwd_args(const JaMhaBwdArgs& a, bool feat) {
           a.deterministic ? a.sync : nullptr,
           int((pr.seq_q + kBwdTileRows - 1) / kBwdTileRows),
           0,  // chunk: bwd_launch sets it from the grid
-          exact_bwd<Element>(a)};
+          mha_gpu::exact_bwd<Element>(a)};
 }
 
 // A TMA load of ROWS x COLS tiles of a [batch, seq, heads, dim] tensor into SmemLayout (columns past dim
@@ -231,15 +225,12 @@ CUTE_DEVICE void bwd_reduce_dq(Tma const& tma, BwdShape const& shape_q, SdQ cons
 
 // --- the deterministic order of the dQ updates (see the top of this file) ---
 
-// The query rows that see key j, [q_lo, q_hi) (ja::mha_col), clamped to [0, seq_q] with q_hi >= q_lo.
+// The query rows that see key j, [q_lo, q_hi), clamped (mha_gpu::exact_col; causal, without reading the mask).
 template <bool CAUSAL>
 CUTE_HOST_DEVICE MhaCol sm90_col(JaMhaProblem const& pr, const int32_t* cols, int64_t cols_batch_stride, int b,
                                  int j) {
   if (CAUSAL) return MhaCol{mha_clamp(j - (pr.seq_k - pr.seq_q), 0, pr.seq_q), pr.seq_q};
-  MhaCol c = mha_col(pr, cols, cols_batch_stride, b, j);
-  c.q_lo = mha_clamp(c.q_lo, 0, pr.seq_q);
-  c.q_hi = mha_clamp(c.q_hi, c.q_lo, pr.seq_q);
-  return c;
+  return mha_gpu::exact_col(pr, cols, cols_batch_stride, b, j);
 }
 
 // The query tiles key block n of batch b works on, [m_begin, m_end) (every tile that meets the rows that
@@ -749,7 +740,7 @@ const char* bwd_run(const JaMhaBwdArgs& a, cudaStream_t s, Main launch_main) {
   {
     using E = typename CutlassType<T>::type;
     const int64_t blocks = std::min<int64_t>((q_rows + 7) / 8, max_blocks);
-    convert_dq_rows<E, CAUSAL><<<unsigned(blocks), 256, 0, s>>>(pr, exact_bwd<E>(a), a.dq_accum, static_cast<E*>(a.dq));
+    convert_dq_rows<E, CAUSAL><<<unsigned(blocks), 256, 0, s>>>(pr, mha_gpu::exact_bwd<E>(a), a.dq_accum, static_cast<E*>(a.dq));
     if (const char* e = mha_gpu::launch_status("mha_bwd (convert dQ)")) return e;
   }
   return nullptr;

@@ -132,6 +132,23 @@ struct ExactBwd {
   const float *lse, *delta;
 };
 
+// A call's ExactBwd, its tensors as Element (ja's storage type or CUTLASS's).
+template <typename Element>
+JA_HOST_DEVICE ExactBwd<Element> exact_bwd(const JaMhaBwdArgs& a) {
+  return {static_cast<const Element*>(a.q), static_cast<const Element*>(a.k), static_cast<const Element*>(a.v),
+          static_cast<const Element*>(a.dout), a.lse, a.delta};
+}
+
+// The query rows that see key j of batch b (ja::mha_col), clamped to [0, seq_q] with q_hi >= q_lo: the rows
+// exact_dkdv_key visits.
+JA_HOST_DEVICE MhaCol exact_col(JaMhaProblem const& pr, const int32_t* cols, int64_t cols_batch_stride, int64_t b,
+                                int64_t j) {
+  MhaCol c = mha_col(pr, cols, cols_batch_stride, b, j);
+  c.q_lo = mha_clamp(c.q_lo, 0, pr.seq_q);
+  c.q_hi = mha_clamp(c.q_hi, c.q_lo, pr.seq_q);
+  return c;
+}
+
 // dP and dS of query row i (head h) and key j given their loaded rows: p (the weight) and ds (d score).
 template <typename Element>
 JA_DEVICE void exact_p_ds(JaMhaProblem const& pr, ExactBwd<Element> const& in, float qk, float dp, float slope,
