@@ -151,18 +151,20 @@ def _window_tag(w: int, causal: bool) -> str:
     return f"{f'{w // 1024}k' if w % 1024 == 0 else w}_{'causal' if causal else 'both'}"
 
 
+def window_cases() -> list[tuple[str, bool, tuple[int, int]]]:
+    """(tag, causal, window_size) of each window row: every width, causal (no right window) and both-sided."""
+    return [(_window_tag(w, causal), causal, (w, 0 if causal else w)) for w in WINDOWS for causal in (True, False)]
+
+
 def bench_windows(lib, reps, refused):
     sets = _sets(1, SEQ, HEADS, HEAD_DIM, 2000)
     cases = {"ours_full": fwd_bwd(lambda q, k, v: ja.flash_attn_func(q, k, v)),
              "cudnn_full": fwd_bwd(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="cudnn"))}
-    for w in WINDOWS:
-        for causal in (True, False):
-            win = (w, 0 if causal else w)
-            tag = _window_tag(w, causal)
-            cases[f"ours_{tag}"] = fwd_bwd(lambda q, k, v, c=causal, win=win:
-                                           ja.flash_attn_func(q, k, v, causal=c, window_size=win))
-            cases[f"cudnn_{tag}"] = fwd_bwd(lambda q, k, v, c=causal, win=win: jax.nn.dot_product_attention(
-                q, k, v, is_causal=c, local_window_size=win, implementation="cudnn"))
+    for tag, causal, win in window_cases():
+        cases[f"ours_{tag}"] = fwd_bwd(lambda q, k, v, c=causal, win=win:
+                                       ja.flash_attn_func(q, k, v, causal=c, window_size=win))
+        cases[f"cudnn_{tag}"] = fwd_bwd(lambda q, k, v, c=causal, win=win: jax.nn.dot_product_attention(
+            q, k, v, is_causal=c, local_window_size=win, implementation="cudnn"))
     return window_rows(_time(lib, cases, sets, reps, refused))
 
 
@@ -170,19 +172,17 @@ def window_rows(t: dict[str, float]) -> list[dict]:
     """The window rows from the section's times. Each first row also carries cuDNN's same ratio against its own
     full time (`anchor_of_visible_dense`), where cuDNN ran both: the goal's ratio as the field's kernel reaches it."""
     rows = []
-    for w in WINDOWS:
-        for causal in (True, False):
-            tag = _window_tag(w, causal)
-            frac = visible_pairs(SEQ, causal, (w, 0 if causal else w)) / SEQ ** 2
-            ours, anchor = t[f"ours_{tag}"], t.get(f"cudnn_{tag}")
-            extra = {} if anchor is None or "cudnn_full" not in t else \
-                {"anchor_of_visible_dense": anchor / (frac * t["cudnn_full"])}
-            rows.append(_row("window", f"window {tag}: time / (visible {frac:.3f} x our full time)", ours,
-                             ours / (frac * t["ours_full"]), "window_of_visible_dense", "<= 1.2", True,
-                             full_ms=t["ours_full"], **extra))
-            if anchor is not None:
-                rows.append(_row("window", f"window {tag}: ours / cuDNN local_window_size", ours, ours / anchor,
-                                 "window_vs_cudnn", "<= 1.0", True, anchor_ms=anchor))
+    for tag, causal, win in window_cases():
+        frac = visible_pairs(SEQ, causal, win) / SEQ ** 2
+        ours, anchor = t[f"ours_{tag}"], t.get(f"cudnn_{tag}")
+        extra = {} if anchor is None or "cudnn_full" not in t else \
+            {"anchor_of_visible_dense": anchor / (frac * t["cudnn_full"])}
+        rows.append(_row("window", f"window {tag}: time / (visible {frac:.3f} x our full time)", ours,
+                         ours / (frac * t["ours_full"]), "window_of_visible_dense", "<= 1.2", True,
+                         full_ms=t["ours_full"], **extra))
+        if anchor is not None:
+            rows.append(_row("window", f"window {tag}: ours / cuDNN local_window_size", ours, ours / anchor,
+                             "window_vs_cudnn", "<= 1.0", True, anchor_ms=anchor))
     return rows
 
 

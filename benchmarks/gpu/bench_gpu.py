@@ -320,8 +320,8 @@ def run_sections(args: argparse.Namespace, lib, device_kind: str, save=lambda re
                            "gpu_before": provenance_before},
                "l2_flush_bytes": FLUSH_BYTES if FLUSH["on"] else 0, "gpu_ahead_cycles": SPIN["cycles"],
                "reps": args.reps,
-               "copy": copy, "memory_bound": [], "chains": [], "decode": [], "attention": [], "features": [], "model": [],
-               "partial": True}
+               "copy": copy, "memory_bound": [], "chains": [], "decode": [], "attention": [], "features": [],
+               "model": [], "partial": True}
 
     def section(key, fn, *fn_args):
         results[key] = fn(*fn_args)

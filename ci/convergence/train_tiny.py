@@ -247,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rel-tol", type=float, default=0.02, help="allowed relative gap of the tail mean loss")
     p.add_argument("--repeats", type=positive_int, default=1, help="runs of each implementation (with --compare; "
                    "bfloat16 on a GPU varies from run to run: the reference runs' spread is then part of the band)")
-    p.add_argument("--head-dim", type=head_dim_arg, default=HEAD_DIM, help="attention's head dim (1 to the largest jax_aiter's attention takes)")
+    p.add_argument("--head-dim", type=head_dim_arg, default=HEAD_DIM,
+                   help="attention's head dim (1 to the largest jax_aiter's attention takes)")
     p.add_argument("--out", type=Path, default=ROOT / "build" / "convergence")
     args = p.parse_args(argv)
     if args.repeats > 1 and not args.compare:

@@ -80,18 +80,18 @@ def test_window_tags_name_each_width():
     assert features._window_tag(1024, True) == "1k_causal"
     assert features._window_tag(4096, False) == "4k_both"
     assert features._window_tag(16, True) != features._window_tag(64, True)
+    assert [c[2] for c in features.window_cases()] == [(w, r) for w in features.WINDOWS for r in (0, w)]
 
 
 def test_window_and_head_dim_rows_carry_cudnns_own_ratio_where_it_ran():
     """The anchor's own ratio (cuDNN's window time over the unmasked fraction of cuDNN's full time; cuDNN's FLOP
     rate at d over its rate at the reference head dim) rides on our row, from the anchor's times, not ours."""
     t = {"ours_full": 100.0, "cudnn_full": 80.0}
-    for w in features.WINDOWS:
-        for causal in (True, False):
-            tag = features._window_tag(w, causal)
-            frac = features.visible_pairs(features.SEQ, causal, (w, 0 if causal else w)) / features.SEQ ** 2
-            t[f"ours_{tag}"], t[f"cudnn_{tag}"] = 1.5 * frac * 100.0, 1.25 * frac * 80.0
-    del t[f"cudnn_{features._window_tag(features.WINDOWS[-1], False)}"]  # cuDNN refuses a right window without causal: no anchor ratio, no cuDNN row
+    for tag, causal, win in features.window_cases():
+        frac = features.visible_pairs(features.SEQ, causal, win) / features.SEQ ** 2
+        t[f"ours_{tag}"], t[f"cudnn_{tag}"] = 1.5 * frac * 100.0, 1.25 * frac * 80.0
+    # cuDNN refuses a right window without causal: no anchor ratio, no cuDNN row
+    del t[f"cudnn_{features._window_tag(features.WINDOWS[-1], False)}"]
     rows = features.window_rows(t)
     firsts = [r for r in rows if r["goal"] == "<= 1.2"]
     assert [r["ratio"] for r in firsts] == pytest.approx([1.5] * 4)
