@@ -4,7 +4,7 @@
 //   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a \
 //        -Icsrc/include -Icsrc/kernels -Ibenchmarks/gpu -isystem <nvidia-cutlass>/cutlass_library/source/include \
 //        -DJA_HAS_GPU=1 -DJA_BACKEND_CUDA=1 -DNDEBUG benchmarks/gpu/check_mha_bwd_sm90.cu -o check_mha_bwd_sm90
-//   ./check_mha_bwd_sm90 [reps] [filter]
+//   ./check_mha_bwd_sm90 [reps] [filter]        (-DJA_CHK_ONLY_D=128: the bf16 d128 kernels alone, mha_sm90_check.h)
 //     reps 0: the checks only; filter: run only the checks and timings whose name holds it ("-": no check)
 //
 // o and lse come from the float64 reference (o rounded to the input dtype). The outputs are filled with NaN
@@ -32,8 +32,9 @@ const char* run(const JaMhaBwdArgs* a, void* s, int* handled) {
 static RunFn pick(const Problem& p) {
   const int D = ja::mha_sm90::sm90_instance_head_dim(p.d, p.dv);
   const bool c = p.mask == ja::kMaskCausal;
-#define P(T, DD) \
-  if (D == DD) return c ? run<T, DD, true> : run<T, DD, false>;
+#define P(T, DD)                                                       \
+  if constexpr (built<T, DD>())                                        \
+    if (D == DD) return c ? run<T, DD, true> : run<T, DD, false>;
   if (p.bf) {
     P(ja::bf16_t, 64) P(ja::bf16_t, 96) P(ja::bf16_t, 128) P(ja::bf16_t, 256)
   } else {
@@ -55,6 +56,11 @@ static JaMhaBwdArgs args(const Problem& p, const Dev& m, bool deterministic) {
 }
 
 static bool check(const Problem& p, uint32_t seed) {
+  RunFn f = pick(p);
+  if (!f && !no_instance()) {
+    std::printf("%-28s skipped: its instance is not built (JA_CHK_ONLY_D=%d)\n", p.name.c_str(), kOnlyD);
+    return true;
+  }
   Dev m(p, true);
   const Host x = host_data(p, seed);
   m.upload(p, x);
@@ -62,7 +68,6 @@ static bool check(const Problem& p, uint32_t seed) {
   p.bf ? Dev::up<ja::bf16_t>(m.o, r.o) : Dev::up<ja::f16_t>(m.o, r.o);
   std::vector<float> lse(r.lse.begin(), r.lse.end());
   CK(cudaMemcpy(m.lse, lse.data(), lse.size() * 4, cudaMemcpyHostToDevice));
-  RunFn f = pick(p);
   const double bound = p.bf ? 1e-2 : 2e-3;
   bool ok = true;
   std::vector<double> first[3];
@@ -77,7 +82,7 @@ static bool check(const Problem& p, uint32_t seed) {
     CK(cudaMemset(m.acc, 0xff, m.nq * 4));
     if (det) CK(cudaMemset(m.sync, 0x7f, size_t(m.sync_words) * 4));  // garbage: the kernel sets what it uses
     int handled = 0;
-    const char* err = f ? f(&a, nullptr, &handled) : "no instance in this harness";
+    const char* err = f ? f(&a, nullptr, &handled) : no_instance();
     CK(cudaDeviceSynchronize());
     if (err || !handled) {
       std::printf(" FAIL (%s)\n", err ? err : "not handled");
@@ -257,6 +262,10 @@ int main(int argc, char** argv) {
       CK(cudaMemcpy(m.lse, lse.data(), m.nl * 4, cudaMemcpyHostToDevice));
       const JaMhaBwdArgs a = args(p, m, t.det);
       RunFn f = pick(p);
+      if (!f && !no_instance()) {
+        std::printf("time %-26s skipped: its instance is not built (JA_CHK_ONLY_D=%d)\n", p.name.c_str(), kOnlyD);
+        continue;
+      }
       int handled = 0;
       ms[i] = time_ms(reps, [&] {
         const char* e = f ? f(&a, nullptr, &handled) : "no instance";

@@ -4,7 +4,7 @@
 //   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a \
 //        -Icsrc/include -Icsrc/kernels -Ibenchmarks/gpu -isystem <nvidia-cutlass>/cutlass_library/source/include \
 //        -DJA_HAS_GPU=1 -DJA_BACKEND_CUDA=1 -DNDEBUG benchmarks/gpu/check_mha_fwd_sm90.cu -o check_mha_fwd_sm90
-//   ./check_mha_fwd_sm90 [reps] [filter]
+//   ./check_mha_fwd_sm90 [reps] [filter]        (-DJA_CHK_ONLY_D=128: the bf16 d128 kernels alone, mha_sm90_check.h)
 //     reps 0: the checks only; filter: run only the checks and timings whose name holds it ("-": no check)
 //
 // Every check fills out and lse with NaN first (an unwritten element fails), runs the instance the
@@ -36,10 +36,12 @@ const char* run_direct(const JaMhaFwdArgs* a, void* s, int* handled) {
 static RunFn pick(const Problem& p) {
   const int D = ja::mha_sm90::sm90_instance_head_dim(p.d, p.dv);
   const bool c = p.mask == ja::kMaskCausal;
-  if (p.name.find("(direct)") != std::string::npos && p.bf && D == 128 && p.d == 128 && p.dv == 128)
-    return c ? run_direct<ja::bf16_t, 128, true> : run_direct<ja::bf16_t, 128, false>;
-#define P(T, DD) \
-  if (D == DD) return c ? run<T, DD, true> : run<T, DD, false>;
+  if constexpr (built<ja::bf16_t, 128>())
+    if (p.name.find("(direct)") != std::string::npos && p.bf && D == 128 && p.d == 128 && p.dv == 128)
+      return c ? run_direct<ja::bf16_t, 128, true> : run_direct<ja::bf16_t, 128, false>;
+#define P(T, DD)                                                       \
+  if constexpr (built<T, DD>())                                        \
+    if (D == DD) return c ? run<T, DD, true> : run<T, DD, false>;
   if (p.bf) {
     P(ja::bf16_t, 64) P(ja::bf16_t, 96) P(ja::bf16_t, 128) P(ja::bf16_t, 256)
   } else {
@@ -57,15 +59,19 @@ static JaMhaFwdArgs args(const Problem& p, const Dev& m) {
 }
 
 static bool check(const Problem& p, uint32_t seed) {
+  RunFn f = pick(p);
+  if (!f && !no_instance()) {
+    std::printf("%-28s skipped: its instance is not built (JA_CHK_ONLY_D=%d)\n", p.name.c_str(), kOnlyD);
+    return true;
+  }
   Dev m(p, false);
   const Host x = host_data(p, seed);
   m.upload(p, x);
   const JaMhaFwdArgs a = args(p, m);
   CK(cudaMemset(m.o, 0xff, m.no * 2));  // NaN in both dtypes
   CK(cudaMemset(m.lse, 0xff, m.nl * 4));
-  RunFn f = pick(p);
   int handled = 0;
-  const char* err = f ? f(&a, nullptr, &handled) : "no instance in this harness";
+  const char* err = f ? f(&a, nullptr, &handled) : no_instance();
   CK(cudaDeviceSynchronize());
   if (err || !handled) {
     std::printf("%-28s FAIL (%s)\n", p.name.c_str(), err ? err : "not handled");
@@ -227,6 +233,10 @@ int main(int argc, char** argv) {
       m.hash_fill<ja::bf16_t>(99);
       const JaMhaFwdArgs a = args(p, m);
       RunFn f = pick(p);
+      if (!f && !no_instance()) {
+        std::printf("time %-26s skipped: its instance is not built (JA_CHK_ONLY_D=%d)\n", p.name.c_str(), kOnlyD);
+        continue;
+      }
       int handled = 0;
       ms[i] = time_ms(reps, [&] {
         const char* e = f ? f(&a, nullptr, &handled) : "no instance";

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ja/dtype.h"
@@ -19,6 +20,20 @@
 #include "harness.cuh"
 
 namespace chk {
+
+// -DJA_CHK_ONLY_D=N builds a harness with the bfloat16 instance of head dim N alone: a kernel experiment then
+// compiles 2 of its 12 kernels. Checks and timings of the instances left out are skipped, said so (not failed).
+#ifdef JA_CHK_ONLY_D
+constexpr int kOnlyD = JA_CHK_ONLY_D;
+#else
+constexpr int kOnlyD = 0;
+#endif
+template <typename T, int D>
+constexpr bool built() {
+  return kOnlyD == 0 || (std::is_same_v<T, ja::bf16_t> && D == kOnlyD);
+}
+// Why a problem has no instance to run: left out by JA_CHK_ONLY_D (skipped), else a missing instance (a failure).
+inline const char* no_instance() { return kOnlyD ? nullptr : "no instance in this harness"; }
 
 struct Problem {
   std::string name;
