@@ -3,6 +3,7 @@
 
     python3 -m ci.perf.bench_gate build/bench/gpu.json             # gate (exit 1 names each regression)
     python3 -m ci.perf.bench_gate --make-baseline RUN1.json RUN2.json [RUN3.json ...]
+    python3 -m ci.perf.bench_gate --add-cases RUN1.json RUN2.json [RUN3.json ...]
 
 The benchmark (benchmarks/gpu/bench_gpu.py; `nox -s bench -- gpu --quick --gate` runs both) times every
 case as a median of device-side events; our kernel's time (``ours_ms``) is gated against
@@ -11,6 +12,8 @@ baseline is made from two or more runs of the same benchmark command on that GPU
 median of their times and a noise band, ``max(floor, 3 x the relative spread between the runs)``. A case
 slower than baseline x (1 + band) fails the gate and is named, with both times; a case of the baseline
 missing from the results fails too (the cases changed: make a new baseline); new cases are listed, not gated.
+--add-cases gives the committed baseline the cases of two or more newer runs that it lacks and leaves its own
+cases as they are: new rows become gated without a slowdown of the old ones becoming the new normal.
 
 Exit codes: 0 passed, 1 a regression, 2 input problem (no baseline for this GPU model, unreadable JSON).
 A markdown table goes to $GITHUB_STEP_SUMMARY when set. Standard library (and jatools.atomic_write) only:
@@ -37,6 +40,7 @@ FLOOR_PCT = 5.0
 SPREAD_FACTOR = 3.0
 EXIT_OK, EXIT_REGRESSION, EXIT_INPUT = 0, 1, 2
 MAKE_CMD = "python3 -m ci.perf.bench_gate --make-baseline RUN1.json RUN2.json"
+ADD_CMD = "python3 -m ci.perf.bench_gate --add-cases RUN1.json RUN2.json"
 
 
 class InputError(ValueError):
@@ -100,6 +104,22 @@ def make_baseline(runs: list[dict], sources: list[str]) -> dict:
             "band": f"max({FLOOR_PCT}%, {SPREAD_FACTOR} x the spread between the runs)", "cases": out}
 
 
+def add_cases(base: dict, runs: list[dict], sources: list[str]) -> dict:
+    """The baseline `base` with the cases of these runs that it lacks, each measured as make_baseline measures
+    (the median and band of these runs). Its own cases keep their times, so a slowdown of one since the
+    baseline was made stays a gated regression. The runs and the cases they added are recorded in
+    "added_from"."""
+    made = make_baseline(runs, sources)
+    if made["device"] != base["device"]:
+        raise InputError(f"the runs come from {made['device']}, the baseline is {base['device']}'s")
+    new = {name: case for name, case in made["cases"].items() if name not in base["cases"]}
+    if not new:
+        raise InputError(f"these runs have no case the baseline lacks; to remeasure its cases: {MAKE_CMD}")
+    return {**base, "cases": dict(sorted({**base["cases"], **new}.items())),
+            "added_from": [*base.get("added_from", []),
+                           {"runs": sources, "provenance": made["provenance"], "cases": sorted(new)}]}
+
+
 def gate(results: dict, baseline: dict) -> dict:
     """Compare one run with the baseline: regressions (named), missing and new cases."""
     got = cases(results)
@@ -138,7 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("results", type=Path, nargs="+", help="bench_gpu.py JSON (several with --make-baseline)")
     p.add_argument("--baselines", type=Path, default=BASELINES, help="folder of <gpu model>.json baselines")
-    p.add_argument("--make-baseline", action="store_true", help="write the baseline of these runs' GPU model")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--make-baseline", action="store_true", help="write the baseline of these runs' GPU model")
+    mode.add_argument("--add-cases", action="store_true",
+                      help="add these runs' cases that the committed baseline lacks (its own cases unchanged)")
     p.add_argument("--json-out", type=Path, help="also write the verdict here")
     a = p.parse_args(argv)
     try:
@@ -149,13 +172,20 @@ def main(argv: list[str] | None = None) -> int:
                                           json.dumps(base, indent=1) + "\n")
             print(f"bench_gate: wrote {out} ({len(base['cases'])} cases)")
             return EXIT_OK
-        if len(runs) != 1:
+        if len(runs) != 1 and not a.add_cases:
             raise InputError("gate one results file at a time")
         device = runs[0].get("machine", {}).get("device", "?")
         path = a.baselines / f"{model_slug(device)}.json"
         if not path.exists():
             raise InputError(f"no baseline for {device} ({path} is missing); run the benchmark twice on that GPU "
                              f"and commit the result of: {MAKE_CMD}")
+        if a.add_cases:
+            base = load(path)
+            grown = add_cases(base, runs, [str(r) for r in a.results])
+            atomic_write.write_text(path, json.dumps(grown, indent=1) + "\n")
+            print(f"bench_gate: added {len(grown['cases']) - len(base['cases'])} cases to {path} (its "
+                  f"{len(base['cases'])} unchanged)")
+            return EXIT_OK
         verdict = gate(runs[0], load(path))
     except (InputError, KeyError) as e:
         print(f"bench_gate: {e if isinstance(e, InputError) else f'not a bench_gpu.py JSON: missing {e}'}",

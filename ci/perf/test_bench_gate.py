@@ -19,14 +19,22 @@ from ci.perf import bench_gate
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-RUNS = sorted((HERE / "baselines" / "nvidia-h200-runs").glob("*.json"))
+BASELINE = HERE / "baselines" / "nvidia-h200.json"
+# The runs the H200 baseline was made from, and the later runs that added cases to it ("added_from"), each
+# with the cases it gave.
+RUNS = [ROOT / p for p in json.loads(BASELINE.read_text())["made_from"]]
+ADDED = [([ROOT / p for p in a["runs"]], a["cases"]) for a in json.loads(BASELINE.read_text()).get("added_from", [])]
 
 
 class BenchGateTests(unittest.TestCase):
     def setUp(self) -> None:
         self._tmp = tempfile.TemporaryDirectory()
         self.tmp = Path(self._tmp.name)
+        # The first run, with the rows it lacks of the runs that added cases: a run of every case at its baseline.
         self.run1 = json.loads(RUNS[0].read_text())
+        for runs, _ in ADDED:
+            newer = json.loads(runs[0].read_text())
+            self.run1["features"] = self.run1.get("features", []) + newer.get("features", [])
 
     def tearDown(self) -> None:
         self._tmp.cleanup()
@@ -44,22 +52,29 @@ class BenchGateTests(unittest.TestCase):
 
     def test_the_committed_baseline_is_made_from_the_committed_h200_runs(self) -> None:
         self.assertGreaterEqual(len(RUNS), 2)
-        committed = json.loads((HERE / "baselines" / "nvidia-h200.json").read_text())
+        committed = json.loads(BASELINE.read_text())
         made = bench_gate.make_baseline([json.loads(p.read_text()) for p in RUNS], committed["made_from"])
+        for added in committed.get("added_from", []):
+            made = bench_gate.add_cases(made, [json.loads((ROOT / p).read_text()) for p in added["runs"]],
+                                        added["runs"])
         self.assertEqual(made, committed)
         self.assertEqual(committed["device"], "NVIDIA H200")
         for case in committed["cases"].values():
             spread = 100 * (max(case["runs_ms"]) - min(case["runs_ms"])) / case["ms"]
             self.assertGreaterEqual(case["band_pct"], max(bench_gate.FLOOR_PCT, bench_gate.SPREAD_FACTOR * spread) - 0.01)
 
-    def test_each_committed_run_passes_its_own_baseline(self) -> None:
-        for run in RUNS:
-            r = self.cli(str(run))
-            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-            self.assertIn("bench_gate: passed", r.stdout)
+    def test_each_committed_run_passes_the_cases_it_gave_the_baseline(self) -> None:
+        base = json.loads(BASELINE.read_text())
+        made = set(base["cases"]) - {c for _, cases in ADDED for c in cases}
+        for runs, cases in [(RUNS, made), *ADDED]:
+            own = {**base, "cases": {k: v for k, v in base["cases"].items() if k in cases}}
+            for run in runs:
+                verdict = bench_gate.gate(json.loads(run.read_text()), own)
+                self.assertTrue(verdict["passed"], (run.name, verdict["regressions"], verdict["missing"]))
+        self.assertEqual(self.cli(self.write(self.run1, "all.json").as_posix()).returncode, 0)
 
     def test_a_slowdown_beyond_the_band_fails_and_names_the_case(self) -> None:
-        base = json.loads((HERE / "baselines" / "nvidia-h200.json").read_text())
+        base = json.loads(BASELINE.read_text())
         slow = copy.deepcopy(self.run1)
         row = slow["attention"][0]
         name = f"{row['name']} seq{row['seq']} {'causal' if row['causal'] else 'full'}"
@@ -75,7 +90,7 @@ class BenchGateTests(unittest.TestCase):
         self.assertEqual(self.cli(str(self.write(within, "within.json"))).returncode, 0)
 
     def test_a_slower_model_step_fails_and_names_the_workload(self) -> None:
-        base = json.loads((HERE / "baselines" / "nvidia-h200.json").read_text())
+        base = json.loads(BASELINE.read_text())
         slow = copy.deepcopy(self.run1)
         row = next(r for r in slow["model"] if r["name"] == "decode b8 kv8k")
         case = base["cases"]["model decode b8 kv8k"]
@@ -102,7 +117,7 @@ class BenchGateTests(unittest.TestCase):
         self.assertIn("--make-baseline", r.stderr)
 
     def test_a_baseline_case_that_is_not_a_number_is_an_input_error_naming_it(self) -> None:
-        base = json.loads((HERE / "baselines" / "nvidia-h200.json").read_text())
+        base = json.loads(BASELINE.read_text())
         name = min(base["cases"])
         folder = self.tmp / "baselines"
         folder.mkdir()
@@ -138,6 +153,42 @@ class BenchGateTests(unittest.TestCase):
         r = self.cli(str(self.write(slow, "f_slow.json")), "--baselines", str(folder))
         self.assertEqual(r.returncode, bench_gate.EXIT_REGRESSION, r.stdout + r.stderr)
         self.assertIn(f"regression: features {case}:", r.stderr)
+
+    def test_added_cases_are_gated_and_the_baseline_keeps_its_own(self) -> None:
+        """--add-cases: newer runs whose old cases are slower and which have a new row give the baseline that row;
+        the old cases keep their times, so the slower run still fails the gate on them."""
+        base = json.loads(BASELINE.read_text())
+        folder = self.tmp / "baselines"
+        folder.mkdir()
+        (folder / "nvidia-h200.json").write_text(json.dumps(base))
+        runs = []
+        for i, ms in enumerate((7.0, 7.2)):
+            run = copy.deepcopy(json.loads(RUNS[i].read_text()))
+            for row in run["attention"]:
+                row["ours_ms"] *= 1.2
+            run["features"] = [{"section": "softcap", "case": "a new row", "ms": ms, "ratio": 1.1}]
+            runs.append(self.write(run, f"newer{i}.json"))
+        r = self.cli("--add-cases", *map(str, runs), "--baselines", str(folder))
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        grown = json.loads((folder / "nvidia-h200.json").read_text())
+        self.assertEqual(grown["cases"]["features a new row"]["ms"], 7.1)
+        self.assertEqual({k: v for k, v in grown["cases"].items() if k != "features a new row"}, base["cases"])
+        self.assertEqual(grown["added_from"][-1]["runs"], list(map(str, runs)))
+        self.assertEqual(grown["added_from"][-1]["cases"], ["features a new row"])
+        r = self.cli(str(runs[0]), "--baselines", str(folder))
+        self.assertEqual(r.returncode, bench_gate.EXIT_REGRESSION, r.stdout + r.stderr)
+        self.assertIn("regression: flash_attn_fwd seq1024 full:", r.stderr)
+
+    def test_adding_no_new_case_is_an_input_error_that_changes_nothing(self) -> None:
+        folder = self.tmp / "baselines"
+        folder.mkdir()
+        text = BASELINE.read_text()
+        (folder / "nvidia-h200.json").write_text(text)
+        r = self.cli("--add-cases", *map(str, RUNS), "--baselines", str(folder))
+        self.assertEqual(r.returncode, bench_gate.EXIT_INPUT, r.stdout + r.stderr)
+        self.assertIn("no case the baseline lacks", r.stderr)
+        self.assertIn("--make-baseline", r.stderr)
+        self.assertEqual((folder / "nvidia-h200.json").read_text(), text)
 
     def test_a_baseline_needs_two_runs_of_one_model(self) -> None:
         out = self.tmp / "baselines"
