@@ -176,6 +176,10 @@ static std::vector<Timed> timings() {
   const int S = 16384, H = 32;
   t.push_back({dense("t dense", 1, S, S, H, H, 128, 128, false), "", 0, false});
   t.push_back({dense("t causal", 1, S, S, H, H, 128, 128, true), "", 0, false});
+  // The perf gate's attention case (bench_gpu.py --quick: batch 4, 1k tokens, 32 heads of 128), whose fixed
+  // costs (the preprocess, the dQ conversion, a block's prologue and epilogue) weigh more than at 16k.
+  t.push_back({dense("t b4 1k", 4, 1024, 1024, H, H, 128, 128, false), "", 0, false});
+  t.push_back({dense("t b4 1k causal", 4, 1024, 1024, H, H, 128, 128, true), "", 0, false});
   const std::vector<int> cu = doc_bounds();
   t.push_back({varlen("t varlen causal", cu, cu, S, S, H, H, 128, -1, 0), "t causal", 0.9, false});
   t.push_back({varlen("t varlen", cu, cu, S, S, H, H, 128, -1, -1), "t dense", 0.9, false});
