@@ -553,36 +553,36 @@ CUTE_DEVICE void bwd_store_rows(ThrMma const& thr_mma, Acc const& acc, Element* 
   }
 }
 
-// The 32-bit words of a bit set over N entries (keys of a block, columns of a head dim).
-template <int N>
-struct Bits {
-  uint32_t w[(N + 31) / 32] = {};
-  CUTE_DEVICE void set(int i) { w[i / 32] |= 1u << (i % 32); }
-  CUTE_DEVICE bool has(int i) const { return (w[i / 32] >> (i % 32)) & 1u; }
-  CUTE_DEVICE bool warp_or() {  // the union over the warp; whether it is empty
-    uint32_t any = 0;
+// Keys [kv0, kv0 + nk) of kv head hk, batch b (dK/dV row row0 onwards, heads_kv rows apart), whose stored dK or
+// dV row (bwd_store_dkdv's, visible to the whole block) holds a NaN or an infinity, computed again, exactly
+// (mha_exact.cuh), and rewritten: warp w takes keys w, w + warps, ... Not inlined, so that the kernels carry none
+// of this rare path in their registers or code.
+template <bool CAUSAL, typename Element>
+__device__ __noinline__ void bwd_exact_keys(BwdArgs<Element> const& p, int b, int hk, int kv0, int nk, int64_t row0) {
+  const int lane = int(threadIdx.x % 32), warps = int(blockDim.x / 32), d = p.d, dv = p.dv_cols;
+  for (int kr = int(threadIdx.x / 32); kr < nk; kr += warps) {
+    Element* dk = p.dk + (row0 + int64_t(kr) * p.heads_kv) * d;
+    Element* dvr = p.dv + (row0 + int64_t(kr) * p.heads_kv) * dv;
+    bool bad = false;
+    for (int c = lane; c < d; c += 32) bad |= !isfinite(float(dk[c]));
+    for (int c = lane; c < dv; c += 32) bad |= !isfinite(float(dvr[c]));
+    if (!__any_sync(0xffffffffu, bad)) continue;
+    const int j = kv0 + kr;
+    float gk[mha_gpu::kExactCols], gv[mha_gpu::kExactCols];
+    mha_gpu::exact_dkdv_key(p.pr, p.in, b, hk, j, sm90_col<CAUSAL>(p.pr, p.cols, p.cols_batch_stride, b, j),
+                            [pr = p.pr, b](int64_t i) { return sm90_row<CAUSAL>(pr, b, int(i)).diag; }, gk, gv);
     CUTLASS_PRAGMA_UNROLL
-    for (int k = 0; k < (N + 31) / 32; ++k) any |= (w[k] = __reduce_or_sync(0xffffffffu, w[k]));
-    return any != 0;
-  }
-};
-
-// Marks in `keys` the block's keys (rows < nk) whose accumulators in `acc` are NaN or infinite, and in `cols`
-// the columns this thread holds.
-template <int BN, int COLS, typename ThrMma, typename Acc>
-CUTE_DEVICE void bwd_nonfinite(ThrMma const& thr_mma, Acc const& acc, int nk, Bits<BN>& keys, Bits<COLS>& cols) {
-  Tensor c = thr_mma.partition_C(make_identity_tensor(Shape<Int<BN>, Int<COLS>>{}));
-  CUTLASS_PRAGMA_UNROLL
-  for (int i = 0; i < decltype(size(acc))::value; ++i) {
-    const int kr = int(get<0>(c(i)));
-    cols.set(int(get<1>(c(i))));
-    if (kr < nk && !isfinite(acc(i))) keys.set(kr);
+    for (int t = 0; t < mha_gpu::kExactCols; ++t) {
+      const int c = lane + 32 * t;
+      if (c < d) dk[c] = Element(gk[t]);
+      if (c < dv) dvr[c] = Element(gv[t]);
+    }
   }
 }
 
-// dK * scale and dV of the block's keys (< seq_k), columns < d and < dv. A key whose dK or dV came out NaN or
-// infinite is computed again, exactly, by each warp that holds some of its columns, which it then rewrites
-// (mha_exact.cuh): NaN or Inf in Q or dO of rows that do not see the key stays out of it.
+// dK * scale and dV of the block's keys (< seq_k), columns < d and < dv. Keys whose dK or dV came out NaN or
+// infinite are computed again, exactly, and rewritten (bwd_exact_keys): NaN or Inf in Q or dO of rows that do
+// not see a key stays out of it. Every thread of the block calls it.
 template <int BN, int D, int DV, bool CAUSAL, typename Element, typename ThrK, typename ThrV, typename AccK,
           typename AccV>
 CUTE_DEVICE void bwd_store_dkdv(BwdArgs<Element> const& p, BwdWork const& w, ThrK const& thr_dk, AccK const& dk_acc,
@@ -591,37 +591,12 @@ CUTE_DEVICE void bwd_store_dkdv(BwdArgs<Element> const& p, BwdWork const& w, Thr
   bwd_store_rows<BN, D>(thr_dk, dk_acc, p.dk + row0 * p.d, int64_t(p.heads_kv) * p.d, w.nk, p.d, p.scale);
   bwd_store_rows<BN, DV>(thr_dv, dv_acc, p.dv + row0 * p.dv_cols, int64_t(p.heads_kv) * p.dv_cols, w.nk, p.dv_cols,
                          1.0f);
-  bool bad = false;  // the fast check (registers only); the sets below index by thread, in local memory
+  bool bad = false;  // registers only; past seq_k or d, a non-finite value is not stored and costs one look
   CUTLASS_PRAGMA_UNROLL
   for (int i = 0; i < decltype(size(dk_acc))::value; ++i) bad |= !isfinite(dk_acc(i));
   CUTLASS_PRAGMA_UNROLL
   for (int i = 0; i < decltype(size(dv_acc))::value; ++i) bad |= !isfinite(dv_acc(i));
-  if (!__any_sync(0xffffffffu, bad)) return;
-  Bits<BN> keys;
-  Bits<D> cols_k;
-  Bits<DV> cols_v;
-  bwd_nonfinite(thr_dk, dk_acc, w.nk, keys, cols_k);
-  bwd_nonfinite(thr_dv, dv_acc, w.nk, keys, cols_v);
-  if (!keys.warp_or()) return;  // only keys past seq_k
-  cols_k.warp_or();
-  cols_v.warp_or();
-  __syncwarp();  // this warp's stores above come first
-  const int lane = int(threadIdx.x % 32);
-  for (int kr = 0; kr < w.nk; ++kr) {
-    if (!keys.has(kr)) continue;  // the same on every lane
-    const int64_t j = w.kv0 + kr;
-    float dk[mha_gpu::kExactCols], dv[mha_gpu::kExactCols];
-    mha_gpu::exact_dkdv_key(p.pr, p.in, w.b, w.hk, j, sm90_col<CAUSAL>(p.pr, p.cols, p.cols_batch_stride, w.b, int(j)),
-                   // by value: a reference to w would send it to local memory for the whole kernel
-                   [pr = p.pr, b = w.b](int64_t i) { return sm90_row<CAUSAL>(pr, b, int(i)).diag; }, dk, dv);
-    const int64_t row = row0 + int64_t(kr) * p.heads_kv;
-    CUTLASS_PRAGMA_UNROLL
-    for (int t = 0; t < mha_gpu::kExactCols; ++t) {
-      const int c = lane + 32 * t;
-      if (c < p.d && c < D && cols_k.has(c)) p.dk[row * p.d + c] = Element(dk[t]);
-      if (c < p.dv_cols && c < DV && cols_v.has(c)) p.dv[row * p.dv_cols + c] = Element(dv[t]);
-    }
-  }
+  if (__syncthreads_or(bad)) bwd_exact_keys<CAUSAL>(p, w.b, w.hk, w.kv0, w.nk, row0);  // the stores above come first
 }
 
 // delta = rowsum(dO * O) over the dv columns, dq_accum's rows zeroed over the d columns: one 8-lane
@@ -655,36 +630,53 @@ __global__ void __launch_bounds__(256) bwd_preprocess(const T* o, const T* dout,
   }
 }
 
-// dq = dq_accum rounded to the input dtype, one warp a row (b, i, h) of d columns (d a multiple of 8, dq_accum
-// and dq 16-byte aligned), four columns a lane at a time. A row that came out NaN or infinite (a K, V or dO
-// value hidden from it can put 0 x NaN into dq_accum) is computed again, exactly, by the warp
-// (mha_exact.cuh). Eight blocks a multiprocessor (32 registers): the occupancy of the element-wise
-// conversion it replaced, which this memory-bound pass needs (at 64 registers the backward timed slower in
-// `bench_gpu.py --quick --only attention`); the rare recomputation spills instead.
+// Row r = (b, i, h) of dq = dq_accum rounded to the input dtype, by one warp (d a multiple of 8, dq_accum and dq
+// 16-byte aligned), four columns a lane at a time; whether some value of it is NaN or infinite.
+template <typename Element>
+CUTE_DEVICE bool convert_dq_row(const float* acc, Element* dq, int64_t r, int d, int lane) {
+  bool bad = false;
+  CUTLASS_PRAGMA_UNROLL
+  for (int t = 0; t < 2; ++t) {  // d <= 256
+    const int c = 4 * lane + 128 * t;
+    if (c >= d) break;
+    const float4 v = *reinterpret_cast<const float4*>(acc + r * d + c);
+    bad |= !isfinite(v.x) || !isfinite(v.y) || !isfinite(v.z) || !isfinite(v.w);
+    cutlass::Array<Element, 4> o;
+    o[0] = Element(v.x);
+    o[1] = Element(v.y);
+    o[2] = Element(v.z);
+    o[3] = Element(v.w);
+    *reinterpret_cast<cutlass::Array<Element, 4>*>(dq + r * d + c) = o;
+  }
+  return __any_sync(0xffffffffu, bad);
+}
+
+// Row r of dq, which came out NaN or infinite, computed again, exactly, by the calling warp (mha_exact.cuh); r
+// back (see convert_dq_rows).
+template <typename Element, bool CAUSAL>
+__device__ __noinline__ int64_t convert_dq_exact(JaMhaProblem const& pr, mha_gpu::ExactBwd<Element> const& in,
+                                                 Element* dq, int64_t r) {
+  __syncwarp();  // the warp's stores of the row come first
+  const int h = int(r % pr.heads_q), i = int((r / pr.heads_q) % pr.seq_q), b = int(r / (pr.heads_q * pr.seq_q));
+  mha_gpu::exact_dq_row(pr, in, dq, b, h, i, sm90_row<CAUSAL>(pr, b, i));
+  return r;
+}
+
+// dq = dq_accum rounded to the input dtype, one warp a row (b, i, h). A row that came out NaN or infinite (a K,
+// V or dO value hidden from it can put 0 x NaN into dq_accum) is computed again, exactly (convert_dq_exact).
+// The row index goes through that call and comes back as its result, so that no value of the loop lives
+// across it: one that did kept the loop's state in local memory (the pass then took 2.7x its time at b4 x 1k
+// x 32 x 128). Eight blocks a multiprocessor (32 registers): the occupancy of the element-wise conversion it
+// replaced, which this memory-bound pass needs (at 64 registers the backward timed slower in `bench_gpu.py
+// --quick --only attention`); the rare recomputation spills instead.
 template <typename Element, bool CAUSAL>
 __global__ void __launch_bounds__(256, 8) convert_dq_rows(CUTE_GRID_CONSTANT JaMhaProblem const pr,
                                                          CUTE_GRID_CONSTANT mha_gpu::ExactBwd<Element> const in,
                                                          const float* acc, Element* dq) {
-  const int d = int(pr.head_dim), lane = int(threadIdx.x % 32);
   const int64_t rows = pr.batch * pr.seq_q * pr.heads_q;
-  for (int64_t r = int64_t(blockIdx.x) * 8 + threadIdx.x / 32; r < rows; r += int64_t(gridDim.x) * 8) {
-    bool bad = false;
-    for (int c = 4 * lane; c < d; c += 128) {
-      const float4 v = *reinterpret_cast<const float4*>(acc + r * d + c);
-      bad |= !isfinite(v.x) || !isfinite(v.y) || !isfinite(v.z) || !isfinite(v.w);
-      cutlass::Array<Element, 4> o;
-      o[0] = Element(v.x);
-      o[1] = Element(v.y);
-      o[2] = Element(v.z);
-      o[3] = Element(v.w);
-      *reinterpret_cast<cutlass::Array<Element, 4>*>(dq + r * d + c) = o;
-    }
-    if (__any_sync(0xffffffffu, bad)) {
-      __syncwarp();  // this warp's stores above come first
-      const int h = int(r % pr.heads_q), i = int((r / pr.heads_q) % pr.seq_q), b = int(r / (pr.heads_q * pr.seq_q));
-      mha_gpu::exact_dq_row(pr, in, dq, b, h, i, sm90_row<CAUSAL>(pr, b, i));
-    }
-  }
+  for (int64_t r = int64_t(blockIdx.x) * 8 + threadIdx.x / 32; r < rows; r += int64_t(gridDim.x) * 8)
+    if (convert_dq_row(acc, dq, r, int(pr.head_dim), int(threadIdx.x % 32)))
+      r = convert_dq_exact<Element, CAUSAL>(pr, in, dq, r);
 }
 
 // Launches `kernel` (Tr::kThreads threads, Tr::kSmemBytes of shared memory) on one block per
