@@ -196,6 +196,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
     // ((it + 2) % 3), its row slot and dS buffer ((it + 1) % 2) may be refilled;
     // the dQ tile in shared memory may be overwritten.
     __syncthreads();
+    int seen = INT_MIN;
+    if (p.sync && wg_leader) seen = bwd_sync_peek(bwd_sem(p, w, it));
     if (it + 2 < n_iter) {
       if (tid == 0) bwd_load_q<Tr>(p, ss, w, it + 2);
       bwd_load_rows<Tr, CAUSAL>(p, ss, w, it + 2);  // read at iteration it + 2, after iteration it + 1's barrier
@@ -217,7 +219,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
       if (wg_leader) {
         if (p.sync) {
           pending = bwd_sem(p, w, it);
-          bwd_sync_wait(pending, w.n_block);
+          bwd_sync_wait(pending, w.n_block, seen);
         }
         bwd_reduce_dq<typename Tr::DqStage>(p.tma_dq, p.shape_q, sdQ, h, b, m, wg, wg);
       }

@@ -194,6 +194,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // tile later was clearly slower in benchmarks/gpu/check_mha_bwd_sm90.cu's deterministic timing at d256,
   // causal: each key block trails the next by one tile here, and the wait then stalled every block.)
   int32_t* pending = nullptr;
+  int seen = INT_MIN;  // deterministic: the semaphore of the iteration's tile, read after its first barrier
 
   // dQ slice j of iteration it * scale through this warpgroup's half of the staging tile, to dq_accum by
   // one TMA reduce-add of its leader (the previous slice has left shared memory first). Deterministic:
@@ -214,7 +215,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     cutlass::arch::fence_view_async_shared();
     cutlass::arch::NamedBarrier::sync(128, 1 + wg);
     if (wg_leader) {
-      if (p.sync && j == 0) bwd_sync_wait(bwd_sem(p, w, it), w.n_block);
+      if (p.sync && j == 0) bwd_sync_wait(bwd_sem(p, w, it), w.n_block, seen);
       bwd_reduce_dq<typename Tr::DqStage>(p.tma_dq, p.shape_q, sdQ, w.head(it), b, w.tile(it), 2 * j + wg, wg);
       if (p.sync && j == kSlices - 1) pending = bwd_sem(p, w, it);
     }
@@ -241,6 +242,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // Every warpgroup is done with iteration it - 1 (its products have landed): P and dS may be
     // overwritten, and its Q/dO stage ((it + 1) % 2) and row slot ((it + 2) % 3) refilled.
     __syncthreads();
+    if (p.sync && wg_leader) seen = bwd_sync_peek(bwd_sem(p, w, it));
     if (it >= 1 && it + 1 < n_iter && tid == 0) bwd_load_q<Tr>(p, ss, w, it + 1);  // 0 and 1 came with K, V
     if (it + 2 < n_iter) bwd_load_rows<Tr, CAUSAL>(p, ss, w, it + 2);  // read at iteration it + 2, after later barriers
     warpgroup_wait<1>();
