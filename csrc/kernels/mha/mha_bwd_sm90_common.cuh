@@ -286,9 +286,8 @@ __global__ void __launch_bounds__(256) bwd_init_sync(JaMhaProblem const pr, cons
 // issued only once the branch on its value has resolved (the SM issues in order and does not speculate), and
 // the adds it orders are performed in L2, which the gpu-scope read also reads, so the earlier blocks' adds,
 // complete before their release, are performed first. A fence.acq_rel.gpu to make it a formal acquire cost
-// more than the poll (deterministic d128 backward at 16k: 1.34x the default's time with it, 1.22x without,
-// 1.32x polling; benchmarks/gpu/check_mha_bwd_sm90.cu), and bitwise equal gradients run after run are
-// checked by the harness and tests/ops/test_attention_gpu_paths.py.
+// more than the poll it saves (the deterministic timings of benchmarks/gpu/check_mha_bwd_sm90.cu), and
+// bitwise equal gradients run after run are checked by that harness and tests/ops/test_attention_gpu_paths.py.
 static __device__ __noinline__ void bwd_sync_wait(const int32_t* sem, int n_block, int seen = INT_MIN) {
   const int target = -2 * n_block;
   if (seen >= target) {
@@ -686,10 +685,10 @@ __device__ __noinline__ int64_t convert_dq_exact(JaMhaProblem const& pr, mha_gpu
 // dq = dq_accum rounded to the input dtype, one warp a row (b, i, h). A row that came out NaN or infinite (a K,
 // V or dO value hidden from it can put 0 x NaN into dq_accum) is computed again, exactly (convert_dq_exact).
 // The row index goes through that call and comes back as its result, so that no value of the loop lives
-// across it: one that did kept the loop's state in local memory (the pass then took 2.7x its time at b4 x 1k
-// x 32 x 128). Eight blocks a multiprocessor (32 registers): the occupancy of the element-wise conversion it
-// replaced, which this memory-bound pass needs (at 64 registers the backward timed slower in `bench_gpu.py
-// --quick --only attention`); the rare recomputation spills instead.
+// across it: one that did kept the loop's state in local memory, which made this memory-bound pass several
+// times slower (the perf gate's 1k attention backward, `bench_gpu.py --quick --only attention`). Eight blocks
+// a multiprocessor (32 registers): the occupancy of the element-wise conversion it replaced, which this pass
+// needs (at 64 registers the backward timed slower there); the rare recomputation spills instead.
 template <typename Element, bool CAUSAL>
 __global__ void __launch_bounds__(256, 8) convert_dq_rows(CUTE_GRID_CONSTANT JaMhaProblem const pr,
                                                          CUTE_GRID_CONSTANT mha_gpu::ExactBwd<Element> const in,
