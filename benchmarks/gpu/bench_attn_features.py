@@ -6,10 +6,12 @@ jax.nn.dot_product_attention in the same run, in bfloat16 at batch 1 x 16k token
 - packed: documents of mixed lengths (128 to 8k) packed into one 16k row, causal within each document, forward
   and backward: ours as varlen (cu_seqlens) and as segment_ids, our dense causal kernel on the same tokens, cuDNN
   with the packing as a segment mask, and cuDNN with the documents padded to one batch (query/key seq lengths).
-  Our throughput is FLOPs of the visible pairs per second.
+  Our throughput is FLOPs of the visible pairs per second. Bound rows: the dense causal kernel on a batch of
+  documents of each length, summed over the documents (the goal's ratio at the dense kernel's own per-length rate).
 - window: windows of 1k and 4k in 16k, causal and not, forward and backward, against the unmasked fraction of
   our full (unmasked) time and against cuDNN's local_window_size; each row also gives cuDNN's own window time
-  against the unmasked fraction of cuDNN's full time (what the goal's ratio is for the field's kernel).
+  against the unmasked fraction of cuDNN's full time (what the goal's ratio is for the field's kernel). Bound
+  rows: dense attention over sequences as long as a window is wide, against the same fraction of the full time.
 - softcap 50 and ALiBi: against our causal time without them.
 - head dims 40, 80, 112, 160, 192 against the next kernel head dim up (64, 96, 128, 256, 256): FLOP rates, and
   cuDNN's rate ratio between the same two head dims beside ours.
@@ -35,7 +37,7 @@ HEAD_DIM_SEQ = 8192
 BIAS_SEQ = 4096  # the bias and dropout rows (a [seq, seq] bias, the SIMT kernels)
 GOALS = {"varlen_of_dense": 0.9, "varlen_vs_cudnn_segment": 4.0, "window_of_visible_dense": 1.2,
          "window_vs_cudnn": 1.0, "softcap": 1.15, "alibi": 1.1, "head_dim_rate": 0.85, "deterministic": 1.3}
-ANCHOR_RATIOS = ("anchor_of_visible_dense", "anchor_rate_ratio")  # a row's goal ratio as cuDNN reaches it
+ANCHOR_RATIOS = ("anchor_of_visible_dense", "anchor_rate_ratio", "anchor_of_dense_rate")  # a row's goal ratio as cuDNN reaches it
 
 
 def visible_pairs(seq: int, causal: bool, window=(-1, -1)) -> int:
@@ -143,7 +145,39 @@ def bench_packed(lib, reps, refused):
                     rows[-1]["met"] = None
     rows.append({"section": "packed", "case": "times (ms)", "times": t,
                  "visible_fraction_of_causal": doc_pairs(DOCS) / visible_pairs(SEQ, True)})
+    rows += packed_bound_rows(t, {n: _time(lib, per_length_cases(), _sets(SEQ // n, n, HEADS, HEAD_DIM, 1100 + n),
+                                           reps, refused) for n in sorted(set(DOCS))})
     return rows
+
+
+def per_length_cases() -> dict:
+    """The dense causal attention of one batch of equal documents (ours, cuDNN): the per-length bound's cases."""
+    return {"ours": fwd_bwd(lambda q, k, v: ja.flash_attn_func(q, k, v, causal=True)),
+            "cudnn": fwd_bwd(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True,
+                                                                          implementation="cudnn"))}
+
+
+def packed_bound_rows(t: dict[str, float], per_length: dict[int, dict[str, float]]) -> list[dict]:
+    """What a kernel as fast as our dense one at each document's own length would reach. per_length[n] times the
+    dense causal kernel on SEQ // n documents of length n (the GPU as full as in the packed row); each document
+    of DOCS costs its share, time / (SEQ // n), and their sum is the packed row's time at the dense kernel's
+    per-length rates. The first row is varlen's goal ratio at those rates (the bound the dense kernel sets on the
+    0.9 goal: short documents run shorter loops, whatever the packing), with cuDNN's own where it ran; the second
+    is our varlen time over that sum (1: varlen costs nothing over running each document alone)."""
+    sums = {}
+    for who in ("ours", "cudnn"):
+        if all(who in per_length[n] for n in DOCS):
+            sums[who] = sum(per_length[n][who] / (SEQ // n) for n in DOCS)
+    if "ours" not in sums:
+        return []
+    frac = doc_pairs(DOCS) / visible_pairs(SEQ, True)
+    extra = {"anchor_of_dense_rate": frac * t["cudnn_dense_causal"] / sums["cudnn"]} \
+        if "cudnn" in sums and "cudnn_dense_causal" in t else {}
+    return [_reported("packed", "bound: each document as its own dense causal batch, FLOP rate / our dense causal's",
+                      sums["ours"], frac * t["ours_dense_causal"] / sums["ours"], dense_ms=t["ours_dense_causal"],
+                      per_length_ms={n: per_length[n] for n in sorted(per_length)}, **extra),
+            _reported("packed", "ours_varlen time / the documents' dense time at their own lengths", t["ours_varlen"],
+                      t["ours_varlen"] / sums["ours"], bound_ms=sums["ours"])]
 
 
 def _window_tag(w: int, causal: bool) -> str:
@@ -165,12 +199,27 @@ def bench_windows(lib, reps, refused):
                                        ja.flash_attn_func(q, k, v, causal=c, window_size=win))
         cases[f"cudnn_{tag}"] = fwd_bwd(lambda q, k, v, c=causal, win=win: jax.nn.dot_product_attention(
             q, k, v, is_causal=c, local_window_size=win, implementation="cudnn"))
-    return window_rows(_time(lib, cases, sets, reps, refused))
+    t = _time(lib, cases, sets, reps, refused)
+    for keys in bound_lengths():
+        dense = {"ours": fwd_bwd(lambda q, k, v: ja.flash_attn_func(q, k, v)),
+                 "cudnn": fwd_bwd(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="cudnn"))}
+        t |= {f"{who}_dense_{keys}": ms for who, ms in
+              _time(lib, dense, _sets(SEQ // keys, keys, HEADS, HEAD_DIM, 2100 + keys), reps, refused).items()}
+    return window_rows(t)
+
+
+def bound_lengths() -> list[int]:
+    """The keys a window row's query sees, about: w causal, 2 w both-sided; each the length of one bound row."""
+    return sorted({w * (1 if causal else 2) for w in WINDOWS for causal in (True, False) if w * 2 <= SEQ})
 
 
 def window_rows(t: dict[str, float]) -> list[dict]:
     """The window rows from the section's times. Each first row also carries cuDNN's same ratio against its own
-    full time (`anchor_of_visible_dense`), where cuDNN ran both: the goal's ratio as the field's kernel reaches it."""
+    full time (`anchor_of_visible_dense`), where cuDNN ran both: the goal's ratio as the field's kernel reaches it.
+    Then a bound row for each of bound_lengths() (reported, no goal): the dense kernel on batches of sequences as
+    long as a window's rows are wide, against the same fraction of its full time. Its blocks run as few
+    iterations as a window's do, so its ratio is what the goal's ratio costs before any masking: the per-block
+    costs (loading K and V, storing dK and dV, filling the pipeline) that a 16k block spreads over 128 tiles."""
     rows = []
     for tag, causal, win in window_cases():
         frac = visible_pairs(SEQ, causal, win) / SEQ ** 2
@@ -183,6 +232,16 @@ def window_rows(t: dict[str, float]) -> list[dict]:
         if anchor is not None:
             rows.append(_row("window", f"window {tag}: ours / cuDNN local_window_size", ours, ours / anchor,
                              "window_vs_cudnn", "<= 1.0", True, anchor_ms=anchor))
+    for keys in bound_lengths():
+        if f"ours_dense_{keys}" not in t:
+            continue
+        frac = keys / SEQ  # (SEQ / keys) x keys^2 pairs over SEQ^2
+        extra = {"anchor_of_visible_dense": t[f"cudnn_dense_{keys}"] / (frac * t["cudnn_full"])} \
+            if f"cudnn_dense_{keys}" in t and "cudnn_full" in t else {}
+        ms = t[f"ours_dense_{keys}"]
+        rows.append(_reported("window", f"bound: dense, {SEQ // keys} x {keys} tokens (each query sees {keys} keys, as "
+                              f"in a window): time / (visible {frac:.3f} x our full time)", ms,
+                              ms / (frac * t["ours_full"]), full_ms=t["ours_full"], **extra))
     return rows
 
 

@@ -107,3 +107,37 @@ def test_window_and_head_dim_rows_carry_cudnns_own_ratio_where_it_ran():
     rows = features.head_dim_rows(t)
     assert [r["ratio"] for r in rows] == pytest.approx([1.0] * len(rows))
     assert [r.get("anchor_rate_ratio") for r in rows] == pytest.approx([2.0, 1.0, None, 1.0, 1.0])
+
+
+def test_bound_rows_price_each_document_and_window_at_the_dense_kernels_own_length():
+    """The packed bound sums each document's share of a dense batch of its length; the window bound is the dense
+    time at a window's width against the same fraction of the full time. Both from the times given, ours and
+    cuDNN's apart, and reported (no goal: they measure the goal, they do not meet it)."""
+    docs = features.DOCS
+    frac = features.doc_pairs(docs) / features.visible_pairs(features.SEQ, True)
+    t = {"ours_dense_causal": 10.0, "cudnn_dense_causal": 8.0, "ours_varlen": 6.0}
+    # every document length costs 2x (ours) and 3x (cuDNN) its pairs' share of the dense causal time
+    per = {n: {"ours": 2.0 * 10.0 * (features.SEQ // n) * n * (n + 1) / 2 / features.visible_pairs(features.SEQ, True),
+               "cudnn": 3.0 * 8.0 * (features.SEQ // n) * n * (n + 1) / 2 / features.visible_pairs(features.SEQ, True)}
+           for n in set(docs)}
+    bound, varlen = features.packed_bound_rows(t, per)
+    assert bound["ratio"] == pytest.approx(0.5) and bound["anchor_of_dense_rate"] == pytest.approx(1 / 3)
+    assert bound["ms"] == pytest.approx(2.0 * 10.0 * frac)
+    assert varlen["ratio"] == pytest.approx(6.0 / (2.0 * 10.0 * frac))
+    assert bound["met"] is None and varlen["met"] is None
+    del per[min(docs)]["cudnn"]  # cuDNN declined one length: no anchor ratio, our rows stay
+    assert "anchor_of_dense_rate" not in features.packed_bound_rows(t, per)[0]
+    del per[min(docs)]["ours"]
+    assert features.packed_bound_rows(t, per) == []
+
+    t = {"ours_full": 100.0, "cudnn_full": 80.0}
+    for tag, causal, win in features.window_cases():
+        t[f"ours_{tag}"] = 1.0
+    keys = features.bound_lengths()
+    assert keys == sorted({w * m for w in features.WINDOWS for m in (1, 2)})
+    for n in keys:
+        t[f"ours_dense_{n}"], t[f"cudnn_dense_{n}"] = 1.4 * n / features.SEQ * 100.0, 1.6 * n / features.SEQ * 80.0
+    bounds = [r for r in features.window_rows(t) if r["case"].startswith("bound")]
+    assert len(bounds) == len(keys) and all(r["met"] is None for r in bounds)
+    assert [r["ratio"] for r in bounds] == pytest.approx([1.4] * len(keys))
+    assert [r["anchor_of_visible_dense"] for r in bounds] == pytest.approx([1.6] * len(keys))
