@@ -40,10 +40,10 @@
 #pragma once
 #include "ja/mma.h"
 #include "mha/mha_fwd_gpu_mma.cuh"  // cp_async_tile
-#include "mha/mha_exact.cuh"
 #include "mha/mha_gpu_common.cuh"
 
 #if JA_HAS_WARP_MMA
+#include "mha/mha_exact.cuh"  // 32-lane warps: the matrix-unit kernels' header, not HIP's
 namespace ja {
 namespace mha_gpu {
 
