@@ -37,7 +37,8 @@ HEAD_DIM_SEQ = 8192
 BIAS_SEQ = 4096  # the bias and dropout rows (a [seq, seq] bias, the SIMT kernels)
 GOALS = {"varlen_of_dense": 0.9, "varlen_vs_cudnn_segment": 4.0, "window_of_visible_dense": 1.2,
          "window_vs_cudnn": 1.0, "softcap": 1.15, "alibi": 1.1, "head_dim_rate": 0.85, "deterministic": 1.3}
-ANCHOR_RATIOS = ("anchor_of_visible_dense", "anchor_rate_ratio", "anchor_of_dense_rate")  # a row's goal ratio as cuDNN reaches it
+# a row's goal ratio as cuDNN reaches it
+ANCHOR_RATIOS = ("anchor_of_visible_dense", "anchor_rate_ratio", "anchor_of_dense_rate")
 
 
 def visible_pairs(seq: int, causal: bool, window=(-1, -1)) -> int:
@@ -62,6 +63,19 @@ def fwd_bwd(f):
 def bwd_only(f):
     """The backward alone: the forward and its vjp are built untimed (bench_gpu.bench_attention's way)."""
     return (lambda q, k, v, g: (jax.vjp(f, q, k, v)[1], g)), (lambda tree: tree[0](tree[1]))
+
+
+def dense_cases(causal: bool) -> dict:
+    """Plain attention, forward and backward, ours ("ours") and cuDNN's ("cudnn"): the dense cases every section
+    measures the features against."""
+    return {"ours": fwd_bwd(lambda q, k, v: ja.flash_attn_func(q, k, v, causal=causal)),
+            "cudnn": fwd_bwd(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
+                                                                          implementation="cudnn"))}
+
+
+def _named(cases: dict, fmt: str) -> dict:
+    """dense_cases' cases under the names a section's times use: fmt.format(who) for "ours" and "cudnn"."""
+    return {fmt.format(who): case for who, case in cases.items()}
 
 
 def _sets(b, s, h, d, seed, hkv=None):
@@ -120,12 +134,10 @@ def bench_packed(lib, reps, refused):
         return jax.nn.dot_product_attention(q, k, v, is_causal=True, mask=mask, implementation="cudnn")
 
     cases = {
-        "ours_dense_causal": fwd_bwd(lambda q, k, v: ja.flash_attn_func(q, k, v, causal=True)),
+        **_named(dense_cases(True), "{}_dense_causal"),
         "ours_varlen": fwd_bwd(lambda q, k, v: ja.flash_attn_func(q[0], k[0], v[0], causal=True, cu_seqlens_q=cu_d,
                                                                   cu_seqlens_kv=cu_d)[None]),
         "ours_segment_ids": fwd_bwd(lambda q, k, v: ja.flash_attn_func(q, k, v, causal=True, segment_ids=ids_d)),
-        "cudnn_dense_causal": fwd_bwd(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True,
-                                                                                    implementation="cudnn")),
         "cudnn_segment_mask": fwd_bwd(cudnn_segment),
         "cudnn_padded_seq_lengths": fwd_bwd(cudnn_padded),
     }
@@ -145,16 +157,9 @@ def bench_packed(lib, reps, refused):
                     rows[-1]["met"] = None
     rows.append({"section": "packed", "case": "times (ms)", "times": t,
                  "visible_fraction_of_causal": doc_pairs(DOCS) / visible_pairs(SEQ, True)})
-    rows += packed_bound_rows(t, {n: _time(lib, per_length_cases(), _sets(SEQ // n, n, HEADS, HEAD_DIM, 1100 + n),
+    rows += packed_bound_rows(t, {n: _time(lib, dense_cases(True), _sets(SEQ // n, n, HEADS, HEAD_DIM, 1100 + n),
                                            reps, refused) for n in sorted(set(DOCS))})
     return rows
-
-
-def per_length_cases() -> dict:
-    """The dense causal attention of one batch of equal documents (ours, cuDNN): the per-length bound's cases."""
-    return {"ours": fwd_bwd(lambda q, k, v: ja.flash_attn_func(q, k, v, causal=True)),
-            "cudnn": fwd_bwd(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True,
-                                                                          implementation="cudnn"))}
 
 
 def packed_bound_rows(t: dict[str, float], per_length: dict[int, dict[str, float]]) -> list[dict]:
@@ -192,8 +197,7 @@ def window_cases() -> list[tuple[str, bool, tuple[int, int]]]:
 
 def bench_windows(lib, reps, refused):
     sets = _sets(1, SEQ, HEADS, HEAD_DIM, 2000)
-    cases = {"ours_full": fwd_bwd(lambda q, k, v: ja.flash_attn_func(q, k, v)),
-             "cudnn_full": fwd_bwd(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="cudnn"))}
+    cases = _named(dense_cases(False), "{}_full")
     for tag, causal, win in window_cases():
         cases[f"ours_{tag}"] = fwd_bwd(lambda q, k, v, c=causal, win=win:
                                        ja.flash_attn_func(q, k, v, causal=c, window_size=win))
@@ -201,16 +205,14 @@ def bench_windows(lib, reps, refused):
             q, k, v, is_causal=c, local_window_size=win, implementation="cudnn"))
     t = _time(lib, cases, sets, reps, refused)
     for keys in bound_lengths():
-        dense = {"ours": fwd_bwd(lambda q, k, v: ja.flash_attn_func(q, k, v)),
-                 "cudnn": fwd_bwd(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="cudnn"))}
-        t |= {f"{who}_dense_{keys}": ms for who, ms in
-              _time(lib, dense, _sets(SEQ // keys, keys, HEADS, HEAD_DIM, 2100 + keys), reps, refused).items()}
+        t |= _time(lib, _named(dense_cases(False), f"{{}}_dense_{keys}"),
+                   _sets(SEQ // keys, keys, HEADS, HEAD_DIM, 2100 + keys), reps, refused)
     return window_rows(t)
 
 
 def bound_lengths() -> list[int]:
     """The keys a window row's query sees, about: w causal, 2 w both-sided; each the length of one bound row."""
-    return sorted({w * (1 if causal else 2) for w in WINDOWS for causal in (True, False) if w * 2 <= SEQ})
+    return sorted({n for w in WINDOWS for n in (w, 2 * w) if n <= SEQ})
 
 
 def window_rows(t: dict[str, float]) -> list[dict]:
@@ -265,10 +267,8 @@ def bench_head_dims(lib, reps, refused):
         for dim in (d, ref):
             if f"ours_d{dim}" in t:
                 continue
-            cases = {f"ours_d{dim}": fwd_bwd(lambda q, k, v: ja.flash_attn_func(q, k, v)),
-                     f"cudnn_d{dim}": fwd_bwd(lambda q, k, v: jax.nn.dot_product_attention(q, k, v,
-                                                                                           implementation="cudnn"))}
-            t |= _time(lib, cases, _sets(1, HEAD_DIM_SEQ, HEADS, dim, 4000 + dim), reps, refused)
+            t |= _time(lib, _named(dense_cases(False), f"{{}}_d{dim}"), _sets(1, HEAD_DIM_SEQ, HEADS, dim, 4000 + dim),
+                       reps, refused)
     return head_dim_rows(t)
 
 
