@@ -41,7 +41,7 @@ import jax.numpy as jnp
 
 import jax_aiter as ja
 from benchmarks.gpu import bench_attn_features, model_bench
-from benchmarks.gpu.gpu_provenance import gpu_provenance
+from benchmarks.gpu.gpu_provenance import build_provenance, gpu_provenance
 from benchmarks.gpu.gpu_timing import (
     FLUSH,
     FLUSH_BYTES,
@@ -317,7 +317,7 @@ def run_sections(args: argparse.Namespace, lib, device_kind: str, save=lambda re
     results = {"machine": {"device": device_kind, "jax": jax.__version__, "python": platform.python_version(),
                            "host": platform.node(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
                            "model_kernel_min_bytes": settings.from_env(_small.SETTING),
-                           "gpu_before": provenance_before},
+                           "gpu_before": provenance_before, "build": build_provenance()},
                "l2_flush_bytes": FLUSH_BYTES if FLUSH["on"] else 0, "gpu_ahead_cycles": SPIN["cycles"],
                "reps": args.reps,
                "copy": copy, "memory_bound": [], "chains": [], "decode": [], "attention": [], "features": [],
@@ -400,6 +400,11 @@ def main(argv=None) -> int:
           f"{gpu.get('clocks.max.sm', '?')} MHz, power limit {gpu.get('power.limit', '?')} W, "
           f"ECC {gpu.get('ecc.mode.current', '?')}, other processes on the GPU: "
           f"{before.get('other_processes', before.get('error', '?'))}")
+    build = results["machine"]["build"]
+    ident = build["identity"] or {}
+    print(f"timed: kernel source {ident.get('kernel_source_revision', '?')[:12]}"
+          f"{' (dirty tree)' if ident.get('kernel_source_dirty') else ''}, {json.dumps(ident.get('toolchain', '?'))}; "
+          + ", ".join(f"{r['library']} {r['sha256'][:12]}" for r in build["libraries"] if "sha256" in r))
     print_kernel_tables(results)
     if results["features"]:
         bench_attn_features.print_table(results["features"])

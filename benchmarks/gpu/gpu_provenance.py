@@ -1,6 +1,7 @@
 """The GPU's provenance for bench_gpu.py's JSON, read by nvidia-smi before and after a run."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -59,3 +60,32 @@ def gpu_provenance() -> dict:
     if err:
         out["compute_apps_error"] = err
     return out
+
+
+def build_provenance() -> dict:
+    """What a run timed: every native library the loader would load (as `python -m jax_aiter info --verify` checks
+    it) with its sha256, and the identity of the build that wrote the JIT libraries (an installed wheel's, else the
+    build record beside them: kernel source revision, whether the tree was dirty, toolchain). Two runs' times of
+    one kernel compare only when they timed the same bytes; a slowdown across runs of one device is put on a
+    build, or ruled out, from this."""
+    from pathlib import Path
+
+    from jax_aiter import _loader, integrity
+
+    libraries = []
+    for row in _loader.library_report(verify=True):
+        if row["path"]:
+            row = {**row, "sha256": integrity.sha256_file(Path(row["path"]))}
+        libraries.append(row)
+    identity, source = _loader.build_identity(), "installed wheel"
+    if identity is None:  # a checkout: the first record beside a library that names its build
+        identity, source = None, "no build record names one"
+        for folder in dict.fromkeys(Path(r["path"]).parent for r in libraries if r["path"]):
+            try:
+                found = json.loads((folder / integrity.RECORD_NAME).read_text()).get("identity")
+            except (OSError, ValueError):
+                continue
+            if found:
+                identity, source = found, str(folder / integrity.RECORD_NAME)
+                break
+    return {"libraries": libraries, "identity": identity, "identity_from": source}

@@ -76,6 +76,14 @@ def load(path: Path) -> dict:
         raise InputError(f"cannot read {path}: {e}") from None
 
 
+def kernel_source(results: dict) -> str | None:
+    """The kernel source revision a run timed ("+dirty" for an uncommitted tree), from its build provenance
+    (benchmarks/gpu/gpu_provenance.build_provenance); None for a run that did not record one."""
+    ident = (results["machine"].get("build") or {}).get("identity") or {}
+    rev = ident.get("kernel_source_revision")
+    return rev and rev[:12] + ("+dirty" if ident.get("kernel_source_dirty") else "")
+
+
 def make_baseline(runs: list[dict], sources: list[str]) -> dict:
     """The baseline of two or more runs on one GPU model: per case the median time and the noise band."""
     if len(runs) < 2:
@@ -100,7 +108,9 @@ def make_baseline(runs: list[dict], sources: list[str]) -> dict:
     gpu = (runs[0]["machine"].get("gpu_before", {}).get("gpus") or [{}])[0]
     return {"schema": SCHEMA, "device": devices.pop(), "made_from": sources,
             "provenance": {"jax": runs[0]["machine"].get("jax"), "driver": gpu.get("driver_version"),
-                           "sm_clock_mhz": gpu.get("clocks.sm"), "power_limit_w": gpu.get("power.limit")},
+                           "sm_clock_mhz": gpu.get("clocks.sm"), "power_limit_w": gpu.get("power.limit"),
+                           **({"kernel_source": timed} if (timed := sorted(set(filter(None, map(kernel_source, runs)))))
+                              else {})},
             "band": f"max({FLOOR_PCT}%, {SPREAD_FACTOR} x the spread between the runs)", "cases": out}
 
 
@@ -139,7 +149,9 @@ def gate(results: dict, baseline: dict) -> dict:
         if bad:
             regressions.append(f"{name}: {got[name]:.4f} ms against the baseline's {base['ms']:.4f} ms "
                                f"({change:+.1f}%, band {base['band_pct']:.1f}%)")
-    return {"device": results["machine"]["device"], "rows": rows, "regressions": regressions, "missing": missing,
+    return {"device": results["machine"]["device"], "kernel_source": kernel_source(results),
+            "baseline_kernel_source": baseline.get("provenance", {}).get("kernel_source"),
+            "rows": rows, "regressions": regressions, "missing": missing,
             "new": sorted(set(got) - set(baseline["cases"])), "passed": not regressions and not missing}
 
 
@@ -205,7 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("GITHUB_STEP_SUMMARY"):
         with open(os.environ["GITHUB_STEP_SUMMARY"], "a", encoding="utf-8") as f:
             f.write(markdown(verdict))
-    print(f"bench_gate: {'passed' if verdict['passed'] else 'FAILED'} against {path}")
+    print(f"bench_gate: {'passed' if verdict['passed'] else 'FAILED'} against {path} (this run timed kernel source "
+          f"{verdict['kernel_source'] or 'not recorded'}; the baseline's: "
+          f"{verdict['baseline_kernel_source'] or 'not recorded'})")
     return EXIT_OK if verdict["passed"] else EXIT_REGRESSION
 
 

@@ -73,6 +73,27 @@ class BenchGateTests(unittest.TestCase):
                 self.assertTrue(verdict["passed"], (run.name, verdict["regressions"], verdict["missing"]))
         self.assertEqual(self.cli(self.write(self.run1, "all.json").as_posix()).returncode, 0)
 
+    def test_the_gate_names_the_kernel_sources_the_run_and_the_baseline_timed(self) -> None:
+        """A run's build provenance (the kernel source revision of the libraries it timed) goes into a baseline made
+        from it, and the gate's last line names both, so a slowdown is put on a build or ruled out at a glance."""
+        def timed(run: dict, rev: str, dirty: bool) -> dict:
+            run = copy.deepcopy(run)
+            run["machine"]["build"] = {"identity": {"kernel_source_revision": rev, "kernel_source_dirty": dirty}}
+            return run
+        base = bench_gate.make_baseline([timed(self.run1, "a" * 40, False), timed(self.run1, "a" * 40, False)],
+                                        ["r1.json", "r2.json"])
+        self.assertEqual(base["provenance"]["kernel_source"], ["a" * 12])
+        verdict = bench_gate.gate(timed(self.run1, "b" * 40, True), base)
+        self.assertEqual((verdict["kernel_source"], verdict["baseline_kernel_source"]),
+                         ("b" * 12 + "+dirty", ["a" * 12]))
+        folder = self.tmp / "baselines"
+        folder.mkdir()
+        (folder / f"{bench_gate.model_slug(base['device'])}.json").write_text(json.dumps(base))
+        out = self.cli(self.write(timed(self.run1, "b" * 40, True), "run.json").as_posix(), "--baselines", str(folder))
+        self.assertIn(f"this run timed kernel source {'b' * 12}+dirty; the baseline's: ['{'a' * 12}']", out.stdout)
+        unrecorded = bench_gate.gate(self.run1, json.loads(BASELINE.read_text()))  # runs from before the field
+        self.assertEqual((unrecorded["kernel_source"], unrecorded["baseline_kernel_source"]), (None, None))
+
     def test_a_slowdown_beyond_the_band_fails_and_names_the_case(self) -> None:
         base = json.loads(BASELINE.read_text())
         slow = copy.deepcopy(self.run1)

@@ -70,6 +70,7 @@ def test_a_run_saves_its_json_as_each_section_ends(tmp_path, monkeypatch):
 
     gpu = importlib.import_module("benchmarks.gpu.bench_gpu")
     monkeypatch.setattr(gpu, "gpu_provenance", dict)
+    monkeypatch.setattr(gpu, "build_provenance", dict)
     monkeypatch.setattr(gpu, "bench_copy", lambda lib, reps: {"GBps": 1.0})
     monkeypatch.setattr(gpu, "bench_decode", lambda lib, reps, gbps, quick: [{"name": "decode row"}])
 
