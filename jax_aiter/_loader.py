@@ -89,13 +89,23 @@ def stale_build(folder: Path) -> str | None:
     return why
 
 
+def record_identity(folder: Path) -> dict | None:
+    """The build identity (kernel source revision, dirty tree, toolchain, ...) that the JIT build wrote into the build
+    record of `folder`; None when the folder has no readable record or its record names no build."""
+    try:
+        ident = json.loads((folder / integrity.RECORD_NAME).read_text()).get("identity")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return ident if isinstance(ident, dict) and ident else None
+
+
 def _stale_build(folder: Path) -> str | None:
     import subprocess
     import tomllib
 
     root = _checkout_root()
+    ident = record_identity(folder) or {}
     try:
-        ident = json.loads((folder / integrity.RECORD_NAME).read_text()).get("identity") or {}
         kernels = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["jax-aiter"]["kernel_source_dir"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -319,20 +329,26 @@ def _untrusted(path: Path) -> tuple[Path, str] | None:
 def check_library(path: Path, verify: bool = False) -> list[str]:
     """What is wrong with the library at `path` (empty when nothing): who else may change it or its folder, its size
     (and with `verify` its sha256) against its record, its SONAME against its file name."""
+    return _checked(path, verify)[0]
+
+
+def _checked(path: Path, verify: bool) -> tuple[list[str], str | None]:
+    """check_library's problems, and with `verify` the sha256 it hashed (None when it hashed nothing: a library in a
+    folder others may write is not read)."""
     shared = _untrusted(path)
     if shared:
         what = f"{'its folder ' if shared[0] != path.resolve() else ''}{shared[0]}"
-        return [f"{what}: {shared[1]}, so another user could replace it with code that runs as you; it is not loaded"]
+        return [f"{what}: {shared[1]}, so another user could replace it with code that runs as you; it is not "
+                "loaded"], None
     problems = []
     entry, source = expected_entry(path)
     size = path.stat().st_size
+    got = integrity.sha256_file(path) if verify else None
     if entry is not None and size != entry["size"]:
         problems.append(f"{size} bytes, but {source} records {entry['size']}: the file is truncated or was "
                         "replaced (loading it could crash the process)")
-    elif entry is not None and verify:
-        got = integrity.sha256_file(path)
-        if got != entry["sha256"]:
-            problems.append(f"sha256 {got}, but {source} records {entry['sha256']}: the file was altered")
+    elif entry is not None and got is not None and got != entry["sha256"]:
+        problems.append(f"sha256 {got}, but {source} records {entry['sha256']}: the file was altered")
     if not problems:
         try:
             soname = elf_soname(path)
@@ -341,7 +357,7 @@ def check_library(path: Path, verify: bool = False) -> list[str]:
         else:
             if soname is not None and soname != path.name:
                 problems.append(f"its SONAME is {soname}, not {path.name}: it holds another library's bytes")
-    return problems
+    return problems, got
 
 
 def installed_ffi_api_version() -> tuple[int, int]:
@@ -446,7 +462,7 @@ def shipped(name: str) -> bool:
 
 def library_report(verify: bool = False) -> list[dict]:
     """Where each library would load from and what is wrong with it (for `python -m jax_aiter info`);
-    `verify` also hashes each one against its record."""
+    `verify` also hashes each one against its record, and its row keeps the sha256."""
     names = [UMBRELLA] + sorted({j for s in OPS.values() for j in s.jit}) + [s.shim for s in OPS.values()]
     out = []
     for name in names:
@@ -456,10 +472,10 @@ def library_report(verify: bool = False) -> list[dict]:
             out.append({"library": name, "path": None, "error": str(e), "required": shipped(name)})
             continue
         try:
-            problems = check_library(path, verify)
+            problems, digest = _checked(path, verify)
         except LibraryCheckError as e:
-            problems = [str(e)]
-        row = {"library": name, "path": str(path)}
+            problems, digest = [str(e)], None
+        row = {"library": name, "path": str(path), **({"sha256": digest} if digest else {})}
         if problems:
             row["problems"] = problems
             row["fix"] = _fix(name, path)

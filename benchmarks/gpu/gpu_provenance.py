@@ -1,7 +1,6 @@
 """The GPU's provenance for bench_gpu.py's JSON, read by nvidia-smi before and after a run."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import time
@@ -72,20 +71,12 @@ def build_provenance() -> dict:
 
     from jax_aiter import _loader, integrity
 
-    libraries = []
-    for row in _loader.library_report(verify=True):
-        if row["path"]:
-            row = {**row, "sha256": integrity.sha256_file(Path(row["path"]))}
-        libraries.append(row)
+    libraries = _loader.library_report(verify=True)  # each row found carries the sha256 it was verified by
     identity, source = _loader.build_identity(), "installed wheel"
     if identity is None:  # a checkout: the first record beside a library that names its build
-        identity, source = None, "no build record names one"
+        source = "no build record names one"
         for folder in dict.fromkeys(Path(r["path"]).parent for r in libraries if r["path"]):
-            try:
-                found = json.loads((folder / integrity.RECORD_NAME).read_text()).get("identity")
-            except (OSError, ValueError):
-                continue
-            if found:
+            if found := _loader.record_identity(folder):
                 identity, source = found, str(folder / integrity.RECORD_NAME)
                 break
     return {"libraries": libraries, "identity": identity, "identity_from": source}

@@ -12,38 +12,45 @@ def prov():
     return importlib.import_module("benchmarks.gpu.gpu_provenance")
 
 
-def _folder(tmp_path, name, record):
-    folder = tmp_path / name
-    folder.mkdir()
-    lib = folder / f"lib{name}.so"
-    lib.write_bytes(name.encode() * 1000)
-    if record is not None:
-        (folder / "build_record.json").write_text(record if isinstance(record, str) else json.dumps(record))
-    return lib
+def test_each_library_found_gets_the_sha256_it_was_verified_by_and_its_records_identity(tmp_path, monkeypatch, prov):
+    """Through the loader's own lookup: a folder named by JAX_AITER_LIB_DIR holds a library and the build record
+    that names its build; its row carries its sha256 (hashed once, by the verify of `jax_aiter info --verify`),
+    and the identity comes from that record."""
+    from jax_aiter import _loader, integrity
 
-
-def test_each_library_found_gets_its_sha256_and_the_first_record_naming_a_build_gives_the_identity(
-        tmp_path, monkeypatch, prov):
-    from jax_aiter import _loader
-
-    shims = _folder(tmp_path, "shims", {"schema": 1, "files": []})  # a record of files only: no identity
-    broken = _folder(tmp_path, "broken", "{not json")
-    jit = _folder(tmp_path, "jit", {"identity": {"kernel_source_revision": "c" * 40, "kernel_source_dirty": False}})
-    rows = [{"library": p.name, "path": str(p)} for p in (shims, broken, jit)]
-    rows.append({"library": "libmissing.so", "path": None, "error": "not built"})
-    monkeypatch.setattr(_loader, "library_report", lambda verify=False: [dict(r) for r in rows] if verify else [])
+    lib = tmp_path / "libmha_bwd.so"
+    lib.write_bytes(b"not a real library" * 100)
+    ident = {"kernel_source_revision": "c" * 40, "kernel_source_dirty": True, "toolchain": {"gpu_compiler": "nvcc"}}
+    (tmp_path / integrity.RECORD_NAME).write_text(json.dumps({
+        "identity": ident, "files": [{"name": lib.name, "size": lib.stat().st_size, "sha256": "0" * 64}]}))
+    monkeypatch.setenv(_loader.LIB_DIR_ENV, str(tmp_path))
     monkeypatch.setattr(_loader, "build_identity", lambda: None)
     got = prov.build_provenance()
-    assert [r.get("sha256") for r in got["libraries"]] == [
-        hashlib.sha256(p.read_bytes()).hexdigest() for p in (shims, broken, jit)] + [None]
-    assert got["identity"] == {"kernel_source_revision": "c" * 40, "kernel_source_dirty": False}
-    assert got["identity_from"] == str(jit.parent / "build_record.json")
+    row = next(r for r in got["libraries"] if r["library"] == lib.name)
+    assert row["path"] == str(lib) and row["sha256"] == hashlib.sha256(lib.read_bytes()).hexdigest()
+    assert any("the file was altered" in p for p in row["problems"])  # the verify compared that digest
+    assert (got["identity"], got["identity_from"]) == (ident, str(tmp_path / integrity.RECORD_NAME))
+
+
+def test_a_record_names_a_build_only_with_an_identity(tmp_path):
+    from jax_aiter import _loader, integrity
+
+    for name, text, want in [("files", json.dumps({"schema": 1, "files": []}), None), ("broken", "{not json", None),
+                             ("list", "[1, 2]", None), ("none", None, None),
+                             ("jit", json.dumps({"identity": {"kernel_source_revision": "d" * 40}}),
+                              {"kernel_source_revision": "d" * 40})]:
+        folder = tmp_path / name
+        folder.mkdir()
+        if text is not None:
+            (folder / integrity.RECORD_NAME).write_text(text)
+        assert _loader.record_identity(folder) == want, name
 
 
 def test_an_installed_wheels_identity_comes_first_and_none_found_says_so(tmp_path, monkeypatch, prov):
     from jax_aiter import _loader
 
-    lib = _folder(tmp_path, "plain", None)
+    lib = tmp_path / "libplain.so"
+    lib.write_bytes(b"x")
     monkeypatch.setattr(_loader, "library_report", lambda verify=False: [{"library": lib.name, "path": str(lib)}])
     monkeypatch.setattr(_loader, "build_identity", lambda: None)
     assert prov.build_provenance()["identity_from"] == "no build record names one"
