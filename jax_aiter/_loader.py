@@ -338,8 +338,8 @@ def _checked(path: Path, verify: bool) -> tuple[list[str], str | None]:
     shared = _untrusted(path)
     if shared:
         what = f"{'its folder ' if shared[0] != path.resolve() else ''}{shared[0]}"
-        return [f"{what}: {shared[1]}, so another user could replace it with code that runs as you; it is not "
-                "loaded"], None
+        return [(f"{what}: {shared[1]}, so another user could replace it with code that runs as you; it is not "
+                 "loaded")], None
     problems = []
     entry, source = expected_entry(path)
     size = path.stat().st_size
