@@ -455,17 +455,10 @@ JA_GLOBAL void __launch_bounds__(BwdMmaTiles<T, D>::kThreads, JA_MHA_BWD_MMA_MIN
       const int r = wrow + __ffs(int(bad)) - 1;
       const int64_t j = kv0 + r;
       float kx[mha_gpu::kExactCols], vx[mha_gpu::kExactCols];
-      MhaCol col = mha_col(p, a.cols, a.cols_batch_stride, b, j);
-      col.q_lo = mha_clamp(col.q_lo, 0, sq);
-      col.q_hi = mha_clamp(col.q_hi, col.q_lo, sq);
-      mha_gpu::exact_dkdv_key(p, in, int(b), int(hk), j, col,
+      mha_gpu::exact_dkdv_key(p, in, int(b), int(hk), j, mha_gpu::exact_col(p, a.cols, a.cols_batch_stride, b, j),
                               [pp = &a.p, b](int64_t i) { return mha_row(*pp, b, i).diag; }, kx, vx);
-#pragma unroll
-      for (int u = 0; u < mha_gpu::kExactCols; ++u) {
-        const int c = lane + 32 * u;
-        if (c < hd) dk_out[r * k_stride + c] = from_f32<T>(kx[u]);
-        if (c < hdv) dv_out[r * v_stride + c] = from_f32<T>(vx[u]);
-      }
+      mha_gpu::exact_store(dk_out + r * k_stride, hd, kx);
+      mha_gpu::exact_store(dv_out + r * v_stride, hdv, vx);
     }
   }
 }

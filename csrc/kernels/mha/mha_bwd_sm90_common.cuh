@@ -290,25 +290,24 @@ __global__ void __launch_bounds__(256) bwd_init_sync(JaMhaProblem const pr, cons
 // bitwise equal gradients run after run are checked by that harness and tests/ops/test_attention_gpu_paths.py.
 static __device__ __noinline__ void bwd_sync_wait(const int32_t* sem, int n_block, int seen = INT_MIN) {
   const int target = -2 * n_block;
-  if (seen >= target) {
-    asm volatile("fence.proxy.async.global;" ::: "memory");
-    return;
-  }
-  int v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(sem) : "memory");
-  if (v >= target) return;
-  uint64_t t0;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  for (int spin = 0;; ++spin) {
+  if (seen < target) {
+    int v;
     asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(sem) : "memory");
-    if (v >= target) break;
-    if ((spin & 1023) == 1023) {
-      uint64_t t;
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-      if (t - t0 > 10000000000ull) __trap();
+    if (v < target) {
+      uint64_t t0;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+      for (int spin = 0;; ++spin) {
+        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(sem) : "memory");
+        if (v >= target) break;
+        if ((spin & 1023) == 1023) {
+          uint64_t t;
+          asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+          if (t - t0 > 10000000000ull) __trap();
+        }
+      }
     }
   }
-  asm volatile("fence.proxy.async.global;" ::: "memory");  // the TMA adds that follow come after
+  asm volatile("fence.proxy.async.global;" ::: "memory");  // every exit: the TMA adds that follow come after
 }
 
 // A tile's semaphore, read (relaxed) by a warpgroup's leader right after a block barrier, for bwd_sync_wait's
@@ -573,30 +572,34 @@ CUTE_DEVICE void bwd_store_rows(ThrMma const& thr_mma, Acc const& acc, Element* 
   }
 }
 
+// Whether columns [0, n) of a stored row hold a NaN or an infinity, by the whole warp.
+template <typename Element>
+CUTE_DEVICE bool bwd_row_nonfinite(const Element* row, int n) {
+  float x[mha_gpu::kExactCols];
+  mha_gpu::exact_load(row, n, x);
+  bool bad = false;
+  CUTLASS_PRAGMA_UNROLL
+  for (int t = 0; t < mha_gpu::kExactCols; ++t) bad |= !isfinite(x[t]);
+  return __any_sync(0xffffffffu, bad);
+}
+
 // Keys [kv0, kv0 + nk) of kv head hk, batch b (dK/dV row row0 onwards, heads_kv rows apart), whose stored dK or
 // dV row (bwd_store_dkdv's, visible to the whole block) holds a NaN or an infinity, computed again, exactly
 // (mha_exact.cuh), and rewritten: warp w takes keys w, w + warps, ... Not inlined, so that the kernels carry none
 // of this rare path in their registers or code.
 template <bool CAUSAL, typename Element>
 __device__ __noinline__ void bwd_exact_keys(BwdArgs<Element> const& p, int b, int hk, int kv0, int nk, int64_t row0) {
-  const int lane = int(threadIdx.x % 32), warps = int(blockDim.x / 32), d = p.d, dv = p.dv_cols;
+  const int warps = int(blockDim.x / 32), d = p.d, dv = p.dv_cols;
   for (int kr = int(threadIdx.x / 32); kr < nk; kr += warps) {
     Element* dk = p.dk + (row0 + int64_t(kr) * p.heads_kv) * d;
     Element* dvr = p.dv + (row0 + int64_t(kr) * p.heads_kv) * dv;
-    bool bad = false;
-    for (int c = lane; c < d; c += 32) bad |= !isfinite(float(dk[c]));
-    for (int c = lane; c < dv; c += 32) bad |= !isfinite(float(dvr[c]));
-    if (!__any_sync(0xffffffffu, bad)) continue;
+    if (!bwd_row_nonfinite(dk, d) && !bwd_row_nonfinite(dvr, dv)) continue;
     const int j = kv0 + kr;
     float gk[mha_gpu::kExactCols], gv[mha_gpu::kExactCols];
     mha_gpu::exact_dkdv_key(p.pr, p.in, b, hk, j, sm90_col<CAUSAL>(p.pr, p.cols, p.cols_batch_stride, b, j),
                             [pr = p.pr, b](int64_t i) { return sm90_row<CAUSAL>(pr, b, int(i)).diag; }, gk, gv);
-    CUTLASS_PRAGMA_UNROLL
-    for (int t = 0; t < mha_gpu::kExactCols; ++t) {
-      const int c = lane + 32 * t;
-      if (c < d) dk[c] = Element(gk[t]);
-      if (c < dv) dvr[c] = Element(gv[t]);
-    }
+    mha_gpu::exact_store(dk, d, gk);
+    mha_gpu::exact_store(dvr, dv, gv);
   }
 }
 

@@ -58,6 +58,17 @@ JA_DEVICE void exact_load(const Element* row, int n, float (&x)[kExactCols]) {
   }
 }
 
+// x[t] * mul into columns lane + 32 t (< n) of a row, in its dtype.
+template <typename Element>
+JA_DEVICE void exact_store(Element* row, int n, const float (&x)[kExactCols], float mul = 1.0f) {
+  const int lane = int(threadIdx.x % 32);
+#pragma unroll
+  for (int t = 0; t < kExactCols; ++t) {
+    const int c = lane + 32 * t;
+    if (c < n) row[c] = exact_to<Element>(x[t] * mul);
+  }
+}
+
 template <typename Element>
 JA_DEVICE float exact_dot(const float (&x)[kExactCols], const Element* row, int n) {
   const int lane = int(threadIdx.x % 32);
@@ -181,11 +192,7 @@ __device__ __noinline__ void exact_dq_row(JaMhaProblem const& pr, ExactBwd<Eleme
       if (c < d) acc[t] = fmaf(ds, exact_f32(kj[c]), acc[t]);
     }
   }
-#pragma unroll
-  for (int t = 0; t < kExactCols; ++t) {
-    const int c = lane + 32 * t;
-    if (c < d) dq[qrow * d + c] = exact_to<Element>(acc[t] * pr.scale);
-  }
+  exact_store(dq + qrow * d, d, acc, pr.scale);
 }
 
 // dK (times scale) and dV of key j of kv head hk, batch b, over the query rows [col.q_lo, col.q_hi) of every
