@@ -32,8 +32,21 @@
 // so no wait can deadlock however many blocks are resident), which makes each key block follow its
 // predecessor by about one query tile. dK and dV need nothing: one block accumulates them over every
 // query head of its group in registers, in a fixed order.
+//
+// Causal with grouped query heads, that order starts each (kv head, batch)'s heaviest block last: a block
+// walks every query head of its group, so its first key block runs group times as long as a query head's
+// and the last wave waits on it. There (BwdArgs::heavy_first, where a (kv head, batch)'s key blocks fit the
+// multiprocessors) the blocks start heaviest first, as without the order, and walk their iterations
+// tile-major (every query head of a tile, then the next tile): a block then reaches each tile 2 x group
+// iterations after the next key block, which started beside it, so its wait finds that add done. A block
+// still waits only on the blocks of its own (kv head, batch), and the pairs start a chunk at a time
+// (causal_chunk: as many pairs as the multiprocessors hold all the blocks of): the first chunk not yet
+// finished has its blocks resident or free multiprocessors to start them on, so it always finishes, and no
+// wait can deadlock.
 #pragma once
 #include <climits>  // INT_MIN: bwd_sync_wait's `seen` when none was read
+
+#include <cutlass/fast_math.h>
 
 #include "mha/mha_fwd_sm90.cuh"
 
@@ -74,6 +87,7 @@ struct BwdArgs {
   int32_t* sync;    // deterministic: the semaphores, [batch, heads_q, m_tiles]; null otherwise
   int32_t m_tiles;  // ceil(seq_q / kBwdTileRows)
   int64_t chunk;    // causal: (head, batch) pairs per chunk of the block order (causal_chunk)
+  int32_t heavy_first;  // deterministic, causal, grouped heads: the blocks start heaviest first, tile-major
   mha_gpu::ExactBwd<Element> in;  // the inputs, for keys computed again (exact_dkdv_key)
 };
 
@@ -106,6 +120,7 @@ BwdArgs<Element> bwd_args(const JaMhaBwdArgs& a, bool feat) {
           a.deterministic ? a.sync : nullptr,
           int((pr.seq_q + kBwdTileRows - 1) / kBwdTileRows),
           0,  // chunk: bwd_launch sets it from the grid
+          0,  // heavy_first: bwd_launch sets it
           mha_gpu::exact_bwd<Element>(a)};
 }
 
@@ -368,12 +383,18 @@ CUTE_DEVICE auto bwd_smem_tensors(typename Tr::SharedStorage& ss) {
 }
 
 // What a block works on: keys [kv0, kv0 + nk) of kv head hk in batch b, and n_iter iterations, one
-// a (query head, query tile): iteration it is query head head(it), query tile tile(it); full(it): the
-// tile takes no per-element mask. sem(it): the tile's semaphore (deterministic).
+// a (query head, query tile): iteration it is query head head(it), query tile tile(it), head-major (every
+// tile of a head, then the next head) or tile_major; full(it): the tile takes no per-element mask.
+// sem(it): the tile's semaphore (deterministic). The kernels map several iterations each (the current one
+// and the prefetched ones): n_inner divides by a multiply and a shift set up once per block, where a
+// division by a runtime int is a long instruction sequence in the warpgroups' loop (and a choice between two
+// divisions, one a branch each).
 struct BwdWork {
   int n_block, hk, b, sq, sk, kv0, nk, group, m_begin, q_tiles, n_iter, full_lo, full_hi;
-  CUTE_DEVICE int head(int it) const { return hk * group + it / q_tiles; }
-  CUTE_DEVICE int tile(int it) const { return m_begin + it % q_tiles; }
+  cutlass::FastDivmod n_inner;  // iterations per outer step: q_tiles (head-major) or group (tile_major)
+  bool tile_major;
+  CUTE_DEVICE int head(int it) const { int o, i; n_inner(o, i, it); return hk * group + (tile_major ? i : o); }
+  CUTE_DEVICE int tile(int it) const { int o, i; n_inner(o, i, it); return m_begin + (tile_major ? o : i); }
   CUTE_DEVICE bool full(int it) const { return tile(it) >= full_lo && tile(it) < full_hi; }
 };
 
@@ -383,9 +404,10 @@ CUTE_DEVICE BwdWork bwd_work(BwdArgs<Element> const& p) {
   // Causal: each kv head's first key blocks, seen by the most query tiles, start first (in the model's
   // train step, 32 query tiles against the last one's 2), a chunk of kv heads and batches at a time
   // (mha_gpu::grid_place, causal_chunk). Deterministic: every (kv head, batch)'s blocks start from its
-  // last key block (the order of the dQ adds: see the top of this file), causal or not.
+  // last key block (the order of the dQ adds: see the top of this file), causal or not, but where
+  // p.heavy_first says (causal, grouped heads: see the top of this file).
   mha_gpu::GridPlace at;
-  if (p.sync) {
+  if (p.sync && !p.heavy_first) {
     at = CAUSAL ? mha_gpu::grid_place(true, true, p.chunk)
                 : mha_gpu::GridPlace{int64_t(gridDim.x - 1 - blockIdx.x), int64_t(blockIdx.y), int64_t(blockIdx.z)};
   } else {
@@ -401,6 +423,8 @@ CUTE_DEVICE BwdWork bwd_work(BwdArgs<Element> const& p) {
   w.q_tiles = r.m_end - r.m_begin;
   w.full_lo = r.full_lo, w.full_hi = r.full_hi;
   w.n_iter = p.group * w.q_tiles;
+  w.tile_major = p.heavy_first;
+  w.n_inner = cutlass::FastDivmod(max(1, w.tile_major ? w.group : w.q_tiles));
   return w;
 }
 
@@ -709,6 +733,8 @@ const char* bwd_launch(Kernel kernel, typename Tr::Params p, const JaMhaBwdArgs&
                        const char* what) {
   const dim3 grid(unsigned((a.p.seq_k + Tr::BN - 1) / Tr::BN), unsigned(a.p.heads_kv), unsigned(a.p.batch));
   p.chunk = causal_chunk(grid.x);  // read only by causal grids (grid_place)
+  // deterministic, causal, grouped heads, a (kv head, batch)'s blocks resident at once (the top of this file)
+  p.heavy_first = p.sync && a.p.mask == kMaskCausal && p.group > 1 && grid.x <= mha_gpu::multiprocessors();
   return mha_gpu::launch_with_smem(kernel, grid, Tr::kThreads, Tr::kSmemBytes, stream, p, what);
 }
 
