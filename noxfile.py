@@ -34,6 +34,7 @@ TOOLING_DEPS = ["-e", ".", *nox.project.dependency_groups(PYPROJECT, "tooling")]
 # What building the JIT libraries needs: ninja, and the pinned nvidia-cutlass headers of the sm_90a instances.
 BUILD_DEPS = nox.project.dependency_groups(PYPROJECT, "build")
 WHEEL_DEPS = nox.project.dependency_groups(PYPROJECT, "wheel")
+SASS_DEPS = nox.project.dependency_groups(PYPROJECT, "sass")  # cuobjdump, for compile_only's check of the backward
 
 
 def _install(session: nox.Session, *deps: str) -> None:
@@ -116,9 +117,10 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", "jax_aiter", "jatools", "ci", "tests", "noxfile.py", "tasks.py")
 
 
-_session("compile_only", "build", "python", "-m", "jatools.native.build", "--compile-only", deps=BUILD_DEPS,
+_session("compile_only", "build", "python", "-m", "jatools.native.build", "--compile-only",
+         deps=[*BUILD_DEPS, *SASS_DEPS],
          doc="Compile every library for CUDA (nvcc, sm_90) and ROCm (hipcc, gfx950; gfx90a for an old hipcc) "
-             "without a GPU.")
+             "without a GPU; CUDA's sm_90a backward is then read for integer divisions in its main loop.")
 for _tier in TIERS.values():  # jatools/testing/tag_filters.py: the tiers, their selections and what each is
     _tier_session(f"tests_{_tier.name}", "--tier", _tier.name, doc=f"The {_tier.name} tier ({_tier.doc}).")
 # Sanitizers: jatools/native/sanitize.py; the convergence recipe: ci/convergence/train_tiny.py (docs/ci.md).

@@ -25,7 +25,8 @@ STAGES: tuple[tuple[str, tuple[str, ...], str], ...] = (
      "its identity")),
     ("ci", ("jatools.ci",), "environment report, convergence-decision check"),
     ("jitlibs", ("jatools.jitlibs",), "the JIT libraries after the build: record, expect, decide, download, publish"),
-    ("native", ("jatools.native",), "the one native-build sequence (its consumer check reads jitlibs), sanitizers"),
+    ("native", ("jatools.native",), ("the one native-build sequence (its consumer check reads jitlibs), sanitizers, "
+                                     "the sm_90a backward's SASS check")),
     ("wheel", ("jatools.wheel",), "libraries -> wheels, and every check on a wheel"),
     ("validate", ("jatools.validate",), "wheels -> clean room"),
     ("testing", ("jatools.testing",), "tiers, GPU slots, the pytest plugin"),

@@ -10,7 +10,8 @@ consumer, which never builds: a mismatch with this checkout's identity fails at 
 id and the producer); `--jit auto` takes under CI=true. `--compile-only` builds every library for the
 GPU backends without a GPU (each backend's archs, pyproject gpu_archs_<backend>: CUDA with nvcc; ROCm with the HIP
 compiler, or gfx90a where it knows no gfx950, as Debian's ROCm 5.2 `hipcc`) into build/compile_only/<backend>, each
-its own JIT producer, and writes
+its own JIT producer, reads CUDA's sm_90a backward for integer divisions in its main loops (sass_check.py), and
+writes
 build/compile_only/summary.json (docs/build.md, "Compile-only").
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from jatools import atomic_write, config, steps
 from jatools.jitlibs import decide, record
-from jatools.native import compiler_cache, toolchain
+from jatools.native import compiler_cache, jit_modules, sass_check, toolchain
 
 # Each backend's archs are its default ones (pyproject gpu_archs_<backend>, the lanes' archs); ROCm falls back to
 # gfx90a where the HIP compiler knows no gfx950 (Debian's ROCm 5.x hipcc; rocm_compile_arch asks the compiler).
@@ -110,7 +111,24 @@ def compile_only(backend: str, jobs: int) -> dict:
         env.setdefault("HIP_PLATFORM", "amd")
     records = steps.run(native_steps(jit="build", jobs=jobs, env=env), f"compile_only {backend}")
     return {"backend": backend, "archs": archs, "seconds": steps.seconds(records),
-            "libraries": {p.name: p.stat().st_size for p in sorted((root / out_dir).glob("*/*.so"))}}
+            "libraries": {p.name: p.stat().st_size for p in sorted((root / out_dir).glob("*/*.so"))},
+            **({"sass_check": backward_sass(env)} if backend == "cuda" else {})}
+
+
+def backward_sass(env: dict[str, str]) -> dict:
+    """The CUDA build's sm_90a backward read for integer divisions in its main loops (sass_check); exit 1 naming
+    each where one is."""
+    settings = config.load(env=env)
+    lib = settings.jit_dir / jit_modules.module_table(settings)["mha_bwd"]["library"]
+    try:
+        loops = sass_check.check([lib])
+    except sass_check.SassError as e:
+        raise SystemExit(str(e)) from None
+    text, ok = sass_check.report(loops)
+    print(text, flush=True)
+    if not ok:
+        raise SystemExit(1)
+    return {"kernels": len(loops), "longest_loop": max(loop.instructions for loop in loops)}
 
 
 def compile_only_main(backends: str, jobs: int) -> int:

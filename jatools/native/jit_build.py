@@ -233,41 +233,57 @@ def build(module_names: list[str] | None, jobs: int | None, verbose: bool, log_p
         _build_locked(settings, tc, all_modules, names, jobs, verbose, log_path)
 
 
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    build_file: Path                # build.ninja, written
+    steps: list[jit_ninja.Compile]  # every compilation in it
+    packages: dict[str, str]        # {placeholder: the installed header package's include dir}
+    counts: dict[str, int]          # instances per module
+    env: dict[str, str]             # what ninja runs under (the compiler cache's settings)
+
+
+def write_plan(settings: config.Settings, tc: toolchain.Toolchain, modules: dict[str, dict]) -> Plan:
+    """Generate the modules' instance sources and write build.ninja for them under the JIT dir; build nothing.
+    The build runs it whole; tests/build/test_sass_check.py builds one object of it."""
+    kinds_of = {n: jit_modules.build_kinds(m, tc) for n, m in modules.items()}
+    packages = jit_packages.package_includes(settings.root, modules, kinds_of, resolve=True)
+    sources = {n: jit_modules.generate(n, m, kinds_of[n], settings.jit_dir, settings.root)
+               for n, m in modules.items()}
+    build_file = settings.jit_dir / "build.ninja"
+    steps = jit_ninja.plan(modules, sources, tc, settings, packages)
+    flags = toolchain.compile_flags(tc, settings)
+    cache = compiler_cache.launcher(settings, flags)
+    jit_modules.write_if_changed(build_file, jit_ninja.ninja_text(modules, steps, tc, flags, settings, cache))
+    return Plan(build_file, steps, packages, {n: sum(len(v) for v in s.values()) for n, s in sources.items()},
+                cache.env if cache else {})
+
+
 def _build_locked(settings: config.Settings, tc: toolchain.Toolchain, all_modules: dict, names: list[str],
                   jobs: int | None, verbose: bool, log_path: Path | None) -> None:
     modules = {n: all_modules[n] for n in names}
-    kinds_of = {n: jit_modules.build_kinds(m, tc) for n, m in modules.items()}
-    packages = jit_packages.package_includes(settings.root, modules, kinds_of, resolve=True)
     print(f"build_jit: backend {tc.backend}" + (f", archs {';'.join(tc.archs)}" if tc.archs else "")
           + f", modules {', '.join(names)}", flush=True)
     for note in tc.how:
         print(f"  {note}")
-    for ph, inc in packages.items():
-        print(f"  {jit_packages.PACKAGE_INCLUDES[ph][0]} headers: {inc}")
     recipe_hash, inputs = recipe(settings, tc)  # over every module: one identity for the set
     ident = derive_identity(settings, tc, recipe_hash)
     if ident["kernel_source_dirty"]:
         print("  note: the kernel sources have uncommitted changes; this build cannot be published", flush=True)
     start = time.monotonic()
-    sources = {n: jit_modules.generate(n, m, kinds_of[n], settings.jit_dir, settings.root)
-               for n, m in modules.items()}
-    counts = {n: sum(len(v) for v in s.values()) for n, s in sources.items()}
-    build_file = settings.jit_dir / "build.ninja"
-    steps = jit_ninja.plan(modules, sources, tc, settings, packages)
-    flags = toolchain.compile_flags(tc, settings)
-    cache = compiler_cache.launcher(settings, flags)
     since = compiler_cache.log_offset(settings)
-    jit_modules.write_if_changed(build_file, jit_ninja.ninja_text(modules, steps, tc, flags, settings, cache))
+    plan = write_plan(settings, tc, modules)
+    for ph, inc in plan.packages.items():
+        print(f"  {jit_packages.PACKAGE_INCLUDES[ph][0]} headers: {inc}")
     with open(log_path or os.devnull, "a") as log:
-        done = jit_ninja.run_ninja(build_file, jobs, verbose, log, settings.root, cache.env if cache else {})
-    jit_ninja.check_depfiles(settings, build_file, set(inputs), tuple(packages.values()))
+        done = jit_ninja.run_ninja(plan.build_file, jobs, verbose, log, settings.root, plan.env)
+    jit_ninja.check_depfiles(settings, plan.build_file, set(inputs), tuple(plan.packages.values()))
     seconds = time.monotonic() - start
-    record = write_record(settings, tc, ident, modules, counts, seconds)
-    print(f"build_jit: {sum(counts.values())} instances, {done} build steps run, {seconds:.1f} s; "
+    record = write_record(settings, tc, ident, modules, plan.counts, seconds)
+    print(f"build_jit: {sum(plan.counts.values())} instances, {done} build steps run, {seconds:.1f} s; "
           f"record {record.relative_to(settings.root)}", flush=True)
     for n, m in modules.items():
         size = (settings.jit_dir / m["library"]).stat().st_size
-        print(f"  {m['library']:<20} {size / 1e6:8.2f} MB  {counts[n]} instances")
+        print(f"  {m['library']:<20} {size / 1e6:8.2f} MB  {plan.counts[n]} instances")
     print(compiler_cache.summary(settings, since, "build_jit"), flush=True)
 
 
