@@ -32,13 +32,39 @@ from jax_aiter.ops import _small
 
 # --- device guards -----------------------------------------------------------------------------
 # Markers (registered in pyproject.toml): ``gpu`` needs a GPU JAX can see; ``cuda_only`` /
-# ``rocm_only`` need that GPU platform; ``multigpu(devices=N)`` needs N devices (default 2).
-# Each skip prints its reason (``-ra``).
+# ``rocm_only`` need that GPU platform; ``multigpu(devices=N)`` needs N devices (default 2);
+# ``gpu_memory(gib=N)`` needs N GiB of the first device's memory under XLA's allocator limit (a worker
+# that shares its GPU has a fraction: GPU slots, below). Each skip prints its reason (``-ra``).
 
 MULTIGPU_DEFAULT_DEVICES = 2
 FORCE_CPU_DEVICES_HINT = ("on the CPU run `JA_TEST_TIER=multigpu bash ci/test.sh` (it sets "
                           "XLA_FLAGS=--xla_force_host_platform_device_count=4 before JAX starts)")
 DEVICE_MARKERS = ("gpu", "cuda_only", "rocm_only", "multigpu")
+
+
+def required_gib(item: pytest.Item) -> float | None:
+    """N from @pytest.mark.gpu_memory(gib=N), or None for a test without the marker."""
+    mark = item.get_closest_marker("gpu_memory")
+    if mark is None:
+        return None
+    n = mark.kwargs.get("gib", mark.args[0] if mark.args else None)
+    if isinstance(n, bool) or not isinstance(n, (int, float)) or not 0 < n < float("inf"):
+        raise pytest.UsageError(f"{item.nodeid}: gpu_memory(gib=...) needs a positive number of GiB, got {n!r}")
+    return float(n)
+
+
+def memory_short(need_gib: float, limit_bytes: int | None, env: dict[str, str]) -> str | None:
+    """Why a test that needs ``need_gib`` GiB cannot run under an allocator limit of ``limit_bytes`` (None: the
+    device reports none, as the CPU does), or None when it can."""
+    if limit_bytes is None or limit_bytes >= need_gib * 2**30:
+        return None
+    shared = gpu_slots.tests_per_gpu(env)
+    why = (f"{gpu_slots.PER_GPU_ENV}={shared} gives each worker {gpu_slots.MEM_FRACTION_ENV}="
+           f"{env.get(gpu_slots.MEM_FRACTION_ENV, '?')} of the GPU" if shared > 1 and gpu_slots.held(env)
+           else f"{gpu_slots.MEM_FRACTION_ENV}={env[gpu_slots.MEM_FRACTION_ENV]}" if gpu_slots.MEM_FRACTION_ENV in env
+           else "the GPU has no more")
+    return (f"gpu_memory: needs {need_gib:g} GiB of one GPU, XLA's allocator has {limit_bytes / 2**30:.1f} GiB "
+            f"({why}); run it on a GPU of its own ({gpu_slots.PER_GPU_ENV}=1)")
 
 
 def required_devices(item: pytest.Item) -> int | None:
@@ -80,12 +106,18 @@ def skip_reason(item: pytest.Item) -> str | None:
             seen = f"JAX sees {len(devs)} ({devs[0].platform})" if devs else why
             hint = f"; {FORCE_CPU_DEVICES_HINT}" if not devs or devs[0].platform == "cpu" else ""
             return f"multigpu: needs {need} devices, {seen}{hint}"
+    gib = required_gib(item)
+    if gib is not None:
+        devs, _ = _devices(None)
+        stats = devs[0].memory_stats() if devs else None
+        return memory_short(gib, (stats or {}).get("bytes_limit"), dict(os.environ))
     return None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         required_devices(item)  # a malformed marker fails the run at collection, not at setup
+        required_gib(item)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

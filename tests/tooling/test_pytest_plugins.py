@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGINS = ["jatools.testing.pytest_plugin"]
-MARKERS = ["gpu", "multigpu", "slow", "cuda_only", "rocm_only"]
+MARKERS = ["gpu", "multigpu", "slow", "cuda_only", "rocm_only", "gpu_memory"]
 PINNING = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "XLA_FLAGS",
            "JA_GPU_SLOT", "JA_FLAKY_JSON", "PYTEST_XDIST_WORKER", "PYTEST_ADDOPTS",
            "PYTEST_DISABLE_PLUGIN_AUTOLOAD",  # a tier run sets it; these suites load xdist as users do
@@ -179,15 +179,47 @@ def test_multigpu_tests_run_when_enough_devices_are_visible(suite):
     assert "2 passed, 1 skipped" in r.stdout and "multigpu: needs 8 devices, JAX sees 4 (cpu)" in r.stdout
 
 
-def test_malformed_device_count_fails_the_run(suite):
-    r = suite("""
+@pytest.mark.parametrize("mark, error", [
+    ("gpu_memory(gib='40')", "gpu_memory(gib=...) needs a positive number of GiB, got '40'"),
+    ("gpu_memory(gib=0)", "needs a positive number of GiB, got 0"),
+    ("gpu_memory(gib=float('nan'))", "needs a positive number of GiB, got nan"),
+    ("gpu_memory()", "needs a positive number of GiB, got None"),
+    ("multigpu(devices='two')", "multigpu(devices=...) needs a positive int, got 'two'")])
+def test_malformed_device_marker_fails_the_run(suite, mark, error):
+    r = suite(f"""
         import pytest
 
-        @pytest.mark.multigpu(devices="two")
+        @pytest.mark.{mark}
         def test_x():
             pass
     """)
-    assert r.returncode != 0 and "multigpu(devices=...) needs a positive int, got 'two'" in r.stdout + r.stderr
+    assert r.returncode != 0 and error in r.stdout + r.stderr
+
+
+def test_a_memory_need_runs_where_the_device_reports_no_allocator_limit(suite):
+    pytest.importorskip("jax", reason="the guard asks JAX for the device's memory limit")
+    r = suite("""
+        import pytest
+
+        @pytest.mark.gpu_memory(gib=1e6)
+        def test_big():
+            pass
+    """)
+    assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout + r.stderr  # the CPU reports none: it runs
+
+
+def test_a_memory_need_above_a_shared_gpus_share_skips_naming_the_fix():
+    from jatools.testing import gpu_slots
+    from jatools.testing.pytest_plugin import memory_short
+    shared = {gpu_slots.PER_GPU_ENV: "4", gpu_slots.MEM_FRACTION_ENV: "0.23", gpu_slots.SLOT_ENV: "0:1"}
+    why = memory_short(40, 31 * 2**30, shared)
+    assert why == ("gpu_memory: needs 40 GiB of one GPU, XLA's allocator has 31.0 GiB (JA_TESTS_PER_GPU=4 gives "
+                   "each worker XLA_PYTHON_CLIENT_MEM_FRACTION=0.23 of the GPU); run it on a GPU of its own "
+                   "(JA_TESTS_PER_GPU=1)")
+    assert memory_short(40, 40 * 2**30, shared) is None  # exactly enough
+    assert memory_short(40, None, shared) is None
+    assert "(XLA_PYTHON_CLIENT_MEM_FRACTION=0.2)" in memory_short(40, 2**34, {gpu_slots.MEM_FRACTION_ENV: "0.2"})
+    assert "(the GPU has no more)" in memory_short(200, 139 * 2**30, {})
 
 
 FLAKY = """
