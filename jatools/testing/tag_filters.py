@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from jax_aiter import settings
 
-MARKERS = ("gpu", "multigpu", "slow", "packaging", "cuda_only", "rocm_only")
+MARKERS = ("gpu", "multigpu", "gpu_memory", "slow", "packaging", "cuda_only", "rocm_only")
 PLATFORMS = ("cpu", "cuda", "rocm")
 CONFIGS = ("cpu", "single_gpu", "multi_gpu")
 
