@@ -58,11 +58,14 @@ def memory_short(need_gib: float, limit_bytes: int | None, env: dict[str, str]) 
     device reports none, as the CPU does), or None when it can."""
     if limit_bytes is None or limit_bytes >= need_gib * 2**30:
         return None
-    shared = gpu_slots.tests_per_gpu(env)
-    why = (f"{gpu_slots.PER_GPU_ENV}={shared} gives each worker {gpu_slots.MEM_FRACTION_ENV}="
-           f"{env.get(gpu_slots.MEM_FRACTION_ENV, '?')} of the GPU" if shared > 1 and gpu_slots.held(env)
-           else f"{gpu_slots.MEM_FRACTION_ENV}={env[gpu_slots.MEM_FRACTION_ENV]}" if gpu_slots.MEM_FRACTION_ENV in env
-           else "the GPU has no more")
+    shared, fraction = gpu_slots.tests_per_gpu(env), env.get(gpu_slots.MEM_FRACTION_ENV)
+    if shared > 1 and gpu_slots.held(env):
+        why = (f"{gpu_slots.PER_GPU_ENV}={shared} gives each worker {gpu_slots.MEM_FRACTION_ENV}={fraction or '?'} "
+               "of the GPU")
+    elif fraction is not None:
+        why = f"{gpu_slots.MEM_FRACTION_ENV}={fraction}"
+    else:
+        why = "the GPU has no more"
     return (f"gpu_memory: needs {need_gib:g} GiB of one GPU, XLA's allocator has {limit_bytes / 2**30:.1f} GiB "
             f"({why}); run it on a GPU of its own ({gpu_slots.PER_GPU_ENV}=1)")
 

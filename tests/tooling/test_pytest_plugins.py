@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from jatools.testing import tag_filters
+
 ROOT = Path(__file__).resolve().parents[2]
 PLUGINS = ["jatools.testing.pytest_plugin"]
-MARKERS = ["gpu", "multigpu", "slow", "cuda_only", "rocm_only", "gpu_memory"]
 PINNING = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "XLA_FLAGS",
            "JA_GPU_SLOT", "JA_FLAKY_JSON", "PYTEST_XDIST_WORKER", "PYTEST_ADDOPTS",
            "PYTEST_DISABLE_PLUGIN_AUTOLOAD",  # a tier run sets it; these suites load xdist as users do
@@ -33,7 +34,7 @@ def suite(tmp_path):
     tree = tmp_path / "suite"
     tree.mkdir()
     (tree / "pytest.ini").write_text("[pytest]\naddopts = -ra -p no:cacheprovider --strict-markers\nmarkers =\n"
-                                     + "".join(f"    {m}: x\n" for m in MARKERS))
+                                     + "".join(f"    {m}: x\n" for m in tag_filters.MARKERS))
     (tree / "conftest.py").write_text(f"pytest_plugins = {PLUGINS!r}\n")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
