@@ -15,7 +15,8 @@ SiLU-and-mul over hidden sizes 4096-8192 and 1k-32k rows, against XLA); chain
 (the same ops 8 times back to back in one program, as a model's layers run
 them); decode (seq_q = 1 against a long grouped-query KV cache: K/V bytes read
 per second against copy bandwidth, with cuDNN and XLA); attention (prefill
-forward and backward against cuDNN; --head-dim picks the head dims, 128 by default); features (issue 56's
+forward and backward against cuDNN and FlashAttention-3, 1k to 32k tokens; bench_attention.py; --head-dim picks
+the head dims); features (issue 56's
 attention features through the public API against our dense kernel and cuDNN: packed documents, sliding
 windows, softcap, ALiBi, odd head dims, the deterministic backward; bench_attn_features.py); model (a
 Llama-like decoder built from our ops against the same model in plain JAX, cuDNN attention:
@@ -40,7 +41,7 @@ import jax
 import jax.numpy as jnp
 
 import jax_aiter as ja
-from benchmarks.gpu import bench_attn_features, model_bench
+from benchmarks.gpu import bench_attention, bench_attn_features, model_bench
 from benchmarks.gpu.gpu_provenance import build_provenance, gpu_provenance
 from benchmarks.gpu.gpu_timing import (
     FLUSH,
@@ -224,62 +225,6 @@ def bench_decode(lib, reps, copy_gbps, quick):
     return rows
 
 
-def attn_flops(b, h, s, d, causal):
-    f = 4 * b * h * s * s * d
-    return f / 2 if causal else f
-
-
-# Issue #30's goals, as fractions of cuDNN in the same run: forward at head_dim 128, forward at the
-# other head dims, backward.
-GOAL_FWD_D128, GOAL_FWD_OTHER_D, GOAL_BWD = 0.75, 0.60, 0.60
-
-
-def bench_attention(lib, reps, quick, head_dims=(128,)):
-    rows = []
-    b, h = 4, 32
-    seqs = [1024] if quick else [1024, 4096, 8192]
-    for d, s in ((d, s) for d in head_dims for s in seqs):
-        for causal in (False, True):
-            sets = [tuple(rand((b, s, h, d), jnp.bfloat16, 10 * i + j) for j in range(3))
-                    for i in range(n_sets(3 * b * s * h * d * 2))]
-            fwd = {
-                "ours": lambda q, k, v: ja.flash_attn_func(q, k, v, causal=causal),
-                "cudnn": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
-                                                                      implementation="cudnn"),
-                "xla": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
-                                                                    implementation="xla"),
-            }
-            if s > 4096:
-                fwd.pop("xla")  # the XLA route materialises b*h*s*s scores: 8 GiB per call at 8192
-            t = time_cases(lib, fwd, sets, reps)
-            flops = attn_flops(b, h, s, d, causal)
-            row = {"name": "flash_attn_fwd", "seq": s, "causal": causal, "head_dim": d,
-                   **{f"{k}_ms": median(v) for k, v in t.items()},
-                   **{f"{k}_TFLOPs": flops / median(v) / 1e9 for k, v in t.items()}}
-            row["frac_of_cudnn"] = row["ours_TFLOPs"] / row["cudnn_TFLOPs"]
-            goal = GOAL_FWD_D128 if d == 128 else GOAL_FWD_OTHER_D
-            row["met"] = row["frac_of_cudnn"] >= goal and ("xla_ms" not in row or row["ours_ms"] < row["xla_ms"])
-            rows.append(row)
-
-            def bwd_case(f):
-                # the forward runs untimed; only the backward (vjp) is inside the events
-                prepare = lambda q, k, v, g: (jax.vjp(f, q, k, v)[1], g)  # noqa: E731
-                return prepare, lambda tree: tree[0](tree[1])
-
-            bsets = [(*st, rand((b, s, h, d), jnp.bfloat16, 777 + i)) for i, st in enumerate(sets)]
-            bwd = {k: bwd_case(fwd[k]) for k in ("ours", "cudnn")}
-            t2 = time_cases(lib, bwd, bsets, reps)
-            row2 = {"name": "flash_attn_bwd", "seq": s, "causal": causal, "head_dim": d}
-            for k in bwd:
-                ms = median(t2[k])
-                row2[f"{k}_ms"] = ms
-                row2[f"{k}_TFLOPs"] = 2.5 * flops / ms / 1e9
-            row2["frac_of_cudnn"] = row2["ours_TFLOPs"] / row2["cudnn_TFLOPs"]
-            row2["met"] = row2["frac_of_cudnn"] >= GOAL_BWD
-            rows.append(row2)
-    return rows
-
-
 SECTIONS = ["copy", "memory", "chain", "decode", "attention", "features", "model"]
 
 
@@ -291,7 +236,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--shape", action="append", default=[], metavar="ROWSxHIDDEN",
                    help="memory-bound shapes to run instead of the default grid (repeatable), e.g. 16384x8192")
     p.add_argument("--head-dim", type=int, action="append", choices=[32, 64, 96, 128, 256],
-                   help="attention head dims (repeatable; default 128)")
+                   help="attention head dims (repeatable; default 64, 128 and 256, --quick: 128)")
     p.add_argument("--model-workload", action="append", choices=[w.name for w in model_bench.WORKLOADS],
                    help="model workloads to run (repeatable; default all, --quick: " + ", ".join(model_bench.QUICK) + ")")
     p.add_argument("--model-swaps", action="store_true", help="also time plain JAX with one group of our ops "
@@ -338,7 +283,12 @@ def run_sections(args: argparse.Namespace, lib, device_kind: str, save=lambda re
     if "decode" in only:
         section("decode", bench_decode, lib, args.reps, copy["GBps"], args.quick)
     if "attention" in only:
-        section("attention", bench_attention, lib, max(5, args.reps // 3), args.quick, tuple(args.head_dim or [128]))
+        def attention_so_far(rows):
+            results["attention"] = list(rows)
+            save(results)
+
+        section("attention", partial(bench_attention.bench_attention, progress=attention_so_far), lib,
+                max(5, args.reps // 3), args.quick, args.head_dim)
     if "features" in only:
         section("features", bench_attn_features.bench_features, lib, max(3, args.reps // 6))
     if "model" in only:
@@ -370,11 +320,8 @@ def print_kernel_tables(results: dict) -> None:
               f"{f('cudnn_frac_of_copy', '.2f'):>7}{f('xla_frac_of_copy', '.2f'):>6}  {r['met']}")
         for k, why in r["refused"].items():
             print(f"    {k} not run: {why}")
-    print(f"{'attention':<16}{'d':>4}{'seq':>6}{'causal':>7}{'ours TF/s':>11}{'cudnn TF/s':>11}{'xla TF/s':>10}{'of cudnn':>9}  met")
-    for r in results["attention"]:
-        xla = f"{r['xla_TFLOPs']:.1f}" if "xla_TFLOPs" in r else "-"
-        print(f"{r['name']:<16}{r['head_dim']:>4}{r['seq']:>6}{str(r['causal']):>7}{r['ours_TFLOPs']:>11.1f}{r['cudnn_TFLOPs']:>11.1f}"
-              f"{xla:>10}{r['frac_of_cudnn']:>9.2f}  {r['met']}")
+    if results["attention"]:
+        bench_attention.print_table(results["attention"])
 
 
 def write_json(path: Path, results: dict) -> None:

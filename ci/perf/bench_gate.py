@@ -59,8 +59,10 @@ def cases(results: dict) -> dict[str, float]:
     for r in results.get("decode", []):
         out[f"decode b{r['batch']} hq{r['heads_q']} hkv{r['heads_kv']} sk{r['seq_k']}"] = r["ours_ms"]
     for r in results.get("attention", []):
-        d = r.get("head_dim", 128)  # the rows before head dims were recorded are head_dim 128
-        out[f"{r['name']}{'' if d == 128 else f' d{d}'} seq{r['seq']} {'causal' if r['causal'] else 'full'}"] = r["ours_ms"]
+        # head dim and batch named where they differ from the first gated rows' (head dim 128, batch 4)
+        d, b = r.get("head_dim", 128), r.get("batch", 4)
+        out[f"{r['name']}{'' if d == 128 else f' d{d}'}{'' if b == 4 else f' b{b}'} seq{r['seq']} "
+            f"{'causal' if r['causal'] else 'full'}"] = r["ours_ms"]
     for r in results.get("features", []):  # issue 56's feature rows: our time of the row's case ("ms")
         if isinstance(r.get("ms"), (int, float)):
             out[f"features {r['case']}"] = r["ms"]

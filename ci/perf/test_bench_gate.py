@@ -175,6 +175,16 @@ class BenchGateTests(unittest.TestCase):
         self.assertEqual(r.returncode, bench_gate.EXIT_REGRESSION, r.stdout + r.stderr)
         self.assertIn(f"regression: features {case}:", r.stderr)
 
+    def test_attention_rows_of_other_batches_and_head_dims_are_cases_of_their_own(self) -> None:
+        """The long-context grid (batch x length = 32k tokens) shares lengths with the gate's batch-4 rows: its
+        rows must not overwrite theirs, and the batch-4 rows (older runs record no batch) keep their names."""
+        row = {"name": "flash_attn_bwd", "seq": 1024, "causal": True, "ours_ms": 1.0}
+        got = bench_gate.cases({"attention": [row, {**row, "batch": 4, "ours_ms": 2.0},
+                                              {**row, "batch": 32, "ours_ms": 3.0},
+                                              {**row, "batch": 32, "head_dim": 64, "ours_ms": 4.0}]})
+        self.assertEqual(got, {"flash_attn_bwd seq1024 causal": 2.0, "flash_attn_bwd b32 seq1024 causal": 3.0,
+                               "flash_attn_bwd d64 b32 seq1024 causal": 4.0})
+
     def test_added_cases_are_gated_and_the_baseline_keeps_its_own(self) -> None:
         """--add-cases: newer runs whose old cases are slower and which have a new row give the baseline that row;
         the old cases keep their times, so the slower run still fails the gate on them."""

@@ -74,19 +74,22 @@ def test_a_run_saves_its_json_as_each_section_ends(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu, "bench_copy", lambda lib, reps: {"GBps": 1.0})
     monkeypatch.setattr(gpu, "bench_decode", lambda lib, reps, gbps, quick: [{"name": "decode row"}])
 
-    def cut(*a):
+    def cut(lib, reps, quick, dims, progress):
+        progress([{"name": "attention case 1"}])  # the section's first case, timed
         raise KeyboardInterrupt("the device call's time limit")
 
-    monkeypatch.setattr(gpu, "bench_attention", cut)
+    monkeypatch.setattr(gpu.bench_attention, "bench_attention", cut)
     out = tmp_path / "gpu.json"
     args = argparse.Namespace(only=["decode", "attention"], shape=[], reps=3, quick=True, head_dim=None,
                               model_workload=None, model_swaps=None)
     with pytest.raises(KeyboardInterrupt):
         gpu.run_sections(args, None, "stand-in", save=lambda r: gpu.write_json(out, r))
     saved = json.loads(out.read_text())
-    assert saved["partial"] is True and saved["decode"] == [{"name": "decode row"}] and saved["attention"] == []
+    assert saved["partial"] is True and saved["decode"] == [{"name": "decode row"}]
+    assert saved["attention"] == [{"name": "attention case 1"}]  # the cases timed before the cut are kept
 
-    monkeypatch.setattr(gpu, "bench_attention", lambda lib, reps, quick, dims: [{"name": "attention row"}])
+    monkeypatch.setattr(gpu.bench_attention, "bench_attention",
+                        lambda lib, reps, quick, dims, progress: [{"name": "attention row"}])
     done = gpu.run_sections(args, None, "stand-in", save=lambda r: gpu.write_json(out, r))
     assert done["partial"] is False and json.loads(out.read_text())["attention"] == [{"name": "attention row"}]
     assert [p.name for p in tmp_path.iterdir()] == ["gpu.json"]  # no temporary file left beside it
