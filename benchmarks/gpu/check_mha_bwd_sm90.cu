@@ -1,5 +1,5 @@
-// Standalone check and timing of the Hopper attention backward (csrc/kernels/mha/mha_bwd_sm90.cuh; head dims
-// 192 and 256: mha_bwd_sm90_d256.cuh) against a float64 host reference, with every feature it takes; no JAX.
+// Standalone check and timing of the Hopper attention backward (csrc/kernels/mha/sm90/bwd_kernel.cuh; head dims
+// 192 and 256: sm90/bwd_kernel_d256.cuh) against a float64 host reference, with every feature it takes; no JAX.
 //
 //   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a \
 //        -Icsrc/include -Icsrc/kernels -Ibenchmarks/gpu -isystem <nvidia-cutlass>/cutlass_library/source/include \
@@ -8,7 +8,7 @@
 //     reps 0: the checks only; filter: run only the checks and timings whose name holds it ("-": no check)
 //
 // o and lse come from the float64 reference (o rounded to the input dtype). The outputs are filled with NaN
-// first; the entry point the dispatch would call (mha_sm90_dims.h) must take the call; each gradient is
+// first; the entry point the dispatch would call (sm90/dims.h) must take the call; each gradient is
 // compared by ||x - ref|| / ||ref|| with the bounds of tests/ops/reference.py (bfloat16 1e-2, float16
 // 2e-3). Every check runs the default backward and the deterministic one three times: the three must agree
 // bit for bit (dq, dk, dv) and with float64. The timings give the whole backward (preprocess, main kernel,
@@ -16,7 +16,7 @@
 // ratio to the plain backward on the same shape: the issue-56 targets.
 #include <cstdlib>
 
-#include "mha/mha_bwd_sm90.cuh"
+#include "mha/sm90/bwd_launch.cuh"
 #include "mha_sm90_check.h"
 
 using namespace chk;
@@ -27,7 +27,7 @@ const char* run(const JaMhaBwdArgs* a, void* s, int* handled) {
   return ja::mha_sm90::mha_bwd_sm90<T, D, C>(*a, s, handled);
 }
 
-// The instances this harness is built with (the dispatch's rule, mha_sm90_dims.h): bfloat16 at every
+// The instances this harness is built with (the dispatch's rule, sm90/dims.h): bfloat16 at every
 // instance head dim, float16 at 64 and 128.
 static RunFn pick(const Problem& p) {
   const int D = ja::mha_sm90::sm90_instance_head_dim(p.d, p.dv);

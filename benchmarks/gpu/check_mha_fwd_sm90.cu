@@ -1,4 +1,4 @@
-// Standalone check and timing of the Hopper attention forward (csrc/kernels/mha/mha_fwd_sm90.cuh) against
+// Standalone check and timing of the Hopper attention forward (csrc/kernels/mha/sm90/fwd_kernel.cuh) against
 // a float64 host reference, with every feature it takes; no JAX.
 //
 //   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a \
@@ -8,13 +8,13 @@
 //     reps 0: the checks only; filter: run only the checks and timings whose name holds it ("-": no check)
 //
 // Every check fills out and lse with NaN first (an unwritten element fails), runs the instance the
-// dispatch would pick (mha_sm90_dims.h) through its entry point (which must take the call), and compares
+// dispatch would pick (sm90/dims.h) through its entry point (which must take the call), and compares
 // out by ||out - ref|| / ||ref|| and lse by max |diff| against float64 (rows that see no key must be 0 and
 // +inf). The timings give ms and TFLOP/s (FLOPs of the visible pairs, 4 * d per pair) of each feature and
 // its ratio to the plain kernel on the same shape: the issue-56 targets.
 #include <cstdlib>
 
-#include "mha/mha_fwd_sm90.cuh"
+#include "mha/sm90/fwd_launch.cuh"
 #include "mha_sm90_check.h"
 
 using namespace chk;
@@ -31,7 +31,7 @@ const char* run_direct(const JaMhaFwdArgs* a, void* s, int* handled) {
   return ja::mha_sm90::mha_fwd_sm90_terms<T, D, D, C>(*a, static_cast<cudaStream_t>(s));
 }
 
-// The instances this harness is built with (the dispatch's rule, mha_sm90_dims.h): bfloat16 at every
+// The instances this harness is built with (the dispatch's rule, sm90/dims.h): bfloat16 at every
 // instance head dim, float16 at 64 and 128.
 static RunFn pick(const Problem& p) {
   const int D = ja::mha_sm90::sm90_instance_head_dim(p.d, p.dv);

@@ -1,4 +1,4 @@
-// Standalone check of the portable GPU attention kernels (csrc/kernels/mha/mha_{fwd,bwd}_gpu*.cuh: SIMT,
+// Standalone check of the portable GPU attention kernels (csrc/kernels/mha/{simt,mma,decode}/*.cuh: SIMT,
 // mma.sync and split-KV decode) with every feature of ja/kernels/mha.h against a float64 reference on the
 // host; no JAX. Each case sends one call to one kernel (the JA_MHA_FWD_MMA / JA_MHA_FWD_DECODE /
 // JA_MHA_BWD_MMA switches) and checks, from the kernels' call counters, that it ran there.
@@ -29,7 +29,7 @@
 #include "harness.cuh"
 #include "ja/kernels/mha.h"
 #include "ja/kernels/mha_features.h"
-#include "mha/mha_gpu_calls.h"
+#include "mha/common/gpu_calls.h"
 
 // The instances (generated from csrc/kernels/mha/mha_{fwd,bwd}_gpu.inst.in by check_mha_gpu_paths.sh).
 #define INSTANCES(X) \

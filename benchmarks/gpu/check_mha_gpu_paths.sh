@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds and runs benchmarks/gpu/check_mha_gpu_paths.cu: the portable GPU attention kernels (SIMT, mma.sync,
 # split-KV decode) with every feature against a float64 host reference. The instances come from the JIT
-# build's own templates (csrc/kernels/mha/mha_{fwd,bwd}_gpu.inst.in), compiled in parallel.
+# build's own templates (csrc/kernels/mha/{fwd,bwd}_gpu.inst.in), compiled in parallel.
 #
 #   bash benchmarks/gpu/check_mha_gpu_paths.sh [arch] [filter]    arch: 90 (default), 80, ...; filter: a case
 #                                                                 name substring
@@ -22,8 +22,8 @@ for inst in $instances; do
   IFS=, read -r dt d c <<<"$inst"
   for m in fwd bwd; do
     src="$out/${m}_${dt}_d${d}_c${c}.cu"
-    sed -e "s|{{template}}|csrc/kernels/mha/mha_${m}_gpu.inst.in|; s|{{symbol}}|ja_mha_${m}_gpu__${dt}_d${d}_c${c}|" \
-        -e "s|{{dtype}}|${dt}|g; s|{{head_dim}}|${d}|g; s|{{causal}}|${c}|g" "csrc/kernels/mha/mha_${m}_gpu.inst.in" \
+    sed -e "s|{{template}}|csrc/kernels/mha/${m}_gpu.inst.in|; s|{{symbol}}|ja_mha_${m}_gpu__${dt}_d${d}_c${c}|" \
+        -e "s|{{dtype}}|${dt}|g; s|{{head_dim}}|${d}|g; s|{{causal}}|${c}|g" "csrc/kernels/mha/${m}_gpu.inst.in" \
         > "$src.tmp"
     cmp -s "$src.tmp" "$src" 2>/dev/null && rm "$src.tmp" || mv "$src.tmp" "$src"
     jobs+=("$src")

@@ -1,4 +1,4 @@
-// Split-KV decode on one GPU: the shipped kernel (csrc/kernels/mha/mha_fwd_gpu_decode.cuh)
+// Split-KV decode on one GPU: the shipped kernel (csrc/kernels/mha/decode/fwd.cuh)
 // against a library build (e.g. of the previous revision) and the memory ceilings of the same
 // bytes, measured in the same run:
 //   copy   a device-to-device memcpy moving the K/V bytes (half read, half written)
@@ -36,7 +36,7 @@
 #include <string>
 #include <vector>
 
-#include "mha/mha_fwd_gpu.cuh"
+#include "mha/fwd_gpu.cuh"
 #include "harness.cuh"
 
 using T = ja::bf16_t;

@@ -82,6 +82,20 @@ int per_device(std::atomic<int> (&cache)[64], int dev, Query query) {
   }
   return v;
 }
+
+// Multiprocessors of the current device (cached per device).
+inline int multiprocessors() {
+  static std::atomic<int> cache[64];
+  const int dev = current_device();
+  return per_device(cache, dev < 0 ? 0 : dev, [](int d) {
+    int n = 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, d) != cudaSuccess || n <= 0) {
+      (void)cudaGetLastError();  // leave no sticky error for the launch check
+      n = 108;
+    }
+    return n;
+  });
+}
 #endif
 
 inline bool pdl_enabled() {

@@ -267,8 +267,8 @@ def test_forward_lse_and_workspace_written_under_poison(device, monkeypatch):
 
 
 # --- the Hopper forward ------------------------------------------------------------------
-# On an sm_90 device the bfloat16/float16 forward runs the wgmma + TMA kernel (csrc/kernels/mha/mha_fwd_sm90.cuh;
-# every head dim that is a multiple of 8, in the kernel of the next head dim up: csrc/kernels/mha/mha_sm90_dims.h;
+# On an sm_90 device the bfloat16/float16 forward runs the wgmma + TMA kernel (csrc/kernels/mha/sm90/fwd_kernel.cuh;
+# every head dim that is a multiple of 8, in the kernel of the next head dim up: csrc/kernels/mha/sm90/dims.h;
 # not for plain decode shapes); JA_MHA_FWD_SM90=0 sends the same call to the mma.sync kernel. libmha_fwd.so
 # counts the calls the Hopper kernel handled.
 
@@ -365,7 +365,7 @@ def test_hopper_forward_is_not_used_for_decode_or_float32(monkeypatch):
 @pytest.mark.parametrize("d, padded", [(80, 96), (160, 192)])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_hopper_forward_head_dim_kernel_equals_the_padded_one(d, padded, causal, monkeypatch):
-    """The forward's kernels of head dims 80 and 160 (mha_sm90_dims.h) compute what the kernels of 96 and 192
+    """The forward's kernels of head dims 80 and 160 (sm90/dims.h) compute what the kernels of 96 and 192
     (the same key tile) compute on the same inputs zero-padded, less the products of the zero columns (which add
     exact zeros): out and lse equal bit for bit, both calls on the Hopper kernels."""
     if not _is_sm90():
@@ -385,7 +385,7 @@ def test_hopper_forward_head_dim_kernel_equals_the_padded_one(d, padded, causal,
 
 
 # --- the decode path's TMA loads ----------------------------------------------------------
-# Decode shapes take the split-KV kernel (csrc/kernels/mha/mha_fwd_gpu_decode.cuh); on an sm_90 (or
+# Decode shapes take the split-KV kernel (csrc/kernels/mha/decode/fwd.cuh); on an sm_90 (or
 # newer) device, in bfloat16/float16 at head dims 64, 128 and 256, its K and V tiles come by TMA, and
 # JA_MHA_FWD_DECODE_TMA=0 sends the same call to its cp.async loads. libmha_fwd.so counts the TMA calls.
 
@@ -400,7 +400,7 @@ def _is_sm90_or_newer() -> bool:
 
 
 DECODE_TMA = [(2, 1, 3001, 32, 4), (2, 3, 1000, 8, 2), (1, 1, 65, 8, 1)]
-DECODE_TMA_HEAD_DIMS = (64, 128, 256)  # mha_fwd_gpu_decode.cuh: the head dims with a TMA kernel
+DECODE_TMA_HEAD_DIMS = (64, 128, 256)  # decode/fwd.cuh: the head dims with a TMA kernel
 
 
 @_path_cases(DECODE_TMA)
@@ -475,8 +475,8 @@ def test_decode_cluster_merge_matches_merge_kernel_bitwise(dtype, d, causal, sha
 
 
 # --- the Hopper backward -----------------------------------------------------------------
-# On an sm_90 device the bfloat16/float16 backward runs the wgmma + TMA kernel (csrc/kernels/mha/mha_bwd_sm90.cuh;
-# head dims past 128: mha_bwd_sm90_d256.cuh; head dims as the forward's); JA_MHA_BWD_SM90=0 sends the same call
+# On an sm_90 device the bfloat16/float16 backward runs the wgmma + TMA kernel (csrc/kernels/mha/sm90/bwd_kernel.cuh;
+# head dims past 128: sm90/bwd_kernel_d256.cuh; head dims as the forward's); JA_MHA_BWD_SM90=0 sends the same call
 # to the mma.sync kernel. libmha_bwd.so counts the calls the Hopper kernel handled.
 
 def _sm90_bwd_calls() -> int:

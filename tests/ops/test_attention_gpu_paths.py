@@ -1,7 +1,7 @@
 """The GPU attention kernels, each forced in turn, with every feature, against the float64 reference.
 
-On the GPU a call takes the first kernel that handles all of its features (csrc/kernels/mha/mha_fwd_gpu.cuh,
-mha_bwd_gpu.cuh): the split-KV decode kernel (decode shapes), the mma.sync kernel (bfloat16/float16), the
+On the GPU a call takes the first kernel that handles all of its features (csrc/kernels/mha/simt/fwd.cuh,
+simt/bwd.cuh): the split-KV decode kernel (decode shapes), the mma.sync kernel (bfloat16/float16), the
 SIMT kernel (everything: float32, bias, dropout). JA_MHA_FWD_SM90=0 / JA_MHA_BWD_SM90=0 skip the Hopper
 kernels, JA_MHA_FWD_DECODE=0 and JA_MHA_FWD_MMA=0 / JA_MHA_BWD_MMA=0 the portable ones, so each case runs on
 the kernel it names, and the libraries' call counters (ja_mha_fwd_gpu_path_calls, ja_mha_bwd_gpu_path_calls)
@@ -43,7 +43,7 @@ from tests.ops.reference import (
 
 pytestmark = pytest.mark.gpu
 
-SIMT, MMA, DECODE = 0, 1, 2  # ja::MhaGpuPath (csrc/kernels/mha/mha_gpu_calls.h)
+SIMT, MMA, DECODE = 0, 1, 2  # ja::MhaGpuPath (csrc/kernels/mha/common/gpu_calls.h)
 HOPPER = 3  # not a MhaGpuPath: the sm_90a kernels, counted by ja_mha_{fwd,bwd}_sm90_calls
 PATH_NAMES = {SIMT: "simt", MMA: "mma", DECODE: "decode", HOPPER: "hopper"}
 SEED = np.array([0x12345678, 0x9ABCDEF0, 0, 0], np.uint32)
@@ -284,7 +284,7 @@ def _cases():
         *(Case(f"hopper-head-dim-{d}", h, h, b=1, sq=300, sk=300, d=d, causal=True) for d in (40, 80, 112, 160, 192)),
         Case("hopper-head-dim-192-128", h, h, b=1, sq=300, sk=340, d=192, dv=128, causal=True),
         Case("hopper-head-dim-128-64", h, h, b=1, sq=300, sk=300, d=128, dv=64),
-        # The forward's head-dim-80 kernel (mha_sm90_dims.h): whole, zero-filled past 72, and beside dv != d.
+        # The forward's head-dim-80 kernel (sm90/dims.h): whole, zero-filled past 72, and beside dv != d.
         Case("hopper-head-dim-72", h, h, b=1, sq=300, sk=300, d=72, causal=True),
         Case("hopper-head-dim-80-64", h, h, b=1, sq=300, sk=320, d=80, dv=64),
         Case("hopper-head-dim-64-80", h, h, b=1, sq=300, sk=300, d=64, dv=80, causal=True),

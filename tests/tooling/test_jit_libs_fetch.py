@@ -323,7 +323,7 @@ def test_ci_fetch_installs_into_the_build_tree_with_a_build_record(release, serv
     summary = json.loads((settings.build_dir / "jit_libs_fetch.json").read_text())
     assert summary["status"] == "fetched" and summary["downloaded_bytes"] == sum(
         f["compressed"]["size"] for f in manifest["files"])
-    (checkout / "csrc/kernels/mha/mha_fwd_cpu.inst.in").write_text("// edited, not committed\n")
+    (checkout / "csrc/kernels/mha/cpu/fwd.inst.in").write_text("// edited, not committed\n")
     with pytest.raises(jit_record.JitCacheError, match="uncommitted changes"):
         download.run_fetch(settings, log=lambda m: None)
 

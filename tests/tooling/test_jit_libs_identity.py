@@ -30,7 +30,7 @@ from tests.tooling.jit_libs_support import (  # noqa: F401  (pytest fixtures)
 
 # Files the compilations of the JIT libraries read (a kernel header, a template, a CPU kernel, the
 # instance table's config) or that the identity itself reads (the FFI header), and files no build reads.
-READ_BY_THE_BUILD = ["csrc/include/ja/dtype.h", "csrc/kernels/mha/mha_fwd_cpu.inst.in", "csrc/kernels/rmsnorm/rmsnorm_cpu.h",
+READ_BY_THE_BUILD = ["csrc/include/ja/dtype.h", "csrc/kernels/mha/cpu/fwd.inst.in", "csrc/kernels/rmsnorm/rmsnorm_cpu.h",
                      "third_party/xla_ffi/include/xla/ffi/api/c_api.h"]
 NOT_READ = ["README.md", "docs/build.md", "tests/ops/test_rmsnorm.py", "csrc/include/ja/unused_by_any_kernel.h"]
 
@@ -120,7 +120,7 @@ def test_kernel_revision_is_the_committed_tree_and_edits_are_flagged_dirty(check
     ident = checkout_identity(checkout)
     assert ident["kernel_source_revision"] == git(checkout, "rev-parse", "HEAD:csrc/kernels").strip()
     assert ident["kernel_source_dirty"] is False
-    (checkout / "csrc/kernels/mha/mha_fwd_cpu.inst.in").write_text("// edited\n")
+    (checkout / "csrc/kernels/mha/cpu/fwd.inst.in").write_text("// edited\n")
     dirty = checkout_identity(checkout)
     assert dirty["kernel_source_dirty"] is True
     assert dirty["kernel_source_revision"] == ident["kernel_source_revision"]

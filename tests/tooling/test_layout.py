@@ -29,7 +29,7 @@ SETTINGS_DOC = ROOT / "docs" / "settings.md"
 READERS = ("jax_aiter", "jatools", "ci", "scripts", "noxfile.py", "tasks.py", "Makefile")
 SETTING_NAME = re.compile(r"\b(JA_[A-Z0-9_]*[A-Z0-9]|JAX_AITER_[A-Z0-9_]*[A-Z0-9]|AITER_[A-Z_]*[A-Z]|GPU_ARCHS)\b")
 # What the native libraries read: every string literal of a variable's shape (getenv's argument, or a name
-# passed on to it, as mha_dispatch_entries.inc does with JA_MHA_SM90_OFF).
+# passed on to it, as dispatch_entries.inc does with JA_MHA_SM90_OFF).
 NATIVE_READ = re.compile(r'"((?:JA_|JAX_AITER_|AITER_)[A-Z0-9_]+)"')
 # Names of that shape that are no environment variable.
 NOT_SETTINGS = {"JA_BACKEND_RESOLVED": "the make variable jatools/native/toolchain.py writes into build/config.mk",

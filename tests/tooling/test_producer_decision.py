@@ -71,8 +71,8 @@ MATRIX = [
     ("cpu", "the build_jit.py alias", _append("jax_aiter/jit/build_jit.py", "\n# a comment\n"), "reuse"),
     ("cpu", "a kernel header (csrc/kernels/rmsnorm/rmsnorm_cpu.h)",
      _append("csrc/kernels/rmsnorm/rmsnorm_cpu.h", "\n// a comment\n"), "rebuild"),
-    ("cpu", "an instance template (mha_fwd_cpu.inst.in)",
-     _append("csrc/kernels/mha/mha_fwd_cpu.inst.in", "\n// a comment\n"), "rebuild"),
+    ("cpu", "an instance template (cpu/fwd.inst.in)",
+     _append("csrc/kernels/mha/cpu/fwd.inst.in", "\n// a comment\n"), "rebuild"),
     ("cpu", "a module's compile flags (optCompilerConfig.json)",
      _json("jax_aiter/jit/optCompilerConfig.json", _extra_flag), "rebuild"),
     ("cpu", "a module's instance axes (optCompilerConfig.json)",
@@ -91,8 +91,8 @@ MATRIX = [
      "rebuild"),
     ("cuda", "the pinned CUTLASS headers (pyproject nvidia-cutlass==)",
      _edit("pyproject.toml", lambda t: t.replace("nvidia-cutlass==4.2.0", "nvidia-cutlass==4.2.1")), "rebuild"),
-    ("cuda", "an sm_90a template (mha_fwd_sm90.inst.in)",
-     _append("csrc/kernels/mha/mha_fwd_sm90.inst.in", "\n// a comment\n"), "rebuild"),
+    ("cuda", "an sm_90a template (sm90/fwd.inst.in)",
+     _append("csrc/kernels/mha/sm90/fwd.inst.in", "\n// a comment\n"), "rebuild"),
 ]
 
 
