@@ -19,7 +19,7 @@ import numpy as np
 
 from jax_aiter.ops import _checks
 
-MAX_HEAD_DIM = 256
+MAX_HEAD_DIM = 256  # JA_MHA_MAX_HEAD_DIM (csrc/include/ja/kernels/mha.h; tests/build/test_abi_constants.py)
 
 
 def _is_int(x) -> bool:

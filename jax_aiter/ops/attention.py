@@ -77,16 +77,22 @@ def _placeholder(name: str) -> jax.Array:
     return jnp.zeros((0,), _PLACEHOLDER_DTYPES[name])
 
 
-# The GPU's split-KV decode path (csrc/kernels/mha/mha_fwd_gpu_decode.cuh) keeps each
+# The GPU's split-KV decode path (csrc/kernels/mha/decode/fwd.cuh) keeps each
 # split's partial output in a float32 workspace, an extra result of the forward FFI call
 # that XLA allocates and this module drops. Its size only caps the number of splits the
 # kernel may choose (it picks them from the device's multiprocessors); the kernel never
-# needs more, and with none it runs one split. The figures mirror the kernel's defaults.
-_DECODE_MAX_ROWS = 64      # query rows per kv head (group x seq_q) that take the path
-_DECODE_TILE_KEYS = 64     # keys per tile
-_DECODE_MIN_TILES = 4      # fewest tiles per split
+# needs more, and with none it runs one split. The first three mirror the kernel's defaults
+# (csrc/kernels/mha/decode/sizes.h; tests/build/test_abi_constants.py holds them equal); the last two are this
+# module's own cap on the workspace.
+_DECODE_MAX_ROWS = 64      # JA_MHA_DECODE_MAX_ROWS: query rows per kv head (group x seq_q) that take the path
+_DECODE_TILE_KEYS = 64     # 16 x JA_MHA_DECODE_WARPS: keys per tile
+_DECODE_MIN_TILES = 4      # JA_MHA_DECODE_MIN_TILES: fewest tiles per split
 _DECODE_BLOCKS = 2048      # blocks worth room for: 4 waves of 2 blocks on 256 multiprocessors
 _DECODE_MAX_SPLITS = 256
+
+
+# JA_MHA_SYNC_TILE_ROWS (csrc/include/ja/kernels/mha.h): query rows per word of the backward's sync workspace.
+_SYNC_TILE_ROWS = 64
 
 
 def _decode_workspace_shape(batch, seq_q, seq_k, heads_q: int, heads_kv: int, head_dim_v: int) -> tuple:
@@ -143,8 +149,8 @@ def _bwd_call(cfg: Config, q, k, v, o, do, lse, rows, cols, alibi, bias, seed):
     _loader.ensure_registered("mha_bwd")
     batch, seq_q, heads_q, _ = q.shape
     f32 = jnp.float32
-    # The deterministic GPU backward orders its dQ updates with one int32 word per 64-row query tile.
-    sync = batch * heads_q * ((seq_q + 63) // 64) if cfg.deterministic else 0
+    # The deterministic GPU backward orders its dQ updates with one int32 word per query tile of _SYNC_TILE_ROWS.
+    sync = batch * heads_q * -(-seq_q // _SYNC_TILE_ROWS) if cfg.deterministic else 0
     outs = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
             jax.ShapeDtypeStruct(v.shape, v.dtype),
             jax.ShapeDtypeStruct((batch, heads_q, seq_q, k.shape[1]) if cfg.dbias else (0,), f32),  # dbias

@@ -1,4 +1,4 @@
-// Argument checks shared by the CPU and GPU mha_bwd handlers (ATTN_PLAN.md's FFI spec of ja_mha_bwd).
+// Argument checks shared by the CPU and GPU mha_bwd handlers (docs/attention.md's FFI spec of ja_mha_bwd).
 #pragma once
 #include "../mha_args.h"
 
@@ -14,9 +14,9 @@ struct MhaBwdResults {
   ffi::AnyBuffer &dq, &dk, &dv, &dbias, &dq_accum, &delta, &sync;
 };
 
-// Query tiles of 64 rows: the unit of the deterministic GPU backward's sync words (mha.h).
+// Query tiles of JA_MHA_SYNC_TILE_ROWS rows: the unit of the deterministic GPU backward's sync words (mha.h).
 inline int64_t mha_sync_words(int64_t batch, int64_t heads_q, int64_t seq_q) {
-  return batch * heads_q * ((seq_q + 63) / 64);
+  return batch * heads_q * ((seq_q + JA_MHA_SYNC_TILE_ROWS - 1) / JA_MHA_SYNC_TILE_ROWS);
 }
 
 // Inputs q, k, v, o, dout (q's dtype), lse (float32 [b, hq, sq]), cols int32 [rb, 2, sk] (mask 2 only) and the

@@ -42,12 +42,17 @@
 
 #include "ja/api.h"
 
+// The ABI's limits and units, written once here: the checks (ja/kernels/mha_check.h), the FFI handlers and the
+// kernels read these, and tests/build/test_abi_constants.py holds the Python op's mirrors to them.
+#define JA_MHA_MAX_HEAD_DIM 256   // head_dim and head_dim_v: 1 .. this
+#define JA_MHA_SYNC_TILE_ROWS 64  // query rows per int32 word of the deterministic GPU backward's sync workspace
+
 // Fields shared by the forward and the backward: shapes, the score's terms and the mask.
 struct JaMhaProblem {
   int32_t dtype;  // ja::DType of q, k, v, o (and dout, dq, dk, dv)
   int64_t batch, seq_q, seq_k, heads_q, heads_kv;
-  int64_t head_dim;    // of q and k: any of 1 .. 256
-  int64_t head_dim_v;  // of v and o: any of 1 .. 256
+  int64_t head_dim;    // of q and k: any of 1 .. JA_MHA_MAX_HEAD_DIM
+  int64_t head_dim_v;  // of v and o: any of 1 .. JA_MHA_MAX_HEAD_DIM
   int32_t mask;        // ja::MhaMask: 0 NONE, 1 CAUSAL, 2 ROWS
   float scale;         // softmax scale (usually 1/sqrt(head_dim))
   float softcap;       // 0: off; > 0: scores pass through softcap * tanh(s / softcap)
@@ -109,8 +114,8 @@ struct JaMhaBwdArgs {
   float* dq_accum;        // workspace [batch, seq_q, heads_q, head_dim]: dQ summed in float32
   float* delta;           // workspace [batch, heads_q, seq_q]: rowsum(dout * o)
   // Workspace of int32 the deterministic GPU backward orders its dQ updates with: the Python op
-  // passes batch * heads_q * ceil(seq_q / 64) words when deterministic (one per 64-row query tile,
-  // the smallest any GPU backward uses), else none; a kernel zeroes what it uses before use. The
+  // passes batch * heads_q * ceil(seq_q / JA_MHA_SYNC_TILE_ROWS) words when deterministic (one per query tile
+  // of that many rows, the smallest any GPU backward uses), else none; a kernel zeroes what it uses before use. The
   // CPU backward is always deterministic and ignores it.
   int32_t* sync;
   int64_t sync_words;

@@ -20,9 +20,9 @@ inline const char* mha_problem_error(const char* op, const JaMhaProblem& p) {
   if (p.heads_kv <= 0 || p.heads_q % p.heads_kv)
     return ja_error("%s: heads_q (%lld) must be a multiple of heads_kv (%lld)", op, (long long)p.heads_q,
                     (long long)p.heads_kv);
-  if (p.head_dim < 1 || p.head_dim > 256 || p.head_dim_v < 1 || p.head_dim_v > 256)
-    return ja_error("%s: head_dim %lld (q, k) and head_dim_v %lld (v) must each be in 1..256", op,
-                    (long long)p.head_dim, (long long)p.head_dim_v);
+  if (p.head_dim < 1 || p.head_dim > JA_MHA_MAX_HEAD_DIM || p.head_dim_v < 1 || p.head_dim_v > JA_MHA_MAX_HEAD_DIM)
+    return ja_error("%s: head_dim %lld (q, k) and head_dim_v %lld (v) must each be in 1..%d", op,
+                    (long long)p.head_dim, (long long)p.head_dim_v, JA_MHA_MAX_HEAD_DIM);
   if (p.mask != kMaskNone && p.mask != kMaskCausal && p.mask != kMaskRows)
     return ja_error("%s: mask %d is not 0 (none), 1 (causal) or 2 (rows)", op, int(p.mask));
   if (p.mask == kMaskRows && !p.rows) return ja_error("%s: the ROWS mask needs its rows array (rows is null)", op);
