@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 HOUSE = ROOT / "csrc" / "kernels" / "mha"
 FAMILIES = ("cpu", "simt", "mma", "decode", "sm90")
-INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 INCLUDE_DIRS = (ROOT / "csrc" / "kernels", ROOT / "csrc" / "include")
 MAP = ROOT / "docs" / "attention.md"
 
