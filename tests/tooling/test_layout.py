@@ -33,7 +33,10 @@ SETTING_NAME = re.compile(r"\b(JA_[A-Z0-9_]*[A-Z0-9]|JAX_AITER_[A-Z0-9_]*[A-Z0-9
 NATIVE_READ = re.compile(r'"((?:JA_|JAX_AITER_|AITER_)[A-Z0-9_]+)"')
 # Names of that shape that are no environment variable.
 NOT_SETTINGS = {"JA_BACKEND_RESOLVED": "the make variable jatools/native/toolchain.py writes into build/config.mk",
-                "JA_INSTANCE": "the macro jatools/native/jit_modules.py writes into generated instance sources"}
+                "JA_INSTANCE": "the macro jatools/native/jit_modules.py writes into generated instance sources",
+                **{m: "a C macro of the kernels' ABI the Python op mirrors (tests/build/test_abi_constants.py)" for m in
+                   ("JA_MHA_MAX_HEAD_DIM", "JA_MHA_SYNC_TILE_ROWS", "JA_MHA_DECODE_MAX_ROWS", "JA_MHA_DECODE_WARPS",
+                    "JA_MHA_DECODE_MIN_TILES")}}
 
 
 def _tracked(*paths: str) -> list[Path]:
