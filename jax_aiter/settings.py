@@ -66,6 +66,10 @@ def _n(name: str, group: str, meaning: str, kind: type, lo: float, hi: float, de
                    internal=internal)
 
 
+# The attention kernel families, as the API's implementation= and JA_MHA_IMPLEMENTATION spell them; a family's
+# index is its code in the C ABI (JaMhaImpl, csrc/include/ja/kernels/mha.h; tests/build/test_abi_constants.py).
+MHA_IMPLEMENTATIONS = ("auto", "cpu", "simt", "mma", "decode", "sm90")
+
 # GPU arch names GPU_ARCHS (and gpu_archs_rocm, gpu_archs_cuda, JA_WHEEL_ARCH) accept, the one home of their
 # spelling (the native build's toolchain check reads these too). ROCm's gfx<digits><hex> with optional target
 # features (gfx942:xnack+); CUDA's sm_<2-3 digits>, or the bare number (90) the CUDA toolchain writes as sm_90,
@@ -168,19 +172,9 @@ SETTINGS: tuple[Setting, ...] = (
             choices=("baseline",), accepts="one of"),
     Setting("JA_GPU_PDL", "runtime", "0: no programmatic dependent launch on CUDA (for A/B benchmarks)",
             choices=("0", "1"), accepts="one of"),
-    Setting("JA_MHA_FWD_SM90", "runtime", "0: the attention forward skips the Hopper (sm_90a) kernels (read on "
-            "every call, so a test can compare both paths)", choices=("0", "1"), accepts="one of"),
-    Setting("JA_MHA_BWD_SM90", "runtime", "0: the attention backward skips the Hopper (sm_90a) kernels (read on "
-            "every call, so a test can compare both paths)", choices=("0", "1"), accepts="one of"),
-    Setting("JA_MHA_FWD_DECODE", "runtime", "0: the attention forward skips the split-KV decode kernel on the "
-            "GPU (decode shapes take the mma.sync or SIMT kernel; read on every call, so a test can run each)",
-            choices=("0", "1"), accepts="one of"),
-    Setting("JA_MHA_FWD_MMA", "runtime", "0: the attention forward skips the mma.sync kernel on CUDA (16-bit "
-            "calls take the SIMT kernel; read on every call, so a test can run each)", choices=("0", "1"),
-            accepts="one of"),
-    Setting("JA_MHA_BWD_MMA", "runtime", "0: the attention backward skips the mma.sync kernels on CUDA (16-bit "
-            "calls take the SIMT kernels; read on every call, so a test can run each)", choices=("0", "1"),
-            accepts="one of"),
+    Setting("JA_MHA_IMPLEMENTATION", "runtime", "the attention kernel family of every call that does not pass "
+            "implementation= (read at trace time; docs/attention.md, \"Kernel families\"): auto chooses, a family "
+            "runs the call or refuses it naming why", default="auto", choices=MHA_IMPLEMENTATIONS, accepts="one of"),
     Setting("JA_MHA_FWD_DECODE_TMA", "runtime", "0: the split-KV decode forward loads K and V with cp.async "
             "instead of TMA on sm_90 (read on every call, so a test can compare both paths)", choices=("0", "1"),
             accepts="one of"),

@@ -1,7 +1,7 @@
 // Standalone check of the portable GPU attention kernels (csrc/kernels/mha/{simt,mma,decode}/*.cuh: SIMT,
 // mma.sync and split-KV decode) with every feature of ja/kernels/mha.h against a float64 reference on the
-// host; no JAX. Each case sends one call to one kernel (the JA_MHA_FWD_MMA / JA_MHA_FWD_DECODE /
-// JA_MHA_BWD_MMA switches) and checks, from the kernels' call counters, that it ran there.
+// host; no JAX. Each case sends one call to one kernel (the instances' implementation argument, JaMhaImpl) and
+// checks, from the kernels' call counters, that it ran there.
 //
 //   bash benchmarks/gpu/check_mha_gpu_paths.sh [arch] [filter]   (builds the instances it needs, then runs)
 //   bash benchmarks/gpu/check_mha_gpu_paths.sh [arch] time       (times each kernel and feature instead)
@@ -36,15 +36,15 @@
   X(f32, 64, 0) X(f32, 64, 1) X(f32, 128, 0) X(bf16, 64, 0) X(bf16, 64, 1) X(bf16, 128, 0) X(bf16, 128, 1) \
   X(bf16, 256, 0) X(f16, 64, 0) X(f16, 128, 1)
 #define DECLARE(dt, d, c)                                                                   \
-  extern "C" const char* ja_mha_fwd_gpu__##dt##_d##d##_c##c(const JaMhaFwdArgs*, void*); \
-  extern "C" const char* ja_mha_bwd_gpu__##dt##_d##d##_c##c(const JaMhaBwdArgs*, void*);
+  extern "C" const char* ja_mha_fwd_gpu__##dt##_d##d##_c##c(const JaMhaFwdArgs*, void*, int32_t); \
+  extern "C" const char* ja_mha_bwd_gpu__##dt##_d##d##_c##c(const JaMhaBwdArgs*, void*, int32_t);
 INSTANCES(DECLARE)
 #undef DECLARE
 
 namespace {
 
-using FwdFn = const char* (*)(const JaMhaFwdArgs*, void*);
-using BwdFn = const char* (*)(const JaMhaBwdArgs*, void*);
+using FwdFn = const char* (*)(const JaMhaFwdArgs*, void*, int32_t);
+using BwdFn = const char* (*)(const JaMhaBwdArgs*, void*, int32_t);
 
 struct Inst {
   int dt, d, c;
@@ -103,7 +103,7 @@ struct Case {
   int nan = 0;                  // NaN/Inf planted in K and V at keys hidden from some rows (2: the last three keys)
   bool tma_off = false;         // decode: JA_MHA_FWD_DECODE_TMA=0 (cp.async loads on sm_90)
   int fwd_path, bwd_path;       // expected kernels (ja::MhaGpuPath); bwd -1: no backward
-  bool force = true;            // send the call to that kernel (the env switches); false: the dispatch picks
+  bool force = true;            // send the call to that kernel (the implementation argument); false: the dispatch picks
 };
 
 // lo, hi, diag of every row ([rb][3][sq]) and cols ([rb][2][sk]), as jax_aiter/ops/_attn_mask.py builds them.
@@ -310,6 +310,12 @@ Cmp compare(const std::vector<float>& got, const std::vector<double>& ref) {
   return r;
 }
 
+// The implementation (JaMhaImpl) that sends a call to kernel `path` (ja::MhaGpuPath); AUTO unless forced.
+int32_t impl_of(int path, bool force) {
+  if (!force) return JA_MHA_IMPL_AUTO;
+  return path == ja::kPathDecode ? JA_MHA_IMPL_DECODE : path == ja::kPathMma ? JA_MHA_IMPL_MMA : JA_MHA_IMPL_SIMT;
+}
+
 void set_env(const char* name, bool off) {
   if (off) setenv(name, "0", 1);
   else unsetenv(name);
@@ -417,14 +423,12 @@ bool run_case(const Case& c) {
   if (c.dropout > 0) p.seed = static_cast<const uint32_t*>(seed.p);
 
   // forward, on the kernel the case names
-  set_env("JA_MHA_FWD_DECODE", c.force && c.fwd_path != ja::kPathDecode);
   set_env("JA_MHA_FWD_DECODE_TMA", c.tma_off);
-  set_env("JA_MHA_FWD_MMA", c.force && c.fwd_path != ja::kPathMma);
   CK(cudaMemset(o.p, 0xff, o.bytes));
   CK(cudaMemset(lse.p, 0xff, lse.bytes));
   JaMhaFwdArgs fa{p, q.p, k.p, v.p, o.p, static_cast<float*>(lse.p), ws.p, int64_t(ws.bytes)};
   const int64_t before = ja::mha_gpu_path_count(c.fwd_path);
-  if (const char* e = inst->fwd(&fa, nullptr)) {
+  if (const char* e = inst->fwd(&fa, nullptr, impl_of(c.fwd_path, c.force))) {
     std::printf("%-44s FAIL: forward error: %s\n", c.name.c_str(), e);
     return false;
   }
@@ -454,7 +458,6 @@ bool run_case(const Case& c) {
   std::string detail = line;
 
   if (c.bwd_path >= 0) {
-    set_env("JA_MHA_BWD_MMA", c.force && c.bwd_path != ja::kPathMma);
     const size_t nsync = size_t(b_) * hq * ((sq + 63) / 64);
     Dev dq(nq * es), dk(nk * es), dv(nv * es), dbias(c.bias ? nl * sk * 4 : 0), acc(nq * 4), delta(nl * 4),
         sync(nsync * 4);
@@ -471,7 +474,7 @@ bool run_case(const Case& c) {
       for (Dev* d : {&dq, &dk, &dv, &dbias, &acc, &delta})
         if (d->bytes) CK(cudaMemset(d->p, 0xff, d->bytes));
       const int64_t bb0 = ja::mha_gpu_path_count(c.bwd_path);
-      if (const char* e = inst->bwd(&ba, nullptr)) {
+      if (const char* e = inst->bwd(&ba, nullptr, impl_of(c.bwd_path, c.force))) {
         std::printf("%-44s FAIL: backward error: %s\n", c.name.c_str(), e);
         return false;
       }
@@ -673,9 +676,6 @@ void time_paths() {
     const Inst* inst = nullptr;
     for (const Inst& e : kInstances)
       if (e.dt == BF16 && e.d == d && e.c == (r.mask == 1 ? 1 : 0)) inst = &e;
-    set_env("JA_MHA_FWD_DECODE", true);
-    set_env("JA_MHA_FWD_MMA", r.path != ja::kPathMma);
-    set_env("JA_MHA_BWD_MMA", r.path != ja::kPathMma);
     JaMhaFwdArgs fa{p, q.p, k.p, v.p, o.p, static_cast<float*>(lse.p), ws.p, int64_t(ws.bytes)};
     JaMhaBwdArgs ba{};
     ba.p = p, ba.deterministic = r.det, ba.q = q.p, ba.k = k.p, ba.v = v.p, ba.o = o.p, ba.dout = dout.p;
@@ -694,9 +694,9 @@ void time_paths() {
     };
     const char* err = nullptr;
     const int64_t f0 = ja::mha_gpu_path_count(r.path);
-    const float fms = median([&] { err = err ? err : inst->fwd(&fa, nullptr); });
+    const float fms = median([&] { err = err ? err : inst->fwd(&fa, nullptr, impl_of(r.path, true)); });
     const int64_t b0 = ja::mha_gpu_path_count(r.path);
-    const float bms = median([&] { err = err ? err : inst->bwd(&ba, nullptr); });
+    const float bms = median([&] { err = err ? err : inst->bwd(&ba, nullptr, impl_of(r.path, true)); });
     const bool where = ja::mha_gpu_path_count(r.path) - b0 == 4 && b0 - f0 == 4;
     double seen = 0;  // visible pairs of a (batch, head)
     for (int i = 0; i < sq; ++i) seen += r.mask == 1 ? i + 1 : r.mask == 2 ? std::min(i + 1, 512) : sk;

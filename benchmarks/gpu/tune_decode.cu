@@ -110,7 +110,7 @@ int64_t python_ws_bytes(const Case& c) {
   return c.b * bpb * splits * 16 * (D + 1) * 4;
 }
 
-using Entry = const char* (*)(const JaMhaFwdArgs*, void*);
+using Entry = const char* (*)(const JaMhaFwdArgs*, void*, int32_t);
 
 // Float64 attention on the host, the check's reference without a library: bottom-right causal
 // alignment, a row with no visible key outputs 0 with lse +inf (the kernels' conventions).
@@ -180,7 +180,7 @@ int check_shapes(Entry lib_entry, cudaStream_t s) {
     const char* err = nullptr;
     if (lib_entry) {
       poison();
-      if ((err = lib_entry(&a, s))) { std::fprintf(stderr, "%s\n", err); std::exit(1); }
+      if ((err = lib_entry(&a, s, JA_MHA_IMPL_AUTO))) { std::fprintf(stderr, "%s\n", err); std::exit(1); }
       CK(cudaStreamSynchronize(s));
       CK(cudaMemcpy(h_ref.data(), o, nq * sizeof(T), cudaMemcpyDeviceToHost));
       CK(cudaMemcpy(l_ref.data(), lse, nl * 4, cudaMemcpyDeviceToHost));
@@ -217,7 +217,7 @@ int check_shapes(Entry lib_entry, cudaStream_t s) {
                   name, eo, el, ok ? "ok" : "MISMATCH");
     };
     poison();
-    if ((err = ja::mha_fwd_gpu<T, D, CAUSAL>(a, s))) { std::fprintf(stderr, "%s\n", err); std::exit(1); }
+    if ((err = ja::mha_fwd_gpu<T, D, CAUSAL>(a, s, JA_MHA_IMPL_DECODE))) { std::fprintf(stderr, "%s\n", err); std::exit(1); }
     compare("shipped", 0);
     CK(cudaFree(q)); CK(cudaFree(k)); CK(cudaFree(v)); CK(cudaFree(o)); CK(cudaFree(lse)); CK(cudaFree(ws));
   }
@@ -237,7 +237,7 @@ int main(int argc, char** argv) {
     std::printf("reference: ja_mha_fwd_gpu of %s\n", argv[2]);
   }
   auto reference = [&](const JaMhaFwdArgs& a, cudaStream_t st) {
-    return lib_entry ? lib_entry(&a, st) : ja::mha_fwd_gpu<T, D, false>(a, st);
+    return lib_entry ? lib_entry(&a, st, JA_MHA_IMPL_AUTO) : ja::mha_fwd_gpu<T, D, false>(a, st, JA_MHA_IMPL_DECODE);
   };
   cudaStream_t s;
   CK(cudaStreamCreate(&s));
@@ -377,17 +377,17 @@ int main(int argc, char** argv) {
     };
     {
       float bb;
-      const float us = time_us([&](int i) { ja::mha_fwd_gpu<T, D, false>(args(i, false), s); }, sets, &bb);
+      const float us = time_us([&](int i) { ja::mha_fwd_gpu<T, D, false>(args(i, false), s, JA_MHA_IMPL_DECODE); }, sets, &bb);
       CK(cudaMemsetAsync(o[0], 0xff, nq * sizeof(T), s));
       CK(cudaMemsetAsync(lse[0], 0xff, c.b * c.hq * 4, s));
-      if (const char* err = ja::mha_fwd_gpu<T, D, false>(args(0, false), s)) { std::fprintf(stderr, "%s\n", err); return 1; }
+      if (const char* err = ja::mha_fwd_gpu<T, D, false>(args(0, false), s, JA_MHA_IMPL_DECODE)) { std::fprintf(stderr, "%s\n", err); return 1; }
       CK(cudaStreamSynchronize(s));
       std::printf("  %-26s ev %7.1f us (%.3f of copy bw)  b2b %7.1f  max diff %.2g\n", "shipped", us,
                   kv_bytes / us * 1e-3 / copy_gbps, bb, check());
       if (lib_entry) {
         const float ul = time_us([&](int i) {
           const JaMhaFwdArgs a = args(i, false);
-          lib_entry(&a, s);
+          lib_entry(&a, s, JA_MHA_IMPL_AUTO);
         }, sets, &bb);
         std::printf("  %-26s ev %7.1f us (%.3f of copy bw)  b2b %7.1f\n", "library", ul,
                     kv_bytes / ul * 1e-3 / copy_gbps, bb);

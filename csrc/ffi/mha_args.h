@@ -1,5 +1,5 @@
 // Argument checks shared by the mha_fwd and mha_bwd FFI handlers (CPU and GPU): the operands and
-// attributes of ATTN_PLAN.md's FFI spec, turned into the JaMhaProblem of ja/kernels/mha.h.
+// attributes of docs/attention.md's FFI spec, turned into the JaMhaProblem of ja/kernels/mha.h.
 //
 // The Python op validates first and gives the friendlier error; these checks guard the C ABI
 // against any other caller (a hand-written ffi_call), so a bad shape, dtype or attribute is an
@@ -97,10 +97,11 @@ inline ffi::Error mha_shape(const char* op, const ffi::AnyBuffer& q, const ffi::
   return ffi::Error::Success();  // head dims and heads: mha_problem_error
 }
 
-// The attributes every handler takes.
+// The attributes every handler takes (implementation: the kernel family, JaMhaImpl).
 struct MhaAttrs {
   int32_t mask;
   float scale, softcap, dropout_p;
+  int32_t implementation;
 };
 
 // The problem: shapes, attributes and the optional operands rows [rb, 3, sq] int32 (mask 2 only),

@@ -6,7 +6,7 @@ and holds no attention logic; every feature lives once, in jax_aiter/ops (docs/a
 "Upstream API"). Upstream's module paths work too: jax_aiter.mha.mha.flash_attn_func and
 jax_aiter.mha.mha_varlen.flash_attn_varlen are the same functions. Beyond upstream, both take a
 keyword-only `dropout_key` (a jax.random key): without one, dropout uses a fixed key and says so in a
-warning.
+warning; and a keyword-only `implementation` (the kernel family, as jax_aiter.flash_attn_func's).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def flash_attn_func(q: ArrayLike, k: ArrayLike, v: ArrayLike, dropout_p: float =
                     alibi_slopes: ArrayLike | None = None, deterministic: bool = True, return_lse: bool = False,
                     return_attn_probs: bool = False, cu_seqlens_q: ArrayLike | None = None,
                     cu_seqlens_kv: ArrayLike | None = None, *,
-                    dropout_key: jax.Array | None = None) -> tuple[jax.Array, ...]:
+                    dropout_key: jax.Array | None = None, implementation: str | None = None) -> tuple[jax.Array, ...]:
     """Upstream's flash_attn_func: a tuple (out,), then lse (float32 [batch, heads_q, seq_q]; packed inputs:
     [heads_q, total_q]) if return_lse, then the attention probabilities (float32 [batch, heads_q, seq_q,
     seq_k], dropped elements negated; testing only) if return_attn_probs.
@@ -38,7 +38,7 @@ def flash_attn_func(q: ArrayLike, k: ArrayLike, v: ArrayLike, dropout_p: float =
         q, k, v, causal=causal, softmax_scale=softmax_scale, dropout_p=dropout_p, window_size=window_size,
         bias=bias, alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
         deterministic=deterministic, dropout_key=dropout_key, return_lse=return_lse,
-        return_probs=return_attn_probs, op="jax_aiter.mha.flash_attn_func")
+        return_probs=return_attn_probs, implementation=implementation, op="jax_aiter.mha.flash_attn_func")
     return (out,) + ((lse,) if return_lse else ()) + ((probs,) if return_attn_probs else ())
 
 
@@ -50,7 +50,8 @@ def flash_attn_varlen(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: Ar
                       bias: ArrayLike | None = None, alibi_slopes: ArrayLike | None = None,
                       return_attn_probs: bool = False, block_table: None = None, out: None = None,
                       cu_seqlens_q_padded: None = None, cu_seqlens_k_padded: None = None,
-                      dropout_key: jax.Array | None = None) -> tuple[jax.Array, jax.Array | None, jax.Array | None]:
+                      dropout_key: jax.Array | None = None,
+                      implementation: str | None = None) -> tuple[jax.Array, jax.Array | None, jax.Array | None]:
     """Upstream's flash_attn_varlen over packed sequences: q [total_q, heads_q, head_dim], k [total_k, heads_kv,
     head_dim], v [total_k, heads_kv, head_dim_v]; sequence s is rows [cu_seqlens_q[s], cu_seqlens_q[s + 1]) of q
     (cu_seqlens_k: of k and v; None: the same as cu_seqlens_q).
@@ -80,7 +81,8 @@ def flash_attn_varlen(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: Ar
         q, k, v, causal=causal, softmax_scale=softmax_scale, dropout_p=dropout_p, window_size=window_size,
         bias=dense_bias, alibi_slopes=alibi_slopes, softcap=logits_soft_cap, cu_seqlens_q=cu_seqlens_q,
         cu_seqlens_kv=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k, deterministic=deterministic,
-        dropout_key=dropout_key, return_lse=return_lse, return_probs=want_probs, op=op)
+        dropout_key=dropout_key, return_lse=return_lse, return_probs=want_probs, implementation=implementation,
+        op=op)
     if probs is not None:
         probs = _attn_probs.varlen_columns(probs if probs.ndim == 3 else probs[0], cu_seqlens_q, cu_k,
                                            _max_len(op, cu_k, max_k))

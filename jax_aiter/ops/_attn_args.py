@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_aiter import settings
 from jax_aiter.ops import _checks
 
 MAX_HEAD_DIM = 256  # JA_MHA_MAX_HEAD_DIM (csrc/include/ja/kernels/mha.h; tests/build/test_abi_constants.py)
@@ -36,6 +38,30 @@ def check_bool(op: str, name: str, value) -> bool:
         raise TypeError(f"{op}: {name} must be a Python bool, got {type(value).__name__} {value!r}; "
                         f"{name} is a compile-time choice, not an array")
     return bool(value)
+
+
+IMPLEMENTATION_SETTING = "JA_MHA_IMPLEMENTATION"
+IMPL_AUTO, IMPL_DECODE = (settings.MHA_IMPLEMENTATIONS.index(n) for n in ("auto", "decode"))
+
+
+def implementation(op: str, value) -> int:
+    """The kernel family a call runs (its JaMhaImpl code): `value` (None: JA_MHA_IMPLEMENTATION, default "auto")."""
+    names = settings.MHA_IMPLEMENTATIONS
+    if value is None:
+        text = (os.environ.get(IMPLEMENTATION_SETTING) or "").strip() or "auto"
+        settings.check(settings.BY_NAME[IMPLEMENTATION_SETTING], text)
+        return names.index(text)
+    if not isinstance(value, str) or value not in names or value == "auto":
+        raise ValueError(f"{op}: implementation must be None (automatic) or one of the kernel families "
+                         f"{', '.join(repr(n) for n in names[1:])}, got {value!r} (docs/attention.md, "
+                         f"\"Kernel families\")")
+    return names.index(value)
+
+
+def backward_implementation(impl: int) -> int:
+    """The backward's family for a call whose forward runs `impl`: the decode kernel is a forward, its calls'
+    backward runs the default family."""
+    return IMPL_AUTO if impl == IMPL_DECODE else impl
 
 
 def window(op: str, window_size) -> tuple[int, int]:

@@ -59,6 +59,7 @@ class Config:
     alibi: bool = False
     bias: bool = False
     dbias: bool = False      # the backward writes the bias's gradient
+    impl: int = 0            # the forward's kernel family (JaMhaImpl: _attn_args.implementation); 0 automatic
 
     @property
     def rows(self) -> bool:
@@ -125,10 +126,11 @@ def _optional(cfg: Config, rows, cols, alibi, bias, seed) -> tuple:
             own(cfg.bias, bias, "bias"), own(cfg.dropout, seed, "seed"))
 
 
-def _attrs(cfg: Config) -> dict:
+def _attrs(cfg: Config, backward: bool) -> dict:
     """The attributes both kernels take."""
+    impl = _attn_args.backward_implementation(cfg.impl) if backward else cfg.impl
     return {"mask": np.int32(cfg.mask), "scale": _ffi.f32(cfg.scale), "softcap": _ffi.f32(cfg.softcap),
-            "dropout_p": _ffi.f32(cfg.dropout_p)}
+            "dropout_p": _ffi.f32(cfg.dropout_p), "implementation": np.int32(impl)}
 
 
 def _fwd_call(cfg: Config, q, k, v, rows, alibi, bias, seed):
@@ -141,7 +143,7 @@ def _fwd_call(cfg: Config, q, k, v, rows, alibi, bias, seed):
             jax.ShapeDtypeStruct((batch, heads_q, seq_q), jnp.float32),
             jax.ShapeDtypeStruct(ws, jnp.float32))  # workspace: split-KV partial results
     rows, _, alibi, bias, seed = _optional(cfg, rows, None, alibi, bias, seed)
-    o, lse, _ = _ffi.ffi_call("ja_mha_fwd", outs, q, k, v, rows, alibi, bias, seed, **_attrs(cfg))
+    o, lse, _ = _ffi.ffi_call("ja_mha_fwd", outs, q, k, v, rows, alibi, bias, seed, **_attrs(cfg, False))
     return o, lse
 
 
@@ -158,7 +160,7 @@ def _bwd_call(cfg: Config, q, k, v, o, do, lse, rows, cols, alibi, bias, seed):
             jax.ShapeDtypeStruct(lse.shape, f32),            # workspace: rowsum(dO * O)
             jax.ShapeDtypeStruct((sync,), jnp.int32))        # workspace: the deterministic dQ order
     dq, dk, dv, dbias, _, _, _ = _ffi.ffi_call("ja_mha_bwd", outs, q, k, v, o, do, lse,
-                                               *_optional(cfg, rows, cols, alibi, bias, seed), **_attrs(cfg),
+                                               *_optional(cfg, rows, cols, alibi, bias, seed), **_attrs(cfg, True),
                                                deterministic=np.bool_(cfg.deterministic))
     # Without a bias gradient: a fresh (0,) array, replicated as the sharding rules declare it, not the call's
     # (0,) result (which varies over a shard_map's manual axes like the call's operands).
@@ -345,7 +347,7 @@ def attend(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, causal: bool = False, so
            alibi_slopes: ArrayLike | None = None, softcap: float = 0.0, segment_ids: ArrayLike | None = None,
            cu_seqlens_q: ArrayLike | None = None, cu_seqlens_kv: ArrayLike | None = None, max_seqlen_q: int = 0,
            max_seqlen_k: int = 0, deterministic: bool = False, dropout_key=None, return_lse: bool = False,
-           return_probs: bool = False, op: str = OP):
+           return_probs: bool = False, implementation: str | None = None, op: str = OP):
     """Attention with every feature: (out, lse or None, probabilities or None). The one implementation behind
     flash_attn_func and the upstream facades (jax_aiter/mha.py), which translate their conventions to it;
     the arguments are flash_attn_func's (docs/attention.md)."""
@@ -356,6 +358,7 @@ def attend(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, causal: bool = False, so
     _checks.check_same_dtype(op, "q", q, "v", v)
     causal = _attn_args.check_bool(op, "causal", causal)
     deterministic = _attn_args.check_bool(op, "deterministic", deterministic)
+    impl = _attn_args.implementation(op, implementation)
     window = _attn_args.window(op, window_size)
     p = _attn_args.dropout_p(op, dropout_p)
     cap = _attn_args.softcap(op, softcap)
@@ -401,7 +404,8 @@ def attend(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, causal: bool = False, so
         out = jnp.zeros((batch, seq_q, heads_q, dv), q.dtype)
         lse = jnp.full((batch, heads_q, seq_q), jnp.inf, jnp.float32)
     else:
-        cfg = Config(mask, scale, cap, p, deterministic, alibi=alibi is not None, bias=bias_f32 is not None)
+        cfg = Config(mask, scale, cap, p, deterministic, alibi=alibi is not None, bias=bias_f32 is not None,
+                     impl=impl)
         q, k, v, alibi, bias_f32 = _vary(q, k, v, alibi, bias_f32)
         operands = [x if x is not None else _placeholder(n) for n, x in
                     (("rows", rows), ("alibi", alibi), ("bias", bias_f32), ("seed", seed))]
@@ -431,7 +435,7 @@ def flash_attn_func(q: ArrayLike, k: ArrayLike, v: ArrayLike, causal: bool = Fal
                     alibi_slopes: ArrayLike | None = None, softcap: float = 0.0,
                     segment_ids: ArrayLike | None = None, cu_seqlens_q: ArrayLike | None = None,
                     cu_seqlens_kv: ArrayLike | None = None, deterministic: bool = False,
-                    dropout_key: jax.Array | None = None) -> jax.Array:
+                    dropout_key: jax.Array | None = None, implementation: str | None = None) -> jax.Array:
     """Attention softmax(q k^T * softmax_scale + terms) v, without materialising the seq_q x seq_k matrix.
 
     Parameters
@@ -475,6 +479,12 @@ def flash_attn_func(q: ArrayLike, k: ArrayLike, v: ArrayLike, causal: bool = Fal
     dropout_key : jax.random key, optional
         The dropout draw's seed (needed with dropout_p > 0: without it a fixed key is
         used, with a warning).
+    implementation : str, optional
+        The kernel family that runs the call: "sm90" (Hopper wgmma + TMA), "mma"
+        (mma.sync), "decode" (split-KV, few query rows per kv head), "simt" (every
+        feature, any dtype) on the GPU; "cpu" on the CPU. None (the default, or
+        JA_MHA_IMPLEMENTATION) chooses automatically. A family that cannot run the call
+        refuses it, naming why; it never falls back to another (docs/attention.md).
 
     Returns
     -------
@@ -493,4 +503,4 @@ def flash_attn_func(q: ArrayLike, k: ArrayLike, v: ArrayLike, causal: bool = Fal
     return attend(q, k, v, causal=causal, softmax_scale=softmax_scale, dropout_p=dropout_p,
                   window_size=window_size, bias=bias, alibi_slopes=alibi_slopes, softcap=softcap,
                   segment_ids=segment_ids, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
-                  deterministic=deterministic, dropout_key=dropout_key)[0]
+                  deterministic=deterministic, dropout_key=dropout_key, implementation=implementation)[0]

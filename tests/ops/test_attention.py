@@ -55,12 +55,15 @@ def forward_and_grads(q, k, v, do, causal, scale=None):
     return out, vjp(do)
 
 
-def _kernels(causal: bool, scale: float):
+def _kernels(causal: bool, scale: float, implementation: str | None = None):
     """The op's forward and backward kernel calls for dense attention (no other feature): fwd(q, k, v) -> (o, lse),
-    bwd(q, k, v, o, do, lse) -> (dq, dk, dv); every optional operand absent, as the op passes them."""
+    bwd(q, k, v, o, do, lse) -> (dq, dk, dv); every optional operand absent, as the op passes them; the kernel
+    family `implementation` (None: automatic)."""
+    from jax_aiter.ops import _attn_args
     from jax_aiter.ops._attn_mask import MASK_CAUSAL, MASK_NONE
 
-    cfg = attention.Config(MASK_CAUSAL if causal else MASK_NONE, scale, 0.0, 0.0, False)
+    impl = _attn_args.implementation("test", implementation)
+    cfg = attention.Config(MASK_CAUSAL if causal else MASK_NONE, scale, 0.0, 0.0, False, impl=impl)
     fwd, bwd = attention._prims(cfg)
     rows, alibi, bias, seed = (attention._placeholder(n) for n in ("rows", "alibi", "bias", "seed"))
     return (lambda q, k, v: fwd(q, k, v, rows, alibi, bias, seed),
@@ -269,7 +272,7 @@ def test_forward_lse_and_workspace_written_under_poison(device, monkeypatch):
 # --- the Hopper forward ------------------------------------------------------------------
 # On an sm_90 device the bfloat16/float16 forward runs the wgmma + TMA kernel (csrc/kernels/mha/sm90/fwd_kernel.cuh;
 # every head dim that is a multiple of 8, in the kernel of the next head dim up: csrc/kernels/mha/sm90/dims.h;
-# not for plain decode shapes); JA_MHA_FWD_SM90=0 sends the same call to the mma.sync kernel. libmha_fwd.so
+# not for plain decode shapes); implementation="mma" sends the same call to the mma.sync kernel. libmha_fwd.so
 # counts the calls the Hopper kernel handled.
 
 def _lib_calls(lib: str, counter: str) -> int:
@@ -285,15 +288,13 @@ def _sm90_calls() -> int:
     return _lib_calls("libmha_fwd.so", "ja_mha_fwd_sm90_calls")
 
 
-def _both_paths(fn, args, env, calls, expected, monkeypatch):
-    """fn(*args) twice: without `env` (a path that `calls` counts `expected` times), then with env=0
-    (the fallback, not counted). Returns both results."""
-    monkeypatch.delenv(env, raising=False)
+def _both_paths(make, args, calls, expected):
+    """make(implementation)(*args) twice: automatic (a path that `calls` counts `expected` times), then on the
+    mma.sync kernels (implementation="mma", not counted). Returns both results."""
     before = calls()
-    first = jax.block_until_ready(fn(*args))
+    first = jax.block_until_ready(jax.jit(make(None))(*args))
     assert calls() == before + expected
-    monkeypatch.setenv(env, "0")
-    second = jax.block_until_ready(fn(*args))
+    second = jax.block_until_ready(jax.jit(make("mma"))(*args))
     assert calls() == before + expected
     return first, second
 
@@ -339,21 +340,19 @@ HOPPER = [(2, 300, 500, 4, 2), (2, 513, 200, 4, 4), (1, 200, 1, 4, 1), (1, 129, 
 
 
 @_path_cases(HOPPER)
-def test_hopper_forward_matches_reference_and_fallback(dtype, d, causal, shape, monkeypatch):
+def test_hopper_forward_matches_reference_and_fallback(dtype, d, causal, shape):
     """The Hopper kernel runs where it should, matches the float64 reference, and the mma.sync
-    fallback (JA_MHA_FWD_SM90=0) within the same bound; lse equal up to float32 rounding."""
+    kernel (implementation="mma") within the same bound; lse equal up to float32 rounding."""
     batch, sq, sk, hq, hkv = shape
     (q, k, v, _), (qe, ke, ve, doe) = make_inputs(sk + d, dtype, batch, sq, sk, hq, hkv, d, "gpu")
-    fwd, _ = _kernels(causal, d ** -0.5)
-    (o1, lse1), (o2, lse2) = _both_paths(jax.jit(fwd), (q, k, v), "JA_MHA_FWD_SM90", _sm90_calls,
-                                         1 if _is_sm90() else 0, monkeypatch)
+    (o1, lse1), (o2, lse2) = _both_paths(lambda impl: _kernels(causal, d ** -0.5, impl)[0], (q, k, v), _sm90_calls,
+                                         1 if _is_sm90() else 0)
     ref_o, _ = attention_ref(qe, ke, ve, doe, causal, d ** -0.5)
     _assert_paths_agree(dtype, ref_o, o1, lse1, o2, lse2)
 
 
 @pytest.mark.gpu
-def test_hopper_forward_is_not_used_for_decode_or_float32(monkeypatch):
-    monkeypatch.delenv("JA_MHA_FWD_SM90", raising=False)
+def test_hopper_forward_is_not_used_for_decode_or_float32():
     before = _sm90_calls()
     for dtype, sq, hq, hkv in (("bfloat16", 1, 8, 8), ("float32", 300, 4, 4)):
         (q, k, v, _), _ = make_inputs(0, dtype, 1, sq, 500, hq, hkv, 128, "gpu")
@@ -372,7 +371,6 @@ def test_hopper_forward_head_dim_kernel_equals_the_padded_one(d, padded, causal,
         pytest.skip("the Hopper kernels run on an sm_90 device only")
     from jax_aiter import mha
 
-    monkeypatch.delenv("JA_MHA_FWD_SM90", raising=False)
     (q, k, v, _), _ = make_inputs(d, "bfloat16", 2, 300, 333, 8, 2, d, "gpu")
     pad = partial(jnp.pad, pad_width=((0, 0), (0, 0), (0, 0), (0, padded - d)))
     f = jax.jit(partial(mha.flash_attn_func, softmax_scale=d ** -0.5, causal=causal, return_lse=True))
@@ -411,8 +409,13 @@ def test_decode_tma_matches_reference_and_cp_async(dtype, d, causal, shape, monk
     (q, k, v, _), (qe, ke, ve, doe) = make_inputs(sk + d, dtype, batch, sq, sk, hq, hkv, d, "gpu")
     fwd = jax.jit(_kernels(causal, d ** -0.5)[0])
     tma = _is_sm90_or_newer() and d in DECODE_TMA_HEAD_DIMS  # other head dims load by cp.async only
-    (o1, lse1), (o2, lse2) = _both_paths(fwd, (q, k, v), "JA_MHA_FWD_DECODE_TMA", _decode_tma_calls,
-                                         1 if tma else 0, monkeypatch)
+    monkeypatch.delenv("JA_MHA_FWD_DECODE_TMA", raising=False)
+    before = _decode_tma_calls()
+    o1, lse1 = jax.block_until_ready(fwd(q, k, v))
+    assert _decode_tma_calls() == before + (1 if tma else 0)
+    monkeypatch.setenv("JA_MHA_FWD_DECODE_TMA", "0")  # read on every call: the same program, the cp.async loads
+    o2, lse2 = jax.block_until_ready(fwd(q, k, v))
+    assert _decode_tma_calls() == before + (1 if tma else 0)
     ref_o, _ = attention_ref(qe, ke, ve, doe, causal, d ** -0.5)
     _assert_paths_agree(dtype, ref_o, o1, lse1, o2, lse2)
 
@@ -476,8 +479,8 @@ def test_decode_cluster_merge_matches_merge_kernel_bitwise(dtype, d, causal, sha
 
 # --- the Hopper backward -----------------------------------------------------------------
 # On an sm_90 device the bfloat16/float16 backward runs the wgmma + TMA kernel (csrc/kernels/mha/sm90/bwd_kernel.cuh;
-# head dims past 128: sm90/bwd_kernel_d256.cuh; head dims as the forward's); JA_MHA_BWD_SM90=0 sends the same call
-# to the mma.sync kernel. libmha_bwd.so counts the calls the Hopper kernel handled.
+# head dims past 128: sm90/bwd_kernel_d256.cuh; head dims as the forward's); implementation="mma" sends the same
+# call to the mma.sync kernel. libmha_bwd.so counts the calls the Hopper kernel handled.
 
 def _sm90_bwd_calls() -> int:
     return _lib_calls("libmha_bwd.so", "ja_mha_bwd_sm90_calls")
@@ -488,16 +491,16 @@ HOPPER_BWD = [(2, 300, 500, 4, 2), (2, 513, 200, 4, 4), (1, 129, 1000, 8, 1), (2
 
 
 @_path_cases(HOPPER_BWD)
-def test_hopper_backward_matches_reference_and_fallback(dtype, d, causal, shape, monkeypatch):
+def test_hopper_backward_matches_reference_and_fallback(dtype, d, causal, shape):
     """The Hopper backward runs where it should (GQA, causal both ways, seq_q != seq_k, odd
-    lengths), its gradients match the float64 reference and the mma.sync fallback
-    (JA_MHA_BWD_SM90=0) within the same bound."""
+    lengths), its gradients match the float64 reference and the mma.sync kernels
+    (implementation="mma") within the same bound."""
     batch, sq, sk, hq, hkv = shape
     (q, k, v, do), (qe, ke, ve, doe) = make_inputs(sq + d, dtype, batch, sq, sk, hq, hkv, d, "gpu")
-    fwd, bwd = _kernels(causal, d ** -0.5)
+    fwd, _ = _kernels(causal, d ** -0.5)
     o, lse = jax.block_until_ready(jax.jit(fwd)(q, k, v))
-    g1, g2 = _both_paths(jax.jit(bwd), (q, k, v, o, do, lse), "JA_MHA_BWD_SM90", _sm90_bwd_calls,
-                         1 if _is_sm90() else 0, monkeypatch)
+    g1, g2 = _both_paths(lambda impl: _kernels(causal, d ** -0.5, impl)[1], (q, k, v, o, do, lse), _sm90_bwd_calls,
+                         1 if _is_sm90() else 0)
     _, ref = attention_ref(qe, ke, ve, doe, causal, d ** -0.5)
     for x1, x2, r in zip(g1[:3], g2[:3], ref):
         assert x1.dtype == q.dtype and x1.shape == r.shape
@@ -506,8 +509,7 @@ def test_hopper_backward_matches_reference_and_fallback(dtype, d, causal, shape,
 
 
 @pytest.mark.gpu
-def test_hopper_backward_is_not_used_for_float32(monkeypatch):
-    monkeypatch.delenv("JA_MHA_BWD_SM90", raising=False)
+def test_hopper_backward_is_not_used_for_float32():
     before = _sm90_bwd_calls()
     (q, k, v, do), _ = make_inputs(0, "float32", 1, 70, 90, 4, 2, 128, "gpu")
     jax.block_until_ready(forward_and_grads(q, k, v, do, causal=True))
@@ -570,7 +572,7 @@ def test_kernel_checks_guard_the_c_abi(device):
         absent = [jnp.zeros((0,), t) for t in (jnp.int32, jnp.float32, jnp.float32, jnp.uint32)]
         return jax.block_until_ready(
             _ffi.ffi_call("ja_mha_fwd", out, q, k, k, *absent, mask=np.int32(0), scale=np.float32(0.1),
-                          softcap=np.float32(0.0), dropout_p=np.float32(0.0)))
+                          softcap=np.float32(0.0), dropout_p=np.float32(0.0), implementation=np.int32(0)))
 
     with pytest.raises(Exception, match=r"mha_fwd: head_dim 300 \(q, k\) and head_dim_v 300 \(v\) must each be in "
                                         r"1\.\.256"):

@@ -46,6 +46,11 @@ BAD = [
     ("causal int", {"causal": 1}, TypeError, r"causal must be a Python bool"),
     ("deterministic str", {"deterministic": "yes"}, TypeError, r"deterministic must be a Python bool"),
     ("key", {"dropout_p": 0.1, "dropout_key": 3}, TypeError, r"dropout_key must be a jax.random key"),
+    ("implementation unknown", {"implementation": "fa3"}, ValueError,
+     (r"implementation must be None \(automatic\) or one of the kernel families 'cpu', 'simt', 'mma', 'decode', "
+      r"'sm90', got 'fa3'")),
+    ("implementation auto", {"implementation": "auto"}, ValueError, r"implementation must be None \(automatic\)"),
+    ("implementation int", {"implementation": 3}, ValueError, r"implementation must be None"),
 ]
 
 
@@ -143,3 +148,69 @@ def test_malformed_traced_cu_seqlens_run_as_their_sanitized_values(device):
     out, lse = run(jnp.asarray([0, 3, 6], jnp.int32))  # ends before the packed length: tokens 6, 7 see nothing
     assert np.all(np.asarray(out)[6:] == 0) and np.all(np.isposinf(np.asarray(lse)[:, 6:]))
     assert np.all(np.isfinite(np.asarray(out)))
+
+
+# --- implementation=: the kernel family ------------------------------------------------------------------
+
+def _impl_attr(text: str) -> list[int]:
+    """The implementation attribute of each attention custom call in a lowered program, in order."""
+    import re
+
+    return [int(m) for m in re.findall(r"implementation = (-?\d+) : i32", text)]
+
+
+def test_implementation_reaches_each_kernel_call_and_decode_has_no_backward():
+    """The family is an attribute of the compiled calls (an exported program keeps it): the forward's and the
+    backward's; "decode" is a forward, so its calls' backward asks for the automatic choice (0)."""
+    q, k, v = _inputs(0, "float32", 1, 8, 8, 2, 2, 32)
+    grad = lambda impl: jax.grad(lambda q: jax_aiter.flash_attn_func(q, k, v, implementation=impl).sum())
+    for impl, want in ((None, [0, 0]), ("sm90", [5, 5]), ("mma", [3, 3]), ("simt", [2, 2]), ("decode", [4, 0]),
+                       ("cpu", [1, 1])):
+        text = jax.jit(grad(impl)).lower(q).as_text()
+        assert sorted(_impl_attr(text)) == sorted(want), (impl, _impl_attr(text))
+
+
+def test_implementation_cpu_runs_every_call_on_the_cpu_and_gpu_families_are_refused_there():
+    q, k, v = jax.device_put(_inputs(1, "float32", 1, 16, 24, 2, 1, 32), jax.devices("cpu")[0])
+    auto = jax_aiter.flash_attn_func(q, k, v, causal=True)
+    named = jax_aiter.flash_attn_func(q, k, v, causal=True, implementation="cpu")
+    assert np.asarray(auto).tobytes() == np.asarray(named).tobytes()
+    for family in ("simt", "mma", "decode", "sm90"):
+        with pytest.raises(Exception, match=rf"mha_fwd: implementation '{family}' is a GPU kernel family; on the CPU "
+                                            r"only 'cpu' runs \(or None: automatic\)"):
+            jax.block_until_ready(jax_aiter.flash_attn_func(q, k, v, implementation=family))
+
+
+def test_the_environment_names_the_default_family(monkeypatch):
+    q, k, v = _inputs(2, "float32", 1, 8, 8, 2, 2, 32)
+    monkeypatch.setenv("JA_MHA_IMPLEMENTATION", "simt")
+    assert _impl_attr(jax.jit(jax_aiter.flash_attn_func).lower(q, k, v).as_text()) == [2]
+    f = jax.jit(lambda q, k, v: jax_aiter.flash_attn_func(q, k, v, implementation="cpu"))
+    assert _impl_attr(f.lower(q, k, v).as_text()) == [1]  # the argument wins
+    monkeypatch.setenv("JA_MHA_IMPLEMENTATION", "fast")
+    with pytest.raises(ValueError, match=r"JA_MHA_IMPLEMENTATION.*'fast'.*one of auto, cpu, simt, mma, decode, sm90"):
+        jax_aiter.flash_attn_func(q, k, v)
+
+
+@pytest.mark.gpu
+def test_a_gpu_family_that_cannot_take_the_call_says_why():
+    """A named family never falls back: the mma.sync kernels refuse float32 and a bias, the decode kernel a
+    prefill shape, the Hopper kernels dropout; the CPU family is refused on the GPU."""
+    gpu = [d for d in jax.devices() if d.platform != "cpu"]
+    if not gpu:
+        pytest.skip("no GPU visible to JAX (jax.devices() has only CPU devices)")
+    with jax.default_device(gpu[0]):
+        q32, k32, v32 = _inputs(3, "float32", 1, 64, 64, 2, 2, 64)
+        q, k, v = _inputs(3, "bfloat16", 1, 128, 128, 2, 2, 64)
+        cases = [((q32, k32, v32), {"implementation": "mma"},
+                  r"implementation 'mma' does not take this call: its kernels run bfloat16 and float16"),
+                 ((q, k, v), {"implementation": "mma", "bias": np.zeros((128, 128), np.float32)},
+                  r"implementation 'mma' does not take this call: it does not handle"),
+                 ((q, k, v), {"implementation": "decode"},
+                  r"implementation 'decode' does not take this call: it is not a decode shape \(128 query rows"),
+                 ((q, k, v), {"implementation": "sm90", "dropout_p": 0.1, "dropout_key": jax.random.key(0)},
+                  r"implementation 'sm90' does not take this call"),
+                 ((q, k, v), {"implementation": "cpu"}, r"implementation 'cpu' runs on the CPU platform")]
+        for args, kwargs, msg in cases:
+            with pytest.raises(Exception, match=msg):
+                jax.block_until_ready(jax_aiter.flash_attn_func(*args, **kwargs))

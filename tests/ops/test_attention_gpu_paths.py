@@ -1,16 +1,16 @@
 """The GPU attention kernels, each forced in turn, with every feature, against the float64 reference.
 
-On the GPU a call takes the first kernel that handles all of its features (csrc/kernels/mha/simt/fwd.cuh,
-simt/bwd.cuh): the split-KV decode kernel (decode shapes), the mma.sync kernel (bfloat16/float16), the
-SIMT kernel (everything: float32, bias, dropout). JA_MHA_FWD_SM90=0 / JA_MHA_BWD_SM90=0 skip the Hopper
-kernels, JA_MHA_FWD_DECODE=0 and JA_MHA_FWD_MMA=0 / JA_MHA_BWD_MMA=0 the portable ones, so each case runs on
-the kernel it names, and the libraries' call counters (ja_mha_fwd_gpu_path_calls, ja_mha_bwd_gpu_path_calls)
-must show that it ran there: a feature a kernel does not take is never silently dropped, it moves the call.
-The Hopper cases (path "hopper") leave the sm_90a kernels on and must be counted by ja_mha_fwd_sm90_calls /
+On the GPU a call takes the first kernel that handles all of its features (csrc/kernels/mha/fwd_gpu.cuh,
+bwd_gpu.cuh): the Hopper kernels where they apply, the split-KV decode kernel (decode shapes), the mma.sync kernel
+(bfloat16/float16), the SIMT kernel (everything: float32, bias, dropout). A forced case names its kernel's family
+in the call (the implementation attribute: "sm90", "decode", "mma", "simt"), so it runs there, and the libraries'
+call counters (ja_mha_fwd_gpu_path_calls, ja_mha_bwd_gpu_path_calls) must show that it ran there; the other cases
+let the dispatch choose and must land where the features send them: a feature a kernel does not take is never
+silently dropped, it moves the call. The Hopper cases (path "hopper") must be counted by ja_mha_fwd_sm90_calls /
 ja_mha_bwd_sm90_calls (on an sm_90 device only: elsewhere they are skipped, saying so); the bias and dropout
 cases with the Hopper kernels on must still run on SIMT (the Hopper kernels decline them).
 
-The calls go through the FFI targets ja_mha_fwd / ja_mha_bwd with the operands of ATTN_PLAN.md (rows, cols,
+The calls go through the FFI targets ja_mha_fwd / ja_mha_bwd with the operands of docs/attention.md (rows, cols,
 alibi, bias, seed; absent ones as shape-(0,) arrays), by tests/ops/mha_ffi_calls.py. Masks come from jax_aiter/ops/_attn_mask.py (what the
 kernels take); the reference's masks from tests/ops/reference.py's loop-written definitions, and its dropout
 mask from the plain-Python Philox there, so neither side checks itself. Error measure and bounds: rel_err and
@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jax_aiter import settings
 from jax_aiter.ops import _attn_mask
 from tests.ops import mha_ffi_calls as ffi
 from tests.ops.reference import (
@@ -69,20 +70,13 @@ def _is_sm90() -> bool:
     return re.fullmatch(r"9\.0", cc) is not None
 
 
-def _force(monkeypatch, fwd_path: int, bwd_path: int | None, force: bool, sm90: bool = False):
-    """Skip the Hopper kernels unless sm90; with force, send the forward to fwd_path and the backward to
-    bwd_path (env switches, read on every call), else let the dispatch pick."""
-    for env in ("JA_MHA_FWD_SM90", "JA_MHA_BWD_SM90"):
-        if sm90:
-            monkeypatch.delenv(env, raising=False)
-        else:
-            monkeypatch.setenv(env, "0")
-    for env, on in (("JA_MHA_FWD_DECODE", fwd_path == DECODE), ("JA_MHA_FWD_MMA", fwd_path == MMA),
-                    ("JA_MHA_BWD_MMA", bwd_path == MMA)):
-        if on or not force:
-            monkeypatch.delenv(env, raising=False)
-        else:
-            monkeypatch.setenv(env, "0")
+FAMILIES = {SIMT: "simt", MMA: "mma", DECODE: "decode", HOPPER: "sm90"}  # the implementation each path names
+
+
+def _implementation(path: int | None, force: bool) -> int:
+    """The implementation attribute of a call (JaMhaImpl's code): the family of `path` when forced, else 0
+    (automatic)."""
+    return settings.MHA_IMPLEMENTATIONS.index(FAMILIES[path]) if force and path is not None else 0
 
 
 class Case:
@@ -161,11 +155,10 @@ def _compare(name, got, ref, rtol):
     assert err <= rtol, f"{name}: relative error {err:.2e} above {rtol}"
 
 
-def run_case(c: Case, monkeypatch):
+def run_case(c: Case):
     if c.sm90 and not _is_sm90():
         pytest.skip(f"{c.name}: the sm_90a kernels run on compute capability 9.0 only; this GPU is "
                     f"{getattr(jax.devices('gpu')[0], 'compute_capability', '?')}")
-    _force(monkeypatch, c.fwd, c.bwd, c.force, c.sm90)
     gpu = jax.devices("gpu")[0]
     host, alibi, bias = _inputs(c, zlib.crc32(c.name.encode()))
     q, k, v, do = (jax.device_put(h, gpu) for h in host)
@@ -183,7 +176,8 @@ def run_case(c: Case, monkeypatch):
 
     before = _path_calls("mha_fwd", c.fwd)
     ws = (1 << 21) // c.b  # the split-KV decode kernel's workspace: room for its splits (it takes what fits)
-    fwd = jax.jit(lambda q, k, v, ops: ffi.fwd(q, k, v, **ops, **attrs, ws=ws))
+    fwd = jax.jit(lambda q, k, v, ops: ffi.fwd(q, k, v, **ops, **attrs, ws=ws,
+                                               implementation=_implementation(c.fwd, c.force)))
     o, lse = jax.block_until_ready(fwd(q, k, v, ops))
     assert _path_calls("mha_fwd", c.fwd) == before + 1, f"the forward did not run on {PATH_NAMES[c.fwd]}"
     _compare("o", o, ref_o, rtol)
@@ -196,7 +190,8 @@ def run_case(c: Case, monkeypatch):
         return
     ops["cols"] = dev(cols, jnp.int32)
     bwd = jax.jit(lambda q, k, v, o, do, lse, ops: ffi.bwd(q, k, v, o, do, lse, **ops, **attrs,
-                                                          deterministic=c.deterministic, dbias=c.bias is not None))
+                                                          deterministic=c.deterministic, dbias=c.bias is not None,
+                                                          implementation=_implementation(c.bwd, c.force)))
     args = (q, k, v, o, do, jnp.asarray(lse, jnp.float32), ops)
     before = _path_calls("mha_bwd", c.bwd)
     grads = jax.block_until_ready(bwd(*args))
@@ -333,5 +328,5 @@ def _cases():
 
 
 @pytest.mark.parametrize("case", _cases(), ids=repr)
-def test_gpu_kernel_matches_reference(case, monkeypatch):
-    run_case(case, monkeypatch)
+def test_gpu_kernel_matches_reference(case):
+    run_case(case)

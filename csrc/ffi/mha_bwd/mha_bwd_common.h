@@ -92,17 +92,18 @@ inline ffi::Error mha_bwd_args(const MhaBwdOperands& in, const MhaBwdResults& ou
   return ffi::Error::Success();
 }
 
-// The whole handler body for either platform: checks, then launch(&args). With the operands in host memory (the
-// CPU), the rows and cols of a ROWS mask are checked too.
+// The whole handler body for either platform: checks, then launch(&args, implementation). With the operands in host
+// memory (the CPU), the rows and cols of a ROWS mask are checked too.
 template <typename Launch>
 ffi::Error mha_bwd_call(const MhaBwdOperands& in, const ffi::RemainingArgs& poison, const MhaBwdResults& out,
                         const MhaAttrs& at, bool deterministic, Launch&& launch, bool host_memory = false) {
   if (auto e = check_poison(poison, 7); e.failure()) return e;
+  if (const char* e = mha_impl_error("mha_bwd", at.implementation, !host_memory)) return from_kernel(e);
   JaMhaBwdArgs a{};
   if (auto e = mha_bwd_args(in, out, at, deterministic, &a); e.failure()) return e;
   if (host_memory)
     if (auto e = mha_check_rows_host("mha_bwd", a.p, a.cols, a.cols_batch_stride); e.failure()) return e;
-  return from_kernel(launch(&a));
+  return from_kernel(launch(&a, at.implementation));
 }
 
 }  // namespace ja
@@ -117,4 +118,4 @@ ffi::Error mha_bwd_call(const MhaBwdOperands& in, const ffi::RemainingArgs& pois
       .Ret<ffi::AnyBuffer>() /* dbias */.Ret<ffi::AnyBuffer>() /* dq_accum */                                 \
       .Ret<ffi::AnyBuffer>() /* delta */.Ret<ffi::AnyBuffer>() /* sync */                                     \
       .Attr<int32_t>("mask").Attr<float>("scale").Attr<float>("softcap").Attr<float>("dropout_p")             \
-      .Attr<bool>("deterministic")
+      .Attr<bool>("deterministic").Attr<int32_t>("implementation")

@@ -1,4 +1,4 @@
-// Argument checks shared by the CPU and GPU mha_fwd handlers (ATTN_PLAN.md's FFI spec of ja_mha_fwd).
+// Argument checks shared by the CPU and GPU mha_fwd handlers (docs/attention.md's FFI spec of ja_mha_fwd).
 #pragma once
 #include "../mha_args.h"
 
@@ -29,18 +29,19 @@ inline ffi::Error mha_fwd_args(const MhaFwdOperands& in, ffi::AnyBuffer& o, ffi:
   return ffi::Error::Success();
 }
 
-// The whole handler body for either platform: checks, then launch(&args). With the operands in host memory (the
-// CPU), the rows of a ROWS mask are checked too.
+// The whole handler body for either platform: checks, then launch(&args, implementation). With the operands in host
+// memory (the CPU), the rows of a ROWS mask are checked too.
 template <typename Launch>
 ffi::Error mha_fwd_call(const MhaFwdOperands& in, const ffi::RemainingArgs& poison, ffi::AnyBuffer& o,
                         ffi::AnyBuffer& lse, ffi::AnyBuffer& ws, const MhaAttrs& at, Launch&& launch,
                         bool host_memory = false) {
   if (auto e = check_poison(poison, 3); e.failure()) return e;
+  if (const char* e = mha_impl_error("mha_fwd", at.implementation, !host_memory)) return from_kernel(e);
   JaMhaFwdArgs a{};
   if (auto e = mha_fwd_args(in, o, lse, ws, at, &a); e.failure()) return e;
   if (host_memory)
     if (auto e = mha_check_rows_host("mha_fwd", a.p); e.failure()) return e;
-  return from_kernel(launch(&a));
+  return from_kernel(launch(&a, at.implementation));
 }
 
 }  // namespace ja
@@ -51,4 +52,5 @@ ffi::Error mha_fwd_call(const MhaFwdOperands& in, const ffi::RemainingArgs& pois
       .Arg<ffi::AnyBuffer>() /* rows */.Arg<ffi::AnyBuffer>() /* alibi */.Arg<ffi::AnyBuffer>() /* bias */   \
       .Arg<ffi::AnyBuffer>() /* seed */.RemainingArgs()                                                       \
       .Ret<ffi::AnyBuffer>() /* o */.Ret<ffi::AnyBuffer>() /* lse */.Ret<ffi::AnyBuffer>() /* ws */          \
-      .Attr<int32_t>("mask").Attr<float>("scale").Attr<float>("softcap").Attr<float>("dropout_p")
+      .Attr<int32_t>("mask").Attr<float>("scale").Attr<float>("softcap").Attr<float>("dropout_p")           \
+      .Attr<int32_t>("implementation")

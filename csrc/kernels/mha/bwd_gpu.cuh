@@ -2,8 +2,8 @@
 // portable kernels (the preprocess, dK/dV/dQ and dQ conversion of simt/bwd.cuh's header).
 //
 // mha_bwd_gpu sends a call to the mma.sync kernels (mma/bwd.cuh, bfloat16/float16 on CUDA) where
-// they handle its features (JA_MHA_BWD_MMA=0, read on every call, skips them), else to the SIMT ones
-// (float32, HIP, and bias and dropout everywhere); ja_mha_bwd_gpu_path_calls(path) counts the calls each ran.
+// they handle its features, else to the SIMT ones (float32, HIP, and bias and dropout everywhere), or to the family
+// the call names (implementation=); ja_mha_bwd_gpu_path_calls(path) counts the calls each ran.
 #pragma once
 #include <algorithm>
 #include <initializer_list>
@@ -16,8 +16,10 @@
 
 namespace ja {
 
+// impl: the family the call asked for (JaMhaImpl; the entry point has taken SM90 and refused CPU): AUTO takes the
+// mma.sync kernels where they run the call, a named family runs it or says why not.
 template <typename T, int D, bool CAUSAL>
-const char* mha_bwd_gpu(const JaMhaBwdArgs& a, void* stream) {
+const char* mha_bwd_gpu(const JaMhaBwdArgs& a, void* stream, int32_t impl) {
   using mha_gpu::kThreads;
   const ja_stream_t s = static_cast<ja_stream_t>(stream);
   const JaMhaProblem& p = a.p;
@@ -28,12 +30,21 @@ const char* mha_bwd_gpu(const JaMhaBwdArgs& a, void* stream) {
                           static_cast<const void*>(a.dv)})
     if (!mha_gpu::aligned16(ptr))
       return ja_error("mha_bwd: q, k, v, dout, dq, dk and dv must be 16-byte aligned on the GPU");
+  if (impl == JA_MHA_IMPL_DECODE)
+    return mha_gpu::refuse_forced("mha_bwd", impl, "the split-KV decode kernel is a forward; its calls' backward runs "
+                                  "the default family");
   int path = kPathSimt;
 #if JA_HAS_WARP_MMA
   if constexpr (mha_gpu::use_mma<T>()) {
-    if (mha_gpu::bwd_mma_takes<T, D>(a)) path = kPathMma;
+    if (impl == JA_MHA_IMPL_AUTO || impl == JA_MHA_IMPL_MMA) {
+      const char* f = mha_unhandled_feature(a, mha_gpu::kBwdMmaFeatures);
+      if (!f) path = kPathMma;
+      else if (impl == JA_MHA_IMPL_MMA) return mha_gpu::refuse_forced("mha_bwd", impl, ja_error("it does not handle %s", f));
+    }
   }
 #endif
+  if (impl == JA_MHA_IMPL_MMA && path != kPathMma)
+    return mha_gpu::refuse_forced("mha_bwd", impl, "its kernels run bfloat16 and float16 on CUDA's matrix units only");
 
   if (q_rows > 0) {
     const int64_t blocks = std::min<int64_t>((q_rows + mha_gpu::kTy - 1) / mha_gpu::kTy, mha_gpu::kMaxBlocks);

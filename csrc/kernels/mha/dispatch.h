@@ -19,7 +19,6 @@
 
 #include "ja/api.h"
 #include "ja/dtype.h"
-#include "ja/env.h"
 #include "ja/kernels/mha_check.h"
 #include "ja/kernels/mha_features.h"
 #include "mha/sm90/dims.h"
@@ -80,20 +79,34 @@ bool mha_sm90_matches(const MhaInstance<Fn>& e, const Args& a) {
          e.causal == (a.p.mask == kMaskCausal);
 }
 
+// The error of a call that asked for the Hopper kernels (implementation 'sm90') where they do not take it: `why`.
+inline const char* mha_sm90_refused(const char* op, const char* why) {
+  return ja_error("%s: implementation 'sm90' does not take this call: %s. The Hopper kernels run bfloat16 and "
+                  "float16 on an sm_90 device (H100, H200), head dims up to 256 in multiples of 8, without bias or "
+                  "dropout; the forward leaves decode shapes to 'decode'. Use implementation=None to choose "
+                  "automatically", op, why);
+}
+
 // Asks the instance for args in a table of instances that may decline (the sm_90a kernels:
-// fn(&args, stream, &handled); mha_sm90_matches) first, unless the environment variable off_env is "0"
-// (read on every call, so a test can compare both paths in one process). True, with the instance's status
-// in *err, when it handled the call (counted in calls); false when none matched or it declined.
+// fn(&args, stream, &handled); mha_sm90_matches) first, unless the call names another family (impl). True, with
+// the instance's status in *err, when it handled the call (counted in calls), or when the call asked for 'sm90' and
+// none took it (*err says why); false when the regular instances run it.
 template <typename Fn, size_t N, typename Args>
-bool mha_try_first(const MhaInstance<Fn> (&table)[N], const char* off_env, std::atomic<int64_t>& calls,
+bool mha_try_first(const char* op, const MhaInstance<Fn> (&table)[N], int32_t impl, std::atomic<int64_t>& calls,
                    const Args& a, void* stream, const char** err) {
-  if (env_off(off_env)) return false;
+  if (impl != JA_MHA_IMPL_AUTO && impl != JA_MHA_IMPL_SM90) return false;
   for (const auto& e : table) {
     if (!mha_sm90_matches(e, a)) continue;
     int handled = 0;
     *err = e.fn(&a, stream, &handled);
     if (handled) calls.fetch_add(1, std::memory_order_relaxed);
-    return handled != 0;
+    if (handled || impl == JA_MHA_IMPL_AUTO) return handled != 0;
+    *err = mha_sm90_refused(op, "its dtype, head dims, features, layout or device are outside the kernels'");
+    return true;
+  }
+  if (impl == JA_MHA_IMPL_SM90) {
+    *err = mha_sm90_refused(op, "no sm_90a instance of this dtype holds its head dims in this build");
+    return true;
   }
   return false;
 }

@@ -121,13 +121,27 @@ struct JaMhaBwdArgs {
   int64_t sync_words;
 };
 
-// Each entry point picks the generated instance for (dtype, head dims, mask); an
+// Which kernel family runs a call (the attention API's implementation=, docs/attention.md). AUTO picks as
+// documented: on the GPU the Hopper kernels (sm90) where they apply, else the split-KV decode kernel for decode
+// shapes, else mma.sync, else SIMT; on the CPU the CPU kernels. A family asked for by name runs the call or
+// returns an error naming the family and what it does not take; it never falls back to another.
+enum JaMhaImpl : int32_t {
+  JA_MHA_IMPL_AUTO = 0,
+  JA_MHA_IMPL_CPU = 1,
+  JA_MHA_IMPL_SIMT = 2,
+  JA_MHA_IMPL_MMA = 3,
+  JA_MHA_IMPL_DECODE = 4,  // the forward only: a backward asked for it runs AUTO
+  JA_MHA_IMPL_SM90 = 5,
+  JA_MHA_IMPL_COUNT = 6
+};
+
+// Each entry point picks the generated instance for (dtype, head dims, mask) in the family `impl` allows; an
 // unsupported combination returns an error that names what was asked and what exists.
 JA_API const char* ja_mha_fwd_cpu(const JaMhaFwdArgs* args);
-JA_API const char* ja_mha_fwd_gpu(const JaMhaFwdArgs* args, void* stream);
+JA_API const char* ja_mha_fwd_gpu(const JaMhaFwdArgs* args, void* stream, int32_t impl);
 // Calls of ja_mha_fwd_gpu that the sm_90a (wgmma + TMA) kernel handled in this process.
 JA_API int64_t ja_mha_fwd_sm90_calls(void);
 JA_API const char* ja_mha_bwd_cpu(const JaMhaBwdArgs* args);
-JA_API const char* ja_mha_bwd_gpu(const JaMhaBwdArgs* args, void* stream);
+JA_API const char* ja_mha_bwd_gpu(const JaMhaBwdArgs* args, void* stream, int32_t impl);
 // Calls of ja_mha_bwd_gpu that the sm_90a (wgmma + TMA) backward handled in this process.
 JA_API int64_t ja_mha_bwd_sm90_calls(void);

@@ -10,6 +10,26 @@
 
 namespace ja {
 
+// The name of a kernel family (JaMhaImpl) as the Python API spells it; "auto" for JA_MHA_IMPL_AUTO.
+inline const char* mha_impl_name(int32_t impl) {
+  static const char* const kNames[JA_MHA_IMPL_COUNT] = {"auto", "cpu", "simt", "mma", "decode", "sm90"};
+  return impl >= 0 && impl < JA_MHA_IMPL_COUNT ? kNames[impl] : "unknown";
+}
+
+// Whether `impl` may run on this platform (gpu: the GPU handlers; else the CPU's): nullptr, or the error.
+inline const char* mha_impl_error(const char* op, int32_t impl, bool gpu) {
+  if (impl < 0 || impl >= JA_MHA_IMPL_COUNT)
+    return ja_error("%s: implementation %d is not a kernel family (0 auto, 1 cpu, 2 simt, 3 mma, 4 decode, 5 sm90)",
+                    op, int(impl));
+  if (gpu && impl == JA_MHA_IMPL_CPU)
+    return ja_error("%s: implementation 'cpu' runs on the CPU platform; on the GPU ask for 'sm90', 'mma', 'decode' "
+                    "or 'simt', or None (automatic)", op);
+  if (!gpu && impl != JA_MHA_IMPL_AUTO && impl != JA_MHA_IMPL_CPU)
+    return ja_error("%s: implementation '%s' is a GPU kernel family; on the CPU only 'cpu' runs (or None: "
+                    "automatic)", op, mha_impl_name(impl));
+  return nullptr;
+}
+
 // The first way a call breaks the C ABI's rules (ja/kernels/mha.h), as an error naming the field, the value and
 // what is allowed (ja_error's text); nullptr when it keeps them. The entry points check every call with it, and the
 // FFI handlers return it as InvalidArgument after their own checks of the operands' shapes and dtypes.

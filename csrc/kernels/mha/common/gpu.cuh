@@ -16,12 +16,14 @@
 // score's terms as ScoreTerms, dropout as Dropout (ja/kernels/mha_features.h's definitions).
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "ja/api.h"
 #include "ja/dtype.h"
 #include "ja/env.h"
 #include "ja/gpu.h"
 #include "ja/kernels/mha.h"
+#include "ja/kernels/mha_check.h"
 #include "ja/kernels/mha_features.h"
 #include "ja/mma.h"
 
@@ -61,12 +63,13 @@ inline const char* refuse_unhandled(const char* op, const char* kernel, const Ar
            : nullptr;
 }
 
-// Whether kernel `handled` runs args (no feature it lacks) and the environment switch `off_env` is not "0"
-// (JA_MHA_FWD_MMA=0, JA_MHA_FWD_DECODE=0, JA_MHA_BWD_MMA=0: read on every call, so a test can send one call
-// to each kernel in one process).
-template <typename Args>
-inline bool kernel_takes(const Args& args, uint32_t handled, const char* off_env) {
-  return mha_unhandled_feature(args, handled) == nullptr && !env_off(off_env);
+// The error of a call that asked for the kernel family `impl` by name (the attention API's implementation=) where
+// that family does not take it: `why`, and the way out. A named family never falls back to another.
+// `why` may be ja_error's own thread-local text (decode_refusal's): it is copied before ja_error writes again.
+inline const char* refuse_forced(const char* op, int32_t impl, const char* why) {
+  const std::string reason = why;
+  return ja_error("%s: implementation '%s' does not take this call: %s; use implementation=None to choose "
+                  "automatically", op, mha_impl_name(impl), reason.c_str());
 }
 
 // The instance's padded head dim D holds the call's head_dim and head_dim_v (each 1..D; the kernels zero-pad

@@ -205,11 +205,16 @@ struct DecodeArgs {
   int cluster;    // > 1: the splits (gridDim.x of them) are one thread-block cluster that merges them itself
 };
 
-// Whether this kernel runs the call: its features, head dims of whole 16-byte vectors (odd ones take the
-// mma.sync kernel), and not JA_MHA_FWD_DECODE=0 (read on every call).
+// Why this kernel does not run the call (nullptr: it does): a decode shape (decode_applies), its features, and head
+// dims of whole 16-byte vectors (odd ones take the mma.sync kernel).
 template <typename T, int D>
-inline bool decode_takes(const JaMhaFwdArgs& a) {
-  return kernel_takes(a.p, kFwdDecodeFeatures, "JA_MHA_FWD_DECODE") && vec_dims<T>(a.p);
+inline const char* decode_refusal(const JaMhaFwdArgs& a) {
+  if (!decode_applies(a))
+    return ja_error("it is not a decode shape (%lld query rows per kv head; the split-KV kernel takes up to %d)",
+                    (long long)(a.p.heads_kv > 0 ? decode_rows(a) : 0), JA_MHA_DECODE_MAX_ROWS);
+  if (const char* f = mha_unhandled_feature(a.p, kFwdDecodeFeatures)) return ja_error("it does not handle %s", f);
+  if (!vec_dims<T>(a.p)) return "its head dims are not whole 16-byte vectors (multiples of 8)";
+  return nullptr;
 }
 
 struct DecodePlan {

@@ -649,11 +649,6 @@ JA_GLOBAL void __launch_bounds__(DqMmaTiles<T, D>::kThreads, 1) mha_bwd_dq_mma_k
   }
 }
 
-// Whether these kernels run the call's features (JA_MHA_BWD_MMA=0: never; read on every call).
-template <typename T, int D>
-inline bool bwd_mma_takes(const JaMhaBwdArgs& a) {
-  return kernel_takes(a, kBwdMmaFeatures, "JA_MHA_BWD_MMA");
-}
 
 template <typename T, int D, bool CAUSAL>
 const char* mha_bwd_mma_launch(const JaMhaBwdArgs& a, ja_stream_t stream) {

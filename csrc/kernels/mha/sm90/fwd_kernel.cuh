@@ -56,7 +56,7 @@
 // Built only for sm_90a (the gpu_sm90a kind of the mha_fwd module in
 // jax_aiter/jit/optCompilerConfig.json), with the CUTLASS/CuTe headers of the pinned
 // nvidia-cutlass package; sm90/fwd.inst.in wraps it (its launch: sm90/fwd_launch.cuh) and fwd_dispatch.cpp
-// calls it before the mma.sync kernels when the device is sm_90 (JA_MHA_FWD_SM90=0 turns it off).
+// calls it before the mma.sync kernels when the device is sm_90 (unless the call names another family: implementation=).
 #pragma once
 #pragma once
 #include "ja/kernels/mha.h"
