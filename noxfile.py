@@ -119,8 +119,9 @@ def lint(session: nox.Session) -> None:
 
 _session("compile_only", "build", "python", "-m", "jatools.native.build", "--compile-only",
          deps=[*BUILD_DEPS, *SASS_DEPS],
-         doc="Compile every library for CUDA (nvcc, sm_90) and ROCm (hipcc, gfx950; gfx90a for an old hipcc) "
-             "without a GPU; CUDA's sm_90a backward is then read for integer divisions in its main loop.")
+         doc="Compile every library for CUDA (nvcc) and ROCm (hipcc; gfx90a for an old hipcc), each for its default "
+             "archs (pyproject gpu_archs_cuda, gpu_archs_rocm), without a GPU; CUDA's sm_90a backward is then read "
+             "for integer divisions in its main loop.")
 for _tier in TIERS.values():  # jatools/testing/tag_filters.py: the tiers, their selections and what each is
     _tier_session(f"tests_{_tier.name}", "--tier", _tier.name, doc=f"The {_tier.name} tier ({_tier.doc}).")
 # Sanitizers: jatools/native/sanitize.py; the convergence recipe: ci/convergence/train_tiny.py (docs/ci.md).

@@ -250,7 +250,7 @@ def _settings_errors_in_one_line(ns: Collection) -> Collection:
     return ns
 
 
-# One name per task: the contract's (DESIGN.md) for verify, floor, contents and validate; wheels are built by
+# One name per task: the contract's (README.md, "Sessions and tasks") for verify, floor, contents and validate; wheels are built by
 # `nox -s wheel_lite|wheel_full` (docs/architecture.md lists every door and its code).
 ns = _settings_errors_in_one_line(Collection(
     env_report, convergence_check, floor, contents, validate, fill_wheelhouse, verify=jit_verify,
