@@ -38,6 +38,7 @@ class Config:
     window: int = -1            # > 0: a causal sliding window of this many keys on the even layers (Gemma 2)
     softcap: float = 0.0        # > 0: attention logit softcap on every layer (Gemma 2's 50)
     docs: tuple[int, ...] = ()  # packed documents (lengths, summing to seq) of a batch-1 row: causal within each
+    remat: bool = False         # each layer under jax.checkpoint with REMAT_POLICY (a training step's memory saver)
 
     def with_(self, **kw) -> Config:
         return replace(self, **kw)
@@ -203,15 +204,30 @@ def _qkv(cfg: Config, layer, h, positions):
     return rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta), v
 
 
+def remat_policy():
+    """Config.remat's policy, the same for both models: the matrix products are saved (plain JAX's attention is
+    dots, so its forward is not recomputed either), and so are our attention's residuals, by the names the op gives
+    them (jax_aiter.ops.attention.RESIDUAL_NAMES): the gradient recomputes the norms and activations, not
+    attention."""
+    from jax_aiter.ops.attention import RESIDUAL_NAMES
+
+    cp = jax.checkpoint_policies
+    return cp.save_from_both_policies(cp.dots_saveable, cp.save_only_these_names(*RESIDUAL_NAMES))
+
+
 def _layers(cfg: Config, ops: Ops, params, x, attend):
     """The decoder stack in fused-residual form; attend(i, layer, h) -> the attention output [b, s, hq*d]."""
     res = x
     h = ops.rms_norm(x, params["layers"][0]["attn_norm"], cfg.eps)
     for i, layer in enumerate(params["layers"]):
-        h, res = ops.rms_norm_add(attend(i, layer, h) @ layer["wo"], res, layer["mlp_norm"], cfg.eps)
-        mlp = ops.silu_and_mul(h @ layer["w_gate_up"]) @ layer["w_down"]
         nxt = params["layers"][i + 1]["attn_norm"] if i + 1 < len(params["layers"]) else params["final_norm"]
-        h, res = ops.rms_norm_add(mlp, res, nxt, cfg.eps)
+
+        def block(layer, nxt, h, res, i=i):
+            h, res = ops.rms_norm_add(attend(i, layer, h) @ layer["wo"], res, layer["mlp_norm"], cfg.eps)
+            mlp = ops.silu_and_mul(h @ layer["w_gate_up"]) @ layer["w_down"]
+            return ops.rms_norm_add(mlp, res, nxt, cfg.eps)
+
+        h, res = (jax.checkpoint(block, policy=remat_policy()) if cfg.remat else block)(layer, nxt, h, res)
     return h @ params["lm_head"]
 
 
@@ -223,7 +239,8 @@ def prefill(cfg: Config, ops: Ops, params, tokens):
 
     def attend(i, layer, h):
         q, k, v = _qkv(cfg, layer, h, positions)
-        cache.append((k, v))
+        if not cfg.remat:  # a rematerialized layer's k and v are its own trace's: a training step keeps no cache
+            cache.append((k, v))
         return ops.attention(q, k, v, True, **cfg.attention_features(i)).reshape(b, s, cfg.heads_q * cfg.head_dim)
 
     return _layers(cfg, ops, params, params["embed"][tokens], attend), cache

@@ -48,6 +48,9 @@ WORKLOADS = (
     Workload("train packed docs b1 s16k", "train", llama.LLAMA.with_(docs=llama.PACKED_DOCS), 1, 16384, 1, goal=1.8),
     Workload("train gemma2 win4k cap50 s8k", "train", llama.GEMMA_LIKE.with_(window=4096, softcap=50.0), 1, 8192, 1,
              goal=2.0),
+    # issue 82: each layer under jax.checkpoint (llama.remat_policy: dots and our attention's named residuals
+    # saved), so neither model recomputes its attention in the gradient
+    Workload("train remat b4 s2048", "train", llama.LLAMA.with_(remat=True), 4, 2048, 2),
 )
 # --quick runs these (and the perf gate's baseline holds them); a full run adds the others.
 QUICK = ("prefill b4 s2048", "train b4 s2048", "decode b8 kv8k", "decode b8 kv8k hkv4")

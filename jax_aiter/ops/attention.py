@@ -26,6 +26,7 @@ from functools import cache, partial
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 from jax.custom_derivatives import SymbolicZero
 from jax.typing import ArrayLike
 
@@ -44,6 +45,9 @@ from jax_aiter.ops import (
 )
 
 OP = "flash_attn_func"
+# The names of the forward's residuals, for jax.checkpoint's policies (jax.checkpoint_policies.save_only_these_names
+# and its kin): a policy that saves both keeps the forward out of the gradient's recomputation (docs/transformations.md).
+RESIDUAL_NAMES = ("attention_out", "attention_lse")
 
 
 @dataclass(frozen=True)
@@ -223,6 +227,7 @@ def _flash_fwd(cfg: Config, q, k, v, rows, alibi, bias, seed):
     (the residuals' marker: () it does, None it does not)."""
     args = [a.value for a in (q, k, v, rows, alibi, bias, seed)]
     o, lse = _prims(cfg)[0](*args)
+    o, lse = checkpoint_name(o, RESIDUAL_NAMES[0]), checkpoint_name(lse, RESIDUAL_NAMES[1])
     # absent operands are not residuals (None): a zero-size residual crossing jax.shard_map crashed XLA's SPMD
     # partitioner (JAX 0.11, CPU); the backward makes its own placeholders
     given = [a if a.shape != (0,) else None for a in args]

@@ -137,6 +137,38 @@ def test_remat_gives_the_same_gradients(device, policy):
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
 
+@pytest.mark.parametrize("policy, forwards", [
+    ("nothing", 2), ("everything", 1), ("dots", 2), ("attention names", 1), ("dots and attention names", 1)])
+def test_a_policy_that_saves_the_named_residuals_runs_the_forward_once(device, policy, forwards):
+    """Under jax.checkpoint in a scan over layers (where XLA cannot merge a recomputed forward with the first), the
+    gradient runs the attention forward again unless the policy keeps its residuals: everything_saveable does, and
+    so does any policy that saves them by name (jax_aiter.ops.attention.RESIDUAL_NAMES, out and lse). Counted in the
+    compiled gradient's custom calls; the gradients are the ones without remat."""
+    import re
+
+    from jax_aiter.ops.attention import RESIDUAL_NAMES
+
+    cp = jax.checkpoint_policies
+    names = cp.save_only_these_names(*RESIDUAL_NAMES)
+    pol = {"nothing": cp.nothing_saveable, "everything": cp.everything_saveable, "dots": cp.dots_saveable,
+           "attention names": names, "dots and attention names": cp.save_from_both_policies(cp.dots_saveable, names)}
+    w = _rand(30, (3, D * HQ, D * HQ)) * 0.1
+    x0 = _rand(31, (B, S, D * HQ))
+
+    def layer(x, wi):
+        q = (x @ wi).reshape(B, S, HQ, D)
+        return jnp.tanh(jax_aiter.flash_attn_func(q, q, q, causal=True).reshape(B, S, D * HQ)), None
+
+    def loss(w, body):
+        return jax.lax.scan(body, x0, w)[0].sum()
+
+    grad = jax.jit(jax.grad(lambda w: loss(w, jax.checkpoint(layer, policy=pol[policy]))))
+    text = grad.lower(w).compile().as_text()
+    assert len(re.findall(r'custom_call_target="ja_mha_fwd"', text)) == forwards
+    np.testing.assert_allclose(np.asarray(grad(w)), np.asarray(jax.jit(jax.grad(lambda w: loss(w, layer)))(w)),
+                               rtol=1e-6, atol=1e-7)
+
+
 # XLA's GPU dynamic-slice fusion (on by default in JAX 0.11's CUDA plugin) folds a custom call whose result feeds
 # a scan's stacked residual into one fusion that writes the slot in place; for a call whose results are aliased to
 # operands (the harness's NaN poisoning, jax_aiter/ops/_ffi.py) it loses the write, and the backward reads a residual

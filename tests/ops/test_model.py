@@ -150,6 +150,27 @@ def test_hlo_launches_counts_what_the_compiled_step_calls(device, llama, model_b
     assert census["ours"].get("fusion", 0) > 0 and census["plain"].get("fusion", 0) > 0
 
 
+def test_a_rematerialized_train_step_runs_our_attention_forward_once(device, llama, model_bench):
+    """Under llama.remat_policy (dots and the attention's named residuals saved) each layer's attention forward
+    runs once in the compiled train step, as plain JAX's dots do; under dots_saveable alone it runs again in the
+    gradient. The rematerialized step's loss and gradients are the plain step's."""
+    cfg = tiny(llama).with_(remat=True)
+    w = model_bench.Workload("tiny remat", "train", cfg, 2, 24, 1)
+    params = llama.init_params(cfg, jax.random.key(12), jnp.float32)
+    census = model_bench.build(w, llama.our_ops(), params, jax.random.key(13))[2]["hlo"]
+    assert census.get("custom-call ja_mha_fwd") == cfg.layers and census.get("custom-call ja_mha_bwd") == cfg.layers
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(llama, "remat_policy", lambda: jax.checkpoint_policies.dots_saveable)
+        again = model_bench.build(w, llama.our_ops(), params, jax.random.key(13))[2]["hlo"]
+    assert again.get("custom-call ja_mha_fwd") == 2 * cfg.layers, again  # the unnamed residuals: recomputed
+    tokens = jax.random.randint(jax.random.key(14), (2, 17), 0, cfg.vocab)
+    with jax.default_matmul_precision("highest"):
+        (l_remat, g_remat), (l_plain, g_plain) = (jax.jit(llama.train_step(c, llama.our_ops()))(params, tokens)
+                                                  for c in (cfg, cfg.with_(remat=False)))
+    assert abs(float(l_remat) - float(l_plain)) <= 1e-6 * abs(float(l_plain))
+    assert llama.worst_leaf_err(g_remat, g_plain) <= 1e-5
+
+
 # issue 56's model rows at a tiny size: a packed row of documents (ours varlen, plain JAX a segment mask) and
 # Gemma 2's attention (a causal window on the even layers, softcap on every layer: plain JAX writes it out).
 FEATURES = {"packed-docs": {"docs": (9, 4, 1, 2)}, "gemma2-window-softcap": {"window": 5, "softcap": 3.0}}
