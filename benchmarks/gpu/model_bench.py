@@ -51,6 +51,9 @@ WORKLOADS = (
     # issue 82: each layer under jax.checkpoint (llama.remat_policy: dots and our attention's named residuals
     # saved), so neither model recomputes its attention in the gradient
     Workload("train remat b4 s2048", "train", llama.LLAMA.with_(remat=True), 4, 2048, 2),
+    # issue 82: long-context training, where the attention backward weighs most: at most 0.9x plain JAX's time
+    Workload("train b1 s16k", "train", llama.LLAMA, 1, 16384, 1, goal=1 / 0.9),
+    Workload("train b1 s32k", "train", llama.LLAMA, 1, 32768, 1, goal=1 / 0.9),
 )
 # --quick runs these (and the perf gate's baseline holds them); a full run adds the others.
 QUICK = ("prefill b4 s2048", "train b4 s2048", "decode b8 kv8k", "decode b8 kv8k hkv4")
