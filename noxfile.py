@@ -6,6 +6,7 @@ in those modules. `nox -l` lists them with these docstrings.
 from __future__ import annotations
 
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -110,11 +111,20 @@ _session("ci_tooling", "test", "pytest", "tests/tooling", "ci", deps=TOOLING_DEP
          doc="CPU-only tooling tests (manifest, tiers, CI driver, perf logs): no GPU, no native build.")
 
 
+# The C++ and CUDA sources clang-format holds to .clang-format (git pathspecs; the JIT templates, *.inst.in, are not
+# C++ until generated).
+CXX_SOURCES = ["csrc/*.h", "csrc/*.cuh", "csrc/*.cu", "csrc/*.cpp", "csrc/*.inc", "benchmarks/gpu/*.cu",
+               "benchmarks/gpu/*.cuh", "benchmarks/gpu/*.h"]
+
+
 @nox.session(python=PY, tags=["lint"])
 def lint(session: nox.Session) -> None:
-    """Static checks: ruff (pinned: a newer ruff brings new default rules) on the Python sources."""
+    """Static checks (pinned: a newer tool brings new rules): ruff on the Python sources, clang-format's layout
+    (.clang-format) on the C++ and CUDA sources."""
     session.install(*nox.project.dependency_groups(PYPROJECT, "lint"))
     session.run("ruff", "check", "jax_aiter", "jatools", "ci", "tests", "noxfile.py", "tasks.py")
+    cxx = subprocess.run(["git", "ls-files", "--", *CXX_SOURCES], capture_output=True, text=True, check=True).stdout
+    session.run("clang-format", "--dry-run", "--Werror", *cxx.split())
 
 
 _session("compile_only", "build", "python", "-m", "jatools.native.build", "--compile-only",

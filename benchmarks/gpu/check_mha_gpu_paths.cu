@@ -31,10 +31,12 @@
 #include "ja/kernels/mha_features.h"
 #include "mha/common/gpu_calls.h"
 
-// The instances (generated from csrc/kernels/mha/mha_{fwd,bwd}_gpu.inst.in by check_mha_gpu_paths.sh).
+// The instances (generated from csrc/kernels/mha/{fwd,bwd}_gpu.inst.in by check_mha_gpu_paths.sh).
+// clang-format off: an X-macro list
 #define INSTANCES(X) \
   X(f32, 64, 0) X(f32, 64, 1) X(f32, 128, 0) X(bf16, 64, 0) X(bf16, 64, 1) X(bf16, 128, 0) X(bf16, 128, 1) \
   X(bf16, 256, 0) X(f16, 64, 0) X(f16, 128, 1)
+// clang-format on
 #define DECLARE(dt, d, c)                                                                   \
   extern "C" const char* ja_mha_fwd_gpu__##dt##_d##d##_c##c(const JaMhaFwdArgs*, void*, int32_t); \
   extern "C" const char* ja_mha_bwd_gpu__##dt##_d##d##_c##c(const JaMhaBwdArgs*, void*, int32_t);
