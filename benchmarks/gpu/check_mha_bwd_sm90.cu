@@ -32,8 +32,8 @@ const char* run(const JaMhaBwdArgs* a, void* s, int* handled) {
 static RunFn pick(const Problem& p) {
   const int D = ja::mha_sm90::sm90_instance_head_dim(p.d, p.dv);
   const bool c = p.mask == ja::kMaskCausal;
-#define P(T, DD)                                                       \
-  if constexpr (built<T, DD>())                                        \
+#define P(T, DD)                \
+  if constexpr (built<T, DD>()) \
     if (D == DD) return c ? run<T, DD, true> : run<T, DD, false>;
   if (p.bf) {
     P(ja::bf16_t, 64) P(ja::bf16_t, 96) P(ja::bf16_t, 128) P(ja::bf16_t, 256)
@@ -120,8 +120,8 @@ static std::vector<Problem> checks() {
   v.push_back(window("window causal", 2, 333, 333, 4, 2, 128, 64, 0));
   v.push_back(window("window both f16", 1, 400, 400, 2, 1, 64, 100, 50, false));
   v.push_back(window("window (0,0)", 1, 300, 300, 2, 2, 128, 0, 0));
-  v.push_back(varlen("varlen causal (empty seq)", {0, 0, 77, 377, 378, 628}, {0, 0, 77, 377, 378, 628}, 640, 640,
-                     4, 2, 128, -1, 0));
+  v.push_back(varlen("varlen causal (empty seq)", {0, 0, 77, 377, 378, 628}, {0, 0, 77, 377, 378, 628}, 640, 640, 4, 2,
+                     128, -1, 0));
   v.push_back(varlen("varlen q!=k", {0, 50, 250, 260}, {0, 100, 150, 500}, 260, 500, 4, 2, 128, -1, -1));
   v.push_back(varlen("varlen causal window", {0, 300, 310, 700}, {0, 300, 310, 700}, 700, 700, 2, 2, 128, 64, 0));
   v.push_back(segments("segments causal", 2, 400, 4, 2, 64, true, 7));
@@ -198,7 +198,7 @@ static std::vector<Timed> timings() {
   }
   for (const char* n : {"t dense", "t causal", "t varlen causal"}) {
     Problem p = std::string(n) == "t varlen causal" ? varlen(n, cu, cu, S, S, H, H, 128, -1, 0)
-                                                   : dense(n, 1, S, S, H, H, 128, 128, std::string(n) == "t causal");
+                                                    : dense(n, 1, S, S, H, H, 128, 128, std::string(n) == "t causal");
     p.name = std::string(n) + " det";
     t.push_back({p, n, 1.3, true});
   }
@@ -278,8 +278,7 @@ int main(int argc, char** argv) {
           std::printf("  time / (visible x %s) %.3f (target <= 1.2)", t.base.c_str(), ms[i] / (p.flops_scale * ms[bi]));
         else if (t.target < 1.0)
           std::printf("  FLOP rate / %s's %.3f (target >= %.2f)", t.base.c_str(), rate / rate_b, t.target);
-        else
-          std::printf("  time / %s's %.3f (target <= %.2f)", t.base.c_str(), ms[i] / ms[bi], t.target);
+        else std::printf("  time / %s's %.3f (target <= %.2f)", t.base.c_str(), ms[i] / ms[bi], t.target);
       }
       std::printf("\n");
     }

@@ -39,8 +39,8 @@ static RunFn pick(const Problem& p) {
   if constexpr (built<ja::bf16_t, 128>())
     if (p.name.find("(direct)") != std::string::npos && p.bf && D == 128 && p.d == 128 && p.dv == 128)
       return c ? run_direct<ja::bf16_t, 128, true> : run_direct<ja::bf16_t, 128, false>;
-#define P(T, DD)                                                       \
-  if constexpr (built<T, DD>())                                        \
+#define P(T, DD)                \
+  if constexpr (built<T, DD>()) \
     if (D == DD) return c ? run<T, DD, true> : run<T, DD, false>;
   if (p.bf) {
     P(ja::bf16_t, 64) P(ja::bf16_t, 96) P(ja::bf16_t, 128) P(ja::bf16_t, 256)
@@ -105,8 +105,8 @@ static std::vector<Problem> checks() {
   v.push_back(window("window (0,0)", 1, 300, 300, 2, 2, 128, 0, 0));
   v.push_back(window("window > seq", 1, 300, 260, 2, 2, 128, 5000, 5000));
   v.push_back(window("window right only", 1, 400, 500, 2, 2, 128, -1, 37));
-  v.push_back(varlen("varlen causal (empty seq)", {0, 0, 77, 377, 378, 628}, {0, 0, 77, 377, 378, 628}, 640, 640,
-                     4, 2, 128, -1, 0));
+  v.push_back(varlen("varlen causal (empty seq)", {0, 0, 77, 377, 378, 628}, {0, 0, 77, 377, 378, 628}, 640, 640, 4, 2,
+                     128, -1, 0));
   v.push_back(varlen("varlen q!=k", {0, 50, 250, 260}, {0, 100, 150, 500}, 260, 500, 4, 2, 128, -1, -1));
   v.push_back(varlen("varlen causal window", {0, 300, 310, 700}, {0, 300, 310, 700}, 700, 700, 2, 2, 128, 64, 0));
   v.push_back(segments("segments causal", 2, 400, 4, 2, 64, true, 7));
@@ -192,8 +192,8 @@ static std::vector<Timed> timings() {
     t.push_back({dense("t d" + std::to_string(d), 2, 8192, 8192, 16, 16, d, d, false), "", 0});
   for (int d : {40, 80, 112, 160, 192}) {
     const int next = d <= 64 ? 64 : d <= 96 ? 96 : d <= 128 ? 128 : 256;
-    t.push_back({dense("t hd" + std::to_string(d), 2, 8192, 8192, 16, 16, d, d, false), "t d" + std::to_string(next),
-                 0.85});
+    t.push_back(
+        {dense("t hd" + std::to_string(d), 2, 8192, 8192, 16, 16, d, d, false), "t d" + std::to_string(next), 0.85});
   }
   t.push_back({dense("t d192/128 causal", 2, 8192, 8192, 16, 16, 192, 128, true), "", 0});
   // The Gemma-like shape (d256, window 4k, softcap 50, 8k): softcap against the same kernel without it.
@@ -245,8 +245,7 @@ int main(int argc, char** argv) {
           std::printf("  time / (visible x %s) %.3f (target <= 1.2)", t.base.c_str(), ms[i] / (p.flops_scale * ms[bi]));
         else if (t.target < 1.0)
           std::printf("  FLOP rate / %s's %.3f (target >= %.2f)", t.base.c_str(), rate / rate_b, t.target);
-        else
-          std::printf("  time / %s's %.3f (target <= %.2f)", t.base.c_str(), ms[i] / ms[bi], t.target);
+        else std::printf("  time / %s's %.3f (target <= %.2f)", t.base.c_str(), ms[i] / ms[bi], t.target);
       }
       std::printf("\n");
     }
@@ -263,16 +262,25 @@ int main(int argc, char** argv) {
       L fn[4];  // EMU 0, 2, 3, 4
     };
     const int S = 16384, H = 32;
-    Problem sc = dense("e causal softcap", 1, S, S, H, H, 128, 128, true), sd = dense("e dense softcap", 1, S, S, H, H, 128, 128, false);
+    Problem sc = dense("e causal softcap", 1, S, S, H, H, 128, 128, true),
+            sd = dense("e dense softcap", 1, S, S, H, H, 128, 128, false);
     sc.softcap = sd.softcap = 50.0f;
     const Emu emus[] = {
-        {sc, {s9::mha_fwd_sm90_launch<B, 128, 128, true, true, false, 0>, s9::mha_fwd_sm90_launch<B, 128, 128, true, true, false, 2>,
-              s9::mha_fwd_sm90_launch<B, 128, 128, true, true, false, 3>, s9::mha_fwd_sm90_launch<B, 128, 128, true, true, false, 4>}},
-        {sd, {s9::mha_fwd_sm90_launch<B, 128, 128, false, true, false, 0>, s9::mha_fwd_sm90_launch<B, 128, 128, false, true, false, 2>,
-              s9::mha_fwd_sm90_launch<B, 128, 128, false, true, false, 3>, s9::mha_fwd_sm90_launch<B, 128, 128, false, true, false, 4>}},
+        {sc,
+         {s9::mha_fwd_sm90_launch<B, 128, 128, true, true, false, 0>,
+          s9::mha_fwd_sm90_launch<B, 128, 128, true, true, false, 2>,
+          s9::mha_fwd_sm90_launch<B, 128, 128, true, true, false, 3>,
+          s9::mha_fwd_sm90_launch<B, 128, 128, true, true, false, 4>}},
+        {sd,
+         {s9::mha_fwd_sm90_launch<B, 128, 128, false, true, false, 0>,
+          s9::mha_fwd_sm90_launch<B, 128, 128, false, true, false, 2>,
+          s9::mha_fwd_sm90_launch<B, 128, 128, false, true, false, 3>,
+          s9::mha_fwd_sm90_launch<B, 128, 128, false, true, false, 4>}},
         {dense("e d64", 2, 8192, 8192, 16, 16, 64, 64, false),
-         {s9::mha_fwd_sm90_launch<B, 64, 64, false, false, false, 0>, s9::mha_fwd_sm90_launch<B, 64, 64, false, false, false, 2>,
-          s9::mha_fwd_sm90_launch<B, 64, 64, false, false, false, 3>, s9::mha_fwd_sm90_launch<B, 64, 64, false, false, false, 4>}},
+         {s9::mha_fwd_sm90_launch<B, 64, 64, false, false, false, 0>,
+          s9::mha_fwd_sm90_launch<B, 64, 64, false, false, false, 2>,
+          s9::mha_fwd_sm90_launch<B, 64, 64, false, false, false, 3>,
+          s9::mha_fwd_sm90_launch<B, 64, 64, false, false, false, 4>}},
     };
     for (const Emu& e : emus) {
       Dev m(e.p, false);

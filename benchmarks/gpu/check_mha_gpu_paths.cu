@@ -37,7 +37,7 @@
   X(f32, 64, 0) X(f32, 64, 1) X(f32, 128, 0) X(bf16, 64, 0) X(bf16, 64, 1) X(bf16, 128, 0) X(bf16, 128, 1) \
   X(bf16, 256, 0) X(f16, 64, 0) X(f16, 128, 1)
 // clang-format on
-#define DECLARE(dt, d, c)                                                                   \
+#define DECLARE(dt, d, c)                                                                         \
   extern "C" const char* ja_mha_fwd_gpu__##dt##_d##d##_c##c(const JaMhaFwdArgs*, void*, int32_t); \
   extern "C" const char* ja_mha_bwd_gpu__##dt##_d##d##_c##c(const JaMhaBwdArgs*, void*, int32_t);
 INSTANCES(DECLARE)
@@ -105,7 +105,7 @@ struct Case {
   int nan = 0;                  // NaN/Inf planted in K and V at keys hidden from some rows (2: the last three keys)
   bool tma_off = false;         // decode: JA_MHA_FWD_DECODE_TMA=0 (cp.async loads on sm_90)
   int fwd_path, bwd_path;       // expected kernels (ja::MhaGpuPath); bwd -1: no backward
-  bool force = true;            // send the call to that kernel (the implementation argument); false: the dispatch picks
+  bool force = true;  // send the call to that kernel (the implementation argument); false: the dispatch picks
 };
 
 // lo, hi, diag of every row ([rb][3][sq]) and cols ([rb][2][sk]), as jax_aiter/ops/_attn_mask.py builds them.
@@ -170,7 +170,7 @@ Rows make_rows(const Case& c) {
     for (int j = 0; j < sk; ++j) {
       int qlo = 0, qhi = 0;
       while (qlo < sq && r[sq + qlo] <= j) ++qlo;  // first i with hi_i > j
-      while (qhi < sq && r[qhi] <= j) ++qhi;       // first i with lo_i > j
+      while (qhi < sq && r[qhi] <= j) ++qhi;  // first i with lo_i > j
       cc[j] = qlo, cc[sk + j] = qhi;
     }
   }
@@ -242,7 +242,8 @@ Ref reference(const Case& c, const Host& H, const Rows& R, bool with_rows) {
         F.lse[li] = m + std::log(den);
         for (int64_t j = row.lo; j < row.hi; ++j) {
           pr[j] /= den;
-          keep[j] = c.dropout > 0 ? (ja::mha_dropout_keep(H.seed, thr, b, h, i, j) ? 1.0 / (1.0 - c.dropout) : 0.0) : 1.0;
+          keep[j] =
+              c.dropout > 0 ? (ja::mha_dropout_keep(H.seed, thr, b, h, i, j) ? 1.0 / (1.0 - c.dropout) : 0.0) : 1.0;
         }
         double* oi = &F.o[((size_t(b) * sq + i) * hq + h) * hdv];
         for (int64_t j = row.lo; j < row.hi; ++j) {
@@ -415,7 +416,8 @@ bool run_case(const Case& c) {
   p.dtype = c.dt, p.batch = b_, p.seq_q = sq, p.seq_k = sk, p.heads_q = hq, p.heads_kv = hkv;
   p.head_dim = hd, p.head_dim_v = hdv, p.mask = c.mask, p.scale = float(1.0 / std::sqrt(double(hd)));
   p.softcap = c.softcap, p.dropout_p = c.dropout;
-  if (c.mask == ja::kMaskRows) p.rows = static_cast<const int32_t*>(rows.p), p.rows_batch_stride = R.rb == 1 ? 0 : 3 * sq;
+  if (c.mask == ja::kMaskRows)
+    p.rows = static_cast<const int32_t*>(rows.p), p.rows_batch_stride = R.rb == 1 ? 0 : 3 * sq;
   if (c.alibi) p.alibi = static_cast<const float*>(alibi.p), p.alibi_batch_stride = c.alibi == 2 ? hq : 0;
   if (c.bias) {
     p.bias = static_cast<const float*>(bias.p);
@@ -467,7 +469,8 @@ bool run_case(const Case& c) {
     JaMhaBwdArgs ba{};
     ba.p = p, ba.deterministic = c.det, ba.q = q.p, ba.k = k.p, ba.v = v.p, ba.o = o.p, ba.dout = dout.p;
     ba.lse = static_cast<const float*>(lse.p);
-    if (c.mask == ja::kMaskRows) ba.cols = static_cast<const int32_t*>(cols.p), ba.cols_batch_stride = R.rb == 1 ? 0 : 2 * sk;
+    if (c.mask == ja::kMaskRows)
+      ba.cols = static_cast<const int32_t*>(cols.p), ba.cols_batch_stride = R.rb == 1 ? 0 : 2 * sk;
     ba.dq = dq.p, ba.dk = dk.p, ba.dv = dv.p, ba.dbias = c.bias ? static_cast<float*>(dbias.p) : nullptr;
     ba.dq_accum = static_cast<float*>(acc.p), ba.delta = static_cast<float*>(delta.p);
     ba.sync = c.det ? static_cast<int32_t*>(sync.p) : nullptr, ba.sync_words = c.det ? int64_t(nsync) : 0;
@@ -530,88 +533,135 @@ std::vector<Case> cases() {
     add(P + " window (20,5)", dt, 64, 2, 150, 150, 2, 2, 64, 64, window(20, 5), path, path);
     add(P + " window (0,0)", dt, 64, 1, 100, 100, 2, 1, 64, 64, window(0, 0), path, path);
     add(P + " window (-1,7) noncausal", dt, 64, 1, 90, 120, 2, 1, 64, 64, window(-1, 7), path, path);
-    add(P + " window causal (33,0) rows per batch", dt, 128, 2, 140, 140, 2, 1, 128, 128,
+    add(
+        P + " window causal (33,0) rows per batch", dt, 128, 2, 140, 140, 2, 1, 128, 128,
         [](Case& c) { c.mask = kMaskRows, c.left = 33, c.right = 0, c.rows_batch = 2; }, path, path);
     add(P + " window larger than seq", dt, 64, 1, 60, 60, 2, 2, 64, 64, window(500, 500), path, path);
-    add(P + " varlen causal+window, empty seq", dt, 64, 1, 200, 230, 4, 2, 64, 64, [](Case& c) {
-      c.mask = kMaskRows, c.layout = 1, c.lens_q = {37, 0, 80, 60, 23}, c.lens_k = {50, 10, 80, 70, 20},
-      c.left = 30, c.right = 0; }, path, path);
-    add(P + " varlen noncausal", dt, 64, 1, 150, 150, 2, 1, 64, 64, [](Case& c) {
-      c.mask = kMaskRows, c.layout = 1, c.lens_q = {70, 1, 79}, c.lens_k = {70, 1, 79}; }, path, path);
-    add(P + " segments causal", dt, 64, 3, 128, 128, 2, 2, 64, 64, [](Case& c) {
-      c.mask = kMaskRows, c.layout = 2, c.lens_q = {50, 30, 48}, c.right = 0; }, path, path);
-    add(P + " softcap + window", dt, 128, 2, 100, 100, 2, 1, 128, 128, [](Case& c) {
-      c.mask = kMaskRows, c.left = 40, c.right = 0, c.softcap = 5.0f; }, path, path);
-    add(P + " softcap d256", dt, 256, 1, 70, 90, 2, 1, 256, 256, [](Case& c) { c.softcap = 3.0f; }, path, path);
-    add(P + " alibi gqa [hq]", dt, 64, 2, 80, 100, 8, 2, 64, 64, [](Case& c) { c.alibi = 1; c.mask = kMaskCausal; },
+    add(
+        P + " varlen causal+window, empty seq", dt, 64, 1, 200, 230, 4, 2, 64, 64,
+        [](Case& c) {
+          c.mask = kMaskRows, c.layout = 1, c.lens_q = {37, 0, 80, 60, 23}, c.lens_k = {50, 10, 80, 70, 20},
+          c.left = 30, c.right = 0;
+        },
         path, path);
-    add(P + " alibi [b,hq] + window", dt, 64, 2, 80, 100, 4, 4, 64, 64, [](Case& c) {
-      c.alibi = 2, c.mask = kMaskRows, c.left = 16, c.right = 16; }, path, path);
+    add(
+        P + " varlen noncausal", dt, 64, 1, 150, 150, 2, 1, 64, 64,
+        [](Case& c) { c.mask = kMaskRows, c.layout = 1, c.lens_q = {70, 1, 79}, c.lens_k = {70, 1, 79}; }, path, path);
+    add(
+        P + " segments causal", dt, 64, 3, 128, 128, 2, 2, 64, 64,
+        [](Case& c) { c.mask = kMaskRows, c.layout = 2, c.lens_q = {50, 30, 48}, c.right = 0; }, path, path);
+    add(
+        P + " softcap + window", dt, 128, 2, 100, 100, 2, 1, 128, 128,
+        [](Case& c) { c.mask = kMaskRows, c.left = 40, c.right = 0, c.softcap = 5.0f; }, path, path);
+    add(P + " softcap d256", dt, 256, 1, 70, 90, 2, 1, 256, 256, [](Case& c) { c.softcap = 3.0f; }, path, path);
+    add(
+        P + " alibi gqa [hq]", dt, 64, 2, 80, 100, 8, 2, 64, 64,
+        [](Case& c) {
+          c.alibi = 1;
+          c.mask = kMaskCausal;
+        },
+        path, path);
+    add(
+        P + " alibi [b,hq] + window", dt, 64, 2, 80, 100, 4, 4, 64, 64,
+        [](Case& c) { c.alibi = 2, c.mask = kMaskRows, c.left = 16, c.right = 16; }, path, path);
     add(P + " head_dim 59", dt, 64, 2, 70, 70, 2, 1, 59, 59, causal, path, path);
     add(P + " head_dim 40 / v 64", dt, 64, 1, 66, 90, 4, 2, 40, 64, none, path, path);
     add(P + " head_dim 128 / v 96", dt, 128, 1, 66, 90, 2, 2, 128, 96, causal, path, path);
     add(P + " head_dim 1 / v 3", dt, 64, 1, 40, 50, 2, 1, 1, 3, none, path, path);
     add(P + " head_dim 192 / v 128 causal rows", dt, 256, 1, 50, 70, 2, 1, 192, 128, window(-1, 0), path, path);
-    add(P + " rows that see nothing (varlen)", dt, 64, 1, 110, 90, 2, 1, 64, 64, [](Case& c) {
-      c.mask = kMaskRows, c.layout = 1, c.lens_q = {30, 20, 40}, c.lens_k = {40, 0, 50}, c.left = 10,
-      c.right = 0; }, path, path);
-    add(P + " deterministic causal gqa", dt, 128, 2, 150, 170, 4, 2, 128, 128, [](Case& c) {
-      c.mask = kMaskCausal, c.det = 1; }, path, path);
-    add(P + " deterministic varlen softcap", dt, 64, 1, 200, 200, 2, 1, 64, 64, [](Case& c) {
-      c.mask = kMaskRows, c.layout = 1, c.lens_q = {90, 110}, c.lens_k = {90, 110}, c.right = 0, c.softcap = 4.0f,
-      c.det = 1; }, path, path);
-    add(P + " NaN/Inf hidden, causal", dt, 64, 1, 96, 96, 2, 1, 64, 64, [](Case& c) {
-      c.mask = kMaskCausal, c.nan = 1; }, path, path);
-    add(P + " NaN/Inf hidden, window", dt, 64, 1, 160, 160, 2, 1, 64, 64, [](Case& c) {
-      c.mask = kMaskRows, c.left = 8, c.right = 0, c.nan = 1; }, path, path);
-    add(P + " NaN/Inf hidden, deterministic", dt, 64, 1, 160, 160, 2, 1, 64, 64, [](Case& c) {
-      c.mask = kMaskRows, c.left = 12, c.right = 3, c.nan = 1, c.det = 1; }, path, path);
+    add(
+        P + " rows that see nothing (varlen)", dt, 64, 1, 110, 90, 2, 1, 64, 64,
+        [](Case& c) {
+          c.mask = kMaskRows, c.layout = 1, c.lens_q = {30, 20, 40}, c.lens_k = {40, 0, 50}, c.left = 10, c.right = 0;
+        },
+        path, path);
+    add(
+        P + " deterministic causal gqa", dt, 128, 2, 150, 170, 4, 2, 128, 128,
+        [](Case& c) { c.mask = kMaskCausal, c.det = 1; }, path, path);
+    add(
+        P + " deterministic varlen softcap", dt, 64, 1, 200, 200, 2, 1, 64, 64,
+        [](Case& c) {
+          c.mask = kMaskRows, c.layout = 1, c.lens_q = {90, 110}, c.lens_k = {90, 110}, c.right = 0, c.softcap = 4.0f,
+          c.det = 1;
+        },
+        path, path);
+    add(
+        P + " NaN/Inf hidden, causal", dt, 64, 1, 96, 96, 2, 1, 64, 64,
+        [](Case& c) { c.mask = kMaskCausal, c.nan = 1; }, path, path);
+    add(
+        P + " NaN/Inf hidden, window", dt, 64, 1, 160, 160, 2, 1, 64, 64,
+        [](Case& c) { c.mask = kMaskRows, c.left = 8, c.right = 0, c.nan = 1; }, path, path);
+    add(
+        P + " NaN/Inf hidden, deterministic", dt, 64, 1, 160, 160, 2, 1, 64, 64,
+        [](Case& c) { c.mask = kMaskRows, c.left = 12, c.right = 3, c.nan = 1, c.det = 1; }, path, path);
   }
   // float16 on both kernels
   add("mma f16 causal d128", F16, 128, 2, 99, 140, 4, 1, 128, 128, causal, M, M);
-  add("mma f16 window softcap alibi", F16, 64, 1, 120, 120, 4, 2, 64, 64, [](Case& c) {
-    c.mask = kMaskRows, c.left = 30, c.right = 10, c.softcap = 6.0f, c.alibi = 1; }, M, M);
+  add(
+      "mma f16 window softcap alibi", F16, 64, 1, 120, 120, 4, 2, 64, 64,
+      [](Case& c) { c.mask = kMaskRows, c.left = 30, c.right = 10, c.softcap = 6.0f, c.alibi = 1; }, M, M);
   // bias and dropout: the SIMT kernels (bfloat16 calls with them take SIMT even where mma.sync is allowed)
   for (bool force : {true, false}) {
     const std::string P = force ? "simt" : "(mma allowed)";
-    add(P + " bias [sq,sk] + dbias", BF16, 64, 2, 70, 90, 4, 2, 64, 64, [=](Case& c) { c.bias = 1, c.force = force; },
+    add(
+        P + " bias [sq,sk] + dbias", BF16, 64, 2, 70, 90, 4, 2, 64, 64, [=](Case& c) { c.bias = 1, c.force = force; },
         S, S);
-    add(P + " bias [b,1] causal", BF16, 64, 2, 70, 90, 4, 2, 64, 64, [=](Case& c) {
-      c.bias = 2, c.mask = kMaskCausal, c.force = force; }, S, S);
-    add(P + " dropout 0.3", BF16, 64, 2, 70, 90, 4, 2, 64, 64, [=](Case& c) { c.dropout = 0.3f, c.force = force; },
-        S, S);
+    add(
+        P + " bias [b,1] causal", BF16, 64, 2, 70, 90, 4, 2, 64, 64,
+        [=](Case& c) { c.bias = 2, c.mask = kMaskCausal, c.force = force; }, S, S);
+    add(
+        P + " dropout 0.3", BF16, 64, 2, 70, 90, 4, 2, 64, 64, [=](Case& c) { c.dropout = 0.3f, c.force = force; }, S,
+        S);
   }
-  add("simt bias [1,hq] window softcap", BF16, 64, 1, 100, 100, 4, 2, 64, 64, [](Case& c) {
-    c.bias = 3, c.mask = kMaskRows, c.left = 20, c.right = 0, c.softcap = 5.0f; }, S, S);
+  add(
+      "simt bias [1,hq] window softcap", BF16, 64, 1, 100, 100, 4, 2, 64, 64,
+      [](Case& c) { c.bias = 3, c.mask = kMaskRows, c.left = 20, c.right = 0, c.softcap = 5.0f; }, S, S);
   add("simt bias [b,hq] alibi d59", BF16, 64, 2, 60, 80, 2, 1, 59, 48, [](Case& c) { c.bias = 4, c.alibi = 2; }, S, S);
-  add("simt dropout varlen deterministic", BF16, 64, 1, 150, 150, 2, 1, 64, 64, [](Case& c) {
-    c.mask = kMaskRows, c.layout = 1, c.lens_q = {70, 80}, c.lens_k = {70, 80}, c.right = 0, c.dropout = 0.2f,
-    c.det = 1; }, S, S);
-  add("simt dropout + bias + softcap + alibi", BF16, 128, 1, 80, 100, 4, 2, 128, 128, [](Case& c) {
-    c.dropout = 0.25f, c.bias = 2, c.softcap = 4.0f, c.alibi = 1, c.mask = kMaskCausal; }, S, S);
+  add(
+      "simt dropout varlen deterministic", BF16, 64, 1, 150, 150, 2, 1, 64, 64,
+      [](Case& c) {
+        c.mask = kMaskRows, c.layout = 1, c.lens_q = {70, 80}, c.lens_k = {70, 80}, c.right = 0, c.dropout = 0.2f,
+        c.det = 1;
+      },
+      S, S);
+  add(
+      "simt dropout + bias + softcap + alibi", BF16, 128, 1, 80, 100, 4, 2, 128, 128,
+      [](Case& c) { c.dropout = 0.25f, c.bias = 2, c.softcap = 4.0f, c.alibi = 1, c.mask = kMaskCausal; }, S, S);
   // float32: the SIMT kernels, every feature
   add("f32 causal gqa", F32, 64, 2, 77, 131, 4, 2, 64, 64, causal, S, S);
-  add("f32 window varlen softcap alibi", F32, 64, 1, 150, 160, 4, 2, 64, 64, [](Case& c) {
-    c.mask = kMaskRows, c.layout = 1, c.lens_q = {60, 0, 90}, c.lens_k = {70, 10, 80}, c.left = 25, c.right = 5,
-    c.softcap = 6.0f, c.alibi = 2; }, S, S);
-  add("f32 bias dropout deterministic", F32, 128, 2, 60, 70, 2, 1, 100, 128, [](Case& c) {
-    c.bias = 4, c.dropout = 0.1f, c.det = 1; }, S, S);
+  add(
+      "f32 window varlen softcap alibi", F32, 64, 1, 150, 160, 4, 2, 64, 64,
+      [](Case& c) {
+        c.mask = kMaskRows, c.layout = 1, c.lens_q = {60, 0, 90}, c.lens_k = {70, 10, 80}, c.left = 25, c.right = 5,
+        c.softcap = 6.0f, c.alibi = 2;
+      },
+      S, S);
+  add(
+      "f32 bias dropout deterministic", F32, 128, 2, 60, 70, 2, 1, 100, 128,
+      [](Case& c) { c.bias = 4, c.dropout = 0.1f, c.det = 1; }, S, S);
   add("f32 NaN/Inf hidden", F32, 64, 1, 96, 96, 2, 1, 64, 64, [](Case& c) { c.mask = kMaskCausal, c.nan = 1; }, S, S);
   // split-KV decode: seq_q x group <= 64
   add("decode sq1 window", BF16, 128, 2, 1, 3000, 8, 2, 128, 128, window(700, 0), DEC, -1);
   add("decode sq1 causal", BF16, 128, 3, 1, 1500, 32, 4, 128, 128, causal, DEC, -1);
-  add("decode sq1 varlen (packed batch)", BF16, 128, 1, 3, 2500, 8, 1, 128, 128, [](Case& c) {
-    c.mask = kMaskRows, c.layout = 1, c.lens_q = {1, 1, 1}, c.lens_k = {900, 0, 1600}; }, DEC, -1);
+  add(
+      "decode sq1 varlen (packed batch)", BF16, 128, 1, 3, 2500, 8, 1, 128, 128,
+      [](Case& c) { c.mask = kMaskRows, c.layout = 1, c.lens_q = {1, 1, 1}, c.lens_k = {900, 0, 1600}; }, DEC, -1);
   add("decode sq4 causal draft", BF16, 64, 2, 4, 777, 8, 1, 64, 64, causal, DEC, -1);
-  add("decode sq1 softcap alibi", BF16, 64, 2, 1, 999, 4, 4, 64, 64, [](Case& c) { c.softcap = 8.0f, c.alibi = 2; },
+  add(
+      "decode sq1 softcap alibi", BF16, 64, 2, 1, 999, 4, 4, 64, 64, [](Case& c) { c.softcap = 8.0f, c.alibi = 2; },
       DEC, -1);
   add("decode head_dim 40 / v 64", BF16, 64, 2, 1, 600, 8, 2, 40, 64, none, DEC, -1);
   // (the planted keys, 226, 302 and 600, start sequences 1, 2, 3: hidden from the rows of the others, whose
   // tiles reach into them)
-  add("decode varlen NaN/Inf at sequence starts", BF16, 64, 1, 4, 900, 16, 4, 64, 64, [](Case& c) {
-    c.mask = kMaskRows, c.layout = 1, c.lens_q = {1, 1, 1, 1}, c.lens_k = {226, 76, 298, 300}, c.nan = 1; }, DEC, -1);
-  add("decode sq4 causal NaN/Inf hidden", BF16, 64, 1, 4, 500, 8, 2, 64, 64, [](Case& c) {
-    c.mask = kMaskCausal, c.nan = 2; }, DEC, -1);
+  add(
+      "decode varlen NaN/Inf at sequence starts", BF16, 64, 1, 4, 900, 16, 4, 64, 64,
+      [](Case& c) {
+        c.mask = kMaskRows, c.layout = 1, c.lens_q = {1, 1, 1, 1}, c.lens_k = {226, 76, 298, 300}, c.nan = 1;
+      },
+      DEC, -1);
+  add(
+      "decode sq4 causal NaN/Inf hidden", BF16, 64, 1, 4, 500, 8, 2, 64, 64,
+      [](Case& c) { c.mask = kMaskCausal, c.nan = 2; }, DEC, -1);
   // the same calls with cp.async loads where sm_90 would take TMA
   for (size_t n = v.size(), i = n - 3; i < n; ++i) {
     Case c = v[i];
@@ -704,8 +754,8 @@ void time_paths() {
     for (int i = 0; i < sq; ++i) seen += r.mask == 1 ? i + 1 : r.mask == 2 ? std::min(i + 1, 512) : sk;
     const double frac = seen / (double(sq) * sk);
     const double flop = 4.0 * b * hq * double(sq) * sk * d * frac;
-    std::printf("%-8s %-20s %10.3f %10.1f %10.3f %10.1f%s%s\n", r.path == ja::kPathMma ? "mma" : "simt", r.name,
-                fms, flop / fms * 1e-9, bms, 2.5 * flop / bms * 1e-9, where ? "" : "  (ran on another kernel!)",
+    std::printf("%-8s %-20s %10.3f %10.1f %10.3f %10.1f%s%s\n", r.path == ja::kPathMma ? "mma" : "simt", r.name, fms,
+                flop / fms * 1e-9, bms, 2.5 * flop / bms * 1e-9, where ? "" : "  (ran on another kernel!)",
                 err ? err : "");
   }
 }

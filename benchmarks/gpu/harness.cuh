@@ -8,13 +8,13 @@
 #include <cstdlib>
 
 // A failed CUDA call prints where and why, and exits 2 (a harness's own mismatch exits 1).
-#define CK(x)                                                                                   \
-  do {                                                                                          \
-    cudaError_t e_ = (x);                                                                       \
-    if (e_ != cudaSuccess) {                                                                    \
+#define CK(x)                                                                                 \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
       std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(2);                                                                             \
-    }                                                                                           \
+      std::exit(2);                                                                           \
+    }                                                                                         \
   } while (0)
 
 // p[i] uniform in [-2, 2), from a hash of i and seed (no host-side generator, any size).

@@ -129,8 +129,8 @@ inline Problem window(std::string name, int b, int sq, int sk, int hq, int hkv, 
 
 // A packed (varlen) batch: sequences [cu_q[s], cu_q[s+1]) of queries, [cu_k[s], cu_k[s+1]) of keys, in
 // total_q / total_k tokens (tokens past the last boundary see no key: lo = hi = cu_k.back()).
-inline Problem varlen(std::string name, std::vector<int> cu_q, std::vector<int> cu_k, int total_q, int total_k,
-                      int hq, int hkv, int d, int left, int right, bool bf = true) {
+inline Problem varlen(std::string name, std::vector<int> cu_q, std::vector<int> cu_k, int total_q, int total_k, int hq,
+                      int hkv, int d, int left, int right, bool bf = true) {
   Problem p = dense(std::move(name), 1, total_q, total_k, hq, hkv, d, d, false, bf);
   p.mask = ja::kMaskRows;
   p.rows.assign(size_t(3) * total_q, 0);

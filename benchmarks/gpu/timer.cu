@@ -46,8 +46,7 @@ static ffi::Error copy(ja_stream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::An
 
 JA_GLOBAL void spin_kernel(long long cycles) {
   const long long start = clock64();
-  while (clock64() - start < cycles) {
-  }
+  while (clock64() - start < cycles) {}
 }
 
 static ffi::Error spin(ja_stream_t stream, ffi::AnyBuffer token, ffi::Result<ffi::AnyBuffer> token_out,
@@ -61,14 +60,19 @@ JA_FFI_HANDLER(JaBenchRecord);
 JA_FFI_HANDLER(JaBenchSpin);
 JA_FFI_HANDLER(JaBenchCopy);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaBenchRecord, record,
-                              ffi::Ffi::Bind().Ctx<ffi::PlatformStream<ja_stream_t>>().Arg<ffi::AnyBuffer>()
-                                  .RemainingArgs().Ret<ffi::AnyBuffer>().Attr<int64_t>("slot"));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaBenchSpin, spin,
-                              ffi::Ffi::Bind().Ctx<ffi::PlatformStream<ja_stream_t>>().Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>().Attr<int64_t>("cycles"));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaBenchCopy, copy,
-                              ffi::Ffi::Bind().Ctx<ffi::PlatformStream<ja_stream_t>>().Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>());
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<ja_stream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .RemainingArgs()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("slot"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaBenchSpin, spin,
+    ffi::Ffi::Bind().Ctx<ffi::PlatformStream<ja_stream_t>>().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Attr<int64_t>(
+        "cycles"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaBenchCopy, copy,
+    ffi::Ffi::Bind().Ctx<ffi::PlatformStream<ja_stream_t>>().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
 
 JA_API float ja_bench_elapsed_ms(int64_t a, int64_t b) {
   float ms = -1.f;

@@ -67,8 +67,8 @@ __global__ void __launch_bounds__(256) read_kernel(const uint4* p, int64_t n, ui
 // [x chunk, +chunk) of kv heads [y U, y U + U) of K and V, rows of U * D elements at stride
 // hkv * D, 128 threads, 8 vectors in flight per thread per tensor.
 template <int U>
-__global__ void __launch_bounds__(128) rows_kernel(const T* k, const T* v, int64_t sk, int64_t hkv, int64_t chunk,
-                                                  uint32_t* sink) {
+__global__ void __launch_bounds__(128)
+    rows_kernel(const T* k, const T* v, int64_t sk, int64_t hkv, int64_t chunk, uint32_t* sink) {
   constexpr int kPerRow = U * D / 8;  // 16-byte vectors per row
   constexpr int kRowsPerIt = 128 / kPerRow;
   const int64_t b = blockIdx.z, h0 = int64_t(blockIdx.y) * U;
@@ -151,8 +151,8 @@ int check_shapes(Entry lib_entry, cudaStream_t s) {
   struct C {
     int64_t b, sq, sk, hq, hkv;
   };
-  const C cs[] = {{2, 1, 1, 8, 8},    {2, 1, 65, 8, 1},   {2, 1, 4097, 32, 8}, {2, 1, 3001, 32, 4}, {2, 3, 1000, 8, 2},
-                  {2, 7, 501, 4, 2},  {2, 2, 2049, 32, 1}, {2, 20, 10, 4, 4},  {3, 1, 777, 32, 8},  {2, 6, 2, 8, 2}};
+  const C cs[] = {{2, 1, 1, 8, 8},   {2, 1, 65, 8, 1},    {2, 1, 4097, 32, 8}, {2, 1, 3001, 32, 4}, {2, 3, 1000, 8, 2},
+                  {2, 7, 501, 4, 2}, {2, 2, 2049, 32, 1}, {2, 20, 10, 4, 4},   {3, 1, 777, 32, 8},  {2, 6, 2, 8, 2}};
   int bad = 0;
   for (const C& c : cs) {
     const int64_t nq = c.b * c.sq * c.hq * D, nkv = c.b * c.sk * c.hkv * D, nl = c.b * c.hq * c.sq;
@@ -160,8 +160,12 @@ int check_shapes(Entry lib_entry, cudaStream_t s) {
     float *lse, *ws;
     const int64_t units = c.hkv * ((c.hq / c.hkv * c.sq + 15) / 16);
     const int64_t ws_bytes = c.b * units * 64 * 16 * (D + 1) * 4;
-    CK(cudaMalloc(&q, nq * sizeof(T))); CK(cudaMalloc(&k, nkv * sizeof(T))); CK(cudaMalloc(&v, nkv * sizeof(T)));
-    CK(cudaMalloc(&o, nq * sizeof(T))); CK(cudaMalloc(&lse, nl * 4)); CK(cudaMalloc(&ws, ws_bytes));
+    CK(cudaMalloc(&q, nq * sizeof(T)));
+    CK(cudaMalloc(&k, nkv * sizeof(T)));
+    CK(cudaMalloc(&v, nkv * sizeof(T)));
+    CK(cudaMalloc(&o, nq * sizeof(T)));
+    CK(cudaMalloc(&lse, nl * 4));
+    CK(cudaMalloc(&ws, ws_bytes));
     fill_random<<<64, 256, 0, s>>>(q, nq, 7u + c.sk);
     fill_random<<<64, 256, 0, s>>>(k, nkv, 8u + c.sk);
     fill_random<<<64, 256, 0, s>>>(v, nkv, 9u + c.sk);
@@ -180,7 +184,10 @@ int check_shapes(Entry lib_entry, cudaStream_t s) {
     const char* err = nullptr;
     if (lib_entry) {
       poison();
-      if ((err = lib_entry(&a, s, JA_MHA_IMPL_AUTO))) { std::fprintf(stderr, "%s\n", err); std::exit(1); }
+      if ((err = lib_entry(&a, s, JA_MHA_IMPL_AUTO))) {
+        std::fprintf(stderr, "%s\n", err);
+        std::exit(1);
+      }
       CK(cudaStreamSynchronize(s));
       CK(cudaMemcpy(h_ref.data(), o, nq * sizeof(T), cudaMemcpyDeviceToHost));
       CK(cudaMemcpy(l_ref.data(), lse, nl * 4, cudaMemcpyDeviceToHost));
@@ -207,8 +214,9 @@ int check_shapes(Entry lib_entry, cudaStream_t s) {
       }
       for (int64_t i = 0; i < nl; ++i) {
         const double x = l_out[i], y = l_ref[i];
-        el = (std::isinf(x) && std::isinf(y) && x == y) ? el
-             : (std::isnan(x) || std::isnan(y) ? 1e30 : std::max(el, std::fabs(x - y)));
+        el = (std::isinf(x) && std::isinf(y) && x == y)
+                 ? el
+                 : (std::isnan(x) || std::isnan(y) ? 1e30 : std::max(el, std::fabs(x - y)));
       }
       const bool ok = eo <= 0.02 && el <= 1e-3;
       bad += !ok;
@@ -217,9 +225,17 @@ int check_shapes(Entry lib_entry, cudaStream_t s) {
                   name, eo, el, ok ? "ok" : "MISMATCH");
     };
     poison();
-    if ((err = ja::mha_fwd_gpu<T, D, CAUSAL>(a, s, JA_MHA_IMPL_DECODE))) { std::fprintf(stderr, "%s\n", err); std::exit(1); }
+    if ((err = ja::mha_fwd_gpu<T, D, CAUSAL>(a, s, JA_MHA_IMPL_DECODE))) {
+      std::fprintf(stderr, "%s\n", err);
+      std::exit(1);
+    }
     compare("shipped", 0);
-    CK(cudaFree(q)); CK(cudaFree(k)); CK(cudaFree(v)); CK(cudaFree(o)); CK(cudaFree(lse)); CK(cudaFree(ws));
+    CK(cudaFree(q));
+    CK(cudaFree(k));
+    CK(cudaFree(v));
+    CK(cudaFree(o));
+    CK(cudaFree(lse));
+    CK(cudaFree(ws));
   }
   return bad;
 }
@@ -260,9 +276,11 @@ int main(int argc, char** argv) {
     for (int r = 0; r < reps; ++r) t.push_back(event_ms(s, e0, e1, [&] { f(r % sets); }) * 1000.0f);
     if (b2b) {
       for (int r = 0; r < 5; ++r) {
-        tb.push_back(event_ms(s, e0, e1, [&] {
-                       for (int j = 0; j < 16; ++j) f((r + j) % sets);
-                     }) * 1000.0f / 16);
+        tb.push_back(event_ms(s, e0, e1,
+                              [&] {
+                                for (int j = 0; j < 16; ++j) f((r + j) % sets);
+                              }) *
+                     1000.0f / 16);
       }
       *b2b = median(tb);
     }
@@ -277,31 +295,41 @@ int main(int argc, char** argv) {
   {
     const size_t n = size_t(1) << 30;
     void *a0, *a1, *b0, *b1;
-    CK(cudaMalloc(&a0, n)); CK(cudaMalloc(&a1, n)); CK(cudaMalloc(&b0, n)); CK(cudaMalloc(&b1, n));
-    CK(cudaMemset(a0, 1, n)); CK(cudaMemset(a1, 2, n));
-    const float us = time_us([&](int i) { CK(cudaMemcpyAsync(i ? b1 : b0, i ? a1 : a0, n, cudaMemcpyDeviceToDevice, s)); },
-                             2, nullptr);
+    CK(cudaMalloc(&a0, n));
+    CK(cudaMalloc(&a1, n));
+    CK(cudaMalloc(&b0, n));
+    CK(cudaMalloc(&b1, n));
+    CK(cudaMemset(a0, 1, n));
+    CK(cudaMemset(a1, 2, n));
+    const float us = time_us(
+        [&](int i) { CK(cudaMemcpyAsync(i ? b1 : b0, i ? a1 : a0, n, cudaMemcpyDeviceToDevice, s)); }, 2, nullptr);
     copy_gbps = 2.0 * n / us * 1e-3;
-    const float rd = time_us([&](int i) { read_kernel<<<132 * 8, 256, 0, s>>>(static_cast<const uint4*>(i ? a1 : a0), n / 16, sink); },
-                             2, nullptr);
+    const float rd = time_us(
+        [&](int i) { read_kernel<<<132 * 8, 256, 0, s>>>(static_cast<const uint4*>(i ? a1 : a0), n / 16, sink); }, 2,
+        nullptr);
     const float ev = time_us([&](int) { empty_kernel<<<1, 32, 0, s>>>(); }, 1, nullptr);
-    std::printf("large copy: %.0f GB/s (2 GiB moved in %.1f us); large read: %.0f GB/s (%.2f of copy); "
-                "empty kernel between events: %.1f us\n",
-                copy_gbps, us, n / rd * 1e-3, n / rd * 1e-3 / copy_gbps, ev);
-    CK(cudaFree(a0)); CK(cudaFree(a1)); CK(cudaFree(b0)); CK(cudaFree(b1));
+    std::printf(
+        "large copy: %.0f GB/s (2 GiB moved in %.1f us); large read: %.0f GB/s (%.2f of copy); "
+        "empty kernel between events: %.1f us\n",
+        copy_gbps, us, n / rd * 1e-3, n / rd * 1e-3 / copy_gbps, ev);
+    CK(cudaFree(a0));
+    CK(cudaFree(a1));
+    CK(cudaFree(b0));
+    CK(cudaFree(b1));
   }
 
-  const std::vector<Case> cases = {{8, 32, 8, 8192}, {8, 32, 8, 32768}, {8, 32, 4, 8192}, {8, 32, 4, 32768},
-                                   {1, 32, 8, 32768}, {2, 32, 4, 8192}, {8, 32, 1, 16384}, {32, 32, 8, 2048}};
+  const std::vector<Case> cases = {{8, 32, 8, 8192},  {8, 32, 8, 32768}, {8, 32, 4, 8192},  {8, 32, 4, 32768},
+                                   {1, 32, 8, 32768}, {2, 32, 4, 8192},  {8, 32, 1, 16384}, {32, 32, 8, 2048}};
   const char* ncases_env = std::getenv("TUNE_DECODE_CASES");  // the first N cases only (N = 4: the model's)
-  const size_t ncases = ncases_env ? std::min<size_t>(cases.size(), std::strtoul(ncases_env, nullptr, 10)) : cases.size();
+  const size_t ncases =
+      ncases_env ? std::min<size_t>(cases.size(), std::strtoul(ncases_env, nullptr, 10)) : cases.size();
   const char* first_env = std::getenv("TUNE_DECODE_FIRST");  // skip the cases before this one (for ncu)
   for (size_t ci = first_env ? std::strtoul(first_env, nullptr, 10) : 0; ci < ncases; ++ci) {
     const Case& c = cases[ci];
     const int64_t nq = c.b * c.hq * D, nkv = c.b * c.sk * c.hkv * D;
     const double kv_bytes = 2.0 * nkv * sizeof(T);
     const int sets = int(std::max<int64_t>(2, std::min<int64_t>(4, int64_t(std::ceil(3 * 60e6 / kv_bytes)))));
-    std::vector<T *> q(sets), k(sets), v(sets), o(sets);
+    std::vector<T*> q(sets), k(sets), v(sets), o(sets);
     std::vector<float*> lse(sets);
     for (int i = 0; i < sets; ++i) {
       CK(cudaMalloc(&q[i], nq * sizeof(T)));
@@ -327,20 +355,24 @@ int main(int argc, char** argv) {
       return a;
     };
     float b2b;
-    const float copy_us = time_us([&](int i) {
-      CK(cudaMemcpyAsync(v[i], k[i], nkv * sizeof(T), cudaMemcpyDeviceToDevice, s));
-    }, sets, &b2b);
+    const float copy_us = time_us(
+        [&](int i) { CK(cudaMemcpyAsync(v[i], k[i], nkv * sizeof(T), cudaMemcpyDeviceToDevice, s)); }, sets, &b2b);
     // (the copy overwrote v with k: refill before the checks)
     for (int i = 0; i < sets; ++i) fill_random<<<4096, 256, 0, s>>>(v[i], nkv, 202u + i);
-    const float read_us = time_us([&](int i) {
-      read_kernel<<<132 * 8, 256, 0, s>>>(reinterpret_cast<const uint4*>(k[i]), nkv * sizeof(T) / 16, sink);
-      read_kernel<<<132 * 8, 256, 0, s>>>(reinterpret_cast<const uint4*>(v[i]), nkv * sizeof(T) / 16, sink);
-    }, sets, nullptr);
-    const float read1_us = time_us([&](int i) {  // K alone, one launch
-      read_kernel<<<132 * 8, 256, 0, s>>>(reinterpret_cast<const uint4*>(k[i]), nkv * sizeof(T) / 16, sink);
-    }, sets, nullptr);
+    const float read_us = time_us(
+        [&](int i) {
+          read_kernel<<<132 * 8, 256, 0, s>>>(reinterpret_cast<const uint4*>(k[i]), nkv * sizeof(T) / 16, sink);
+          read_kernel<<<132 * 8, 256, 0, s>>>(reinterpret_cast<const uint4*>(v[i]), nkv * sizeof(T) / 16, sink);
+        },
+        sets, nullptr);
+    const float read1_us = time_us(
+        [&](int i) {  // K alone, one launch
+          read_kernel<<<132 * 8, 256, 0, s>>>(reinterpret_cast<const uint4*>(k[i]), nkv * sizeof(T) / 16, sink);
+        },
+        sets, nullptr);
     std::printf("\ncase b=%lld hq=%lld hkv=%lld sk=%lld d=%d: K/V %.1f MB, %d input sets, workspace %.1f MB (python)\n",
-                (long long)c.b, (long long)c.hq, (long long)c.hkv, (long long)c.sk, D, kv_bytes / 1e6, sets, ws_py / 1e6);
+                (long long)c.b, (long long)c.hq, (long long)c.hkv, (long long)c.sk, D, kv_bytes / 1e6, sets,
+                ws_py / 1e6);
     std::printf("  %-26s ev %7.1f us  (%.2f of copy bw)  b2b %7.1f us\n", "memcpy same bytes", copy_us,
                 kv_bytes / copy_us * 1e-3 / copy_gbps, b2b);
     std::printf("  %-26s ev %7.1f us  (%.2f of copy bw)  [K then V, 2 launches]\n", "read K,V contiguous", read_us,
@@ -354,7 +386,10 @@ int main(int argc, char** argv) {
     {
       JaMhaFwdArgs a = args(0, false);
       CK(cudaMemsetAsync(o[0], 0xff, nq * sizeof(T), s));
-      if (const char* err = reference(a, s)) { std::fprintf(stderr, "%s\n", err); return 1; }
+      if (const char* err = reference(a, s)) {
+        std::fprintf(stderr, "%s\n", err);
+        return 1;
+      }
       CK(cudaStreamSynchronize(s));
       CK(cudaGetLastError());
       CK(cudaMemcpy(h_ref.data(), o[0], nq * sizeof(T), cudaMemcpyDeviceToHost));
@@ -377,18 +412,24 @@ int main(int argc, char** argv) {
     };
     {
       float bb;
-      const float us = time_us([&](int i) { ja::mha_fwd_gpu<T, D, false>(args(i, false), s, JA_MHA_IMPL_DECODE); }, sets, &bb);
+      const float us =
+          time_us([&](int i) { ja::mha_fwd_gpu<T, D, false>(args(i, false), s, JA_MHA_IMPL_DECODE); }, sets, &bb);
       CK(cudaMemsetAsync(o[0], 0xff, nq * sizeof(T), s));
       CK(cudaMemsetAsync(lse[0], 0xff, c.b * c.hq * 4, s));
-      if (const char* err = ja::mha_fwd_gpu<T, D, false>(args(0, false), s, JA_MHA_IMPL_DECODE)) { std::fprintf(stderr, "%s\n", err); return 1; }
+      if (const char* err = ja::mha_fwd_gpu<T, D, false>(args(0, false), s, JA_MHA_IMPL_DECODE)) {
+        std::fprintf(stderr, "%s\n", err);
+        return 1;
+      }
       CK(cudaStreamSynchronize(s));
       std::printf("  %-26s ev %7.1f us (%.3f of copy bw)  b2b %7.1f  max diff %.2g\n", "shipped", us,
                   kv_bytes / us * 1e-3 / copy_gbps, bb, check());
       if (lib_entry) {
-        const float ul = time_us([&](int i) {
-          const JaMhaFwdArgs a = args(i, false);
-          lib_entry(&a, s, JA_MHA_IMPL_AUTO);
-        }, sets, &bb);
+        const float ul = time_us(
+            [&](int i) {
+              const JaMhaFwdArgs a = args(i, false);
+              lib_entry(&a, s, JA_MHA_IMPL_AUTO);
+            },
+            sets, &bb);
         std::printf("  %-26s ev %7.1f us (%.3f of copy bw)  b2b %7.1f\n", "library", ul,
                     kv_bytes / ul * 1e-3 / copy_gbps, bb);
       }
@@ -401,10 +442,12 @@ int main(int argc, char** argv) {
       int64_t splits = std::max<int64_t>(1, 264 / groups);
       const int64_t chunk = (c.sk + splits - 1) / splits;
       splits = (c.sk + chunk - 1) / chunk;
-      const float us = time_us([&](int i) {
-        rows_kernel<U><<<dim3(unsigned(splits), unsigned(c.hkv / U), unsigned(c.b)), 128, 0, s>>>(k[i], v[i], c.sk, c.hkv,
-                                                                                                 chunk, sink);
-      }, sets, nullptr);
+      const float us = time_us(
+          [&](int i) {
+            rows_kernel<U><<<dim3(unsigned(splits), unsigned(c.hkv / U), unsigned(c.b)), 128, 0, s>>>(
+                k[i], v[i], c.sk, c.hkv, chunk, sink);
+          },
+          sets, nullptr);
       std::printf("  %-26s splits %4lld blocks %5lld  ev %7.1f us (%.3f of copy bw)\n", name, (long long)splits,
                   (long long)(splits * groups), us, kv_bytes / us * 1e-3 / copy_gbps);
     };
@@ -413,7 +456,11 @@ int main(int argc, char** argv) {
     rows_pattern(std::integral_constant<int, 8>{}, "rows pattern U=8");
 
     for (int i = 0; i < sets; ++i) {
-      CK(cudaFree(q[i])); CK(cudaFree(k[i])); CK(cudaFree(v[i])); CK(cudaFree(o[i])); CK(cudaFree(lse[i]));
+      CK(cudaFree(q[i]));
+      CK(cudaFree(k[i]));
+      CK(cudaFree(v[i]));
+      CK(cudaFree(o[i]));
+      CK(cudaFree(lse[i]));
     }
     CK(cudaFree(ws));
   }

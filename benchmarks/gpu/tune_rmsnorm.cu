@@ -49,20 +49,18 @@ struct Case {
 
 template <int THREADS, int REGS, int RPB, int MINB, int WMODE = ja::kWeightAfter>
 void launch(const JaRmsNormArgs& a, cudaStream_t s) {
-  if (a.residual)
-    ja::rmsnorm_launch<T, true, THREADS, REGS, RPB, MINB, WMODE>(a, s);
-  else
-    ja::rmsnorm_launch<T, false, THREADS, REGS, RPB, MINB, WMODE>(a, s);
+  if (a.residual) ja::rmsnorm_launch<T, true, THREADS, REGS, RPB, MINB, WMODE>(a, s);
+  else ja::rmsnorm_launch<T, false, THREADS, REGS, RPB, MINB, WMODE>(a, s);
 }
 
 int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::atoi(argv[1]) : 30;
   const int64_t only_hidden = argc > 2 ? std::atoll(argv[2]) : 0;
   const bool small = argc > 3 && std::string(argv[3]) == "small";
-  const std::vector<int64_t> row_list = small ? std::vector<int64_t>{1, 5, 129}
-                                              : std::vector<int64_t>{1024, 2048, 4096, 8192, 16384, 32768};
-  const std::vector<int64_t> hidden_list = small ? std::vector<int64_t>{4096, 5120, 7168, 8192, 1000}
-                                                 : std::vector<int64_t>{4096, 5120, 7168, 8192};
+  const std::vector<int64_t> row_list =
+      small ? std::vector<int64_t>{1, 5, 129} : std::vector<int64_t>{1024, 2048, 4096, 8192, 16384, 32768};
+  const std::vector<int64_t> hidden_list =
+      small ? std::vector<int64_t>{4096, 5120, 7168, 8192, 1000} : std::vector<int64_t>{4096, 5120, 7168, 8192};
   cudaStream_t s;
   CK(cudaStreamCreate(&s));
   cudaEvent_t e0, e1;
@@ -134,7 +132,10 @@ int main(int argc, char** argv) {
     {
       JaRmsNormArgs a = args(0);
       CK(cudaGetLastError());
-      if (const char* err = ja::rmsnorm_fwd_gpu<T>(a, s)) { std::fprintf(stderr, "%s\n", err); return 1; }
+      if (const char* err = ja::rmsnorm_fwd_gpu<T>(a, s)) {
+        std::fprintf(stderr, "%s\n", err);
+        return 1;
+      }
       CK(cudaMemcpyAsync(ref, o[0], n * sizeof(T), cudaMemcpyDeviceToDevice, s));
       CK(cudaStreamSynchronize(s));
     }
@@ -156,26 +157,39 @@ int main(int argc, char** argv) {
       std::function<void(const JaRmsNormArgs&, cudaStream_t)> f;
     };
     const int nvec = int(c.hidden / 8);
-    std::vector<Variant> vs = {{"default", [](const JaRmsNormArgs& a, cudaStream_t st) { ja::rmsnorm_fwd_gpu<T>(a, st); }}};
+    std::vector<Variant> vs = {
+        {"default", [](const JaRmsNormArgs& a, cudaStream_t st) { ja::rmsnorm_fwd_gpu<T>(a, st); }}};
     auto add = [&](const char* tag, int threads, int regs, int rpb, int minb, auto fn) {
       if (threads * regs >= nvec && threads * (regs - 1) < nvec)
         vs.push_back({std::string(tag) + "t" + std::to_string(threads) + "r" + std::to_string(regs) + "p" +
-                      std::to_string(rpb) + "b" + std::to_string(minb), fn});
+                          std::to_string(rpb) + "b" + std::to_string(minb),
+                      fn});
     };
     // Block shapes (threads x vectors per thread) that hold a row of 512, 640, 896 or 1024
     // vectors (hidden 4096, 5120, 7168, 8192 in bf16), several exactly, x 1, 2 or 4 rows per block, and
     // for one-row blocks the weight read after the reduction or held in registers across it (wr).
-#define JA_TUNE(t, r, b) add("", t, r, 1, b, launch<t, r, 1, b>); add("wr", t, r, 1, b, launch<t, r, 1, b, ja::kWeightEarly>); \
-                         add("", t, r, 2, b, launch<t, r, 2, b>); add("", t, r, 4, b, launch<t, r, 4, b>)
-    JA_TUNE(128, 4, 1); JA_TUNE(256, 2, 1); JA_TUNE(512, 1, 1);
-    JA_TUNE(160, 4, 1); JA_TUNE(320, 2, 1); JA_TUNE(640, 1, 1);
-    JA_TUNE(224, 4, 1); JA_TUNE(448, 2, 1); JA_TUNE(128, 7, 1);
-    JA_TUNE(256, 4, 1); JA_TUNE(512, 2, 1); JA_TUNE(1024, 1, 1);
+#define JA_TUNE(t, r, b)                                       \
+  add("", t, r, 1, b, launch<t, r, 1, b>);                     \
+  add("wr", t, r, 1, b, launch<t, r, 1, b, ja::kWeightEarly>); \
+  add("", t, r, 2, b, launch<t, r, 2, b>);                     \
+  add("", t, r, 4, b, launch<t, r, 4, b>)
+    JA_TUNE(128, 4, 1);
+    JA_TUNE(256, 2, 1);
+    JA_TUNE(512, 1, 1);
+    JA_TUNE(160, 4, 1);
+    JA_TUNE(320, 2, 1);
+    JA_TUNE(640, 1, 1);
+    JA_TUNE(224, 4, 1);
+    JA_TUNE(448, 2, 1);
+    JA_TUNE(128, 7, 1);
+    JA_TUNE(256, 4, 1);
+    JA_TUNE(512, 2, 1);
+    JA_TUNE(1024, 1, 1);
     vs.push_back({"default-nopdl", [](const JaRmsNormArgs& a, cudaStream_t st) {
-      ja::pdl_force() = 0;
-      ja::rmsnorm_fwd_gpu<T>(a, st);
-      ja::pdl_force() = -1;
-    }});
+                    ja::pdl_force() = 0;
+                    ja::rmsnorm_fwd_gpu<T>(a, st);
+                    ja::pdl_force() = -1;
+                  }});
     for (const Variant& v : vs) {
       CK(cudaMemsetAsync(o[0], 0xff, n * sizeof(T), s));
       v.f(args(0), s);
@@ -205,7 +219,10 @@ int main(int argc, char** argv) {
     }
     ja::pdl_force() = -1;
     for (int i = 0; i < kSets; ++i) {
-      CK(cudaFree(x[i])); CK(cudaFree(r[i])); CK(cudaFree(o[i])); CK(cudaFree(ro[i]));
+      CK(cudaFree(x[i]));
+      CK(cudaFree(r[i]));
+      CK(cudaFree(o[i]));
+      CK(cudaFree(ro[i]));
     }
     CK(cudaFree(w));
     CK(cudaFree(ref));
@@ -243,14 +260,17 @@ int main(int argc, char** argv) {
         std::string name;
         std::function<void(const JaSiluAndMulArgs&, cudaStream_t)> f;
       };
-      std::vector<SVariant> vs = {{"default", [](const JaSiluAndMulArgs& a, cudaStream_t st) { ja::silu_and_mul_gpu<T>(a, st); }}};
+      std::vector<SVariant> vs = {
+          {"default", [](const JaSiluAndMulArgs& a, cudaStream_t st) { ja::silu_and_mul_gpu<T>(a, st); }}};
       auto add = [&](int threads, auto unroll_tag) {
         constexpr int U = decltype(unroll_tag)::value;
-        vs.push_back({"t" + std::to_string(threads) + "u" + std::to_string(U), [threads](const JaSiluAndMulArgs& a, cudaStream_t st) {
-          const int64_t dv = a.d / 8;
-          const dim3 grid(unsigned((dv + threads * U - 1) / (threads * U)), unsigned(std::min<int64_t>(a.rows, 65535)));
-          ja::launch_pdl(ja::silu_and_mul_vec_kernel<T, U>, grid, dim3(threads), 0, st, a);
-        }});
+        vs.push_back({"t" + std::to_string(threads) + "u" + std::to_string(U),
+                      [threads](const JaSiluAndMulArgs& a, cudaStream_t st) {
+                        const int64_t dv = a.d / 8;
+                        const dim3 grid(unsigned((dv + threads * U - 1) / (threads * U)),
+                                        unsigned(std::min<int64_t>(a.rows, 65535)));
+                        ja::launch_pdl(ja::silu_and_mul_vec_kernel<T, U>, grid, dim3(threads), 0, st, a);
+                      }});
       };
       for (int threads : {64, 128, 256, 512}) {
         add(threads, std::integral_constant<int, 1>{});
@@ -272,7 +292,8 @@ int main(int argc, char** argv) {
         std::printf("  %-14s %8.1f us  %.3f of copy  max diff %.2g\n", v.name.c_str(), us, copy_us / us, worst);
       }
       for (int i = 0; i < kSets; ++i) {
-        CK(cudaFree(x[i])); CK(cudaFree(o[i]));
+        CK(cudaFree(x[i]));
+        CK(cudaFree(o[i]));
       }
     }
   return 0;

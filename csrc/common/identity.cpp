@@ -9,8 +9,8 @@
 #define JA_STR(x) JA_STR2(x)
 
 JA_API const char* ja_build_identity(void) {
-  return "{\"backend\": \"" JA_BUILD_BACKEND "\", \"archs\": \"" JA_BUILD_ARCHS
-         "\", \"cxx\": \"" JA_BUILD_CXX "\", \"gpu_compiler\": \"" JA_BUILD_GPUCC
+  return "{\"backend\": \"" JA_BUILD_BACKEND "\", \"archs\": \"" JA_BUILD_ARCHS "\", \"cxx\": \"" JA_BUILD_CXX
+         "\", \"gpu_compiler\": \"" JA_BUILD_GPUCC
          "\", \"ffi_api_version\": \"" JA_STR(XLA_FFI_API_MAJOR) "." JA_STR(XLA_FFI_API_MINOR) "\"}";
 }
 

@@ -77,8 +77,8 @@ struct MhaShape {
 };
 
 // q [b, sq, hq, d], k [b, sk, hkv, d], v [b, sk, hkv, dv]: one supported dtype, k and v matching q.
-inline ffi::Error mha_shape(const char* op, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
-                            const ffi::AnyBuffer& v, MhaShape* s) {
+inline ffi::Error mha_shape(const char* op, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
+                            MhaShape* s) {
   DType dt;
   if (!to_dtype(q.element_type(), &dt)) return invalid(std::string(op) + ": q must be float32, bfloat16 or float16");
   if (k.element_type() != q.element_type() || v.element_type() != q.element_type())
@@ -89,11 +89,15 @@ inline ffi::Error mha_shape(const char* op, const ffi::AnyBuffer& q, const ffi::
   const auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
   *s = MhaShape{int32_t(dt), qd[0], qd[1], kd[1], qd[2], kd[2], qd[3], vd[3]};
   if (!has_dims(k, {s->batch, s->seq_k, s->heads_kv, s->head_dim}))
-    return invalid(std::string(op) + ": k " + shape_text(k) + " must be [batch, seq_k, heads_kv, head_dim] with q's "
-                   "batch and head_dim (q " + shape_text(q) + ")");
+    return invalid(std::string(op) + ": k " + shape_text(k) +
+                   " must be [batch, seq_k, heads_kv, head_dim] with q's "
+                   "batch and head_dim (q " +
+                   shape_text(q) + ")");
   if (!has_dims(v, {s->batch, s->seq_k, s->heads_kv, s->head_dim_v}))
-    return invalid(std::string(op) + ": v " + shape_text(v) + " must be [batch, seq_k, heads_kv, head_dim_v] with k's "
-                   "batch, seq_k and heads_kv (k " + shape_text(k) + ")");
+    return invalid(std::string(op) + ": v " + shape_text(v) +
+                   " must be [batch, seq_k, heads_kv, head_dim_v] with k's "
+                   "batch, seq_k and heads_kv (k " +
+                   shape_text(k) + ")");
   return ffi::Error::Success();  // head dims and heads: mha_problem_error
 }
 
@@ -120,8 +124,9 @@ inline ffi::Error mha_problem(const char* op, const MhaShape& s, const MhaAttrs&
   bool has = false;
   if (auto e = mha_optional(op, "rows", rows, ffi::DataType::S32, &has); e.failure()) return e;
   if (has != (at.mask == kMaskRows)) {
-    if (has) return invalid(pre + "rows " + shape_text(rows) + " is given but mask is " + std::to_string(at.mask) +
-                            "; pass a shape-(0,) int32 array unless mask is 2 (rows)");
+    if (has)
+      return invalid(pre + "rows " + shape_text(rows) + " is given but mask is " + std::to_string(at.mask) +
+                     "; pass a shape-(0,) int32 array unless mask is 2 (rows)");
     return invalid(pre + "mask 2 (rows) needs rows int32 [1 or batch, 3, seq_q], got shape (0,)");
   }
   if (has) {
@@ -184,8 +189,9 @@ inline ffi::Error mha_check_rows_host(const char* op, const JaMhaProblem& p, con
     for (int64_t i = 0; i < p.seq_q; ++i) {
       if (lo[i] < 0 || lo[i] > hi[i] || hi[i] > p.seq_k || (i && (lo[i] < lo[i - 1] || hi[i] < hi[i - 1])))
         return invalid(pre + "rows[" + std::to_string(b) + "] row " + std::to_string(i) + ": lo " +
-                       std::to_string(lo[i]) + ", hi " + std::to_string(hi[i]) + (i ? " (previous row " +
-                       std::to_string(lo[i - 1]) + ", " + std::to_string(hi[i - 1]) + ")" : std::string()) +
+                       std::to_string(lo[i]) + ", hi " + std::to_string(hi[i]) +
+                       (i ? " (previous row " + std::to_string(lo[i - 1]) + ", " + std::to_string(hi[i - 1]) + ")"
+                          : std::string()) +
                        "; need 0 <= lo <= hi <= seq_k = " + std::to_string(p.seq_k) + ", lo and hi non-decreasing");
     }
     if (!cols) continue;
@@ -198,7 +204,8 @@ inline ffi::Error mha_check_rows_host(const char* op, const JaMhaProblem& p, con
       if (q_lo[j] != a || q_hi[j] != e)
         return invalid(pre + "cols[" + std::to_string(b) + "] key " + std::to_string(j) + ": q_lo " +
                        std::to_string(q_lo[j]) + ", q_hi " + std::to_string(q_hi[j]) + " disagree with rows (" +
-                       std::to_string(a) + ", " + std::to_string(e) + ": the first row with hi > j, the first with "
+                       std::to_string(a) + ", " + std::to_string(e) +
+                       ": the first row with hi > j, the first with "
                        "lo > j)");
     }
   }

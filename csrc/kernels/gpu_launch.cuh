@@ -104,9 +104,8 @@ inline bool pdl_enabled() {
   static std::atomic<int> cache[64];  // per device: 1 off, 2 on
   const int dev = current_device();
   if (dev < 0) return false;
-  return per_device(cache, dev, [](int d) {
-           return compute_capability(d) >= 90 && !env_off("JA_GPU_PDL") ? 2 : 1;
-         }) == 2;
+  return per_device(cache, dev, [](int d) { return compute_capability(d) >= 90 && !env_off("JA_GPU_PDL") ? 2 : 1; }) ==
+         2;
 #else
   return false;
 #endif
@@ -172,8 +171,7 @@ ja_error_t launch_clustered(void (*kernel)(KArgs...), dim3 grid, dim3 block, siz
 
 // kernel<<<grid, block, smem, s>>>(args...), with PDL where pdl_enabled(); returns the launch status.
 template <typename... KArgs, typename... Args>
-ja_error_t launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, ja_stream_t s,
-                      Args&&... args) {
+ja_error_t launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, ja_stream_t s, Args&&... args) {
   return launch_clustered(kernel, grid, block, smem, s, 1u, std::forward<Args>(args)...);
 }
 

@@ -40,32 +40,40 @@ inline ffi::Error mha_bwd_args(const MhaBwdOperands& in, const MhaBwdResults& ou
     const ffi::AnyBuffer& buf;
     ffi::DataType dt;
     const std::vector<int64_t>& dims;
-  } expected[] = {{"o", in.o, dt, o_dims},       {"dout", in.dout, dt, o_dims},   {"lse", in.lse, f32, row_dims},
-                  {"dq", out.dq, dt, q_dims},    {"dk", out.dk, dt, k_dims},      {"dv", out.dv, dt, v_dims},
-                  {"dq_accum", out.dq_accum, f32, q_dims}, {"delta", out.delta, f32, row_dims}};
+  } expected[] = {{"o", in.o, dt, o_dims},
+                  {"dout", in.dout, dt, o_dims},
+                  {"lse", in.lse, f32, row_dims},
+                  {"dq", out.dq, dt, q_dims},
+                  {"dk", out.dk, dt, k_dims},
+                  {"dv", out.dv, dt, v_dims},
+                  {"dq_accum", out.dq_accum, f32, q_dims},
+                  {"delta", out.delta, f32, row_dims}};
   for (const auto& x : expected)
     if (auto e = mha_expect("mha_bwd", x.name, x.buf, x.dt, x.dims); e.failure()) return e;
 
   bool has = false;
   if (auto e = mha_optional("mha_bwd", "cols", in.cols, ffi::DataType::S32, &has); e.failure()) return e;
   if (has != (at.mask == kMaskRows)) {
-    if (has) return invalid("mha_bwd: cols " + shape_text(in.cols) + " is given but mask is " +
-                            std::to_string(at.mask) + "; pass a shape-(0,) int32 array unless mask is 2 (rows)");
+    if (has)
+      return invalid("mha_bwd: cols " + shape_text(in.cols) + " is given but mask is " + std::to_string(at.mask) +
+                     "; pass a shape-(0,) int32 array unless mask is 2 (rows)");
     return invalid("mha_bwd: mask 2 (rows) needs cols int32 [1 or batch, 2, seq_k], got shape (0,)");
   }
   if (has) {
     const auto d = in.cols.dimensions();
     if (d.size() != 3 || !one_or(d[0], s.batch) || d[1] != 2 || d[2] != s.seq_k)
-      return invalid("mha_bwd: cols has shape " + shape_text(in.cols) + ", expected (1 or " +
-                     std::to_string(s.batch) + ", 2, " + std::to_string(s.seq_k) + ") [cols_batch, q_lo/q_hi, seq_k]");
+      return invalid("mha_bwd: cols has shape " + shape_text(in.cols) + ", expected (1 or " + std::to_string(s.batch) +
+                     ", 2, " + std::to_string(s.seq_k) + ") [cols_batch, q_lo/q_hi, seq_k]");
     a->cols = static_cast<const int32_t*>(in.cols.untyped_data());
     a->cols_batch_stride = d[0] == 1 ? 0 : 2 * s.seq_k;
   }
 
   if (auto e = mha_optional("mha_bwd", "dbias", out.dbias, f32, &has); e.failure()) return e;
   if (has) {
-    if (!a->p.bias) return invalid("mha_bwd: dbias " + shape_text(out.dbias) + " is asked for without a bias; "
-                                   "pass a shape-(0,) float32 result");
+    if (!a->p.bias)
+      return invalid("mha_bwd: dbias " + shape_text(out.dbias) +
+                     " is asked for without a bias; "
+                     "pass a shape-(0,) float32 result");
     if (auto e = mha_expect("mha_bwd", "dbias", out.dbias, f32, {s.batch, s.heads_q, s.seq_q, s.seq_k}); e.failure())
       return e;
     a->dbias = static_cast<float*>(out.dbias.untyped_data());
@@ -109,13 +117,27 @@ ffi::Error mha_bwd_call(const MhaBwdOperands& in, const ffi::RemainingArgs& pois
 }  // namespace ja
 
 // The binding of ja_mha_bwd's operands, results and attributes, after the platform's context (if any).
-#define JA_MHA_BWD_BINDING(bind)                                                                               \
-  bind.Arg<ffi::AnyBuffer>() /* q */.Arg<ffi::AnyBuffer>() /* k */.Arg<ffi::AnyBuffer>() /* v */              \
-      .Arg<ffi::AnyBuffer>() /* o */.Arg<ffi::AnyBuffer>() /* dout */.Arg<ffi::AnyBuffer>() /* lse */         \
-      .Arg<ffi::AnyBuffer>() /* rows */.Arg<ffi::AnyBuffer>() /* cols */.Arg<ffi::AnyBuffer>() /* alibi */    \
-      .Arg<ffi::AnyBuffer>() /* bias */.Arg<ffi::AnyBuffer>() /* seed */.RemainingArgs()                      \
-      .Ret<ffi::AnyBuffer>() /* dq */.Ret<ffi::AnyBuffer>() /* dk */.Ret<ffi::AnyBuffer>() /* dv */           \
-      .Ret<ffi::AnyBuffer>() /* dbias */.Ret<ffi::AnyBuffer>() /* dq_accum */                                 \
-      .Ret<ffi::AnyBuffer>() /* delta */.Ret<ffi::AnyBuffer>() /* sync */                                     \
-      .Attr<int32_t>("mask").Attr<float>("scale").Attr<float>("softcap").Attr<float>("dropout_p")             \
-      .Attr<bool>("deterministic").Attr<int32_t>("implementation")
+#define JA_MHA_BWD_BINDING(bind)                                                         \
+  bind.Arg<ffi::AnyBuffer>() /* q */                                                     \
+      .Arg<ffi::AnyBuffer>() /* k */                                                     \
+      .Arg<ffi::AnyBuffer>() /* v */                                                     \
+      .Arg<ffi::AnyBuffer>() /* o */                                                     \
+      .Arg<ffi::AnyBuffer>() /* dout */                                                  \
+      .Arg<ffi::AnyBuffer>() /* lse */                                                   \
+      .Arg<ffi::AnyBuffer>() /* rows */                                                  \
+      .Arg<ffi::AnyBuffer>() /* cols */                                                  \
+      .Arg<ffi::AnyBuffer>() /* alibi */                                                 \
+      .Arg<ffi::AnyBuffer>() /* bias */.Arg<ffi::AnyBuffer>() /* seed */.RemainingArgs() \
+      .Ret<ffi::AnyBuffer>() /* dq */                                                    \
+      .Ret<ffi::AnyBuffer>() /* dk */                                                    \
+      .Ret<ffi::AnyBuffer>() /* dv */                                                    \
+      .Ret<ffi::AnyBuffer>() /* dbias */                                                 \
+      .Ret<ffi::AnyBuffer>() /* dq_accum */                                              \
+      .Ret<ffi::AnyBuffer>() /* delta */                                                 \
+      .Ret<ffi::AnyBuffer>() /* sync */                                                  \
+      .Attr<int32_t>("mask")                                                             \
+      .Attr<float>("scale")                                                              \
+      .Attr<float>("softcap")                                                            \
+      .Attr<float>("dropout_p")                                                          \
+      .Attr<bool>("deterministic")                                                       \
+      .Attr<int32_t>("implementation")

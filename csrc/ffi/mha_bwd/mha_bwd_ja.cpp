@@ -13,10 +13,11 @@ static ffi::Error mha_bwd_cpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer
                               ffi::Result<ffi::AnyBuffer> dq_accum, ffi::Result<ffi::AnyBuffer> delta,
                               ffi::Result<ffi::AnyBuffer> sync, int32_t mask, float scale, float softcap,
                               float dropout_p, bool deterministic, int32_t implementation) {
-  return ja::mha_bwd_call({q, k, v, o, dout, lse, rows, cols, alibi, bias, seed}, poison,
-                          {*dq, *dk, *dv, *dbias, *dq_accum, *delta, *sync}, {mask, scale, softcap, dropout_p, implementation},
-                          deterministic, [](const JaMhaBwdArgs* a, int32_t) { return ja_mha_bwd_cpu(a); },
-                          /*host_memory=*/true);
+  return ja::mha_bwd_call(
+      {q, k, v, o, dout, lse, rows, cols, alibi, bias, seed}, poison, {*dq, *dk, *dv, *dbias, *dq_accum, *delta, *sync},
+      {mask, scale, softcap, dropout_p, implementation}, deterministic,
+      [](const JaMhaBwdArgs* a, int32_t) { return ja_mha_bwd_cpu(a); },
+      /*host_memory=*/true);
 }
 
 JA_FFI_HANDLER(JaMhaBwdCpu);

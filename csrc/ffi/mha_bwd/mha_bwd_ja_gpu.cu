@@ -14,8 +14,9 @@ static ffi::Error mha_bwd_gpu(ja_stream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
                               ffi::Result<ffi::AnyBuffer> sync, int32_t mask, float scale, float softcap,
                               float dropout_p, bool deterministic, int32_t implementation) {
   return ja::mha_bwd_call({q, k, v, o, dout, lse, rows, cols, alibi, bias, seed}, poison,
-                          {*dq, *dk, *dv, *dbias, *dq_accum, *delta, *sync}, {mask, scale, softcap, dropout_p, implementation},
-                          deterministic, [stream](const JaMhaBwdArgs* a, int32_t impl) { return ja_mha_bwd_gpu(a, stream, impl); });
+                          {*dq, *dk, *dv, *dbias, *dq_accum, *delta, *sync},
+                          {mask, scale, softcap, dropout_p, implementation}, deterministic,
+                          [stream](const JaMhaBwdArgs* a, int32_t impl) { return ja_mha_bwd_gpu(a, stream, impl); });
 }
 
 JA_FFI_HANDLER(JaMhaBwdGpu);

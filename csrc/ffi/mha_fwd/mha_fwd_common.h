@@ -47,10 +47,19 @@ ffi::Error mha_fwd_call(const MhaFwdOperands& in, const ffi::RemainingArgs& pois
 }  // namespace ja
 
 // The binding of ja_mha_fwd's operands, results and attributes, after the platform's context (if any).
-#define JA_MHA_FWD_BINDING(bind)                                                                              \
-  bind.Arg<ffi::AnyBuffer>() /* q */.Arg<ffi::AnyBuffer>() /* k */.Arg<ffi::AnyBuffer>() /* v */             \
-      .Arg<ffi::AnyBuffer>() /* rows */.Arg<ffi::AnyBuffer>() /* alibi */.Arg<ffi::AnyBuffer>() /* bias */   \
-      .Arg<ffi::AnyBuffer>() /* seed */.RemainingArgs()                                                       \
-      .Ret<ffi::AnyBuffer>() /* o */.Ret<ffi::AnyBuffer>() /* lse */.Ret<ffi::AnyBuffer>() /* ws */          \
-      .Attr<int32_t>("mask").Attr<float>("scale").Attr<float>("softcap").Attr<float>("dropout_p")           \
+#define JA_MHA_FWD_BINDING(bind)                        \
+  bind.Arg<ffi::AnyBuffer>() /* q */                    \
+      .Arg<ffi::AnyBuffer>() /* k */                    \
+      .Arg<ffi::AnyBuffer>() /* v */                    \
+      .Arg<ffi::AnyBuffer>() /* rows */                 \
+      .Arg<ffi::AnyBuffer>() /* alibi */                \
+      .Arg<ffi::AnyBuffer>() /* bias */                 \
+      .Arg<ffi::AnyBuffer>() /* seed */.RemainingArgs() \
+      .Ret<ffi::AnyBuffer>() /* o */                    \
+      .Ret<ffi::AnyBuffer>() /* lse */                  \
+      .Ret<ffi::AnyBuffer>() /* ws */                   \
+      .Attr<int32_t>("mask")                            \
+      .Attr<float>("scale")                             \
+      .Attr<float>("softcap")                           \
+      .Attr<float>("dropout_p")                         \
       .Attr<int32_t>("implementation")

@@ -10,8 +10,7 @@ namespace ja {
 inline ffi::Error rmsnorm_args(const ffi::AnyBuffer& x, const ffi::AnyBuffer* residual, const ffi::AnyBuffer& w,
                                ffi::AnyBuffer& out, ffi::AnyBuffer* residual_out, float eps, JaRmsNormArgs* a) {
   DType dt;
-  if (!to_dtype(x.element_type(), &dt))
-    return invalid("rms_norm: x must be float32, bfloat16 or float16");
+  if (!to_dtype(x.element_type(), &dt)) return invalid("rms_norm: x must be float32, bfloat16 or float16");
   if (w.element_type() != x.element_type() || (residual && residual->element_type() != x.element_type()))
     return invalid("rms_norm: x, residual and weight must share one dtype; cast them to x.dtype");
   if (x.dimensions().size() < 1) return invalid("rms_norm: x must have rank >= 1");
@@ -22,9 +21,15 @@ inline ffi::Error rmsnorm_args(const ffi::AnyBuffer& x, const ffi::AnyBuffer* re
   if (residual && residual->element_count() != x.element_count())
     return invalid("rms_norm_with_add: residual and x must have the same shape");
   if (!(eps >= 0.0f)) return invalid("rms_norm: eps must be a non-negative float");
-  *a = JaRmsNormArgs{int32_t(dt), leading_rows(x), hidden, x.untyped_data(),
-                     residual ? residual->untyped_data() : nullptr, w.untyped_data(), out.untyped_data(),
-                     residual_out ? residual_out->untyped_data() : nullptr, eps};
+  *a = JaRmsNormArgs{int32_t(dt),
+                     leading_rows(x),
+                     hidden,
+                     x.untyped_data(),
+                     residual ? residual->untyped_data() : nullptr,
+                     w.untyped_data(),
+                     out.untyped_data(),
+                     residual_out ? residual_out->untyped_data() : nullptr,
+                     eps};
   return ffi::Error::Success();
 }
 

@@ -7,8 +7,7 @@ namespace ja {
 
 inline ffi::Error silu_and_mul_args(const ffi::AnyBuffer& x, ffi::AnyBuffer& out, JaSiluAndMulArgs* a) {
   DType dt;
-  if (!to_dtype(x.element_type(), &dt))
-    return invalid("silu_and_mul: x must be float32, bfloat16 or float16");
+  if (!to_dtype(x.element_type(), &dt)) return invalid("silu_and_mul: x must be float32, bfloat16 or float16");
   if (out.element_type() != x.element_type()) return invalid("silu_and_mul: out dtype must match x");
   if (x.dimensions().size() < 1) return invalid("silu_and_mul: x must have rank >= 1");
   const int64_t width = last_dim(x);

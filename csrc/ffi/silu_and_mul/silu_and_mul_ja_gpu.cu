@@ -14,7 +14,8 @@ const char* ja_silu_and_mul_gpu(const JaSiluAndMulArgs* a, void* stream) {
   return ja_error("silu_and_mul: unsupported dtype id %d", a->dtype);
 }
 
-static ffi::Error silu_and_mul_gpu(ja_stream_t stream, ffi::AnyBuffer x, ffi::RemainingArgs poison, ffi::Result<ffi::AnyBuffer> out) {
+static ffi::Error silu_and_mul_gpu(ja_stream_t stream, ffi::AnyBuffer x, ffi::RemainingArgs poison,
+                                   ffi::Result<ffi::AnyBuffer> out) {
   if (auto e = ja::check_poison(poison, 1); e.failure()) return e;
   JaSiluAndMulArgs a{};
   if (auto e = ja::silu_and_mul_args(x, *out, &a); e.failure()) return e;
@@ -23,6 +24,9 @@ static ffi::Error silu_and_mul_gpu(ja_stream_t stream, ffi::AnyBuffer x, ffi::Re
 
 JA_FFI_HANDLER(JaSiluAndMulGpu);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaSiluAndMulGpu, silu_and_mul_gpu,
-                              ffi::Ffi::Bind().Ctx<ffi::PlatformStream<ja_stream_t>>().Arg<ffi::AnyBuffer>().RemainingArgs()
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<ja_stream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .RemainingArgs()
                                   .Ret<ffi::AnyBuffer>(),
                               JA_GPU_HANDLER_TRAITS);

@@ -22,6 +22,6 @@ JA_API int ja_gpu_device_count(const char** why);
 namespace ja {
 // Runs fn(begin, end) over [0, n) on up to hardware_concurrency threads, in
 // chunks of at least `grain` items. Runs inline when one chunk suffices.
-__attribute__((visibility("default"))) void parallel_for(
-    int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+__attribute__((visibility("default"))) void parallel_for(int64_t n, int64_t grain,
+                                                         const std::function<void(int64_t, int64_t)>& fn);
 }  // namespace ja

@@ -36,8 +36,12 @@ inline const char* dtype_name(DType t) {
   return "unknown";
 }
 
-struct alignas(2) bf16_t { uint16_t bits; };
-struct alignas(2) f16_t { uint16_t bits; };
+struct alignas(2) bf16_t {
+  uint16_t bits;
+};
+struct alignas(2) f16_t {
+  uint16_t bits;
+};
 
 // Bit casts. The device pass uses the intrinsics: hipcc rejects std::memcpy
 // (a host function) inside __host__ __device__ code.
@@ -74,7 +78,10 @@ JA_HD float to_f32(f16_t v) {
     if (man == 0) return bits_to_f32(sign);
     // subnormal: normalise
     int e = -1;
-    do { man <<= 1; ++e; } while ((man & 0x400u) == 0);
+    do {
+      man <<= 1;
+      ++e;
+    } while ((man & 0x400u) == 0);
     man &= 0x3ffu;
     return bits_to_f32(sign | (uint32_t(127 - 15 - e) << 23) | (man << 13));
   }
@@ -83,8 +90,12 @@ JA_HD float to_f32(f16_t v) {
 #endif
 }
 
-template <typename T> JA_HD T from_f32(float f);
-template <> JA_HD float from_f32<float>(float f) { return f; }
+template <typename T>
+JA_HD T from_f32(float f);
+template <>
+JA_HD float from_f32<float>(float f) {
+  return f;
+}
 // float32 -> bf16 bits, rounded to nearest even; a NaN stays a quiet NaN with its sign and top payload
 // bits. The host's conversion, and the device's where the hardware has none.
 JA_HD uint16_t bf16_bits_rne(float f) {
@@ -93,7 +104,8 @@ JA_HD uint16_t bf16_bits_rne(float f) {
   u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
   return uint16_t(u >> 16);
 }
-template <> JA_HD bf16_t from_f32<bf16_t>(float f) {
+template <>
+JA_HD bf16_t from_f32<bf16_t>(float f) {
 #if defined(JA_DEVICE_PASS) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   // The hardware conversion (sm_80+): the same rounding in one instruction instead of six; a NaN becomes
   // the canonical quiet NaN (0x7fff). benchmarks/gpu/check_bf16_convert.cu compares the two on every input.
@@ -104,7 +116,8 @@ template <> JA_HD bf16_t from_f32<bf16_t>(float f) {
   return bf16_t{bf16_bits_rne(f)};
 #endif
 }
-template <> JA_HD f16_t from_f32<f16_t>(float f) {
+template <>
+JA_HD f16_t from_f32<f16_t>(float f) {
 #if defined(JA_DEVICE_PASS)
   return f16_t{__half_as_ushort(__float2half_rn(f))};
 #else
@@ -134,9 +147,19 @@ constexpr DType dt_f32 = DType::kF32;
 constexpr DType dt_bf16 = DType::kBF16;
 constexpr DType dt_f16 = DType::kF16;
 
-template <typename T> struct dtype_of;
-template <> struct dtype_of<float> { static constexpr DType value = DType::kF32; };
-template <> struct dtype_of<bf16_t> { static constexpr DType value = DType::kBF16; };
-template <> struct dtype_of<f16_t> { static constexpr DType value = DType::kF16; };
+template <typename T>
+struct dtype_of;
+template <>
+struct dtype_of<float> {
+  static constexpr DType value = DType::kF32;
+};
+template <>
+struct dtype_of<bf16_t> {
+  static constexpr DType value = DType::kBF16;
+};
+template <>
+struct dtype_of<f16_t> {
+  static constexpr DType value = DType::kF16;
+};
 
 }  // namespace ja

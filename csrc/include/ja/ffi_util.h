@@ -20,9 +20,7 @@ inline bool to_dtype(ffi::DataType t, DType* out) {
 }
 
 inline ffi::Error invalid(const std::string& msg) { return ffi::Error::InvalidArgument(msg); }
-inline ffi::Error from_kernel(const char* err) {
-  return err ? ffi::Error::Internal(err) : ffi::Error::Success();
-}
+inline ffi::Error from_kernel(const char* err) { return err ? ffi::Error::Internal(err) : ffi::Error::Success(); }
 
 // Handlers take optional trailing "poison" buffers: test builds pass NaN-filled
 // buffers aliased to the results (JA_POISON_OUTPUTS=1 in jax_aiter/ops/_ffi.py),
@@ -50,11 +48,11 @@ inline int64_t last_dim(const ffi::AnyBuffer& b) {
 // Every shim exports the XLA FFI API version of the headers it was compiled
 // against; the Python loader compares it with the installed jaxlib's before
 // registering any handler.
-#define JA_DEFINE_FFI_API_VERSION()                                  \
-  JA_API int ja_ffi_api_version(int* major, int* minor) {            \
-    *major = XLA_FFI_API_MAJOR;                                      \
-    *minor = XLA_FFI_API_MINOR;                                      \
-    return 0;                                                        \
+#define JA_DEFINE_FFI_API_VERSION()                       \
+  JA_API int ja_ffi_api_version(int* major, int* minor) { \
+    *major = XLA_FFI_API_MAJOR;                           \
+    *minor = XLA_FFI_API_MINOR;                           \
+    return 0;                                             \
   }
 
 #define JA_FFI_HANDLER(name) JA_API XLA_FFI_Error* name(XLA_FFI_CallFrame* call_frame)

@@ -64,22 +64,31 @@ using ja_event_t = cudaEvent_t;
 // device pass (32 on NVIDIA, 64 on CDNA), exposed as ja_warp_size().
 #if defined(JA_GPU_HIP)
 JA_DEVICE constexpr int ja_warp_size() {
-#if defined(__GFX9__) || defined(__gfx90a__) || defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__) || defined(__gfx950__)
+#if defined(__GFX9__) || defined(__gfx90a__) || defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__) || \
+    defined(__gfx950__)
   return 64;
 #else
   return 32;
 #endif
 }
 template <typename T>
-JA_DEVICE T ja_shfl_xor(T v, int mask) { return __shfl_xor(v, mask); }
+JA_DEVICE T ja_shfl_xor(T v, int mask) {
+  return __shfl_xor(v, mask);
+}
 template <typename T>
-JA_DEVICE T ja_shfl(T v, int src) { return __shfl(v, src); }
+JA_DEVICE T ja_shfl(T v, int src) {
+  return __shfl(v, src);
+}
 #else
 JA_DEVICE constexpr int ja_warp_size() { return 32; }
 template <typename T>
-JA_DEVICE T ja_shfl_xor(T v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
+JA_DEVICE T ja_shfl_xor(T v, int mask) {
+  return __shfl_xor_sync(0xffffffffu, v, mask);
+}
 template <typename T>
-JA_DEVICE T ja_shfl(T v, int src) { return __shfl_sync(0xffffffffu, v, src); }
+JA_DEVICE T ja_shfl(T v, int src) {
+  return __shfl_sync(0xffffffffu, v, src);
+}
 #endif
 
 JA_DEVICE float ja_warp_sum(float v) {

@@ -40,9 +40,18 @@ namespace mma {
 #define JA_MMA_SM80 0
 #endif
 
-template <typename T> struct is_mma_type { static constexpr bool value = false; };
-template <> struct is_mma_type<bf16_t> { static constexpr bool value = true; };
-template <> struct is_mma_type<f16_t> { static constexpr bool value = true; };
+template <typename T>
+struct is_mma_type {
+  static constexpr bool value = false;
+};
+template <>
+struct is_mma_type<bf16_t> {
+  static constexpr bool value = true;
+};
+template <>
+struct is_mma_type<f16_t> {
+  static constexpr bool value = true;
+};
 
 JA_DEVICE uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
 
@@ -111,8 +120,7 @@ JA_DEVICE void cp_async_16(void* dst, const void* src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
   else if constexpr (PF == 128)
     asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
-  else
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
+  else asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
 #else
   __trap();
 #endif
@@ -264,7 +272,8 @@ JA_DEVICE float cluster_load(const float* p, uint32_t rank) {
 }
 
 // Two floats -> one register of two 16-bit values (low half = x).
-template <typename T> JA_DEVICE uint32_t pack2(float x, float y);
+template <typename T>
+JA_DEVICE uint32_t pack2(float x, float y);
 template <>
 JA_DEVICE uint32_t pack2<bf16_t>(float x, float y) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(x, y);

@@ -31,7 +31,8 @@ const char* mha_bwd_gpu(const JaMhaBwdArgs& a, void* stream, int32_t impl) {
     if (!mha_gpu::aligned16(ptr))
       return ja_error("mha_bwd: q, k, v, dout, dq, dk and dv must be 16-byte aligned on the GPU");
   if (impl == JA_MHA_IMPL_DECODE)
-    return mha_gpu::refuse_forced("mha_bwd", impl, "the split-KV decode kernel is a forward; its calls' backward runs "
+    return mha_gpu::refuse_forced("mha_bwd", impl,
+                                  "the split-KV decode kernel is a forward; its calls' backward runs "
                                   "the default family");
   int path = kPathSimt;
 #if JA_HAS_WARP_MMA
@@ -39,7 +40,8 @@ const char* mha_bwd_gpu(const JaMhaBwdArgs& a, void* stream, int32_t impl) {
     if (impl == JA_MHA_IMPL_AUTO || impl == JA_MHA_IMPL_MMA) {
       const char* f = mha_unhandled_feature(a, mha_gpu::kBwdMmaFeatures);
       if (!f) path = kPathMma;
-      else if (impl == JA_MHA_IMPL_MMA) return mha_gpu::refuse_forced("mha_bwd", impl, ja_error("it does not handle %s", f));
+      else if (impl == JA_MHA_IMPL_MMA)
+        return mha_gpu::refuse_forced("mha_bwd", impl, ja_error("it does not handle %s", f));
     }
   }
 #endif

@@ -57,16 +57,18 @@ const char* mha_dispatch(const char* op, const char* backend, const MhaInstance<
   const int64_t need = std::max(a.p.head_dim, a.p.head_dim_v);
   const MhaInstance<Fn>* best = nullptr;
   for (const auto& e : table)
-    if (e.fn && int(e.dtype) == a.p.dtype && e.head_dim >= need &&
-        (!ByMask || e.causal == (a.p.mask == kMaskCausal)) && (!best || e.head_dim < best->head_dim))
+    if (e.fn && int(e.dtype) == a.p.dtype && e.head_dim >= need && (!ByMask || e.causal == (a.p.mask == kMaskCausal)) &&
+        (!best || e.head_dim < best->head_dim))
       best = &e;
   if (best) return best->fn(&a, extra...);
   const DType dt = DType(a.p.dtype);
   const bool known = a.p.dtype >= 0 && a.p.dtype <= int(DType::kF16);
   const std::string mask = ByMask ? " (mask " + std::to_string(a.p.mask) + ")" : "";
-  return ja_error("%s: no %s instance for dtype %s holds head_dim %lld and head_dim_v %lld%s in this build; "
-                  "compiled (padded) head dims: %s", op, backend, known ? dtype_name(dt) : "unknown",
-                  (long long)a.p.head_dim, (long long)a.p.head_dim_v, mask.c_str(), mha_head_dims(table, dt).c_str());
+  return ja_error(
+      "%s: no %s instance for dtype %s holds head_dim %lld and head_dim_v %lld%s in this build; "
+      "compiled (padded) head dims: %s",
+      op, backend, known ? dtype_name(dt) : "unknown", (long long)a.p.head_dim, (long long)a.p.head_dim_v, mask.c_str(),
+      mha_head_dims(table, dt).c_str());
 }
 
 // Whether sm_90a table entry e is the instance for args: its dtype and causal flag as mha_dispatch<true> takes
@@ -81,10 +83,12 @@ bool mha_sm90_matches(const MhaInstance<Fn>& e, const Args& a) {
 
 // The error of a call that asked for the Hopper kernels (implementation 'sm90') where they do not take it: `why`.
 inline const char* mha_sm90_refused(const char* op, const char* why) {
-  return ja_error("%s: implementation 'sm90' does not take this call: %s. The Hopper kernels run bfloat16 and "
-                  "float16 on an sm_90 device (H100, H200), head dims up to 256 in multiples of 8, without bias or "
-                  "dropout; the forward leaves decode shapes to 'decode'. Use implementation=None to choose "
-                  "automatically", op, why);
+  return ja_error(
+      "%s: implementation 'sm90' does not take this call: %s. The Hopper kernels run bfloat16 and "
+      "float16 on an sm_90 device (H100, H200), head dims up to 256 in multiples of 8, without bias or "
+      "dropout; the forward leaves decode shapes to 'decode'. Use implementation=None to choose "
+      "automatically",
+      op, why);
 }
 
 // Asks the instance for args in a table of instances that may decline (the sm_90a kernels:

@@ -34,8 +34,7 @@ const char* mha_fwd_gpu(const JaMhaFwdArgs& a, void* stream, int32_t impl) {
   const ja_stream_t s = static_cast<ja_stream_t>(stream);
   if (a.p.batch == 0 || a.p.seq_q == 0 || a.p.heads_q == 0) return nullptr;
   if (const char* e = mha_gpu::check_problem<D>("mha_fwd", a.p)) return e;
-  if (!mha_gpu::aligned16(a.q) || !mha_gpu::aligned16(a.k) || !mha_gpu::aligned16(a.v) ||
-      !mha_gpu::aligned16(a.o))
+  if (!mha_gpu::aligned16(a.q) || !mha_gpu::aligned16(a.k) || !mha_gpu::aligned16(a.v) || !mha_gpu::aligned16(a.o))
     return ja_error("mha_fwd: q, k, v and o must be 16-byte aligned on the GPU");
   const bool any = impl == JA_MHA_IMPL_AUTO;
 #if JA_HAS_WARP_MMA

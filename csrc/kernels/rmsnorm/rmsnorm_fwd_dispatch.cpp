@@ -2,7 +2,6 @@
 #include "ja/dtype.h"
 #include "ja/kernels/rmsnorm.h"
 
-
 #define JA_INSTANCE(symbol, dt) extern "C" const char* symbol(const JaRmsNormArgs*);
 #include "rmsnorm_fwd_cpu_instances.inc"
 #undef JA_INSTANCE

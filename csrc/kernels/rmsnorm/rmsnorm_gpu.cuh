@@ -125,8 +125,9 @@ JA_GLOBAL void __launch_bounds__(THREADS, MIN_BLOCKS) rmsnorm_fwd_kernel(JaRmsNo
     for (int j = 0; j < RPB; ++j) {
       if (row_ok(j)) {
         const int64_t off = (first + j) * h;
-        load_row<V, THREADS, REGS, RES>(xv[j], rv[RES ? j : 0], reinterpret_cast<const V*>(static_cast<const T*>(a.x) + off),
-                                        RES ? reinterpret_cast<const V*>(static_cast<const T*>(a.residual) + off) : nullptr, nvec);
+        load_row<V, THREADS, REGS, RES>(
+            xv[j], rv[RES ? j : 0], reinterpret_cast<const V*>(static_cast<const T*>(a.x) + off),
+            RES ? reinterpret_cast<const V*>(static_cast<const T*>(a.residual) + off) : nullptr, nvec);
       }
     }
     if constexpr (WREG) {

@@ -19,14 +19,18 @@ inline const char* mha_impl_name(int32_t impl) {
 // Whether `impl` may run on this platform (gpu: the GPU handlers; else the CPU's): nullptr, or the error.
 inline const char* mha_impl_error(const char* op, int32_t impl, bool gpu) {
   if (impl < 0 || impl >= JA_MHA_IMPL_COUNT)
-    return ja_error("%s: implementation %d is not a kernel family (0 auto, 1 cpu, 2 simt, 3 mma, 4 decode, 5 sm90)",
-                    op, int(impl));
+    return ja_error("%s: implementation %d is not a kernel family (0 auto, 1 cpu, 2 simt, 3 mma, 4 decode, 5 sm90)", op,
+                    int(impl));
   if (gpu && impl == JA_MHA_IMPL_CPU)
-    return ja_error("%s: implementation 'cpu' runs on the CPU platform; on the GPU ask for 'sm90', 'mma', 'decode' "
-                    "or 'simt', or None (automatic)", op);
+    return ja_error(
+        "%s: implementation 'cpu' runs on the CPU platform; on the GPU ask for 'sm90', 'mma', 'decode' "
+        "or 'simt', or None (automatic)",
+        op);
   if (!gpu && impl != JA_MHA_IMPL_AUTO && impl != JA_MHA_IMPL_CPU)
-    return ja_error("%s: implementation '%s' is a GPU kernel family; on the CPU only 'cpu' runs (or None: "
-                    "automatic)", op, mha_impl_name(impl));
+    return ja_error(
+        "%s: implementation '%s' is a GPU kernel family; on the CPU only 'cpu' runs (or None: "
+        "automatic)",
+        op, mha_impl_name(impl));
   return nullptr;
 }
 
@@ -41,8 +45,8 @@ inline const char* mha_problem_error(const char* op, const JaMhaProblem& p) {
     return ja_error("%s: heads_q (%lld) must be a multiple of heads_kv (%lld)", op, (long long)p.heads_q,
                     (long long)p.heads_kv);
   if (p.head_dim < 1 || p.head_dim > JA_MHA_MAX_HEAD_DIM || p.head_dim_v < 1 || p.head_dim_v > JA_MHA_MAX_HEAD_DIM)
-    return ja_error("%s: head_dim %lld (q, k) and head_dim_v %lld (v) must each be in 1..%d", op,
-                    (long long)p.head_dim, (long long)p.head_dim_v, JA_MHA_MAX_HEAD_DIM);
+    return ja_error("%s: head_dim %lld (q, k) and head_dim_v %lld (v) must each be in 1..%d", op, (long long)p.head_dim,
+                    (long long)p.head_dim_v, JA_MHA_MAX_HEAD_DIM);
   if (p.mask != kMaskNone && p.mask != kMaskCausal && p.mask != kMaskRows)
     return ja_error("%s: mask %d is not 0 (none), 1 (causal) or 2 (rows)", op, int(p.mask));
   if (p.mask == kMaskRows && !p.rows) return ja_error("%s: the ROWS mask needs its rows array (rows is null)", op);

@@ -68,8 +68,7 @@ struct MhaCol {
   int64_t q_lo, q_hi;
 };
 
-JA_MHA_HD MhaCol mha_col(const JaMhaProblem& p, const int32_t* cols, int64_t cols_batch_stride, int64_t b,
-                         int64_t j) {
+JA_MHA_HD MhaCol mha_col(const JaMhaProblem& p, const int32_t* cols, int64_t cols_batch_stride, int64_t b, int64_t j) {
   if (p.mask == kMaskRows) {
     const int32_t* c = cols + b * cols_batch_stride;
     return MhaCol{c[j], c[p.seq_k + j]};
@@ -122,8 +121,7 @@ JA_MHA_HD MhaPhilox mha_dropout_block(const uint32_t* seed, int64_t b, int64_t h
 }
 
 // Whether (b, h, i, j) of this call is kept.
-JA_MHA_HD bool mha_dropout_keep(const uint32_t* seed, uint32_t threshold, int64_t b, int64_t h, int64_t i,
-                                int64_t j) {
+JA_MHA_HD bool mha_dropout_keep(const uint32_t* seed, uint32_t threshold, int64_t b, int64_t h, int64_t i, int64_t j) {
   return mha_dropout_block(seed, b, h, i, j).x[j & 3] >= threshold;
 }
 

@@ -102,8 +102,8 @@ JA_DEVICE float exact_slope(JaMhaProblem const& pr, int b, int h) {
 // Query row i of head h, batch b ([batch, seq, heads, dim] tensors): its output and lse (natural log) over the
 // keys [row.lo, row.hi). A row that sees no key gets 0 and +inf, as the kernels give it.
 template <typename Element>
-__device__ __noinline__ void exact_fwd_row(JaMhaProblem const& pr, const Element* q, const Element* k,
-                                           const Element* v, Element* o, float* lse, int b, int h, int i, MhaRow row) {
+__device__ __noinline__ void exact_fwd_row(JaMhaProblem const& pr, const Element* q, const Element* k, const Element* v,
+                                           Element* o, float* lse, int b, int h, int i, MhaRow row) {
   const int d = int(pr.head_dim), dv = int(pr.head_dim_v), hq = int(pr.heads_q), hkv = int(pr.heads_kv);
   const int hk = h / (hq / hkv), lane = int(threadIdx.x % 32);
   const float slope = exact_slope(pr, b, h);
@@ -146,8 +146,12 @@ struct ExactBwd {
 // A call's ExactBwd, its tensors as Element (ja's storage type or CUTLASS's).
 template <typename Element>
 JA_HOST_DEVICE ExactBwd<Element> exact_bwd(const JaMhaBwdArgs& a) {
-  return {static_cast<const Element*>(a.q), static_cast<const Element*>(a.k), static_cast<const Element*>(a.v),
-          static_cast<const Element*>(a.dout), a.lse, a.delta};
+  return {static_cast<const Element*>(a.q),
+          static_cast<const Element*>(a.k),
+          static_cast<const Element*>(a.v),
+          static_cast<const Element*>(a.dout),
+          a.lse,
+          a.delta};
 }
 
 // The query rows that see key j of batch b (ja::mha_col), clamped to [0, seq_q] with q_hi >= q_lo: the rows
@@ -163,7 +167,7 @@ JA_HOST_DEVICE MhaCol exact_col(JaMhaProblem const& pr, const int32_t* cols, int
 // dP and dS of query row i (head h) and key j given their loaded rows: p (the weight) and ds (d score).
 template <typename Element>
 JA_DEVICE void exact_p_ds(JaMhaProblem const& pr, ExactBwd<Element> const& in, float qk, float dp, float slope,
-                            int64_t diag, int64_t j, int64_t stat, float* p, float* ds) {
+                          int64_t diag, int64_t j, int64_t stat, float* p, float* ds) {
   float dx;
   const float x = exact_score(pr, qk, slope, diag, j, &dx);
   *p = expf(x - in.lse[stat]);  // lse = +inf (a row that sees no key): 0
@@ -216,8 +220,7 @@ __device__ __noinline__ void exact_dkdv_key(JaMhaProblem const& pr, ExactBwd<Ele
       const Element* qi = in.q + qrow * d;
       const Element* gi = in.dout + qrow * dv;
       float p, ds;
-      exact_p_ds(pr, in, exact_dot(kr, qi, d), exact_dot(vr, gi, dv), slope, pr.alibi ? diag(i) : 0, j, stat, &p,
-                 &ds);
+      exact_p_ds(pr, in, exact_dot(kr, qi, d), exact_dot(vr, gi, dv), slope, pr.alibi ? diag(i) : 0, j, stat, &p, &ds);
 #pragma unroll
       for (int t = 0; t < kExactCols; ++t) {
         const int c = lane + 32 * t;

@@ -68,8 +68,10 @@ inline const char* refuse_unhandled(const char* op, const char* kernel, const Ar
 // `why` may be ja_error's own thread-local text (decode_refusal's): it is copied before ja_error writes again.
 inline const char* refuse_forced(const char* op, int32_t impl, const char* why) {
   const std::string reason = why;
-  return ja_error("%s: implementation '%s' does not take this call: %s; use implementation=None to choose "
-                  "automatically", op, mha_impl_name(impl), reason.c_str());
+  return ja_error(
+      "%s: implementation '%s' does not take this call: %s; use implementation=None to choose "
+      "automatically",
+      op, mha_impl_name(impl), reason.c_str());
 }
 
 // The instance's padded head dim D holds the call's head_dim and head_dim_v (each 1..D; the kernels zero-pad
@@ -77,8 +79,10 @@ inline const char* refuse_forced(const char* op, int32_t impl, const char* why) 
 template <int D>
 inline const char* check_problem(const char* op, const JaMhaProblem& p) {
   if (p.head_dim < 1 || p.head_dim > D || p.head_dim_v < 1 || p.head_dim_v > D)
-    return ja_error("%s: head_dim %lld and head_dim_v %lld must each lie in [1, %d] for the GPU instance of head "
-                    "dim %d", op, (long long)p.head_dim, (long long)p.head_dim_v, D, D);
+    return ja_error(
+        "%s: head_dim %lld and head_dim_v %lld must each lie in [1, %d] for the GPU instance of head "
+        "dim %d",
+        op, (long long)p.head_dim, (long long)p.head_dim_v, D, D);
   if (p.seq_q > 0x3fffffffLL || p.seq_k > 0x3fffffffLL)
     return ja_error("%s: seq_q %lld and seq_k %lld must be below 2^30 on the GPU", op, (long long)p.seq_q,
                     (long long)p.seq_k);
@@ -89,7 +93,9 @@ inline const char* check_problem(const char* op, const JaMhaProblem& p) {
 
 // Elements per 16-byte vector of T.
 template <typename T>
-constexpr int vec_elems() { return 16 / int(sizeof(T)); }
+constexpr int vec_elems() {
+  return 16 / int(sizeof(T));
+}
 
 // Whether rows of head_dim and head_dim_v elements split into whole 16-byte vectors (the base pointers are
 // 16-byte aligned: the launches check it), so tiles load by 16-byte copies; else element by element.
@@ -186,7 +192,9 @@ JA_DEVICE Dropout dropout_of(const JaMhaProblem& p) {
 
 // Row stride (elements) of a [rows][D] tile of T in shared memory.
 template <typename T, int D>
-constexpr int tile_ld() { return D + int(4 / sizeof(T)); }
+constexpr int tile_ld() {
+  return D + int(4 / sizeof(T));
+}
 
 template <typename T, int N>
 struct alignas(16) Pack {
@@ -279,8 +287,20 @@ struct FwdBlock {
 JA_DEVICE FwdBlock fwd_block(const JaMhaFwdArgs& a, GridPlace at, int br) {
   const JaMhaProblem& p = a.p;
   const int64_t q0 = at.tile * br, sq = p.seq_q, hq = p.heads_q, hkv = p.heads_kv, h = at.head;
-  return {q0, h, at.batch, sq, p.seq_k, hq, hkv, h / (hq / hkv), hq * p.head_dim, hkv * p.head_dim,
-          hkv * p.head_dim_v, hq * p.head_dim_v, int(sq - q0 < br ? sq - q0 : br), p.scale * ja_log2e};
+  return {q0,
+          h,
+          at.batch,
+          sq,
+          p.seq_k,
+          hq,
+          hkv,
+          h / (hq / hkv),
+          hq * p.head_dim,
+          hkv * p.head_dim,
+          hkv * p.head_dim_v,
+          hq * p.head_dim_v,
+          int(sq - q0 < br ? sq - q0 : br),
+          p.scale * ja_log2e};
 }
 
 // Whether instances for T run on the matrix units (ja/mma.h) or the SIMT kernels.
@@ -313,8 +333,8 @@ const char* allow_smem(Kernel kernel, int smem, const char* what) {
 
 // Launches `kernel` with `smem` bytes of dynamic shared memory (allow_smem).
 template <typename Args>
-const char* launch_with_smem(void (*kernel)(Args), dim3 grid, int threads, int smem, ja_stream_t stream,
-                             const Args& a, const char* what) {
+const char* launch_with_smem(void (*kernel)(Args), dim3 grid, int threads, int smem, ja_stream_t stream, const Args& a,
+                             const char* what) {
   if (const char* e = allow_smem(kernel, smem, what)) return e;
   kernel<<<grid, threads, smem, stream>>>(a);
   return launch_status(what);
@@ -323,8 +343,10 @@ const char* launch_with_smem(void (*kernel)(Args), dim3 grid, int threads, int s
 // Grid y/z are limited to 65535 on both platforms.
 inline const char* check_grid(const char* op, int64_t x, int64_t y, int64_t z) {
   if (x > 0x7fffffffLL || y > 65535 || z > 65535)
-    return ja_error("%s: grid (%lld, %lld, %lld) exceeds the GPU limits (2^31-1, 65535, 65535); "
-                    "split the batch or heads", op, (long long)x, (long long)y, (long long)z);
+    return ja_error(
+        "%s: grid (%lld, %lld, %lld) exceeds the GPU limits (2^31-1, 65535, 65535); "
+        "split the batch or heads",
+        op, (long long)x, (long long)y, (long long)z);
   return nullptr;
 }
 

@@ -77,8 +77,8 @@ struct MhaBwdCpu {
   // Row r of the tile: P (undropped) into p from its scores q . k (in p on entry), the columns [lo, hi)
   // it sees; the softcap's derivative into dtanh. Masked columns hold 0.
   template <typename V>
-  JA_CPU_INLINE static void probs_row(const Head& c, const mha_cpu::ScoreTerms& terms, Scratch& w, int r,
-                                      int64_t i, int64_t kv0, int lo, int hi) {
+  JA_CPU_INLINE static void probs_row(const Head& c, const mha_cpu::ScoreTerms& terms, Scratch& w, int r, int64_t i,
+                                      int64_t kv0, int lo, int hi) {
     using namespace mha_cpu;
     constexpr int W = Lanes<V>::n;
     float* p = w.p + r * Bc;
@@ -173,8 +173,7 @@ struct MhaBwdCpu {
       if (terms.cap2 != 0.0f)
         for (int j = lo; j < hi; ++j) ds[j] *= w.dtanh[r * Bc + j];
     }
-    if (w.rows.full(kv0, nk) ||
-        (k_finite && all_finite<Br * D, V>(w.q) && all_finite<Br * D, V>(w.dout))) {
+    if (w.rows.full(kv0, nk) || (k_finite && all_finite<Br * D, V>(w.q) && all_finite<Br * D, V>(w.dout))) {
       transpose<Br, Bc>(w.pt, w.p);
       transpose<Br, Bc>(w.dst, w.ds);
       gemm<Bc, D, Br, false, V>(w.dvp, D, w.pt, Br, w.dout, D);
@@ -214,8 +213,19 @@ struct MhaBwdCpu {
     const int64_t sq = p.seq_q, sk = p.seq_k, hq = p.heads_q, hkv = p.heads_kv;
     const int dq = int(p.head_dim), dv = int(p.head_dim_v);
     const bool dropout = p.dropout_p > 0.0f;
-    const Head c{a, b, hk, hq / hkv, dq, dv, hq * dq, hq * dv, hkv * dq, hkv * dv, dropout,
-                 dropout ? mha_dropout_threshold(p.dropout_p) : 0u, dropout ? 1.0f / (1.0f - p.dropout_p) : 1.0f,
+    const Head c{a,
+                 b,
+                 hk,
+                 hq / hkv,
+                 dq,
+                 dv,
+                 hq * dq,
+                 hq * dv,
+                 hkv * dq,
+                 hkv * dv,
+                 dropout,
+                 dropout ? mha_dropout_threshold(p.dropout_p) : 0u,
+                 dropout ? 1.0f / (1.0f - p.dropout_p) : 1.0f,
                  ScoreTerms::qk_mul(p)};
     const int64_t h0 = hk * c.group, h1 = h0 + c.group;
 

@@ -44,23 +44,41 @@ typedef float f32x4 __attribute__((vector_size(16)));
 typedef int32_t i32x8 __attribute__((vector_size(32)));
 typedef int32_t i32x4 __attribute__((vector_size(16)));
 
-template <typename V> struct Lanes;
-template <> struct Lanes<f32x8> { static constexpr int n = 8; using Int = i32x8; };
-template <> struct Lanes<f32x4> { static constexpr int n = 4; using Int = i32x4; };
+template <typename V>
+struct Lanes;
+template <>
+struct Lanes<f32x8> {
+  static constexpr int n = 8;
+  using Int = i32x8;
+};
+template <>
+struct Lanes<f32x4> {
+  static constexpr int n = 4;
+  using Int = i32x4;
+};
 
-template <typename V> JA_CPU_INLINE V vload(const float* p) {
+template <typename V>
+JA_CPU_INLINE V vload(const float* p) {
   V v;
   __builtin_memcpy(&v, p, sizeof v);
   return v;
 }
-template <typename V> JA_CPU_INLINE void vstore(float* p, V v) { __builtin_memcpy(p, &v, sizeof v); }
-template <typename V> JA_CPU_INLINE V splat(float v) { return V{} + v; }
-template <typename V> JA_CPU_INLINE float hmax(V v) {
+template <typename V>
+JA_CPU_INLINE void vstore(float* p, V v) {
+  __builtin_memcpy(p, &v, sizeof v);
+}
+template <typename V>
+JA_CPU_INLINE V splat(float v) {
+  return V{} + v;
+}
+template <typename V>
+JA_CPU_INLINE float hmax(V v) {
   float m = v[0];
   for (int i = 1; i < Lanes<V>::n; ++i) m = v[i] > m ? v[i] : m;
   return m;
 }
-template <typename V> JA_CPU_INLINE float hsum(V v) {
+template <typename V>
+JA_CPU_INLINE float hsum(V v) {
   float s = 0.0f;
   for (int i = 0; i < Lanes<V>::n; ++i) s += v[i];
   return s;
@@ -94,7 +112,9 @@ JA_CPU_INLINE V exp2_v(V x) {
 
 // Scalar 2^x with the same rounding as exp2_v (for the odd single value).
 template <typename V>
-JA_CPU_INLINE float exp2_scalar(float x) { return exp2_v<V>(splat<V>(x))[0]; }
+JA_CPU_INLINE float exp2_scalar(float x) {
+  return exp2_v<V>(splat<V>(x))[0];
+}
 
 template <int N, typename V>
 JA_CPU_INLINE float row_max(const float* x) {
@@ -123,8 +143,8 @@ JA_CPU_INLINE float dot_f32(const T* a, const T* b, int n) {
 // times four broadcast A values, eight FMAs into eight accumulators that stay
 // in registers (4 x 16 floats with AVX2, 4 x 8 with SSE2).
 template <int M, int N, int K, bool ACC, typename V>
-JA_CPU_INLINE void gemm(float* __restrict C, int ldc, const float* __restrict A, int lda,
-                        const float* __restrict B, int ldb) {
+JA_CPU_INLINE void gemm(float* __restrict C, int ldc, const float* __restrict A, int lda, const float* __restrict B,
+                        int ldb) {
   constexpr int W = Lanes<V>::n;
   static_assert(M % 4 == 0 && N % (2 * W) == 0, "gemm: M must be a multiple of 4 and N of two vectors");
   for (int i = 0; i < M; i += 4) {
@@ -176,8 +196,8 @@ JA_CPU_INLINE void load_rows(float* __restrict dst, const T* __restrict src, int
 
 // dst[c][r] = src row r, element c (a transposed [D][ROWS] tile), zero-padded the same way.
 template <int ROWS, int D, typename T>
-JA_CPU_INLINE void load_rows_transposed(float* __restrict dst, const T* __restrict src, int64_t stride,
-                                        int rows_valid, int cols_valid) {
+JA_CPU_INLINE void load_rows_transposed(float* __restrict dst, const T* __restrict src, int64_t stride, int rows_valid,
+                                        int cols_valid) {
   for (int r = 0; r < ROWS; ++r) {
     int c = 0;
     if (r < rows_valid) {
@@ -307,8 +327,8 @@ struct ScoreTerms {
 // [a, e) and -inf for the other BC (masked and padding). With a softcap and dtanh non-null, dtanh[j]
 // receives 1 - tanh^2 of the row's BC columns (the derivative of the softcap, for the backward).
 template <int BC, typename V>
-JA_CPU_INLINE void score_row(float* __restrict x, float* __restrict dtanh, const ScoreTerms& t, int64_t i,
-                             int64_t diag, int64_t kv0, int a, int e) {
+JA_CPU_INLINE void score_row(float* __restrict x, float* __restrict dtanh, const ScoreTerms& t, int64_t i, int64_t diag,
+                             int64_t kv0, int a, int e) {
   constexpr int W = Lanes<V>::n;
   if (t.cap2 != 0.0f) {
     const V cap = splat<V>(t.cap2);

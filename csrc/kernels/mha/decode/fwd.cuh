@@ -193,8 +193,7 @@ JA_DEVICE const T* decode_tile_at(const T* tile, int key, int col) {
   using Tl = DecodeTiles<T, D, TMA>;
   if constexpr (TMA)
     return tile + (col >> 6) * (Tl::BC * 64) + key * 64 + ((((col & 63) >> 3) ^ (key & 7)) << 3) + (col & 7);
-  else
-    return tile + key * Tl::LD + col;
+  else return tile + key * Tl::LD + col;
 }
 
 struct DecodeArgs {
@@ -347,8 +346,8 @@ JA_DEVICE uint32_t decode_sanitize(T* vs, int cols) {
 // key kk gets that key's infinities and NaNs (from global memory: row kk at vg + kk * stride) added to its
 // columns n * 8 + 2t + {0, 1} (p * inf is inf for the p > 0 of a key the row sees).
 template <typename T, int NO>
-JA_DEVICE void decode_add_nonfinite(float (&o)[NO][4], uint32_t bad, int kbase, const int (&lo)[2],
-                                    const int (&hi)[2], const T* vg, int64_t stride, int cols) {
+JA_DEVICE void decode_add_nonfinite(float (&o)[NO][4], uint32_t bad, int kbase, const int (&lo)[2], const int (&hi)[2],
+                                    const T* vg, int64_t stride, int cols) {
   const int t = threadIdx.x % 4;
   while (bad) {
     const int kk = __ffs(int(bad)) - 1, key = kbase + kk;
@@ -456,8 +455,7 @@ JA_GLOBAL void __launch_bounds__(DecodeTiles<T, D, TMA>::kThreads)
     } else {
       const int nk = key1 - kv0 < BC ? key1 - kv0 : BC;
       cp_async_tile<T, BC, D, LD, NT, JA_MHA_DECODE_L2PF>(ks, k + int64_t(kv0) * k_stride, k_stride, nk, hd);
-      cp_async_tile<T, BC, D, LD, NT, JA_MHA_DECODE_L2PF>(ks + BC * LD, v + int64_t(kv0) * v_stride, v_stride, nk,
-                                                          hdv);
+      cp_async_tile<T, BC, D, LD, NT, JA_MHA_DECODE_L2PF>(ks + BC * LD, v + int64_t(kv0) * v_stride, v_stride, nk, hdv);
     }
   };
 #pragma unroll
@@ -519,7 +517,7 @@ JA_GLOBAL void __launch_bounds__(DecodeTiles<T, D, TMA>::kThreads)
       }
       uint32_t kb[4];
       mma::ldmatrix_x4(kb, decode_tile_at<T, D, TMA>(ks, warp * 16 + (lane & 7) + ((lane >> 4) << 3),
-                                                      kd * 16 + ((lane >> 3) & 1) * 8));
+                                                     kd * 16 + ((lane >> 3) & 1) * 8));
       mma::mma_16816<T>(s[0], qf, kb);
       mma::mma_16816<T>(s[1], qf, kb + 2);
     }
@@ -584,8 +582,8 @@ JA_GLOBAL void __launch_bounds__(DecodeTiles<T, D, TMA>::kThreads)
 #pragma unroll
     for (int n2 = 0; n2 < NO / 2; ++n2) {
       uint32_t vb[4];
-      mma::ldmatrix_x4_trans(vb, decode_tile_at<T, D, TMA>(vs, warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
-                                                            n2 * 16 + (lane >> 4) * 8));
+      mma::ldmatrix_x4_trans(
+          vb, decode_tile_at<T, D, TMA>(vs, warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, n2 * 16 + (lane >> 4) * 8));
       mma::mma_16816<T>(o[2 * n2], pa, vb);
       mma::mma_16816<T>(o[2 * n2 + 1], pa, vb + 2);
     }
@@ -763,7 +761,8 @@ inline TensorMapEncodeTiled tensor_map_encoder() {
     void* p = nullptr;
     cudaDriverEntryPointQueryResult found{};
 #if CUDART_VERSION >= 12050
-    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found);
+    const cudaError_t e =
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found);
 #else
     const cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &p, cudaEnableDefault, &found);
 #endif
@@ -796,8 +795,8 @@ bool encode_decode_maps(const JaMhaFwdArgs& a, DecodeMaps* maps) {
     const cuuint64_t dims[4] = {hdim, cuuint64_t(a.p.heads_kv), cuuint64_t(a.p.seq_k), cuuint64_t(a.p.batch)};
     const cuuint64_t strides[3] = {hdim * es, dims[1] * hdim * es, dims[2] * dims[1] * hdim * es};  // bytes, dims 1..3
     if (encode(m, type, 4, const_cast<void*>(i == 0 ? a.k : a.v), dims, strides, box, unit,
-               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, l2, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) !=
-        CUDA_SUCCESS)
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, l2,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
       return false;
   }
   return true;
@@ -824,8 +823,8 @@ bool decode_tma_applies(const JaMhaFwdArgs& a) {
              cudaFuncAttributes fa{};
              const bool ok = cudaFuncGetAttributes(&fa, mha_decode_kernel<T, D, CAUSAL, true>) == cudaSuccess;
              if (!ok) (void)cudaGetLastError();
-             const bool tma = ok && ja::compute_capability(d) >= 90 && fa.binaryVersion >= 90 &&
-                              fa.ptxVersion >= 90 && tensor_map_encoder();
+             const bool tma = ok && ja::compute_capability(d) >= 90 && fa.binaryVersion >= 90 && fa.ptxVersion >= 90 &&
+                              tensor_map_encoder();
              return tma ? 2 : 1;
            }) == 2;
   }
@@ -842,13 +841,16 @@ bool decode_cluster_applies(int splits, int64_t groups, int64_t slots) {
   static std::atomic<int> cache[kDecodeMaxCluster + 1][64];  // clusters resident at once, + 1
   const int dev = ja::current_device();
   if (dev < 0) return false;
-  const int fit = ja::per_device(cache[splits], dev, [splits](int) {
-                    using Tl = DecodeTiles<T, D, true>;
-                    auto kernel = mha_decode_kernel<T, D, CAUSAL, true>;
-                    (void)allow_smem(kernel, Tl::kSmemBytes, "");  // a refusal shows at the launch
-                    return ja::max_active_clusters(kernel, dim3(Tl::kThreads), size_t(Tl::kSmemBytes),
-                                                   unsigned(splits)) + 1;
-                  }) - 1;
+  const int fit =
+      ja::per_device(
+          cache[splits], dev,
+          [splits](int) {
+            using Tl = DecodeTiles<T, D, true>;
+            auto kernel = mha_decode_kernel<T, D, CAUSAL, true>;
+            (void)allow_smem(kernel, Tl::kSmemBytes, "");  // a refusal shows at the launch
+            return ja::max_active_clusters(kernel, dim3(Tl::kThreads), size_t(Tl::kSmemBytes), unsigned(splits)) + 1;
+          }) -
+      1;
   return fit > 0 && (groups + fit - 1) / fit == (splits * groups + slots - 1) / slots;
 }
 

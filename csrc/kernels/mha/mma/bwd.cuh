@@ -83,7 +83,7 @@ struct BwdMmaTiles {
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int BC = 16 * kWarps;
   // (head_dim 96 takes 64: with 32, WN = 4 column blocks would not split its 6 k-steps of 16)
-  static constexpr int BR = JA_MHA_BWD_MMA_BR > 0           ? JA_MHA_BWD_MMA_BR
+  static constexpr int BR = JA_MHA_BWD_MMA_BR > 0                     ? JA_MHA_BWD_MMA_BR
                             : D <= 64 || (D / 16) % (kWarps / 2) != 0 ? 64
                                                                       : 32;
   static constexpr int LD = D + 8;    // 16-byte pad: ldmatrix rows of 8 consecutive tile rows hit distinct banks
@@ -95,8 +95,8 @@ struct BwdMmaTiles {
   // Shared memory: k_s, v_s [BC][LD]; q_s, do_s [2][BR][LD]; ds_s [BC][LDS] (T);
   // lse_s, delta_s [2][BR] (float); the rows' lo, hi, diag [2][BR] (int32).
   static constexpr int kTileElems = (2 * BC + 4 * BR) * LD + BC * LDS;
-  static constexpr int kSmemBytes = kTileElems * int(sizeof(T)) + 4 * BR * int(sizeof(float)) +
-                                    6 * BR * int(sizeof(int32_t));
+  static constexpr int kSmemBytes =
+      kTileElems * int(sizeof(T)) + 4 * BR * int(sizeof(float)) + 6 * BR * int(sizeof(int32_t));
   static_assert(kSmemBytes <= 227 * 1024, "MHA backward (MMA) tiles exceed shared memory");
   static_assert(D % 16 == 0 && BR % 16 == 0, "tiles must be multiples of the 16x16 MMA shape");
   static_assert(kWarps % WM == 0 && WN >= 1 && D % WN == 0 && DQN % 16 == 0,
@@ -107,8 +107,8 @@ struct BwdMmaTiles {
 // The mask of query rows [q0, q0 + rows) into lo, hi, diag (int32, rows past `rows` see nothing): from the
 // ROWS array by 4-byte cp.async (completing with the caller's cp.async group), else computed.
 template <int NTHREADS>
-JA_DEVICE void load_mask_rows(const JaMhaProblem& p, int64_t b, int64_t q0, int rows, int br, int32_t* lo,
-                              int32_t* hi, int32_t* dg) {
+JA_DEVICE void load_mask_rows(const JaMhaProblem& p, int64_t b, int64_t q0, int rows, int br, int32_t* lo, int32_t* hi,
+                              int32_t* dg) {
   if (p.mask == kMaskRows) {
     const int32_t* r = p.rows + b * p.rows_batch_stride + q0;  // row q0 exists: a mapped address
     for (int i = int(threadIdx.x); i < 3 * br; i += NTHREADS) {
@@ -194,10 +194,9 @@ JA_GLOBAL void __launch_bounds__(BwdMmaTiles<T, D>::kThreads, JA_MHA_BWD_MMA_MIN
   // Copies Q, dO (rows past q_end zero-filled), lse, delta and the rows' mask of tile (h, q0) into buffer `buf`.
   auto load_q_tile = [&](int64_t h, int q0, int buf) {
     const int rows = q_end - q0 < BR ? q_end - q0 : BR;
-    cp_async_tile<T, BR, D, LD, NT>(q_s + buf * BR * LD, q_g + ((b * sq + q0) * hq + h) * hd, q_stride, rows, hd,
+    cp_async_tile<T, BR, D, LD, NT>(q_s + buf * BR * LD, q_g + ((b * sq + q0) * hq + h) * hd, q_stride, rows, hd, vec);
+    cp_async_tile<T, BR, D, LD, NT>(do_s + buf * BR * LD, do_g + ((b * sq + q0) * hq + h) * hdv, o_stride, rows, hdv,
                                     vec);
-    cp_async_tile<T, BR, D, LD, NT>(do_s + buf * BR * LD, do_g + ((b * sq + q0) * hq + h) * hdv, o_stride, rows,
-                                    hdv, vec);
     const int64_t roff = (b * hq + h) * sq + q0;  // row q0 exists, so roff is always a mapped address
     for (int i = int(threadIdx.x); i < 2 * BR; i += NT) {
       const int r = i % BR;
@@ -209,10 +208,10 @@ JA_GLOBAL void __launch_bounds__(BwdMmaTiles<T, D>::kThreads, JA_MHA_BWD_MMA_MIN
     load_mask_rows<NT>(p, b, q0, rows, BR, lo_s + buf * BR, hi_s + buf * BR, dg_s + buf * BR);
   };
 
-  cp_async_tile<T, BC, D, LD, NT>(k_s, static_cast<const T*>(a.k) + ((b * sk + kv0) * hkv + hk) * hd, k_stride, nk,
-                                  hd, vec);
-  cp_async_tile<T, BC, D, LD, NT>(v_s, static_cast<const T*>(a.v) + ((b * sk + kv0) * hkv + hk) * hdv, v_stride,
-                                  nk, hdv, vec);
+  cp_async_tile<T, BC, D, LD, NT>(k_s, static_cast<const T*>(a.k) + ((b * sk + kv0) * hkv + hk) * hd, k_stride, nk, hd,
+                                  vec);
+  cp_async_tile<T, BC, D, LD, NT>(v_s, static_cast<const T*>(a.v) + ((b * sk + kv0) * hkv + hk) * hdv, v_stride, nk,
+                                  hdv, vec);
   if (n_iter > 0) load_q_tile(hk * group, q_begin, 0);
   mma::cp_async_commit();
   // A NaN/inf in K: the dQ product of the tiles some rows see only in part takes the SIMT path below, which
@@ -369,8 +368,8 @@ JA_GLOBAL void __launch_bounds__(BwdMmaTiles<T, D>::kThreads, JA_MHA_BWD_MMA_MIN
         uint32_t dsa[KC][4];
 #pragma unroll
         for (int kc = 0; kc < KC; ++kc)
-          mma::ldmatrix_x4_trans(dsa[kc], ds_s + (kc * 16 + (lane & 7) + (lane >> 4) * 8) * LDS + mt * 16 +
-                                              ((lane >> 3) & 1) * 8);
+          mma::ldmatrix_x4_trans(
+              dsa[kc], ds_s + (kc * 16 + (lane & 7) + (lane >> 4) * 8) * LDS + mt * 16 + ((lane >> 3) & 1) * 8);
 #pragma unroll
         for (int n2 = 0; n2 < DQN / 16; ++n2) {
           float acc[2][4];
@@ -379,8 +378,8 @@ JA_GLOBAL void __launch_bounds__(BwdMmaTiles<T, D>::kThreads, JA_MHA_BWD_MMA_MIN
 #pragma unroll
           for (int kc = 0; kc < KC; ++kc) {
             uint32_t kb[4];
-            mma::ldmatrix_x4_trans(kb, k_s + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n0 + n2 * 16 +
-                                           (lane >> 4) * 8);
+            mma::ldmatrix_x4_trans(
+                kb, k_s + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n0 + n2 * 16 + (lane >> 4) * 8);
             mma::mma_16816<T>(acc[0], dsa[kc], kb);
             mma::mma_16816<T>(acc[1], dsa[kc], kb + 2);
           }
@@ -455,8 +454,9 @@ JA_GLOBAL void __launch_bounds__(BwdMmaTiles<T, D>::kThreads, JA_MHA_BWD_MMA_MIN
       const int r = wrow + __ffs(int(bad)) - 1;
       const int64_t j = kv0 + r;
       float kx[mha_gpu::kExactCols], vx[mha_gpu::kExactCols];
-      mha_gpu::exact_dkdv_key(p, in, int(b), int(hk), j, mha_gpu::exact_col(p, a.cols, a.cols_batch_stride, b, j),
-                              [pp = &a.p, b](int64_t i) { return mha_row(*pp, b, i).diag; }, kx, vx);
+      mha_gpu::exact_dkdv_key(
+          p, in, int(b), int(hk), j, mha_gpu::exact_col(p, a.cols, a.cols_batch_stride, b, j),
+          [pp = &a.p, b](int64_t i) { return mha_row(*pp, b, i).diag; }, kx, vx);
       mha_gpu::exact_store(dk_out + r * k_stride, hd, kx);
       mha_gpu::exact_store(dv_out + r * v_stride, hdv, vx);
     }
@@ -489,10 +489,10 @@ template <typename T, int D, bool TERMS>
 JA_GLOBAL void __launch_bounds__(DqMmaTiles<T, D>::kThreads, 1) mha_bwd_dq_mma_kernel(JaMhaBwdArgs a) {
   using Tl = DqMmaTiles<T, D>;
   constexpr int BR = Tl::BR, BC = Tl::BC, LD = Tl::LD, NT = Tl::kThreads;
-  constexpr int KD = D / 16;   // k-steps over head_dim (S, dP)
-  constexpr int NS = BC / 8;   // 16x8 fragments of S / dP per warp (key columns)
+  constexpr int KD = D / 16;  // k-steps over head_dim (S, dP)
+  constexpr int NS = BC / 8;  // 16x8 fragments of S / dP per warp (key columns)
   constexpr int KC = BC / 16;  // k-steps over keys (dQ)
-  constexpr int NO = D / 8;    // 16x8 fragments of dQ per warp
+  constexpr int NO = D / 8;  // 16x8 fragments of dQ per warp
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* q_s = reinterpret_cast<T*>(smem_raw);
   T* do_s = q_s + BR * LD;
@@ -518,10 +518,10 @@ JA_GLOBAL void __launch_bounds__(DqMmaTiles<T, D>::kThreads, 1) mha_bwd_dq_mma_k
   const T* v = static_cast<const T*>(a.v) + (b * sk * hkv + hk) * hdv;
   const int wrow = warp * 16;
 
-  cp_async_tile<T, BR, D, LD, NT>(q_s, static_cast<const T*>(a.q) + ((b * sq + q0) * hq + h) * hd, q_stride, rows,
-                                  hd, vec);
-  cp_async_tile<T, BR, D, LD, NT>(do_s, static_cast<const T*>(a.dout) + ((b * sq + q0) * hq + h) * hdv, o_stride,
-                                  rows, hdv, vec);
+  cp_async_tile<T, BR, D, LD, NT>(q_s, static_cast<const T*>(a.q) + ((b * sq + q0) * hq + h) * hd, q_stride, rows, hd,
+                                  vec);
+  cp_async_tile<T, BR, D, LD, NT>(do_s, static_cast<const T*>(a.dout) + ((b * sq + q0) * hq + h) * hdv, o_stride, rows,
+                                  hdv, vec);
   for (int i = threadIdx.x; i < BR; i += NT) {
     const bool ok = i < rows;
     lse_s[i] = ok ? a.lse[(b * hq + h) * sq + q0 + i] * ja_log2e : INFINITY;
@@ -629,8 +629,8 @@ JA_GLOBAL void __launch_bounds__(DqMmaTiles<T, D>::kThreads, 1) mha_bwd_dq_mma_k
 #pragma unroll
       for (int n2 = 0; n2 < NO / 2; ++n2) {
         uint32_t kb[4];
-        mma::ldmatrix_x4_trans(kb, k_t + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n2 * 16 +
-                                       (lane >> 4) * 8);
+        mma::ldmatrix_x4_trans(kb,
+                               k_t + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n2 * 16 + (lane >> 4) * 8);
         mma::mma_16816<T>(dq[2 * n2], xa, kb);
         mma::mma_16816<T>(dq[2 * n2 + 1], xa, kb + 2);
       }
@@ -649,7 +649,6 @@ JA_GLOBAL void __launch_bounds__(DqMmaTiles<T, D>::kThreads, 1) mha_bwd_dq_mma_k
   }
 }
 
-
 template <typename T, int D, bool CAUSAL>
 const char* mha_bwd_mma_launch(const JaMhaBwdArgs& a, ja_stream_t stream) {
   using Tl = BwdMmaTiles<T, D>;
@@ -661,11 +660,11 @@ const char* mha_bwd_mma_launch(const JaMhaBwdArgs& a, ja_stream_t stream) {
   if (kv_tiles > 0) {
     if (const char* e = check_grid("mha_bwd", kv_tiles, p.heads_kv, p.batch)) return e;
     const dim3 grid(unsigned(kv_tiles), unsigned(p.heads_kv), unsigned(p.batch));
-    auto kernel = terms ? (det ? mha_bwd_mma_kernel<T, D, CAUSAL, true, true> : mha_bwd_mma_kernel<T, D, CAUSAL, true, false>)
-                        : (det ? mha_bwd_mma_kernel<T, D, CAUSAL, false, true>
-                               : mha_bwd_mma_kernel<T, D, CAUSAL, false, false>);
-    if (const char* e = launch_with_smem(kernel, grid, Tl::kThreads, Tl::kSmemBytes, stream, a,
-                                         "mha_bwd (dK/dV/dQ, MMA)"))
+    auto kernel =
+        terms ? (det ? mha_bwd_mma_kernel<T, D, CAUSAL, true, true> : mha_bwd_mma_kernel<T, D, CAUSAL, true, false>)
+              : (det ? mha_bwd_mma_kernel<T, D, CAUSAL, false, true> : mha_bwd_mma_kernel<T, D, CAUSAL, false, false>);
+    if (const char* e =
+            launch_with_smem(kernel, grid, Tl::kThreads, Tl::kSmemBytes, stream, a, "mha_bwd (dK/dV/dQ, MMA)"))
       return e;
   }
   if (det && p.seq_q > 0) {

@@ -125,8 +125,8 @@ JA_DEVICE bool sanitize_tile(T* tile, int cols, uint32_t* bad) {
 // p * v adds to a finite sum). It reads only the mask and V, so it runs after the P V product, where the
 // S fragments are dead: the rare path costs the main loop no registers. The whole block takes part.
 template <typename T, int BR, int BC, int MW, int NTHREADS>
-JA_DEVICE void mark_nonfinite(const uint32_t* bad, int cols, const T* vg, int64_t stride, int kv0,
-                              const int32_t* lo, const int32_t* hi, uint32_t* mark) {
+JA_DEVICE void mark_nonfinite(const uint32_t* bad, int cols, const T* vg, int64_t stride, int kv0, const int32_t* lo,
+                              const int32_t* hi, uint32_t* mark) {
   for (int w = 0; w < (BC + 31) / 32; ++w) {
     uint32_t bits = bad[w];
     while (bits) {
@@ -188,8 +188,8 @@ JA_GLOBAL void __launch_bounds__(FwdMmaTiles<T, D>::kThreads, JA_MHA_FWD_MMA_MIN
   const int wrow = warp * 16 * MI;  // this warp's first row in the tile
   // Q tile -> shared (-> A fragments in registers when QREG); the rows' mask.
   uint32_t qa[QREG ? KD : 1][4];
-  cp_async_tile<T, BR, D, LD, NT>(q_s, static_cast<const T*>(a.q) + ((b * sq + q0) * hq + h) * hd, q_stride, rows,
-                                  hd, vec);
+  cp_async_tile<T, BR, D, LD, NT>(q_s, static_cast<const T*>(a.q) + ((b * sq + q0) * hq + h) * hd, q_stride, rows, hd,
+                                  vec);
   mma::cp_async_commit();
   for (int i = threadIdx.x; i < BR; i += NT) {
     const MhaRow r = i < rows ? mha_row(p, b, q0 + i) : MhaRow{0, 0, 0};  // padding rows see nothing
@@ -257,8 +257,7 @@ JA_GLOBAL void __launch_bounds__(FwdMmaTiles<T, D>::kThreads, JA_MHA_FWD_MMA_MIN
 #pragma unroll
       for (int n2 = 0; n2 < NS / 2; ++n2) {  // 16 keys per ldmatrix_x4: two B fragments
         uint32_t kb[4];
-        mma::ldmatrix_x4(kb, k_s + (n2 * 16 + (lane & 7) + ((lane >> 4) << 3)) * LD + kd * 16 +
-                                 ((lane >> 3) & 1) * 8);
+        mma::ldmatrix_x4(kb, k_s + (n2 * 16 + (lane & 7) + ((lane >> 4) << 3)) * LD + kd * 16 + ((lane >> 3) & 1) * 8);
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi) {
           mma::mma_16816<T>(s[mi][2 * n2], qf[mi], kb);
@@ -362,8 +361,8 @@ JA_GLOBAL void __launch_bounds__(FwdMmaTiles<T, D>::kThreads, JA_MHA_FWD_MMA_MIN
 #pragma unroll
       for (int n2 = 0; n2 < NO / 2; ++n2) {  // 16 head-dim columns per ldmatrix_x4_trans
         uint32_t vb[4];
-        mma::ldmatrix_x4_trans(vb, v_s + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n2 * 16 +
-                                       (lane >> 4) * 8);
+        mma::ldmatrix_x4_trans(vb,
+                               v_s + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n2 * 16 + (lane >> 4) * 8);
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi) {
           mma::mma_16816<T>(o[mi][2 * n2], pa[mi], vb);

@@ -61,7 +61,7 @@ constexpr int dq_smem_bytes(int br, int bc) {
 
 template <typename T, int D>
 struct DqTiles {
-  static constexpr int BR = dq_smem_bytes<T, D>(64, 32) <= kSmemBudget ? 64
+  static constexpr int BR = dq_smem_bytes<T, D>(64, 32) <= kSmemBudget   ? 64
                             : dq_smem_bytes<T, D>(32, 16) <= kSmemBudget ? 32
                                                                          : 16;
   static constexpr int BC = dq_smem_bytes<T, D>(BR, 64) <= kSmemBudget   ? 64
@@ -106,8 +106,8 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_bwd_preprocess(JaMhaBwdArgs a) {
 
 // Loads lse (log2 domain), delta and the mask's lo, hi, diag of query rows [q0, q0 + rows) of head h into
 // shared memory (rows past `rows` see nothing).
-JA_DEVICE void load_row_info(const JaMhaBwdArgs& a, int64_t b, int64_t h, int64_t q0, int rows, int br,
-                             float* lse_s, float* delta_s, int32_t* lo_s, int32_t* hi_s, int32_t* dg_s) {
+JA_DEVICE void load_row_info(const JaMhaBwdArgs& a, int64_t b, int64_t h, int64_t q0, int rows, int br, float* lse_s,
+                             float* delta_s, int32_t* lo_s, int32_t* hi_s, int32_t* dg_s) {
   const JaMhaProblem& p = a.p;
   const float* lse = a.lse + (b * p.heads_q + h) * p.seq_q;
   const float* delta = a.delta + (b * p.heads_q + h) * p.seq_q;
@@ -123,8 +123,8 @@ JA_DEVICE void load_row_info(const JaMhaBwdArgs& a, int64_t b, int64_t h, int64_
 // The gradient of one visible score: from the score's q.k (acc) and dO . v (dpv) of row i, key j, and
 // dropout's factor f of the pair (1 without dropout), returns dX (the gradient of q.k / scale's argument: dS
 // times softcap's derivative) and sets *p_drop to the dropped P (the dV product's factor) and *ds to dS (dbias).
-JA_DEVICE float score_grad(const ScoreTerms& terms, float f, float acc, float dpv, float lse2, float delta,
-                           int64_t i, int64_t diag, int64_t j, float* p_drop, float* ds) {
+JA_DEVICE float score_grad(const ScoreTerms& terms, float f, float acc, float dpv, float lse2, float delta, int64_t i,
+                           int64_t diag, int64_t j, float* p_drop, float* ds) {
   float t;
   const float x = terms(acc, i, diag, j, &t);
   const float pr = ja_exp2(x * ja_log2e - lse2);  // lse = +inf (no visible key) gives 0
@@ -168,9 +168,8 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_bwd_dkdv(JaMhaBwdArgs a) {
   const Dropout drop = dropout_of(p);
 
   load_tile<T, BC, D>(v_s, static_cast<const T*>(a.v) + ((b * sk + kv0) * hkv + hk) * hdv, v_stride, nk, hdv, vec);
-  const bool kbad =
-      load_tile<T, BC, D, true>(k_s, static_cast<const T*>(a.k) + ((b * sk + kv0) * hkv + hk) * hd, k_stride, nk,
-                                hd, vec);
+  const bool kbad = load_tile<T, BC, D, true>(k_s, static_cast<const T*>(a.k) + ((b * sk + kv0) * hkv + hk) * hd,
+                                              k_stride, nk, hd, vec);
   const bool guard = __syncthreads_or(kbad);  // a NaN/inf in K: the dQ product skips dX's zeros
 
   float dk[RJ][DN], dv[RJ][DN];
@@ -191,8 +190,8 @@ JA_GLOBAL void __launch_bounds__(kThreads) mha_bwd_dkdv(JaMhaBwdArgs a) {
       if (drop.on) drop.tile_bits<BR, W>(b, h, q0, rows, kv0, nk, drop_s);
       const bool qbad = load_tile<T, BR, D, true>(q_s, static_cast<const T*>(a.q) + ((b * sq + q0) * hq + h) * hd,
                                                   q_stride, rows, hd, vec);
-      const bool gbad = load_tile<T, BR, D, true>(
-          do_s, static_cast<const T*>(a.dout) + ((b * sq + q0) * hq + h) * hdv, o_stride, rows, hdv, vec);
+      const bool gbad = load_tile<T, BR, D, true>(do_s, static_cast<const T*>(a.dout) + ((b * sq + q0) * hq + h) * hdv,
+                                                  o_stride, rows, hdv, vec);
       load_row_info(a, b, h, q0, rows, BR, lse_s, delta_s, lo_s, hi_s, dg_s);
       // a NaN/inf in Q or dO: the dK and dV products skip P's and dX's zeros (a hidden row's Q and dO)
       const bool qguard = __syncthreads_or(qbad || gbad);
@@ -462,17 +461,19 @@ const char* mha_bwd_simt_launch(const JaMhaBwdArgs& a, ja_stream_t s) {
   using Dq = DqTiles<T, D>;
   if (const char* e = refuse_unhandled("mha_bwd", "SIMT", a, kBwdSimtFeatures)) return e;
   if constexpr (!Tiles::kFits || !Dq::kFits) {
-    return ja_error("mha_bwd: %s with head_dim %d needs %d bytes of shared memory per block, more than "
-                    "this GPU has (%d); use bfloat16 or float16", dtype_name(dtype_of<T>::value), D,
-                    Tiles::kSmemBytes > Dq::kSmemBytes ? Tiles::kSmemBytes : Dq::kSmemBytes, kSmemMax);
+    return ja_error(
+        "mha_bwd: %s with head_dim %d needs %d bytes of shared memory per block, more than "
+        "this GPU has (%d); use bfloat16 or float16",
+        dtype_name(dtype_of<T>::value), D, Tiles::kSmemBytes > Dq::kSmemBytes ? Tiles::kSmemBytes : Dq::kSmemBytes,
+        kSmemMax);
   } else {
     const JaMhaProblem& p = a.p;
     const int64_t kv_tiles = (p.seq_k + Tiles::BC - 1) / Tiles::BC;
     if (const char* e = check_grid("mha_bwd", kv_tiles, p.heads_kv, p.batch)) return e;
     if (kv_tiles > 0) {
       const dim3 grid(unsigned(kv_tiles), unsigned(p.heads_kv), unsigned(p.batch));
-      if (const char* e = launch_with_smem(mha_bwd_dkdv<T, D, Tiles::BC, Tiles::BR>, grid, kThreads,
-                                           Tiles::kSmemBytes, s, a, "mha_bwd (dK/dV/dQ)"))
+      if (const char* e = launch_with_smem(mha_bwd_dkdv<T, D, Tiles::BC, Tiles::BR>, grid, kThreads, Tiles::kSmemBytes,
+                                           s, a, "mha_bwd (dK/dV/dQ)"))
         return e;
     }
     if (a.deterministic) {

@@ -144,9 +144,9 @@ constexpr int bwd_atom_width(int D, int S1, int S2) {
   return bwd_atom_fits(64, D, S1, S2) ? 64 : bwd_atom_fits(32, D, S1, S2) ? 32 : bwd_atom_fits(16, D, S1, S2) ? 16 : 8;
 }
 template <typename Element, int W>
-using AtomByWidth = std::conditional_t<W == 64, GMMA::Layout_K_SW128_Atom<Element>,
-                                       std::conditional_t<W == 32, GMMA::Layout_K_SW64_Atom<Element>,
-                                                          GMMA::Layout_K_SW32_Atom<Element>>>;
+using AtomByWidth = std::conditional_t<
+    W == 64, GMMA::Layout_K_SW128_Atom<Element>,
+    std::conditional_t<W == 32, GMMA::Layout_K_SW64_Atom<Element>, GMMA::Layout_K_SW32_Atom<Element>>>;
 
 // Tile sizes and what the kernels share of their shared-memory layouts: Q (BM x D) and dO (BM x DV),
 // kStages stages, and K (BN x D), V (BN x DV), in swizzled rows, with the transposed views (D x BM,
@@ -208,9 +208,9 @@ BwdLoads<Tr> bwd_loads(const JaMhaBwdArgs& a) {
 
 // The widest float32 K-major swizzle atom whose width (32, 16 or 8 floats) divides COLS.
 template <int COLS>
-using FloatAtomK = std::conditional_t<COLS % 32 == 0, GMMA::Layout_K_SW128_Atom<float>,
-                                      std::conditional_t<COLS % 16 == 0, GMMA::Layout_K_SW64_Atom<float>,
-                                                         GMMA::Layout_K_SW32_Atom<float>>>;
+using FloatAtomK = std::conditional_t<
+    COLS % 32 == 0, GMMA::Layout_K_SW128_Atom<float>,
+    std::conditional_t<COLS % 16 == 0, GMMA::Layout_K_SW64_Atom<float>, GMMA::Layout_K_SW32_Atom<float>>>;
 
 // A dQ staging tile (float32, BM x COLS) in shared memory, swizzled: warpgroup w's COLS / 2 columns are
 // the contiguous half w, which one TMA reduce-add (Tma, made by tma()) adds to a BM x COLS / 2 tile of
@@ -246,8 +246,7 @@ CUTE_DEVICE void bwd_reduce_dq(Tma const& tma, BwdShape const& shape_q, SdQ cons
 
 // The query rows that see key j, [q_lo, q_hi), clamped (mha_gpu::exact_col; causal, without reading the mask).
 template <bool CAUSAL>
-CUTE_HOST_DEVICE MhaCol sm90_col(JaMhaProblem const& pr, const int32_t* cols, int64_t cols_batch_stride, int b,
-                                 int j) {
+CUTE_HOST_DEVICE MhaCol sm90_col(JaMhaProblem const& pr, const int32_t* cols, int64_t cols_batch_stride, int b, int j) {
   if (CAUSAL) return MhaCol{mha_clamp(j - (pr.seq_k - pr.seq_q), 0, pr.seq_q), pr.seq_q};
   return mha_gpu::exact_col(pr, cols, cols_batch_stride, b, j);
 }
@@ -278,8 +277,8 @@ CUTE_HOST_DEVICE BwdRange bwd_range(JaMhaProblem const& pr, const int32_t* cols,
 // key block whose range holds tile m), found by bisection (the ranges' starts are non-decreasing); 0 where
 // no block holds it (then no block waits on it). One thread per semaphore.
 template <int BM, int BN, bool CAUSAL>
-__global__ void __launch_bounds__(256) bwd_init_sync(JaMhaProblem const pr, const int32_t* cols,
-                                                    int64_t cols_batch_stride, int32_t* sync, int m_tiles) {
+__global__ void __launch_bounds__(256)
+    bwd_init_sync(JaMhaProblem const pr, const int32_t* cols, int64_t cols_batch_stride, int32_t* sync, int m_tiles) {
   const int64_t idx = int64_t(blockIdx.x) * 256 + threadIdx.x;
   if (idx >= pr.batch * pr.heads_q * m_tiles) return;
   const int m = int(idx % m_tiles), b = int(idx / (int64_t(m_tiles) * pr.heads_q));
@@ -395,8 +394,16 @@ struct BwdWork {
   int n_block, hk, b, sq, sk, kv0, nk, group, m_begin, q_tiles, n_iter, full_lo, full_hi;
   cutlass::FastDivmod n_inner;  // iterations per outer step: q_tiles (head-major) or group (tile_major)
   bool tile_major;
-  CUTE_DEVICE int head(int it) const { int o, i; n_inner(o, i, it); return hk * group + (tile_major ? i : o); }
-  CUTE_DEVICE int tile(int it) const { int o, i; n_inner(o, i, it); return m_begin + (tile_major ? o : i); }
+  CUTE_DEVICE int head(int it) const {
+    int o, i;
+    n_inner(o, i, it);
+    return hk * group + (tile_major ? i : o);
+  }
+  CUTE_DEVICE int tile(int it) const {
+    int o, i;
+    n_inner(o, i, it);
+    return m_begin + (tile_major ? o : i);
+  }
   CUTE_DEVICE bool full(int it) const { return tile(it) >= full_lo && tile(it) < full_hi; }
 };
 
@@ -458,8 +465,7 @@ CUTE_DEVICE void bwd_load_q(typename Tr::Params const& p, typename Tr::SharedSto
 // Threads [0, 3 BM): lse (log2 domain; +inf past seq_q), delta, and the rows' mask bounds and diagonals
 // (less the block's first key) of iteration `it` into slot it % kSlots.
 template <typename Tr, bool CAUSAL>
-CUTE_DEVICE void bwd_load_rows(typename Tr::Params const& p, typename Tr::SharedStorage& ss, BwdWork const& w,
-                               int it) {
+CUTE_DEVICE void bwd_load_rows(typename Tr::Params const& p, typename Tr::SharedStorage& ss, BwdWork const& w, int it) {
   constexpr int BM = Tr::BM;
   const int tid = threadIdx.x;
   if (tid >= 3 * BM) return;
@@ -539,34 +545,31 @@ CUTE_DEVICE void bwd_p_ds(Args const& p, TS s, TS dp, Key key, Row row, const fl
   const bool fused = FEAT && p.softcap > 0.0f;
   if (STAGE == 0 && !fused) {
     CUTLASS_PRAGMA_UNROLL
-    for (int r = 0; r < kRows; ++r)
-      CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < kCols; ++c) {
-        const float x = FEAT ? alibi(r, c, s(r, c) * p.scale) : s(r, c);
-        const float pv = ja_exp2_approx(x * s2 - lse2[row(r, c)]);
-        s(r, c) = !MASKED || visible(r, c) ? pv : 0.0f;
-      }
+    for (int r = 0; r < kRows; ++r) CUTLASS_PRAGMA_UNROLL
+    for (int c = 0; c < kCols; ++c) {
+      const float x = FEAT ? alibi(r, c, s(r, c) * p.scale) : s(r, c);
+      const float pv = ja_exp2_approx(x * s2 - lse2[row(r, c)]);
+      s(r, c) = !MASKED || visible(r, c) ? pv : 0.0f;
+    }
   } else if (STAGE == 1 && !fused) {
     CUTLASS_PRAGMA_UNROLL
-    for (int r = 0; r < kRows; ++r)
-      CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < kCols; ++c) {
-        const float ds = s(r, c) * (dp(r, c) - dlt[row(r, c)]);
-        dp(r, c) = !MASKED || visible(r, c) ? ds : 0.0f;
-      }
+    for (int r = 0; r < kRows; ++r) CUTLASS_PRAGMA_UNROLL
+    for (int c = 0; c < kCols; ++c) {
+      const float ds = s(r, c) * (dp(r, c) - dlt[row(r, c)]);
+      dp(r, c) = !MASKED || visible(r, c) ? ds : 0.0f;
+    }
   } else if (STAGE == 1) {
     CUTLASS_PRAGMA_UNROLL
-    for (int r = 0; r < kRows; ++r)
-      CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < kCols; ++c) {
-        const int i = row(r, c);
-        const float t = tanh_approx(s(r, c) * p.tanh_in);
-        const float pv = ja_exp2_approx(alibi(r, c, p.softcap * t) * s2 - lse2[i]);
-        const float ds = pv * (dp(r, c) - dlt[i]) * (1.0f - t * t);
-        const bool vis = !MASKED || visible(r, c);
-        s(r, c) = vis ? pv : 0.0f;
-        dp(r, c) = vis ? ds : 0.0f;
-      }
+    for (int r = 0; r < kRows; ++r) CUTLASS_PRAGMA_UNROLL
+    for (int c = 0; c < kCols; ++c) {
+      const int i = row(r, c);
+      const float t = tanh_approx(s(r, c) * p.tanh_in);
+      const float pv = ja_exp2_approx(alibi(r, c, p.softcap * t) * s2 - lse2[i]);
+      const float ds = pv * (dp(r, c) - dlt[i]) * (1.0f - t * t);
+      const bool vis = !MASKED || visible(r, c);
+      s(r, c) = vis ? pv : 0.0f;
+      dp(r, c) = vis ? ds : 0.0f;
+    }
   }
 }
 
@@ -622,8 +625,9 @@ __device__ __noinline__ void bwd_exact_keys(BwdArgs<Element> const& p, int b, in
     if (!bwd_row_nonfinite(dk, d) && !bwd_row_nonfinite(dvr, dv)) continue;
     const int j = kv0 + kr;
     float gk[mha_gpu::kExactCols], gv[mha_gpu::kExactCols];
-    mha_gpu::exact_dkdv_key(p.pr, p.in, b, hk, j, sm90_col<CAUSAL>(p.pr, p.cols, p.cols_batch_stride, b, j),
-                            [pr = p.pr, b](int64_t i) { return sm90_row<CAUSAL>(pr, b, int(i)).diag; }, gk, gv);
+    mha_gpu::exact_dkdv_key(
+        p.pr, p.in, b, hk, j, sm90_col<CAUSAL>(p.pr, p.cols, p.cols_batch_stride, b, j),
+        [pr = p.pr, b](int64_t i) { return sm90_row<CAUSAL>(pr, b, int(i)).diag; }, gk, gv);
     mha_gpu::exact_store(dk, d, gk);
     mha_gpu::exact_store(dvr, dv, gv);
   }
@@ -652,7 +656,7 @@ CUTE_DEVICE void bwd_store_dkdv(BwdArgs<Element> const& p, BwdWork const& w, Thr
 // group per (batch, row, query head), 16-byte loads and stores (d and dv are multiples of 8).
 template <typename T>
 __global__ void __launch_bounds__(256) bwd_preprocess(const T* o, const T* dout, float* delta, float* dq_accum,
-                                                     int64_t rows, int sq, int hq, int d, int dv) {
+                                                      int64_t rows, int sq, int hq, int d, int dv) {
   const int lane8 = threadIdx.x % 8;
   for (int64_t base = int64_t(blockIdx.x) * 32; base < rows; base += int64_t(gridDim.x) * 32) {
     const int64_t row = base + threadIdx.x / 8;  // (b * sq + i) * hq + h
@@ -719,9 +723,9 @@ __device__ __noinline__ int64_t convert_dq_exact(JaMhaProblem const& pr, mha_gpu
 // a multiprocessor (32 registers): the occupancy of the element-wise conversion it replaced, which this pass
 // needs (at 64 registers the backward timed slower there); the rare recomputation spills instead.
 template <typename Element, bool CAUSAL>
-__global__ void __launch_bounds__(256, 8) convert_dq_rows(CUTE_GRID_CONSTANT JaMhaProblem const pr,
-                                                         CUTE_GRID_CONSTANT mha_gpu::ExactBwd<Element> const in,
-                                                         const float* acc, Element* dq) {
+__global__ void __launch_bounds__(256, 8)
+    convert_dq_rows(CUTE_GRID_CONSTANT JaMhaProblem const pr, CUTE_GRID_CONSTANT mha_gpu::ExactBwd<Element> const in,
+                    const float* acc, Element* dq) {
   const int64_t rows = pr.batch * pr.seq_q * pr.heads_q;
   for (int64_t r = int64_t(blockIdx.x) * 8 + threadIdx.x / 32; r < rows; r += int64_t(gridDim.x) * 8)
     if (convert_dq_row(acc, dq, r, int(pr.head_dim), int(threadIdx.x % 32)))
@@ -783,7 +787,8 @@ const char* bwd_run(const JaMhaBwdArgs& a, cudaStream_t s, Main launch_main) {
   {
     using E = typename CutlassType<T>::type;
     const int64_t blocks = std::min<int64_t>((q_rows + 7) / 8, max_blocks);
-    convert_dq_rows<E, CAUSAL><<<unsigned(blocks), 256, 0, s>>>(pr, mha_gpu::exact_bwd<E>(a), a.dq_accum, static_cast<E*>(a.dq));
+    convert_dq_rows<E, CAUSAL>
+        <<<unsigned(blocks), 256, 0, s>>>(pr, mha_gpu::exact_bwd<E>(a), a.dq_accum, static_cast<E*>(a.dq));
     if (const char* e = mha_gpu::launch_status("mha_bwd (convert dQ)")) return e;
   }
   return nullptr;

@@ -36,15 +36,15 @@ namespace mha_sm90 {
 
 // 64 query rows a tile, 128 keys a block (2 warpgroups x 64), 3 Q/dO stages.
 template <typename Element_, int D>
-struct BwdTraits
-    : BwdLayouts<Element_, D, D, 64, 128, 3, bwd_atom_width(D, D / 2, D), bwd_atom_width(D, D, D)> {
+struct BwdTraits : BwdLayouts<Element_, D, D, 64, 128, 3, bwd_atom_width(D, D / 2, D), bwd_atom_width(D, D, D)> {
   // K's atom: the dQ product's warpgroups read K^T by halves of D / 2 columns.
   using Layouts = BwdLayouts<Element_, D, D, 64, 128, 3, bwd_atom_width(D, D / 2, D), bwd_atom_width(D, D, D)>;
   using Element = Element_;
   static constexpr int BM = Layouts::BM, BN = Layouts::BN, kStages = Layouts::kStages;
   static constexpr int kSlots = kStages;  // per-row slots
   static constexpr int kThreads = 256;
-  static_assert(D % 32 == 0 && D <= 128, "this kernel covers head dims 64, 96 and 128 (sm90/bwd_kernel_d256.cuh: more)");
+  static_assert(D % 32 == 0 && D <= 128,
+                "this kernel covers head dims 64, 96 and 128 (sm90/bwd_kernel_d256.cuh: more)");
 
   using TiledMmaSdP = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<BM>, Int<D>>>(), Layout<Shape<_2, _1, _1>>{}));
@@ -242,9 +242,12 @@ const char* mha_bwd_sm90_launch(const JaMhaBwdArgs& a, cudaStream_t stream) {
   using Tr = BwdTraits<typename CutlassType<T>::type, D>;
   const JaMhaProblem& pr = a.p;
   const auto loads = bwd_loads<Tr>(a);
-  typename Tr::Params p{bwd_args<typename Tr::Element>(a, FEAT), loads.tma_q, loads.tma_do, loads.tma_k, loads.tma_v,
-                        Tr::DqStage::tma(a.dq_accum, int(pr.seq_q), int(pr.head_dim), int(pr.heads_q),
-                                         int(pr.batch))};
+  typename Tr::Params p{bwd_args<typename Tr::Element>(a, FEAT),
+                        loads.tma_q,
+                        loads.tma_do,
+                        loads.tma_k,
+                        loads.tma_v,
+                        Tr::DqStage::tma(a.dq_accum, int(pr.seq_q), int(pr.head_dim), int(pr.heads_q), int(pr.batch))};
   return bwd_launch<Tr>(mha_bwd_sm90_kernel<Tr, CAUSAL, FEAT>, p, a, stream, "mha_bwd (sm90)");
 }
 

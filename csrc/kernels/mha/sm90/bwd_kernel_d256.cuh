@@ -69,28 +69,28 @@ struct BwdTraitsD256
   static_assert(D % DQS == 0 && (kDqSlices == 3 || kDqSlices == 4), "this kernel covers head dims 192 and 256");
 
   // S, dP: (queries, keys); warpgroup w computes keys [32 w, 32 w + 32).
-  using TiledMmaSdP = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<Int<BM>, Int<BN / 2>, Int<D>>>(),
-      Layout<Shape<_1, _2, _1>>{}));
+  using TiledMmaSdP =
+      decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<Int<BM>, Int<BN / 2>, Int<D>>>(),
+                              Layout<Shape<_1, _2, _1>>{}));
   // dV = P^T dO, dK = dS^T Q: (keys, head dim); A = P^T / dS^T (keys contiguous), B = dO^T / Q^T
   // (head dim contiguous); warpgroup w holds its half of the columns.
-  using TiledMmadK = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<Int<BN>, Int<DH>, Int<BM>>, GMMA::Major::MN,
-                           GMMA::Major::MN>(),
-      Layout<Shape<_1, _2, _1>>{}));
-  using TiledMmadV = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<Int<BN>, Int<DVH>, Int<BM>>, GMMA::Major::MN,
-                           GMMA::Major::MN>(),
-      Layout<Shape<_1, _2, _1>>{}));
+  using TiledMmadK =
+      decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<Int<BN>, Int<DH>, Int<BM>>,
+                                                   GMMA::Major::MN, GMMA::Major::MN>(),
+                              Layout<Shape<_1, _2, _1>>{}));
+  using TiledMmadV =
+      decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<Int<BN>, Int<DVH>, Int<BM>>,
+                                                   GMMA::Major::MN, GMMA::Major::MN>(),
+                              Layout<Shape<_1, _2, _1>>{}));
   // Each warpgroup's columns one wgmma wide (the staging halves and the column splits assume it).
   static_assert(decltype(size<1>(typename TiledMmadK::Shape_MNK{}))::value == DH &&
                     decltype(size<1>(typename TiledMmadV::Shape_MNK{}))::value == DVH,
                 "each warpgroup's dK, dV columns must be one wgmma wide");
   // dQ = dS K, one slice of DQS columns: A = dS (keys contiguous), B = K^T (head dim contiguous).
-  using TiledMmadQ = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<Int<BM>, Int<DQS / 2>, Int<BN>>, GMMA::Major::K,
-                           GMMA::Major::MN>(),
-      Layout<Shape<_1, _2, _1>>{}));
+  using TiledMmadQ =
+      decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<Int<BM>, Int<DQS / 2>, Int<BN>>,
+                                                   GMMA::Major::K, GMMA::Major::MN>(),
+                              Layout<Shape<_1, _2, _1>>{}));
 
   // P and dS: (queries, keys), keys contiguous (one 128-byte swizzle row), one buffer; the
   // transposed view (keys, queries) is the A operand of dV and dK.
@@ -325,9 +325,12 @@ const char* mha_bwd_sm90_d256_launch(const JaMhaBwdArgs& a, cudaStream_t stream)
   using Tr = BwdTraitsD256<typename CutlassType<T>::type, D, DV>;
   const JaMhaProblem& pr = a.p;
   const auto loads = bwd_loads<Tr>(a);
-  typename Tr::Params p{bwd_args<typename Tr::Element>(a, FEAT), loads.tma_q, loads.tma_do, loads.tma_k, loads.tma_v,
-                        Tr::DqStage::tma(a.dq_accum, int(pr.seq_q), int(pr.head_dim), int(pr.heads_q),
-                                         int(pr.batch))};
+  typename Tr::Params p{bwd_args<typename Tr::Element>(a, FEAT),
+                        loads.tma_q,
+                        loads.tma_do,
+                        loads.tma_k,
+                        loads.tma_v,
+                        Tr::DqStage::tma(a.dq_accum, int(pr.seq_q), int(pr.head_dim), int(pr.heads_q), int(pr.batch))};
   return bwd_launch<Tr>(mha_bwd_sm90_d256_kernel<Tr, CAUSAL, FEAT>, p, a, stream, "mha_bwd (sm90, head dims 192/256)");
 }
 

@@ -31,9 +31,16 @@ namespace mha_sm90 {
 
 using namespace cute;
 
-template <typename T> struct CutlassType;
-template <> struct CutlassType<bf16_t> { using type = cutlass::bfloat16_t; };
-template <> struct CutlassType<f16_t> { using type = cutlass::half_t; };
+template <typename T>
+struct CutlassType;
+template <>
+struct CutlassType<bf16_t> {
+  using type = cutlass::bfloat16_t;
+};
+template <>
+struct CutlassType<f16_t> {
+  using type = cutlass::half_t;
+};
 
 // A [batch, seq, heads, d] array in global memory as the (seq, d, heads, batch) tensor the TMA
 // copies of the forward and the backward use: read-only (Element const) from a const pointer,
@@ -47,9 +54,9 @@ CUTE_HOST_DEVICE auto bshd_tensor(P* ptr, int seq, int d, int heads, int batch) 
 
 // The widest 16-bit K-major swizzle atom whose width (64, 32 or 16 elements) divides D.
 template <typename Element, int D>
-using SmemAtomK = std::conditional_t<D % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>,
-                                     std::conditional_t<D % 32 == 0, GMMA::Layout_K_SW64_Atom<Element>,
-                                                        GMMA::Layout_K_SW32_Atom<Element>>>;
+using SmemAtomK = std::conditional_t<
+    D % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>,
+    std::conditional_t<D % 32 == 0, GMMA::Layout_K_SW64_Atom<Element>, GMMA::Layout_K_SW32_Atom<Element>>>;
 
 // One wgmma atom of shape 64 x N x 16 (A and B in shared memory, majors MA and MB) for an N that
 // ss_op_selector would split: it offers only n = 8, 16, 24, 32, 64, 96, 128, 192, 256 unless every
@@ -68,8 +75,7 @@ auto ss_atom() {
   else if constexpr (N == 112)
     return std::conditional_t<bf, SM90::GMMA::MMA_64x112x16_F32BF16BF16_SS<MA, MB>,
                               SM90::GMMA::MMA_64x112x16_F32F16F16_SS<MA, MB>>{};
-  else
-    return GMMA::ss_op_selector<Element, Element, float, Shape<Int<M>, Int<N>, Int<K>>, MA, MB>();
+  else return GMMA::ss_op_selector<Element, Element, float, Shape<Int<M>, Int<N>, Int<K>>, MA, MB>();
 }
 
 // One wgmma atom of shape 64 x N x 16 with A from registers, for the N that rs_op_selector would split
@@ -83,8 +89,7 @@ auto rs_atom() {
   else if constexpr (N == 160)
     return std::conditional_t<bf, SM90::GMMA::MMA_64x160x16_F32BF16BF16_RS<MA, MB>,
                               SM90::GMMA::MMA_64x160x16_F32F16F16_RS<MA, MB>>{};
-  else
-    return GMMA::rs_op_selector<Element, Element, float, Shape<Int<M>, Int<N>, Int<K>>, MA, MB>();
+  else return GMMA::rs_op_selector<Element, Element, float, Shape<Int<M>, Int<N>, Int<K>>, MA, MB>();
 }
 
 // The N of a wgmma atom.
@@ -185,7 +190,6 @@ inline int64_t causal_chunk(int64_t tiles) {
   return per > 0 ? per : 1;
 }
 
-
 // Whether the current device runs the sm_90a instances (compute capability 9.0; cached per device).
 inline bool device_is_sm90() {
   static std::atomic<int> cache[64];  // 1 no, 2 yes
@@ -210,7 +214,6 @@ bool sm90_applies(const JaMhaProblem& pr, uint32_t features) {
   if (pr.alibi && pr.softcap == 0.0f && pr.scale == 0.0f) return false;  // the forward's ALiBi has no units
   return true;
 }
-
 
 }  // namespace mha_sm90
 }  // namespace ja

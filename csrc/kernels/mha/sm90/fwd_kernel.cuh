@@ -56,7 +56,8 @@
 // Built only for sm_90a (the gpu_sm90a kind of the mha_fwd module in
 // jax_aiter/jit/optCompilerConfig.json), with the CUTLASS/CuTe headers of the pinned
 // nvidia-cutlass package; sm90/fwd.inst.in wraps it (its launch: sm90/fwd_launch.cuh) and fwd_dispatch.cpp
-// calls it before the mma.sync kernels when the device is sm_90 (unless the call names another family: implementation=).
+// calls it before the mma.sync kernels when the device is sm_90 (unless the call names another family:
+// implementation=).
 #pragma once
 #pragma once
 #include "ja/kernels/mha.h"
@@ -71,7 +72,6 @@ namespace mha_sm90 {
 // The features (ja::MhaFeature) the Hopper forward handles; it declines a call with any other (bias,
 // dropout: the mma.sync kernels' path).
 constexpr uint32_t kFwdFeatures = kMhaHeadDimV | kMhaRows | kMhaSoftcap | kMhaAlibi;
-
 
 // D: head dim of q and k (the instance's); DV: of v and o.
 template <typename Element_, int D, int DV = D>
@@ -100,12 +100,10 @@ struct Traits {
 
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtomK<Element, D>{}, Shape<Int<kBlockM>, Int<D>>{}));
   using SmemLayoutK = decltype(tile_to_shape(SmemAtomK<Element, D>{}, Shape<Int<kBlockN>, Int<D>, Int<kStages>>{}));
-  using SmemLayoutV =
-      decltype(tile_to_shape(SmemAtomK<Element, DV>{}, Shape<Int<kBlockN>, Int<DV>, Int<kStages>>{}));
+  using SmemLayoutV = decltype(tile_to_shape(SmemAtomK<Element, DV>{}, Shape<Int<kBlockN>, Int<DV>, Int<kStages>>{}));
   // V^T as the B operand of O += P V: a view of the same bytes, (DV, kBlockN, stage).
-  using SmemLayoutVt = decltype(composition(
-      SmemLayoutV{},
-      make_layout(Shape<Int<DV>, Int<kBlockN>, Int<kStages>>{}, Stride<Int<kBlockN>, _1, Int<kBlockN * DV>>{})));
+  using SmemLayoutVt = decltype(composition(SmemLayoutV{}, make_layout(Shape<Int<DV>, Int<kBlockN>, Int<kStages>>{},
+                                                                       Stride<Int<kBlockN>, _1, Int<kBlockN * DV>>{})));
 
   using ShapeQKV = Shape<int32_t, int32_t, int32_t, int32_t>;  // (seq, head_dim, heads, batch)
   using StrideQKV = Stride<int64_t, _1, int64_t, int64_t>;
@@ -158,7 +156,6 @@ struct Traits {
 // Named barriers (ids after cutlass's reserved ones): the consumer warpgroups' turns.
 enum : int { kBarrierWG1 = 1, kBarrierWG2 = 2 };
 
-
 // The softcap kernels' share of exp2 on the FMA pipe: every kSoftcapEmu-th column of a thread's scores.
 // On the H200 (bf16, d128, softcap 50; benchmarks/gpu/check_mha_fwd_sm90.cu's "emu" rows time every 2nd,
 // 3rd, 4th column and none) every 3rd was the fastest causal and close to the best without a mask;
@@ -167,11 +164,9 @@ enum : int { kBarrierWG1 = 1, kBarrierWG2 = 2 };
 // score (tanh, exp2) and the FMA pipe's extra work together outlast the tensor cores' part of the tile.
 constexpr int kSoftcapEmu = 3;
 
-
 // SOFTCAP, ALIBI: the score's terms; EMU > 0: every EMU-th column's exp2 on the FMA pipe (exp2_fma).
 template <typename Tr, bool CAUSAL, bool SOFTCAP, bool ALIBI, int EMU>
-__global__ void __launch_bounds__(Tr::kThreads, 1)
-    mha_fwd_sm90_kernel(CUTE_GRID_CONSTANT typename Tr::Params const p) {
+__global__ void __launch_bounds__(Tr::kThreads, 1) mha_fwd_sm90_kernel(CUTE_GRID_CONSTANT typename Tr::Params const p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Element = typename Tr::Element;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN;
@@ -239,8 +234,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       PipelineState wv = cutlass::make_producer_start_state<Pipeline>();
       if (lane_leader) {
         ss.barrier_q.arrive_and_expect_tx(Tr::kBytesQ);
-        copy(p.tma_q.with(reinterpret_cast<cutlass::arch::ClusterTransactionBarrier::ValueType&>(ss.barrier_q), 0),
-             tQg, tQs);
+        copy(p.tma_q.with(reinterpret_cast<cutlass::arch::ClusterTransactionBarrier::ValueType&>(ss.barrier_q), 0), tQg,
+             tQs);
         for (int n = n_max - 1; n >= n_min; --n) {
           pipe_k.producer_acquire(wk);
           copy(p.tma_k.with(*pipe_k.producer_get_barrier(wk), 0), tKg(_, n), tKs(_, wk.index()));
@@ -350,9 +345,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   auto rescale_o = [&]() {
     Tensor o = make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));
     CUTLASS_PRAGMA_UNROLL
-    for (int r = 0; r < kRows; ++r)
-      CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < size<1>(o); ++c) o(r, c) *= scale_o[r];
+    for (int r = 0; r < kRows; ++r) CUTLASS_PRAGMA_UNROLL
+    for (int c = 0; c < size<1>(o); ++c) o(r, c) *= scale_o[r];
   };
   Tensor tSrS0 = partition_fragment_C(mma0, Shape<Int<BM>, Int<BN>>{});
   Tensor tOrP = make_tensor<Element>(acc_as_a(tSrS0.layout()));
@@ -479,7 +473,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   __trap();  // built for another target than sm_90a: never launched (the host checks the device)
 #endif
 }
-
 
 }  // namespace mha_sm90
 }  // namespace ja

@@ -25,33 +25,32 @@ const char* mha_fwd_sm90_launch(const JaMhaFwdArgs& a, cudaStream_t stream) {
   };
   const dim3 grid(unsigned((sq + Tr::kBlockM - 1) / Tr::kBlockM), unsigned(hq), unsigned(bt));
   const float u = SOFTCAP ? pr.softcap : pr.scale;  // the units of x (s = u x)
-  typename Tr::Params p{
-      make_tma_copy(SM90_TMA_LOAD{}, tensor(a.q, sq, d, hq), typename Tr::SmemLayoutQ{},
-                    Shape<Int<Tr::kBlockM>, Int<D>>{}, _1{}),
-      make_tma_copy(SM90_TMA_LOAD{}, tensor(a.k, sk, d, hkv), take<0, 2>(typename Tr::SmemLayoutK{}),
-                    Shape<Int<Tr::kBlockN>, Int<D>>{}, _1{}),
-      make_tma_copy(SM90_TMA_LOAD{}, tensor(a.v, sk, dv, hkv), take<0, 2>(typename Tr::SmemLayoutV{}),
-                    Shape<Int<Tr::kBlockN>, Int<DV>>{}, _1{}),
-      make_shape(sq, d, hq, bt),
-      make_shape(sk, d, hkv, bt),
-      make_shape(sk, dv, hkv, bt),
-      static_cast<Element*>(a.o),
-      a.lse,
-      int64_t(hq) * dv,
-      int64_t(sq) * hq * dv,
-      dv,
-      hq,
-      hq / hkv,
-      u * ja_log2e,
-      SOFTCAP ? pr.scale / pr.softcap : 0.0f,
-      ALIBI ? pr.alibi : nullptr,
-      pr.alibi_batch_stride,
-      ALIBI ? 1.0f / u : 0.0f,
-      pr,
-      causal_chunk(grid.x),  // read only by causal grids (grid_place)
-      static_cast<Element const*>(a.q),
-      static_cast<Element const*>(a.k),
-      static_cast<Element const*>(a.v)};
+  typename Tr::Params p{make_tma_copy(SM90_TMA_LOAD{}, tensor(a.q, sq, d, hq), typename Tr::SmemLayoutQ{},
+                                      Shape<Int<Tr::kBlockM>, Int<D>>{}, _1{}),
+                        make_tma_copy(SM90_TMA_LOAD{}, tensor(a.k, sk, d, hkv), take<0, 2>(typename Tr::SmemLayoutK{}),
+                                      Shape<Int<Tr::kBlockN>, Int<D>>{}, _1{}),
+                        make_tma_copy(SM90_TMA_LOAD{}, tensor(a.v, sk, dv, hkv), take<0, 2>(typename Tr::SmemLayoutV{}),
+                                      Shape<Int<Tr::kBlockN>, Int<DV>>{}, _1{}),
+                        make_shape(sq, d, hq, bt),
+                        make_shape(sk, d, hkv, bt),
+                        make_shape(sk, dv, hkv, bt),
+                        static_cast<Element*>(a.o),
+                        a.lse,
+                        int64_t(hq) * dv,
+                        int64_t(sq) * hq * dv,
+                        dv,
+                        hq,
+                        hq / hkv,
+                        u * ja_log2e,
+                        SOFTCAP ? pr.scale / pr.softcap : 0.0f,
+                        ALIBI ? pr.alibi : nullptr,
+                        pr.alibi_batch_stride,
+                        ALIBI ? 1.0f / u : 0.0f,
+                        pr,
+                        causal_chunk(grid.x),  // read only by causal grids (grid_place)
+                        static_cast<Element const*>(a.q),
+                        static_cast<Element const*>(a.k),
+                        static_cast<Element const*>(a.v)};
   return mha_gpu::launch_with_smem(mha_fwd_sm90_kernel<Tr, CAUSAL, SOFTCAP, ALIBI, EMU>, grid, Tr::kThreads,
                                    Tr::kSmemBytes, stream, p, "mha_fwd (sm90)");
 }
@@ -65,7 +64,6 @@ const char* mha_fwd_sm90_terms(const JaMhaFwdArgs& a, cudaStream_t s) {
   if (alibi) return mha_fwd_sm90_launch<T, D, DV, CAUSAL, false, true>(a, s);
   return mha_fwd_sm90_launch<T, D, DV, CAUSAL, false, false>(a, s);
 }
-
 
 // Runs the Hopper kernel when it applies: sets *handled and returns the launch status;
 // otherwise leaves *handled = 0 and the caller takes the mma.sync / SIMT / decode path.
@@ -94,7 +92,6 @@ const char* mha_fwd_sm90(const JaMhaFwdArgs& a, void* stream, int* handled) {
   }
   return mha_fwd_sm90_terms<T, D, D, CAUSAL>(a, s);
 }
-
 
 }  // namespace mha_sm90
 }  // namespace ja
