@@ -100,7 +100,7 @@ struct Case {
   int64_t b, hq, hkv, sk;
 };
 
-// The workspace bytes jax_aiter/ops/attention.py gives the forward (_decode_workspace_shape).
+// The workspace bytes jax_aiter/ops/_attn_sizes.py gives the forward (decode_workspace_shape).
 int64_t python_ws_bytes(const Case& c) {
   const int64_t rows = c.hq / c.hkv;
   if (rows > 64) return 0;

@@ -37,6 +37,7 @@ from jax_aiter.ops import (
     _attn_dropout,
     _attn_mask,
     _attn_probs,
+    _attn_sizes,
     _batching,
     _checks,
     _ffi,
@@ -82,40 +83,6 @@ def _placeholder(name: str) -> jax.Array:
     return jnp.zeros((0,), _PLACEHOLDER_DTYPES[name])
 
 
-# The GPU's split-KV decode path (csrc/kernels/mha/decode/fwd.cuh) keeps each
-# split's partial output in a float32 workspace, an extra result of the forward FFI call
-# that XLA allocates and this module drops. Its size only caps the number of splits the
-# kernel may choose (it picks them from the device's multiprocessors); the kernel never
-# needs more, and with none it runs one split. The first three mirror the kernel's defaults
-# (csrc/kernels/mha/decode/sizes.h; tests/build/test_abi_constants.py holds them equal); the last two are this
-# module's own cap on the workspace.
-_DECODE_MAX_ROWS = 64      # JA_MHA_DECODE_MAX_ROWS: query rows per kv head (group x seq_q) that take the path
-_DECODE_TILE_KEYS = 64     # 16 x JA_MHA_DECODE_WARPS: keys per tile
-_DECODE_MIN_TILES = 4      # JA_MHA_DECODE_MIN_TILES: fewest tiles per split
-_DECODE_BLOCKS = 2048      # blocks worth room for: 4 waves of 2 blocks on 256 multiprocessors
-_DECODE_MAX_SPLITS = 256
-
-
-# JA_MHA_SYNC_TILE_ROWS (csrc/include/ja/kernels/mha.h): query rows per word of the backward's sync workspace.
-_SYNC_TILE_ROWS = 64
-
-
-def _decode_workspace_shape(batch, seq_q, seq_k, heads_q: int, heads_kv: int, head_dim_v: int) -> tuple:
-    """(batch, n): the forward's float32 workspace; n = 0 where the split-KV path cannot split, or where
-    the batch or a sequence length is symbolic (jax.export): the kernel then runs one split."""
-    if heads_q == 0 or not all(isinstance(n, int) for n in (batch, seq_q, seq_k)):
-        return (batch, 0)
-    rows = heads_q // heads_kv * seq_q
-    if rows > _DECODE_MAX_ROWS or batch == 0:
-        return (batch, 0)
-    blocks_per_batch = heads_kv * -(-rows // 16)  # one per kv head and 16 query rows, per split
-    splits = min(_DECODE_MAX_SPLITS, -(-_DECODE_BLOCKS // (batch * blocks_per_batch)),
-                 -(-seq_k // _DECODE_TILE_KEYS) // _DECODE_MIN_TILES)
-    if splits <= 1:
-        return (batch, 0)
-    return (batch, blocks_per_batch * splits * 16 * (head_dim_v + 1))
-
-
 # The calls pass every operand and attribute of the FFI spec (docs/attention.md): rows, ALiBi, bias, seed (a
 # (0,) placeholder where absent); mask, scale, softcap, dropout_p, deterministic. Which head dims and features a
 # backend runs is the kernels' to say: the FFI handlers refuse what no instance takes, naming it.
@@ -142,7 +109,7 @@ def _fwd_call(cfg: Config, q, k, v, rows, alibi, bias, seed):
     _loader.ensure_registered("mha_fwd")
     batch, seq_q, heads_q, _ = q.shape
     dv = v.shape[3]
-    ws = _decode_workspace_shape(batch, seq_q, k.shape[1], heads_q, k.shape[2], dv)
+    ws = _attn_sizes.decode_workspace_shape(batch, seq_q, k.shape[1], heads_q, k.shape[2], dv)
     outs = (jax.ShapeDtypeStruct((batch, seq_q, heads_q, dv), q.dtype),
             jax.ShapeDtypeStruct((batch, heads_q, seq_q), jnp.float32),
             jax.ShapeDtypeStruct(ws, jnp.float32))  # workspace: split-KV partial results
@@ -155,8 +122,8 @@ def _bwd_call(cfg: Config, q, k, v, o, do, lse, rows, cols, alibi, bias, seed):
     _loader.ensure_registered("mha_bwd")
     batch, seq_q, heads_q, _ = q.shape
     f32 = jnp.float32
-    # The deterministic GPU backward orders its dQ updates with one int32 word per query tile of _SYNC_TILE_ROWS.
-    sync = batch * heads_q * -(-seq_q // _SYNC_TILE_ROWS) if cfg.deterministic else 0
+    # The deterministic GPU backward orders its dQ updates with one int32 word per query tile (SYNC_TILE_ROWS).
+    sync = batch * heads_q * -(-seq_q // _attn_sizes.SYNC_TILE_ROWS) if cfg.deterministic else 0
     outs = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
             jax.ShapeDtypeStruct(v.shape, v.dtype),
             jax.ShapeDtypeStruct((batch, heads_q, seq_q, k.shape[1]) if cfg.dbias else (0,), f32),  # dbias
@@ -359,8 +326,7 @@ def attend(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, causal: bool = False, so
     q, k, v = (_checks.as_array(op, name, x) for name, x in (("q", q), ("k", k), ("v", v)))
     for name, x in (("q", q), ("k", k), ("v", v)):
         _checks.check_dtype(op, name, x)
-    _checks.check_same_dtype(op, "q", q, "k", k)
-    _checks.check_same_dtype(op, "q", q, "v", v)
+    _checks.check_same_dtype(op, "q", q, "k", k), _checks.check_same_dtype(op, "q", q, "v", v)
     causal = _attn_args.check_bool(op, "causal", causal)
     deterministic = _attn_args.check_bool(op, "deterministic", deterministic)
     impl = _attn_args.implementation(op, implementation)
@@ -382,25 +348,11 @@ def attend(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, causal: bool = False, so
     seq_k, dv = k.shape[1], v.shape[3]
     scale = _checks.check_scale(op, softmax_scale, _attn_args.default_scale(head_dim))
 
-    if varlen:
-        cu_q = _attn_args.cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, seq_q, max_q, "q")
-        cu_k = _attn_args.cu_seqlens(op, "cu_seqlens_kv", cu_seqlens_kv, seq_k, max_k, "k")
-        if cu_q.shape[0] != cu_k.shape[0]:
-            raise ValueError(f"{op}: cu_seqlens_q and cu_seqlens_kv must count the same sequences, got "
-                             f"{cu_q.shape[0] - 1} and {cu_k.shape[0] - 1}")
-        mask, rows = _attn_mask.MASK_ROWS, _attn_mask.varlen_rows(cu_q, cu_k, seq_q, seq_k, causal, window)
-    elif segment_ids is not None:
-        ids = _attn_args.segment_ids(op, segment_ids, batch, seq_q, seq_k)
-        mask, rows = _attn_mask.MASK_ROWS, _attn_mask.segment_rows(ids, causal, window)
-    else:
-        mask, rows = _attn_mask.dense_mask(seq_q, seq_k, causal, window)
-        rows = None if rows is None else jnp.asarray(rows)
+    mask, rows = _mask_rows(op, (batch, seq_q, seq_k), causal, window, segment_ids,
+                            (cu_seqlens_q, cu_seqlens_kv, max_q, max_k) if varlen else None)
     alibi = None if alibi_slopes is None else _attn_args.alibi(op, alibi_slopes, batch, heads_q)
     bias_f32 = None if bias is None else _attn_args.bias(op, bias, batch, heads_q, seq_q, seq_k)
-    seed = None
-    if p > 0:
-        key = _default_key(op, p) if dropout_key is None else _attn_args.dropout_key(op, dropout_key)
-        seed = _attn_dropout.seed_from_key(key)
+    seed = _dropout_seed(op, p, dropout_key)
     if head_dim == 0:  # every score is 0 before the other terms: a zero column gives the same attention
         q, k = (jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, 1))) for x in (q, k))
 
@@ -423,6 +375,35 @@ def attend(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, causal: bool = False, so
     if packed:
         out, lse, probs = out[0], lse[0], None if probs is None else probs[0]
     return out, (lse if return_lse else None), probs
+
+
+def _dropout_seed(op: str, p: float, dropout_key):
+    """The kernels' dropout seed (uint32 [4]) from the call's key (a fixed one, with a warning, when none is given);
+    None without dropout."""
+    if p <= 0:
+        return None
+    key = _default_key(op, p) if dropout_key is None else _attn_args.dropout_key(op, dropout_key)
+    return _attn_dropout.seed_from_key(key)
+
+
+def _mask_rows(op: str, shape, causal: bool, window, segment_ids, varlen) -> tuple:
+    """(mask, rows): the kernels' mask for a call of (batch, seq_q, seq_k): varlen's (cu_seqlens_q, cu_seqlens_kv,
+    max_seqlen_q, max_seqlen_k), or segment_ids, or the dense causal/window mask (rows None where NONE or CAUSAL
+    says it all)."""
+    batch, seq_q, seq_k = shape
+    if varlen is not None:
+        cu_seqlens_q, cu_seqlens_kv, max_q, max_k = varlen
+        cu_q = _attn_args.cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, seq_q, max_q, "q")
+        cu_k = _attn_args.cu_seqlens(op, "cu_seqlens_kv", cu_seqlens_kv, seq_k, max_k, "k")
+        if cu_q.shape[0] != cu_k.shape[0]:
+            raise ValueError(f"{op}: cu_seqlens_q and cu_seqlens_kv must count the same sequences, got "
+                             f"{cu_q.shape[0] - 1} and {cu_k.shape[0] - 1}")
+        return _attn_mask.MASK_ROWS, _attn_mask.varlen_rows(cu_q, cu_k, seq_q, seq_k, causal, window)
+    if segment_ids is not None:
+        ids = _attn_args.segment_ids(op, segment_ids, batch, seq_q, seq_k)
+        return _attn_mask.MASK_ROWS, _attn_mask.segment_rows(ids, causal, window)
+    mask, rows = _attn_mask.dense_mask(seq_q, seq_k, causal, window)
+    return mask, None if rows is None else jnp.asarray(rows)
 
 
 def _vary(q, k, v, alibi, bias):

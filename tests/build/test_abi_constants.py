@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from jax_aiter import settings
-from jax_aiter.ops import _attn_args, attention
+from jax_aiter.ops import _attn_args, _attn_sizes
 
 ROOT = Path(__file__).resolve().parents[2]
 PROGRAM = r"""
@@ -32,10 +32,10 @@ int main() {
 """
 MIRRORS = {
     "max_head_dim": (_attn_args, "MAX_HEAD_DIM"),
-    "sync_tile_rows": (attention, "_SYNC_TILE_ROWS"),
-    "decode_max_rows": (attention, "_DECODE_MAX_ROWS"),
-    "decode_tile_keys": (attention, "_DECODE_TILE_KEYS"),
-    "decode_min_tiles": (attention, "_DECODE_MIN_TILES"),
+    "sync_tile_rows": (_attn_sizes, "SYNC_TILE_ROWS"),
+    "decode_max_rows": (_attn_sizes, "DECODE_MAX_ROWS"),
+    "decode_tile_keys": (_attn_sizes, "DECODE_TILE_KEYS"),
+    "decode_min_tiles": (_attn_sizes, "DECODE_MIN_TILES"),
 }
 
 

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_aiter import _loader
-from jax_aiter.ops import _ffi, attention
+from jax_aiter.ops import _attn_sizes, _ffi
 from jax_aiter.ops._attn_mask import MASK_NONE
 
 
@@ -32,7 +32,7 @@ def fwd(q, k, v, *, mask=MASK_NONE, rows=None, alibi=None, bias=None, seed=None,
 
 
 def sync_words(b: int, hq: int, sq: int) -> int:
-    return b * hq * -(-sq // attention._SYNC_TILE_ROWS)
+    return b * hq * -(-sq // _attn_sizes.SYNC_TILE_ROWS)
 
 
 def bwd(q, k, v, o, do, lse, *, mask=MASK_NONE, rows=None, cols=None, alibi=None, bias=None, seed=None, scale,

@@ -1,7 +1,7 @@
 // What decides and sizes the split-KV decode path (decode/fwd.cuh), host and device: which calls are decode
 // shapes (few query rows per kv head: the prefill kernels, sm90/fwd_launch.cuh, decline them), the keys a tile
 // holds and the fewest tiles a split gets. The Python op sizes the forward's workspace from these
-// (jax_aiter/ops/attention.py; tests/build/test_abi_constants.py holds its mirrors to them). A plain C++ header;
+// (jax_aiter/ops/_attn_sizes.py; tests/build/test_abi_constants.py holds its mirrors to them). A plain C++ header;
 // the build-time knobs are described in decode/fwd.cuh.
 #pragma once
 #include <cstdint>
