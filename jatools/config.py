@@ -163,6 +163,15 @@ def split_archs(value: str) -> list[str]:
     return list(dict.fromkeys(filter(None, (part.strip() for part in value.replace(";", ",").split(",")))))
 
 
+def canonical_archs(archs) -> tuple[str, ...]:
+    """GPU archs in one order whatever order they were written in (sm_80, sm_90, sm_90a, sm_100, sm_120; gfx90a,
+    gfx942, gfx950): the compile flags, and so the recipe hash and the cache id, name them in this order, so
+    `GPU_ARCHS=sm_100;sm_80` and `sm_80;sm_100` are one build (the identity lists them sorted as text, which put
+    sm_100 before sm_80, and a build from that list hashed differently)."""
+    key = lambda a: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", a)]
+    return tuple(sorted(dict.fromkeys(archs), key=key))
+
+
 def truthy(value: object) -> bool:
     return str(value).strip().lower() in ("1", "true", "yes", "on")
 
