@@ -368,7 +368,8 @@ def test_faults_trickling_server_fails_in_bounded_time_with_progress(release, se
     assert f"fetch: reading the manifest {server.url}/" in r.stderr, r.stderr
     assert re.search(r"jit-libs-manifest\.json: \d+ bytes in \d+ s \(\d+ bytes?/s\) from 127\.0\.0\.1:", r.stderr), \
         r.stderr
-    assert re.search(r"too slow: \d+ bytes in 2\.\d s \(\d+ bytes?/s\), under the 10 kB/s JA_FETCH_MIN_RATE asks for; "
+    # the window is JA_FETCH_TIMEOUT_S=2 or longer: a loaded machine reads the clock late (3.0 s was seen), so no figure
+    assert re.search(r"too slow: \d+ bytes in \d+\.\d s \(\d+ bytes?/s\), under the 10 kB/s JA_FETCH_MIN_RATE asks for; "
                      r"gave up after 2 attempts", r.stderr), r.stderr
     assert not (tmp_path / "dest").exists()
 
