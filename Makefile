@@ -41,13 +41,14 @@ $(CFG): pyproject.toml jatools/native/toolchain.py jatools/config.py jax_aiter/o
 
 # The compiler cache (ccache, shared by every checkout of this user: jatools/native/compiler_cache.py) goes before
 # every compile; build/cache.mk names it and the settings it reads, written again when the toolchain's
-# configuration, the ccache found or the cache settings change. JA_COMPILER_CACHE=off compiles without it.
+# configuration, the ccache found or the cache settings change. JA_COMPILER_CACHE=off compiles without it. A refused
+# cache folder or setting stops the build with one line naming it and the fix (no silent build without the cache).
 CACHE_MK := $(BUILD)/cache.mk
 CACHE_KEY_NOW := $(strip $(CFG_KEY_NOW)|$(JA_COMPILER_CACHE)|$(JA_COMPILER_CACHE_DIR)|$(XDG_CACHE_HOME)|$(shell command -v ccache 2>/dev/null))
 # Only once build/config.mk exists (make restarts after writing it): a toolchain step that could not write it has
 # said why, and make stops there rather than asking how to make it for cache.mk.
 ifeq ($(filter clean clean-stage,$(MAKECMDGOALS))$(wildcard $(CFG)),$(CFG))
--include $(CACHE_MK)
+include $(CACHE_MK)
 ifneq ($(strip $(CACHE_KEY)),$(CACHE_KEY_NOW))
 $(CACHE_MK): ja-config-inputs-changed
 endif
@@ -136,6 +137,14 @@ $(OBJ)/%.cu.o: %.cu $(CFG)
 .PHONY: clean-stage clean
 clean-stage:
 	rm -rf $(STAGE_DIR)
+
+# JA_CLEAN_JIT's values: jax_aiter/settings.py's choices (tests/build/test_make.py holds them equal).
+clean_jit_values := yes no
+ifneq ($(filter clean,$(MAKECMDGOALS)),)
+ifneq ($(filter-out $(clean_jit_values),$(strip $(JA_CLEAN_JIT))),)
+$(error JA_CLEAN_JIT='$(JA_CLEAN_JIT)' is not valid: give one of yes, no (yes: `make clean` deletes the JIT libraries too))
+endif
+endif
 
 clean: clean-stage
 	rm -rf $(BUILD)/obj $(UMBRELLA_DIR) $(CFG) $(CACHE_MK) $(BUILD)/sanitize

@@ -81,6 +81,7 @@ RULE_TEXT = {
     "flag": "1 or 0 (also true/false, yes/no, on/off)",
     "archs": "a `;` or `,` separated list of GPU arch names (gfx950, gfx942:xnack+, sm_90, sm_90a, sm_100f)",
     "folder": "an existing folder",
+    "absolute": "an absolute path",
     "inside": "a path relative to the checkout, inside it",
     "build": "a path relative to the checkout, inside it (through a symlink there, or from the environment anywhere: "
              "to an empty folder or a build tree)",
@@ -135,8 +136,8 @@ SETTINGS: tuple[Setting, ...] = (
             "dependency group installs it), shared by this user's checkouts; off: compile without it",
             default="auto", choices=("auto", "off"), accepts="one of"),
     Setting("JA_COMPILER_CACHE_DIR", "build", "the compiler cache's folder (made mode 0700; refused when it is a "
-            "symlink, another user's, or writable by others)", default="$XDG_CACHE_HOME/jax-aiter/ccache",
-            accepts="a folder"),
+            "symlink, another user's, writable by others, or not a folder)", default="$XDG_CACHE_HOME/jax-aiter/ccache",
+            accepts="an absolute path to a folder of your own", rule="absolute"),
     Setting("JA_CLEAN_JIT", "build", "yes: `make clean` deletes the JIT libraries too (they cost hours)",
             choices=("yes", "no"), accepts="one of"),
     # --- runtime ------------------------------------------------------------------------------
@@ -372,7 +373,7 @@ def _why(spec: Setting, value: object, from_env: bool, root: Path | None) -> str
     if not isinstance(value, str):
         return None if rule == "flag" and isinstance(value, bool) else f"{_kind(value)}, not a string"
     text = value.strip()
-    if rule in ("inside", "build", "folder") and text != value:  # a path: its spaces would be part of it
+    if rule in ("inside", "build", "folder", "absolute") and text != value:  # a path: its spaces would be part of it
         return f"it has spaces around it (did you mean {text!r}?)"
     if rule == "comma":
         bad = [v for v in text.replace(";", ",").split(",") if v.strip() not in spec.choices]
@@ -390,6 +391,8 @@ def _why(spec: Setting, value: object, from_env: bool, root: Path | None) -> str
                 f"{'is' if len(bad) == 1 else 'are'} not a GPU arch name") if bad else None
     if rule == "folder":
         return None if Path(text).is_dir() else ("it is not a folder" if Path(text).exists() else "it does not exist")
+    if rule == "absolute":  # relative to what? every process that reads it runs in another folder
+        return None if Path(text).is_absolute() else "it is relative, so each build would make a cache where it runs"
     if rule == "inside" and not from_env:
         return _inside(text, root) or None
     if rule == "build":

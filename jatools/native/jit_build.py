@@ -35,6 +35,7 @@ from jatools.native import (
     toolchain,
 )
 from jatools.native.jit_modules import ARCH_KINDS, BuildError
+from jatools.private_dir import PrivateDirError
 from jax_aiter import folder_lock, remedies
 from jax_aiter.integrity import RECORD_NAME, RECORD_SCHEMA, file_entry, sha256_files
 from jax_aiter.reuse_gate import cache_id, compare
@@ -297,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     modules = [m.strip() for m in args.module.split(",") if m.strip()] if args.module else None
     try:
         build(modules, args.jobs, args.verbose, args.log)
-    except (BuildError, toolchain.ToolchainError, ValueError, folder_lock.FolderLockError) as e:
+    except (BuildError, toolchain.ToolchainError, ValueError, folder_lock.FolderLockError, PrivateDirError) as e:
         print(f"build_jit: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # a read-only checkout, a full disk: the path and the fix, not a traceback
