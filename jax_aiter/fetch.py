@@ -462,12 +462,10 @@ def _lock(dest: Path, opts: FetchOptions, log: Log) -> folder_lock.FolderLock:
     except OSError as e:
         raise FetchError(f"cannot lock {dest.parent} for the fetch: {e.strerror or e} (it must be a real folder, "
                          "not a symlink); choose another destination (--dest)") from None
-    if not lock.acquire(timeout=0):
-        log(f"fetch: another fetch into {dest.parent} is running; waiting for it (a lock on that folder)")
-        if not lock.acquire(timeout=opts.lock_timeout_s):
-            lock.release()
-            raise FetchError(f"another fetch into {dest.parent} held its lock for more than "
-                             f"{opts.lock_timeout_s:g} s; wait for it or stop it, then run again")
+    if not folder_lock.take(lock, "fetch", log, timeout=opts.lock_timeout_s):  # a run above this one: goes on
+        lock.release()
+        raise FetchError(f"another fetch into {dest.parent} held its lock for more than "
+                         f"{opts.lock_timeout_s:g} s; wait for it or stop it, then run again")
     return lock
 
 

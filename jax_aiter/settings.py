@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from jax_aiter import remedies
+from jax_aiter import folder_lock, remedies
 
 GROUPS = ("build", "runtime", "tests", "wheels and validation", "CI")
 
@@ -340,6 +340,7 @@ def _foreign(folder: Path) -> str:
         return ""
     except OSError as e:
         return f"{folder} cannot be read ({e.strerror or e})"
+    names = [n for n in names if not n.startswith(folder_lock.NOTE)]  # the build tree's lock note: a build's own
     if not names or {*LIBRARY_DIRS.values(), CONFIG_MK} & set(names):
         return ""
     shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")

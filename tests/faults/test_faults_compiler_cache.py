@@ -39,9 +39,9 @@ def _planted(kind: str, tmp: Path) -> tuple[str, str]:
     if kind == "mode-777":
         folder.mkdir()
         folder.chmod(0o777)
-        return str(folder), f"others may write to it (mode 777), so another user could plant a symlink or a file in " \
-                            f"it; set JA_COMPILER_CACHE_DIR to a folder of your own (or JA_COMPILER_CACHE=off), or " \
-                            f"chmod 700 {folder}"
+        return str(folder), ("others may write to it (mode 777), so another user could plant a symlink or a file in "
+                             "it; set JA_COMPILER_CACHE_DIR to a folder of your own (or JA_COMPILER_CACHE=off), or "
+                             f"chmod 700 {folder}")
     if kind == "another-users":
         if os.getuid() != 0:
             pytest.skip("planting a folder owned by another user needs root (chown)")
@@ -50,8 +50,8 @@ def _planted(kind: str, tmp: Path) -> tuple[str, str]:
         return str(folder), f"refusing {folder} as the compiler cache: it belongs to uid 65534, not to you"
     if kind == "file":
         folder.write_text("not a folder")
-        return str(folder), f"refusing {folder} as the compiler cache: it is a file, not a folder; set " \
-                            "JA_COMPILER_CACHE_DIR to a folder of your own"
+        return str(folder), (f"refusing {folder} as the compiler cache: it is a file, not a folder; set "
+                             "JA_COMPILER_CACHE_DIR to a folder of your own")
     return "ccache-here", "JA_COMPILER_CACHE_DIR='ccache-here' is not valid: it is relative"  # relative
 
 
