@@ -53,7 +53,7 @@ $(CFG): pyproject.toml jatools/native/toolchain.py jatools/config.py jax_aiter/o
 	@$(PYTHON) -m jatools.native.toolchain --emit-make $@ --key '$(CFG_KEY_NOW)'
 
 # The compiler cache (ccache, shared by every checkout of this user: jatools/native/compiler_cache.py) goes before
-# every compile; build/cache.mk names it and the settings it reads, written again when the toolchain's
+# every compile, and $(CACHE_CHECK) before every link checks the entries the objects came from; build/cache.mk names it and the settings it reads, written again when the toolchain's
 # configuration, the ccache found or the cache settings change. JA_COMPILER_CACHE=off compiles without it. A refused
 # cache folder or setting stops the build with one line naming it and the fix (no silent build without the cache).
 CACHE_MK := $(BUILD)/cache.mk
@@ -89,6 +89,7 @@ umbrella all: $(UMBRELLA)
 
 $(UMBRELLA): $(UMB_OBJS) $(CFG)
 	@mkdir -p $(@D)
+	$(CACHE_CHECK)
 	$(LINK_DRIVER) -o $@.tmp $(UMB_OBJS) $(LINK_PASS)-soname=libjax_aiter.so $(LINK_LIBS)
 	@mv -f $@.tmp $@
 	$(RECORD_LINKED)
@@ -112,6 +113,7 @@ shims = $(foreach s,$(1),$(UMBRELLA_DIR)/$(SHIM_$(s)) $(UMBRELLA_DIR)/.$(SHIM_$(
 define SHIM_RULE
 $(UMBRELLA_DIR)/$(SHIM_$(1)): $(call shim_objs,$(1)) $(UMBRELLA) $(call shim_jit,$(1)) $(CFG)
 	@mkdir -p $$(@D)
+	$$(CACHE_CHECK)
 	$$(LINK_DRIVER) -o $$@.tmp $(call shim_objs,$(1)) \
 	  $$(LINK_PASS)--no-as-needed -L$(UMBRELLA_DIR) -L$(JIT_DIR) $(foreach j,$(JIT_$(1)),-l$(j)) -ljax_aiter \
 	  $$(LINK_PASS)-soname=$(SHIM_$(1)) $$(LINK_PASS)--enable-new-dtags \

@@ -277,6 +277,12 @@ def _build_locked(settings: config.Settings, tc: toolchain.Toolchain, all_module
         print(f"  {jit_packages.PACKAGE_INCLUDES[ph][0]} headers: {inc}")
     with open(log_path or os.devnull, "a") as log:
         done = jit_ninja.run_ninja(plan.build_file, jobs, verbose, log, settings.root, plan.env)
+    try:  # the cache entries the objects came from (compiler_cache.check); a refused one leaves no library behind
+        compiler_cache.check(settings)
+    except compiler_cache.CacheEntryError as e:
+        for m in modules.values():
+            (settings.jit_dir / m["library"]).unlink(missing_ok=True)
+        raise BuildError(str(e)) from None
     jit_ninja.check_depfiles(settings, plan.build_file, set(inputs), tuple(plan.packages.values()))
     seconds = time.monotonic() - start
     record = write_record(settings, tc, ident, modules, plan.counts, seconds)

@@ -3,6 +3,7 @@ on a scratch copy: a refused cache folder or setting is one line naming it and t
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -90,3 +91,67 @@ def test_faults_clean_jit_takes_only_its_documented_values(scratch):
     values = next(line for line in makefile.splitlines() if line.startswith("clean_jit_values :="))
     assert tuple(values.split(":=")[1].split()) == registry.BY_NAME["JA_CLEAN_JIT"].choices
     assert _make(scratch, "clean", JA_CLEAN_JIT="no").returncode == 0 and (jit / "libkeep.so").is_file()
+
+
+def _swap(a: Path, b: Path) -> None:
+    tmp = a.with_name(a.name + ".swap")
+    a.rename(tmp)
+    b.rename(a)
+    tmp.rename(b)
+
+
+def _entries(cache: Path) -> list[Path]:
+    """The cache's result entries, by the keys the check recorded (the objects' entries, not the manifests)."""
+    keys = [p.name for p in (cache / compiler_cache.VERIFIED).glob("*/*")]
+    return [cache / k[0] / k[1] / k[2:] for k in sorted(keys)]
+
+
+def test_faults_swapped_cache_entries_are_caught_by_make(tmp_path):
+    """The probe swapped two cache entries: both were used, the umbrella came out with other bytes and make exited 0.
+    Now the link stops, naming each object and the entry it came from; the entries are removed, and the next make
+    compiles them again and makes the library of the first build, byte for byte."""
+    root = make_scratch(tmp_path / "src")
+    cache = tmp_path / "cache"
+    r = _make(root, "umbrella", JA_COMPILER_CACHE_DIR=str(cache))
+    assert r.returncode == 0, r.stderr
+    lib = root / "build" / "jax_aiter_build" / "libjax_aiter.so"
+    good = lib.read_bytes()
+    entries = _entries(cache)
+    assert len(entries) >= 2 and all(e.is_file() for e in entries), entries
+    _swap(entries[0], entries[1])
+    for sub in ("obj", "jax_aiter_build"):
+        shutil.rmtree(root / "build" / sub)
+    r = _make(root, "umbrella", JA_COMPILER_CACHE_DIR=str(cache))
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "error: 2 compiler-cache entries refused:" in r.stderr, r.stderr
+    for e in entries[:2]:
+        assert f"the compiler cache's entry {e} gave an object with sha256 " in r.stderr, r.stderr
+        assert not e.exists()
+    assert "the entry was swapped or damaged" in r.stderr and not lib.exists()
+    again = _make(root, "umbrella", JA_COMPILER_CACHE_DIR=str(cache))
+    assert again.returncode == 0, again.stderr
+    assert lib.read_bytes() == good
+
+
+def test_faults_swapped_cache_entries_are_caught_by_the_jit_build(tmp_path):
+    """The same swap under the JIT build (ninja): the build fails naming the entries, leaves no library built from
+    them, and the next build makes the first one's library again."""
+    root = make_scratch(tmp_path / "src")
+    cache = tmp_path / "cache"
+    jit = ["jit", "JIT_ARGS=--module rmsnorm_fwd -j 1"]
+    assert _make(root, "umbrella", JA_COMPILER_CACHE_DIR=str(cache)).returncode == 0
+    umbrella = set(_entries(cache))
+    assert _make(root, *jit, JA_COMPILER_CACHE_DIR=str(cache)).returncode == 0
+    lib = root / "build" / "aiter_build" / "librmsnorm_fwd.so"
+    good = lib.read_bytes()
+    jit_entries = sorted(set(_entries(cache)) - umbrella)  # the JIT instances' entries
+    assert len(jit_entries) >= 2, jit_entries
+    shutil.rmtree(root / "build" / "aiter_build" / "rmsnorm_fwd" / "obj")
+    lib.unlink()
+    _swap(jit_entries[0], jit_entries[1])
+    r = _make(root, *jit, JA_COMPILER_CACHE_DIR=str(cache))
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "compiler-cache entries refused" in r.stdout + r.stderr and not lib.exists(), r.stdout + r.stderr
+    again = _make(root, *jit, JA_COMPILER_CACHE_DIR=str(cache))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert lib.read_bytes() == good
