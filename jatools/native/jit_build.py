@@ -162,6 +162,7 @@ def checkout_identity(settings: config.Settings) -> tuple[dict, list[str]]:
         archs = settings.gpu_archs or settings.default_archs(settings.backend)
         if settings.backend == "cuda":
             archs = tuple(toolchain.normalise_cuda_arch(a) for a in archs)
+        archs = config.canonical_archs(archs)  # as toolchain.detect orders them: one recipe whatever the order
         bare = toolchain.Toolchain(settings.backend, cxx="", cxx_version="", archs=tuple(archs),
                                    gpu_compiler="" if settings.backend != "cpu" else None)
         ident = {**derive_identity(settings, bare, recipe(settings, bare)[0]), "toolchain": None}
