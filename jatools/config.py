@@ -15,7 +15,6 @@ import json
 import os
 import re
 import sys
-import tomllib
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -73,11 +72,7 @@ TABLE = "jax-aiter"  # [tool.jax-aiter]
 def _read_pyproject(root: str) -> dict:
     path = Path(root) / "pyproject.toml"
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except tomllib.TOMLDecodeError as e:  # a duplicate key is one too: "Cannot overwrite a value (at line ...)"
-        raise SettingError(f"{path} is not valid TOML: {e} (a syntax error, or a key or table given twice); fix the "
-                           "file (https://toml.io)") from None
+        return registry.load_toml(path)
     except OSError as e:
         raise SettingError(f"cannot read {path}: {e.strerror}; set JA_ROOT_DIR to a jax-aiter checkout") from None
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -274,6 +275,17 @@ ENVIRONMENT = "from the environment"
 
 class SettingError(ValueError):
     """A setting's value is not usable; the message names it, the value, what is allowed and where it came from."""
+
+
+def load_toml(path: Path) -> dict:
+    """A TOML file (pyproject.toml) parsed; SettingError naming the file and tomllib's own line and column when it is
+    not valid TOML (the tooling and the runtime's version read it through here: a raw traceback named neither)."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:  # a duplicate key is one too: "Cannot overwrite a value (at line ...)"
+        raise SettingError(f"{path} is not valid TOML: {e} (a syntax error, or a key or table given twice); fix the "
+                           "file (https://toml.io)") from None
 
 
 def _kind(value: object) -> str:

@@ -117,7 +117,11 @@ def test_the_jit_steps_the_release_runs_take_the_flags_it_passes(action, flags):
 
 def test_verify_through_the_module_fails_on_a_changed_library(tmp_path):
     """The release's verify stage fails (exit 1, the file named) when a library differs from its record."""
-    from tests.tooling.jit_libs_support import checkout_identity, make_checkout, write_build
+    from tests.tooling.jit_libs_support import (
+        checkout_identity,
+        make_checkout,
+        write_build,
+    )
 
     root = make_checkout(tmp_path / "repo")
     ident = checkout_identity(root)
@@ -138,7 +142,12 @@ def test_verify_fails_when_the_kernel_sources_changed_since_the_build(tmp_path):
     """`invoke verify` passed libraries whose kernel sources had changed since they were built (the wheel build and
     the loader caught it). Now it compares the record's identity with the checkout's, as the wheel build does: a
     kernel edit (committed or not) fails it, naming the cache ids and the fix."""
-    from tests.tooling.jit_libs_support import checkout_identity, git, make_checkout, write_build
+    from tests.tooling.jit_libs_support import (
+        checkout_identity,
+        git,
+        make_checkout,
+        write_build,
+    )
 
     root = make_checkout(tmp_path / "repo")
     write_build(root / "build" / "aiter_build", checkout_identity(root))
