@@ -4,6 +4,8 @@ a private copy of the wheel tests' CPU build (tests/wheel/conftest.py: its fixtu
 processes."""
 from __future__ import annotations
 
+import contextlib
+import re
 import subprocess
 import sys
 import zipfile
@@ -82,6 +84,35 @@ def test_faults_wheel_that_fails_check_leaves_dist(build_copy, tmp_path):
     assert r.returncode == 1, r.stdout + r.stderr
     assert "but the versioned symbols need" in r.stderr and "it failed the checks above" in r.stderr, r.stderr
     assert sorted(dist.glob("*.whl")) == good, "only the good wheel stays"
+
+
+def test_faults_wheel_build_on_a_full_disk_names_the_path(build_copy, tmp_path):
+    """dist/ on a full disk (a real 64 KiB tmpfs): the wheel build said `[Errno 28] No space left on device` and no
+    path. Now one line names the wheel it could not write and the fix, and no temporary file is left there."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True,
+                             text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({mounted.stderr.strip() or 'not permitted'}); a full disk "
+                    "needs one")
+    try:
+        with contextlib.suppress(OSError), open(disk / "filler", "wb") as f:
+            while True:  # until the disk is full
+                f.write(bytes(4096))
+                f.flush()
+        r = subprocess.run([sys.executable, "-m", "jatools.wheel.wheel_build", "--variant", "lite", "--dist",
+                            str(disk)], env=_env(build_copy), cwd=ROOT, capture_output=True, text=True, timeout=600,
+                           check=False)
+        left = sorted(p.name for p in disk.iterdir())
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
+    assert r.returncode == 2, r.stdout + r.stderr
+    said = [line for line in r.stderr.splitlines() if "error" in line]
+    assert len(said) == 1 and re.search(rf"wheel_build: error: cannot write {re.escape(str(disk))}/jax_aiter-\S+\.whl: "
+                                        r"No space left on device; free some space on its disk, or build the wheel "
+                                        r"into another folder \(--dist DIR\)", said[0]), r.stderr
+    assert "Traceback" not in r.stderr and not [n for n in left if ".tmp" in n], left
 
 
 def test_faults_check_refuses_jit_libraries_of_another_commit(build_copy, tmp_path):
