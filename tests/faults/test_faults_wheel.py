@@ -4,7 +4,6 @@ a private copy of the wheel tests' CPU build (tests/wheel/conftest.py: its fixtu
 processes."""
 from __future__ import annotations
 
-import contextlib
 import re
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import pytest
 from jatools import config
 from jatools.wheel import wheel_build, wheel_contents, wheel_scan
 from jax_aiter.integrity import IntegrityError
+from tests.faults.mounts import fill, mounted
 from tests.wheel.conftest import EPOCH, ROOT, cpu_env
 from tests.wheel.wheel_plant import rewrite_wheel
 
@@ -89,24 +89,12 @@ def test_faults_wheel_that_fails_check_leaves_dist(build_copy, tmp_path):
 def test_faults_wheel_build_on_a_full_disk_names_the_path(build_copy, tmp_path):
     """dist/ on a full disk (a real 64 KiB tmpfs): the wheel build said `[Errno 28] No space left on device` and no
     path. Now one line names the wheel it could not write and the fix, and no temporary file is left there."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True,
-                             text=True, check=False)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here ({mounted.stderr.strip() or 'not permitted'}); a full disk "
-                    "needs one")
-    try:
-        with contextlib.suppress(OSError), open(disk / "filler", "wb") as f:
-            while True:  # until the disk is full
-                f.write(bytes(4096))
-                f.flush()
+    with mounted(["-t", "tmpfs", "-o", "size=64k", "tmpfs"], tmp_path / "disk", "a small tmpfs") as disk:
+        fill(disk / "filler")
         r = subprocess.run([sys.executable, "-m", "jatools.wheel.wheel_build", "--variant", "lite", "--dist",
                             str(disk)], env=_env(build_copy), cwd=ROOT, capture_output=True, text=True, timeout=600,
                            check=False)
         left = sorted(p.name for p in disk.iterdir())
-    finally:
-        subprocess.run(["umount", str(disk)], check=False)
     assert r.returncode == 2, r.stdout + r.stderr
     said = [line for line in r.stderr.splitlines() if "error" in line]
     assert len(said) == 1 and re.search(rf"wheel_build: error: cannot write {re.escape(str(disk))}/jax_aiter-\S+\.whl: "
