@@ -20,11 +20,12 @@
 PYTHON ?= python3
 BUILD ?= $(or $(JA_BUILD_DIR),build)
 
-ifeq ($(tree_locked),)
+ifeq ($(tree_locked)$(findstring q,$(firstword -$(MAKEFLAGS))),)
 # --- one run at a time in a build tree -------------------------------------------
 # make runs itself again under the build tree's lock (jatools/native/tree_lock.py; nox, the JIT build, a fetch
 # into the tree and scripts/run.sh's setup take the same one): a second make in this tree says which run it waits
-# for, then waits; a make that nox or another make runs goes on under their lock.
+# for, then waits; a make that nox or another make runs goes on under their lock. `make -q` (is it up to date?)
+# builds nothing and answers for the goals themselves, so it runs as it is.
 lock_goals := $(or $(MAKECMDGOALS),$(.DEFAULT_GOAL))
 .PHONY: $(lock_goals) tree-lock
 $(lock_goals): tree-lock ; @:
