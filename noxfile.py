@@ -16,8 +16,10 @@ import nox
 # tiers come from their one home each.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from jatools.config import SettingError, python_version, read_pyproject
+from jatools.native import tree_lock
 from jatools.native.jit_packages import is_headers_only
 from jatools.testing.tag_filters import DEFAULT_TIER, TIER_ENV, TIERS
+from jax_aiter.folder_lock import FolderLockError
 
 nox.needs_version = ">=2024.4.15"
 nox.options.default_venv_backend = "uv|venv"
@@ -27,7 +29,11 @@ nox.options.sessions = ["tests", "ci_tooling", "lint"]
 try:  # a pyproject.toml that cannot be read stops nox with one line naming it, not a traceback
     PY = python_version()  # the floor of pyproject's requires-python (JAX 0.11 needs 3.12)
     PYPROJECT = read_pyproject()
-except SettingError as e:
+    # The build tree's lock for this whole nox run, its virtualenvs included (jatools/native/tree_lock.py): a second
+    # nox, make or JIT build in this tree says which run it waits for, then waits; what this run starts goes on.
+    if not {"-l", "--list", "--list-sessions", "--json", "-h", "--help", "--version"} & set(sys.argv[1:]):
+        TREE_LOCK = tree_lock.hold("nox " + " ".join(sys.argv[1:]))
+except (SettingError, FolderLockError) as e:
     sys.exit(f"nox: error: {e}")
 # Development dependencies are PEP 735 groups in pyproject.toml, never extras of the wheel.
 TEST_DEPS = ["-e", ".", *nox.project.dependency_groups(PYPROJECT, "test")]

@@ -15,3 +15,19 @@ Grouped by the stage of the data flow each folder owns (docs/architecture.md):
 A stage imports only from itself and the stages before it: the table is jatools/stages.py;
 noxfile.py, tasks.py and the ci/ scripts wire them to the command line.
 """
+import sys as _sys
+
+
+def _settings_error_in_one_line(kind, value, tb, _default=_sys.excepthook) -> None:
+    """A settings error (jax_aiter.settings.SettingError: a bad value, a pyproject.toml that is not TOML) that reaches
+    the top of any tooling command (invoke's task module, python -m jatools.X, ci/build.py) is printed as its one
+    line, which names the file or variable and the fix; anything else keeps its traceback."""
+    from jax_aiter.settings import SettingError
+
+    if isinstance(value, SettingError):
+        print(f"error: {value}", file=_sys.stderr)
+    else:
+        _default(kind, value, tb)
+
+
+_sys.excepthook = _settings_error_in_one_line

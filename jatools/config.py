@@ -15,7 +15,6 @@ import json
 import os
 import re
 import sys
-import tomllib
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -73,11 +72,7 @@ TABLE = "jax-aiter"  # [tool.jax-aiter]
 def _read_pyproject(root: str) -> dict:
     path = Path(root) / "pyproject.toml"
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except tomllib.TOMLDecodeError as e:  # a duplicate key is one too: "Cannot overwrite a value (at line ...)"
-        raise SettingError(f"{path} is not valid TOML: {e} (a syntax error, or a key or table given twice); fix the "
-                           "file (https://toml.io)") from None
+        return registry.load_toml(path)
     except OSError as e:
         raise SettingError(f"cannot read {path}: {e.strerror}; set JA_ROOT_DIR to a jax-aiter checkout") from None
 
@@ -161,6 +156,15 @@ def build_path(name: str, env: dict[str, str] | None = None) -> Path:
 def split_archs(value: str) -> list[str]:
     """GPU_ARCHS accepts ';' or ',' separated lists; blanks are dropped, order kept, no repeats."""
     return list(dict.fromkeys(filter(None, (part.strip() for part in value.replace(";", ",").split(",")))))
+
+
+def canonical_archs(archs) -> tuple[str, ...]:
+    """GPU archs in one order whatever order they were written in (sm_80, sm_90, sm_90a, sm_100, sm_120; gfx90a,
+    gfx942, gfx950): the compile flags, and so the recipe hash and the cache id, name them in this order, so
+    `GPU_ARCHS=sm_100;sm_80` and `sm_80;sm_100` are one build (the identity lists them sorted as text, which put
+    sm_100 before sm_80, and a build from that list hashed differently)."""
+    key = lambda a: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", a)]
+    return tuple(sorted(dict.fromkeys(archs), key=key))
 
 
 def truthy(value: object) -> bool:

@@ -18,17 +18,26 @@ class PrivateDirError(RuntimeError):
 
 def own_folder(folder: Path, what: str, fix: str) -> Path:
     """Create `folder` (mode 0700) or check an existing one; `what` names its use and `fix` the setting that
-    moves it, both for the error message."""
+    moves it, both for the one-line error message, which also says how to repair the folder where that can help."""
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         st = os.lstat(folder)
+    except FileExistsError:  # a file (or a symlink to one) where the folder should be
+        raise PrivateDirError(f"refusing {folder} as {what}: it is a file, not a folder; {fix}, or remove the file"
+                              ) from None
     except OSError as e:
         raise PrivateDirError(f"cannot use {folder} as {what}: {e.strerror or e}; {fix}") from None
-    problem = ("it is a symlink or not a folder" if not stat.S_ISDIR(st.st_mode)
-               else f"it belongs to uid {st.st_uid}, not to you (uid {os.getuid()})" if st.st_uid != os.getuid()
-               else f"others may write to it (mode {stat.S_IMODE(st.st_mode):o})" if st.st_mode & 0o022 else None)
-    if problem:
-        raise PrivateDirError(f"refusing {folder} as {what}: {problem}, so another user could plant a symlink or "
-                              f"a file in it. {fix}, or fix it (chmod 700 {folder}, or remove it if it is not "
-                              "yours to keep)")
+    if stat.S_ISLNK(st.st_mode):
+        raise PrivateDirError(f"refusing {folder} as {what}: it is a symlink or not a folder (a symlink to "
+                              f"{os.readlink(folder)}), so what is written there would land wherever it points; "
+                              f"{fix}, or put a real folder in its place")
+    if not stat.S_ISDIR(st.st_mode):
+        raise PrivateDirError(f"refusing {folder} as {what}: it is a symlink or not a folder; {fix}")
+    if st.st_uid != os.getuid():
+        raise PrivateDirError(f"refusing {folder} as {what}: it belongs to uid {st.st_uid}, not to you (uid "
+                              f"{os.getuid()}), so its owner could plant a symlink or a file in it; {fix}")
+    if st.st_mode & 0o022:
+        raise PrivateDirError(f"refusing {folder} as {what}: others may write to it (mode "
+                              f"{stat.S_IMODE(st.st_mode):o}), so another user could plant a symlink or a file in it; "
+                              f"{fix}, or chmod 700 {folder}")
     return folder

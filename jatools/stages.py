@@ -20,7 +20,8 @@ STAGES: tuple[tuple[str, tuple[str, ...], str], ...] = (
               "jatools.private_dir"),
      "settings, the one atomic write, the one step runner, the bounded tool probe, this table, private folders"),
     ("native-tools", ("jatools.native.toolchain", "jatools.native.compiler_cache", "jatools.native.jit_modules",
-                      "jatools.native.jit_packages", "jatools.native.jit_ninja", "jatools.native.jit_build"),
+                      "jatools.native.jit_packages", "jatools.native.jit_ninja", "jatools.native.jit_build",
+                      "jatools.native.tree_lock"),
      ("toolchain detection, the compiler cache; the JIT build: its modules and sources, pinned headers, ninja, "
      "its identity")),
     ("ci", ("jatools.ci",), "environment report, convergence-decision check"),

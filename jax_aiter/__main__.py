@@ -12,9 +12,15 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0 if argv else 2
     if argv[0] == "info":
-        from jax_aiter import info
+        from jax_aiter.settings import SettingError
 
-        return info.main(argv[1:])
+        try:
+            from jax_aiter import info
+
+            return info.main(argv[1:])
+        except SettingError as e:  # a checkout's pyproject.toml that is not TOML: the file and line, not a traceback
+            print(f"python -m jax_aiter info: error: {e}", file=sys.stderr)
+            return 2
     print(f"python -m jax_aiter: unknown command {argv[0]!r}\n{USAGE}", file=sys.stderr)
     return 2
 

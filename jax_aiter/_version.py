@@ -6,7 +6,6 @@ distribution's metadata, which the build backend wrote from pyproject.toml too.
 """
 from __future__ import annotations
 
-import tomllib
 from importlib import metadata
 
 from jax_aiter import _loader
@@ -21,7 +20,9 @@ def version() -> str:
         return baked
     pyproject = _loader.PACKAGE_DIR.parent / "pyproject.toml"
     if pyproject.is_file():
-        project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {})
+        from jax_aiter.settings import load_toml
+
+        project = load_toml(pyproject).get("project", {})  # not TOML: SettingError naming the file and the line
         if project.get("name") == DIST:
             return project["version"]
     try:

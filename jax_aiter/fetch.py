@@ -236,8 +236,39 @@ def _host(url: str) -> str:
 
 
 def _at(url: str, final: str) -> str:
-    """Where a failure happened, when a redirect took the request to another host (else "")."""
+    """Where a failure happened, when a redirect took the request to another host or port (else "")."""
     return "" if _host(final) == _host(url) else f" (at {_host(final)}, where {_host(url)} redirected: {final})"
+
+
+class _Redirects(urllib.request.HTTPRedirectHandler):
+    """urllib's redirect handling, noting where each redirect went: a redirect to a host or port that then cannot be
+    reached failed naming only the first URL."""
+
+    def __init__(self):
+        self.went: list[str] = []
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        self.went.append(newurl)
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+_HTML = (b"<!doctype html", b"<html", b"<head", b"<body")
+
+
+def _html_answer(url: str, at: str, why: str) -> FetchError:
+    return FetchError(f"{url}{at}: the server answered with an HTML page ({why}), not the release file: a login, proxy "
+                      "or error page stands where the release should be. Nothing was installed; check the base URL "
+                      f"({ENV_BASE_URL}, --base-url) and that this machine may read it")
+
+
+def _announced_size(resp) -> int | None:
+    """The size of the whole file as the answer announces it (a 206's Content-Range total, else the Content-Length of
+    a whole-file answer: a 200, or a folder store's file); None when it does not say."""
+    if getattr(resp, "status", None) == 206:
+        total = (resp.headers.get("Content-Range") or "").rsplit("/", 1)[-1].strip()
+        return int(total) if total.isdigit() else None
+    length = (resp.headers.get("Content-Length") or "").strip()
+    return int(length) if length.isdigit() else None
 
 
 class _Deadline(FetchError):
@@ -263,11 +294,13 @@ def _decoder(encoding: str, url: str):
 
 
 def _attempt(url: str, begin: Callable[[bool], object], offset: int, opts: FetchOptions,
-             advance: Callable[[int], None], log: Log | None = None) -> None:
+             advance: Callable[[int], None], log: Log | None = None, size: int | None = None) -> None:
     """One GET of `url` from byte `offset`; `begin(resumed)` returns the sink once the status is known.
     A redirect to another host is followed and logged (the pins and hashes, not the host, decide), and a failure
     after it names that host. A body arriving slower than opts.min_rate over each opts.timeout_s is abandoned; past
-    opts.deadline the attempt stops for good (_Deadline). A line says how far it got at least every HEARTBEAT_S."""
+    opts.deadline the attempt stops for good (_Deadline). A line says how far it got at least every HEARTBEAT_S.
+    An HTML page (a login or proxy page) is refused at once, and so is a file whose announced size is not `size`
+    (the manifest's): the server's copy was replaced, which no retry mends."""
     name = url.rsplit("/", 1)[-1]
     left = None if opts.deadline is None else opts.deadline - time.monotonic()
     if left is not None and left <= 0:
@@ -276,8 +309,10 @@ def _attempt(url: str, begin: Callable[[bool], object], offset: int, opts: Fetch
     headers = {"User-Agent": "jax-aiter-fetch", "Accept-Encoding": "identity"}
     if offset:
         headers["Range"] = f"bytes={offset}-"
+    redirects = _Redirects()
     try:
-        resp = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout)
+        resp = urllib.request.build_opener(redirects).open(urllib.request.Request(url, headers=headers),
+                                                           timeout=timeout)
     except urllib.error.HTTPError as e:
         at = _at(url, e.url or url)
         if e.code in (404, 410):
@@ -290,9 +325,10 @@ def _attempt(url: str, begin: Callable[[bool], object], offset: int, opts: Fetch
             raise ReleaseNotFound(f"{url}: not found") from None
         if isinstance(e.reason, PermissionError):
             raise FetchError(f"{url}: {e.reason}") from None
+        went = _at(url, redirects.went[-1]) if redirects.went else ""
         if isinstance(e.reason, TimeoutError):
-            raise _Transient(f"no response within {timeout:g} s") from None
-        raise _Transient(f"cannot connect ({e.reason})") from None
+            raise _Transient(f"no response within {timeout:g} s{went}") from None
+        raise _Transient(f"cannot connect ({e.reason}){went}") from None
     except TimeoutError:
         raise _Transient(f"no response within {timeout:g} s") from None
     except (ConnectionError, http.client.HTTPException) as e:
@@ -303,6 +339,17 @@ def _attempt(url: str, begin: Callable[[bool], object], offset: int, opts: Fetch
         log(f"  {name}: redirected to host {_host(final)} ({final})")
     with resp:
         decode = _decoder((resp.headers.get("Content-Encoding") or "").strip().lower(), f"{url}{at}")
+        ctype = (resp.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        if ctype in ("text/html", "application/xhtml+xml"):
+            raise _html_answer(url, at, f"Content-Type: {ctype}")
+        announced = _announced_size(resp) if decode is None else None
+
+        def replaced() -> None:  # checked once the first bytes are known not to be an HTML page
+            if size is not None and announced is not None and announced != size:
+                raise FetchError(f"{name}: the server's copy is {announced} bytes, but the manifest says {size}: the "
+                                 f"asset at {url}{at} was replaced (or cut short where it is stored), not cut short in "
+                                 "transit. Nothing was installed; republish the release (`invoke jit.publish`) or "
+                                 "fetch from another base URL")
         sink = begin(_resumed(resp, offset) if decode is None else False)  # an encoded body starts from 0 again
         start = mark = said = time.monotonic()
         got = marked = 0
@@ -318,6 +365,10 @@ def _attempt(url: str, begin: Callable[[bool], object], offset: int, opts: Fetch
                 raise _Transient(f"connection lost after {got} bytes ({e!r}){at}") from None
             if not data:
                 break
+            if not got:
+                if not offset and data.lstrip()[:16].lower().startswith(_HTML):
+                    raise _html_answer(url, at, "its first bytes are HTML")
+                replaced()
             got += len(data)
             if decode is not None:
                 try:
@@ -340,6 +391,8 @@ def _attempt(url: str, begin: Callable[[bool], object], offset: int, opts: Fetch
                                      f"({byte_text(int(rate))}/s), under the {byte_text(opts.min_rate)}/s "
                                      f"{ENV_MIN_RATE} asks for{at}")
                 mark, marked = now, got
+        if not got:
+            replaced()
         if decode is not None:
             advance(sink.write(decode.flush()))
             if not decode.eof:
@@ -359,9 +412,9 @@ def _retrying(what: str, opts: FetchOptions, log: Log, once: Callable[[], None])
         except _Transient as e:
             if attempt == attempts:
                 raise FetchError(
-                    f"{what}: {e}; gave up after {attempts} attempts. Check the network and the server, "
-                    f"or allow more with {ENV_TIMEOUT}=<seconds> / {ENV_RETRIES}=<n> / {ENV_MIN_RATE}=<bytes/s>"
-                    ) from None
+                    f"{what}: {e}; gave up after {attempts} attempts. Check the network and the server"
+                    f"{' it was redirected to' if 'redirected:' in str(e) else ''}, or allow more with "
+                    f"{ENV_TIMEOUT}=<seconds> / {ENV_RETRIES}=<n> / {ENV_MIN_RATE}=<bytes/s>") from None
             wait = min(opts.backoff_s * 2 ** (attempt - 1), 60.0)
             if opts.deadline is not None and time.monotonic() + wait >= opts.deadline:
                 raise _past_deadline(opts, what, f"attempt {attempt}: {e}") from None
@@ -398,9 +451,9 @@ def download(url: str, sink: _PartSink, size: int, sha256: str, opts: FetchOptio
     name = url.rsplit("/", 1)[-1]
 
     def once() -> None:
-        _attempt(url, sink.begin, sink.size, opts, advance, log)
-        if sink.size < size:
-            raise _Transient(f"truncated: {sink.size} of {size} bytes")
+        _attempt(url, sink.begin, sink.size, opts, advance, log, size=size)
+        if sink.size < size:  # the answer said no size (or an encoded one), and ended early: cut short in transit
+            raise _Transient(f"the answer ended after {sink.size} of {size} bytes (cut short in transit)")
         if sink.size > size:
             raise FetchError(f"{name}: {sink.size} bytes, but the manifest says {size}; the asset at {url} "
                              "was replaced or the manifest is wrong. Nothing was installed; republish the "
@@ -462,12 +515,10 @@ def _lock(dest: Path, opts: FetchOptions, log: Log) -> folder_lock.FolderLock:
     except OSError as e:
         raise FetchError(f"cannot lock {dest.parent} for the fetch: {e.strerror or e} (it must be a real folder, "
                          "not a symlink); choose another destination (--dest)") from None
-    if not lock.acquire(timeout=0):
-        log(f"fetch: another fetch into {dest.parent} is running; waiting for it (a lock on that folder)")
-        if not lock.acquire(timeout=opts.lock_timeout_s):
-            lock.release()
-            raise FetchError(f"another fetch into {dest.parent} held its lock for more than "
-                             f"{opts.lock_timeout_s:g} s; wait for it or stop it, then run again")
+    if not folder_lock.take(lock, "fetch", log, timeout=opts.lock_timeout_s):  # a run above this one: goes on
+        lock.release()
+        raise FetchError(f"another fetch into {dest.parent} held its lock for more than "
+                         f"{opts.lock_timeout_s:g} s; wait for it or stop it, then run again")
     return lock
 
 

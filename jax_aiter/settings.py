@@ -18,11 +18,12 @@ from __future__ import annotations
 import math
 import os
 import re
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from jax_aiter import remedies
+from jax_aiter import folder_lock, remedies
 
 GROUPS = ("build", "runtime", "tests", "wheels and validation", "CI")
 
@@ -85,6 +86,7 @@ RULE_TEXT = {
     "flag": "1 or 0 (also true/false, yes/no, on/off)",
     "archs": "a `;` or `,` separated list of GPU arch names (gfx950, gfx942:xnack+, sm_90, sm_90a, sm_100f)",
     "folder": "an existing folder",
+    "absolute": "an absolute path",
     "inside": "a path relative to the checkout, inside it",
     "build": "a path relative to the checkout, inside it (through a symlink there, or from the environment anywhere: "
              "to an empty folder or a build tree)",
@@ -139,8 +141,8 @@ SETTINGS: tuple[Setting, ...] = (
             "dependency group installs it), shared by this user's checkouts; off: compile without it",
             default="auto", choices=("auto", "off"), accepts="one of"),
     Setting("JA_COMPILER_CACHE_DIR", "build", "the compiler cache's folder (made mode 0700; refused when it is a "
-            "symlink, another user's, or writable by others)", default="$XDG_CACHE_HOME/jax-aiter/ccache",
-            accepts="a folder"),
+            "symlink, another user's, writable by others, or not a folder)", default="$XDG_CACHE_HOME/jax-aiter/ccache",
+            accepts="an absolute path to a folder of your own", rule="absolute"),
     Setting("JA_CLEAN_JIT", "build", "yes: `make clean` deletes the JIT libraries too (they cost hours)",
             choices=("yes", "no"), accepts="one of"),
     # --- runtime ------------------------------------------------------------------------------
@@ -269,6 +271,17 @@ class SettingError(ValueError):
     """A setting's value is not usable; the message names it, the value, what is allowed and where it came from."""
 
 
+def load_toml(path: Path) -> dict:
+    """A TOML file (pyproject.toml) parsed; SettingError naming the file and tomllib's own line and column when it is
+    not valid TOML (the tooling and the runtime's version read it through here: a raw traceback named neither)."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:  # a duplicate key is one too: "Cannot overwrite a value (at line ...)"
+        raise SettingError(f"{path} is not valid TOML: {e} (a syntax error, or a key or table given twice); fix the "
+                           "file (https://toml.io)") from None
+
+
 def _kind(value: object) -> str:
     """What a value from TOML is, in words (a string, an integer, true or false, ...)."""
     return {bool: "true or false", str: "a string", int: "an integer", float: "a fraction", list: "a list",
@@ -333,6 +346,7 @@ def _foreign(folder: Path) -> str:
         return ""
     except OSError as e:
         return f"{folder} cannot be read ({e.strerror or e})"
+    names = [n for n in names if not n.startswith(folder_lock.NOTE)]  # the build tree's lock note: a build's own
     if not names or {*LIBRARY_DIRS.values(), CONFIG_MK} & set(names):
         return ""
     shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
@@ -366,7 +380,7 @@ def _why(spec: Setting, value: object, from_env: bool, root: Path | None) -> str
     if not isinstance(value, str):
         return None if rule == "flag" and isinstance(value, bool) else f"{_kind(value)}, not a string"
     text = value.strip()
-    if rule in ("inside", "build", "folder") and text != value:  # a path: its spaces would be part of it
+    if rule in ("inside", "build", "folder", "absolute") and text != value:  # a path: its spaces would be part of it
         return f"it has spaces around it (did you mean {text!r}?)"
     if rule == "comma":
         bad = [v for v in text.replace(";", ",").split(",") if v.strip() not in spec.choices]
@@ -384,6 +398,8 @@ def _why(spec: Setting, value: object, from_env: bool, root: Path | None) -> str
                 f"{'is' if len(bad) == 1 else 'are'} not a GPU arch name") if bad else None
     if rule == "folder":
         return None if Path(text).is_dir() else ("it is not a folder" if Path(text).exists() else "it does not exist")
+    if rule == "absolute":  # relative to what? every process that reads it runs in another folder
+        return None if Path(text).is_absolute() else "it is relative, so each build would make a cache where it runs"
     if rule == "inside" and not from_env:
         return _inside(text, root) or None
     if rule == "build":

@@ -55,6 +55,14 @@ venv="$root/.venv-tools"
 reqs="${JA_TOOLS_REQUIREMENTS:-}"
 stamp="$venv/.installed-$(sha256sum pyproject.toml scripts/run.sh ${reqs:+"$reqs"} | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
+  # The build tree's lock (jatools/native/tree_lock.py), held by this shell through descriptor 9 while it prepares
+  # the tools: two first runs at once made one environment together (one died inside ensurepip). A second run says
+  # which run it waits for, then finds the environment made.
+  lockdir="$("$py" -m jatools.native.tree_lock --print-folder)" || exit 2
+  exec 9<"$lockdir"
+  "$py" -m jatools.native.tree_lock --what "scripts/run.sh: preparing .venv-tools" --fd 9 || exit 2
+fi
+if [ ! -f "$stamp" ]; then
   echo "run.sh: preparing $venv (pyproject's dependency group 'run': nox, invoke, uv, the wheel writer's needs)" >&2
   rm -rf "$venv"
   "$py" -m venv "$venv"
@@ -66,5 +74,6 @@ if [ ! -f "$stamp" ]; then
   fi
   touch "$stamp"
 fi
+exec 9<&-  # the lock goes with the descriptor (nox, make and the JIT build take it again for themselves)
 export PATH="$venv/bin:$PATH"
 exec "$@"

@@ -41,12 +41,12 @@ def record_from_manifest(manifest: dict, url: str) -> dict:
             "last_build": {"fetched_from": url, "release_tag": manifest["release_tag"], "modules": sorted(modules)}}
 
 
-def _entries(folder: Path, against: str | None) -> tuple[str, list[dict]]:
-    """(what `folder` is checked against, its entries): a manifest URL or path, else the folder's record
-    (else its manifest copy)."""
+def _entries(folder: Path, against: str | None) -> tuple[str, list[dict], dict | None]:
+    """(what `folder` is checked against, its entries, the identity it names: None when it names no single one): a
+    manifest URL or path, else the folder's record (else its manifest copy)."""
     if against and "://" in against:
-        return against, mf.raw_entries(mf.parse(fetch.fetch_bytes(against, fetch.FetchOptions.from_env()),
-                                                against)["files"])
+        manifest = mf.parse(fetch.fetch_bytes(against, fetch.FetchOptions.from_env()), against)
+        return against, mf.raw_entries(manifest["files"]), manifest["identity"]
     path = Path(against) if against else next(
         (folder / n for n in (RECORD_NAME, mf.MANIFEST_NAME) if (folder / n).is_file()), None)
     if path is None:
@@ -54,9 +54,11 @@ def _entries(folder: Path, against: str | None) -> tuple[str, list[dict]]:
                             f"{remedies.build_or_fetch()} first")
     source = against or str(path)
     # A given file is read as what it says it is; the folder's own files by their names.
-    manifest = _json_kind(path) == mf.KIND if against else path.name == mf.MANIFEST_NAME
-    return source, (mf.raw_entries(mf.parse(path.read_bytes(), source)["files"]) if manifest
-                    else list(read_record(path, f"; {remedies.build_or_fetch()}").values()))
+    if _json_kind(path) == mf.KIND if against else path.name == mf.MANIFEST_NAME:
+        manifest = mf.parse(path.read_bytes(), source)
+        return source, mf.raw_entries(manifest["files"]), manifest["identity"]
+    entries = list(read_record(path, f"; {remedies.build_or_fetch()}").values())
+    return source, entries, json.loads(path.read_bytes()).get("identity")
 
 
 def _set_differences(folder: Path, source: str, listed: set[str], expected: list[str]) -> list[str]:
@@ -68,28 +70,40 @@ def _set_differences(folder: Path, source: str, listed: set[str], expected: list
                if p.name not in listed and p.name not in expected])
 
 
-def verify(folder: Path, against: str | None = None, expected: list[str] | None = None) -> tuple[str, int]:
-    """Check `folder` against a manifest (path or URL) or, by default, its build record (else its manifest copy);
-    (what it was checked against, number of files), or an error naming every difference. `expected` (the op
-    table's JIT libraries) makes the set strict: a table library the record lacks, a listed one the table
-    lacks, or a library in the folder it does not list differs too."""
+def _checked(folder: Path, against: str | None, expected: list[str] | None) -> tuple[str, int, dict | None]:
     try:
-        source, entries = _entries(folder, against)
+        source, entries, identity = _entries(folder, against)
     except (IntegrityError, mf.ManifestError, ValueError) as e:
         raise JitCacheError(str(e)) from None
     problems = [] if expected is None else _set_differences(folder, source, {e["name"] for e in entries}, expected)
     problems += diff_entries(folder, entries)
     if problems:
         raise JitCacheError(f"{len(problems)} difference(s) between {folder} and {source}:\n  " + "\n  ".join(problems))
-    return source, len(entries)
+    return source, len(entries), identity
+
+
+def verify(folder: Path, against: str | None = None, expected: list[str] | None = None) -> tuple[str, int]:
+    """Check `folder` against a manifest (path or URL) or, by default, its build record (else its manifest copy);
+    (what it was checked against, number of files), or an error naming every difference. `expected` (the op
+    table's JIT libraries) makes the set strict: a table library the record lacks, a listed one the table
+    lacks, or a library in the folder it does not list differs too."""
+    return _checked(folder, against, expected)[:2]
 
 
 def verify_build(settings: config.Settings, folder: Path | None = None, against: str | None = None) -> str:
     """`invoke verify`: `folder` (default build/aiter_build) against its record or `against`, strict to the op
-    table's JIT libraries; the line that says what matched."""
+    table's JIT libraries, and the identity they were built with against this checkout's sources, as the wheel build
+    does (jit_build.stale: it passed libraries built from kernel sources changed since); the line that says what
+    matched."""
     folder = folder or settings.jit_dir
-    source, n = verify(folder, against, expected=list(jit_build.libraries(settings).values()))
-    return f"verify: {n} file(s) in {folder} match {source}"
+    source, n, identity = _checked(folder, against, list(jit_build.libraries(settings).values()))
+    if identity is None:
+        raise JitCacheError(f"{source} names no single build identity (its modules were built with different ones), "
+                            f"so the libraries cannot be matched to this checkout's sources; {remedies.build_or_fetch()}")
+    if why := jit_build.stale(settings, identity):
+        raise JitCacheError(why)
+    return (f"verify: {n} file(s) in {folder} match {source}, and its identity (cache id {identity.get('cache_id')}) "
+            "is this checkout's")
 
 
 def _json_kind(path: Path) -> str | None:

@@ -35,6 +35,7 @@ from jatools.native import (
     toolchain,
 )
 from jatools.native.jit_modules import ARCH_KINDS, BuildError
+from jatools.private_dir import PrivateDirError
 from jax_aiter import folder_lock, remedies
 from jax_aiter.integrity import RECORD_NAME, RECORD_SCHEMA, file_entry, sha256_files
 from jax_aiter.reuse_gate import cache_id, compare
@@ -161,6 +162,7 @@ def checkout_identity(settings: config.Settings) -> tuple[dict, list[str]]:
         archs = settings.gpu_archs or settings.default_archs(settings.backend)
         if settings.backend == "cuda":
             archs = tuple(toolchain.normalise_cuda_arch(a) for a in archs)
+        archs = config.canonical_archs(archs)  # as toolchain.detect orders them: one recipe whatever the order
         bare = toolchain.Toolchain(settings.backend, cxx="", cxx_version="", archs=tuple(archs),
                                    gpu_compiler="" if settings.backend != "cpu" else None)
         ident = {**derive_identity(settings, bare, recipe(settings, bare)[0]), "toolchain": None}
@@ -276,6 +278,12 @@ def _build_locked(settings: config.Settings, tc: toolchain.Toolchain, all_module
         print(f"  {jit_packages.PACKAGE_INCLUDES[ph][0]} headers: {inc}")
     with open(log_path or os.devnull, "a") as log:
         done = jit_ninja.run_ninja(plan.build_file, jobs, verbose, log, settings.root, plan.env)
+    try:  # the cache entries the objects came from (compiler_cache.check); a refused one leaves no library behind
+        compiler_cache.check(settings)
+    except compiler_cache.CacheEntryError as e:
+        for m in modules.values():
+            (settings.jit_dir / m["library"]).unlink(missing_ok=True)
+        raise BuildError(str(e)) from None
     jit_ninja.check_depfiles(settings, plan.build_file, set(inputs), tuple(plan.packages.values()))
     seconds = time.monotonic() - start
     record = write_record(settings, tc, ident, modules, plan.counts, seconds)
@@ -297,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     modules = [m.strip() for m in args.module.split(",") if m.strip()] if args.module else None
     try:
         build(modules, args.jobs, args.verbose, args.log)
-    except (BuildError, toolchain.ToolchainError, ValueError, folder_lock.FolderLockError) as e:
+    except (BuildError, toolchain.ToolchainError, ValueError, folder_lock.FolderLockError, PrivateDirError) as e:
         print(f"build_jit: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # a read-only checkout, a full disk: the path and the fix, not a traceback

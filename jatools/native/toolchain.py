@@ -259,6 +259,8 @@ def _detect(backend: str, settings: config.Settings, env: dict[str, str], which,
     cxxv = cxx_version(cxx)
     if backend == "cuda":
         archs = [normalise_cuda_arch(a) for a in archs]
+    archs = list(config.canonical_archs(archs))  # the order written (GPU_ARCHS, the GPUs seen) changes nothing
+    if backend == "cuda":
         if check_archs:
             check_cuda_archs(compiler, archs)
         ver = nvcc_version(compiler)

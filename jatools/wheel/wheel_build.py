@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib.metadata
 import json
 import os
@@ -257,7 +258,10 @@ def _build_locked(settings: config.Settings, options: BuildOptions, layout: Layo
     layout = layout or Layout.load()
     v = _verify(settings, options, layout, expectations, log)
     t_verify = time.monotonic()
-    s = _stage(settings, options, layout, v, log)
+    try:
+        s = _stage(settings, options, layout, v, log)
+    except OSError as e:
+        raise _unwritable(e, settings.path("wheel_stage"), "set JA_BUILD_DIR to a folder on another disk") from None
     t_stage = time.monotonic()
     level = options.level or int(settings.raw["wheel_compress_level"])
     wheel = options.dist_dir / f"{file_name(v.project)}-{v.version}-py3-none-{s.tag}.whl"
@@ -269,6 +273,9 @@ def _build_locked(settings: config.Settings, options: BuildOptions, layout: Layo
         log(f"wheel_build: reading {tmp.name} back ({len(written) + 1} members)")
         scanned = read_back(tmp, written, v.jit_members, v.expectations, options.jobs, v.native_members, s.digests)
         os.replace(tmp, wheel)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise _unwritable(e, wheel, "build the wheel into another folder (--dist DIR)") from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -285,6 +292,16 @@ def _build_locked(settings: config.Settings, options: BuildOptions, layout: Layo
     atomic_write.write_text(settings.path("reports") / f"wheel_{v.variant.name}.json",
                             json.dumps(report, indent=2, sort_keys=True) + "\n")
     return result
+
+
+def _unwritable(e: OSError, where: Path, elsewhere: str) -> WheelBuildError | OSError:
+    """A write that failed (a full disk: `[Errno 28]` named no path) as one line naming the path and the fix; another
+    OSError as it is."""
+    if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES):
+        return e
+    path = e.filename or where
+    free = "free some space on its disk, or " if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else ""
+    return WheelBuildError(f"cannot write {path}: {e.strerror}; {free}{elsewhere}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,9 +7,11 @@ path inside included; the folder is private; a build ends with its hits and miss
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ import pytest
 from jatools import config
 from jatools.native import compiler_cache
 from jatools.private_dir import PrivateDirError
+from tests.build.scratch import env_for, make_scratch
 
 SOURCE = "#include \"inc.h\"\nint ja_cc_probe(int x) { return x * K + __LINE__; }\n"
 
@@ -114,10 +117,38 @@ def test_off_means_no_launcher_and_the_summary_says_so(tmp_path):
 def test_make_and_ninja_put_the_launcher_before_every_compile(tmp_path, cache_env):
     s = _checkout(tmp_path / "a")
     text = compiler_cache.make_text(s, {"gpu": ["-Xcompiler=-fPIC,-ffile-prefix-map=" + str(s.root) + "/="]}, "k")
-    assert f"CACHE_LAUNCHER := {_ccache()}" in text.splitlines()
+    assert f"CACHE_LAUNCHER := {s.path('compiler_cache') / 'bin' / 'ccache'}" in text.splitlines()
     assert "export CCACHE_IGNOREOPTIONS := -Xcompiler=-fPIC,-ffile-prefix-map=" + str(s.root) + "/=" in text
     extra = next(line.split(":= ")[1] for line in text.splitlines() if "CCACHE_EXTRAFILES" in line)
     assert Path(extra).read_text() == "-Xcompiler=-fPIC,-ffile-prefix-map=$ROOT/=\n"
     makefile = (config.REPO_ROOT / "Makefile").read_text()
     compiles = [line for line in makefile.splitlines() if " -c $< -o $@" in line]
     assert compiles and all(shlex.split(line)[0] == "$(CACHE_LAUNCHER)" for line in compiles), compiles
+
+
+def test_a_second_session_reruns_none_of_the_first_ones_jit_steps(tmp_path, cache_env):
+    """Each nox session has its own ccache (.nox/<session>/bin/ccache), and its path was in every compile line: the
+    second session of `nox -s jit tests` re-ran all 180 JIT steps of the first (ninja re-runs a changed command).
+    Two stand-in sessions (an interpreter with a ccache beside it, as a venv has) build one module in turn: the
+    second runs no step, and both name the one launcher, the build tree's copy."""
+    root = make_scratch(tmp_path / "src")
+    tool_dir = str(Path(shutil.which("ninja") or sys.executable).parent)  # ninja, found on PATH by the JIT build
+    outs = []
+    for session in ("jit", "tests"):
+        bin_dir = tmp_path / session / "bin"
+        bin_dir.mkdir(parents=True)
+        (bin_dir / "python").symlink_to(sys.executable)
+        shutil.copy2(_ccache(), bin_dir / "ccache")
+        (bin_dir / "ccache").touch()  # another file with the same bytes, as each session's install is
+        env = env_for(root, **{k: cache_env[k] for k in (compiler_cache.ENV_DIR,)},
+                      PATH=f"{bin_dir}:{tool_dir}:/usr/bin:/bin")
+        r = subprocess.run(["make", "--no-print-directory", "jit", f"PYTHON={bin_dir / 'python'}",
+                            "JIT_ARGS=--module rmsnorm_fwd"], cwd=root, env=env, capture_output=True, text=True,
+                           timeout=600, check=False)
+        assert r.returncode == 0, r.stdout + r.stderr
+        outs.append(r.stdout)
+    steps = [int(m) for out in outs for m in re.findall(r"(\d+) build steps run", out)]
+    assert len(steps) == 2 and steps[0] > 0 and steps[1] == 0, outs
+    launcher = root / "build" / "compiler-cache" / "bin" / "ccache"
+    ninja = (root / "build" / "aiter_build" / "build.ninja").read_text()
+    assert f"cxx = {launcher} " in ninja and str(tmp_path / "jit") not in ninja, ninja[:600]

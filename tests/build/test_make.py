@@ -18,13 +18,21 @@ def scratch(tmp_path_factory) -> Path:
     return root
 
 
-def test_up_to_date_make_runs_no_python(scratch, tmp_path):
-    # A PYTHON that fails proves the config step (the only Python) is skipped.
-    fail = tmp_path / "nopython"
-    fail.write_text("#!/bin/sh\necho 'python was run' >&2\nexit 1\n")
-    fail.chmod(0o755)
-    out = run(["make", f"PYTHON={fail}"], scratch)
+def test_up_to_date_make_runs_no_python_but_the_trees_lock(scratch, tmp_path):
+    # A PYTHON that logs what it runs, and fails for anything but the build tree's lock (jatools/native/tree_lock.py),
+    # proves the config step is skipped.
+    log = tmp_path / "ran"
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\necho \"$*\" >> {log}\n[ \"$2\" = jatools.native.tree_lock ] || exit 1\n"
+                      f"exec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    out = run(["make", f"PYTHON={python}"], scratch)
     assert "Nothing to be done" in out.stdout, out.stdout + out.stderr
+    assert [line.split()[:2] for line in log.read_text().splitlines()] == [["-m", "jatools.native.tree_lock"]]
+    # `make -q` (the release asks it whether the umbrella is up to date) answers for the goal itself, without a lock
+    log.unlink()
+    assert run(["make", "-q", "umbrella", f"PYTHON={python}"], scratch, check=False).returncode == 0
+    assert not log.exists(), log.read_text()
 
 
 def test_changed_backend_regenerates_config(scratch, tmp_path):

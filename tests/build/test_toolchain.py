@@ -1,6 +1,7 @@
 """Backend and toolchain detection with stand-in rocm-sdk/hipcc/nvcc for the hardware we lack."""
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -104,6 +105,41 @@ def test_rocm_path_wins_and_archs_split_on_both_separators(tools, tmp_path):
     tc = toolchain.detect(settings(archs="gfx90a; gfx942,gfx90a"), env=env(ROCM_PATH=str(rocm)))
     assert tc.rocm_root == str(rocm) and tc.archs == ("gfx90a", "gfx942")
     assert toolchain.arch_flags(tc) == ["--offload-arch=gfx90a", "--offload-arch=gfx942"]
+
+
+def test_the_order_archs_are_written_in_changes_no_flag_recipe_or_cache_id(tools):
+    """GPU_ARCHS=sm_100;sm_120;sm_80;sm_90 (the identity's sorted list, which the release test set again) and
+    sm_80;sm_90;sm_100;sm_120 (how the build was asked) gave two recipe hashes: the flags named the archs in the order
+    written. Now every order is one build: the same archs, flags, recipe hash and cache id."""
+    from jatools.native import jit_build
+
+    bin_dir, settings, env = tools
+    _tool(bin_dir, "nvcc", NVCC)
+    seen = set()
+    for archs in ("sm_100;sm_120;sm_80;sm_90", "sm_80;sm_90;sm_100;sm_120", "120,90,sm_100,80"):
+        s = settings("cuda", archs)
+        tc = toolchain.detect(s, env=env())
+        ident = jit_build.derive_identity(s, tc, jit_build.recipe(s, tc)[0])
+        seen.add((tc.archs, tuple(toolchain.arch_flags(tc)), ident["recipe_hash"], ident["cache_id"]))
+    assert len(seen) == 1, seen
+    assert next(iter(seen))[0] == ("sm_80", "sm_90", "sm_100", "sm_120")
+    assert config.canonical_archs(["gfx950", "gfx90a", "gfx942", "gfx90a"]) == ("gfx90a", "gfx942", "gfx950")
+
+
+def test_the_release_and_the_tests_derive_one_cuda_identity_with_the_real_nvcc():
+    """Issue 84's order, with the CUDA toolkit installed here: `nox -s release` under JA_BACKEND=auto built for the
+    default archs (GPU_ARCHS unset), then the release test re-derived the identity from the record's archs
+    (GPU_ARCHS=sm_100;sm_120;sm_80;sm_90) and found another recipe hash. Both routes now give one cache id."""
+    from jatools.native import jit_build
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("no nvcc on PATH: the stand-in's test of the same orders runs instead")
+    env = {k: v for k, v in os.environ.items() if k not in ("GPU_ARCHS", "JA_BACKEND")}
+    built = jit_build.checkout_identity(config.load(env={**env, "JA_BACKEND": "cuda"}))[0]
+    again = jit_build.checkout_identity(config.load(env={**env, "JA_BACKEND": "cuda",
+                                                         "GPU_ARCHS": ";".join(built["gpu_archs"])}))[0]
+    assert built["gpu_archs"] == sorted(built["gpu_archs"]) and len(built["gpu_archs"]) > 1, built["gpu_archs"]
+    assert (again["recipe_hash"], again["cache_id"]) == (built["recipe_hash"], built["cache_id"])
 
 
 def test_therock_without_hipcc_on_path_is_an_error(tools, tmp_path):
@@ -218,7 +254,7 @@ def test_cuda_archs_from_the_gpus_present(tools):
     _tool(bin_dir, "nvidia-smi", '#!/bin/sh\n[ "$1" = --query-gpu=compute_cap ] || exit 9\necho 9.0\necho 8.0\n'
                                  'echo 9.0\n')
     tc = toolchain.detect(settings(), env=env())
-    assert tc.archs == ("sm_90", "sm_80")
+    assert tc.archs == ("sm_80", "sm_90")  # in the one order, whatever order the GPUs are listed in
     assert "GPU_ARCHS unset: sm_90;sm_80, the GPUs present (nvidia-smi)" in tc.how
     assert toolchain.detect(settings(archs="sm_86"), env=env()).archs == ("sm_86",)  # GPU_ARCHS wins
 

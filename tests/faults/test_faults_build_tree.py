@@ -2,25 +2,13 @@
 read-only (a bind mount) and a full 64 KiB tmpfs as JA_BUILD_DIR, built by the real make."""
 from __future__ import annotations
 
-import contextlib
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.build.scratch import env_for, make_scratch
-
-
-@contextlib.contextmanager
-def _mounted(args: list[str], where: Path, what: str):
-    where.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run(["mount", *args, str(where)], capture_output=True, text=True, check=False)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount {what} here ({r.stderr.strip() or 'not permitted'}); the fault needs one")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", str(where)], check=False)
+from tests.faults.mounts import fill, mounted
 
 
 def _make(root: Path, **env: str) -> subprocess.CompletedProcess:
@@ -32,7 +20,7 @@ def test_faults_read_only_checkout_is_one_clear_error(tmp_path):
     """make in a read-only checkout: two chained tracebacks and "No rule to make target build/config.mk". Now one
     line naming the folder, why and the fix (JA_BUILD_DIR), and make's own stop."""
     src = make_scratch(tmp_path / "src")
-    with _mounted(["--bind", str(src)], tmp_path / "ro", "a bind mount") as ro:
+    with mounted(["--bind", str(src)], tmp_path / "ro", "a bind mount") as ro:
         if subprocess.run(["mount", "-o", "remount,bind,ro", str(ro)], check=False).returncode != 0:
             pytest.skip("cannot remount the bind mount read-only here")
         r = _make(ro)
@@ -49,12 +37,9 @@ def test_faults_full_disk_names_the_path(tmp_path):
     """JA_BUILD_DIR on a full disk: the first write (build/config.mk) failed with "No space left on device" and no
     path. Now the error names the file and the fix."""
     src = make_scratch(tmp_path / "src")
-    with _mounted(["-t", "tmpfs", "-o", "size=64k", "tmpfs"], tmp_path / "disk", "a small tmpfs") as disk:
+    with mounted(["-t", "tmpfs", "-o", "size=64k", "tmpfs"], tmp_path / "disk", "a small tmpfs") as disk:
         (disk / "aiter_build").mkdir()  # a build tree already (JA_BUILD_DIR outside the checkout must be one)
-        with contextlib.suppress(OSError), open(disk / "aiter_build" / "filler", "wb") as f:
-            while True:  # until the disk is full
-                f.write(bytes(4096))
-                f.flush()
+        fill(disk / "aiter_build" / "filler")
         r = _make(src, JA_BUILD_DIR=str(disk))
         assert r.returncode == 2, (r.stdout, r.stderr)
         assert f"error: cannot write {disk / 'config.mk'}: No space left on device; free some space there, or set " \

@@ -255,3 +255,30 @@ def test_faults_nox_names_a_pyproject_it_cannot_read(tmp_path):
         (f"nox: error: {root / 'pyproject.toml'} is not valid TOML: Cannot overwrite a value (at line "
         f"{(root / 'pyproject.toml').read_text().splitlines().index('backend = \"cpu\"') + 1}, column 16) (a syntax "
         "error, or a key or table given twice); fix the file (https://toml.io)")], r.stderr
+
+
+@pytest.mark.parametrize("argv", [["-m", "invoke", "--list"], ["-m", "jax_aiter", "info"],
+                                  ["-m", "jatools.release", "--dry-run"], ["-m", "jatools.native.build"],
+                                  ["ci/build.py", "--list"]],
+                         ids=["invoke", "info", "release", "native-build", "ci-build"])
+def test_faults_a_checkout_whose_pyproject_is_not_toml_says_so_in_one_line(tmp_path, argv):
+    """The probe broke the checkout's own pyproject.toml (the one beside the jax_aiter package): invoke, `python -m
+    jax_aiter info`, the release and the native build printed tomllib's raw traceback, which named neither the file
+    nor what to do. Now each prints one line naming the file, tomllib's line and column, and the fix."""
+    from tests.build.scratch import make_scratch
+
+    root = make_scratch(tmp_path / "src")
+    for extra in ("tasks.py", "ci"):
+        (shutil.copytree if (ROOT / extra).is_dir() else shutil.copy2)(ROOT / extra, root / extra)
+    text = (root / "pyproject.toml").read_text()
+    (root / "pyproject.toml").write_text(text.replace('name = "jax-aiter"', 'name = "jax-aiter', 1))
+    line = text.splitlines().index('name = "jax-aiter"') + 1
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("JA_")}, "JA_ROOT_DIR": str(root),
+           "JA_BACKEND": "cpu", "PYTHONPATH": str(root)}
+    r = subprocess.run([sys.executable, *argv], cwd=root, env=env, capture_output=True, text=True, timeout=300,
+                       check=False)
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    said = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(said) == 1 and f"{root / 'pyproject.toml'} is not valid TOML: " in said[0], r.stderr
+    assert f"(at line {line}, column " in said[0] and "fix the file" in said[0], said
+    assert not (root / "build" / "obj").exists()

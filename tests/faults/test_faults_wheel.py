@@ -4,6 +4,7 @@ a private copy of the wheel tests' CPU build (tests/wheel/conftest.py: its fixtu
 processes."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import zipfile
@@ -14,6 +15,7 @@ import pytest
 from jatools import config
 from jatools.wheel import wheel_build, wheel_contents, wheel_scan
 from jax_aiter.integrity import IntegrityError
+from tests.faults.mounts import fill, mounted
 from tests.wheel.conftest import EPOCH, ROOT, cpu_env
 from tests.wheel.wheel_plant import rewrite_wheel
 
@@ -82,6 +84,23 @@ def test_faults_wheel_that_fails_check_leaves_dist(build_copy, tmp_path):
     assert r.returncode == 1, r.stdout + r.stderr
     assert "but the versioned symbols need" in r.stderr and "it failed the checks above" in r.stderr, r.stderr
     assert sorted(dist.glob("*.whl")) == good, "only the good wheel stays"
+
+
+def test_faults_wheel_build_on_a_full_disk_names_the_path(build_copy, tmp_path):
+    """dist/ on a full disk (a real 64 KiB tmpfs): the wheel build said `[Errno 28] No space left on device` and no
+    path. Now one line names the wheel it could not write and the fix, and no temporary file is left there."""
+    with mounted(["-t", "tmpfs", "-o", "size=64k", "tmpfs"], tmp_path / "disk", "a small tmpfs") as disk:
+        fill(disk / "filler")
+        r = subprocess.run([sys.executable, "-m", "jatools.wheel.wheel_build", "--variant", "lite", "--dist",
+                            str(disk)], env=_env(build_copy), cwd=ROOT, capture_output=True, text=True, timeout=600,
+                           check=False)
+        left = sorted(p.name for p in disk.iterdir())
+    assert r.returncode == 2, r.stdout + r.stderr
+    said = [line for line in r.stderr.splitlines() if "error" in line]
+    assert len(said) == 1 and re.search(rf"wheel_build: error: cannot write {re.escape(str(disk))}/jax_aiter-\S+\.whl: "
+                                        r"No space left on device; free some space on its disk, or build the wheel "
+                                        r"into another folder \(--dist DIR\)", said[0]), r.stderr
+    assert "Traceback" not in r.stderr and not [n for n in left if ".tmp" in n], left
 
 
 def test_faults_check_refuses_jit_libraries_of_another_commit(build_copy, tmp_path):

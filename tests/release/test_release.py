@@ -117,10 +117,14 @@ def test_the_jit_steps_the_release_runs_take_the_flags_it_passes(action, flags):
 
 def test_verify_through_the_module_fails_on_a_changed_library(tmp_path):
     """The release's verify stage fails (exit 1, the file named) when a library differs from its record."""
-    from tests.tooling.jit_libs_support import make_checkout, write_build
+    from tests.tooling.jit_libs_support import (
+        checkout_identity,
+        make_checkout,
+        write_build,
+    )
 
     root = make_checkout(tmp_path / "repo")
-    ident = {"cache_id": "0" * 16}
+    ident = checkout_identity(root)
     jit_dir = root / "build" / "aiter_build"
     write_build(jit_dir, ident)
     env = {**os.environ, "JA_ROOT_DIR": str(root), "JA_BACKEND": "cpu", "PYTHONPATH": str(root)}
@@ -132,6 +136,32 @@ def test_verify_through_the_module_fails_on_a_changed_library(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "jatools.jitlibs", "verify"], cwd=root, env=env, capture_output=True,
                          text=True, timeout=120, check=False)
     assert bad.returncode == 1 and lib.name in bad.stderr and "jit.verify: error" in bad.stderr, bad.stderr
+
+
+def test_verify_fails_when_the_kernel_sources_changed_since_the_build(tmp_path):
+    """`invoke verify` passed libraries whose kernel sources had changed since they were built (the wheel build and
+    the loader caught it). Now it compares the record's identity with the checkout's, as the wheel build does: a
+    kernel edit (committed or not) fails it, naming the cache ids and the fix."""
+    from tests.tooling.jit_libs_support import (
+        checkout_identity,
+        git,
+        make_checkout,
+        write_build,
+    )
+
+    root = make_checkout(tmp_path / "repo")
+    write_build(root / "build" / "aiter_build", checkout_identity(root))
+    env = {**os.environ, "JA_ROOT_DIR": str(root), "JA_BACKEND": "cpu", "PYTHONPATH": str(root)}
+    verify = [sys.executable, "-m", "jatools.jitlibs", "verify"]
+    ok = subprocess.run(verify, cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert ok.returncode == 0 and "is this checkout's" in ok.stdout, ok.stdout + ok.stderr
+    kernel = next(p for p in sorted((root / "csrc" / "kernels").rglob("*")) if p.suffix in (".h", ".hpp", ".cpp"))
+    kernel.write_text(kernel.read_text() + "\n// changed after the build\n")
+    git(root, "commit", "-qam", "a kernel edit")
+    bad = subprocess.run(verify, cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "jit.verify: error: the JIT libraries (cache id " in bad.stderr and "are not this checkout's" in bad.stderr
+    assert "kernel_source_revision" in bad.stderr and "nox -s jit" in bad.stderr, bad.stderr
 
 
 def test_the_environment_report_the_ci_driver_wrote_is_taken_not_made_again(tmp_path, monkeypatch):

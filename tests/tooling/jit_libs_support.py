@@ -38,7 +38,8 @@ class FaultServer:
     "truncate" (full Content-Length, half the body, then close), "tamper" (one
     byte flipped), "slow" (small chunks with pauses), "trickle" (one byte every
     trickle_pause seconds: a server that never stalls long enough to time out), "gzip" (the body gzip-encoded,
-    Content-Encoding: gzip, though the client asked for none); a "_once" suffix applies it
+    Content-Encoding: gzip, though the client asked for none), "html" (a sign-in page, Content-Type: text/html, as a
+    captive portal or an expired login answers); a "_once" suffix applies it
     to the first request only; "huge" streams zeros (1 GiB, no Content-Length) until the client stops.
     Range requests get 206 (unless ignore_range: then 200 and the whole body, as some servers do;
     full_206: 206 carrying the whole body); redirect_to sends every GET there (302); PUT stores files.
@@ -93,6 +94,14 @@ class FaultServer:
                             server.sent[name] = server.sent.get(name, 0) + len(chunk)
                     except (BrokenPipeError, ConnectionResetError):
                         pass
+                    return
+                if mode == "html":
+                    page = b"<!DOCTYPE html>\n<html><head><title>Sign in</title></head><body>Sign in</body></html>\n"
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/html; charset=utf-8")
+                    self.send_header("Content-Length", str(len(page)))
+                    self.end_headers()
+                    self.wfile.write(page)
                     return
                 path = server.root / self.path.lstrip("/")
                 if mode == "404" or not path.is_file():

@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 from invoke import Context, Exit
 
+from jatools import config
 from jatools.jitlibs import merge
 from jatools.jitlibs import record as jit_record
+from jatools.native import jit_build
 from jax_aiter import reuse_gate
 from tests.tooling.jit_libs_support import (
     MODULES,
@@ -139,10 +141,17 @@ def test_invoke_task_merges_then_verify_passes_and_errors_exit_1(tmp_path, monke
     tasks = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tasks)
     assert "jit.merge-manifests" in tasks.ns.task_names
-    shards = make_shards(tmp_path)
+    # The shards of this checkout's ROCm build (verify compares the identity with the checkout's sources, as the
+    # merge job's checkout is the producer's); IDENT's made-up sources would be refused as another commit's.
+    ours = jit_build.checkout_identity(config.load(env={"JA_BACKEND": "rocm", "GPU_ARCHS": "gfx950"}, root=checkout))[0]
+    shards = make_shards(tmp_path, {m: ours for m in MODULES})
     tasks.jit_merge_manifests(Context(), from_=str(shards))
     tasks.jit_verify(Context())
     assert f"verify: {len(MODULES)} file(s) in {checkout / 'build/aiter_build'}" in capsys.readouterr().out
+    write_build(checkout / "build" / "aiter_build", IDENT)
+    with pytest.raises(Exit) as stale:  # libraries of other sources (IDENT's) are refused by name
+        tasks.jit_verify(Context())
+    assert "are not this checkout's" in str(stale.value.message) and "kernel_source_revision" in str(stale.value.message)
     odd = {**IDENT, "toolchain": {**IDENT["toolchain"], "cxx_version": "clang 20"}}
     monkeypatch.setenv("JA_TOOLCHAIN_STRICT", "1")
     with pytest.raises(Exit) as e:

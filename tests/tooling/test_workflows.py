@@ -479,3 +479,16 @@ def test_the_producers_shard_artifacts_use_the_build_folder_of_the_shards() -> N
     assert paths == {config.build_path("jit_shards").as_posix()}
     assert ("--from", config.build_path("jit_shards").as_posix()) == tuple(
         next(c for c in ci_build.dump_commands().splitlines() if "jit.merge-manifests" in c).split()[-2:])
+
+
+def test_the_release_restores_and_saves_no_compiler_cache() -> None:
+    """zizmor's cache-poisoning finding: the release job restored and saved a ccache folder through actions/cache, so a
+    cache another run wrote could feed compiles of a published wheel (and a tag run could only restore its tag's or
+    main's caches, which never held release entries). No release job uses actions/cache, or points the build at a
+    cache folder; a lookup-only actions/cache/restore would be the one allowed form."""
+    for job_id, job in load(ROOT / ".github" / "workflows" / "release.yml")["jobs"].items():
+        for step in job.get("steps", []):
+            uses = step.get("uses", "").split("@")[0]
+            assert uses in ("", "actions/cache/restore") or not uses.startswith("actions/cache"), (job_id, step)
+            assert "JA_COMPILER_CACHE_DIR" not in (step.get("env") or {}), (job_id, step)
+        assert "JA_COMPILER_CACHE_DIR" not in (job.get("env") or {}), job_id
