@@ -18,6 +18,7 @@ import pytest
 
 from jatools import config
 from jatools import release as release_mod
+from tests.release.standins import stand_in_wheel
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / os.environ.get("JA_BUILD_DIR", "build")
@@ -348,9 +349,8 @@ def test_a_ci_run_indexes_the_validated_files_under_its_commit(tmp_path):
     from jax_aiter.integrity import sha256_file
 
     root = tmp_path / "repo"
-    (root / "dist").mkdir(parents=True)
-    wheel = root / "dist" / "jax_aiter-0.1.0+cuda13.full-py3-none-any.whl"
-    wheel.write_bytes(b"the full wheel's bytes")
+    wheel = stand_in_wheel(root / "dist", "0.1.0+cuda13.full")
+    good = wheel.read_bytes()
     (root / ".gitignore").write_text("dist/\n")  # as the checkout's: the release's outputs are not tracked
     _git(tmp_path, "init", "-q", str(root))
     _git(root, "add", "-A")
@@ -364,14 +364,14 @@ def test_a_ci_run_indexes_the_validated_files_under_its_commit(tmp_path):
     store = tmp_path / "store"
     assert release.index_commit(store, root=root) == store / commit
     assert (store / commit / wheel.name).read_bytes() == wheel.read_bytes()
-    page = (store / "simple" / "jax-aiter" / "index.html").read_text()
-    assert f"../../{commit}/{wheel.name}#sha256={sha256_file(wheel)}" in page
+    page = (store / "cuda13" / "simple" / "jax-aiter" / "index.html").read_text()
+    assert f"../../../{commit}/{wheel.name}#sha256={sha256_file(wheel)}" in page
     pages = {p: p.read_bytes() for p in store.rglob("*") if p.is_file()}
 
     wheel.write_bytes(b"other bytes")
     with pytest.raises(release.ReleaseError, match="changed since the release run"):
         release.index_commit(store, root=root)
-    wheel.write_bytes(b"the full wheel's bytes")
+    wheel.write_bytes(good)
     (root / release.REPORT).write_text(json.dumps({**report, "ok": False}))
     with pytest.raises(release.ReleaseError, match="is not green"):
         release.index_commit(store, root=root)
