@@ -29,6 +29,7 @@ from jatools.wheel.wheel_layout import (
     python_packages,
 )
 from jatools.wheel.wheel_scan import (
+    REBUILD,
     WheelReadError,
     WheelScan,
     baked_identity,
@@ -298,13 +299,14 @@ def _runpath_problem(w: _Wheel, member: str, kind: str, entries: list[str], entr
     if target == ".." or target.startswith("../"):
         return f"{where} points outside the wheel ({target})"
     if target not in dirs:
-        w.report.notes.append(f"{where} names {target}/, which the wheel does not have (a build-tree folder; "
-                              f"harmless, the loader ignores it)")
+        return (f"{where} names {target}/, which the wheel does not have: an installed library would search a "
+                f"folder that is not there (a build-tree entry the wheel build makes $ORIGIN: "
+                f"jatools/wheel/runpath.py). Rebuild the wheel ({REBUILD})")
     return None
 
 
 def _runpath_rule(w: _Wheel) -> list[str]:
-    """Every RPATH/RUNPATH entry relative to $ORIGIN, inside the wheel, never a forbidden folder."""
+    """Every RPATH/RUNPATH entry relative to $ORIGIN, naming a folder the wheel has, never a forbidden one."""
     dirs = {str(d) for n in w.scanned.members for d in PurePosixPath(n).parents if d.parts}  # the wheel's folders
     return [problem for member, m in sorted(w.scanned.members.items()) if m.elf is not None
             for kind, entries in (("RPATH", m.elf.rpath), ("RUNPATH", m.elf.runpath)) for entry in entries

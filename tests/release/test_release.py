@@ -195,7 +195,8 @@ def test_upload_dry_run_accepts_green_and_refuses_modified_or_stale(scratch):
     ("umbrella", lambda r: _append(r / "csrc/common/errors.cpp", "this does not compile;\n"), "make"),
     ("jit", lambda r: _append(r / "csrc/kernels/rmsnorm/rmsnorm_fwd_cpu.inst.in", "nor does this;\n"),
      "invoke jit.fetch  (or nox -s jit)"),
-    ("floor+contents", None, "invoke floor -- "),
+    # an unearned platform tag: the wheel build refuses it itself (it never reaches floor+contents)
+    ("wheel_lite", None, "nox -s wheel_lite"),
 ])
 def test_planted_failure_stops_at_its_stage(scratch, stage, plant, rerun):
     saved = {p: p.read_bytes() for p in (scratch / "csrc/common/errors.cpp",
@@ -203,7 +204,7 @@ def test_planted_failure_stops_at_its_stage(scratch, stage, plant, rerun):
     try:
         if plant:
             plant(scratch)
-        env = {"JA_WHEEL_PLAT_NAME": "manylinux_2_17_x86_64"} if stage == "floor+contents" else {}
+        env = {"JA_WHEEL_PLAT_NAME": "manylinux_2_17_x86_64"} if stage == "wheel_lite" else {}
         out = release(scratch, **env)
         assert out.returncode == 1, out.stdout[-3000:]
         assert f"step {stage} failed" in out.stdout and f"re-run just this step: {rerun}" in out.stdout
