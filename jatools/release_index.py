@@ -59,9 +59,10 @@ from jatools import atomic_write
 from jatools.ci.local_store import SIMPLE_JSON as JSON_TYPE  # noqa: F401 (the media type the JSON pages are served as)
 from jax_aiter import folder_lock
 from jax_aiter.integrity import CHUNK, sha256_files
+from jax_aiter.lane import INDEX_ROOT
 
 API_VERSION = "1.1"  # PEP 700: files carry `size`, projects list their `versions`
-SIMPLE = "simple"
+SIMPLE = "simple"  # the all-lanes root an earlier writer made at <store>/simple (removed when found)
 RECORD = "published.json"  # <store>/<tag>/RECORD: what was published under the tag
 RECORD_SCHEMA = 1
 JOURNAL = ".adding-"  # <store>/<tag>/.adding-<pid>.json: the files an unfinished `add` put in place
@@ -368,19 +369,24 @@ def _swap_in(final: Path, build: Callable[[Path], list[Path]]) -> list[Path]:
     return written
 
 
+def lane_root(store: Path, lane: str) -> Path:
+    """A lane's index root in the store (jax_aiter/lane.py INDEX_ROOT: the runtime names it in its messages)."""
+    return Path(INDEX_ROOT.format(store=store, lane=lane))
+
+
 def _write_locked(store: Path, log: Log) -> list[Path]:
     found = entries(store)
     written = []
     for lane, projects in sorted(found.items()):
-        written += _swap_in(store / lane / SIMPLE, lambda tmp, projects=projects: write_root(tmp, projects))
+        written += _swap_in(lane_root(store, lane), lambda tmp, projects=projects: write_root(tmp, projects))
     for lane in sorted(set(_lanes()) - set(found)):
-        if (store / lane / SIMPLE).is_dir():  # no wheel of the lane is published any more (only by hand)
-            log(f"release_index: removing {store / lane / SIMPLE}: no published wheel of lane {lane}")
-            folder_lock.remove(store / lane / SIMPLE)
+        if lane_root(store, lane).is_dir():  # no wheel of the lane is published any more (only by hand)
+            log(f"release_index: removing {lane_root(store, lane)}: no published wheel of lane {lane}")
+            folder_lock.remove(lane_root(store, lane))
     if (store / SIMPLE).is_dir():  # the one root over every lane an earlier writer made: installs pick a lane's
         log(f"release_index: removing {store / SIMPLE}, the index over every lane an earlier version wrote: an "
             f"unpinned install from it took the highest lane label, not the user's backend; each lane has its own "
-            f"root now ({', '.join(f'{store / lane / SIMPLE}' for lane in sorted(found))})")
+            f"root now ({', '.join(str(lane_root(store, lane)) for lane in sorted(found))})")
         folder_lock.remove(store / SIMPLE)
     return written
 
@@ -402,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ReleaseIndexError, OSError) as e:
         print(f"release_index: error: {e}", file=sys.stderr)
         return 1
-    roots = sorted({str(a.store / p.relative_to(a.store).parts[0] / SIMPLE) for p in written})
+    roots = sorted({str(lane_root(a.store, p.relative_to(a.store).parts[0])) for p in written})
     print(f"release_index: {len(written)} index files in {', '.join(roots) or 'no lane root (nothing published)'}",
           flush=True)
     return 0

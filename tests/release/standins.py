@@ -74,5 +74,5 @@ def published(*paths: Path) -> list[release_index.Published]:
 
 def pages(store: Path, lane: str) -> tuple[dict, str]:
     """(the JSON page, the HTML page) of jax-aiter in `lane`'s index root."""
-    folder = store / lane / release_index.SIMPLE / "jax-aiter"
+    folder = release_index.lane_root(store, lane) / "jax-aiter"
     return json.loads((folder / "index.json").read_text()), (folder / "index.html").read_text()
