@@ -218,7 +218,7 @@ def release_upload(c, tag, to="gh", dry_run=False, lane=None):
 
 
 @task(iterable=["lane"],
-      help={"to": "the store folder: the files go to <store>/<commit>/, the artifact index to <store>/simple/",
+      help={"to": "the store folder: the files go to <store>/<commit>/, the artifact index to <store>/<lane>/simple/",
             "lane": "a folder holding one lane's release report and files (repeatable; default dist/)"})
 def release_index(c, to="", lane=None):
     """Index the distributions of green `nox -s release` runs for the current commit under its name (a CI run's

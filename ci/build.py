@@ -200,7 +200,7 @@ RECORDS = config.build_path("ci_records")  # <build>.json per build, the environ
 # The release base URL is JA_FETCH_BASE_URL (the workflows set it; fetch, decide and the lite wheel read it).
 FETCH_JIT = Invoke("jit.fetch")
 RELEASE_LANES = config.build_path("release").as_posix() + "-lanes"
-# A store of releases (jatools/release_index.py: <store>/<tag or commit>/ and the artifact index <store>/simple/):
+# A store of releases (jatools/release_index.py: <store>/<tag or commit>/ and each lane's index <store>/<lane>/simple/):
 # the release's upload job writes one, and so does every run of the CUDA lane's PR GPU job (INDEX_COMMIT).
 RELEASE_STORE = config.build_path("release").as_posix() + "-store"
 # After the tier passed against the lane's installed wheel: the files `nox -s release` validated, under the commit's

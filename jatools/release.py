@@ -301,7 +301,8 @@ def validated_wheel(report_path: Path, lane: str, variant: str = "full") -> tupl
 def check_uploadable(root: Path, report_path: Path | None = None) -> dict:
     """The report (default <root>/dist/release-report.json; a lane's from another job: its dist folder's), if it
     shows every stage green for this commit and its distributions unchanged; else ReleaseError. Each artifact's
-    path is resolved beside the report (`files`: {name: path})."""
+    path is resolved beside the report (`files`: {name: path}; `recorded`: {name: the report's entry for it, its
+    sha256 and size}, what the index publishes)."""
     report_path = report_path or root / REPORT
     report = green_report(report_path)
     commit, dirty = commit_state(root)
@@ -312,10 +313,10 @@ def check_uploadable(root: Path, report_path: Path | None = None) -> dict:
         raise ReleaseError("the release was built from (or the checkout now has) uncommitted changes; commit them "
                            "and run `nox -s release`")
     sdists = [a for s in report["stages"] if s["name"] == "sdist" for a in s["artifacts"]]
-    report["files"] = {}
+    report["files"], report["recorded"] = {}, {}
     for w in [*report["wheels"], *sdists]:
         path = _unchanged(report_path, w)
-        report["files"][path.name] = path
+        report["files"][path.name], report["recorded"][path.name] = path, w
     return report
 
 
@@ -339,10 +340,14 @@ def validated_files(root: Path, lanes: list[Path] | None = None) -> tuple[list[d
     return reports, release_files(reports)
 
 
-def _index(store: Path, tag: str, files: list[Path]) -> None:
+def _index(store: Path, tag: str, reports: list[dict], files: list[Path]) -> None:
+    """Publish `files` under `tag` in the store, each with the sha256 and size its lane's report recorded (the
+    index writer copies and lists only those bytes: jatools/release_index.py)."""
     from jatools import release_index
+    recorded = {name: entry for r in reports for name, entry in r["recorded"].items()}
+    published = [release_index.Published(f, recorded[f.name]["sha256"], recorded[f.name].get("size")) for f in files]
     try:
-        release_index.add(store, tag, files)
+        release_index.add(store, tag, published)
     except release_index.ReleaseIndexError as e:
         raise ReleaseError(str(e)) from None
 
@@ -356,7 +361,7 @@ def index_commit(store: Path, root: Path | None = None, lanes: list[Path] | None
     reports, files = validated_files(root, lanes)
     commit = reports[0]["commit"]
     print(f"index: {len(files)} files of {commit[:12]} into {store}", flush=True)
-    _index(store, commit, files)
+    _index(store, commit, reports, files)
     return store / commit
 
 
@@ -391,7 +396,7 @@ def upload(tag: str, to: str = "gh", dry_run: bool = False, root: Path | None = 
         store = Path(to.removeprefix("file://"))
         print(("dry run: " if dry_run else "") + f"index: {len(files)} files of {tag} into {store}", flush=True)
         if not dry_run:
-            _index(store, tag, files)
+            _index(store, tag, reports, files)
         return []
     for cmd in cmds:
         print(("dry run: " if dry_run else "$ ") + " ".join(cmd), flush=True)

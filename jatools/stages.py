@@ -16,9 +16,9 @@ from pathlib import Path
 # (stage, module prefixes, what it is), in order: each stage may import only from itself and those above.
 STAGES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("runtime", ("jax_aiter",), "the shipped package: JAX, numpy and itself, never the tooling"),
-    ("base", ("jatools", "jatools.atomic_write", "jatools.config", "jatools.steps", "jatools.probe", "jatools.stages",
+    ("base", ("jatools", "jatools.atomic_write", "jatools.config", "jatools.steps", "jatools.stages",
               "jatools.private_dir"),
-     "settings, the one atomic write, the one step runner, the bounded tool probe, this table, private folders"),
+     "settings, the one atomic write, the one step runner, this table, private folders"),
     ("native-tools", ("jatools.native.toolchain", "jatools.native.compiler_cache", "jatools.native.jit_modules",
                       "jatools.native.jit_packages", "jatools.native.jit_ninja", "jatools.native.jit_build",
                       "jatools.native.tree_lock"),

@@ -105,8 +105,9 @@ def main(argv: list[str] | None = None) -> int:
                 "this jax-aiter is not an installed wheel (no jax_aiter/_build_identity.json), so there is no "
                 "identity to fetch for; in a source checkout "
                 f"{remedies.build_or_fetch(op_table.fetched_libraries(_loader.OPS))}")
-        if identity.get("variant") == "full":
-            _log("jax-aiter-fetch-mha: note: this is the +full wheel, which already ships the attention libraries")
+        if identity.get("variant") == "full":  # its pins name the shipped bytes (RUNPATHs made the wheel's), not a fetch's
+            print("jax-aiter-fetch-mha: nothing to fetch: this is the +full wheel, which ships the attention libraries")
+            return 0
         if not args.skip_arch_check:
             check_arch(identity)
         base = resolve_base_url(args.base_url, identity.get(BASE_URL_KEY))

@@ -10,7 +10,10 @@ gone is an error (exit 1). A closed pipe (`info | head`) ends it quietly.
 
 Reads the build identity baked into the wheel and asks the loader where it would
 find each library, without importing JAX, so it works (and is quick) even when
-JAX itself is broken, which is when people run it.
+JAX itself is broken, which is when people run it. The host's GPUs come from the
+drivers' tools (nvidia-smi, rocminfo: jax_aiter/host_gpus.py); a lane they do not
+fit (another backend's GPUs, or archs none of its code runs on: jax_aiter/lane.py)
+is a problem too (exit 1), with the command that installs the right lane.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import json
 import os
 import sys
 
-from jax_aiter import __version__, _loader, settings
+from jax_aiter import __version__, _loader, host_gpus, lane, settings
 
 IDENTITY_ORDER = ("version", "variant", "lane", "backend", "gpu_archs", "wheel_arch", "kernel_source_revision",
                   "recipe_hash", "cache_id", "ffi_api_version", "toolchain")
@@ -27,11 +30,13 @@ IDENTITY_ORDER = ("version", "variant", "lane", "backend", "gpu_archs", "wheel_a
 def collect(verify: bool = False) -> dict:
     """Everything `info` prints, as one JSON-ready dict."""
     identity = _loader.build_identity()
+    gpus, unknown = host_gpus.present()
     return {
         "version": __version__,
         "variant": (identity or {}).get("variant") or "source checkout",
         "package_dir": str(_loader.PACKAGE_DIR),
         "identity": identity,
+        "host_gpus": {"found": gpus, "probe_failures": unknown, "lane_problem": lane.host_mismatch(identity, gpus)},
         "fetch_cache": str(_loader.fetch_cache_dir(identity) or "") or None,
         "libraries": _loader.library_report(verify),
         "verified": verify,
@@ -52,6 +57,11 @@ def render(info: dict) -> str:
                 lines.append(f"  {key + ':':<24} {value}")
     else:
         lines.append("  identity: none baked in (a source checkout; libraries come from its build tree)")
+    host = info["host_gpus"]
+    seen = "; ".join(f"{b} {', '.join(a)}" for b, a in sorted(host["found"].items())) or "none found"
+    lines.append(f"  {'host GPUs:':<24} {seen}" + "".join(f" ({f})" for f in host["probe_failures"]))
+    if host["lane_problem"]:
+        lines.append(f"  PROBLEM: {host['lane_problem']}")
     if info["fetch_cache"]:
         lines.append(f"  {'fetch cache:':<24} {info['fetch_cache']}")
     lines.append("  libraries:")
@@ -76,8 +86,9 @@ def _count(names: list[str]) -> str:
 
 
 def failed(info: dict) -> bool:
-    """A library found is wrong, or one the wheel ships is gone."""
-    return any(lib.get("problems") or lib.get("required") for lib in info["libraries"])
+    """A library found is wrong, one the wheel ships is gone, or the lane does not fit the host's GPUs."""
+    return bool(info["host_gpus"]["lane_problem"]) or any(lib.get("problems") or lib.get("required")
+                                                          for lib in info["libraries"])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -217,8 +217,8 @@ SETTINGS: tuple[Setting, ...] = (
             key="sdist_exclude", rule="list"),
     Setting("JA_WHEEL_ARCH", "wheels and validation", "the GPU arch a wheel is for, recorded in its build "
             "identity (the JIT libraries must have been built for it)", rule="archs", accepts="one GPU arch"),
-    Setting("JA_WHEEL_PLAT_NAME", "wheels and validation", "the wheel's platform tag (checked against the "
-            "measured symbol floor)", default="the measured symbol floor", accepts="a manylinux tag"),
+    Setting("JA_WHEEL_PLAT_NAME", "wheels and validation", "the wheel's platform tag (every front-end refuses one "
+            "older than the measured symbol floor)", default="the measured symbol floor", accepts="a manylinux tag"),
     _n("SOURCE_DATE_EPOCH", "wheels and validation", "the timestamp of every wheel member", int, 0, 2**32 - 1,
        None, "seconds since 1970"),
     _n("", "wheels and validation", "libdeflate level of wheel members (--compress-level overrides)", int, 0, 12,

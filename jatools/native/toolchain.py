@@ -25,8 +25,8 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from jatools import atomic_write, config, probe
-from jax_aiter import op_table
+from jatools import atomic_write, config
+from jax_aiter import host_gpus, op_table
 from jax_aiter import settings as registry
 
 
@@ -174,25 +174,17 @@ def check_rocm_archs(hipcc: str, archs: list[str], env: dict[str, str]) -> None:
                                  "use an arch this ROCm release supports (e.g. gfx90a, gfx942) or a newer ROCm")
 
 
-# How each backend's tool names the archs of the GPUs present: nvidia-smi's compute capability (9.0 -> sm_90),
-# rocminfo's agent names (gfx942).
-ARCH_PROBES = {"cuda": (["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], r"\s*(\d+)\.(\d+)\s*"),
-               "rocm": (["rocminfo"], r"\s*Name:\s+(gfx[0-9a-f]+)\s*")}
-
-
 def present_archs(backend: str, env: dict[str, str]) -> tuple[tuple[str, ...], str]:
     """The archs of the GPUs on this host for `backend` (none when its tool is absent or fails) and a note saying
     where they came from, or why none did."""
-    cmd, pattern = ARCH_PROBES[backend]
-    if backend == "rocm" and (none := probe.no_amd_gpu(env)):
+    tool = host_gpus.ARCH_PROBES[backend][0][0]
+    if backend == "rocm" and (none := host_gpus.no_amd_gpu(env)):
         return (), f"GPU_ARCHS unset and {none}: the default archs"
-    lines = probe.tool_lines(cmd, env)
-    if not isinstance(lines, list):
-        return (), f"GPU_ARCHS unset and {lines or f'no {cmd[0]} on PATH'}: the default archs"
-    found = [m.groups() for m in map(re.compile(pattern).fullmatch, lines) if m]
-    archs = tuple(dict.fromkeys(f"sm_{m[0]}{m[1]}" if backend == "cuda" else m[0] for m in found))
-    return archs, (f"GPU_ARCHS unset: {';'.join(archs)}, the GPUs present ({cmd[0]})" if archs
-                   else f"GPU_ARCHS unset and {cmd[0]} lists no GPU: the default archs")
+    archs = host_gpus.gpu_archs(backend, env)
+    if not isinstance(archs, tuple):
+        return (), f"GPU_ARCHS unset and {archs or f'no {tool} on PATH'}: the default archs"
+    return archs, (f"GPU_ARCHS unset: {';'.join(archs)}, the GPUs present ({tool})" if archs
+                   else f"GPU_ARCHS unset and {tool} lists no GPU: the default archs")
 
 
 def detect(settings: config.Settings, env: dict[str, str] | None = None, which=shutil.which,

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from jatools.private_dir import PrivateDirError, own_folder
-from jatools.probe import no_amd_gpu, tool_lines
 from jax_aiter import settings
+from jax_aiter.host_gpus import no_amd_gpu, tool_lines
 
 GPU_COUNT_ENV = "JA_GPU_COUNT"          # override: number of GPUs (skips rocminfo / nvidia-smi)
 BACKEND_ENV = "JA_BACKEND"              # with the override: rocm makes them ROCm GPUs (else CUDA)

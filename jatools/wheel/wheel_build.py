@@ -17,6 +17,7 @@ import errno
 import importlib.metadata
 import json
 import os
+import shutil
 import sys
 import time
 from collections import Counter
@@ -106,6 +107,16 @@ def platform_tag(options: BuildOptions, libs: dict[str, Path]) -> tuple[str, str
     return wheel_floor.measure(infos, arch)[0], "measured symbol floor (auditwheel policy)"
 
 
+def earned(scanned: wheel_scan.WheelScan, tag_source: str) -> None:
+    """The platform tag the wheel is about to carry is earned by its libraries' versioned symbols (auditwheel's
+    sym_tag, jatools/wheel/wheel_floor.py), whatever set it and whichever front-end called; FloorError otherwise,
+    so no wheel with an unearned tag is written."""
+    report = wheel_floor.check_floor(scanned)
+    if not report.ok:
+        raise wheel_floor.FloorError(f"not written: the tag comes from {tag_source} and claims more than the "
+                                     f"libraries earn: {report.message}")
+
+
 def read_back(wheel: Path, written: list[WrittenMember], jit_members: dict[str, str],
               expectations: expect.JitExpectations, jobs: int | None,
               native: dict[str, dict] | None = None, staged: dict[str, str] | None = None) -> wheel_scan.WheelScan:
@@ -174,8 +185,9 @@ class _Verified:
     version: str
     libs: dict[str, Path]
     expectations: expect.JitExpectations
-    jit_members: dict[str, str]  # {member: JIT library}
-    native_members: dict[str, dict]  # {member: the entry make recorded for the umbrella or shim}
+    jit_members: dict[str, str]  # {member: JIT library} shipped as built
+    native_members: dict[str, dict]  # {member: the entry make recorded for the umbrella or shim} shipped as built
+    rewritten: dict[str, dict]  # {member: the entry of the copy whose RUNPATH the wheel build rewrote}
     identity: dict
     notes: list[str]
 
@@ -192,6 +204,7 @@ def _verify(settings: config.Settings, options: BuildOptions, layout: Layout,
             expectations: expect.JitExpectations | None, log: Callable[[str], None]) -> _Verified:
     variant = layout.variant(options.variant)
     project = project_table(settings.root)
+    wheel_stage.check_python_part(settings.root, layout)  # a wheel without its Python package is no wheel of ours
     libs = wheel_stage.library_sources(settings, layout, variant)  # a missing library fails first, naming its fix
     try:
         expectations = expectations or expect.expectations(settings)
@@ -204,13 +217,27 @@ def _verify(settings: config.Settings, options: BuildOptions, layout: Layout,
     native_names = [n for n in variant.libraries if layout.libraries[n].kind != "jit"]
     expectations, native = wheel_stage.verify_libraries(settings, variant, version, libs, jit_names, native_names,
                                                         expectations, log)
+    recorded = {**{n: expectations.entry(n) for n in jit_names}, **{n: native[n] for n in native_names}}
+    libs, rewritten = wheel_stage.ship(libs, recorded, ship_dir(settings, variant.name))
+    if rewritten:
+        notes.append(f"RUNPATH build-tree entries made $ORIGIN in {len(rewritten)} libraries (all are siblings in "
+                     f"{layout.lib_dir}/)")
     identity = wheel_stage.build_identity(expectations, version, variant, options.wheel_arch, native,
                                           settings.raw.get("jit_libs_base_url"), options.source_build, lane,
-                                          {b: lane.name for b, lane in layout.lanes.items()})
+                                          {b: lane.name for b, lane in layout.lanes.items()}, rewritten)
     if identity.get("kernel_source_dirty"):
         notes.append("the JIT libraries were built from uncommitted kernel sources (kernel_source_dirty)")
-    return _Verified(variant, project, version, libs, expectations, {layout.lib_member(n): n for n in jit_names},
-                     {layout.lib_member(n): native[n] for n in native_names}, identity, notes)
+    member = layout.lib_member
+    return _Verified(variant, project, version, libs, expectations,
+                     {member(n): n for n in jit_names if n not in rewritten},
+                     {member(n): native[n] for n in native_names if n not in rewritten},
+                     {member(n): e for n, e in rewritten.items()}, identity, notes)
+
+
+def ship_dir(settings: config.Settings, variant: str) -> Path:
+    """Where the rewritten copies of a build's libraries are made (in the stage folder, whose lock the build holds;
+    removed when the build ends, or by the next build when it was killed)."""
+    return settings.path("wheel_stage") / f".{variant}-ship.tmp-{os.getpid()}"
 
 
 def _stage(settings: config.Settings, options: BuildOptions, layout: Layout, v: _Verified,
@@ -246,6 +273,7 @@ def _pack(tmp: Path, settings: config.Settings, options: BuildOptions, layout: L
         # JIT libraries were just hashed against their record; that digest goes into RECORD
         # unhashed again, and the read-back proves the zipped bytes have it.
         known = {a: bytes.fromhex(v.expectations.entry(n)["sha256"]) for a, n in v.jit_members.items()}
+        known |= {a: bytes.fromhex(e["sha256"]) for a, e in v.rewritten.items()}
         zw.add_files(((arcname, path, mode, known.get(arcname)) for arcname, path, mode in members),
                      on_written=progress)
         return add_dist_info(zw, f"{file_name(v.project)}-{v.version}.dist-info", metadata,
@@ -256,12 +284,15 @@ def _build_locked(settings: config.Settings, options: BuildOptions, layout: Layo
                   expectations: expect.JitExpectations | None, log: Callable[[str], None]) -> BuildResult:
     t0 = time.monotonic()
     layout = layout or Layout.load()
-    v = _verify(settings, options, layout, expectations, log)
-    t_verify = time.monotonic()
     try:
-        s = _stage(settings, options, layout, v, log)
-    except OSError as e:
-        raise _unwritable(e, settings.path("wheel_stage"), "set JA_BUILD_DIR to a folder on another disk") from None
+        v = _verify(settings, options, layout, expectations, log)
+        t_verify = time.monotonic()
+        try:
+            s = _stage(settings, options, layout, v, log)
+        except OSError as e:
+            raise _unwritable(e, settings.path("wheel_stage"), "set JA_BUILD_DIR to a folder on another disk") from None
+    finally:  # the rewritten copies are hard-linked into the stage by now, or no longer needed
+        shutil.rmtree(ship_dir(settings, options.variant), ignore_errors=True)
     t_stage = time.monotonic()
     level = options.level or int(settings.raw["wheel_compress_level"])
     wheel = options.dist_dir / f"{file_name(v.project)}-{v.version}-py3-none-{s.tag}.whl"
@@ -271,7 +302,9 @@ def _build_locked(settings: config.Settings, options: BuildOptions, layout: Layo
         written = _pack(tmp, settings, options, layout, v, s, level, log)
         t_pack = time.monotonic()
         log(f"wheel_build: reading {tmp.name} back ({len(written) + 1} members)")
-        scanned = read_back(tmp, written, v.jit_members, v.expectations, options.jobs, v.native_members, s.digests)
+        staged = {**s.digests, **{m: e["sha256"] for m, e in v.rewritten.items()}}
+        scanned = read_back(tmp, written, v.jit_members, v.expectations, options.jobs, v.native_members, staged)
+        earned(replace(scanned, wheel=wheel), s.tag_source)
         os.replace(tmp, wheel)
     except OSError as e:
         tmp.unlink(missing_ok=True)

@@ -1,6 +1,7 @@
 """The content policy on a wheel read once (wheel_scan.py): jatools/wheel/wheel_layout.toml and the op table
 applied rule by rule (`CONTENTS_RULES`): members and RECORD, the pins, the dist-info, WHEEL, the variant's
-files, the build identity, the ELF rules and RUNPATHs. `invoke contents` runs it (wheel_checks.py).
+files, the build identity, the ELF rules, each library's GPU code against the lane's backend and archs, and
+RUNPATHs. `invoke contents` runs it (wheel_checks.py).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
+from jatools.wheel import device_code
 from jatools.wheel.wheel_layout import (
     SOURCE_VARIANT,
     Layout,
@@ -27,6 +29,7 @@ from jatools.wheel.wheel_layout import (
     python_packages,
 )
 from jatools.wheel.wheel_scan import (
+    REBUILD,
     WheelReadError,
     WheelScan,
     baked_identity,
@@ -35,6 +38,7 @@ from jatools.wheel.wheel_scan import (
     record_problems,
     scan,
 )
+from jax_aiter import remedies
 
 ORIGIN_TOKENS = ("$ORIGIN", "${ORIGIN}")
 IDENTITY_KEYS = ("version", "variant", "kernel_source_revision", "recipe_hash", "cache_id", "gpu_archs",
@@ -239,8 +243,45 @@ def _elf_rule(w: _Wheel) -> list[str]:
     return problems
 
 
+def _device_rule(w: _Wheel) -> list[str]:
+    """Each library's GPU code is its lane's (jatools/wheel/device_code.py): no other backend's; for a GPU lane,
+    every JIT library has its backend's code, and a library with such code has it for exactly the identity's
+    archs (an arch-specific variant, sm_90a, counts as its GPU's)."""
+    ident = w.identity[0] or {}
+    backend = ident.get("backend")
+    if backend not in BACKENDS:
+        return []  # the identity rule names that
+    lane, archs = ident.get("lane") or backend, [str(a) for a in ident.get("gpu_archs") or []]
+    want = {device_code.base_arch(a) for a in archs}
+    gpu = " GPU_ARCHS='" + ";".join(archs) + "'" if archs else ""
+    fix = f"rebuild the libraries for the lane (JA_BACKEND={backend}{gpu}: make, {remedies.door('jit')}, make ja_mods), then the wheel"
+    problems = []
+    for member, m in sorted(w.scanned.members.items()):
+        if m.elf is None:
+            continue
+        if m.elf.device_error:
+            problems.append(f"{m.elf.device_error}; {fix}")
+        problems += [f"{member} carries {other} GPU code ({', '.join(found) or 'no arch'}), but the wheel is the "
+                     f"{lane} lane (backend {backend}); {fix}" for other, found in m.elf.device.items()
+                     if other != backend]
+        spec = w.layout.libraries.get(posixpath.basename(member))
+        if backend == "cpu" or (found := m.elf.device.get(backend)) is None:
+            if backend != "cpu" and spec is not None and spec.kind == "jit":
+                problems.append(f"{member} has no {backend} GPU code, but the wheel is the {lane} lane (built for "
+                                f"{', '.join(archs) or 'no arch'}): a build for another backend labelled {lane}; {fix}")
+            continue
+        got = {device_code.base_arch(a) for a in found if not a.startswith("compute_")}
+        if got != want:
+            problems.append(f"{member} has {backend} code for {', '.join(sorted(got)) or 'no arch'}, but the wheel's "
+                            f"identity says {', '.join(archs) or 'no arch'}"
+                            + (f" (none for {', '.join(sorted(want - got))})" if want - got else "")
+                            + (f" (code for {', '.join(sorted(got - want))}, which it does not claim)"
+                               if got - want else "") + f"; {fix}")
+    return problems
+
+
 def _runpath_problem(w: _Wheel, member: str, kind: str, entries: list[str], entry: str, dirs: set[str]) -> str | None:
-    """What is wrong with one RPATH/RUNPATH entry (None: nothing; a harmless one becomes a note)."""
+    """What is wrong with one RPATH/RUNPATH entry (None: nothing)."""
     folder, bad = posixpath.dirname(member), [s for s in w.layout.runpath_forbidden if s in entry]
     token = next((t for t in ORIGIN_TOKENS if entry == t or entry.startswith(t + "/")), None)
     # Where an $ORIGIN entry points in the wheel ('..': outside it); None: not $ORIGIN-relative.
@@ -258,13 +299,14 @@ def _runpath_problem(w: _Wheel, member: str, kind: str, entries: list[str], entr
     if target == ".." or target.startswith("../"):
         return f"{where} points outside the wheel ({target})"
     if target not in dirs:
-        w.report.notes.append(f"{where} names {target}/, which the wheel does not have (a build-tree folder; "
-                              f"harmless, the loader ignores it)")
+        return (f"{where} names {target}/, which the wheel does not have: an installed library would search a "
+                f"folder that is not there (a build-tree entry the wheel build makes $ORIGIN: "
+                f"jatools/wheel/runpath.py). Rebuild the wheel ({REBUILD})")
     return None
 
 
 def _runpath_rule(w: _Wheel) -> list[str]:
-    """Every RPATH/RUNPATH entry relative to $ORIGIN, inside the wheel, never a forbidden folder."""
+    """Every RPATH/RUNPATH entry relative to $ORIGIN, naming a folder the wheel has, never a forbidden one."""
     dirs = {str(d) for n in w.scanned.members for d in PurePosixPath(n).parents if d.parts}  # the wheel's folders
     return [problem for member, m in sorted(w.scanned.members.items()) if m.elf is not None
             for kind, entries in (("RPATH", m.elf.rpath), ("RUNPATH", m.elf.runpath)) for entry in entries
@@ -273,7 +315,7 @@ def _runpath_rule(w: _Wheel) -> list[str]:
 
 # The content policy, rule by rule, in the order their problems are listed.
 CONTENTS_RULES = (_members_rule, _pins_rule, _dist_info_rule, _wheel_file_rule, _files_rule, _identity_rule,
-                  _elf_rule, _runpath_rule)
+                  _elf_rule, _device_rule, _runpath_rule)
 
 
 def check_contents(wheel: Path | WheelScan, layout: Layout | None = None) -> ContentsReport:

@@ -19,7 +19,7 @@ import posixpath
 import struct
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
@@ -32,6 +32,7 @@ from packaging.utils import (
     parse_wheel_filename,
 )
 
+from jatools.wheel import device_code
 from jatools.wheel.wheel_layout import Layout
 from jatools.wheel.zip_writer import LOCAL_HEADER, LOCAL_HEADER_SIGNATURE
 
@@ -53,9 +54,12 @@ class ElfDynamic:
     runpath: tuple[str, ...]
     # {needed library: sorted version names} as auditwheel counts them, e.g. {"libstdc++.so.6": ["GLIBCXX_3.4.29"]}
     version_needs: dict[str, list[str]]
+    # {backend: archs} of the GPU code it carries (jatools/wheel/device_code.py), e.g. {"cuda": ("sm_80", "sm_90a")}
+    device: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    device_error: str | None = None  # a device-code section that cannot be read
 
 
-def read_dynamic(path: str | Path, stream: BinaryIO | _ReadOnlyView | None = None) -> ElfDynamic:
+def read_dynamic(path: str | Path, stream: BinaryIO | ReadOnlyView | None = None) -> ElfDynamic:
     """Parse the ELF file at `path` (or `stream`, named `path` in errors); ValueError when it is not one."""
     try:
         with contextlib.ExitStack() as stack:
@@ -70,13 +74,24 @@ def read_dynamic(path: str | Path, stream: BinaryIO | _ReadOnlyView | None = Non
             versions: dict[str, set[str]] = {}
             for lib, version in elf_find_versioned_symbols(elf):
                 versions.setdefault(lib, set()).add(version)
+            sections = {s.name: (s["sh_offset"], s["sh_size"]) for s in elf.iter_sections()
+                        if s.name in device_code.SECTIONS}
+            device, device_error = {}, None
+            if sections:
+                buffer = stream._view if isinstance(stream, ReadOnlyView) else stack.enter_context(
+                    mmap.mmap(elf.stream.fileno(), 0, access=mmap.ACCESS_READ))
+                try:
+                    device = device_code.device_archs(buffer, sections)
+                except device_code.DeviceCodeError as e:
+                    device_error = f"{path}: {e}"
             return ElfDynamic(elf["e_machine"], (values("DT_SONAME") or [None])[-1], tuple(values("DT_NEEDED")),
-                              rpath, runpath, {lib: sorted(v) for lib, v in sorted(versions.items())})
+                              rpath, runpath, {lib: sorted(v) for lib, v in sorted(versions.items())}, device,
+                              device_error)
     except (ELFError, OSError) as e:
         raise ValueError(f"{path}: not a readable ELF shared library ({e})") from e
 
 
-class _ReadOnlyView:
+class ReadOnlyView:
     """A file over a buffer for pyelftools (seek, tell, read), without the copy io.BytesIO makes of the
     bytearray libdeflate returns: a library's bytes are held once, however large."""
 
@@ -154,7 +169,7 @@ def scan(wheel: Path, workers: int | None = None) -> WheelScan:
                     if data[:4] != ELF_MAGIC:
                         return Member(name, size, digest, bytes(data))
                     try:
-                        return Member(name, size, digest, elf=read_dynamic(name, _ReadOnlyView(data)))
+                        return Member(name, size, digest, elf=read_dynamic(name, ReadOnlyView(data)))
                     except ValueError as e:
                         return Member(name, size, digest, elf_error=str(e))
                 except (zipfile.BadZipFile, deflate.DeflateError, EOFError, OSError, struct.error) as e:

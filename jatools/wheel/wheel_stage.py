@@ -5,6 +5,7 @@ identity the wheel carries (with the pins of every library it loads), and the st
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from jatools import config
 from jatools.jitlibs import expect
+from jatools.wheel import runpath
 from jatools.wheel.dist_metadata import (
     FILE_MODE,
     LIB_MODE,
@@ -50,6 +52,24 @@ def library_sources(settings: config.Settings, layout: Layout, variant: Variant)
     return paths
 
 
+def check_python_part(root: Path, layout: Layout) -> list[str]:
+    """The wheel's Python files (every module of the packages pyproject's [tool.jax-aiter] `packages` lists);
+    WheelBuildError when that list is empty, names a folder that is no package, or leaves out a module every
+    wheel holds (jatools/wheel/wheel_layout.toml [files] required), instead of a wheel with no Python package."""
+    packages = python_packages(root)
+    not_packages = [p for p in packages if not (root / p.replace(".", "/") / "__init__.py").is_file()]
+    files = python_files(root)
+    missing = [f for f in layout.required_files if f.endswith(".py") and f not in files]
+    if not packages or not_packages or missing:
+        why = ("lists no package" if not packages else
+               f"names {', '.join(not_packages)}, which {'is' if len(not_packages) == 1 else 'are'} no package (no "
+               "__init__.py)" if not_packages else f"leaves out {', '.join(missing)}")
+        raise WheelBuildError(f"pyproject.toml [tool.jax-aiter] packages = {json.dumps(packages)} {why}: the wheel "
+                              f"would lack the Python package every wheel holds ({', '.join(layout.required_files[:2])}"
+                              ", ...). List jax_aiter and its subpackages there (as the checkout's pyproject.toml does)")
+    return files
+
+
 def lane_of(layout: Layout, expectations: expect.JitExpectations) -> Lane:
     """The lane of the JIT libraries' backend; WheelBuildError when they were compiled by a GPU toolkit of another
     major version than the lane is named for (a CUDA 12 build is no cuda13 wheel)."""
@@ -65,12 +85,41 @@ def lane_of(layout: Layout, expectations: expect.JitExpectations) -> Lane:
     return lane
 
 
+def ship(libs: dict[str, Path], recorded: dict[str, dict], work: Path) -> tuple[dict[str, Path], dict[str, dict]]:
+    """The bytes each library ships with: as built (and recorded), or, where its RUNPATH names build-tree folders
+    the wheel does not have, a copy in `work` with those entries made `$ORIGIN` (jatools/wheel/runpath.py), made
+    from bytes that hash to their record. Returns ({name: the file to stage}, {name: {name, size, sha256} of each
+    rewritten copy}); the read-back holds the wheel to those digests."""
+    paths, rewritten = dict(libs), {}
+    for name, src in sorted(libs.items()):
+        try:
+            if not runpath.needs_rewrite(src):
+                continue
+            with open(src, "rb") as f:  # read once into a buffer rewritten in place: a large library is held once
+                data = bytearray(os.fstat(f.fileno()).st_size)
+                f.readinto(data)
+            if hashlib.sha256(data).hexdigest() != recorded[name]["sha256"]:
+                raise IntegrityError(f"{src} changed after it was verified (sha256 no longer "
+                                     f"{recorded[name]['sha256']}, its record's): another process is writing the "
+                                     "build tree; build again")
+            runpath.for_wheel(data, str(src))
+        except (runpath.RunpathError, ValueError) as e:
+            raise WheelBuildError(str(e)) from None
+        work.mkdir(parents=True, exist_ok=True)
+        (work / name).write_bytes(data)
+        paths[name] = work / name
+        rewritten[name] = {"name": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    return paths, rewritten
+
+
 def build_identity(expectations: expect.JitExpectations, version: str, variant: Variant,
                    wheel_arch: str | None, native: dict[str, dict], base_url: str | None,
-                   source_build: bool = False, lane: Lane | None = None, lanes: dict[str, str] | None = None) -> dict:
+                   source_build: bool = False, lane: Lane | None = None, lanes: dict[str, str] | None = None,
+                   shipped: dict[str, dict] | None = None) -> dict:
     """The identity baked into the wheel: the JIT libraries' identity plus what this wheel is, the pins
-    ({name, size, sha256} of every JIT library of its cache id and of the `native` libraries it ships: the
-    loader and jax-aiter-fetch-mha accept only those bytes) and the base URL jax-aiter-fetch-mha fetches from."""
+    ({name, size, sha256} of every JIT library of its cache id and of the `native` libraries it ships, `shipped`
+    where the wheel's bytes are a rewritten copy (`ship`): the loader and jax-aiter-fetch-mha accept only those
+    bytes) and the base URL jax-aiter-fetch-mha fetches from."""
     ident = dict(expectations.identity)
     archs = list(ident.get("gpu_archs") or [])
     if wheel_arch and any(a not in archs for a in config.split_archs(wheel_arch)):
@@ -82,7 +131,8 @@ def build_identity(expectations: expect.JitExpectations, version: str, variant: 
     ident.update(schema=IDENTITY_SCHEMA, version=version, variant=variant.name, lane=lane.name if lane else None,
                  lanes=dict(lanes or {}),
                  wheel_arch=";".join(config.split_archs(wheel_arch)) if wheel_arch else (";".join(archs) or None),
-                 pins=sorted([*expectations.entries.values(), *native.values()], key=lambda e: e["name"]))
+                 pins=sorted({e["name"]: e for e in [*expectations.entries.values(), *native.values(),
+                                                     *(shipped or {}).values()]}.values(), key=lambda e: e["name"]))
     if base_url:
         ident[BASE_URL_KEY] = base_url
     if source_build:  # built from the sdist on the installing machine, not a release build (docs/wheels.md)

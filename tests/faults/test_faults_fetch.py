@@ -60,6 +60,17 @@ def _fetch_mha(idf: Path, dest: Path, *args: str, env: dict | None = None, **kw)
                   env, **kw)
 
 
+def test_a_full_wheel_has_nothing_to_fetch(release, server, tmp_path):
+    """The +full wheel ships the attention libraries (their pins name its own bytes, with the wheel's RUNPATH), so
+    jax-aiter-fetch-mha says so and asks the store nothing."""
+    ident, manifest = release
+    idf = _identity_file(tmp_path, ident, manifest, server.url)
+    idf.write_text(json.dumps({**json.loads(idf.read_text()), "variant": "full"}))
+    r = _fetch_mha(idf, tmp_path / "dest", "--skip-arch-check")
+    assert r.returncode == 0 and "nothing to fetch: this is the +full wheel" in r.stdout, r.stdout + r.stderr
+    assert not server.sent and not (tmp_path / "dest").exists()
+
+
 def test_faults_endless_manifest_is_refused_while_streaming(release, server, tmp_path):
     """1 GiB behind the manifest's URL: refused after the cap, in a process that stays small."""
     ident, _ = release

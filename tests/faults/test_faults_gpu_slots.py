@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from jatools import probe
 from jatools.testing import gpu_slots
+from jax_aiter import host_gpus as probe
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNNER = ("-m", "ci.parallel_gpu_execute")  # run from the checkout root (cwd=ROOT)

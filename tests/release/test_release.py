@@ -18,6 +18,7 @@ import pytest
 
 from jatools import config
 from jatools import release as release_mod
+from tests.release.standins import stand_in_wheel
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / os.environ.get("JA_BUILD_DIR", "build")
@@ -224,7 +225,8 @@ def test_upload_dry_run_accepts_green_and_refuses_modified_or_stale(scratch):
     ("umbrella", lambda r: _append(r / "csrc/common/errors.cpp", "this does not compile;\n"), "make"),
     ("jit", lambda r: _append(r / "csrc/kernels/rmsnorm/rmsnorm_fwd_cpu.inst.in", "nor does this;\n"),
      "invoke jit.fetch  (or nox -s jit)"),
-    ("floor+contents", None, "invoke floor -- "),
+    # an unearned platform tag: the wheel build refuses it itself (it never reaches floor+contents)
+    ("wheel_lite", None, "nox -s wheel_lite"),
 ])
 def test_planted_failure_stops_at_its_stage(scratch, stage, plant, rerun):
     saved = {p: p.read_bytes() for p in (scratch / "csrc/common/errors.cpp",
@@ -232,7 +234,7 @@ def test_planted_failure_stops_at_its_stage(scratch, stage, plant, rerun):
     try:
         if plant:
             plant(scratch)
-        env = {"JA_WHEEL_PLAT_NAME": "manylinux_2_17_x86_64"} if stage == "floor+contents" else {}
+        env = {"JA_WHEEL_PLAT_NAME": "manylinux_2_17_x86_64"} if stage == "wheel_lite" else {}
         out = release(scratch, **env)
         assert out.returncode == 1, out.stdout[-3000:]
         assert f"step {stage} failed" in out.stdout and f"re-run just this step: {rerun}" in out.stdout
@@ -378,9 +380,8 @@ def test_a_ci_run_indexes_the_validated_files_under_its_commit(tmp_path):
     from jax_aiter.integrity import sha256_file
 
     root = tmp_path / "repo"
-    (root / "dist").mkdir(parents=True)
-    wheel = root / "dist" / "jax_aiter-0.1.0+cuda13.full-py3-none-any.whl"
-    wheel.write_bytes(b"the full wheel's bytes")
+    wheel = stand_in_wheel(root / "dist", "0.1.0+cuda13.full")
+    good = wheel.read_bytes()
     (root / ".gitignore").write_text("dist/\n")  # as the checkout's: the release's outputs are not tracked
     _git(tmp_path, "init", "-q", str(root))
     _git(root, "add", "-A")
@@ -394,14 +395,14 @@ def test_a_ci_run_indexes_the_validated_files_under_its_commit(tmp_path):
     store = tmp_path / "store"
     assert release.index_commit(store, root=root) == store / commit
     assert (store / commit / wheel.name).read_bytes() == wheel.read_bytes()
-    page = (store / "simple" / "jax-aiter" / "index.html").read_text()
-    assert f"../../{commit}/{wheel.name}#sha256={sha256_file(wheel)}" in page
+    page = (store / "cuda13" / "simple" / "jax-aiter" / "index.html").read_text()
+    assert f"../../../{commit}/{wheel.name}#sha256={sha256_file(wheel)}" in page
     pages = {p: p.read_bytes() for p in store.rglob("*") if p.is_file()}
 
     wheel.write_bytes(b"other bytes")
     with pytest.raises(release.ReleaseError, match="changed since the release run"):
         release.index_commit(store, root=root)
-    wheel.write_bytes(b"the full wheel's bytes")
+    wheel.write_bytes(good)
     (root / release.REPORT).write_text(json.dumps({**report, "ok": False}))
     with pytest.raises(release.ReleaseError, match="is not green"):
         release.index_commit(store, root=root)

@@ -172,8 +172,9 @@ def test_the_release_checks_its_tag_first_and_attests_its_assets() -> None:
     attest = [s for s in upload["steps"] if s.get("uses", "").startswith("actions/attest-build-provenance@")]
     store = ci_build.RELEASE_STORE
     subjects = attest[0]["with"]["subject-path"].split() if attest else []
-    assert {f"{store}/*/*.whl", f"{store}/*/*.tar.gz", f"{store}/simple/**/index.html",
-            f"{store}/simple/**/index.json"} <= set(subjects), "every lane's files and the index are attested"
+    assert {f"{store}/*/*.whl", f"{store}/*/*.tar.gz", f"{store}/*/published.json", f"{store}/*/simple/**/index.html",
+            f"{store}/*/simple/**/index.json"} <= set(subjects), \
+        "every lane's files, the records of what was published and each lane's index are attested"
     assert upload["permissions"] == {"contents": "write", "id-token": "write", "attestations": "write"}
     runs = [s["run"] for s in upload["steps"] if "run" in s]
     at = upload["steps"].index(attest[0])

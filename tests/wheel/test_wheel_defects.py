@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from wheel_plant import patch_dynamic_string, rewrite_wheel
 import tasks
 from jatools.jitlibs import expect
 from jatools.wheel import (
+    runpath,
     wheel_build,
     wheel_checks,
     wheel_contents,
@@ -67,8 +69,9 @@ def test_jit_library_changed_after_staging_is_caught_by_the_read_back(build_copy
         return stage_dir, how, digests
 
     monkeypatch.setattr(wheel_stage, "stage", stage_then_tamper)
-    with pytest.raises(IntegrityError, match=r"whl.tmp-\d+:jax_aiter/_lib/librmsnorm_fwd.so: sha256 \w+ does not match "
-                                             r"\w+ recorded in .*build_record.json; the JIT library changed"):
+    # the wheel's copy is the recorded library with its RUNPATH made the wheel's (runpath.py), held to that digest
+    with pytest.raises(IntegrityError, match=r"whl.tmp-\d+:jax_aiter/_lib/librmsnorm_fwd.so: \w+, but staging wrote "
+                                             r"sha256 \w+: the stage was changed after staging"):
         build(build_copy, _opts(tmp_path), layout=layout)
     assert _no_wheels(tmp_path), "the temporary wheel is removed, no wheel appears"
 
@@ -218,8 +221,9 @@ def test_faults_shim_without_a_link_record_is_refused(build_copy, layout, tmp_pa
 
 
 def test_faults_lite_wheel_pins_every_library_and_bakes_the_base_url(build_copy, layout, tmp_path):
-    """The identity inside the wheel pins each library it ships (as linked / built) and each JIT library of its
-    cache id (the attention ones it fetches), and names pyproject's jit_libs_base_url."""
+    """The identity inside the wheel pins each library it ships (as linked / built, with the RUNPATH the wheel
+    needs: runpath.py) and each JIT library of its cache id (the attention ones it fetches, as published), and
+    names pyproject's jit_libs_base_url."""
     wheel = build(build_copy, _opts(tmp_path), layout=layout).wheel
     with zipfile.ZipFile(wheel) as z:
         ident = json.loads(z.read(layout.identity_file))
@@ -232,7 +236,14 @@ def test_faults_lite_wheel_pins_every_library_and_bakes_the_base_url(build_copy,
     assert shipped <= set(pins)
     assert {n for n in want if n.startswith("lib") and n not in shipped} <= set(pins)  # the fetched ones too
     for name, pin in pins.items():
-        assert pin == {"name": name, "size": want[name]["size"], "sha256": want[name]["sha256"]}
+        if name not in shipped:  # fetched: the published bytes, as recorded
+            assert pin == {"name": name, "size": want[name]["size"], "sha256": want[name]["sha256"]}
+            continue
+        folder = build_copy.jit_dir if name.startswith("lib") and name != "libjax_aiter.so" else build_copy.umbrella_dir
+        data = bytearray((folder / name).read_bytes())
+        assert hashlib.sha256(data).hexdigest() == want[name]["sha256"]
+        runpath.for_wheel(data, name)
+        assert pin == {"name": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
 def _dead_pid() -> int:
@@ -295,7 +306,12 @@ def test_contents_catches_an_external_library_outside_the_allowlist(build_copy, 
 # --- platform tag older than the symbols allow ----------------------------------------------------------------
 
 def test_floor_catches_manylinux_2_28_with_glibcxx_3_4_29(native_build, layout, tmp_path):
-    wheel = build(native_build, _opts(tmp_path, plat_name="manylinux_2_28_x86_64"), layout=layout).wheel
+    """A wheel retagged after its build (the build itself never writes an unearned tag) fails the floor check."""
+    built = build(native_build, _opts(tmp_path), layout=layout).wheel
+    wheel = tmp_path / built.name.replace(built.name.rsplit("-", 1)[1], "manylinux_2_28_x86_64.whl")
+    wheel_text = next(n for n in zipfile.ZipFile(built).namelist() if n.endswith(".dist-info/WHEEL"))
+    rewrite_wheel(built, wheel, put={wheel_text: zipfile.ZipFile(built).read(wheel_text).replace(
+        b"manylinux_2_34_x86_64", b"manylinux_2_28_x86_64")})
     report = wheel_floor.check_floor(wheel)
     assert not report.ok
     msg = report.message

@@ -9,8 +9,7 @@ import json
 import zipfile
 from pathlib import Path
 
-from elftools.elf.dynamic import DynamicSection
-from elftools.elf.elffile import ELFFile
+from jatools.wheel.runpath import RunpathError, set_dynamic_string
 
 IDENTITY = "jax_aiter/_build_identity.json"
 
@@ -53,22 +52,15 @@ def rewrite_wheel(src: Path, dst: Path, drop: tuple[str, ...] = (), put: dict[st
 
 def patch_dynamic_string(path: Path, tag: str, old: str, new: str, as_linked: bool = False) -> None:
     """Overwrite the .dynstr string that dynamic entry `tag` (DT_RUNPATH, DT_NEEDED...) points at and that
-    equals `old` with `new` (NUL-padded; must not be longer), as chrpath does, in place. `as_linked`: record the
-    new bytes in the folder's build record, as make does after a link (the defect came from the link line)."""
-    if len(new) > len(old):
-        raise ValueError(f"{new!r} is longer than {old!r}")
-    with open(path, "rb") as f:
-        elf = ELFFile(f)
-        dynamic = next(s for s in elf.iter_sections() if isinstance(s, DynamicSection))
-        strtab = elf.get_section_by_name(".dynstr")
-        offsets = [strtab["sh_offset"] + t.entry.d_val for t in dynamic.iter_tags()
-                   if t.entry.d_tag == tag and strtab.get_string(t.entry.d_val) == old]
-    if not offsets:
-        raise ValueError(f"{path}: no {tag} entry {old!r}")
-    blob = bytearray(path.read_bytes())
-    for off in offsets:
-        blob[off:off + len(old)] = new.encode().ljust(len(old), b"\0")
-    path.write_bytes(bytes(blob))
+    equals `old` with `new` (NUL-padded; must not be longer), as chrpath does, in place (the wheel build's own
+    rewrite: jatools/wheel/runpath.py). `as_linked`: record the new bytes in the folder's build record, as make
+    does after a link (the defect came from the link line)."""
+    data = bytearray(path.read_bytes())
+    try:
+        set_dynamic_string(data, tag, old, new, str(path))
+    except RunpathError as e:
+        raise ValueError(str(e)) from None
+    path.write_bytes(bytes(data))
     if as_linked:
         from jax_aiter.integrity import record_files
 

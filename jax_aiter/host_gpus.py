@@ -1,9 +1,11 @@
-"""Ask a machine tool (nvidia-smi, rocminfo) a question, with a bound: the GPU slots and the toolchain's arch
-detection both probe the host this way. Standard library only (the pytest plugin loads it in every worker).
+"""The GPUs this host has, asked of the drivers' tools (nvidia-smi, rocminfo) with a bound, without JAX: the GPU
+slots, the toolchain's arch detection and `python -m jax_aiter info` all probe the host this way. Standard library
+only (the pytest plugin loads it in every worker, and the installed package's `info` runs it).
 """
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 
@@ -40,3 +42,36 @@ def tool_lines(cmd: list[str], env: dict[str, str]) -> list[str] | str | None:
         said = (stderr.strip() or stdout.strip()).splitlines()[:1]
         return f"`{shown}` exited with status {proc.returncode}" + (f" ({said[0][:200]})" if said else "")
     return stdout.splitlines()
+
+
+# How each backend's tool names the archs of the GPUs present: nvidia-smi's compute capability (9.0 -> sm_90),
+# rocminfo's agent names (gfx942).
+ARCH_PROBES = {"cuda": (["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], r"\s*(\d+)\.(\d+)\s*"),
+               "rocm": (["rocminfo"], r"\s*Name:\s+(gfx[0-9a-f]+)\s*")}
+
+
+def gpu_archs(backend: str, env: dict[str, str]) -> tuple[str, ...] | str | None:
+    """The archs of this host's GPUs of `backend` (sm_90, gfx950; () when its tool lists none or, for ROCm, there
+    is no /dev/kfd); None when its tool is not installed; a str saying how the tool failed."""
+    cmd, pattern = ARCH_PROBES[backend]
+    if backend == "rocm" and no_amd_gpu(env):
+        return ()
+    lines = tool_lines(cmd, env)
+    if not isinstance(lines, list):
+        return lines
+    found = [m.groups() for m in map(re.compile(pattern).fullmatch, lines) if m]
+    return tuple(dict.fromkeys(f"sm_{m[0]}{m[1]}" if backend == "cuda" else m[0] for m in found))
+
+
+def present(env: dict[str, str] | None = None) -> tuple[dict[str, tuple[str, ...]], list[str]]:
+    """({backend: archs} of the GPUs this host has, [how a probe failed]); a backend with no GPU is absent."""
+    env = dict(os.environ if env is None else env)
+    found: dict[str, tuple[str, ...]] = {}
+    failed = []
+    for backend in ARCH_PROBES:
+        archs = gpu_archs(backend, env)
+        if isinstance(archs, str):
+            failed.append(archs)
+        elif archs:
+            found[backend] = archs
+    return found, failed
