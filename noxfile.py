@@ -19,7 +19,7 @@ from jatools.config import SettingError, python_version, read_pyproject
 from jatools.native import tree_lock
 from jatools.native.jit_packages import is_headers_only
 from jatools.testing.tag_filters import DEFAULT_TIER, TIER_ENV, TIERS
-from jax_aiter.folder_lock import FolderLockError
+from jax_aiter.download.folder_lock import FolderLockError
 
 nox.needs_version = ">=2024.4.15"
 nox.options.default_venv_backend = "uv|venv"

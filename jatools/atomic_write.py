@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from jax_aiter import folder_lock
+from jax_aiter.download import folder_lock
 
 _PID_SUFFIX = re.compile(r"\.(?:tmp|old)-?(\d+)$")
 

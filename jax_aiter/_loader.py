@@ -29,8 +29,9 @@ import threading
 import warnings
 from pathlib import Path
 
-from jax_aiter import integrity, lane, op_table, remedies, settings, trust
-from jax_aiter.manifest import MANIFEST_NAME
+from jax_aiter import integrity, lane, op_table, remedies, settings
+from jax_aiter.download import trust
+from jax_aiter.download.manifest import MANIFEST_NAME
 
 log = logging.getLogger("jax_aiter")
 

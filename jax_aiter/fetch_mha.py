@@ -22,16 +22,16 @@ import sys
 from pathlib import Path
 
 from jax_aiter import _loader, op_table, remedies, settings
-from jax_aiter.fetch import (
+from jax_aiter.download.manifest import ManifestError
+from jax_aiter.download.release import fetch_release
+from jax_aiter.download.transfer import (
     ENV_BASE_URL,
     ENV_RETRIES,
     ENV_TIMEOUT,
     FetchError,
     FetchOptions,
-    fetch_release,
     resolve_base_url,
 )
-from jax_aiter.manifest import ManifestError
 
 BASE_URL_KEY = "fetch_base_url"  # the wheel's baked default base URL
 

@@ -23,7 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from jax_aiter import folder_lock, remedies
+from jax_aiter import remedies
+from jax_aiter.download import folder_lock
 
 GROUPS = ("build", "runtime", "tests", "wheels and validation", "CI")
 

@@ -37,7 +37,8 @@ from jatools.native import jit_build
 from jatools.validate import cleanroom_env, wheelhouse
 from jatools.wheel import wheel_build
 from jatools.wheel.wheel_layout import Layout
-from jax_aiter import fetch, remedies
+from jax_aiter import remedies
+from jax_aiter.download import release, transfer
 from jax_aiter.integrity import RECORD_NAME, file_entry
 
 
@@ -193,7 +194,7 @@ def http_server(folder: Path):
 
 def bench_fetch(ctx: Context) -> Result:
     """fetch: download (http_server), decompress, verify and install the published assets by the fetch client
-    (jax_aiter.fetch.fetch_release) against `curl` + `zstd -d` + `sha256sum -c` in sequence. The release is
+    (jax_aiter.download.release.fetch_release) against `curl` + `zstd -d` + `sha256sum -c` in sequence. The release is
     staged at FETCH_STAGE_LEVEL: decompression hardly depends on the level, and 19 would take minutes."""
     require("curl", "zstd", "sha256sum")
     work = ctx.work("fetch")
@@ -206,7 +207,7 @@ def bench_fetch(ctx: Context) -> Result:
     dest, anchor_dir = work / "dest", work / "anchor"
     sums = work / "SHA256SUMS"
     sums.write_text("".join(f"{f['sha256']}  {f['name']}\n" for f in manifest["files"]))
-    opts = fetch.FetchOptions(progress=False)
+    opts = transfer.FetchOptions(progress=False)
 
     def prepare() -> None:
         clear(dest, anchor_dir)
@@ -219,7 +220,7 @@ def bench_fetch(ctx: Context) -> Result:
                   *(f"zstd -d -q --long={window_log} dl/{f['compressed']['name']} -o lib/{f['name']}"
                     for f in manifest["files"]),
                   f"cd lib && sha256sum -c --quiet {sums}"]
-        t = ctx.alternate("fetch", lambda: fetch.fetch_release(base, ident, dest, opts=opts, log=lambda m: None),
+        t = ctx.alternate("fetch", lambda: release.fetch_release(base, ident, dest, opts=opts, log=lambda m: None),
                           lambda: run_command(["bash", "-c", "\n".join(script)], cwd=anchor_dir), prepare=prepare)
     speedup = t.anchor_s / t.ours_s
     short = []
@@ -229,7 +230,7 @@ def bench_fetch(ctx: Context) -> Result:
                      f"bound it ({os.cpu_count()}, shared with the HTTP server), the anchor is bounded by curl, "
                      "zstd -d and sha256sum one after another")
     return measured("fetch", t, speedup >= 2, sum(f["size"] for f in manifest["files"]), short,
-                    ours=f"jax_aiter.fetch.fetch_release ({remedies.door('jit_fetch')})",
+                    ours=f"jax_aiter.download.release.fetch_release ({remedies.door('jit_fetch')})",
                     anchor="curl; zstd -d --long; sha256sum -c (in sequence)",
                     extra={"compressed_bytes": sum(f["compressed"]["size"] for f in manifest["files"]),
                            "stage_level": FETCH_STAGE_LEVEL, "window_log": window_log})

@@ -1,6 +1,6 @@
 """Reuse or rebuild the JIT libraries: this checkout's identity against a published release or a local record.
 
-Reuse is hard-gated (jax_aiter.reuse_gate): the producer job asks `run_decide` whether a release for this
+Reuse is hard-gated (jax_aiter.download.reuse_gate): the producer job asks `run_decide` whether a release for this
 checkout's identity exists; a consumer's `require_built` fails at once on a miss, naming the reason; it never
 starts a build.
 """
@@ -14,8 +14,9 @@ from pathlib import Path
 from jatools import config, steps
 from jatools.jitlibs.record import JitCacheError, write_json
 from jatools.native import jit_build
-from jax_aiter import fetch, remedies, reuse_gate
-from jax_aiter import manifest as mf
+from jax_aiter import remedies
+from jax_aiter.download import manifest as mf
+from jax_aiter.download import release, reuse_gate, transfer
 from jax_aiter.integrity import RECORD_NAME, diff_entries
 
 Log = Callable[[str], None]
@@ -23,7 +24,7 @@ Log = Callable[[str], None]
 
 def default_base_url(settings: config.Settings, flag: str | None = None) -> str:
     """--base-url, else JA_FETCH_BASE_URL, else pyproject's jit_libs_base_url."""
-    return fetch.resolve_base_url(flag, settings.raw.get("jit_libs_base_url"))
+    return transfer.resolve_base_url(flag, settings.raw.get("jit_libs_base_url"))
 
 
 def strict_toolchain(settings: config.Settings, flag: bool | None) -> bool:
@@ -87,15 +88,15 @@ def _local_identity(against: Path) -> tuple[dict | None, str]:
 
 
 def found_identity(settings: config.Settings, want: dict, base_url: str | None, against: Path | None,
-                   opts: fetch.FetchOptions, log: Log) -> tuple[dict | None, str]:
+                   opts: transfer.FetchOptions, log: Log) -> tuple[dict | None, str]:
     """The identity to compare with: a local manifest or build record (`against`), else the published release."""
     if against is not None:
         return _local_identity(against)
     base = default_base_url(settings, base_url)
     try:
-        manifest, url = fetch.read_manifest(base, want["cache_id"], opts, log)
-    except fetch.ReleaseNotFound:
-        return None, f"{fetch.release_url(base, want['cache_id'])} (no such release)"
+        manifest, url = release.read_manifest(base, want["cache_id"], opts, log)
+    except transfer.ReleaseNotFound:
+        return None, f"{transfer.release_url(base, want['cache_id'])} (no such release)"
     return manifest["identity"], url
 
 
@@ -106,7 +107,7 @@ def run_decide(settings: config.Settings, *, base_url: str | None = None, agains
     want, notes = jit_build.checkout_identity(settings)
     for n in notes:
         log(f"decide: {n}")
-    found, source = found_identity(settings, want, base_url, against, fetch.FetchOptions.from_env(), log)
+    found, source = found_identity(settings, want, base_url, against, transfer.FetchOptions.from_env(), log)
     d = decide(want, found, source, strict_toolchain(settings, strict))
     log(f"decide: {d.decision} ({d.release_tag})")
     for line in [f"  reason: {r}" for r in d.reasons] + [f"  warning: {w}" for w in d.warnings]:
@@ -136,7 +137,7 @@ def require_built(settings: config.Settings, strict: bool | None = None) -> Deci
 
 def show(source: str) -> list[str]:
     """A manifest (path or URL), validated and summarised: release tag, identity, files."""
-    data = (fetch.fetch_bytes(source, fetch.FetchOptions.from_env()) if "://" in source
+    data = (transfer.fetch_bytes(source, transfer.FetchOptions.from_env()) if "://" in source
             else Path(source).read_bytes())
     m = mf.parse(data, source)
     lines = [f"{m['release_tag']}  schema {m['schema']}  created {m.get('created_utc', '?')}"]

@@ -9,13 +9,14 @@ from jatools import config
 from jatools.jitlibs.decide import Log, default_base_url, strict_toolchain
 from jatools.jitlibs.record import JitCacheError, record_from_manifest, write_json
 from jatools.native import jit_build
-from jax_aiter import fetch, remedies
-from jax_aiter import manifest as mf
+from jax_aiter import remedies
+from jax_aiter.download import manifest as mf
+from jax_aiter.download import release, transfer
 from jax_aiter.integrity import RECORD_NAME
 
 
 def run_fetch(settings: config.Settings, *, base_url: str | None = None, strict: bool | None = None,
-              force: bool = False, log: Log = print, pins_from: str | None = None) -> fetch.FetchResult:
+              force: bool = False, log: Log = print, pins_from: str | None = None) -> release.FetchResult:
     """Fetch this checkout's release into build/aiter_build; a miss raises, it never builds.
 
     `pins_from`: the base URL the producer published to (the release passes pyproject's jit_libs_base_url); the
@@ -27,14 +28,14 @@ def run_fetch(settings: config.Settings, *, base_url: str | None = None, strict:
         raise JitCacheError(
             f"the kernel sources ({settings.kernel_source_dir}) have uncommitted changes, so no published release "
             f"matches them; commit them, or build locally with `{remedies.door('jit')}`")
-    base, opts = default_base_url(settings, base_url), fetch.FetchOptions.from_env()
+    base, opts = default_base_url(settings, base_url), transfer.FetchOptions.from_env()
     strict = strict_toolchain(settings, strict)
-    if pins_from and fetch.as_url(pins_from) != fetch.as_url(base):
-        published, url = fetch.read_manifest(pins_from, want["cache_id"], opts, log)
-        fetch.check_identity(want, published, url, strict)
+    if pins_from and transfer.as_url(pins_from) != transfer.as_url(base):
+        published, url = release.read_manifest(pins_from, want["cache_id"], opts, log)
+        release.check_identity(want, published, url, strict)
         want = {**want, "pins": mf.raw_entries(published["files"])}
         log(f"fetch: pinned to the {len(published['files'])} libraries the producer published at {url}")
-    result = fetch.fetch_release(base, want, settings.jit_dir, strict_toolchain=strict, force=force, opts=opts,
+    result = release.fetch_release(base, want, settings.jit_dir, strict_toolchain=strict, force=force, opts=opts,
                                  log=log)
     write_json(settings.jit_dir / RECORD_NAME, record_from_manifest(result.manifest, result.url))
     write_json(settings.build_dir / "jit_libs_fetch.json", {

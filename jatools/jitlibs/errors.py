@@ -4,11 +4,11 @@ from __future__ import annotations
 from jatools.jitlibs import publish
 from jatools.jitlibs.record import JitCacheError
 from jatools.native import toolchain
-from jax_aiter import fetch
-from jax_aiter import manifest as mf
-from jax_aiter.blob import BlobError
+from jax_aiter.download import manifest as mf
+from jax_aiter.download import transfer
+from jax_aiter.download.blob import BlobError
 from jax_aiter.integrity import IntegrityError
 
 CLI_ERRORS: tuple[type[BaseException], ...] = (
-    JitCacheError, publish.PublishError, fetch.FetchError, mf.ManifestError,
+    JitCacheError, publish.PublishError, transfer.FetchError, mf.ManifestError,
     toolchain.ToolchainError, IntegrityError, BlobError, OSError, ValueError)

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jatools.jitlibs.record import JitCacheError, write_json
-from jax_aiter import fetch, remedies, reuse_gate
+from jax_aiter import remedies
+from jax_aiter.download import release, reuse_gate
 from jax_aiter.integrity import RECORD_NAME, RECORD_SCHEMA, diff_entries
 
 Log = Callable[[str], None]
@@ -126,7 +127,7 @@ def merge(from_dir: Path, dest: Path, wanted: dict[str, str], strict: bool = Fal
         for shard, entry in chosen.values():
             shutil.copy2(shard.folder / entry["file"]["name"], staging)
         write_json(staging / RECORD_NAME, record)
-        fetch.install_staged(staging, dest, [e["name"] for e in record["files"]], last=RECORD_NAME)
+        release.install_staged(staging, dest, [e["name"] for e in record["files"]], last=RECORD_NAME)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     log(f"merge-manifests: {len(modules)} module(s) from {len(shards)} shard(s) installed into {dest}"

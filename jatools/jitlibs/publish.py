@@ -36,16 +36,10 @@ from pathlib import Path
 
 from jatools import atomic_write, config
 from jatools.native import jit_build
-from jax_aiter import (
-    __version__,
-    blob,
-    fetch,
-    folder_lock,
-    provenance,
-    remedies,
-    reuse_gate,
-)
-from jax_aiter import manifest as mf
+from jax_aiter import __version__, remedies
+from jax_aiter.download import blob, folder_lock, provenance, reuse_gate, transfer
+from jax_aiter.download import manifest as mf
+from jax_aiter.download.progress import Progress
 from jax_aiter.integrity import (
     RECORD_NAME,
     RECORD_SCHEMA,
@@ -54,7 +48,6 @@ from jax_aiter.integrity import (
     file_entry,
     verify_entries,
 )
-from jax_aiter.progress import Progress
 
 Log = Callable[[str], None]
 Runner = Callable[[list[str]], tuple[int, str, str]]
@@ -285,16 +278,16 @@ class FolderTarget:
 class HttpTarget:
     """An HTTP(S) server that stores what is PUT to `<base>/<tag>/<asset>` (an artifact store, a test server)."""
 
-    def __init__(self, base_url: str, tag: str, opts: fetch.FetchOptions):
+    def __init__(self, base_url: str, tag: str, opts: transfer.FetchOptions):
         self.url = self.description = f"{base_url.rstrip('/')}/{tag}"
         self.opts = opts
 
     def existing_manifest(self) -> bytes | None:
         try:
-            return fetch.fetch_bytes(f"{self.url}/{mf.MANIFEST_NAME}", self.opts)
-        except fetch.ReleaseNotFound:
+            return transfer.fetch_bytes(f"{self.url}/{mf.MANIFEST_NAME}", self.opts)
+        except transfer.ReleaseNotFound:
             return None
-        except fetch.FetchError as e:
+        except transfer.FetchError as e:
             raise PublishError(f"cannot ask {self.url} whether the release exists: {e}") from None
 
     def upload(self, paths: list[Path]) -> None:
@@ -369,8 +362,8 @@ def target_for(spec: str, tag: str, runner: Runner | None = None, notes: str = "
     if spec == "gh" or spec.startswith("gh:") or repo:
         return GhReleaseTarget(tag, repo or spec[3:] or None, runner or subprocess_runner, notes)
     if spec.startswith(("http://", "https://")):
-        return HttpTarget(spec, tag, fetch.FetchOptions.from_env())
-    return FolderTarget(Path(urllib.request.url2pathname(fetch.as_url(spec)[len("file://"):])), tag, log)
+        return HttpTarget(spec, tag, transfer.FetchOptions.from_env())
+    return FolderTarget(Path(urllib.request.url2pathname(transfer.as_url(spec)[len("file://"):])), tag, log)
 
 
 # --- the whole step -----------------------------------------------------------------------

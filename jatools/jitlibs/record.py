@@ -10,8 +10,9 @@ from pathlib import Path
 
 from jatools import atomic_write, config
 from jatools.native import jit_build
-from jax_aiter import fetch, remedies
-from jax_aiter import manifest as mf
+from jax_aiter import remedies
+from jax_aiter.download import manifest as mf
+from jax_aiter.download import transfer
 from jax_aiter.integrity import (
     RECORD_NAME,
     RECORD_SCHEMA,
@@ -45,7 +46,7 @@ def _entries(folder: Path, against: str | None) -> tuple[str, list[dict], dict |
     """(what `folder` is checked against, its entries, the identity it names: None when it names no single one): a
     manifest URL or path, else the folder's record (else its manifest copy)."""
     if against and "://" in against:
-        manifest = mf.parse(fetch.fetch_bytes(against, fetch.FetchOptions.from_env()), against)
+        manifest = mf.parse(transfer.fetch_bytes(against, transfer.FetchOptions.from_env()), against)
         return against, mf.raw_entries(manifest["files"]), manifest["identity"]
     path = Path(against) if against else next(
         (folder / n for n in (RECORD_NAME, mf.MANIFEST_NAME) if (folder / n).is_file()), None)

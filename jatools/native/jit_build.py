@@ -36,9 +36,10 @@ from jatools.native import (
 )
 from jatools.native.jit_modules import ARCH_KINDS, BuildError
 from jatools.private_dir import PrivateDirError
-from jax_aiter import folder_lock, remedies
+from jax_aiter import remedies
+from jax_aiter.download import folder_lock
+from jax_aiter.download.reuse_gate import cache_id, compare
 from jax_aiter.integrity import RECORD_NAME, RECORD_SCHEMA, file_entry, sha256_files
-from jax_aiter.reuse_gate import cache_id, compare
 
 
 def libraries(settings: config.Settings) -> dict[str, str]:
@@ -139,7 +140,7 @@ def kernel_source_revision(root: Path, kernel_dir: Path) -> tuple[str, bool]:
 
 def derive_identity(settings: config.Settings, tc: toolchain.Toolchain, recipe_hash: str) -> dict:
     """The build identity. The hard gate for reuse is (kernel-source revision, GPU arch set, recipe hash,
-    backend, FFI API version: jax_aiter.reuse_gate); the toolchain is recorded as advisory provenance."""
+    backend, FFI API version: jax_aiter.download.reuse_gate); the toolchain is recorded as advisory provenance."""
     rev, dirty = kernel_source_revision(settings.root, settings.kernel_source_dir)
     major, minor = toolchain.ffi_api_version(settings.ffi_include_dir)
     ident = {"kernel_source_revision": rev, "kernel_source_dirty": dirty, "gpu_archs": sorted(tc.archs),

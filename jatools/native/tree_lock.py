@@ -7,7 +7,7 @@
 Two `make umbrella` at once in one tree raced on the umbrella's temporary file (4 of 4 failed), two `nox -s jit` did
 too, and two first runs of scripts/run.sh made one tools' environment at once (one died inside ensurepip). So make,
 nox (for its whole run, its virtualenvs included: noxfile.py), the JIT build, a fetch into the tree and run.sh's
-setup of .venv-tools take one lock: jax_aiter/folder_lock.py's, on the build folder (JA_BUILD_DIR, resolved: a
+setup of .venv-tools take one lock: jax_aiter/download/folder_lock.py's, on the build folder (JA_BUILD_DIR, resolved: a
 build/ that is a symlink to a bigger disk is that disk's folder). A second run says which run it waits for (pid,
 command, since when), then waits. A run started under the holder (nox -> make -> the JIT build) goes on under the
 holder's lock. Standard library only: make runs it with whatever Python it is given.
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from jatools import config
 from jatools.native import toolchain
-from jax_aiter import folder_lock
+from jax_aiter.download import folder_lock
 
 
 def folder(env: dict[str, str] | None = None, given: str | None = None) -> Path:

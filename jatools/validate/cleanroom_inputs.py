@@ -14,8 +14,8 @@ from jatools import config
 from jatools.jitlibs import publish
 from jatools.wheel import wheel_scan
 from jatools.wheel.wheel_layout import Layout, LayoutError
-from jax_aiter import manifest as mf
-from jax_aiter import reuse_gate
+from jax_aiter.download import manifest as mf
+from jax_aiter.download import reuse_gate
 
 Log = Callable[[str], None]
 

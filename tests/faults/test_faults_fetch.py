@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from jatools import release as release_job
-from jax_aiter import fetch
-from jax_aiter import manifest as mf
+from jax_aiter.download import manifest as mf
+from jax_aiter.download import release as fetcher
+from jax_aiter.download import transfer
 from jax_aiter.integrity import diff_entries
 from tests.tooling.jit_libs_support import (  # noqa: F401  (pytest fixtures)
     FAST_FETCH_ENV,
@@ -78,14 +79,14 @@ def test_faults_endless_manifest_is_refused_while_streaming(release, server, tmp
     idf = _identity_file(tmp_path, ident, None, server.url)
     r = _fetch_mha(idf, tmp_path / "dest", "--skip-arch-check")
     assert r.returncode == 1, r.stderr
-    assert f"more than {fetch.MAX_MANIFEST_BYTES} bytes; this is not a manifest" in r.stderr
-    assert server.sent[mf.MANIFEST_NAME] < fetch.MAX_MANIFEST_BYTES + (64 << 20)  # not the whole 1 GiB
+    assert f"more than {transfer.MAX_MANIFEST_BYTES} bytes; this is not a manifest" in r.stderr
+    assert server.sent[mf.MANIFEST_NAME] < transfer.MAX_MANIFEST_BYTES + (64 << 20)  # not the whole 1 GiB
     server.faults[mf.MANIFEST_NAME] = "huge"
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    with pytest.raises(fetch.FetchError, match="this is not a manifest"):
-        fetch.fetch_bytes(f"{server.url}/{mf.MANIFEST_NAME}", fetch.FetchOptions(retries=0), log=lambda m: None)
+    with pytest.raises(transfer.FetchError, match="this is not a manifest"):
+        transfer.fetch_bytes(f"{server.url}/{mf.MANIFEST_NAME}", transfer.FetchOptions(retries=0), log=lambda m: None)
     grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
-    assert grown_mb < 2 * fetch.MAX_MANIFEST_BYTES / 2**20 + 64, grown_mb
+    assert grown_mb < 2 * transfer.MAX_MANIFEST_BYTES / 2**20 + 64, grown_mb
 
 
 def test_faults_resume_answered_with_the_whole_body_restarts_from_zero(release, server, tmp_path, fast_fetch_env):
@@ -94,7 +95,7 @@ def test_faults_resume_answered_with_the_whole_body_restarts_from_zero(release, 
     server.faults[part] = "truncate_once"
     server.full_206 = True
     dest = tmp_path / "dest"
-    fetch.fetch_release(server.url, ident, dest, MHA, opts=fetch.FetchOptions.from_env(), log=lambda m: None)
+    fetcher.fetch_release(server.url, ident, dest, MHA, opts=transfer.FetchOptions.from_env(), log=lambda m: None)
     ranged = [r for r in server.gets(part) if r[2]]
     assert ranged, "the second attempt must have asked to resume"
     assert diff_entries(dest, mf.raw_entries(mf.select_files(manifest, MHA))) == []
@@ -135,9 +136,9 @@ def test_faults_pinned_install_refuses_an_unpinned_earlier_install(release, serv
     other.mkdir()
     substituted = make_release(other, ident, sizes=SIZES, seed=1)
     dest = tmp_path / "dest"
-    fetch.fetch_release(f"file://{other}", ident, dest, MHA, opts=fetch.FetchOptions.from_env(), log=lambda m: None)
+    fetcher.fetch_release(f"file://{other}", ident, dest, MHA, opts=transfer.FetchOptions.from_env(), log=lambda m: None)
     pinned = {**ident, "pins": mf.raw_entries(manifest["files"])}
-    r = fetch.fetch_release(server.url, pinned, dest, MHA, opts=fetch.FetchOptions.from_env(), log=lambda m: None)
+    r = fetcher.fetch_release(server.url, pinned, dest, MHA, opts=transfer.FetchOptions.from_env(), log=lambda m: None)
     assert r.status == "fetched"
     assert diff_entries(dest, mf.raw_entries(mf.select_files(manifest, MHA))) == []
     assert mf.raw_entries(substituted["files"]) != mf.raw_entries(manifest["files"])
@@ -236,8 +237,8 @@ def test_faults_fetch_without_pins_says_it_trusts_the_store(release, server, tmp
     other.mkdir()
     make_release(other, ident, sizes=SIZES, seed=1)
     said: list[str] = []
-    r = fetch.fetch_release(f"file://{other}", ident, tmp_path / "dest", MHA, force=True,
-                            opts=fetch.FetchOptions.from_env(), log=said.append)
+    r = fetcher.fetch_release(f"file://{other}", ident, tmp_path / "dest", MHA, force=True,
+                            opts=transfer.FetchOptions.from_env(), log=said.append)
     assert r.status == "fetched"
     text = "\n".join(said)
     assert "no pins: the release's own manifest is all that vouches for these bytes" in text, text
@@ -252,7 +253,7 @@ def test_faults_resumed_part_never_shows_more_than_100_percent(release, server, 
     server.faults[part] = "truncate_once"
     server.full_206 = True
     said: list[str] = []
-    fetch.fetch_release(server.url, ident, tmp_path / "dest", MHA, opts=fetch.FetchOptions.from_env(),
+    fetcher.fetch_release(server.url, ident, tmp_path / "dest", MHA, opts=transfer.FetchOptions.from_env(),
                         log=said.append)
     shown = [int(m) for line in said for m in re.findall(rf"{re.escape(part)}: (\d+)%", line)]
     assert shown and max(shown) == 100, said
@@ -274,12 +275,12 @@ def test_faults_full_disk_gives_sizes_people_read(release, server, tmp_path):
         subprocess.run(["umount", str(disk)], check=False)
     need = sum(f["size"] for f in mf.select_files(manifest, MHA))
     assert r.returncode == 1, r.stderr
-    assert f"not enough disk space in {disk}: {fetch.byte_text(need)} needed, " in r.stderr, r.stderr
+    assert f"not enough disk space in {disk}: {transfer.byte_text(need)} needed, " in r.stderr, r.stderr
     assert "0.00 GB" not in r.stderr and re.search(r"needed, \d+(\.\d+)? kB free", r.stderr), r.stderr
 
 
 def test_faults_byte_text_reads_at_every_scale():
-    assert [fetch.byte_text(n) for n in (0, 1, 999, 65_536, 500_000, 2_500_000_000)] == \
+    assert [transfer.byte_text(n) for n in (0, 1, 999, 65_536, 500_000, 2_500_000_000)] == \
         ["0 bytes", "1 byte", "999 bytes", "65.5 kB", "500 kB", "2.5 GB"]
 
 
@@ -298,9 +299,9 @@ def _gh(tmp_path: Path, attested: str) -> dict[str, str]:
 
 
 def test_faults_provenance_refuses_a_file_gh_finds_no_attestation_for(tmp_path, monkeypatch):
-    """jax_aiter.provenance through the gh on PATH: a file from a GitHub store that gh cannot vouch for stops the
+    """jax_aiter.download.provenance through the gh on PATH: a file from a GitHub store that gh cannot vouch for stops the
     fetch; without gh the note says provenance was not checked."""
-    from jax_aiter import provenance
+    from jax_aiter.download import provenance
 
     good, bad = tmp_path / "libgood.so", tmp_path / "libbad.so"
     good.write_text("ATTESTED bytes")
@@ -410,7 +411,7 @@ def test_faults_gzip_encoded_answers_are_decoded_not_called_truncated(release, s
     server.faults[mf.MANIFEST_NAME] = "gzip"
     server.faults[part] = "gzip"
     dest = tmp_path / "dest"
-    fetch.fetch_release(server.url, ident, dest, MHA, opts=fetch.FetchOptions.from_env(), log=lambda m: None)
+    fetcher.fetch_release(server.url, ident, dest, MHA, opts=transfer.FetchOptions.from_env(), log=lambda m: None)
     assert diff_entries(dest, mf.raw_entries(mf.select_files(manifest, MHA))) == []
 
 
@@ -425,8 +426,8 @@ def test_faults_failure_after_a_redirect_names_the_host_that_failed(release, ser
     with FaultServer(mirror_root) as mirror:
         mirror.faults[part] = "truncate"
         server.redirect_to = mirror.url.replace("127.0.0.1", "localhost")
-        with pytest.raises(fetch.FetchError) as e:
-            fetch.fetch_release(server.url, ident, tmp_path / "dest", MHA, opts=fetch.FetchOptions.from_env(),
+        with pytest.raises(transfer.FetchError) as e:
+            fetcher.fetch_release(server.url, ident, tmp_path / "dest", MHA, opts=transfer.FetchOptions.from_env(),
                                 log=lambda m: None)
     host = mirror.url.replace("127.0.0.1", "localhost").split("//", 1)[1]
     assert f"(at {host}, where {server.url.split('//', 1)[1]} redirected: " in str(e.value), e.value
@@ -440,8 +441,8 @@ def _part(manifest: dict, lib: str = "libmha_fwd.so") -> str:
 
 
 def _fetch_error(base: str, ident: dict, dest: Path) -> str:
-    with pytest.raises(fetch.FetchError) as e:
-        fetch.fetch_release(base, ident, dest, MHA, opts=fetch.FetchOptions.from_env(), log=lambda m: None)
+    with pytest.raises(transfer.FetchError) as e:
+        fetcher.fetch_release(base, ident, dest, MHA, opts=transfer.FetchOptions.from_env(), log=lambda m: None)
     assert not dest.exists()
     return str(e.value)
 

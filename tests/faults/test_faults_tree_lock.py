@@ -1,6 +1,6 @@
 """Faults of runs that overlap in one build tree: two `make umbrella`, a make under a run that holds the tree, two
 first runs of scripts/run.sh. Real make, real compilers, real bash and venv, on scratch copies
-(jatools/native/tree_lock.py, jax_aiter/folder_lock.py)."""
+(jatools/native/tree_lock.py, jax_aiter/download/folder_lock.py)."""
 from __future__ import annotations
 
 import os
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from jatools.native import compiler_cache
-from jax_aiter import folder_lock
+from jax_aiter.download import folder_lock
 from tests.build.scratch import env_for, make_scratch
 
 WAITS = "another run writing into"

@@ -117,7 +117,7 @@ def test_faults_check_refuses_jit_libraries_of_another_commit(build_copy, tmp_pa
     and the field that differs, and removes it from dist/."""
     import json
 
-    from jax_aiter import reuse_gate
+    from jax_aiter.download import reuse_gate
 
     record_path = build_copy.jit_dir / "build_record.json"
     record = json.loads(record_path.read_text())

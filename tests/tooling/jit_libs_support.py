@@ -21,8 +21,8 @@ import pytest
 from jatools import config
 from jatools.jitlibs import publish
 from jatools.native import jit_build
-from jax_aiter import manifest as mf
-from jax_aiter import reuse_gate
+from jax_aiter.download import manifest as mf
+from jax_aiter.download import reuse_gate
 
 REPO = Path(__file__).resolve().parents[2]
 FAST_FETCH_ENV = {"JA_FETCH_TIMEOUT_S": "0.5", "JA_FETCH_RETRIES": "2", "JA_FETCH_BACKOFF_S": "0.05",

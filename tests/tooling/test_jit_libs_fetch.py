@@ -14,8 +14,10 @@ import pytest
 
 from jatools.jitlibs import download
 from jatools.jitlibs import record as jit_record
-from jax_aiter import _loader, fetch, reuse_gate
-from jax_aiter import manifest as mf
+from jax_aiter import _loader
+from jax_aiter.download import manifest as mf
+from jax_aiter.download import release as fetcher
+from jax_aiter.download import reuse_gate, transfer
 from jax_aiter.integrity import diff_entries
 from tests.tooling.jit_libs_support import (  # noqa: F401  (pytest fixtures)
     REPO,
@@ -43,7 +45,7 @@ def release(checkout, server):
 
 
 def _fetch(server, ident, dest, names=None, **kw):
-    return fetch.fetch_release(server.url, ident, dest, names, opts=fetch.FetchOptions.from_env(),
+    return fetcher.fetch_release(server.url, ident, dest, names, opts=transfer.FetchOptions.from_env(),
                                log=lambda m: None, **kw)
 
 
@@ -91,7 +93,7 @@ def test_asset_faults_fail_clearly_and_keep_the_previous_good_state(release, ser
     before = _good_previous_state(server, ident, dest)
     server.faults["libmha_fwd.so.zst"] = fault
     start = time.monotonic()
-    with pytest.raises(fetch.FetchError, match=match):
+    with pytest.raises(transfer.FetchError, match=match):
         _fetch(server, ident, dest, force=True)
     assert snapshot(dest) == before
     assert not list(dest.parent.glob(".aiter_build.fetch-*"))
@@ -125,7 +127,7 @@ def test_a_retry_from_a_server_that_ignores_ranges_skips_what_was_taken(release,
 def test_no_release_is_a_miss_that_names_the_fix(checkout, server, tmp_path, fast_fetch_env):
     ident = checkout_identity(checkout)
     dest = tmp_path / "out"
-    with pytest.raises(fetch.ReleaseNotFound, match=rf"no release jit-libs-{ident['cache_id']} at {server.url}.*"
+    with pytest.raises(transfer.ReleaseNotFound, match=rf"no release jit-libs-{ident['cache_id']} at {server.url}.*"
                                                      r"nox -s jit.*invoke jit.publish"):
         _fetch(server, ident, dest)
     assert not dest.exists()
@@ -139,7 +141,7 @@ def test_manifest_of_another_identity_is_refused(checkout, server, tmp_path, fas
     os.rename(server.root / reuse_gate.release_tag(other["cache_id"]),
               server.root / reuse_gate.release_tag(ident["cache_id"]))
     dest = tmp_path / "out"
-    with pytest.raises(fetch.FetchError, match=rf"is for another build identity: release tag: wanted "
+    with pytest.raises(transfer.FetchError, match=rf"is for another build identity: release tag: wanted "
                                                rf"jit-libs-{ident['cache_id']}, found jit-libs-{other['cache_id']}; "
                                                rf"recipe_hash: wanted {ident['recipe_hash']}, found 0{{64}}"):
         _fetch(server, ident, dest)
@@ -162,9 +164,9 @@ def test_toolchain_difference_warns_by_default_and_refuses_when_strict(checkout,
     built_with = {**ident, "toolchain": {**ident["toolchain"], "cxx_version": "g++ 99.0"}}
     make_release(server.root, built_with)
     logs: list[str] = []
-    fetch.fetch_release(server.url, ident, tmp_path / "a", opts=fetch.FetchOptions.from_env(), log=logs.append)
+    fetcher.fetch_release(server.url, ident, tmp_path / "a", opts=transfer.FetchOptions.from_env(), log=logs.append)
     assert any("warning: toolchain cxx_version: wanted" in m and "found g++ 99.0 (advisory" in m for m in logs)
-    with pytest.raises(fetch.FetchError, match="toolchain cxx_version"):
+    with pytest.raises(transfer.FetchError, match="toolchain cxx_version"):
         _fetch(server, ident, tmp_path / "b", strict_toolchain=True)
     assert not (tmp_path / "b").exists()
 
@@ -174,7 +176,7 @@ def test_unwritable_destination_fails_before_downloading(release, server, tmp_pa
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
     before = len(server.requests)
-    with pytest.raises(fetch.FetchError, match=r"cannot write to .*a_file.*choose a writable destination"):
+    with pytest.raises(transfer.FetchError, match=r"cannot write to .*a_file.*choose a writable destination"):
         _fetch(server, ident, blocker / "cache" / "x")
     assert blocker.read_text() == "not a folder"
     assert [r for r in server.requests[before:] if not r[1].endswith(mf.MANIFEST_NAME)] == []
@@ -187,7 +189,7 @@ def test_read_only_destination_keeps_the_previous_good_state(release, server, tm
     before = _good_previous_state(server, ident, dest)
     (tmp_path / "ro").chmod(stat.S_IRUSR | stat.S_IXUSR)
     try:
-        with pytest.raises(fetch.FetchError, match="cannot write to"):
+        with pytest.raises(transfer.FetchError, match="cannot write to"):
             _fetch(server, ident, dest, force=True)
     finally:
         (tmp_path / "ro").chmod(0o755)

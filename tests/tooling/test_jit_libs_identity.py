@@ -14,7 +14,7 @@ import pytest
 from jatools import config
 from jatools.jitlibs import decide
 from jatools.native import jit_build, toolchain
-from jax_aiter import reuse_gate
+from jax_aiter.download import reuse_gate
 from tests.tooling.jit_libs_support import (  # noqa: F401  (pytest fixtures)
     REPO,
     checkout_fixture,

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from jatools.jitlibs import publish
-from jax_aiter import blob, reuse_gate
-from jax_aiter import manifest as mf
+from jax_aiter.download import blob, reuse_gate
+from jax_aiter.download import manifest as mf
 from jax_aiter.integrity import sha256_file, sha256_files
 from tests.tooling.jit_libs_support import (  # noqa: F401  (pytest fixtures)
     MODULES,

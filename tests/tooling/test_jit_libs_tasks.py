@@ -11,8 +11,8 @@ import re
 import pytest
 from invoke import Exit, MockContext, Result
 
-from jax_aiter import manifest as mf
-from jax_aiter import reuse_gate
+from jax_aiter.download import manifest as mf
+from jax_aiter.download import reuse_gate
 from tests.tooling.jit_libs_support import (  # noqa: F401  (pytest fixtures)
     MODULES,
     REPO,

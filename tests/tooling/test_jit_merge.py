@@ -17,7 +17,7 @@ from jatools import config
 from jatools.jitlibs import merge
 from jatools.jitlibs import record as jit_record
 from jatools.native import jit_build
-from jax_aiter import reuse_gate
+from jax_aiter.download import reuse_gate
 from tests.tooling.jit_libs_support import (
     MODULES,
     REPO,

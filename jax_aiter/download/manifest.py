@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 
-from jax_aiter import reuse_gate
+from jax_aiter.download import reuse_gate
 
 SCHEMA = 1
 KIND = "jax-aiter-jit-libs"
