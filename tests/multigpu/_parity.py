@@ -291,7 +291,11 @@ def _cotangents(fn, args) -> list[jax.Array]:
     return [jax.random.normal(jax.random.key(100 + i), o.shape, jnp.float32) for i, o in enumerate(jax.tree.leaves(outs))]
 
 
-def _with_grad(fn, cts):
+def with_grad(case: Case, fn, args):
+    """The gradient of fn (the case's program, ours or plain) of a fixed random projection of its outputs, with
+    respect to every input."""
+    cts = _cotangents(case.program(PLAIN), args)
+
     def loss(*a):
         return sum(jnp.sum(o.astype(jnp.float32) * c) for o, c in zip(jax.tree.leaves(fn(*a)), cts))
     return lambda *a: jax.grad(loss, argnums=tuple(range(len(a))))(*a)
@@ -317,7 +321,7 @@ def measure(case: Case, impl: str, mode: str, grad: bool) -> Measured | None:
         return None
     args = inputs(case)
     if grad:
-        fn = _with_grad(fn, _cotangents(case.program(PLAIN), args))
+        fn = with_grad(case, fn, args)
     placed = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(args, case.specs)]
     ctx = jax.set_mesh(mesh) if mode == "explicit" else contextlib.nullcontext()
     try:
@@ -336,7 +340,7 @@ def reference(case: Case, grad: bool) -> list[jax.Array]:
     """Plain JAX on one device: what every sharded program's values are compared with (once per case)."""
     args = inputs(case)
     fn = case.program(PLAIN)
-    fn = _with_grad(fn, _cotangents(fn, args)) if grad else fn
+    fn = with_grad(case, fn, args) if grad else fn
     return jax.tree.leaves(jax.jit(fn)(*args))
 
 
