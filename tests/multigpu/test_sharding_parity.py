@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _parity import CASES, MODES, Case, documented_rows, measure, reference, row
+from _parity import BY_NAME, CASES, MODES, Case, documented_rows, measure, reference, row
 from jax.sharding import NamedSharding
 
 params = [pytest.param(case, mode, id=f"{case.name}-{mode}", marks=pytest.mark.multigpu(devices=case.devices))
@@ -61,3 +61,13 @@ def test_sharding_matches_plain_jax(case: Case, mode: str):
     documented, measured = documented_rows().get((case.name, mode)), row(case, mode, results)
     assert documented == measured, (f"docs/transformations.md's sharding table row is stale:\n  docs: {documented}\n"
                                     f"  measured: {measured}\nrewrite it with `python tests/multigpu/_parity.py --write`")
+
+
+@pytest.mark.multigpu(devices=4)
+@pytest.mark.parametrize("name", ["fsdp-block-data", "silu-hidden"])
+def test_a_split_hidden_axis_is_not_moved_with_all_to_alls(name):
+    """Issue 84: an FSDP step with the batch on `data` alone had three all-to-alls per layer that plain JAX has
+    not: silu_and_mul's backward concatenated [dgate | dup] over the split hidden axis. Its backward now puts them
+    together as plain JAX's autodiff of the halves' slices does (collective-permutes)."""
+    ours = measure(BY_NAME[name], "ours", "auto", True)
+    assert "all-to-all" not in ours.collectives, ours.collectives
