@@ -408,8 +408,8 @@ def attend(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, causal: bool = False, so
     scale = _checks.check_scale(op, softmax_scale, _attn_args.default_scale(head_dim))
 
     if varlen:
-        cu_q = _attn_args.cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, seq_q, max_q, "q")
-        cu_k = _attn_args.cu_seqlens(op, "cu_seqlens_kv", cu_seqlens_kv, seq_k, max_k, "k")
+        cu_q = _attn_args.cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, seq_q, max_q, "max_seqlen_q", "q")
+        cu_k = _attn_args.cu_seqlens(op, "cu_seqlens_kv", cu_seqlens_kv, seq_k, max_k, "max_seqlen_k", "k")
         if cu_q.shape[0] != cu_k.shape[0]:
             raise ValueError(f"{op}: cu_seqlens_q and cu_seqlens_kv must count the same sequences, got "
                              f"{cu_q.shape[0] - 1} and {cu_k.shape[0] - 1}")
