@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _example() -> str:
     """The README's first Python block."""
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.DOTALL)
     assert blocks, "README.md has no ```python block"
     return blocks[0]
 

@@ -13,7 +13,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _parity import BY_NAME, CASES, MODES, Case, documented_rows, measure, reference, row
+from _parity import (
+    BY_NAME,
+    CASES,
+    MODES,
+    Case,
+    documented_rows,
+    measure,
+    reference,
+    row,
+)
 from jax.sharding import NamedSharding
 
 params = [pytest.param(case, mode, id=f"{case.name}-{mode}", marks=pytest.mark.multigpu(devices=case.devices))

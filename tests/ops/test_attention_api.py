@@ -60,8 +60,8 @@ CU_BAD = [
     ("short", [0, 3, 6], [0, 3, 6], 0, r"cu_seqlens_q must end at the number of packed tokens q = 8, got 6"),
     ("not from 0", [1, 3, 8], [1, 3, 8], 0, r"cu_seqlens_q must start at 0"),
     # the argument named (issue 84: the message said max_seqlen, which no API takes)
-    ("over max", [0, 6, 8], [0, 6, 8], 4, r"sequence 0 has 6 tokens in cu_seqlens_q, more than max_seqlen_q 4; pass "
-                                          r"max_seqlen_q >= 6 \(or 0: not given\)"),
+    ("over max", [0, 6, 8], [0, 6, 8], 4,
+     r"sequence 0 has 6 tokens in cu_seqlens_q, more than max_seqlen_q 4; pass max_seqlen_q >= 6 \(or 0: not given\)"),
     ("counts", [0, 4, 8], [0, 8], 0, r"cu_seqlens_q and cu_seqlens_kv must count the same sequences, got 2 and 1"),
     ("float", np.array([0.0, 8.0]), [0, 8], 0, r"cu_seqlens_q must be an integer array of rank 1"),
 ]

@@ -51,14 +51,14 @@ def test_each_end_of_the_range_as_pip_requirements(tmp_path):
 
 
 @pytest.mark.parametrize("deps,pin,msg", [
-    (["jax>=0.11.0", "jaxlib>=0.11.0"], "0.11.2", r"jax is required as >=0\.11\.0, without an upper bound: .*private "
-                                                  r"JAX APIs .* write `\"jax>=X,<Y\", \"jaxlib>=X,<Y\"`"),
+    (["jax>=0.11.0", "jaxlib>=0.11.0"], "0.11.2",
+     r"jax is required as >=0\.11\.0, without an upper bound: .*private JAX APIs .* write `\"jax>=X,<Y\", \"jaxlib>=X,<Y\"`"),
     (["jax<0.13", "jaxlib<0.13"], "0.11.2", r"without a floor"),
-    (["jax>=0.11.0,<0.13", "jaxlib>=0.11.0"], "0.11.2", r"jax is required as .* and jaxlib as >=0\.11\.0; JAX "
-                                                        r"releases them together"),
+    (["jax>=0.11.0,<0.13", "jaxlib>=0.11.0"], "0.11.2",
+     r"jax is required as .* and jaxlib as >=0\.11\.0; JAX releases them together"),
     (["jax>=0.11.0,<0.13"], "0.11.2", r"name \['jax'\], not both of \['jax', 'jaxlib'\]"),
-    (["jax>=0.11.0,<0.12", "jaxlib>=0.11.0,<0.12"], "0.12.1", r"the `test` group pins jax==0\.12\.1, outside the "
-                                                              r"declared range"),
+    (["jax>=0.11.0,<0.12", "jaxlib>=0.11.0,<0.12"], "0.12.1",
+     r"the `test` group pins jax==0\.12\.1, outside the declared range"),
 ], ids=["no-bound", "no-floor", "jaxlib-differs", "no-jaxlib", "pin-outside"])
 def test_a_range_that_cannot_be_tested_is_refused_naming_the_fix(tmp_path, deps, pin, msg):
     with pytest.raises(jax_versions.JaxRangeError, match=msg):
