@@ -18,6 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from jatools.config import SettingError, python_version, read_pyproject
 from jatools.native import tree_lock
 from jatools.native.jit_packages import is_headers_only
+from jatools.testing.jax_versions import ENDS as JAX_ENDS
+from jatools.testing.jax_versions import JaxRangeError
+from jatools.testing.jax_versions import declared as declared_jax
 from jatools.testing.tag_filters import DEFAULT_TIER, TIER_ENV, TIERS
 from jax_aiter.download.folder_lock import FolderLockError
 
@@ -109,6 +112,27 @@ _tier_session("tests",
 _session("tests_lane", "test", "python", "-m", "jatools.lane_tier",
          doc="A test tier against a lane's validated wheel (`nox -s release` made it), installed into a fresh venv, "
              "never the build tree:\n    -- --lane cuda13 [--dist dist] [--tier pr] [pytest args].")
+
+
+@nox.session(python=PY, tags=["test"])
+@nox.parametrize("end", list(JAX_ENDS))
+def jax_range(session: nox.Session, end: str) -> None:
+    """The export round trip (tests/ops/test_export.py, and the sharded programs on 4 CPU devices) on each end of the
+    JAX range pyproject declares, each in its own venv: `floor` (its lowest JAX) and `newest` (the newest release
+    below its upper bound); docs/ci.md "JAX versions". Args after -- go to pytest."""
+    try:
+        jax = declared_jax().requirements(end)
+    except JaxRangeError as e:
+        session.error(str(e))
+    _install(session, "-e", ".", *nox.project.dependency_groups(PYPROJECT, "tier"), *BUILD_DEPS, *jax)
+    session.run("python", "-m", "jatools.native.build")
+    results = ("--results-dir", f"build/test-results/jax-{end}")
+    session.run("python", "-m", "jatools.testing.tiers", "--tier", "pr", *results, "tests/ops/test_export.py",
+                *session.posargs)
+    session.run("python", "-m", "jatools.testing.tiers", "--tier", "multigpu", *results,
+                "tests/multigpu/test_export_sharded.py", *session.posargs)
+
+
 _session("ci_local", "test", "python", "-m", "jatools.ci.act_local",
          deps=nox.project.dependency_groups(PYPROJECT, "ci-local"),
          doc="Every job of every workflow on this machine with act (host mode, the stand-ins in ci/act/): succeeded, "

@@ -259,6 +259,11 @@ Build(name="nightly_cpu_bench_smoke", group="nightly", runner=UBUNTU, env=CPU_EN
       description="Nightly: tiny-scale smoke of the tooling benchmark harness (numbers go to the artifact), on the "
                   "native CPU build it measures (this job is its own JIT producer: no CPU libraries are published)",
       steps=(NATIVE[0], Nox("jit"), NATIVE[1], Nox("bench", ("--scale", "0.01"))))
+Build(name="nightly_cpu_jax_range", group="nightly", runner=UBUNTU, env=CPU_ENV, timeout_minutes=60,
+      description="Nightly: the export round trip (single and 4 CPU devices) on the oldest and on the newest JAX of "
+                  "the range pyproject.toml declares, each in a fresh venv (docs/ci.md, JAX versions; its own JIT "
+                  "producer: no CPU libraries are published)",
+      steps=(NATIVE[0], Nox("jit"), NATIVE[1], Nox("jax_range")))
 
 Build(name="multigpu_rocm_4gpu", group="multigpu", runner=MI355_4, env=ROCM_ENV, timeout_minutes=120,
       description="Multi-GPU: sharded cases (multigpu tier) across 4x MI355, unpinned",

@@ -317,6 +317,58 @@ def planner(call: Callable, backward: bool) -> Callable[..., Plan]:
     return plan
 
 
+def segment_rows_planner(rows_of: Callable) -> Callable[..., Plan]:
+    """The planner of the ROWS mask from segment ids, `rows_of(left, right, ids)` ([batch, seq] -> [batch, 3, seq]):
+    the batch and the sequence keep the ids' split, so each shard gets the rows of its own query rows, as the
+    forward kernel takes them. A row's document bounds need the ids of the whole sequence: a split sequence is
+    all-gathered in the body (one all-gather of the int32 ids, as plain JAX's mask `ids[:, :, None] == ids[:,
+    None, :]` gathers them), and the shard keeps its rows. (Written in jax.numpy and left to XLA, the runs' bounds
+    (a shift and a running max and min along the split axis) cost two all-gathers and two collective-permutes.)"""
+    def plan(left: int, right: int, mesh, operands: list[Operand], refine: bool) -> Plan:
+        b_entry, s_entry = operands[0].spec
+        if axes_size(mesh, s_entry) == 1:
+            s_entry = None
+
+        def body(ids):
+            if s_entry is None:
+                return rows_of(left, right, ids)
+            rows = rows_of(left, right, jax.lax.all_gather(ids, axis_names(s_entry), axis=1, tiled=True))
+            return jax.lax.dynamic_slice_in_dim(rows, shard_index(s_entry) * ids.shape[1], ids.shape[1], axis=2)
+
+        return Plan([(b_entry, s_entry)], [(b_entry, None, s_entry)], body)
+    return plan
+
+
+def segment_rows_rule(left: int, right: int, mesh, operand_types, result_types):
+    """ids [b, s] -> rows [b, 3, s]: the rows follow the ids' batch and sequence (the kernel's query rows)."""
+    return "b s -> b k s", {"need_replication_factors": ("k",)}
+
+
+def cols_planner(cols_of: Callable) -> Callable[..., Plan]:
+    """The planner of the backward's cols from the ROWS mask, `cols_of(seq_k, rows)` ([rb, 3, sq] -> [rb, 2, sk]):
+    the batch keeps its split; cols are whole along the keys, as the backward kernel takes them (its key sequence is
+    gathered). A key's query rows need every row's bounds: a split query sequence's lo and hi are all-gathered in the
+    body (one all-gather of int32 [rb, 2, sq]). (Left to XLA, the scatter-add over the split rows costs two
+    collective-permutes, and Explicit axes refuse it.)"""
+    def plan(seq_k: int, mesh, operands: list[Operand], refine: bool) -> Plan:
+        b_entry, _, s_entry = operands[0].spec
+        if axes_size(mesh, s_entry) == 1:
+            s_entry = None
+
+        def body(rows):
+            if s_entry is not None:
+                rows = jax.lax.all_gather(rows[:, :2], axis_names(s_entry), axis=2, tiled=True)
+            return cols_of(seq_k, rows)
+
+        return Plan([(b_entry, None, s_entry)], [(b_entry, None, None)], body)
+    return plan
+
+
+def cols_rule(seq_k: int, mesh, operand_types, result_types):
+    """rows [b, 3, sq] -> cols [b, 2, sk]: cols follow the rows' batch and are whole along their own axes."""
+    return "b k s -> b m t", {"need_replication_factors": ("k", "m", "t")}
+
+
 def _result_shapes(ops: dict[str, Operand], backward: bool, dbias: bool = False) -> dict[str, tuple]:
     q, k, v = ops["q"].shape, ops["k"].shape, ops["v"].shape
     if backward:

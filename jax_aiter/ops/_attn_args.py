@@ -120,9 +120,9 @@ def int_array(op: str, name: str, x, rank: int, what: str) -> jax.Array:
     return x
 
 
-def cu_seqlens(op: str, name: str, cu, total, max_len: int, length_name: str) -> jax.Array:
+def cu_seqlens(op: str, name: str, cu, total, max_len: int, max_name: str, length_name: str) -> jax.Array:
     """[n + 1] int boundaries of packed sequences: 0, non-decreasing, ending at total (checked when concrete),
-    no sequence longer than max_len (when max_len > 0)."""
+    no sequence longer than max_len (when max_len > 0), the argument `max_name` (max_seqlen_q / max_seqlen_k)."""
     cu = int_array(op, name, cu, 1, f"[num_sequences + 1] boundaries of the packed sequences in {length_name}")
     if cu.shape[0] < 1:
         raise ValueError(f"{op}: {name} must hold at least one entry (0), got shape {tuple(cu.shape)}")
@@ -141,8 +141,8 @@ def cu_seqlens(op: str, name: str, cu, total, max_len: int, length_name: str) ->
                          f"{vals[-1]} ({name} = {_show(vals)})")
     if max_len > 0 and steps.size and steps.max() > max_len:
         i = int(np.argmax(steps))
-        raise ValueError(f"{op}: sequence {i} has {steps[i]} tokens in {name}, more than max_seqlen "
-                         f"{max_len}; pass max_seqlen >= {steps.max()} (or 0: not given)")
+        raise ValueError(f"{op}: sequence {i} has {steps[i]} tokens in {name}, more than {max_name} "
+                         f"{max_len}; pass {max_name} >= {steps.max()} (or 0: not given)")
     return cu
 
 

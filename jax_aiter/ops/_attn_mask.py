@@ -139,9 +139,12 @@ def key_columns(cu_q: jax.Array, cu_k: jax.Array, total_q, total_k, width: int):
 
 def segment_rows(segment_ids: jax.Array, causal: bool, window: tuple[int, int]) -> jax.Array:
     """int32 [batch, 3, seq] from segment ids [batch, seq]: each run of equal ids is one sequence."""
-    ids = jnp.asarray(segment_ids)
+    return window_rows(jnp.asarray(segment_ids), *effective_window(causal, window))
+
+
+def window_rows(ids: jax.Array, left: int, right: int) -> jax.Array:
+    """segment_rows of an effective window (left, right): the whole sequence's ids (attention.py splits it)."""
     seq = ids.shape[1]
-    left, right = effective_window(causal, window)
     pos = jnp.arange(seq, dtype=jnp.int32)
     i = jnp.zeros_like(ids, jnp.int32) + pos  # with ids' sharding (Explicit axes refuse mixing it with none)
     if seq == 0:

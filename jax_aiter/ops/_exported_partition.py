@@ -18,13 +18,16 @@ both, and so does the hook JAX calls for an installed jax-aiter (jax_aiter/_jax_
 deserialized program that calls them.
 
 This uses JAX internals (the custom_partitioning primitive's lowering rule and partition callback, which
-``jax.experimental.custom_partitioning`` itself registers the same way); jax-aiter pins its JAX version.
+``jax.experimental.custom_partitioning`` itself registers the same way): jax-aiter declares the JAX range it is
+tested on (an upper bound in its `jax` requirement, docs/ci.md "JAX versions"), and passes a private
+constructor's arguments by name (_callback_info): their number and order change between releases.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import importlib
+import importlib.metadata
 import inspect
 import json
 import math
@@ -214,12 +217,45 @@ def _info(backend_config: bytes):
         return NamedSharding(mesh, P(*spec, *((None,) * (ndim - len(spec)))))
 
     results = config["results"]
-    info = jax_cp._ShardingCallbackInfo(
-        None, partition, to_mesh_pspec_sharding, tree_util.tree_structure((0,) * config["operands"]),
-        tree_util.tree_structure(0 if results is None else (0,) * results), None,
-        SimpleNamespace(platforms=(platform,), backend=None), mesh, _decode_static(name, config["static"]))
+    info = _callback_info(
+        partition=partition, to_mesh_pspec_sharding=to_mesh_pspec_sharding,
+        in_tree=tree_util.tree_structure((0,) * config["operands"]),
+        out_tree=tree_util.tree_structure(0 if results is None else (0,) * results),
+        module_context=SimpleNamespace(platforms=(platform,), backend=None), mesh=mesh,
+        static_args=_decode_static(name, config["static"]),
+        propagate_user_sharding=None, infer_sharding_from_operands=None)
     jax_cp._sharding_callbacks[backend_config] = info
     return info
+
+
+def _callback_info(**fields: Any) -> Any:
+    """JAX's private custom_partitioning callback record, its fields passed by name: the constructor's parameters
+    change between releases (JAX 0.11 takes nine, with GSPMD's propagate_user_sharding and
+    infer_sharding_from_operands; 0.12 dropped those two), so no position is assumed. A field this JAX does not
+    take is left out only where it is None (the GSPMD callbacks: an exported op is partitioned by Shardy alone);
+    a parameter jax-aiter does not know is refused, naming it, the JAX version and the range tested."""
+    params = inspect.signature(jax_cp._ShardingCallbackInfo).parameters
+    unknown = [p for p, v in params.items() if p not in fields and v.default is inspect.Parameter.empty
+               and v.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    dropped = [f for f, v in fields.items() if f not in params and v is not None]
+    if unknown or dropped:
+        raise ExportError(
+            f"jax_aiter: JAX {jax.__version__}'s custom_partitioning callback record "
+            f"(jax._src.custom_partitioning._ShardingCallbackInfo) {'takes ' + str(unknown) if unknown else ''}"
+            f"{' and ' if unknown and dropped else ''}{'no longer takes ' + str(dropped) if dropped else ''}, "
+            "which this jax-aiter does not know, so an exported sharded program cannot be partitioned; install a "
+            f"JAX in the range jax-aiter declares and is tested on ({_declared_jax()})")
+    return jax_cp._ShardingCallbackInfo(**{f: v for f, v in fields.items() if f in params})
+
+
+def _declared_jax() -> str:
+    """The installed jax-aiter's `jax` requirement (pyproject.toml's, through the package metadata)."""
+    try:
+        reqs = importlib.metadata.requires("jax-aiter") or []
+    except importlib.metadata.PackageNotFoundError:
+        reqs = []
+    return next((r for r in reqs if r.split(";")[0].replace(" ", "").startswith(("jax<", "jax>", "jax=", "jax!"))),
+                "pyproject.toml's `jax` requirement")
 
 
 def _with_info(jax_callback: Callable) -> Callable:

@@ -187,11 +187,13 @@ def like(ct: jax.Array, primal: jax.Array) -> jax.Array:
     return to_spec(ct, spec_of(primal))
 
 
-def partitioned(fn: Callable, rule: str | Callable, planner: Planner, n_static: int = 0,
+def partitioned(fn: Callable, rule: str | Callable, planner: Planner, n_static: int = 0, check_vma: bool = True,
                 **rule_kwargs) -> Callable:
     """fn(*static, *arrays) as an op split by `planner` over a device mesh. The first `n_static` arguments are
     compile-time constants; `rule` is the Shardy sharding rule of the Auto path (a string, or a callable of
-    (*static, mesh, operand types, result types), as custom_partitioning takes it)."""
+    (*static, mesh, operand types, result types), as custom_partitioning takes it). `check_vma`: the Explicit
+    path's shard_map checks that a result declared replicated is (False for a body that makes it so with an
+    all-gather, whose result shard_map types as varying)."""
 
     def call(*args):
         return fn(*args)
@@ -217,7 +219,8 @@ def partitioned(fn: Callable, rule: str | Callable, planner: Planner, n_static: 
         out_specs = tuple(P(*s) for s in plan.results)
         several = len(plan.results) > 1
         body = jax.shard_map(plan.body, mesh=mesh, in_specs=tuple(P(*s) for s in plan.operands),
-                             out_specs=out_specs if several else out_specs[0], axis_names=set(explicit_axes(mesh)))
+                             out_specs=out_specs if several else out_specs[0], axis_names=set(explicit_axes(mesh)),
+                             check_vma=check_vma)
         return body(*arrays)
 
     def run(*args):

@@ -35,6 +35,7 @@ if __name__ == "__main__" and "--xla_force_host_platform_device_count" not in os
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -51,9 +52,13 @@ EPS = 1e-6
 
 # --- the ops, ours and plain JAX's ----------------------------------------------------------------------
 
-def plain_attention(q, k, v, causal: bool):
-    """jax.nn.dot_product_attention with flash_attn_func's mask: causal aligned to the bottom-right corner."""
+def plain_attention(q, k, v, causal: bool, segment_ids=None):
+    """jax.nn.dot_product_attention with flash_attn_func's mask: causal aligned to the bottom-right corner; with
+    segment ids, a query sees the keys of its own document (its run of equal ids), the mask a user writes."""
     sq, sk = q.shape[1], k.shape[1]
+    if segment_ids is not None:
+        same = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
+        return jax.nn.dot_product_attention(q, k, v, mask=same, is_causal=causal)
     if causal and sq != sk:
         mask = jnp.arange(sk)[None, :] <= jnp.arange(sq)[:, None] + (sk - sq)
         return jax.nn.dot_product_attention(q, k, v, mask=mask)
@@ -72,8 +77,11 @@ def plain_rms_norm_with_add(x, residual, w, eps=EPS):
 
 
 def plain_silu_and_mul(x):
-    gate, up = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-    return (jax.nn.silu(gate) * up).astype(x.dtype)
+    """SiLU-and-mul as its docstring defines it, silu(x[..., :d]) * x[..., d:], sliced. (jnp.split's form costs XLA
+    three all-to-alls in the backward where the halves' slices cost collective-permutes: docs/transformations.md.)"""
+    d = x.shape[-1] // 2
+    xf = x.astype(jnp.float32)
+    return (jax.nn.silu(xf[..., :d]) * xf[..., d:]).astype(x.dtype)
 
 
 @dataclass(frozen=True)
@@ -85,7 +93,9 @@ class Ops:
     silu_and_mul: Callable
 
 
-OURS = Ops(lambda q, k, v, causal: jax_aiter.flash_attn_func(q, k, v, causal=causal), jax_aiter.rms_norm,
+OURS = Ops(lambda q, k, v, causal, segment_ids=None: jax_aiter.flash_attn_func(q, k, v, causal=causal,
+                                                                               segment_ids=segment_ids),
+           jax_aiter.rms_norm,
            jax_aiter.rms_norm_with_add, jax_aiter.silu_and_mul)
 PLAIN = Ops(plain_attention, plain_rms_norm, plain_rms_norm_with_add, plain_silu_and_mul)
 
@@ -110,11 +120,18 @@ class Case:
     exceeds: frozenset = field(default_factory=frozenset)
     shardings_differ: frozenset = field(default_factory=frozenset)
     dtypes: tuple = ()  # each input's dtype (default float32)
+    fixed: tuple = ()  # (index, array): inputs given as they are (segment ids), not drawn; no gradient is taken
     check_vma: bool = True  # shard_map's: False where an all-gathered parameter makes a replicated result look varying
 
     @property
     def devices(self) -> int:
         return math.prod(self.mesh_shape)
+
+    @property
+    def differentiated(self) -> tuple[int, ...]:
+        """The inputs a gradient is taken of: all but the fixed ones."""
+        fixed = {i for i, _ in self.fixed}
+        return tuple(i for i in range(len(self.shapes)) if i not in fixed)
 
 
 def _attn_case(name, what, axes, mesh_shape, hq, hk, specs, causal, local=None, seq_k=32, exceeds=frozenset(),
@@ -184,6 +201,15 @@ CASES: list[Case] = [
                exceeds=frozenset({("auto", "forward"), ("auto", "grad"), ("explicit", "forward"),
                                   ("explicit", "grad")})),
 ]
+# Packed documents, four runs per row: runs within a shard, runs across shard boundaries, a row of one document
+# (a tuple of rows: a Case is hashable, the reference values are cached by it)
+SEGMENT_IDS = tuple(map(tuple, np.repeat([[0, 1, 2, 3], [3, 3, 4, 4], [5, 6, 6, 6], [7, 7, 7, 7]], 8, axis=1).tolist()))
+CASES.append(Case(
+    "attn-seq-segments", "attention with segment_ids (packed documents), causal, sequence split 4 ways", ("model",),
+    (4,), ((4, 32, 8, 64),) * 3 + (np.shape(SEGMENT_IDS),), (SEQ,) * 4,
+    lambda ops: lambda q, k, v, seg: ops.attention(q, k, v, True, segment_ids=seg),
+    "segment_ids need seq_q == seq_k: a shard's rows are not the whole sequence", exceeds=frozenset({("auto", "grad")}),
+    dtypes=(jnp.float32,) * 3 + (jnp.int32,), fixed=((3, SEGMENT_IDS),)))
 B, S, HIDDEN = 4, 16, 256
 ROWS, HIDDEN_SPLIT = P("data", "model"), P(None, None, "model")
 NO_LOCAL_HIDDEN = "the op normalises the rows it is given; a split hidden axis needs every shard's partial sums"
@@ -282,7 +308,9 @@ def _mesh(case: Case, mode: str) -> jax.sharding.Mesh:
 
 def inputs(case: Case) -> list[jax.Array]:
     dtypes = case.dtypes or (jnp.float32,) * len(case.shapes)
-    return [(jax.random.normal(jax.random.key(i), s, jnp.float32) * (0.1 if len(s) == 2 else 1)).astype(t)
+    fixed = dict(case.fixed)
+    return [jnp.asarray(fixed[i], t) if i in fixed else
+            (jax.random.normal(jax.random.key(i), s, jnp.float32) * (0.1 if len(s) == 2 else 1)).astype(t)
             for i, (s, t) in enumerate(zip(case.shapes, dtypes))]
 
 
@@ -291,10 +319,14 @@ def _cotangents(fn, args) -> list[jax.Array]:
     return [jax.random.normal(jax.random.key(100 + i), o.shape, jnp.float32) for i, o in enumerate(jax.tree.leaves(outs))]
 
 
-def _with_grad(fn, cts):
+def with_grad(case: Case, fn, args):
+    """The gradient of fn (the case's program, ours or plain) of a fixed random projection of its outputs, with
+    respect to every input but the fixed ones."""
+    cts = _cotangents(case.program(PLAIN), args)
+
     def loss(*a):
         return sum(jnp.sum(o.astype(jnp.float32) * c) for o, c in zip(jax.tree.leaves(fn(*a)), cts))
-    return lambda *a: jax.grad(loss, argnums=tuple(range(len(a))))(*a)
+    return lambda *a: jax.grad(loss, argnums=case.differentiated)(*a)
 
 
 def program(case: Case, impl: str, mode: str, mesh) -> Callable | None:
@@ -317,7 +349,7 @@ def measure(case: Case, impl: str, mode: str, grad: bool) -> Measured | None:
         return None
     args = inputs(case)
     if grad:
-        fn = _with_grad(fn, _cotangents(case.program(PLAIN), args))
+        fn = with_grad(case, fn, args)
     placed = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(args, case.specs)]
     ctx = jax.set_mesh(mesh) if mode == "explicit" else contextlib.nullcontext()
     try:
@@ -336,7 +368,7 @@ def reference(case: Case, grad: bool) -> list[jax.Array]:
     """Plain JAX on one device: what every sharded program's values are compared with (once per case)."""
     args = inputs(case)
     fn = case.program(PLAIN)
-    fn = _with_grad(fn, _cotangents(fn, args)) if grad else fn
+    fn = with_grad(case, fn, args) if grad else fn
     return jax.tree.leaves(jax.jit(fn)(*args))
 
 

@@ -13,7 +13,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _parity import CASES, MODES, Case, documented_rows, measure, reference, row
+from _parity import (
+    BY_NAME,
+    CASES,
+    MODES,
+    Case,
+    documented_rows,
+    measure,
+    reference,
+    row,
+)
 from jax.sharding import NamedSharding
 
 params = [pytest.param(case, mode, id=f"{case.name}-{mode}", marks=pytest.mark.multigpu(devices=case.devices))
@@ -40,10 +49,12 @@ def test_sharding_matches_plain_jax(case: Case, mode: str):
         for i, (got, want) in enumerate(zip(ours.values, reference(case, what == "grad"))):
             _close(got, want, f"{label} output {i}")
         if plain.error:  # plain JAX refuses it: ours keeps the inputs' shardings (grads: custom_vjp insists)
-            shaped = [(i, s) for i, s in enumerate(ours.shardings) if ours.values[i].shape == case.shapes[i]]
-            for i, s in (shaped if what == "grad" else shaped[:1]):
-                assert s.is_equivalent_to(NamedSharding(s.mesh, case.specs[i]), ours.values[i].ndim), \
-                    f"{label}: output {i} sharding {s.spec}, the input's is {case.specs[i]}"
+            of = case.differentiated if what == "grad" else range(len(ours.values))  # output i's input
+            shaped = [(i, j, s) for (i, s), j in zip(enumerate(ours.shardings), of)
+                      if ours.values[i].shape == case.shapes[j]]
+            for i, j, s in (shaped if what == "grad" else shaped[:1]):
+                assert s.is_equivalent_to(NamedSharding(s.mesh, case.specs[j]), ours.values[i].ndim), \
+                    f"{label}: output {i} sharding {s.spec}, the input's is {case.specs[j]}"
             continue
         more = {k: (n, b, *plain.collectives.get(k, (0, 0))) for k, (n, b) in ours.collectives.items()
                 if n > plain.collectives.get(k, (0, 0))[0] or b > plain.collectives.get(k, (0, 0))[1]}
@@ -61,3 +72,32 @@ def test_sharding_matches_plain_jax(case: Case, mode: str):
     documented, measured = documented_rows().get((case.name, mode)), row(case, mode, results)
     assert documented == measured, (f"docs/transformations.md's sharding table row is stale:\n  docs: {documented}\n"
                                     f"  measured: {measured}\nrewrite it with `python tests/multigpu/_parity.py --write`")
+
+
+@pytest.mark.multigpu(devices=4)
+@pytest.mark.parametrize("name", ["fsdp-block-data", "silu-hidden"])
+def test_a_split_hidden_axis_is_not_moved_with_all_to_alls(name):
+    """Issue 84: an FSDP step with the batch on `data` alone had three all-to-alls per layer that plain JAX has
+    not: silu_and_mul's backward concatenated [dgate | dup] over the split hidden axis. Its backward now puts them
+    together as plain JAX's autodiff of the halves' slices does (collective-permutes)."""
+    ours = measure(BY_NAME[name], "ours", "auto", True)
+    assert "all-to-all" not in ours.collectives, ours.collectives
+
+
+@pytest.mark.multigpu(devices=4)
+@pytest.mark.parametrize("mode", ["auto", "explicit"])
+def test_a_split_sequence_with_segment_ids_gathers_the_ids_once(mode):
+    """Issue 84: under Auto axes a query-sequence split with segment_ids cost two all-gathers and two
+    collective-permutes more than plain JAX in the forward (the runs' bounds, a shift and a running max and min
+    along the split axis, left to XLA), and under Explicit axes with the ids split like q the op failed
+    (ShardingTypeError). The mask's rows are now made per shard from the ids gathered once, as plain JAX's mask
+    gathers them, and the backward's cols from the rows gathered once."""
+    case = BY_NAME["attn-seq-segments"]
+    for grad in (False, True):
+        ours = measure(case, "ours", mode, grad)
+        assert "collective-permute" not in ours.collectives, (grad, ours.collectives)
+        ids_bytes = np.asarray(case.fixed[0][1], np.int32).nbytes
+        kv_bytes = 2 * 4 * 32 * 8 * 64 * 4  # K and V gathered whole (TransformerEngine's all-gather strategy)
+        n, b = ours.collectives["all-gather"]
+        # forward: K, V and the ids; grad: also the rows' bounds for the backward's cols ([4, 2, 32] int32)
+        assert (n, b) == ((4, kv_bytes + ids_bytes + 2 * ids_bytes) if grad else (3, kv_bytes + ids_bytes)), (n, b)

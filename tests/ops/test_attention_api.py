@@ -64,7 +64,9 @@ CU_BAD = [
     ("decreasing", [0, 5, 3, 8], [0, 5, 3, 8], 0, r"cu_seqlens_q must not decrease: entry 2 \(3\) is below entry 1 \(5\)"),
     ("short", [0, 3, 6], [0, 3, 6], 0, r"cu_seqlens_q must end at the number of packed tokens q = 8, got 6"),
     ("not from 0", [1, 3, 8], [1, 3, 8], 0, r"cu_seqlens_q must start at 0"),
-    ("over max", [0, 6, 8], [0, 6, 8], 4, r"sequence 0 has 6 tokens in cu_seqlens_q, more than max_seqlen 4"),
+    # the argument named (issue 84: the message said max_seqlen, which no API takes)
+    ("over max", [0, 6, 8], [0, 6, 8], 4,
+     r"sequence 0 has 6 tokens in cu_seqlens_q, more than max_seqlen_q 4; pass max_seqlen_q >= 6 \(or 0: not given\)"),
     ("counts", [0, 4, 8], [0, 8], 0, r"cu_seqlens_q and cu_seqlens_kv must count the same sequences, got 2 and 1"),
     ("float", np.array([0.0, 8.0]), [0, 8], 0, r"cu_seqlens_q must be an integer array of rank 1"),
 ]
@@ -75,6 +77,18 @@ def test_bad_cu_seqlens_name_the_argument(cu_q, cu_k, max_len, msg):
     q, k, v = _qkv((8, 2, 32))
     with pytest.raises(ValueError if "float" not in msg and "integer" not in msg else TypeError, match=msg):
         mha.flash_attn_varlen(q, k, v, np.asarray(cu_q), np.asarray(cu_k), max_seqlen_q=max_len, max_seqlen_k=max_len)
+
+
+def test_a_too_small_max_seqlen_names_its_own_argument():
+    """max_seqlen_q and max_seqlen_k are checked against their own boundaries, each error naming its argument."""
+    q, k, v = _qkv((8, 2, 32))
+    cu_q, cu_k = np.asarray([0, 3, 8]), np.asarray([0, 6, 8])
+    with pytest.raises(ValueError, match=r"sequence 1 has 5 tokens in cu_seqlens_q, more than max_seqlen_q 4; pass "
+                                         r"max_seqlen_q >= 5"):
+        mha.flash_attn_varlen(q, k, v, cu_q, cu_k, max_seqlen_q=4, max_seqlen_k=6)
+    with pytest.raises(ValueError, match=r"sequence 0 has 6 tokens in cu_seqlens_kv, more than max_seqlen_k 5; pass "
+                                         r"max_seqlen_k >= 6"):
+        mha.flash_attn_varlen(q, k, v, cu_q, cu_k, max_seqlen_q=5, max_seqlen_k=5)
 
 
 def test_other_bad_combinations():

@@ -183,3 +183,55 @@ def test_public_names_are_typed():
         sig = inspect.signature(getattr(jax_aiter, name))
         assert sig.return_annotation is not inspect.Signature.empty, name
         assert all(p.annotation is not inspect.Parameter.empty for p in sig.parameters.values()), name
+
+
+# JAX's private custom_partitioning callback record as two releases define it: 0.11 with GSPMD's callbacks, 0.12
+# without them (issue 84: positional arguments for 0.11 made every exported sharded program fail to reload on 0.12).
+class _RecordJax011:
+    def __init__(self, propagate_user_sharding, partition, to_mesh_pspec_sharding, in_tree, out_tree,
+                 infer_sharding_from_operands, module_context, mesh, static_args):
+        self.__dict__.update({k: v for k, v in locals().items() if k != "self"})
+
+
+class _RecordJax012:
+    def __init__(self, partition, to_mesh_pspec_sharding, in_tree, out_tree, module_context, mesh, static_args):
+        self.__dict__.update({k: v for k, v in locals().items() if k != "self"})
+
+
+class _RecordUnknown:
+    def __init__(self, partition, to_mesh_pspec_sharding, in_tree, out_tree, module_context, mesh, static_args,
+                 lowering_platform):
+        pass
+
+
+_FIELDS = {"partition": "p", "to_mesh_pspec_sharding": "t", "in_tree": "i", "out_tree": "o", "module_context": "m",
+           "mesh": "mesh", "static_args": ("s",)}
+
+
+@pytest.mark.parametrize("record", [_RecordJax011, _RecordJax012], ids=["jax-0.11", "jax-0.12"])
+def test_callback_record_is_built_by_name_on_either_jax(record, monkeypatch):
+    from jax._src import custom_partitioning as jax_cp
+
+    from jax_aiter.ops import _exported_partition
+    monkeypatch.setattr(jax_cp, "_ShardingCallbackInfo", record)
+    info = _exported_partition._callback_info(**_FIELDS, propagate_user_sharding=None,
+                                              infer_sharding_from_operands=None)
+    assert isinstance(info, record)
+    for name, value in _FIELDS.items():
+        assert getattr(info, name) == value, name
+    if record is _RecordJax011:  # GSPMD's callbacks: None (an exported op is partitioned by Shardy only)
+        assert info.propagate_user_sharding is None and info.infer_sharding_from_operands is None
+
+
+def test_callback_record_of_an_unknown_jax_is_refused_by_name(monkeypatch):
+    from jax._src import custom_partitioning as jax_cp
+
+    from jax_aiter.ops import _exported_partition
+    monkeypatch.setattr(jax_cp, "_ShardingCallbackInfo", _RecordUnknown)
+    with pytest.raises(_exported_partition.ExportError,
+                       match=rf"JAX {jax.__version__}'s custom_partitioning callback record .* takes "
+                             r"\['lowering_platform'\].*install a JAX in the range jax-aiter declares"):
+        _exported_partition._callback_info(**_FIELDS, propagate_user_sharding=None, infer_sharding_from_operands=None)
+    monkeypatch.setattr(jax_cp, "_ShardingCallbackInfo", _RecordJax012)
+    with pytest.raises(_exported_partition.ExportError, match=r"no longer takes \['infer_sharding_from_operands'\]"):
+        _exported_partition._callback_info(**_FIELDS, infer_sharding_from_operands=print)

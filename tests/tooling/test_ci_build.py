@@ -117,8 +117,8 @@ def test_only_the_jit_producer_builds_jit_libraries() -> None:
     for build in ci_build.Build.all_builds().values():
         builds_jit = "jit" in build.sessions()
         cpu = ("JA_BACKEND", "cpu") in build.env
-        assert builds_jit == (build.group.startswith("jit_libs_shard") or (cpu and bool({"tests", "bench"} &
-                                                                                         build.sessions()))), build.name
+        tests_cpu = cpu and bool({"tests", "bench", "jax_range"} & build.sessions())
+        assert builds_jit == (build.group.startswith("jit_libs_shard") or tests_cpu), build.name
         if builds_jit and not cpu:
             assert build.runner.gpus == 0 and build.runner.label == "build-only-jax-aiter"
         if build.runner.gpus and {"tests", "convergence"} & build.sessions():
