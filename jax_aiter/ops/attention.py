@@ -36,6 +36,7 @@ from jax_aiter.ops import (
     _attn_args,
     _attn_dropout,
     _attn_mask,
+    _attn_mask_ops,
     _attn_probs,
     _attn_sizes,
     _batching,
@@ -145,45 +146,6 @@ _BWD = _partition.partitioned(_bwd_call, _attention_sharding.rule(True), _attent
                               n_static=1)
 
 
-def _segment_rows_call(left: int, right: int, ids):
-    return _attn_mask.window_rows(ids, left, right)
-
-
-_SEGMENT_ROWS = _partition.partitioned(_segment_rows_call, _attention_sharding.segment_rows_rule,
-                                       _attention_sharding.segment_rows_planner(_segment_rows_call), n_static=2)
-
-
-@cache
-def _segment_rows_prim(left: int, right: int):
-    return _batching.fold_into_batch(partial(_SEGMENT_ROWS, left, right))
-
-
-def _cols_call(seq_k: int, rows):
-    return _attn_mask.cols_from_rows(rows, seq_k)
-
-
-_COLS = _partition.partitioned(_cols_call, _attention_sharding.cols_rule,
-                               _attention_sharding.cols_planner(_cols_call), n_static=1, check_vma=False)
-
-
-@cache
-def _cols_prim(seq_k: int):
-    return _batching.fold_into_batch(partial(_COLS, seq_k))
-
-
-def _cols(rows, seq_k: int):
-    """The backward's cols of a ROWS mask (_attn_mask.cols_from_rows), whole along the keys on every shard."""
-    return _attn_mask.cols_from_rows(rows, seq_k) if _checks.is_empty(rows) else _cols_prim(seq_k)(rows)
-
-
-def _segment_rows(ids, causal: bool, window: tuple[int, int]):
-    """The ROWS mask of segment ids (_attn_mask.segment_rows), split over a mesh as the query rows are."""
-    left, right = _attn_mask.effective_window(causal, window)
-    if _checks.is_empty(ids):
-        return _attn_mask.window_rows(ids, left, right)
-    return _segment_rows_prim(left, right)(ids)
-
-
 def _first_order_only(f):
     """f with a derivative rule that refuses clearly. First-order reverse mode differentiates neither
     kernel call; grad of grad would differentiate both, and the kernels have no derivative (JAX would
@@ -246,7 +208,7 @@ def _flash_bwd(cfg: Config, res, cts):
                                (("rows", rows), ("alibi", alibi), ("bias", bias), ("seed", seed)))
     do, dlse = cts
     cfg = replace(cfg, dbias=mark is not None)
-    cols = _cols(rows, k.shape[1]) if cfg.rows else _placeholder("rows")
+    cols = _attn_mask_ops.cols(rows, k.shape[1]) if cfg.rows else _placeholder("rows")
     do = jnp.zeros_like(o) if isinstance(do, SymbolicZero) else do.astype(o.dtype)
     dq, dk, dv, dbias = _prims(cfg)[1](q, k, v, o, do, lse, rows, cols, alibi, bias, seed)
     if not isinstance(dlse, SymbolicZero):
@@ -440,7 +402,7 @@ def _mask_rows(op: str, shape, causal: bool, window, segment_ids, varlen) -> tup
         return _attn_mask.MASK_ROWS, _attn_mask.varlen_rows(cu_q, cu_k, seq_q, seq_k, causal, window)
     if segment_ids is not None:
         ids = _attn_args.segment_ids(op, segment_ids, batch, seq_q, seq_k)
-        return _attn_mask.MASK_ROWS, _segment_rows(ids, causal, window)
+        return _attn_mask.MASK_ROWS, _attn_mask_ops.segment_rows(ids, causal, window)
     mask, rows = _attn_mask.dense_mask(seq_q, seq_k, causal, window)
     return mask, None if rows is None else jnp.asarray(rows)
 
