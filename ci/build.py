@@ -73,6 +73,9 @@ def jit_modules() -> list[str]:
     return list(jit_build.libraries(config.load(env={})))
 
 
+# The registry is this module's: each load of it (ci.build, or by its path as the tests load it) registers its own
+# builds afresh; a name defined twice within one load still fails (Build.__post_init__).
+Build._builds.clear()
 PR_TIER = (("JA_TEST_TIER", "pr"),)
 # The producer's merge job publishes the merged libraries to this folder (jit-libs-<cache id>/, content-addressed)
 # and uploads it as the run's artifact jit-store-<backend>; a GPU job of the same run fetches from it

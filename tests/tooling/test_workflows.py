@@ -143,7 +143,9 @@ def test_container_images_come_from_ci_build_pinned_by_digest() -> None:
         assert image in (None, "${{ matrix.container }}"), f"{name}:{job_id}: take the image from ci/build.py"
     images = {b.runner.container for b in BUILDS.values() if b.runner.container}
     unpinned = {i for i in images if not re.search(r"@sha256:[0-9a-f]{64}$", i)}
-    assert unpinned == ci_build.UNPINNED_IMAGES, unpinned ^ ci_build.UNPINNED_IMAGES
+    from ci.build_types import UNPINNED_IMAGES
+
+    assert unpinned == UNPINNED_IMAGES, unpinned ^ UNPINNED_IMAGES
 
 
 def test_jobs_with_a_write_token_install_hash_pinned_tools() -> None:
