@@ -85,7 +85,8 @@ def test_the_loader_registers_the_new_targets(scratch):
 def test_the_jit_build_builds_the_new_module(scratch):
     settings = config.load(backend="cpu", root=scratch, env={})
     assert jit_build.libraries(settings) == {"rmsnorm_fwd": "librmsnorm_fwd.so", "mha_fwd": "libmha_fwd.so",
-                                             "mha_bwd": "libmha_bwd.so", "gelu_fwd": "libgelu_fwd.so"}
+                                             "mha_bwd": "libmha_bwd.so", "paged_attn": "libpaged_attn.so",
+                                             "gelu_fwd": "libgelu_fwd.so"}
 
 
 def test_the_ci_producer_builds_a_shard_of_the_new_module(scratch):
@@ -119,7 +120,7 @@ def tables(tmp_path) -> tuple[config.Settings, Path, Path]:
 
 def test_the_jit_config_and_the_op_table_must_name_the_same_modules(tables):
     settings, table, cfg_path = tables
-    assert list(jit_modules.module_table(settings)) == ["rmsnorm_fwd", "mha_fwd", "mha_bwd"]  # the real pair agrees
+    assert list(jit_modules.module_table(settings)) == ["rmsnorm_fwd", "mha_fwd", "mha_bwd", "paged_attn"]  # they agree
     original = table.read_text()
     table.write_text(original + ROW)
     with pytest.raises(op_table.OpTableError, match=r"module gelu_fwd is needed by the op table .* but has no "
