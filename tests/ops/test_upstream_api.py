@@ -4,7 +4,7 @@ The calls below are written as upstream's users and its own tests (tests/test_mh
 tests/test_mha_varlen_ja.py, tests/test_rmsnorm_ja.py upstream) write them: the module imports and
 paths, positional and keyword arguments with upstream's names (min_seqlen_q, logits_soft_cap,
 block_table=None, out=None ...), bias in the activations' dtype, dropout without a key, the return
-conventions (a tuple; varlen's fixed triple). Each must run; the facades translate names and
+conventions (a tuple: (out,), then lse, then the probabilities). Each must run; the facades translate names and
 conventions only, so their results equal the op's bit for bit, and the op's equal a float32
 jax.numpy reference as upstream's tests check it.
 """
@@ -145,3 +145,44 @@ def test_mha_batch_calls(device, b, sq, sk, hq, hk, d, dtype, causal):
     for g, w in zip(grads, want):
         assert g.shape == w.shape and g.dtype == dtype and bool(jnp.all(jnp.isfinite(g)))
         _close(g, w, dtype, factor=10)  # upstream's backward factor
+
+
+# --- flash_attn_varlen's returns, as current upstream's ------------------------------------------------------------
+
+def test_varlen_returns_out_then_lse_then_probs(device):
+    """(out,) by default; (out, lse) with return_lse, so `out, lse = flash_attn_varlen(..., return_lse=True)`
+    unpacks; the probabilities appended with return_attn_probs (with or without dropout)."""
+    from jax_aiter.mha import flash_attn_varlen
+
+    cu = np.array([0, 5, 12], np.int32)
+    q, k, v = (random((12, h, 32), jnp.float32, i) for i, h in enumerate((4, 2, 2)))
+    result = flash_attn_varlen(q, k, v, cu, cu, causal=True)
+    assert isinstance(result, tuple) and len(result) == 1 and result[0].shape == (12, 4, 32)
+    out, lse = flash_attn_varlen(q, k, v, cu, cu, 7, 7, 0.0, None, True, (-1, -1), False, True)  # positional
+    _same(out, result[0])
+    assert lse.shape == (4, 12) and lse.dtype == jnp.float32
+    out2, lse2, probs = flash_attn_varlen(q, k, v, cu, cu, max_seqlen_k=7, causal=True, return_lse=True,
+                                          return_attn_probs=True)
+    _same(out2, out)
+    _same(lse2, lse)
+    assert probs.shape == (4, 12, 7)
+    np.testing.assert_allclose(np.asarray(probs).sum(-1), 1.0, rtol=1e-5)  # each row's probabilities over its keys
+    out3, probs3 = flash_attn_varlen(q, k, v, cu, cu, max_seqlen_k=7, causal=True, return_attn_probs=True)
+    _same(out3, out)
+    _same(probs3, probs)
+
+
+def test_varlen_return_types_are_overloads_on_literal():
+    """Type checkers see (out,) for return_lse=False, (out, lse) with lse not Optional for return_lse=True (as a
+    keyword or positionally), and a tuple of arrays for a bool known only at run time."""
+    import typing
+
+    from jax_aiter.mha import flash_attn_varlen
+
+    overloads = typing.get_overloads(flash_attn_varlen)
+    assert len(overloads) == 4
+    hints = [typing.get_type_hints(f) for f in overloads]
+    one, pair, many = tuple[jax.Array], tuple[jax.Array, jax.Array], tuple[jax.Array, ...]
+    assert [h["return"] for h in hints] == [one, pair, pair, many]
+    assert [h["return_lse"] for h in hints] == [typing.Literal[False], typing.Literal[True], typing.Literal[True],
+                                                bool]
