@@ -67,7 +67,20 @@ def test_rmsnorm_module_under_jit_and_grad(device):
         _same(g, w)
 
 
-FACADES = ["mha", "rmsnorm"]
+FACADES = ["activation", "mha", "rmsnorm"]
+
+
+def test_the_serving_api_is_in_jax_aiter_ops_as_upstream_has_it():
+    """`from jax_aiter.ops import append_kv, paged_attention, paged_prefill` (upstream's module), the same functions
+    as jax_aiter.<name>; every public name of the op table is there, and only those."""
+    from jax_aiter import ops
+    from jax_aiter.ops import append_kv, paged_attention, paged_prefill  # noqa: F401  (the import is the test)
+
+    for name in jax_aiter.__all__:
+        if name not in ("register", "disabled_checks"):
+            assert getattr(ops, name) is getattr(jax_aiter, name), name
+    with pytest.raises(AttributeError, match="module 'jax_aiter.ops' has no attribute 'paged_atention'"):
+        ops.paged_atention  # noqa: B018
 
 
 @pytest.mark.parametrize("name", FACADES)
