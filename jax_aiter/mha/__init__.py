@@ -11,7 +11,7 @@ key and says so in a warning.
 """
 from __future__ import annotations
 
-from typing import Literal, overload
+from typing import Literal, TypedDict, Unpack, overload
 
 import jax
 import jax.numpy as jnp
@@ -54,58 +54,45 @@ def _returns(out, lse, probs) -> tuple[jax.Array, ...]:
     return (out,) + tuple(x for x in (lse, probs) if x is not None)
 
 
+class _VarlenOptions(TypedDict, total=False):
+    """flash_attn_varlen's keyword-only arguments but return_attn_probs: the tail its overloads share."""
+    min_seqlen_q: int
+    logits_soft_cap: float
+    bias: ArrayLike | None
+    alibi_slopes: ArrayLike | None
+    block_table: None
+    out: None
+    cu_seqlens_q_padded: None
+    cu_seqlens_k_padded: None
+    dropout_key: jax.Array | None
+    q_descale: ArrayLike | None
+    k_descale: ArrayLike | None
+    v_descale: ArrayLike | None
+
+
+# The return's type follows return_lse and return_attn_probs (Literal overloads): (out,) by default, (out, lse)
+# with return_lse=True (lse not Optional), a tuple of arrays where a flag is known only at run time (or return_lse
+# is given positionally).
 @overload
 def flash_attn_varlen(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: ArrayLike,
-                      cu_seqlens_k: ArrayLike | None = None, max_seqlen_q: int | None = 0,
-                      max_seqlen_k: int | None = 0, dropout_p: float = 0.0, softmax_scale: float | None = None,
-                      causal: bool = False, window_size: tuple[int, int] = (-1, -1), deterministic: bool = False,
-                      return_lse: Literal[False] = False, *, min_seqlen_q: int = 0, logits_soft_cap: float = 0.0,
-                      bias: ArrayLike | None = None, alibi_slopes: ArrayLike | None = None,
-                      return_attn_probs: Literal[False] = False, block_table: None = None, out: None = None,
-                      cu_seqlens_q_padded: None = None, cu_seqlens_k_padded: None = None,
-                      dropout_key: jax.Array | None = None, q_descale: ArrayLike | None = None,
-                      k_descale: ArrayLike | None = None, v_descale: ArrayLike | None = None) -> tuple[jax.Array]: ...
-
-
+                      cu_seqlens_k: ArrayLike | None = ..., max_seqlen_q: int | None = ..., max_seqlen_k: int | None = ...,
+                      dropout_p: float = ..., softmax_scale: float | None = ..., causal: bool = ...,
+                      window_size: tuple[int, int] = ..., deterministic: bool = ..., return_lse: Literal[False] = ...,
+                      *, return_attn_probs: Literal[False] = ...,
+                      **options: Unpack[_VarlenOptions]) -> tuple[jax.Array]: ...
 @overload
 def flash_attn_varlen(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: ArrayLike,
-                      cu_seqlens_k: ArrayLike | None, max_seqlen_q: int | None, max_seqlen_k: int | None,
-                      dropout_p: float, softmax_scale: float | None, causal: bool, window_size: tuple[int, int],
-                      deterministic: bool, return_lse: Literal[True], *, min_seqlen_q: int = 0,
-                      logits_soft_cap: float = 0.0, bias: ArrayLike | None = None,
-                      alibi_slopes: ArrayLike | None = None, return_attn_probs: Literal[False] = False,
-                      block_table: None = None, out: None = None, cu_seqlens_q_padded: None = None,
-                      cu_seqlens_k_padded: None = None, dropout_key: jax.Array | None = None,
-                      q_descale: ArrayLike | None = None, k_descale: ArrayLike | None = None,
-                      v_descale: ArrayLike | None = None) -> tuple[jax.Array, jax.Array]: ...
-
-
+                      cu_seqlens_k: ArrayLike | None = ..., max_seqlen_q: int | None = ..., max_seqlen_k: int | None = ...,
+                      dropout_p: float = ..., softmax_scale: float | None = ..., causal: bool = ...,
+                      window_size: tuple[int, int] = ..., deterministic: bool = ..., *, return_lse: Literal[True],
+                      return_attn_probs: Literal[False] = ...,
+                      **options: Unpack[_VarlenOptions]) -> tuple[jax.Array, jax.Array]: ...
 @overload
 def flash_attn_varlen(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: ArrayLike,
-                      cu_seqlens_k: ArrayLike | None = None, max_seqlen_q: int | None = 0,
-                      max_seqlen_k: int | None = 0, dropout_p: float = 0.0, softmax_scale: float | None = None,
-                      causal: bool = False, window_size: tuple[int, int] = (-1, -1), deterministic: bool = False,
-                      *, return_lse: Literal[True], min_seqlen_q: int = 0, logits_soft_cap: float = 0.0,
-                      bias: ArrayLike | None = None, alibi_slopes: ArrayLike | None = None,
-                      return_attn_probs: Literal[False] = False, block_table: None = None, out: None = None,
-                      cu_seqlens_q_padded: None = None, cu_seqlens_k_padded: None = None,
-                      dropout_key: jax.Array | None = None, q_descale: ArrayLike | None = None,
-                      k_descale: ArrayLike | None = None,
-                      v_descale: ArrayLike | None = None) -> tuple[jax.Array, jax.Array]: ...
-
-
-@overload
-def flash_attn_varlen(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: ArrayLike,
-                      cu_seqlens_k: ArrayLike | None = None, max_seqlen_q: int | None = 0,
-                      max_seqlen_k: int | None = 0, dropout_p: float = 0.0, softmax_scale: float | None = None,
-                      causal: bool = False, window_size: tuple[int, int] = (-1, -1), deterministic: bool = False,
-                      return_lse: bool = False, *, min_seqlen_q: int = 0, logits_soft_cap: float = 0.0,
-                      bias: ArrayLike | None = None, alibi_slopes: ArrayLike | None = None,
-                      return_attn_probs: bool = False, block_table: None = None, out: None = None,
-                      cu_seqlens_q_padded: None = None, cu_seqlens_k_padded: None = None,
-                      dropout_key: jax.Array | None = None, q_descale: ArrayLike | None = None,
-                      k_descale: ArrayLike | None = None,
-                      v_descale: ArrayLike | None = None) -> tuple[jax.Array, ...]: ...
+                      cu_seqlens_k: ArrayLike | None = ..., max_seqlen_q: int | None = ..., max_seqlen_k: int | None = ...,
+                      dropout_p: float = ..., softmax_scale: float | None = ..., causal: bool = ...,
+                      window_size: tuple[int, int] = ..., deterministic: bool = ..., return_lse: bool = ..., *,
+                      return_attn_probs: bool = ..., **options: Unpack[_VarlenOptions]) -> tuple[jax.Array, ...]: ...
 
 
 def flash_attn_varlen(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: ArrayLike,

@@ -186,16 +186,37 @@ def test_varlen_returns_out_then_lse_then_probs(device):
 
 
 def test_varlen_return_types_are_overloads_on_literal():
-    """Type checkers see (out,) for return_lse=False, (out, lse) with lse not Optional for return_lse=True (as a
-    keyword or positionally), and a tuple of arrays for a bool known only at run time."""
+    """Type checkers see (out,) for return_lse=False, (out, lse) with lse not Optional for return_lse=True, and a
+    tuple of arrays for a bool known only at run time; each overload takes every argument the function does."""
+    import inspect
     import typing
 
     from jax_aiter.mha import flash_attn_varlen
 
     overloads = typing.get_overloads(flash_attn_varlen)
-    assert len(overloads) == 4
     hints = [typing.get_type_hints(f) for f in overloads]
     one, pair, many = tuple[jax.Array], tuple[jax.Array, jax.Array], tuple[jax.Array, ...]
-    assert [h["return"] for h in hints] == [one, pair, pair, many]
-    assert [h["return_lse"] for h in hints] == [typing.Literal[False], typing.Literal[True], typing.Literal[True],
-                                                bool]
+    assert [h["return"] for h in hints] == [one, pair, many]
+    assert [h["return_lse"] for h in hints] == [typing.Literal[False], typing.Literal[True], bool]
+    assert [h["return_attn_probs"] for h in hints] == [typing.Literal[False], typing.Literal[False], bool]
+    extras = set(typing.get_type_hints(hints[0]["options"].__args__[0]))  # Unpack[_VarlenOptions]
+    for f in overloads:
+        names = set(inspect.signature(f).parameters) - {"options"} | extras
+        assert names == set(inspect.signature(flash_attn_varlen).parameters), f
+
+
+def test_a_type_checker_reads_the_varlen_returns(tmp_path):
+    """mypy (the test environment's) on upstream-style calls: (out,), then (out, lse) with lse an Array (not
+    Optional), and the overloads consistent with the implementation (mypy checks that too)."""
+    mypy_api = pytest.importorskip("mypy.api", reason="mypy is not installed in this environment")
+    code = tmp_path / "calls.py"
+    code.write_text(
+        "import jax.numpy as jnp\nfrom jax_aiter.mha import flash_attn_varlen\nq = cu = jnp.zeros(3)\n"
+        "reveal_type(flash_attn_varlen(q, q, q, cu))\n"
+        "out, lse = flash_attn_varlen(q, q, q, cu, causal=True, return_lse=True, logits_soft_cap=2.0)\n"
+        "reveal_type(lse)\n")
+    stdout, stderr, status = mypy_api.run([str(code), str(ROOT / "jax_aiter" / "mha" / "__init__.py"),
+                                           "--ignore-missing-imports", "--follow-imports=silent", "--no-incremental"])
+    assert status == 0, stdout + stderr
+    revealed = [line.split("Revealed type is ")[1] for line in stdout.splitlines() if "Revealed type" in line]
+    assert revealed == ['"tuple[jax._src.basearray.Array]"', '"jax._src.basearray.Array"'], stdout
