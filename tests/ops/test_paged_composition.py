@@ -82,7 +82,7 @@ def pool_sized(hlo: str) -> list[str]:
 
 # --- one step under jit with donation: the compiled HLO ----------------------------------------------------------
 
-def test_a_donated_step_holds_no_pool_sized_copy(cpu):
+def test_a_donated_step_holds_no_pool_sized_copy(cpu, capsys):
     args = (*_pools(), *Server().inputs())
     donated = jax.jit(step, donate_argnums=(0, 1)).lower(*args).compile()
     text = donated.as_text()
@@ -91,6 +91,9 @@ def test_a_donated_step_holds_no_pool_sized_copy(cpu):
     assert "output_to_operand_aliasing={{0}: (5, {}), {1}: (6, {})}" in call
     assert sorted(pool_sized(text)) == ["get-tuple-element"] * 2 + ["parameter"] * 2, pool_sized(text)
     memory = donated.memory_analysis()
+    with capsys.disabled():
+        print(f"\n[paged donation] compiled step: pools 2 x {POOL_BYTES} B, aliased {memory.alias_size_in_bytes} B, "
+              f"temporaries {memory.temp_size_in_bytes} B")
     assert memory.alias_size_in_bytes == 2 * POOL_BYTES and memory.temp_size_in_bytes < POOL_BYTES // 64
     # the control: without donation XLA keeps the caller's pools and writes copies, one per pool
     kept = jax.jit(step).lower(*args).compile()
