@@ -22,7 +22,7 @@ from jatools import config
 from jatools.jitlibs import publish
 from jatools.native import jit_build
 from jax_aiter import manifest as mf
-from jax_aiter import reuse_gate
+from jax_aiter import op_table, reuse_gate
 
 REPO = Path(__file__).resolve().parents[2]
 FAST_FETCH_ENV = {"JA_FETCH_TIMEOUT_S": "0.5", "JA_FETCH_RETRIES": "2", "JA_FETCH_BACKOFF_S": "0.05",
@@ -173,7 +173,7 @@ class FaultServer:
 
 # --- a checkout and its identity ----------------------------------------------------------------------
 
-MODULES = {"rmsnorm_fwd": "librmsnorm_fwd.so", "mha_fwd": "libmha_fwd.so", "mha_bwd": "libmha_bwd.so"}
+MODULES = op_table.jit_libraries(op_table.load())  # {module: library}, from the op table (its one home)
 
 
 def git(root: Path, *args: str) -> str:
