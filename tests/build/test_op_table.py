@@ -54,7 +54,7 @@ def test_make_builds_the_new_shim_in_ja_mods_only(scratch):
     full = run(["make", "-n", f"PYTHON={sys.executable}", "ja_mods"], scratch)
     assert "jax-aiter: backend cpu" in full.stderr, "the op table changed, so build/config.mk is regenerated"
     mk = (scratch / "build/config.mk").read_text()
-    assert "SHIMS_MHA := mha_fwd mha_bwd gelu_and_mul\n" in mk and "JIT_gelu_and_mul := gelu_fwd\n" in mk
+    assert "SHIMS_MHA := mha_fwd mha_bwd append_kv paged_attn gelu_and_mul\n" in mk and "JIT_gelu_and_mul := gelu_fwd\n" in mk
     link = next(line for line in full.stdout.splitlines() if "-o build/jax_aiter_build/gelu_and_mul_ja.so.tmp" in line)
     assert "-lgelu_fwd -ljax_aiter" in link and "-soname=gelu_and_mul_ja.so" in link
     assert "--module gelu_fwd" in full.stdout, "the missing JIT library's error names the new module"
@@ -79,7 +79,7 @@ def test_the_loader_registers_the_new_targets(scratch):
                          text=True, check=True).stdout.split(" ", 1)
     assert out[0].startswith(str(scratch)), "the scratch copy's loader"
     assert out[1].strip() == ("gelu_and_mul_ja.so ('libgelu_fwd.so',) (('ja_gelu_and_mul', 'JaGeluAndMul'),) "
-                              "('libmha_fwd.so', 'libmha_bwd.so', 'libgelu_fwd.so')")
+                              "('libmha_fwd.so', 'libmha_bwd.so', 'libpaged_attn.so', 'libgelu_fwd.so')")
 
 
 def test_the_jit_build_builds_the_new_module(scratch):
