@@ -20,12 +20,16 @@ that is not installed, call :func:`register` first.
 # typing.TYPE_CHECKING without importing typing; type checkers take any name TYPE_CHECKING as true.
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # the names of _LAZY and _SUBMODULES (a test keeps them equal); `as` marks a re-export (PEP 484)
+    from jax_aiter import activation as activation  # a facade module (_SUBMODULES)
     from jax_aiter import mha as mha  # a facade package (_SUBMODULES)
     from jax_aiter import rmsnorm as rmsnorm  # a facade module (_SUBMODULES)
     from jax_aiter.ops.activation import silu_and_mul as silu_and_mul
     from jax_aiter.ops.attention import flash_attn_func as flash_attn_func
     from jax_aiter.ops.export import disabled_checks as disabled_checks
     from jax_aiter.ops.export import register as register
+    from jax_aiter.ops.paged import append_kv as append_kv
+    from jax_aiter.ops.paged import paged_attention as paged_attention
+    from jax_aiter.ops.paged import paged_prefill as paged_prefill
     from jax_aiter.ops.rmsnorm import rms_norm as rms_norm
     from jax_aiter.ops.rmsnorm import rms_norm_with_add as rms_norm_with_add
 
@@ -37,7 +41,7 @@ if TYPE_CHECKING:  # the names of _LAZY and _SUBMODULES (a test keeps them equal
 _EXPORT = "jax_aiter.ops.export"
 # upstream jax-aiter's facade modules (jax_aiter/rmsnorm.py ...): importable as jax_aiter.<name>, and reachable as
 # an attribute after a bare `import jax_aiter`, as upstream's __init__ imports them (loaded on first use here)
-_SUBMODULES = ("mha", "rmsnorm")
+_SUBMODULES = ("activation", "mha", "rmsnorm")
 
 
 def _names() -> dict[str, str]:

@@ -116,8 +116,9 @@ def generate(name: str, module: dict, kinds: list[str], out_dir: Path, root: Pat
 
 
 def build_kinds(module: dict, tc: toolchain.Toolchain) -> list[str]:
-    """The template kinds of `module` that this toolchain compiles."""
-    kinds = ["cpu"] + (["gpu"] if tc.backend != "cpu" else [])
+    """The template kinds of `module` that this toolchain compiles. A module without a `gpu` template (the paged
+    attention kernels: CPU only so far) compiles its CPU kind on every backend; its shim registers no GPU handler."""
+    kinds = ["cpu"] + (["gpu"] if tc.backend != "cpu" and "gpu" in module.get("templates", {}) else [])
     return kinds + [k for k, (base, _) in ARCH_KINDS.items()
                     if k in module.get("templates", {}) and tc.backend == "cuda" and base in tc.archs]
 

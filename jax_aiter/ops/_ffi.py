@@ -24,20 +24,25 @@ def poisoning() -> bool:
     return os.environ.get("JA_POISON_OUTPUTS", "") == "1"
 
 
-def ffi_call(target: str, out_types, *args, **attrs):
+def ffi_call(target: str, out_types, *args, aliases: dict[int, int] | None = None, **attrs):
+    """The call of `target` on args. `aliases` {operand index: result index}: results written in place of those
+    operands (append_kv's pools); they are never poisoned (they hold the operands' values)."""
     single = not isinstance(out_types, (tuple, list))
     outs = (out_types,) if single else tuple(out_types)
+    aliases = dict(aliases or {})
     args = _sharding.vary_like(*args)
     if args and _sharding.varying_axes(args[0]):
         outs = tuple(_sharding.varying_like(o, args[0]) for o in outs)
-    if poisoning():
-        poison = [jnp.full(o.shape, jnp.nan if jnp.issubdtype(o.dtype, jnp.floating) else -1, o.dtype) for o in outs]
+    fresh = [i for i in range(len(outs)) if i not in aliases.values()]
+    if poisoning() and fresh:
+        poison = [jnp.full(outs[i].shape, jnp.nan if jnp.issubdtype(outs[i].dtype, jnp.floating) else -1,
+                           outs[i].dtype) for i in fresh]
         poison = list(_sharding.vary_like(*args, *poison)[len(args):])
-        aliases = {len(args) + i: i for i in range(len(outs))}
+        aliases.update({len(args) + n: i for n, i in enumerate(fresh)})
         call = jax.ffi.ffi_call(target, outs, input_output_aliases=aliases)
         result = call(*args, *poison, **attrs)
     else:
-        result = jax.ffi.ffi_call(target, outs)(*args, **attrs)
+        result = jax.ffi.ffi_call(target, outs, input_output_aliases=aliases or None)(*args, **attrs)
     return result[0] if single else tuple(result)
 
 

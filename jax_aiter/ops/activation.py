@@ -1,4 +1,9 @@
-"""SiLU-and-mul through the silu_and_mul FFI kernel; the backward is plain JAX."""
+"""SiLU-and-mul through the silu_and_mul FFI kernel; the backward is plain JAX.
+
+Two forms, one kernel: x [..., 2d] holding [gate | up] (jax_aiter.silu_and_mul(x)), and gate and up [..., d] as
+two arrays (upstream's jax_aiter.activation.silu_and_mul(gate, up)), which each shard joins locally into the
+kernel's [gate | up] rows: gate and up split alike (rows or the last axis) stay split with no collective, as
+plain JAX's silu(gate) * up does."""
 from __future__ import annotations
 
 from functools import cache, partial
@@ -118,15 +123,18 @@ def _fwd(x, limit, spec):
     return out, pairs
 
 
+def _grads(gate, up, g):
+    """float32 (d gate, d up) of silu(gate) * up for the output's cotangent g."""
+    a, b, gf = (x.astype(jnp.float32) for x in (gate, up, g))
+    s = jax.nn.sigmoid(a)
+    return gf * b * s * (1.0 + a * (1.0 - s)), gf * a * s
+
+
 def _bwd(limit, spec, pairs, g):
     """dx = [dgate | dup], put together as plain JAX's autodiff of the definition's slices does (each half padded
     to x's width, then summed): with x's last axis split, XLA moves the halves with collective-permutes. (A
     concatenate of them costs three all-to-alls over that axis: an FSDP MLP's hidden axis.)"""
-    a, b = pairs[..., 0, :].astype(jnp.float32), pairs[..., 1, :].astype(jnp.float32)
-    gf = g.astype(jnp.float32)
-    s = jax.nn.sigmoid(a)
-    da = (gf * b * s * (1.0 + a * (1.0 - s))).astype(pairs.dtype)
-    db = (gf * a * s).astype(pairs.dtype)
+    da, db = (x.astype(pairs.dtype) for x in _grads(pairs[..., 0, :], pairs[..., 1, :], g))
     d, rows = da.shape[-1], [(0, 0)] * (da.ndim - 1)
     dx = jnp.pad(da, [*rows, (0, d)]) + jnp.pad(db, [*rows, (d, 0)])
     return (_partition.to_spec(dx, spec),)
@@ -135,14 +143,77 @@ def _bwd(limit, spec, pairs, g):
 _silu_and_mul.defvjp(_fwd, _bwd)
 
 
-def silu_and_mul(x: ArrayLike) -> jax.Array:
-    """SwiGLU's activation: silu(x[..., :d]) * x[..., d:].
+# --- gate and up as two arrays ----------------------------------------------------------------------------
+
+def _pair_call(limit, gate, up):
+    """The kernel on this shard's (or the whole) gate and up: joined into its [gate | up] rows here, locally."""
+    return _kernel(limit, jnp.concatenate([gate, up], axis=-1))
+
+
+def _pair_plan(limit, mesh, operands, refine):
+    """gate's split for both (up follows it, as plain JAX's elementwise product reshards one to the other) and the
+    output: every axis, the last included, splits elementwise."""
+    spec = operands[0].spec
+    return _partition.Plan([spec, spec], [spec], partial(_pair_call, limit))
+
+
+_PAIR = _partition.partitioned(_pair_call, "... j, ... j -> ... j", _pair_plan, n_static=1)
+
+
+def _xla_pair(gate, up):
+    return (jax.nn.silu(gate.astype(jnp.float32)) * up.astype(jnp.float32)).astype(gate.dtype)
+
+
+@cache
+def _pair_prim(limit: int):
+    op = _batching.rowwise(partial(_PAIR, limit), 2)
+    return _partition.tangents_from(op, _xla_pair)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _silu_and_mul_pair(gate, up, limit, gate_spec, up_spec):
+    return _pair_prim(limit)(gate, up)
+
+
+def _pair_fwd(gate, up, limit, gate_spec, up_spec):
+    return _pair_prim(limit)(gate, up), (gate, up)
+
+
+def _pair_bwd(limit, gate_spec, up_spec, res, g):
+    gate, up = res
+    da, db = _grads(gate, up, g)
+    return _partition.to_spec(da.astype(gate.dtype), gate_spec), _partition.to_spec(db.astype(up.dtype), up_spec)
+
+
+_silu_and_mul_pair.defvjp(_pair_fwd, _pair_bwd)
+
+
+def _gate_and_up(gate, up) -> jax.Array:
+    op = "silu_and_mul"
+    gate, up = _checks.as_array(op, "gate", gate), _checks.as_array(op, "up", up)
+    _checks.check_dtype(op, "gate", gate)
+    _checks.check_same_dtype(op, "gate", gate, "up", up)
+    if gate.shape != up.shape:
+        raise ValueError(f"{op}: gate has shape {tuple(gate.shape)} but up has {tuple(up.shape)}; they are the two "
+                         "halves of one projection and must have one shape")
+    if gate.ndim < 1:
+        raise ValueError(f"{op}: gate and up must have rank >= 1 ([..., d]), got shape {tuple(gate.shape)}")
+    if _checks.is_empty(gate):
+        return _xla_pair(gate, up)
+    return _silu_and_mul_pair(gate, up, _small.limit(), _partition.spec_of(gate), _partition.spec_of(up))
+
+
+def silu_and_mul(x: ArrayLike, up: ArrayLike | None = None) -> jax.Array:
+    """SwiGLU's activation: silu(x[..., :d]) * x[..., d:], or silu(gate) * up given two arrays.
 
     Parameters
     ----------
     x : array_like, shape [..., 2 * d]
         float32, bfloat16 or float16: the gate half then the up half on the last axis.
-        Every leading axis is a row.
+        Every leading axis is a row. With `up`: the gate, shape [..., d].
+    up : array_like, shape [..., d], optional
+        The up projection, gate's shape and dtype (upstream's jax_aiter.activation.silu_and_mul(gate,
+        up)). Differentiable in both.
 
     Returns
     -------
@@ -156,8 +227,12 @@ def silu_and_mul(x: ArrayLike) -> jax.Array:
     one that does not (forward-mode autodiff) are as for rms_norm. Under jax.jit with
     NamedSharding inputs (Auto or Explicit mesh axes) the rows stay sharded, and a split
     last axis stays split: the output's columns split as plain JAX's jnp.split gives
-    (docs/transformations.md).
+    (docs/transformations.md). Given gate and up, each shard joins its own gate and up
+    columns (a copy of both, in the shard), so gate and up split alike stay split with no
+    collective, as plain JAX's silu(gate) * up.
     """
+    if up is not None:
+        return _gate_and_up(x, up)
     x = _checks.as_array("silu_and_mul", "x", x)
     _checks.check_dtype("silu_and_mul", "x", x)
     if x.ndim < 1 or x.shape[-1] % 2:

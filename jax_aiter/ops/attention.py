@@ -42,8 +42,10 @@ from jax_aiter.ops import (
     _batching,
     _checks,
     _ffi,
+    _paged_args,
     _partition,
     _sharding,
+    paged,
 )
 
 OP = "flash_attn_func"
@@ -320,11 +322,28 @@ def attend(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, causal: bool = False, so
            alibi_slopes: ArrayLike | None = None, softcap: float = 0.0, segment_ids: ArrayLike | None = None,
            cu_seqlens_q: ArrayLike | None = None, cu_seqlens_kv: ArrayLike | None = None, max_seqlen_q: int = 0,
            max_seqlen_k: int = 0, deterministic: bool = False, dropout_key=None, return_lse: bool = False,
-           return_probs: bool = False, implementation: str | None = None, op: str = OP):
+           return_probs: bool = False, q_descale: ArrayLike | None = None, k_descale: ArrayLike | None = None,
+           v_descale: ArrayLike | None = None, implementation: str | None = None, op: str = OP):
     """Attention with every feature: (out, lse or None, probabilities or None). The one implementation behind
     flash_attn_func and the upstream facades (jax_aiter/mha.py), which translate their conventions to it;
-    the arguments are flash_attn_func's (docs/attention.md)."""
+    the arguments are flash_attn_func's (docs/attention.md). float8_e4m3fn q, k and v with their descales run FP8
+    attention (`_attend_fp8`)."""
     q, k, v = (_checks.as_array(op, name, x) for name, x in (("q", q), ("k", k), ("v", v)))
+    descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+    if any(x.dtype == paged.FP8 for x in (q, k, v)):
+        if implementation not in (None, "cpu"):
+            raise ValueError(f"{op}: FP8 attention (float8_e4m3fn q, k, v) runs on the CPU's paged kernel only; "
+                             f"implementation {implementation!r} does not take it: pass implementation=None")
+        return _attend_fp8(op, q, k, v, descales, causal=causal, softmax_scale=softmax_scale, dropout_p=dropout_p,
+                           window_size=window_size, softcap=softcap, cu_seqlens_q=cu_seqlens_q,
+                           cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                           return_lse=return_lse,
+                           unsupported={"bias": bias, "alibi_slopes": alibi_slopes, "segment_ids": segment_ids,
+                                        "return_attn_probs": return_probs or None})
+    for name, value in descales.items():
+        if value is not None:
+            raise TypeError(f"{op}: {name} is for float8_e4m3fn inputs (it multiplies their values), but q is "
+                            f"{q.dtype.name}; drop {name}, or pass float8_e4m3fn q, k and v")
     for name, x in (("q", q), ("k", k), ("v", v)):
         _checks.check_dtype(op, name, x)
     _checks.check_same_dtype(op, "q", q, "k", k), _checks.check_same_dtype(op, "q", q, "v", v)
@@ -407,6 +426,48 @@ def _mask_rows(op: str, shape, causal: bool, window, segment_ids, varlen) -> tup
     return mask, None if rows is None else jnp.asarray(rows)
 
 
+def _attend_fp8(op: str, q, k, v, descales: dict, *, causal, softmax_scale, dropout_p, window_size, softcap,
+                cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_k, return_lse, unsupported: dict):
+    """FP8 attention: float8_e4m3fn q, k and v, each with its descale ([1] or [batch, heads_kv]: the value an
+    element stands for is element * descale), bfloat16 out; causal, windows, softcap, GQA and packed sequences
+    (docs/serving.md, "FP8 attention"). It runs on the paged attention kernel (paged.attend_fp8)."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.dtype != paged.FP8:
+            raise TypeError(f"{op}: FP8 attention takes float8_e4m3fn q, k and v alike, but {name} is "
+                            f"{x.dtype.name}; cast it (with its descale) or pass all three in one compute dtype")
+    given = [name for name, value in unsupported.items() if value is not None]
+    if given or _attn_args.dropout_p(op, dropout_p) > 0:
+        raise ValueError(f"{op}: FP8 attention (float8_e4m3fn q, k, v) takes causal, window_size, softcap, GQA and "
+                         f"cu_seqlens; {', '.join(given) or 'dropout_p > 0'} is not supported with float8 inputs: "
+                         "dequantize to bfloat16 (x.astype(jnp.bfloat16) * descale) for those features")
+    window = _attn_args.window(op, window_size)
+    cap = _attn_args.softcap(op, softcap)
+    causal = _attn_args.check_bool(op, "causal", causal)
+    varlen = cu_seqlens_q is not None or cu_seqlens_kv is not None
+    if varlen and (cu_seqlens_q is None or cu_seqlens_kv is None):
+        raise ValueError(f"{op}: give both cu_seqlens_q and cu_seqlens_kv (the same array for self-attention)")
+    q4, k4, v4, packed = _layout(op, q, k, v, varlen)
+    _check_shapes(op, q4, k4, v4)
+    heads_kv = k4.shape[2]
+    scale = _checks.check_scale(op, softmax_scale, _attn_args.default_scale(q4.shape[3]))
+    if packed:
+        max_q, max_k = (_attn_args.max_seqlen(op, n, x) for n, x in (("max_seqlen_q", max_seqlen_q),
+                                                                      ("max_seqlen_k", max_seqlen_k)))
+        cu_q = _attn_args.cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, q4.shape[1], max_q, "max_seqlen_q", "q")
+        cu_k = _attn_args.cu_seqlens(op, "cu_seqlens_kv", cu_seqlens_kv, k4.shape[1], max_k, "max_seqlen_k", "k")
+        if cu_q.shape[0] != cu_k.shape[0]:
+            raise ValueError(f"{op}: cu_seqlens_q and cu_seqlens_kv must count the same sequences, got "
+                             f"{cu_q.shape[0] - 1} and {cu_k.shape[0] - 1}")
+        batch, args = cu_q.shape[0] - 1, (q4[0], k4[0], v4[0])
+    else:
+        cu_q = cu_k = None
+        batch, args = q4.shape[0], (q4, k4, v4)
+    scales = tuple(_paged_args.descale(op, n, x, batch, heads_kv) for n, x in descales.items())
+    out, lse = paged.attend_fp8(op, *args, descales=scales, causal=causal, window=window, softcap=cap, scale=scale,
+                                cu_seqlens_q=cu_q, cu_seqlens_kv=cu_k, return_lse=return_lse)
+    return out, lse, None
+
+
 def _vary(q, k, v, alibi, bias):
     """q, k, v and the float operands cast to vary alike inside shard_map (a replicated bias's gradient is then
     summed over the shards, as a replicated K/V's is)."""
@@ -422,7 +483,9 @@ def flash_attn_func(q: ArrayLike, k: ArrayLike, v: ArrayLike, causal: bool = Fal
                     alibi_slopes: ArrayLike | None = None, softcap: float = 0.0,
                     segment_ids: ArrayLike | None = None, cu_seqlens_q: ArrayLike | None = None,
                     cu_seqlens_kv: ArrayLike | None = None, deterministic: bool = False,
-                    dropout_key: jax.Array | None = None, implementation: str | None = None) -> jax.Array:
+                    dropout_key: jax.Array | None = None, q_descale: ArrayLike | None = None,
+                    k_descale: ArrayLike | None = None, v_descale: ArrayLike | None = None,
+                    implementation: str | None = None) -> jax.Array:
     """Attention softmax(q k^T * softmax_scale + terms) v, without materialising the seq_q x seq_k matrix.
 
     Parameters
@@ -466,6 +529,11 @@ def flash_attn_func(q: ArrayLike, k: ArrayLike, v: ArrayLike, causal: bool = Fal
     dropout_key : jax.random key, optional
         The dropout draw's seed (needed with dropout_p > 0: without it a fixed key is
         used, with a warning).
+    q_descale, k_descale, v_descale : array_like, float32 [1] or [batch, heads_kv], optional
+        FP8 attention: with float8_e4m3fn q, k and v (all three), each is required; an
+        element stands for element * descale (it multiplies). The output is bfloat16;
+        causal, window_size, softcap, GQA and cu_seqlens work, forward only
+        (docs/serving.md, "FP8 attention").
     implementation : str, optional
         The kernel family that runs the call: "sm90" (Hopper wgmma + TMA), "mma"
         (mma.sync), "decode" (split-KV, few query rows per kv head), "simt" (every
@@ -490,4 +558,5 @@ def flash_attn_func(q: ArrayLike, k: ArrayLike, v: ArrayLike, causal: bool = Fal
     return attend(q, k, v, causal=causal, softmax_scale=softmax_scale, dropout_p=dropout_p,
                   window_size=window_size, bias=bias, alibi_slopes=alibi_slopes, softcap=softcap,
                   segment_ids=segment_ids, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
-                  deterministic=deterministic, dropout_key=dropout_key, implementation=implementation)[0]
+                  deterministic=deterministic, dropout_key=dropout_key, q_descale=q_descale, k_descale=k_descale,
+                  v_descale=v_descale, implementation=implementation)[0]

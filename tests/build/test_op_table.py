@@ -54,7 +54,7 @@ def test_make_builds_the_new_shim_in_ja_mods_only(scratch):
     full = run(["make", "-n", f"PYTHON={sys.executable}", "ja_mods"], scratch)
     assert "jax-aiter: backend cpu" in full.stderr, "the op table changed, so build/config.mk is regenerated"
     mk = (scratch / "build/config.mk").read_text()
-    assert "SHIMS_MHA := mha_fwd mha_bwd gelu_and_mul\n" in mk and "JIT_gelu_and_mul := gelu_fwd\n" in mk
+    assert "SHIMS_MHA := mha_fwd mha_bwd append_kv paged_attn gelu_and_mul\n" in mk and "JIT_gelu_and_mul := gelu_fwd\n" in mk
     link = next(line for line in full.stdout.splitlines() if "-o build/jax_aiter_build/gelu_and_mul_ja.so.tmp" in line)
     assert "-lgelu_fwd -ljax_aiter" in link and "-soname=gelu_and_mul_ja.so" in link
     assert "--module gelu_fwd" in full.stdout, "the missing JIT library's error names the new module"
@@ -68,7 +68,7 @@ def test_the_wheel_layout_holds_the_new_libraries(scratch):
     assert layout.libraries["gelu_and_mul_ja.so"].op == "gelu_and_mul"
     lite, full = layout.variant("lite"), layout.variant("full")
     assert "gelu_and_mul_ja.so" in lite.libraries and "libgelu_fwd.so" not in lite.libraries
-    assert lite.fetched == ("libmha_fwd.so", "libmha_bwd.so", "libgelu_fwd.so")
+    assert lite.fetched == ("libmha_fwd.so", "libmha_bwd.so", "libpaged_attn.so", "libgelu_fwd.so")
     assert {"gelu_and_mul_ja.so", "libgelu_fwd.so"} <= set(full.libraries) and not full.fetched
 
 
@@ -79,13 +79,14 @@ def test_the_loader_registers_the_new_targets(scratch):
                          text=True, check=True).stdout.split(" ", 1)
     assert out[0].startswith(str(scratch)), "the scratch copy's loader"
     assert out[1].strip() == ("gelu_and_mul_ja.so ('libgelu_fwd.so',) (('ja_gelu_and_mul', 'JaGeluAndMul'),) "
-                              "('libmha_fwd.so', 'libmha_bwd.so', 'libgelu_fwd.so')")
+                              "('libmha_fwd.so', 'libmha_bwd.so', 'libpaged_attn.so', 'libgelu_fwd.so')")
 
 
 def test_the_jit_build_builds_the_new_module(scratch):
     settings = config.load(backend="cpu", root=scratch, env={})
     assert jit_build.libraries(settings) == {"rmsnorm_fwd": "librmsnorm_fwd.so", "mha_fwd": "libmha_fwd.so",
-                                             "mha_bwd": "libmha_bwd.so", "gelu_fwd": "libgelu_fwd.so"}
+                                             "mha_bwd": "libmha_bwd.so", "paged_attn": "libpaged_attn.so",
+                                             "gelu_fwd": "libgelu_fwd.so"}
 
 
 def test_the_ci_producer_builds_a_shard_of_the_new_module(scratch):
@@ -119,7 +120,7 @@ def tables(tmp_path) -> tuple[config.Settings, Path, Path]:
 
 def test_the_jit_config_and_the_op_table_must_name_the_same_modules(tables):
     settings, table, cfg_path = tables
-    assert list(jit_modules.module_table(settings)) == ["rmsnorm_fwd", "mha_fwd", "mha_bwd"]  # the real pair agrees
+    assert list(jit_modules.module_table(settings)) == ["rmsnorm_fwd", "mha_fwd", "mha_bwd", "paged_attn"]  # they agree
     original = table.read_text()
     table.write_text(original + ROW)
     with pytest.raises(op_table.OpTableError, match=r"module gelu_fwd is needed by the op table .* but has no "

@@ -18,12 +18,14 @@ from pathlib import Path
 import pytest
 
 from jatools import release as release_job
+from jax_aiter import op_table
 from jax_aiter.download import manifest as mf
 from jax_aiter.download import release as fetcher
 from jax_aiter.download import transfer
 from jax_aiter.integrity import diff_entries
 from tests.tooling.jit_libs_support import (  # noqa: F401  (pytest fixtures)
     FAST_FETCH_ENV,
+    MODULES,
     REPO,
     FaultServer,
     checkout_fixture,
@@ -36,8 +38,8 @@ from tests.tooling.jit_libs_support import (  # noqa: F401  (pytest fixtures)
     wheel_identity,
 )
 
-MHA = ["libmha_fwd.so", "libmha_bwd.so"]
-SIZES = {"libmha_fwd.so": 300_000, "libmha_bwd.so": 200_000, "librmsnorm_fwd.so": 50_000}
+MHA = list(op_table.fetched_libraries(op_table.load()).values())  # what jax-aiter-fetch-mha fetches
+SIZES = {**dict.fromkeys(MODULES.values(), 50_000), "libmha_fwd.so": 300_000, "libmha_bwd.so": 200_000}
 
 
 @pytest.fixture
@@ -216,7 +218,7 @@ def test_faults_release_refuses_a_fetched_set_other_than_the_producers(checkout,
     with FaultServer(tmp_path / "mirror") as mirror:
         good = _release_fetch(checkout, mirror.url, monkeypatch)
     assert good.returncode == 0, good.stderr
-    assert "pinned to the 3 libraries the producer published at" in good.stdout + good.stderr
+    assert f"pinned to the {len(MODULES)} libraries the producer published at" in good.stdout + good.stderr
 
 
 def test_faults_release_pins_its_fetch_to_the_producers_base_url():
@@ -537,8 +539,7 @@ def test_faults_fetch_under_umask_000_makes_no_folder_others_may_write(release, 
     r = _fetch_mha(_identity_file(tmp_path, ident, manifest, server.url), dest, preexec_fn=lambda: os.umask(0))
     assert r.returncode == 0, r.stderr
     assert [_mode(p) for p in (tmp_path / "cache", dest.parent, dest)] == [0o755] * 3
-    assert {p.name: _mode(p) for p in dest.iterdir()} == {"libmha_fwd.so": 0o755, "libmha_bwd.so": 0o755,
-                                                         mf.MANIFEST_NAME: 0o644}
+    assert {p.name: _mode(p) for p in dest.iterdir()} == {**dict.fromkeys(MHA, 0o755), mf.MANIFEST_NAME: 0o644}
 
 
 @pytest.mark.parametrize("where", ["dest", "parent"])

@@ -12,11 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from jax_aiter import op_table
+
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("JA_ROOT_DIR") or ROOT) / "build"
 UMBRELLA_DIR, JIT_DIR = BUILD / "jax_aiter_build", BUILD / "aiter_build"
-LIBS = ["libjax_aiter.so", "rmsnorm_fwd_ja.so", "silu_and_mul_ja.so", "mha_fwd_ja.so", "mha_bwd_ja.so",
-        "librmsnorm_fwd.so", "libmha_fwd.so", "libmha_bwd.so"]
+_OPS = op_table.load()
+# the umbrella, every op's shim, every JIT library: what a full wheel ships (the op table says which)
+LIBS = ["libjax_aiter.so", *(op.shim for op in _OPS.values()), *op_table.jit_libraries(_OPS).values()]
 RMS = ("import jax.numpy as jnp, jax_aiter as ja\n"
        "print(float(ja.rms_norm(jnp.ones((2, 64), jnp.float32), jnp.ones(64, jnp.float32), 1e-6).sum()))")
 ATTN = ("import jax.numpy as jnp, jax_aiter as ja\n"

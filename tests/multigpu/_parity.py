@@ -84,6 +84,47 @@ def plain_silu_and_mul(x):
     return (jax.nn.silu(xf[..., :d]) * xf[..., d:]).astype(x.dtype)
 
 
+def plain_silu_gate_up(gate, up):
+    return (jax.nn.silu(gate.astype(jnp.float32)) * up.astype(jnp.float32)).astype(gate.dtype)
+
+
+def plain_paged_attention(q, k_pool, v_pool, cu_q, kv_indptr, kv_page_indices, kv_last_page_lens, causal=True):
+    """Attention over a paged cache as a plain JAX user writes it: each sequence's pages gathered into a dense
+    [num_seqs, max_pages * page_size] block (max_pages: the widest sequence of the cases), masked by its length (and,
+    for prefill, bottom-right causal), then the softmax; GQA by grouping the query heads. q [total_q, heads, d] with
+    the same number of query tokens per sequence (cu_q: even steps)."""
+    n = kv_last_page_lens.shape[0]
+    page, kv_heads, d = k_pool.shape[1], k_pool.shape[2], k_pool.shape[3]
+    sq, heads = q.shape[0] // n, q.shape[1]
+    max_pages = PAGED_MAX_PAGES
+    pages = jnp.take(kv_page_indices, kv_indptr[:-1, None] + jnp.arange(max_pages)[None], mode="clip")
+    k, v = (p[pages].reshape(n, max_pages * page, kv_heads, d) for p in (k_pool, v_pool))
+    length = (kv_indptr[1:] - kv_indptr[:-1] - 1) * page + kv_last_page_lens
+    key = jnp.arange(max_pages * page)
+    row = length[:, None] - sq + jnp.arange(sq)[None]                                   # [n, sq]: each diagonal
+    ok = (key[None, None] < length[:, None, None]) & ((not causal) | (key[None, None] <= row[..., None]))
+    qg = q.reshape(n, sq, kv_heads, heads // kv_heads, d)
+    s = jnp.einsum("ntkgd,nskd->nkgts", qg, k) * d ** -0.5
+    p = jax.nn.softmax(jnp.where(ok[:, None, None], s, -jnp.inf), axis=-1)
+    return jnp.einsum("nkgts,nskd->ntkgd", p, v).reshape(q.shape)
+
+
+def plain_append_kv(k_new, v_new, slots, k_pool, v_pool):
+    """append_kv as a scatter: token n to page slots // page_size, row slots % page_size; a negative slot dropped."""
+    page = k_pool.shape[1]
+    where = jnp.where(slots < 0, k_pool.shape[0], slots // page), slots % page
+    return k_pool.at[where].set(k_new, mode="drop"), v_pool.at[where].set(v_new, mode="drop")
+
+
+def _ours_paged(q, k_pool, v_pool, cu_q, kv_indptr, kv_page_indices, kv_last_page_lens):
+    """paged_attention for one token a sequence (decode), else paged_prefill."""
+    table = (kv_indptr, kv_page_indices, kv_last_page_lens)
+    max_k = PAGED_MAX_PAGES * k_pool.shape[1]
+    if q.shape[0] == kv_last_page_lens.shape[0]:
+        return jax_aiter.paged_attention(q, k_pool, v_pool, *table, max_seq_len=max_k)
+    return jax_aiter.paged_prefill(q, k_pool, v_pool, cu_q, *table, max_seqlen_q=q.shape[0], max_seqlen_k=max_k)
+
+
 @dataclass(frozen=True)
 class Ops:
     """The ops a program is written with: ours or plain JAX's, so the two programs differ only in them."""
@@ -91,13 +132,17 @@ class Ops:
     rms_norm: Callable
     rms_norm_with_add: Callable
     silu_and_mul: Callable
+    silu_gate_up: Callable
+    paged_attention: Callable
+    append_kv: Callable
 
 
 OURS = Ops(lambda q, k, v, causal, segment_ids=None: jax_aiter.flash_attn_func(q, k, v, causal=causal,
                                                                                segment_ids=segment_ids),
-           jax_aiter.rms_norm,
-           jax_aiter.rms_norm_with_add, jax_aiter.silu_and_mul)
-PLAIN = Ops(plain_attention, plain_rms_norm, plain_rms_norm_with_add, plain_silu_and_mul)
+           jax_aiter.rms_norm, jax_aiter.rms_norm_with_add, jax_aiter.silu_and_mul, jax_aiter.silu_and_mul,
+           _ours_paged, jax_aiter.append_kv)
+PLAIN = Ops(plain_attention, plain_rms_norm, plain_rms_norm_with_add, plain_silu_and_mul, plain_silu_gate_up,
+            plain_paged_attention, plain_append_kv)
 
 
 # --- cases -----------------------------------------------------------------------------------------
@@ -122,6 +167,8 @@ class Case:
     dtypes: tuple = ()  # each input's dtype (default float32)
     fixed: tuple = ()  # (index, array): inputs given as they are (segment ids), not drawn; no gradient is taken
     check_vma: bool = True  # shard_map's: False where an all-gathered parameter makes a replicated result look varying
+    make_inputs: Callable | None = None  # the inputs where random normal floats are not (a page table)
+    grad: bool = True  # False: an inference op (no gradient; its grad cells read n/a)
 
     @property
     def devices(self) -> int:
@@ -244,6 +291,68 @@ CASES += [
           (ROWS,), lambda ops: ops.silu_and_mul),
     _case("silu-hidden", "silu_and_mul, last axis ([gate | up]) split 4 ways", ("model",), (4,), ((B, S, 2 * HIDDEN),),
           (HIDDEN_SPLIT,), lambda ops: ops.silu_and_mul, "a shard holds a slice of [gate | up], not a pair"),
+    _case("silu-gate-up-hidden", "silu_and_mul(gate, up), the last axis of both split 4 ways", ("model",), (4,),
+          ((B, S, HIDDEN), (B, S, HIDDEN)), (HIDDEN_SPLIT, HIDDEN_SPLIT), lambda ops: ops.silu_gate_up),
+]
+
+
+# The paged KV cache (inference: no gradient). Four sequences of 5, 16, 23 and 9 tokens (the last page partly
+# filled), pages of 8 tokens scattered over a pool of 16; a prefill of 2 new tokens a sequence (decode: 1), GQA 8/4.
+PAGED_MAX_PAGES, PAGED_SEQS, PAGED_LENS, PAGED_PAGE = 3, 4, (5, 16, 23, 9), 8
+PAGED_POOL = (16, PAGED_PAGE, 4, 32)
+HEADS_POOL, HEADS_TOKENS = P(None, None, "model"), P(None, "model")
+
+
+def _paged_inputs(new_tokens: int):
+    """q [4 * new_tokens, 8, 32], the pools, cu_seqlens_q and the page table (int32)."""
+    rng = np.random.default_rng(0)
+    pages = [int(np.ceil(n / PAGED_PAGE)) for n in PAGED_LENS]
+    order = rng.permutation(PAGED_POOL[0])[:sum(pages)]
+    indptr = np.cumsum([0, *pages])
+    last = [(n - 1) % PAGED_PAGE + 1 for n in PAGED_LENS]
+    q = rng.standard_normal((PAGED_SEQS * new_tokens, 8, 32))
+    k, v = (rng.standard_normal(PAGED_POOL) for _ in range(2))
+    floats = [jnp.asarray(x, jnp.float32) for x in (q, k, v)]
+    ints = [jnp.asarray(x, jnp.int32) for x in (np.arange(PAGED_SEQS + 1) * new_tokens, indptr, order, last)]
+    return floats + ints
+
+
+def _append_inputs():
+    """k_new, v_new [6, 4, 32], the slots (one skipped, one the last of the pool), the pools."""
+    rng = np.random.default_rng(1)
+    k_new, v_new = (jnp.asarray(rng.standard_normal((6, 4, 32)), jnp.float32) for _ in range(2))
+    slots = jnp.asarray([3, 17, -1, 64, 127, 90], jnp.int32)
+    k, v = (jnp.asarray(rng.standard_normal(PAGED_POOL), jnp.float32) for _ in range(2))
+    return [k_new, v_new, slots, k, v]
+
+
+def _paged_case(name, what, new_tokens, q_spec, **kw):
+    pages = sum(-(-n // PAGED_PAGE) for n in PAGED_LENS)
+    shapes = ((PAGED_SEQS * new_tokens, 8, 32), PAGED_POOL, PAGED_POOL, (5,), (5,), (pages,), (4,))
+    specs = (q_spec, HEADS_POOL, HEADS_POOL, P(), P(), P(), P())
+    return _case(name, what, ("model",), (4,), shapes, specs, lambda ops: ops.paged_attention, grad=False,
+                 make_inputs=lambda: _paged_inputs(new_tokens), out_specs=HEADS_TOKENS, **kw)
+
+
+CASES += [
+    _paged_case("paged-decode-kv-heads", "paged decode (GQA 8/4), query and pools split over the heads 4 ways", 1,
+                HEADS_TOKENS),
+    _paged_case("paged-prefill-kv-heads", "paged prefill of 2 tokens a sequence, causal over each history, query and "
+                "pools split over the heads 4 ways", 2, HEADS_TOKENS),
+    _paged_case("paged-decode-pools-split", "paged decode, the pools split over the kv heads 4 ways, the query "
+                "replicated (each shard takes its heads' queries)", 1, P(),
+                local="the query is replicated: a shard_map user slices it to the shard's heads first (the "
+                      "paged-decode-kv-heads pattern)", shardings_differ=frozenset({("explicit", "forward")})),
+    _case("append-kv-heads", "append_kv, the pools and the new tokens split over the kv heads 4 ways", ("model",),
+          (4,), ((6, 4, 32), (6, 4, 32), (6,), PAGED_POOL, PAGED_POOL),
+          (P(None, "model"), P(None, "model"), P(), HEADS_POOL, HEADS_POOL), lambda ops: ops.append_kv, grad=False,
+          make_inputs=_append_inputs, out_specs=(HEADS_POOL, HEADS_POOL)),
+    _case("append-kv-pages", "append_kv, the pools split over their pages 4 ways (each shard writes the tokens of "
+          "its own pages), the new tokens replicated", ("model",), (4,), ((6, 4, 32), (6, 4, 32), (6,), PAGED_POOL,
+                                                                           PAGED_POOL),
+          (P(), P(), P(), P("model"), P("model")), lambda ops: ops.append_kv,
+          "a shard's slots are the pool's: the op shifts them to the shard's pages", grad=False,
+          make_inputs=_append_inputs),
 ]
 
 
@@ -307,6 +416,8 @@ def _mesh(case: Case, mode: str) -> jax.sharding.Mesh:
 
 
 def inputs(case: Case) -> list[jax.Array]:
+    if case.make_inputs is not None:
+        return case.make_inputs()
     dtypes = case.dtypes or (jnp.float32,) * len(case.shapes)
     fixed = dict(case.fixed)
     return [jnp.asarray(fixed[i], t) if i in fixed else
@@ -345,7 +456,7 @@ def measure(case: Case, impl: str, mode: str, grad: bool) -> Measured | None:
     """Compile and run one program; None where the mode has no form of it."""
     mesh = _mesh(case, mode)
     fn = program(case, impl, mode, mesh)
-    if fn is None:
+    if fn is None or (grad and not case.grad):
         return None
     args = inputs(case)
     if grad:

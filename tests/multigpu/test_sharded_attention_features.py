@@ -133,7 +133,7 @@ def test_varlen_sharded_over_heads(layout):
     pspec = P(None, spec[2], None)
 
     def fn(q, k, v, cu):
-        out, lse, _ = mha.flash_attn_varlen(q, k, v, cu, cu, causal=True, window_size=(7, -1), return_lse=True)
+        out, lse = mha.flash_attn_varlen(q, k, v, cu, cu, causal=True, window_size=(7, -1), return_lse=True)
         return out, lse
 
     args = (put(q, mesh, pspec), put(k, mesh, pspec), put(v, mesh, pspec), put(cu, mesh, P()))

@@ -258,3 +258,53 @@ def sum_to(x: np.ndarray, shape) -> np.ndarray:
     x = x.sum(axis=tuple(range(lead))) if lead else x
     axes = tuple(i for i, n in enumerate(shape) if n == 1 and x.shape[i] != 1)
     return x.sum(axis=axes, keepdims=True) if axes else x
+
+
+# --- the paged KV cache (tests/ops/test_paged.py): float64 NumPy from docs/serving.md's definitions, with the pages
+# gathered by explicit loops, independent of jax_aiter/ops/paged.py and of the kernels. ---
+
+def paged_keys_ref(pool, indptr, indices, last, s: int) -> np.ndarray:
+    """Sequence s's keys (or values) [seq_k, kv_heads, dim], float64: its pages in order, the last one cut at
+    last[s] tokens."""
+    pool = f64(pool)
+    rows = []
+    pages = list(np.asarray(indices)[int(indptr[s]):int(indptr[s + 1])])
+    for n, page in enumerate(pages):
+        count = int(last[s]) if n == len(pages) - 1 else pool.shape[1]
+        rows += [pool[int(page), r] for r in range(count)]
+    return np.stack(rows) if rows else np.zeros((0, *pool.shape[2:]))
+
+
+def paged_attention_ref(q, k_pool, v_pool, cu_q, indptr, indices, last, *, scale: float, causal: bool = True,
+                        window=(-1, -1), softcap: float = 0.0, descales=(1.0, 1.0, 1.0)):
+    """float64 attention of packed queries q [total_q, heads, d] over each sequence's paged keys: query token t of
+    sequence s (seq_q tokens, seq_k keys) sees the keys window_mask_ref gives (bottom-right aligned); the score is
+    scale * qd * kd * q.k, through softcap; out = vd * softmax . V; a row without keys gives 0 (lse +inf), as do the
+    rows past cu_q[-1]. descales: three floats, or arrays [num_seqs, kv_heads]. Returns (out, lse [heads, total_q])."""
+    q = f64(q)
+    total_q, heads, _ = q.shape
+    kv_heads = k_pool.shape[2]
+    group = heads // kv_heads
+    out = np.zeros((total_q, heads, v_pool.shape[3]))
+    lse = np.full((heads, total_q), np.inf)
+    n = len(cu_q) - 1
+    d_of = [np.broadcast_to(np.asarray(x, np.float64).reshape(-1, kv_heads) if np.size(x) > 1 else
+                            np.full((1, kv_heads), float(np.asarray(x).reshape(-1)[0])), (n, kv_heads))
+            for x in descales]
+    for s in range(n):
+        keys, vals = (paged_keys_ref(p, indptr, indices, last, s) for p in (k_pool, v_pool))
+        q0, sq, sk = int(cu_q[s]), int(cu_q[s + 1] - cu_q[s]), keys.shape[0]
+        visible = window_mask_ref(sq, sk, causal, window)
+        for t in range(sq):
+            for h in range(heads):
+                hk = h // group
+                z = keys[:, hk] @ q[q0 + t, h] * scale * d_of[0][s, hk] * d_of[1][s, hk]
+                z = softcap * np.tanh(z / softcap) if softcap else z
+                z = z[visible[t]]
+                if z.size == 0:
+                    continue
+                m = z.max()
+                p = np.exp(z - m)
+                out[q0 + t, h] = d_of[2][s, hk] * (p / p.sum()) @ vals[visible[t], hk]
+                lse[h, q0 + t] = m + np.log(p.sum())
+    return out, lse

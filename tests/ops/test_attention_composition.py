@@ -90,7 +90,7 @@ def test_vmap_of_per_example_arguments(device):
     pq, pk, pv = (_rand(9 + i, (N, 40, h, D)) for i, h in enumerate((HQ, HKV, HKV)))
 
     def varlen(q, k, v, cu):
-        out, lse, _ = mha.flash_attn_varlen(q, k, v, cu, cu, causal=True, window_size=(6, -1), return_lse=True)
+        out, lse = mha.flash_attn_varlen(q, k, v, cu, cu, causal=True, window_size=(6, -1), return_lse=True)
         return out, lse
 
     got = jax.jit(jax.vmap(varlen))(pq, pk, pv, cus)
@@ -275,7 +275,7 @@ def test_export_with_symbolic_batch_and_length_and_every_array_argument(device):
 
 
 def _varlen_fn(q, k, v, cu):
-    out, lse, _ = mha.flash_attn_varlen(q, k, v, cu, cu, causal=True, window_size=(8, -1), return_lse=True)
+    out, lse = mha.flash_attn_varlen(q, k, v, cu, cu, causal=True, window_size=(8, -1), return_lse=True)
     return out, lse
 
 
@@ -333,6 +333,6 @@ def test_zero_size_with_every_argument(device, b, sq, sk):
         assert g.shape == a.shape and not np.asarray(g).any()
 
     e = jnp.zeros((0, HQ, D))
-    out, lse, _ = mha.flash_attn_varlen(e, e[:, :HKV], e[:, :HKV], np.zeros(3, np.int32), np.zeros(3, np.int32),
-                                        causal=True, return_lse=True)
+    out, lse = mha.flash_attn_varlen(e, e[:, :HKV], e[:, :HKV], np.zeros(3, np.int32), np.zeros(3, np.int32),
+                                     causal=True, return_lse=True)
     assert out.shape == (0, HQ, D) and lse.shape == (HQ, 0)

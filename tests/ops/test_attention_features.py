@@ -2,7 +2,7 @@
 
 The doors users call: jax_aiter.flash_attn_func (an array; softcap, segment_ids), jax_aiter.mha.flash_attn_func
 (upstream's tuple, lse float32 [batch, heads_q, seq_q], or [heads_q, total_q] packed) and
-jax_aiter.mha.flash_attn_varlen (upstream's triple). Each case differentiates the output and, where the door
+jax_aiter.mha.flash_attn_varlen (upstream's tuple). Each case differentiates the output and, where the door
 returns it, the lse (a loss through both), and the bias where there is one, under jax.jit, and compares with
 tests/ops/reference.py's attention_features_ref: float64, with masks written there by loops (window_mask_ref,
 varlen_mask_ref, segment_mask_ref) from docs/attention.md's definitions and the dropout draw of dropout_keep_ref
@@ -248,14 +248,13 @@ VARLEN = [("plain", False, (-1, -1)), ("causal", True, (-1, -1)), ("causal-windo
 @pytest.mark.parametrize("causal,window", [c[1:] for c in VARLEN], ids=[c[0] for c in VARLEN])
 def test_varlen(device, dtype, causal, window):
     """flash_attn_varlen over packed [total, heads, dim] with a zero-length sequence and one without keys:
-    the triple (out, lse [heads_q, total_q], None); rows without keys give 0 and lse +inf."""
+    (out, lse [heads_q, total_q]); rows without keys give 0 and lse +inf."""
     mask, diag = varlen_mask_ref(CU_Q, CU_K, causal, window)
     cu_q, cu_k = np.asarray(CU_Q, np.int32), np.asarray(CU_K, np.int32)
 
     def fn(q, k, v):
-        out, lse, probs = mha.flash_attn_varlen(q, k, v, cu_q, cu_k, 13, 27, causal=causal, window_size=window,
-                                                return_lse=True)
-        assert probs is None
+        out, lse = mha.flash_attn_varlen(q, k, v, cu_q, cu_k, 13, 27, causal=causal, window_size=window,
+                                         return_lse=True)
         return out, lse
 
     o, lse, _ = check(fn, dtype, [(31, HQ, D), (40, HKV, D), (40, HKV, D)], mask=mask[None], diag=diag[None],
@@ -293,8 +292,8 @@ def test_varlen_bias_alibi_and_dropout(device):
                 full[t, cu_k[s] + c] = col_bias[t, c]
 
     def fn(q, k, v, b):
-        out, lse, _ = mha.flash_attn_varlen(q, k, v, cu_q, cu_k, max_seqlen_k=width, causal=True, dropout_p=p,
-                                            return_lse=True, bias=b, alibi_slopes=slopes, dropout_key=key)
+        out, lse = mha.flash_attn_varlen(q, k, v, cu_q, cu_k, max_seqlen_k=width, causal=True, dropout_p=p,
+                                         return_lse=True, bias=b, alibi_slopes=slopes, dropout_key=key)
         return out, lse
 
     q, k, v = (jnp.asarray(x) for x in _host(0, [(12, HQ, D), (20, HKV, D), (20, HKV, D)], "float32"))

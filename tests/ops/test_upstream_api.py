@@ -4,7 +4,7 @@ The calls below are written as upstream's users and its own tests (tests/test_mh
 tests/test_mha_varlen_ja.py, tests/test_rmsnorm_ja.py upstream) write them: the module imports and
 paths, positional and keyword arguments with upstream's names (min_seqlen_q, logits_soft_cap,
 block_table=None, out=None ...), bias in the activations' dtype, dropout without a key, the return
-conventions (a tuple; varlen's fixed triple). Each must run; the facades translate names and
+conventions (a tuple: (out,), then lse, then the probabilities). Each must run; the facades translate names and
 conventions only, so their results equal the op's bit for bit, and the op's equal a float32
 jax.numpy reference as upstream's tests check it.
 """
@@ -67,7 +67,20 @@ def test_rmsnorm_module_under_jit_and_grad(device):
         _same(g, w)
 
 
-FACADES = ["mha", "rmsnorm"]
+FACADES = ["activation", "mha", "rmsnorm"]
+
+
+def test_the_serving_api_is_in_jax_aiter_ops_as_upstream_has_it():
+    """`from jax_aiter.ops import append_kv, paged_attention, paged_prefill` (upstream's module), the same functions
+    as jax_aiter.<name>; every public name of the op table is there, and only those."""
+    from jax_aiter import ops
+    from jax_aiter.ops import append_kv, paged_attention, paged_prefill  # noqa: F401  (the import is the test)
+
+    for name in jax_aiter.__all__:
+        if name not in ("register", "disabled_checks"):
+            assert getattr(ops, name) is getattr(jax_aiter, name), name
+    with pytest.raises(AttributeError, match="module 'jax_aiter.ops' has no attribute 'paged_atention'"):
+        ops.paged_atention  # noqa: B018
 
 
 @pytest.mark.parametrize("name", FACADES)
@@ -145,3 +158,65 @@ def test_mha_batch_calls(device, b, sq, sk, hq, hk, d, dtype, causal):
     for g, w in zip(grads, want):
         assert g.shape == w.shape and g.dtype == dtype and bool(jnp.all(jnp.isfinite(g)))
         _close(g, w, dtype, factor=10)  # upstream's backward factor
+
+
+# --- flash_attn_varlen's returns, as current upstream's ------------------------------------------------------------
+
+def test_varlen_returns_out_then_lse_then_probs(device):
+    """(out,) by default; (out, lse) with return_lse, so `out, lse = flash_attn_varlen(..., return_lse=True)`
+    unpacks; the probabilities appended with return_attn_probs (with or without dropout)."""
+    from jax_aiter.mha import flash_attn_varlen
+
+    cu = np.array([0, 5, 12], np.int32)
+    q, k, v = (random((12, h, 32), jnp.float32, i) for i, h in enumerate((4, 2, 2)))
+    result = flash_attn_varlen(q, k, v, cu, cu, causal=True)
+    assert isinstance(result, tuple) and len(result) == 1 and result[0].shape == (12, 4, 32)
+    out, lse = flash_attn_varlen(q, k, v, cu, cu, 7, 7, 0.0, None, True, (-1, -1), False, True)  # positional
+    _same(out, result[0])
+    assert lse.shape == (4, 12) and lse.dtype == jnp.float32
+    out2, lse2, probs = flash_attn_varlen(q, k, v, cu, cu, max_seqlen_k=7, causal=True, return_lse=True,
+                                          return_attn_probs=True)
+    _same(out2, out)
+    _same(lse2, lse)
+    assert probs.shape == (4, 12, 7)
+    np.testing.assert_allclose(np.asarray(probs).sum(-1), 1.0, rtol=1e-5)  # each row's probabilities over its keys
+    out3, probs3 = flash_attn_varlen(q, k, v, cu, cu, max_seqlen_k=7, causal=True, return_attn_probs=True)
+    _same(out3, out)
+    _same(probs3, probs)
+
+
+def test_varlen_return_types_are_overloads_on_literal():
+    """Type checkers see (out,) for return_lse=False, (out, lse) with lse not Optional for return_lse=True, and a
+    tuple of arrays for a bool known only at run time; each overload takes every argument the function does."""
+    import inspect
+    import typing
+
+    from jax_aiter.mha import flash_attn_varlen
+
+    overloads = typing.get_overloads(flash_attn_varlen)
+    hints = [typing.get_type_hints(f) for f in overloads]
+    one, pair, many = tuple[jax.Array], tuple[jax.Array, jax.Array], tuple[jax.Array, ...]
+    assert [h["return"] for h in hints] == [one, pair, many]
+    assert [h["return_lse"] for h in hints] == [typing.Literal[False], typing.Literal[True], bool]
+    assert [h["return_attn_probs"] for h in hints] == [typing.Literal[False], typing.Literal[False], bool]
+    extras = set(typing.get_type_hints(hints[0]["options"].__args__[0]))  # Unpack[_VarlenOptions]
+    for f in overloads:
+        names = set(inspect.signature(f).parameters) - {"options"} | extras
+        assert names == set(inspect.signature(flash_attn_varlen).parameters), f
+
+
+def test_a_type_checker_reads_the_varlen_returns(tmp_path):
+    """mypy (the test environment's) on upstream-style calls: (out,), then (out, lse) with lse an Array (not
+    Optional), and the overloads consistent with the implementation (mypy checks that too)."""
+    mypy_api = pytest.importorskip("mypy.api", reason="mypy is not installed in this environment")
+    code = tmp_path / "calls.py"
+    code.write_text(
+        "import jax.numpy as jnp\nfrom jax_aiter.mha import flash_attn_varlen\nq = cu = jnp.zeros(3)\n"
+        "reveal_type(flash_attn_varlen(q, q, q, cu))\n"
+        "out, lse = flash_attn_varlen(q, q, q, cu, causal=True, return_lse=True, logits_soft_cap=2.0)\n"
+        "reveal_type(lse)\n")
+    stdout, stderr, status = mypy_api.run([str(code), str(ROOT / "jax_aiter" / "mha" / "__init__.py"),
+                                           "--ignore-missing-imports", "--follow-imports=silent", "--no-incremental"])
+    assert status == 0, stdout + stderr
+    revealed = [line.split("Revealed type is ")[1] for line in stdout.splitlines() if "Revealed type" in line]
+    assert revealed == ['"tuple[jax._src.basearray.Array]"', '"jax._src.basearray.Array"'], stdout

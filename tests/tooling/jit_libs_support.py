@@ -21,6 +21,7 @@ import pytest
 from jatools import config
 from jatools.jitlibs import publish
 from jatools.native import jit_build
+from jax_aiter import op_table
 from jax_aiter.download import manifest as mf
 from jax_aiter.download import reuse_gate
 
@@ -182,7 +183,7 @@ class FaultServer:
 
 # --- a checkout and its identity ----------------------------------------------------------------------
 
-MODULES = {"rmsnorm_fwd": "librmsnorm_fwd.so", "mha_fwd": "libmha_fwd.so", "mha_bwd": "libmha_bwd.so"}
+MODULES = op_table.jit_libraries(op_table.load())  # {module: library}, from the op table (its one home)
 
 
 def git(root: Path, *args: str) -> str:

@@ -27,6 +27,17 @@ def test_sm90a_instances_are_built_only_by_a_cuda_build_with_sm_90(checkout):
     assert jit_modules.build_kinds(module, rocm) == ["cpu", "gpu"]
 
 
+def test_a_module_without_a_gpu_template_compiles_its_cpu_kind_on_every_backend(checkout):
+    """paged_attn has CPU kernels only so far: a GPU build compiles them (its shim's CPU handler needs them) and asks
+    for no GPU template."""
+    module = jit_modules.module_table(settings_for(checkout))["paged_attn"]
+    assert "gpu" not in module["templates"]
+    rocm = toolchain.Toolchain("rocm", cxx="", cxx_version="", gpu_compiler="", archs=("gfx950",))
+    for tc in (_cuda("sm_80", "sm_90"), rocm):
+        assert jit_modules.build_kinds(module, tc) == ["cpu"]
+    assert jit_modules.build_kinds(_mha_fwd(checkout), rocm) == ["cpu", "gpu"]
+
+
 def test_an_unbuilt_arch_kind_still_gets_its_empty_instance_table(checkout, tmp_path):
     module = _mha_fwd(checkout)
     texts, sources = jit_modules.generated("mha_fwd", module, ["cpu", "gpu"], tmp_path, checkout)

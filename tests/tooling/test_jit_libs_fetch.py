@@ -14,12 +14,13 @@ import pytest
 
 from jatools.jitlibs import download
 from jatools.jitlibs import record as jit_record
-from jax_aiter import _loader
+from jax_aiter import _loader, op_table
 from jax_aiter.download import manifest as mf
 from jax_aiter.download import release as fetcher
 from jax_aiter.download import reuse_gate, transfer
 from jax_aiter.integrity import diff_entries
 from tests.tooling.jit_libs_support import (  # noqa: F401  (pytest fixtures)
+    MODULES,
     REPO,
     checkout_fixture,
     checkout_identity,
@@ -40,8 +41,8 @@ MHA = list(_loader.MHA_JIT_LIBS)
 def release(checkout, server):
     """A published release of the checkout's identity; returns (identity, manifest)."""
     ident = checkout_identity(checkout)
-    return ident, make_release(server.root, ident, sizes={"libmha_fwd.so": 600_000, "libmha_bwd.so": 400_000,
-                                                          "librmsnorm_fwd.so": 50_000})
+    sizes = {**dict.fromkeys(MODULES.values(), 50_000), "libmha_fwd.so": 600_000, "libmha_bwd.so": 400_000}
+    return ident, make_release(server.root, ident, sizes=sizes)
 
 
 def _fetch(server, ident, dest, names=None, **kw):
@@ -244,7 +245,7 @@ def test_fetch_mha_without_an_installed_wheel_says_what_to_run_instead(tmp_path)
 
 def test_fetch_mha_checks_the_gpu_arch_unless_told_not_to(checkout, server, tmp_path):
     ident = other_identity(checkout_identity(checkout), backend="rocm", gpu_archs=["gfx950"])
-    make_release(server.root, ident, sizes={"libmha_fwd.so": 20_000, "libmha_bwd.so": 20_000})
+    make_release(server.root, ident, sizes=dict.fromkeys(op_table.fetched_libraries(op_table.load()).values(), 20_000))
     fake_bin = tmp_path / "bin"  # stands in for ROCm's rocminfo on a machine with an MI300 (gfx942)
     fake_bin.mkdir()
     (fake_bin / "rocminfo").write_text("#!/bin/sh\necho '  Name:                    gfx942'\n")
@@ -320,8 +321,8 @@ def test_ci_fetch_installs_into_the_build_tree_with_a_build_record(release, serv
     download.run_fetch(settings, log=lambda m: None)
     record = json.loads((settings.jit_dir / "build_record.json").read_text())
     assert record["identity"] == ident and record["files"] == mf.raw_entries(manifest["files"])
-    assert set(record["modules"]) == {"rmsnorm_fwd", "mha_fwd", "mha_bwd"}
-    assert jit_record.verify(settings.jit_dir)[1] == 3
+    assert set(record["modules"]) == set(MODULES)
+    assert jit_record.verify(settings.jit_dir)[1] == len(MODULES)
     summary = json.loads((settings.build_dir / "jit_libs_fetch.json").read_text())
     assert summary["status"] == "fetched" and summary["downloaded_bytes"] == sum(
         f["compressed"]["size"] for f in manifest["files"])

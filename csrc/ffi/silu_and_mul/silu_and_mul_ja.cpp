@@ -11,6 +11,7 @@ const char* ja_silu_and_mul_cpu(const JaSiluAndMulArgs* a) {
     case ja::DType::kF32: return ja::silu_and_mul_cpu<float>(*a);
     case ja::DType::kBF16: return ja::silu_and_mul_cpu<ja::bf16_t>(*a);
     case ja::DType::kF16: return ja::silu_and_mul_cpu<ja::f16_t>(*a);
+    case ja::DType::kF8E4M3: break;  // a storage type only (ja/dtype.h)
   }
   return ja_error("silu_and_mul: unsupported dtype id %d", a->dtype);
 }

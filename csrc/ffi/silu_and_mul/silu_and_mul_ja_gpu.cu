@@ -10,6 +10,7 @@ const char* ja_silu_and_mul_gpu(const JaSiluAndMulArgs* a, void* stream) {
     case ja::DType::kF32: return ja::silu_and_mul_gpu<float>(*a, stream);
     case ja::DType::kBF16: return ja::silu_and_mul_gpu<ja::bf16_t>(*a, stream);
     case ja::DType::kF16: return ja::silu_and_mul_gpu<ja::f16_t>(*a, stream);
+    case ja::DType::kF8E4M3: break;  // a storage type only (ja/dtype.h)
   }
   return ja_error("silu_and_mul: unsupported dtype id %d", a->dtype);
 }

@@ -25,16 +25,22 @@
 
 namespace ja {
 
-enum class DType : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
+// kF8E4M3 (float8_e4m3fn) is a storage type only: the paged KV pools and FP8 attention's inputs, widened to
+// float32 on load (the paged kernels, ja/kernels/paged.h); no other kernel takes it.
+enum class DType : int { kF32 = 0, kBF16 = 1, kF16 = 2, kF8E4M3 = 3 };
 
 inline const char* dtype_name(DType t) {
   switch (t) {
     case DType::kF32: return "float32";
     case DType::kBF16: return "bfloat16";
     case DType::kF16: return "float16";
+    case DType::kF8E4M3: return "float8_e4m3fn";
   }
   return "unknown";
 }
+
+// Bytes per element of dtype id t (a ja::DType).
+inline int64_t dtype_size(int32_t t) { return t == int(DType::kF32) ? 4 : t == int(DType::kF8E4M3) ? 1 : 2; }
 
 struct alignas(2) bf16_t {
   uint16_t bits;
@@ -42,6 +48,9 @@ struct alignas(2) bf16_t {
 struct alignas(2) f16_t {
   uint16_t bits;
 };
+struct f8e4m3_t {
+  uint8_t bits;
+};  // float8_e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinity
 
 // Bit casts. The device pass uses the intrinsics: hipcc rejects std::memcpy
 // (a host function) inside __host__ __device__ code.
@@ -88,6 +97,19 @@ JA_HD float to_f32(f16_t v) {
   if (exp == 0x1f) return bits_to_f32(sign | 0x7f800000u | (man << 13));
   return bits_to_f32(sign | ((exp + 127 - 15) << 23) | (man << 13));
 #endif
+}
+
+// float8_e4m3fn -> float32, exact: S.1111.111 is NaN (the format has no infinity), exponent 0 is subnormal
+// (mantissa * 2^-9).
+JA_HD float to_f32(f8e4m3_t v) {
+  const uint32_t sign = uint32_t(v.bits & 0x80u) << 24;
+  const uint32_t exp = (v.bits >> 3) & 0xfu, man = v.bits & 0x7u;
+  if (exp == 0xfu && man == 0x7u) return bits_to_f32(sign | 0x7fc00000u);
+  if (exp == 0) {
+    const float m = float(man) * 0.001953125f;  // 2^-9
+    return sign ? -m : m;
+  }
+  return bits_to_f32(sign | ((exp + 120u) << 23) | (man << 20));  // rebias 7 -> 127
 }
 
 template <typename T>
@@ -139,6 +161,24 @@ JA_HD f16_t from_f32<f16_t>(float f) {
 #endif
 }
 
+// float32 -> float8_e4m3fn, rounded to nearest even and saturated: a magnitude of 448 (the largest finite
+// value) or more, infinity included, becomes +-448; NaN stays NaN. (Saturation, as vLLM's and aiter's KV-cache
+// quantization: a cast that overflows to NaN would poison every later attention over the cache.)
+template <>
+JA_HD f8e4m3_t from_f32<f8e4m3_t>(float f) {
+  const uint32_t u = f32_to_bits(f);
+  const uint8_t sign = uint8_t((u >> 24) & 0x80u);
+  const uint32_t au = u & 0x7fffffffu;
+  if (au > 0x7f800000u) return f8e4m3_t{uint8_t(sign | 0x7fu)};  // NaN
+  if (au >= 0x43e00000u) return f8e4m3_t{uint8_t(sign | 0x7eu)};  // >= 448: saturate
+  if (au < 0x3c800000u) {  // below 2^-6, the smallest normal: steps of 2^-9, rounded to nearest even
+    const float t = bits_to_f32(au) * 512.0f;                       // exact (a power of two)
+    return f8e4m3_t{uint8_t(sign | uint32_t((t + 8388608.0f) - 8388608.0f))};  // 2^23: round to an integer
+  }
+  const uint32_t r = au + 0x7ffffu + ((au >> 20) & 1u);  // round to 3 mantissa bits, nearest even
+  return f8e4m3_t{uint8_t(sign | ((r >> 20) - (120u << 3)))};  // rebias 127 -> 7 (a carry lands in the exponent)
+}
+
 // Token-pasting names used by generated instance sources: ja::type_bf16, ja::dt_bf16.
 using type_f32 = float;
 using type_bf16 = bf16_t;
@@ -160,6 +200,10 @@ struct dtype_of<bf16_t> {
 template <>
 struct dtype_of<f16_t> {
   static constexpr DType value = DType::kF16;
+};
+template <>
+struct dtype_of<f8e4m3_t> {
+  static constexpr DType value = DType::kF8E4M3;
 };
 
 }  // namespace ja

@@ -273,12 +273,17 @@ struct TileRows {
   int n;  // rows of the tile (the rest are padding)
 
   JA_CPU_INLINE void init(const JaMhaProblem& p, int64_t b, int64_t q0, int rows) {
+    init_with(rows, p.seq_k, [&](int r) { return mha_row(p, b, q0 + r); });
+  }
+  // The same from row_of(r), the MhaRow of row r, over seq_k keys (the paged kernel's rows).
+  template <typename RowOf>
+  JA_CPU_INLINE void init_with(int rows, int64_t seq_k, RowOf&& row_of) {
     n = rows;
-    kv_lo = p.seq_k, kv_hi = 0;
+    kv_lo = seq_k, kv_hi = 0;
     for (int r = 0; r < rows; ++r) {
-      const MhaRow x = mha_row(p, b, q0 + r);
-      lo[r] = mha_clamp(x.lo, 0, p.seq_k);
-      hi[r] = mha_clamp(x.hi, lo[r], p.seq_k);
+      const MhaRow x = row_of(r);
+      lo[r] = mha_clamp(x.lo, 0, seq_k);
+      hi[r] = mha_clamp(x.hi, lo[r], seq_k);
       diag[r] = x.diag;
       if (hi[r] > lo[r]) kv_lo = std::min(kv_lo, lo[r]), kv_hi = std::max(kv_hi, hi[r]);
     }
