@@ -14,7 +14,8 @@ Sections (--only, repeatable): copy; memory (RMSNorm, fused-add RMSNorm and
 SiLU-and-mul over hidden sizes 4096-8192 and 1k-32k rows, against XLA); chain
 (the same ops 8 times back to back in one program, as a model's layers run
 them); decode (seq_q = 1 against a long grouped-query KV cache: K/V bytes read
-per second against copy bandwidth, with cuDNN and XLA); attention (prefill
+per second against copy bandwidth, with cuDNN and XLA, and what the kernel's TMA loads and cluster merge gain:
+its time with each turned off over its time); attention (prefill
 forward and backward against cuDNN and FlashAttention-3, 1k to 32k tokens; bench_attention.py; --head-dim picks
 the head dims); features (issue 56's
 attention features through the public API against our dense kernel and cuDNN: packed documents, sliding
@@ -189,6 +190,9 @@ def _anchor_ok(f, args) -> str | None:
 # Decode: one query token per sequence against a long KV cache, grouped-query heads.
 DECODE_CASES = ((8, 32, 8, 8192), (8, 32, 8, 32768), (8, 32, 4, 8192), (8, 32, 4, 32768))
 DECODE_GOAL = 0.70
+# The split-KV decode kernel's sub-paths on sm_90, each timed off as well (the switch is read at every launch, so
+# each runs as its own timed program): what each gains is (time with it off) / (time with it on), per case.
+DECODE_SUBPATHS = {"cp_async": "JA_MHA_FWD_DECODE_TMA", "merge_kernel": "JA_MHA_FWD_DECODE_CLUSTER"}
 
 
 def bench_decode(lib, reps, copy_gbps, quick):
@@ -217,6 +221,11 @@ def bench_decode(lib, reps, copy_gbps, quick):
             ms = median(v)
             row[f"{name}_ms"] = ms
             row[f"{name}_frac_of_copy"] = kv_bytes / ms / 1e6 / copy_gbps
+        for name, env in DECODE_SUBPATHS.items():  # ours with one sub-path turned off
+            with mock.patch.dict(os.environ, {env: "0"}):
+                ms = median(time_cases(lib, {"ours": cases["ours"]}, sets, reps)["ours"])
+            row[f"ours_{name}_ms"] = ms
+            row[f"gain_of_{'tma' if name == 'cp_async' else 'cluster'}"] = ms / row["ours_ms"]
         row["refused"] = refused
         row["goal"] = f">= {DECODE_GOAL} of copy bandwidth on the K/V bytes read"
         row["met"] = row["ours_frac_of_copy"] >= DECODE_GOAL
@@ -317,7 +326,8 @@ def print_kernel_tables(results: dict) -> None:
         case = ",".join(str(r[k]) for k in ("batch", "heads_q", "heads_kv", "seq_k"))
         print(f"{case:<24}{f('ours_ms', '.4f'):>9}"
               f"{f('cudnn_ms', '.4f'):>10}{f('xla_ms', '.4f'):>9}{'':22}{f('ours_frac_of_copy', '.2f'):>5}"
-              f"{f('cudnn_frac_of_copy', '.2f'):>7}{f('xla_frac_of_copy', '.2f'):>6}  {r['met']}")
+              f"{f('cudnn_frac_of_copy', '.2f'):>7}{f('xla_frac_of_copy', '.2f'):>6}  {r['met']}"
+              f"  gain of TMA {f('gain_of_tma', '.3f')}, of the cluster merge {f('gain_of_cluster', '.3f')}")
         for k, why in r["refused"].items():
             print(f"    {k} not run: {why}")
     if results["attention"]:

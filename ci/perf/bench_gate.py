@@ -57,7 +57,11 @@ def cases(results: dict) -> dict[str, float]:
     for r in results.get("memory_bound", []) + results.get("chains", []):
         out[f"{r['name']} {'x'.join(map(str, r['shape']))} {r.get('dtype', '')}".strip()] = r["ours_ms"]
     for r in results.get("decode", []):
-        out[f"decode b{r['batch']} hq{r['heads_q']} hkv{r['heads_kv']} sk{r['seq_k']}"] = r["ours_ms"]
+        name = f"decode b{r['batch']} hq{r['heads_q']} hkv{r['heads_kv']} sk{r['seq_k']}"
+        out[name] = r["ours_ms"]
+        for sub in ("cp_async", "merge_kernel"):  # the kernel with one sm_90 sub-path off (TMA, cluster merge)
+            if isinstance(r.get(f"ours_{sub}_ms"), (int, float)):
+                out[f"{name} {sub}"] = r[f"ours_{sub}_ms"]
     for r in results.get("attention", []):
         # head dim and batch named where they differ from the first gated rows' (head dim 128, batch 4)
         d, b = r.get("head_dim", 128), r.get("batch", 4)

@@ -185,6 +185,15 @@ class BenchGateTests(unittest.TestCase):
         self.assertEqual(got, {"flash_attn_bwd seq1024 causal": 2.0, "flash_attn_bwd b32 seq1024 causal": 3.0,
                                "flash_attn_bwd d64 b32 seq1024 causal": 4.0})
 
+    def test_decode_sub_paths_are_cases_of_their_own(self) -> None:
+        """The decode rows' timings with the TMA loads or the cluster merge off are gated beside the kernel's own
+        (each sub-path must keep earning its place), and rows that lack them (older runs) give the one case."""
+        row = {"batch": 8, "heads_q": 32, "heads_kv": 8, "seq_k": 8192, "ours_ms": 1.0}
+        got = bench_gate.cases({"decode": [{**row, "ours_cp_async_ms": 1.5, "ours_merge_kernel_ms": 1.2}]})
+        self.assertEqual(got, {"decode b8 hq32 hkv8 sk8192": 1.0, "decode b8 hq32 hkv8 sk8192 cp_async": 1.5,
+                               "decode b8 hq32 hkv8 sk8192 merge_kernel": 1.2})
+        self.assertEqual(bench_gate.cases({"decode": [row]}), {"decode b8 hq32 hkv8 sk8192": 1.0})
+
     def test_added_cases_are_gated_and_the_baseline_keeps_its_own(self) -> None:
         """--add-cases: newer runs whose old cases are slower and which have a new row give the baseline that row;
         the old cases keep their times, so the slower run still fails the gate on them."""
