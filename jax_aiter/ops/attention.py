@@ -35,17 +35,17 @@ from jax_aiter.ops import (
     _attention_sharding,
     _attn_args,
     _attn_dropout,
+    _attn_fp8,
     _attn_mask,
     _attn_mask_ops,
     _attn_probs,
+    _attn_shapes,
     _attn_sizes,
     _batching,
     _checks,
     _ffi,
-    _paged_args,
     _partition,
     _sharding,
-    paged,
 )
 
 OP = "flash_attn_func"
@@ -281,42 +281,6 @@ def _default_key(op: str, p: float):
     return jax.random.key(0)
 
 
-def _layout(op, q, k, v, varlen: bool):
-    """q, k, v as rank-4 arrays, and whether the caller gave them packed ([total, heads, dim], varlen)."""
-    arrays = (("q", q, "seq_q", "heads_q"), ("k", k, "seq_k", "heads_kv"), ("v", v, "seq_k", "heads_kv"))
-    if varlen and all(x.ndim == 3 for x in (q, k, v)):
-        return q[None], k[None], v[None], True
-    for name, x, seq, heads in arrays:
-        if x.ndim != 4:
-            packed = " or [total_tokens, heads, head_dim] (packed, with cu_seqlens)" if varlen else ""
-            raise ValueError(f"{op}: {name} must have rank 4 [batch, {seq}, {heads}, head_dim]{packed}, "
-                             f"got shape {tuple(x.shape)}")
-    if varlen and q.shape[0] != 1:
-        raise ValueError(f"{op}: with cu_seqlens, q, k and v are packed: [total_tokens, heads, head_dim], or "
-                         f"[1, total_tokens, heads, head_dim]; got q of shape {tuple(q.shape)} (batch "
-                         f"{q.shape[0]}); reshape to one packed row, or use segment_ids for [batch, seq] inputs")
-    return q, k, v, False
-
-
-def _check_shapes(op, q, k, v):
-    batch, _, heads_q, head_dim = q.shape
-    kb, _seq_k, heads_kv, head_dim_k = k.shape
-    if v.shape[:3] != k.shape[:3]:
-        raise ValueError(f"{op}: k and v must agree in [batch, seq_k, heads_kv] (v's head_dim may differ), got "
-                         f"k {tuple(k.shape)} and v {tuple(v.shape)}")
-    if kb != batch:
-        raise ValueError(f"{op}: batch size mismatch: q has {batch}, k and v have {kb}")
-    if head_dim_k != head_dim:
-        raise ValueError(f"{op}: head_dim mismatch: q has {head_dim}, k has {head_dim_k} (q and k share one "
-                         "head_dim; v's may differ)")
-    if heads_kv == 0 and heads_q == 0:
-        return
-    if heads_kv == 0 or heads_q % heads_kv != 0:
-        raise ValueError(f"{op}: heads_q ({heads_q}) must be a multiple of heads_kv ({heads_kv}) "
-                         "for grouped-query attention")
-    _attn_args.head_dims(op, head_dim, v.shape[3])
-
-
 def attend(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, causal: bool = False, softmax_scale: float | None = None,
            dropout_p: float = 0.0, window_size=(-1, -1), bias: ArrayLike | None = None,
            alibi_slopes: ArrayLike | None = None, softcap: float = 0.0, segment_ids: ArrayLike | None = None,
@@ -327,45 +291,31 @@ def attend(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, causal: bool = False, so
     """Attention with every feature: (out, lse or None, probabilities or None). The one implementation behind
     flash_attn_func and the upstream facades (jax_aiter/mha.py), which translate their conventions to it;
     the arguments are flash_attn_func's (docs/attention.md). float8_e4m3fn q, k and v with their descales run FP8
-    attention (`_attend_fp8`)."""
+    attention (_attn_fp8.py)."""
     q, k, v = (_checks.as_array(op, name, x) for name, x in (("q", q), ("k", k), ("v", v)))
     descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
-    if any(x.dtype == paged.FP8 for x in (q, k, v)):
-        if implementation not in (None, "cpu"):
-            raise ValueError(f"{op}: FP8 attention (float8_e4m3fn q, k, v) runs on the CPU's paged kernel only; "
-                             f"implementation {implementation!r} does not take it: pass implementation=None")
-        return _attend_fp8(op, q, k, v, descales, causal=causal, softmax_scale=softmax_scale, dropout_p=dropout_p,
-                           window_size=window_size, softcap=softcap, cu_seqlens_q=cu_seqlens_q,
-                           cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                           return_lse=return_lse,
-                           unsupported={"bias": bias, "alibi_slopes": alibi_slopes, "segment_ids": segment_ids,
-                                        "return_attn_probs": return_probs or None})
-    for name, value in descales.items():
-        if value is not None:
-            raise TypeError(f"{op}: {name} is for float8_e4m3fn inputs (it multiplies their values), but q is "
-                            f"{q.dtype.name}; drop {name}, or pass float8_e4m3fn q, k and v")
+    if _attn_fp8.is_fp8(q, k, v):
+        return _attn_fp8.attend(op, q, k, v, descales, implementation=implementation, causal=causal,
+                                softmax_scale=softmax_scale, dropout_p=dropout_p, window_size=window_size,
+                                softcap=softcap, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
+                                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, return_lse=return_lse,
+                                unsupported={"bias": bias, "alibi_slopes": alibi_slopes, "segment_ids": segment_ids,
+                                             "return_attn_probs": return_probs or None})
+    _attn_fp8.refuse_descales(op, q, descales)
     for name, x in (("q", q), ("k", k), ("v", v)):
         _checks.check_dtype(op, name, x)
     _checks.check_same_dtype(op, "q", q, "k", k), _checks.check_same_dtype(op, "q", q, "v", v)
-    causal = _attn_args.check_bool(op, "causal", causal)
-    deterministic = _attn_args.check_bool(op, "deterministic", deterministic)
+    causal, deterministic = (_attn_args.check_bool(op, n, x) for n, x in (("causal", causal),
+                                                                          ("deterministic", deterministic)))
     impl = _attn_args.implementation(op, implementation)
     window = _attn_args.window(op, window_size)
     p = _attn_args.dropout_p(op, dropout_p)
     cap = _attn_args.softcap(op, softcap)
-    max_q, max_k = (_attn_args.max_seqlen(op, n, x) for n, x in (("max_seqlen_q", max_seqlen_q),
-                                                                  ("max_seqlen_k", max_seqlen_k)))
-    varlen = cu_seqlens_q is not None or cu_seqlens_kv is not None
-    if varlen and (cu_seqlens_q is None or cu_seqlens_kv is None):
-        raise ValueError(f"{op}: give both cu_seqlens_q and cu_seqlens_kv (the same array for self-attention), "
-                         f"got only {'cu_seqlens_q' if cu_seqlens_kv is None else 'cu_seqlens_kv'}")
-    if varlen and segment_ids is not None:
-        raise ValueError(f"{op}: give segment_ids or cu_seqlens_q/cu_seqlens_kv, not both (both say where the "
-                         "documents of a packed batch start)")
-    q, k, v, packed = _layout(op, q, k, v, varlen)
-    _check_shapes(op, q, k, v)
-    batch, seq_q, heads_q, head_dim = q.shape
-    seq_k, dv = k.shape[1], v.shape[3]
+    max_q, max_k = _attn_shapes.max_seqlens(op, max_seqlen_q, max_seqlen_k)
+    varlen = _attn_shapes.varlen(op, cu_seqlens_q, cu_seqlens_kv, segment_ids)
+    q, k, v, packed = _attn_shapes.layout(op, q, k, v, varlen)
+    _attn_shapes.check(op, q, k, v)
+    (batch, seq_q, heads_q, head_dim), seq_k, dv = q.shape, k.shape[1], v.shape[3]
     scale = _checks.check_scale(op, softmax_scale, _attn_args.default_scale(head_dim))
 
     mask, rows = _mask_rows(op, (batch, seq_q, seq_k), causal, window, segment_ids,
@@ -413,59 +363,13 @@ def _mask_rows(op: str, shape, causal: bool, window, segment_ids, varlen) -> tup
     batch, seq_q, seq_k = shape
     if varlen is not None:
         cu_seqlens_q, cu_seqlens_kv, max_q, max_k = varlen
-        cu_q = _attn_args.cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, seq_q, max_q, "max_seqlen_q", "q")
-        cu_k = _attn_args.cu_seqlens(op, "cu_seqlens_kv", cu_seqlens_kv, seq_k, max_k, "max_seqlen_k", "k")
-        if cu_q.shape[0] != cu_k.shape[0]:
-            raise ValueError(f"{op}: cu_seqlens_q and cu_seqlens_kv must count the same sequences, got "
-                             f"{cu_q.shape[0] - 1} and {cu_k.shape[0] - 1}")
+        cu_q, cu_k = _attn_shapes.cu_seqlens_pair(op, cu_seqlens_q, cu_seqlens_kv, seq_q, seq_k, max_q, max_k)
         return _attn_mask.MASK_ROWS, _attn_mask.varlen_rows(cu_q, cu_k, seq_q, seq_k, causal, window)
     if segment_ids is not None:
         ids = _attn_args.segment_ids(op, segment_ids, batch, seq_q, seq_k)
         return _attn_mask.MASK_ROWS, _attn_mask_ops.segment_rows(ids, causal, window)
     mask, rows = _attn_mask.dense_mask(seq_q, seq_k, causal, window)
     return mask, None if rows is None else jnp.asarray(rows)
-
-
-def _attend_fp8(op: str, q, k, v, descales: dict, *, causal, softmax_scale, dropout_p, window_size, softcap,
-                cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_k, return_lse, unsupported: dict):
-    """FP8 attention: float8_e4m3fn q, k and v, each with its descale ([1] or [batch, heads_kv]: the value an
-    element stands for is element * descale), bfloat16 out; causal, windows, softcap, GQA and packed sequences
-    (docs/serving.md, "FP8 attention"). It runs on the paged attention kernel (paged.attend_fp8)."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if x.dtype != paged.FP8:
-            raise TypeError(f"{op}: FP8 attention takes float8_e4m3fn q, k and v alike, but {name} is "
-                            f"{x.dtype.name}; cast it (with its descale) or pass all three in one compute dtype")
-    given = [name for name, value in unsupported.items() if value is not None]
-    if given or _attn_args.dropout_p(op, dropout_p) > 0:
-        raise ValueError(f"{op}: FP8 attention (float8_e4m3fn q, k, v) takes causal, window_size, softcap, GQA and "
-                         f"cu_seqlens; {', '.join(given) or 'dropout_p > 0'} is not supported with float8 inputs: "
-                         "dequantize to bfloat16 (x.astype(jnp.bfloat16) * descale) for those features")
-    window = _attn_args.window(op, window_size)
-    cap = _attn_args.softcap(op, softcap)
-    causal = _attn_args.check_bool(op, "causal", causal)
-    varlen = cu_seqlens_q is not None or cu_seqlens_kv is not None
-    if varlen and (cu_seqlens_q is None or cu_seqlens_kv is None):
-        raise ValueError(f"{op}: give both cu_seqlens_q and cu_seqlens_kv (the same array for self-attention)")
-    q4, k4, v4, packed = _layout(op, q, k, v, varlen)
-    _check_shapes(op, q4, k4, v4)
-    heads_kv = k4.shape[2]
-    scale = _checks.check_scale(op, softmax_scale, _attn_args.default_scale(q4.shape[3]))
-    if packed:
-        max_q, max_k = (_attn_args.max_seqlen(op, n, x) for n, x in (("max_seqlen_q", max_seqlen_q),
-                                                                      ("max_seqlen_k", max_seqlen_k)))
-        cu_q = _attn_args.cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, q4.shape[1], max_q, "max_seqlen_q", "q")
-        cu_k = _attn_args.cu_seqlens(op, "cu_seqlens_kv", cu_seqlens_kv, k4.shape[1], max_k, "max_seqlen_k", "k")
-        if cu_q.shape[0] != cu_k.shape[0]:
-            raise ValueError(f"{op}: cu_seqlens_q and cu_seqlens_kv must count the same sequences, got "
-                             f"{cu_q.shape[0] - 1} and {cu_k.shape[0] - 1}")
-        batch, args = cu_q.shape[0] - 1, (q4[0], k4[0], v4[0])
-    else:
-        cu_q = cu_k = None
-        batch, args = q4.shape[0], (q4, k4, v4)
-    scales = tuple(_paged_args.descale(op, n, x, batch, heads_kv) for n, x in descales.items())
-    out, lse = paged.attend_fp8(op, *args, descales=scales, causal=causal, window=window, softcap=cap, scale=scale,
-                                cu_seqlens_q=cu_q, cu_seqlens_kv=cu_k, return_lse=return_lse)
-    return out, lse, None
 
 
 def _vary(q, k, v, alibi, bias):
