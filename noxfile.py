@@ -152,7 +152,7 @@ def lint(session: nox.Session) -> None:
     """Static checks (pinned: a newer tool brings new rules): ruff on the Python sources, clang-format's layout
     (.clang-format) on the C++ and CUDA sources."""
     session.install(*nox.project.dependency_groups(PYPROJECT, "lint"))
-    session.run("ruff", "check", "jax_aiter", "jatools", "ci", "tests", "noxfile.py", "tasks.py")
+    session.run("ruff", "check", "jax_aiter", "jatools", "ci", "tests", "noxfile.py", "tasks.py", "benchmarks")
     cxx = subprocess.run(["git", "ls-files", "--", *CXX_SOURCES], capture_output=True, text=True, check=True).stdout
     session.run("clang-format", "--dry-run", "--Werror", *cxx.split())
 
@@ -176,7 +176,8 @@ _session("tsan", "test", "python", "-m", "jatools.native.sanitize", "--sanitizer
 
 @nox.session(python=PY, tags=["test"])
 def convergence(session: nox.Session) -> None:
-    """Train a small LM with jax_aiter's kernels and with plain JAX; fail unless both reach the same loss (args after --)."""
+    """Train a small LM with jax_aiter's kernels and with plain JAX; fail unless both reach the same loss
+    (args after --)."""
     session.install(*TEST_DEPS)
     _install_gpu_plugin(session)
     session.run("python", "-m", "ci.convergence.train_tiny", "--compare", *session.posargs)
@@ -198,7 +199,8 @@ _session("release", "release", "python", "-m", "jatools.release", deps=[*TEST_DE
 
 @nox.session(python=PY, tags=["bench"])
 def bench(session: nox.Session) -> None:
-    """Tooling benchmarks against the reference's tools: table + build/bench/results.json (-- --only NAME, --scale F; -- gpu: GPU kernels)."""
+    """Tooling benchmarks against the reference's tools: table + build/bench/results.json
+    (-- --only NAME, --scale F; -- gpu: GPU kernels)."""
     gpu = session.posargs[:1] == ["gpu"]
     session.install("-e", ".", *nox.project.dependency_groups(PYPROJECT, *(("bench", "test") if gpu else ("bench",))))
     if gpu:

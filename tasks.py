@@ -81,7 +81,8 @@ def validate(c, variant="", wheel=None, engine="auto", installer="auto", wheelho
       help={"gpu": "also the JAX plugin of this backend: cuda or rocm (repeatable)",
             "path": "wheelhouse folder (default: JA_WHEELHOUSE or build/wheelhouse)"})
 def fill_wheelhouse(c, gpu=None, path=""):
-    """Fill the offline wheelhouse once from the package index (jax/jaxlib at the floor, deps, fetch extra, build backend)."""
+    """Fill the offline wheelhouse once from the package index
+    (jax/jaxlib at the floor, deps, fetch extra, build backend)."""
     from jatools.validate import cleanroom_env, wheelhouse
     root = config.repo_root()
     try:
@@ -250,8 +251,8 @@ def _settings_errors_in_one_line(ns: Collection) -> Collection:
     return ns
 
 
-# One name per task: the contract's (README.md, "Sessions and tasks") for verify, floor, contents and validate; wheels are built by
-# `nox -s wheel_lite|wheel_full` (docs/architecture.md lists every door and its code).
+# One name per task: the contract's (README.md, "Sessions and tasks") for verify, floor, contents and validate;
+# wheels are built by `nox -s wheel_lite|wheel_full` (docs/architecture.md lists every door and its code).
 ns = _settings_errors_in_one_line(Collection(
     env_report, convergence_check, floor, contents, validate, fill_wheelhouse, verify=jit_verify,
     image=Collection(publish=image_publish),

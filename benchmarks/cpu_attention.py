@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """CPU timing of jax_aiter.flash_attn_func against jax.nn.dot_product_attention.
 
 Both sides get the same inputs and are jitted; each is warmed up, then timed

@@ -110,7 +110,8 @@ Build(name="pr_cpu", group="pr", runner=UBUNTU, env=CPU_ENV, timeout_minutes=45,
                                ("XLA_FLAGS", "--xla_force_host_platform_device_count=4")))))
 Build(name="pr_convergence_gate", group="pr", runner=UBUNTU, timeout_minutes=10, events=("pull_request", "push"),
       description="PR: a numerics change needs a `Convergence:` decision trailer (ci/convergence_paths.toml)",
-      steps=(Invoke("convergence-check", ("--base", "${JA_BASE_REV}", "--json-out", (RECORDS / "convergence.json").as_posix())),))
+      steps=(Invoke("convergence-check",
+                    ("--base", "${JA_BASE_REV}", "--json-out", (RECORDS / "convergence.json").as_posix())),))
 Build(name="pr_compile_cuda", group="pr", runner=UBUNTU_CUDA, timeout_minutes=45,
       description=f"PR: compile every library for CUDA {dict(CUDA_ENV)['GPU_ARCHS']} with nvcc, no GPU",
       steps=(Nox("compile_only", ("--backend", "cuda")),))
@@ -178,8 +179,8 @@ for _backend, _runner, _env in PRODUCER_BACKENDS:
     Build(name=f"jit_libs_merge_{_backend}", group="jit_libs", runner=UBUNTU, env=_env, timeout_minutes=30,
           description=f"JIT producer ({_backend}): merge the shards into build/aiter_build with one manifest, verify, "
                       f"and stage them as a store in {JIT_STORE} (this run's consumers fetch from it)",
-          steps=(Invoke("jit.merge-manifests", ("--from", config.build_path("jit_shards").as_posix())), Invoke("verify"),
-                 Invoke("jit.publish", ("--to", JIT_STORE))))
+          steps=(Invoke("jit.merge-manifests", ("--from", config.build_path("jit_shards").as_posix())),
+                 Invoke("verify"), Invoke("jit.publish", ("--to", JIT_STORE))))
     Build(name=f"jit_libs_publish_{_backend}", group="jit_libs", runner=UBUNTU, env=_env, timeout_minutes=60,
           description=f"JIT producer ({_backend}): compress, verify and upload the merged libraries where consumers "
                       "fetch from (write access)",

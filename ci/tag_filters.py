@@ -23,7 +23,8 @@ GOLDEN = ROOT / "ci" / "tag_filters_golden.txt"
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python3 -m ci.tag_filters", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python3 -m ci.tag_filters", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--platform", help=f"one of {', '.join(tf.PLATFORMS)}")
     p.add_argument("--config", help=f"one of {', '.join(tf.CONFIGS)}")
     p.add_argument("--tier", help=f"one of {', '.join(tf.TIERS)} (prints one line per pytest run)")

@@ -29,7 +29,8 @@ def main(argv: list[str]) -> int:
             missing.append(name)
     if missing:
         print(f"test_jit_libs_manifest: missing {', '.join(missing)}; install the project's tooling dependencies "
-              f"with `{sys.executable} -m pip install -e '{ROOT}' --group '{ROOT}/pyproject.toml:tooling'`", file=sys.stderr)
+              f"with `{sys.executable} -m pip install -e '{ROOT}' --group '{ROOT}/pyproject.toml:tooling'`",
+              file=sys.stderr)
         return 2
     if not TESTS:
         print(f"test_jit_libs_manifest: no tests found in {ROOT / 'tests' / 'tooling'}", file=sys.stderr)

@@ -1,6 +1,7 @@
 """A test tier against a lane's validated wheel, installed into a fresh environment, never against the build tree.
 
-    python -m jatools.lane_tier --lane cuda13 [--dist dist] [--tier pr] [--platform cuda] [--results-dir D] [pytest args]
+    python -m jatools.lane_tier --lane cuda13 [--dist dist] [--tier pr] [--platform cuda] [--results-dir D] \\
+        [pytest args]
     (nox -s tests_lane -- ...; CI's pr_gpu_cuda_h200 and multigpu_cuda_h200_2gpu, ci/gpu/h200_ci_jobs.sh)
 
 The wheel is the one a green release report vouches for (`nox -s release` built, checked and clean-room validated

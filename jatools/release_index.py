@@ -25,7 +25,8 @@ returns instead.
 
 Before anything is listed, every file of the store is held to its tag's record: a file whose bytes changed, a
 recorded file that is gone, a file no record lists, or a file that is no wheel or sdist stops the write, naming
-it, and the index stays as it was. Writers take turns (a lock on the store folder, jax_aiter/download/folder_lock.py); each
+it, and the index stays as it was. Writers take turns
+(a lock on the store folder, jax_aiter/download/folder_lock.py); each
 lane's root is written whole in a temporary folder and renamed into place, so its HTML and JSON pages always
 agree; what a killed write left (temporary files and folders, and the files of an `add` that never reached its
 record) is removed by the next writer.

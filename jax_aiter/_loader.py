@@ -13,7 +13,8 @@ it (the pins in the wheel's build identity; in a checkout or a fetch folder, the
 ``build_record.json`` or ``jit-libs-manifest.json`` beside it) and its SONAME
 against its file name, so a truncated or swapped file gives ``LibraryCheckError``
 naming the file instead of a SIGBUS or a loader error about another name
-(``python -m jax_aiter info --verify`` also checks the sha256). Libraries are loaded by absolute path in dependency order
+(``python -m jax_aiter info --verify`` also checks the sha256).
+Libraries are loaded by absolute path in dependency order
 (umbrella, JIT library, shim); each shim names its JIT library in DT_NEEDED, and
 the dynamic loader matches it by SONAME, so no RTLD_GLOBAL is involved.
 """

@@ -28,6 +28,6 @@ def version() -> str:
     try:
         return metadata.version(DIST)
     except metadata.PackageNotFoundError:
-        raise RuntimeError(f"jax_aiter at {_loader.PACKAGE_DIR} has no version: no {_loader.IDENTITY_FILE.name} (a wheel), no "
-                           "jax-aiter pyproject.toml beside it (a checkout) and no installed jax-aiter distribution; install "
-                           "jax-aiter (pip install jax-aiter) or run from a checkout") from None
+        raise RuntimeError(f"jax_aiter at {_loader.PACKAGE_DIR} has no version: no {_loader.IDENTITY_FILE.name} "
+                           "(a wheel), no jax-aiter pyproject.toml beside it (a checkout) and no installed jax-aiter "
+                           "distribution; install jax-aiter (pip install jax-aiter) or run from a checkout") from None

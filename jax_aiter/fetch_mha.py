@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
                 "this jax-aiter is not an installed wheel (no jax_aiter/_build_identity.json), so there is no "
                 "identity to fetch for; in a source checkout "
                 f"{remedies.build_or_fetch(op_table.fetched_libraries(_loader.OPS))}")
-        if identity.get("variant") == "full":  # its pins name the shipped bytes (RUNPATHs made the wheel's), not a fetch's
+        # its pins name the shipped bytes (RUNPATHs made the wheel's), not a fetch's
+        if identity.get("variant") == "full":
             print("jax-aiter-fetch-mha: nothing to fetch: this is the +full wheel, which ships the attention libraries")
             return 0
         if not args.skip_arch_check:

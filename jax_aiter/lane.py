@@ -52,7 +52,8 @@ def mismatch(identity: dict | None, present: set[str], seen: str = "JAX runs on"
     want = min(present)
     lane = (identity or {}).get("lanes", {}).get(want)  # the release's lanes, baked in by the wheel build
     label = f"{lane}.full" if lane and (identity or {}).get("variant") == "full" else lane
-    fix = (f"install the {lane} lane: pip install --force-reinstall --extra-index-url {INDEX_ROOT.format(store='<store>', lane=lane)} "
+    fix = (f"install the {lane} lane: pip install --force-reinstall "
+           f"--extra-index-url {INDEX_ROOT.format(store='<store>', lane=lane)} "
            f"'jax-aiter=={version.split('+')[0]}+{label}' (docs/wheels.md, Lanes)" if lane
            else f"install a build for {want}")
     return (f"jax_aiter {version} is the {lane_of(identity) or backend} lane (built for {backend}), but {seen} "

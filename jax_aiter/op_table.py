@@ -88,7 +88,8 @@ def load(root: Path | None = None) -> dict[str, Op]:
                            "one home: keep it in one row")
     for module, users in _users(ops).items():
         if len({op.fetched for op in users}) > 1:
-            raise OpTableError(f"{where}: JIT module {module} is fetched for {', '.join(o.name for o in users if o.fetched)}"
+            raise OpTableError(f"{where}: JIT module {module} is fetched for "
+                               f"{', '.join(o.name for o in users if o.fetched)}"
                                f" but packaged for {', '.join(o.name for o in users if not o.fetched)}; a library is "
                                "either in the lite wheel or not: give those rows the same `fetched`")
     return ops

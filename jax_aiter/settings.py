@@ -51,7 +51,8 @@ class Setting:
 
     def range_text(self) -> str:
         unit = f" {self.unit}" if self.unit else ""
-        return f"{'an integer' if self.kind is int else 'a number'} from {self.show(self.lo)} to {self.show(self.hi)}{unit}"
+        return (f"{'an integer' if self.kind is int else 'a number'} from {self.show(self.lo)} "
+                f"to {self.show(self.hi)}{unit}")
 
     def accepted(self) -> str:
         """What the setting accepts, in words."""

@@ -161,7 +161,7 @@ def print_table(rows: list[dict]) -> None:
           f"{'of cudnn':>10}{'of fa3':>8}{'f+b/cudnn':>10}{'f+b/fa3':>9}{'bwd/fwd':>8}  met")
     for r in rows:
         missed = [g for g, ok in r.get("goals", {}).items() if not ok]
-        print(f"{r['name']:<15}{r['head_dim']:>4}{r['batch']:>3}{r['seq']:>6}{str(r['causal']):>7}"
+        print(f"{r['name']:<15}{r['head_dim']:>4}{r['batch']:>3}{r['seq']:>6}{str(r['causal']):>7}"  # noqa: RUF010
               f"{f(r, 'ours_TFLOPs'):>8}{f(r, 'cudnn_TFLOPs'):>8}{f(r, 'fa3_TFLOPs'):>8}      "
               f"{f(r, 'frac_of_cudnn', '.2f'):>10}{f(r, 'frac_of_fa3', '.2f'):>8}{f(r, 'fwd_bwd_vs_cudnn', '.2f'):>10}"
               f"{f(r, 'fwd_bwd_vs_fa3', '.2f'):>9}{f(r, 'bwd_over_fwd', '.2f'):>8}  {r['met']}"

@@ -101,10 +101,11 @@ def bench_memory_bound(lib, reps, copy_gbps, quick, shapes=None):
         # "copy": memcpy of the same bytes the op must move (its input read, its output written),
         # the ceiling at this size, where ramp-up and tail make a copy slower than the large one.
         specs = [
-            ("rms_norm", {"ours": lambda x, res: ja.rms_norm(x, w), "xla": lambda x, res: xla_rms_norm(x, w),
+            ("rms_norm", {"ours": lambda x, res: ja.rms_norm(x, w),  # noqa: B023 (called in this iteration)
+                          "xla": lambda x, res: xla_rms_norm(x, w),  # noqa: B023
                           "copy": lambda x, res: memcpy(x)}, 2 * size + h * 2),
-            ("rms_norm_with_add", {"ours": lambda x, res: ja.rms_norm_with_add(x, res, w),
-                                   "xla": lambda x, res: xla_rms_norm_add(x, res, w),
+            ("rms_norm_with_add", {"ours": lambda x, res: ja.rms_norm_with_add(x, res, w),  # noqa: B023
+                                   "xla": lambda x, res: xla_rms_norm_add(x, res, w),  # noqa: B023
                                    "copy": lambda x, res: (memcpy(x), memcpy(res))}, 4 * size + h * 2),
         ]
         for name, cases, nbytes in specs:
@@ -134,23 +135,23 @@ def bench_chains(lib, reps, copy_gbps, quick):
         def chain(f):
             def run(x, res):
                 for _ in range(CHAIN):
-                    x = barrier(f(x, w))
+                    x = barrier(f(x, w))  # noqa: B023 (run is called in this iteration)
                 return x
             return run
 
         def chain_add(f):
             def run(x, res):
                 for _ in range(CHAIN):
-                    x, res = barrier(f(x, res, w))
+                    x, res = barrier(f(x, res, w))  # noqa: B023
                 return x, res
             return run
 
         def copies(n):
             def run(x, res):
                 for _ in range(CHAIN):
-                    x = barrier(memcpy(x))
+                    x = barrier(memcpy(x))  # noqa: B023
                     if n == 2:
-                        res = barrier(memcpy(res))
+                        res = barrier(memcpy(res))  # noqa: B023
                 return x, res
             return run
 
@@ -247,7 +248,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--head-dim", type=int, action="append", choices=[32, 64, 96, 128, 256],
                    help="attention head dims (repeatable; default 64, 128 and 256, --quick: 128)")
     p.add_argument("--model-workload", action="append", choices=[w.name for w in model_bench.WORKLOADS],
-                   help="model workloads to run (repeatable; default all, --quick: " + ", ".join(model_bench.QUICK) + ")")
+                   help="model workloads to run (repeatable; default all, --quick: "
+                        + ", ".join(model_bench.QUICK) + ")")
     p.add_argument("--model-swaps", action="store_true", help="also time plain JAX with one group of our ops "
                    "swapped in (attention, the norms, SiLU-and-mul): which op a model's difference comes from")
     p.add_argument("--warm-l2", action="store_true", help="no L2 flush before each timed case (the cases of a "
@@ -316,13 +318,14 @@ def print_kernel_tables(results: dict) -> None:
     for r in results["memory_bound"] + results["chains"]:
         same = f"  ({r['frac_of_same_size_copy']:.2f})" if "frac_of_same_size_copy" in r else ""
         print(f"{r['name']:<20}{'x'.join(map(str, r['shape'])):>14}{r['ours_ms']:>10.4f}{r['xla_ms']:>10.4f}"
-              f"{r['ours_GBps']:>8.0f}{r['frac_of_copy']:>9.2f}{r['speedup_vs_xla']:>8.2f}  {str(r['met']):<5}{same}")
+              f"{r['ours_GBps']:>8.0f}{r['frac_of_copy']:>9.2f}{r['speedup_vs_xla']:>8.2f}  "
+              f"{str(r['met']):<5}{same}")  # noqa: RUF010
     if results["decode"]:
         print(f"{'decode b,hq,hkv,sk':<24}{'ours ms':>9}{'cudnn ms':>10}{'xla ms':>9}  of copy (K/V bytes): "
               f"{'ours':>5}{'cudnn':>7}{'xla':>6}  met")
     for r in results["decode"]:
         def f(key, fmt):
-            return format(r[key], fmt) if key in r else "-"
+            return format(r[key], fmt) if key in r else "-"  # noqa: B023 (f is called in this iteration)
         case = ",".join(str(r[k]) for k in ("batch", "heads_q", "heads_kv", "seq_k"))
         print(f"{case:<24}{f('ours_ms', '.4f'):>9}"
               f"{f('cudnn_ms', '.4f'):>10}{f('xla_ms', '.4f'):>9}{'':22}{f('ours_frac_of_copy', '.2f'):>5}"

@@ -178,7 +178,8 @@ def bench_workload(w: Workload, samples: int, swaps: bool = False) -> dict:
     outs = {n: outs[n] for n in ("ours", "plain")}
     launches = {n: outs[n].pop("hlo") for n in outs}
     row = {"name": w.name, "kind": w.kind, "batch": w.batch, "seq": w.seq, "config": vars(w.cfg),
-           "plain_attention": (impl or "default") + (" (softcap: XLA, llama.softcap_attention)" if w.cfg.softcap else ""),
+           "plain_attention": (impl or "default") + (" (softcap: XLA, llama.softcap_attention)"
+                                                     if w.cfg.softcap else ""),
            **({"cudnn_refused": refused} if refused else {}),
            "hlo_launches": launches, **agreement(outs["ours"], outs["plain"])}
     del outs
@@ -221,7 +222,8 @@ def print_table(rows: list[dict]) -> None:
               f"plain {launches['plain']}")
         if "ceiling_speedup" in r:
             print(f"{'':<24}without attention (llama.attention_taken_out): {r['no_attention_ms']:.3f} ms; plain / that "
-                  f"= {r['ceiling_speedup']:.3f}, the most any attention can give (goal {1 / r['goal_ours_over_plain']:.2f}: "
+                  f"= {r['ceiling_speedup']:.3f}, the most any attention can give "
+                  f"(goal {1 / r['goal_ours_over_plain']:.2f}: "
                   f"{'reachable' if r['goal_reachable'] else 'out of reach'})")
         if "swaps_over_plain" in r:
             print(f"{'':<24}plain JAX with one group of ours, / plain: "

@@ -149,8 +149,10 @@ def profile(w: model_bench.Workload, steps: int, out: Path) -> dict:
             kept.write_bytes(xplane.read_bytes())
         events = kernels(kept)
         if not events:
-            planes = {pl.name: [ln.name for ln in pl.lines] for pl in jax.profiler.ProfileData.from_file(str(kept)).planes}
-            raise SystemExit(f"model_profile: no GPU kernel events in the trace of {name} (planes and lines: {planes}); "
+            planes = {pl.name: [ln.name for ln in pl.lines]
+                      for pl in jax.profiler.ProfileData.from_file(str(kept)).planes}
+            raise SystemExit(f"model_profile: no GPU kernel events in the trace of {name} "
+                             f"(planes and lines: {planes}); "
                              "the profiler needs CUPTI (the nvidia-cuda-cupti package of JAX's CUDA plugin)")
         result["models"][name] = summarize(events, steps)
         del step, state
@@ -166,7 +168,8 @@ def print_table(r: dict) -> None:
              for k in sorted(set(o["kind_us"]) | set(p["kind_us"]))]
     fams = sorted(set(o["families"]) | set(p["families"]),
                   key=lambda k: -max(o["families"].get(k, {"us": 0})["us"], p["families"].get(k, {"us": 0})["us"]))
-    rows += [(f"{k[:34]} x{o['families'].get(k, {}).get('per_step', 0):g}/{p['families'].get(k, {}).get('per_step', 0):g}",
+    rows += [((f"{k[:34]} x{o['families'].get(k, {}).get('per_step', 0):g}"
+               f"/{p['families'].get(k, {}).get('per_step', 0):g}"),
               o["families"].get(k, {}).get("us", 0.0), p["families"].get(k, {}).get("us", 0.0)) for k in fams]
     for k, a, b in rows:
         print(f"{k:<40}{a:>10.1f}{b:>10.1f}{a - b:>12.1f}")

@@ -44,11 +44,11 @@ def main(argv=None) -> int:
         f = fwds[name]
         if args.forward:
             run = jax.jit(f)
-            call = lambda: run(q, k, v)  # noqa: E731
+            call = lambda: run(q, k, v)  # noqa: B023 (called in this iteration)
         else:
             _, vjp = jax.vjp(f, q, k, v)
             run = jax.jit(lambda vjp, g: vjp(g))
-            call = lambda: run(vjp, g)  # noqa: E731
+            call = lambda: run(vjp, g)  # noqa: B023
         jax.block_until_ready(call())
         start = time.perf_counter()
         jax.block_until_ready(call())

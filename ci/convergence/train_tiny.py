@@ -17,7 +17,8 @@ summarised by ci/perf/parse_perf_log.py into JSON and a markdown table (the
 job summary on GitHub). Throughput is reported, not gated: this run answers
 "do the kernels train the same model", not "are they fast".
 
-    python3 -m ci.convergence.train_tiny --compare --out build/convergence [--steps 200] [--dtype bfloat16] [--repeats 3]
+    python3 -m ci.convergence.train_tiny --compare --out build/convergence [--steps 200] [--dtype bfloat16] \\
+        [--repeats 3]
         [--head-dim 160]
 
 Exit codes: 0 converged; 1 diverged (loss curves apart, loss not falling, or a

@@ -4,7 +4,8 @@
     python3 -m ci.gpu.offline_index download DEST [--on-host NAME ...]   # here, online: the wheels the host may lack
     python3 -m ci.gpu.offline_index index DEST --carried DIR                # there: DEST = carried + repacked
 
-`download` fetches (pip download, CPython at the project's Python version, manylinux x86_64) every package of pyproject's test, build, run, bench
+`download` fetches (pip download, CPython at the project's Python version, manylinux x86_64) every package of
+pyproject's test, build, run, bench
 and wheel groups with its dependencies, but not the JAX stack, numpy or scipy (the GPU host has them installed)
 nor nvidia-cutlass's Python dependencies (the sessions install it --no-deps). `--on-host` names more packages
 the GPU host has installed (its image's list: the device's KINDS.md), left out to keep what travels small.

@@ -17,7 +17,7 @@ Exit codes: 0 ok (gate passed, or no --gate); 1 gate failed; 2 input problem (lo
 step lines, baseline missing or invalid, --gate without --baseline, bad arguments).
 Standard library (and jatools.atomic_write) only, so it runs on any CI runner:
     python3 -m ci.perf.parse_perf_log LOG [--window 20] [--baseline B.json] [--gate]
-"""
+"""  # noqa: E501 (the sample step line above is a log line, kept whole)
 from __future__ import annotations
 
 import argparse

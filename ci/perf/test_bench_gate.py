@@ -61,7 +61,8 @@ class BenchGateTests(unittest.TestCase):
         self.assertEqual(committed["device"], "NVIDIA H200")
         for case in committed["cases"].values():
             spread = 100 * (max(case["runs_ms"]) - min(case["runs_ms"])) / case["ms"]
-            self.assertGreaterEqual(case["band_pct"], max(bench_gate.FLOOR_PCT, bench_gate.SPREAD_FACTOR * spread) - 0.01)
+            self.assertGreaterEqual(case["band_pct"],
+                                    max(bench_gate.FLOOR_PCT, bench_gate.SPREAD_FACTOR * spread) - 0.01)
 
     def test_each_committed_run_passes_the_cases_it_gave_the_baseline(self) -> None:
         base = json.loads(BASELINE.read_text())

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Tests for parse_perf_log.py: CPU-only, standard library and jatools only.
 
-    python3 ci/perf/test_parse_perf_log.py      # self-runnable (the contract's name; = python3 -m ci.perf.test_parse_perf_log)
+    python3 ci/perf/test_parse_perf_log.py      # self-runnable (the contract's name)
+    python3 -m ci.perf.test_parse_perf_log      # the same
     pytest ci/perf/test_parse_perf_log.py       # collected by pytest too
 """
 from __future__ import annotations
@@ -80,7 +81,8 @@ class ParseTests(PerfLogCase):
         self.assertAlmostEqual(s["mean_loss"], 1.5)  # the finite value only
 
     def test_restarted_run_later_line_wins(self) -> None:
-        lines = [step_line(1, tflops=1.0), step_line(2, tflops=1.0), step_line(2, tflops=200.0), step_line(3, tflops=200.0)]
+        lines = [step_line(1, tflops=1.0), step_line(2, tflops=1.0), step_line(2, tflops=200.0),
+                 step_line(3, tflops=200.0)]
         parsed = ppl.parse_log(self.write_log(lines))
         self.assertEqual(parsed.repeated_steps, [2])
         self.assertEqual(parsed.lines_parsed, 4)

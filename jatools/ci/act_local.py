@@ -81,7 +81,8 @@ def _matrix_builds(wf: dict, job: dict, cb) -> list[str] | None:
     if not m:
         return None
     runs = [s.get("run", "") for s in wf["jobs"][m.group(1)]["steps"]]
-    group = next(g.group(1) for r in runs if (g := re.match(r"python3 ci/build\.py --matrix (\w+)(?: --runners (\w+))?$", r))
+    group = next(g.group(1) for r in runs
+                 if (g := re.match(r"python3 ci/build\.py --matrix (\w+)(?: --runners (\w+))?$", r))
                  and g.group(2) == m.group(2))
     return [e["build"] for e in cb.matrix(group, runners=m.group(2))["include"]]
 
@@ -121,7 +122,8 @@ def units(cb) -> list[Unit]:
                 u = Unit(path.name, job_id, build if matrix is not None else None, event,
                          tuple([needs] if isinstance(needs, str) else needs))
                 u.why_not = _why_not(build, runner, container, cb)
-                blocked = [n for n in u.needs if any(o.workflow == u.workflow and o.job == n and o.why_not for o in out)]
+                blocked = [n for n in u.needs
+                           if any(o.workflow == u.workflow and o.job == n and o.why_not for o in out)]
                 if blocked and (not u.why_not or u.why_not.startswith("needs ")):  # hardware first, then the order
                     u.why_not = f"needs the job {', '.join(blocked)}, which cannot run here"
                 out.append(u)
@@ -238,7 +240,8 @@ def run(r: ActRun, cb, ctx: dict[str, str]) -> None:
             except ValueError:
                 f.write(line)
                 continue
-            where = rec.get("jobID", "act") + (f" {rec['matrix']['build']}" if "build" in (rec.get("matrix") or {}) else "")
+            where = rec.get("jobID", "act") + (f" {rec['matrix']['build']}"
+                                               if "build" in (rec.get("matrix") or {}) else "")
             f.write(f"[{where}] {rec.get('msg', '').rstrip()}\n")
             if "jobResult" in rec:
                 results.append((rec.get("jobID"), (rec.get("matrix") or {}).get("build"), rec["jobResult"]))

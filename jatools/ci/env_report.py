@@ -33,7 +33,8 @@ ENV_KEYS = ("JA_BACKEND", "GPU_ARCHS", "JA_BUILD_DIR", "JA_TEST_TIER", "JA_SANIT
             "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "XLA_FLAGS", "CI", "GITHUB_RUN_ID", "RUNNER_NAME")
 PACKAGE_PREFIXES = ("jax", "numpy", "ml-dtypes", "ml_dtypes")
 TIMEOUT_S = 30
-CI_REPORT = (config.build_path("ci_records") / "env-report.json").as_posix()  # ci/build.py writes it first in every build
+# ci/build.py writes it first in every build
+CI_REPORT = (config.build_path("ci_records") / "env-report.json").as_posix()
 CI_REPORT_VAR = "JA_ENV_REPORT"  # ... and names it here for every later command of the build
 
 Which = Callable[..., str | None]

@@ -11,7 +11,8 @@ Order of work, so that nothing half-made is ever visible:
    is complete and is never overwritten.
 
 The upload target is swappable: a folder, a file:// URL, an HTTP(S) server that
-takes PUT, or a GitHub release (named as gh[:OWNER/REPO] or by its release-download URL) (`gh release upload`, run through a runner the
+takes PUT, or a GitHub release (named as gh[:OWNER/REPO] or by its release-download URL) (`gh release upload`,
+run through a runner the
 caller may replace, e.g. invoke's context). Each has a `description`,
 `existing_manifest()` (the published manifest, else None) and `upload(paths)`
 (called for the parts, then for the manifest alone).

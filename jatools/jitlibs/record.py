@@ -100,7 +100,8 @@ def verify_build(settings: config.Settings, folder: Path | None = None, against:
     source, n, identity = _checked(folder, against, list(jit_build.libraries(settings).values()))
     if identity is None:
         raise JitCacheError(f"{source} names no single build identity (its modules were built with different ones), "
-                            f"so the libraries cannot be matched to this checkout's sources; {remedies.build_or_fetch()}")
+                            "so the libraries cannot be matched to this checkout's sources; "
+                            f"{remedies.build_or_fetch()}")
     if why := jit_build.stale(settings, identity):
         raise JitCacheError(why)
     return (f"verify: {n} file(s) in {folder} match {source}, and its identity (cache id {identity.get('cache_id')}) "

@@ -80,7 +80,8 @@ def native_steps(*, jit: str | None = None, shims: str = "ja_mods", jobs: int | 
     if mode == "build":
         print("native build: building the JIT libraries here (JA_JIT_LIBS=take makes a consumer of this run)",
               flush=True)
-        out.append(step("jit", [sys.executable, "-m", "jatools.native.jit_build", *(["-j", str(jobs)] if jobs else [])]))
+        out.append(step("jit", [sys.executable, "-m", "jatools.native.jit_build",
+                                *(["-j", str(jobs)] if jobs else [])]))
     return [*out, step(shims, ["make", *jflag, shims])]
 
 

@@ -73,7 +73,8 @@ def set_dynamic_string(data: bytearray, tag: str, old: str, new: str, where: str
     if dynamic is None:
         raise RunpathError(f"{where} has no dynamic section")
     strtab = elf.get_section(dynamic["sh_link"])
-    hits = {t.entry.d_val for t in dynamic.iter_tags() if t.entry.d_tag == tag and strtab.get_string(t.entry.d_val) == old}
+    hits = {t.entry.d_val for t in dynamic.iter_tags()
+            if t.entry.d_tag == tag and strtab.get_string(t.entry.d_val) == old}
     if not hits:
         raise RunpathError(f"{where}: no {tag} entry {old!r}")
     size = len(old.encode())

@@ -254,7 +254,8 @@ def _device_rule(w: _Wheel) -> list[str]:
     lane, archs = ident.get("lane") or backend, [str(a) for a in ident.get("gpu_archs") or []]
     want = {device_code.base_arch(a) for a in archs}
     gpu = " GPU_ARCHS='" + ";".join(archs) + "'" if archs else ""
-    fix = f"rebuild the libraries for the lane (JA_BACKEND={backend}{gpu}: make, {remedies.door('jit')}, make ja_mods), then the wheel"
+    fix = (f"rebuild the libraries for the lane (JA_BACKEND={backend}{gpu}: make, {remedies.door('jit')}, "
+           "make ja_mods), then the wheel")
     problems = []
     for member, m in sorted(w.scanned.members.items()):
         if m.elf is None:

@@ -89,7 +89,8 @@ class Layout:
         ops = op_table.load(root)
         files, folder = data["files"], lambda kind: config.BUILD_TREE[KIND_TREE[kind]]
         libs = {name: LibrarySpec(name, folder(spec["kind"]), **spec) for name, spec in data["libraries"].items()}
-        libs |= {lib: LibrarySpec(lib, folder("jit"), "jit", module=m) for m, lib in op_table.jit_libraries(ops).items()}
+        libs |= {lib: LibrarySpec(lib, folder("jit"), "jit", module=m)
+                 for m, lib in op_table.jit_libraries(ops).items()}
         libs |= {op.shim: LibrarySpec(op.shim, folder("shim"), "shim", op=name) for name, op in ops.items()}
         fetched = tuple(op_table.fetched_libraries(ops).values())
         variants = {}

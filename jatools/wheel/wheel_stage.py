@@ -66,7 +66,8 @@ def check_python_part(root: Path, layout: Layout) -> list[str]:
                "__init__.py)" if not_packages else f"leaves out {', '.join(missing)}")
         raise WheelBuildError(f"pyproject.toml [tool.jax-aiter] packages = {json.dumps(packages)} {why}: the wheel "
                               f"would lack the Python package every wheel holds ({', '.join(layout.required_files[:2])}"
-                              ", ...). List jax_aiter and its subpackages there (as the checkout's pyproject.toml does)")
+                              ", ...). List jax_aiter and its subpackages there "
+                              "(as the checkout's pyproject.toml does)")
     return files
 
 

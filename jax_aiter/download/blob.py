@@ -34,7 +34,8 @@ class Decoder:
     Each write is decompressed, and the output hashed, capped at the size the
     manifest promises and written to `out` if given, in one pass: the fetch client
     streams a download through it, so the compressed bytes never touch the disk.
-    (The compressed bytes are hashed by the caller, which already hashes each part.) A blob that fails to decode is recorded in
+    (The compressed bytes are hashed by the caller, which already hashes each part.)
+    A blob that fails to decode is recorded in
     `error` rather than raised, and later writes are only hashed: the caller
     checks the part hashes first, so a damaged download is reported as damaged
     download (its sha256), not as whatever the decompressor made of it.

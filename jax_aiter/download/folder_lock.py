@@ -58,7 +58,8 @@ def describe(note: dict | None) -> str:
     """Which run holds a lock, in words, from its note."""
     if note is None:
         return "a run that left no note of itself"
-    since = time.strftime("%H:%M:%S", time.localtime(note["since"])) if isinstance(note.get("since"), int | float) else "?"
+    since = (time.strftime("%H:%M:%S", time.localtime(note["since"])) if isinstance(note.get("since"), int | float)
+             else "?")
     return f"pid {note['pid']}, `{note.get('what', '?')}`, since {since}"
 
 

@@ -318,8 +318,8 @@ def fetch_release(base_url: str, want: dict, dest: Path, names: list[str] | None
     chosen = [f["name"] for f in files]
     if not want.get("pins"):
         log(f"fetch: no pins: the release's own manifest is all that vouches for these bytes, so the store at "
-            f"{base_url} is trusted (a wheel's pins, or `{remedies.door('jit_fetch')} --pins-from URL`, hold a fetch to known "
-            "bytes; docs/security.md)")
+            f"{base_url} is trusted (a wheel's pins, or `{remedies.door('jit_fetch')} --pins-from URL`, hold a fetch "
+            "to known bytes; docs/security.md)")
     waited = time.monotonic()
     lock = _lock(dest, opts, log)
     opts = replace(opts, deadline=opts.deadline + time.monotonic() - waited)  # the wait for another fetch is not ours

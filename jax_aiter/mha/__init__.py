@@ -76,21 +76,24 @@ class _VarlenOptions(TypedDict, total=False):
 # is given positionally).
 @overload
 def flash_attn_varlen(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: ArrayLike,
-                      cu_seqlens_k: ArrayLike | None = ..., max_seqlen_q: int | None = ..., max_seqlen_k: int | None = ...,
+                      cu_seqlens_k: ArrayLike | None = ..., max_seqlen_q: int | None = ...,
+                      max_seqlen_k: int | None = ...,
                       dropout_p: float = ..., softmax_scale: float | None = ..., causal: bool = ...,
                       window_size: tuple[int, int] = ..., deterministic: bool = ..., return_lse: Literal[False] = ...,
                       *, return_attn_probs: Literal[False] = ...,
                       **options: Unpack[_VarlenOptions]) -> tuple[jax.Array]: ...
 @overload
 def flash_attn_varlen(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: ArrayLike,
-                      cu_seqlens_k: ArrayLike | None = ..., max_seqlen_q: int | None = ..., max_seqlen_k: int | None = ...,
+                      cu_seqlens_k: ArrayLike | None = ..., max_seqlen_q: int | None = ...,
+                      max_seqlen_k: int | None = ...,
                       dropout_p: float = ..., softmax_scale: float | None = ..., causal: bool = ...,
                       window_size: tuple[int, int] = ..., deterministic: bool = ..., *, return_lse: Literal[True],
                       return_attn_probs: Literal[False] = ...,
                       **options: Unpack[_VarlenOptions]) -> tuple[jax.Array, jax.Array]: ...
 @overload
 def flash_attn_varlen(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: ArrayLike,
-                      cu_seqlens_k: ArrayLike | None = ..., max_seqlen_q: int | None = ..., max_seqlen_k: int | None = ...,
+                      cu_seqlens_k: ArrayLike | None = ..., max_seqlen_q: int | None = ...,
+                      max_seqlen_k: int | None = ...,
                       dropout_p: float = ..., softmax_scale: float | None = ..., causal: bool = ...,
                       window_size: tuple[int, int] = ..., deterministic: bool = ..., return_lse: bool = ..., *,
                       return_attn_probs: bool = ..., **options: Unpack[_VarlenOptions]) -> tuple[jax.Array, ...]: ...

@@ -266,8 +266,8 @@ def _blockwise_bwd(bwd_call: Callable, cfg, layout: Layout, q, k, v, o, do, lse,
         dq_j, dk_j, dv_j = jax.lax.switch(_kind(j, diag), [
             lambda: tuple(bwd_call(full, q, kj, vj, o, do, lse, *absent)[:3]),
             lambda: tuple(bwd_call(diagonal, q, kj, vj, o, do, lse, *absent)[:3]),
-            lambda: _sharding.vary_like(q, kj, vj, o, do, lse, jnp.zeros(q.shape, q.dtype), jnp.zeros(kj.shape, kj.dtype),
-                                        jnp.zeros(vj.shape, vj.dtype))[6:],
+            lambda: _sharding.vary_like(q, kj, vj, o, do, lse, jnp.zeros(q.shape, q.dtype),
+                                        jnp.zeros(kj.shape, kj.dtype), jnp.zeros(vj.shape, vj.dtype))[6:],
         ])
         return dq + dq_j.astype(jnp.float32), (dk_j, dv_j)
 

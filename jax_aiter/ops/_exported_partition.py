@@ -7,7 +7,8 @@ cannot serialize ("serialization of host_callbacks is not yet implemented"). Whe
 TARGET that carries the same Shardy sharding rule, with a backend config (JSON) naming the op, its static
 arguments, the mesh axes and the platforms. Propagation reads the rule when the program is compiled, in the
 exporting process or in one that reloaded it, exactly as for the live op; then XLA's SPMD partitioner calls
-TARGET's partitioner, registered by `install` (on the first op's definition), which decodes the config and hands the op to JAX's own
+TARGET's partitioner, registered by `install` (on the first op's definition), which decodes the config and
+hands the op to JAX's own
 custom_partitioning partition callback with the op's `partition` function. So an exported program runs the
 same planner, per-shard body and collectives as the live one (tests/multigpu/test_export_sharded.py compares
 their compiled HLO). The live program, one device, a fully manual shard_map and Explicit mesh axes (where the

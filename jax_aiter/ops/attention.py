@@ -49,8 +49,8 @@ from jax_aiter.ops import (
 )
 
 OP = "flash_attn_func"
-# The names of the forward's residuals, for jax.checkpoint's policies (jax.checkpoint_policies.save_only_these_names
-# and its kin): a policy that saves both keeps the forward out of the gradient's recomputation (docs/transformations.md).
+# The names of the forward's residuals, for jax.checkpoint's policies (jax.checkpoint_policies.save_only_these_names and
+# its kin): a policy that saves both keeps the forward out of the gradient's recomputation (docs/transformations.md).
 RESIDUAL_NAMES = ("attention_out", "attention_lse")
 
 

@@ -87,7 +87,8 @@ def _prims(eps: float, limit: int, stats: bool):
         out = _PLAIN(eps, limit, stats, x, w)
         return tuple(out) if stats else out
 
-    ops = (_batching.rowwise(plain, 1), _batching.rowwise(lambda x, r, w: tuple(_WITH_ADD(eps, limit, stats, x, r, w)), 2))
+    ops = (_batching.rowwise(plain, 1),
+           _batching.rowwise(lambda x, r, w: tuple(_WITH_ADD(eps, limit, stats, x, r, w)), 2))
     if not stats:
         return ops
 
@@ -184,7 +185,8 @@ def rms_norm(x: ArrayLike, weight: ArrayLike, eps: float = 1e-6) -> jax.Array:
     -----
     Inputs are converted with jax.numpy.asarray, so lists and NumPy arrays follow
     jax.numpy's dtype rules (a float64 NumPy array becomes float32 unless
-    jax_enable_x64 is on, and float64 is refused). Zero-size inputs (no rows, or hidden 0) give empty results and gradients,
+    jax_enable_x64 is on, and float64 is refused).
+    Zero-size inputs (no rows, or hidden 0) give empty results and gradients,
     with no kernel call. An x smaller than JA_KERNEL_MIN_BYTES (1 MiB by default; one
     call's bytes: per device under sharding, a vmapped batch folded into the rows) is
     computed in jax.numpy with the kernel's precision instead, which XLA fuses with the

@@ -36,7 +36,8 @@ def env_for(root: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def run(cmd: list[str], root: Path, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
+def run(cmd: list[str], root: Path, env: dict[str, str] | None = None,
+        check: bool = True) -> subprocess.CompletedProcess:
     out = subprocess.run(cmd, check=False, cwd=root, env=env or env_for(root), capture_output=True, text=True)
     if check and out.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")

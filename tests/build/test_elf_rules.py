@@ -90,5 +90,6 @@ def test_shims_load_in_any_order_in_a_fresh_process(order):
 
 def test_each_jit_library_loads_alone():
     for lib in JIT_LIBS:
-        out = subprocess.run([sys.executable, "-c", LOAD, str(JIT_DIR / lib)], check=False, capture_output=True, text=True)
+        out = subprocess.run([sys.executable, "-c", LOAD, str(JIT_DIR / lib)], check=False, capture_output=True,
+                             text=True)
         assert out.stdout.strip() == "ok", out.stderr

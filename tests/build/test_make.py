@@ -81,7 +81,8 @@ def test_shim_built_against_newer_ffi_api_is_refused(scratch, tmp_path):
     code = ("import jax.numpy as jnp, jax_aiter as ja\n"
             "try:\n    ja.silu_and_mul(jnp.ones((2, 4)))\n"
             "except ImportError as e:\n    print(type(e).__name__, e)\n")
-    out = subprocess.run([sys.executable, "-c", code], check=False, cwd=scratch, env=env, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", code], check=False, cwd=scratch, env=env, capture_output=True,
+                         text=True)
     assert "FfiVersionError" in out.stdout, out.stdout + out.stderr
     assert "built against XLA FFI API 0.99" in out.stdout
     assert "Rebuild the shims against jaxlib 0.11.0's headers" in out.stdout

@@ -54,7 +54,8 @@ def test_make_builds_the_new_shim_in_ja_mods_only(scratch):
     full = run(["make", "-n", f"PYTHON={sys.executable}", "ja_mods"], scratch)
     assert "jax-aiter: backend cpu" in full.stderr, "the op table changed, so build/config.mk is regenerated"
     mk = (scratch / "build/config.mk").read_text()
-    assert "SHIMS_MHA := mha_fwd mha_bwd append_kv paged_attn gelu_and_mul\n" in mk and "JIT_gelu_and_mul := gelu_fwd\n" in mk
+    assert ("SHIMS_MHA := mha_fwd mha_bwd append_kv paged_attn gelu_and_mul\n" in mk
+            and "JIT_gelu_and_mul := gelu_fwd\n" in mk)
     link = next(line for line in full.stdout.splitlines() if "-o build/jax_aiter_build/gelu_and_mul_ja.so.tmp" in line)
     assert "-lgelu_fwd -ljax_aiter" in link and "-soname=gelu_and_mul_ja.so" in link
     assert "--module gelu_fwd" in full.stdout, "the missing JIT library's error names the new module"
@@ -147,7 +148,8 @@ def test_the_jit_config_and_the_op_table_must_name_the_same_modules(tables):
     ('x = { targets = { ja_x = "JaX" }, jit = "x" }', "jit has the wrong type"),
     ('x = { targets = { ja_x = "JaX" }, mha = "yes" }', "mha has the wrong type"),
     ('x = { targets = { ja_x = "JaX" }, fetched = true }', "fetched = true but it names no JIT module"),
-    ('x = { targets = { ja_x = "JaX" }, jit = ["mha_fwd"] }', "JIT module mha_fwd is fetched for mha_fwd but packaged for x"),
+    ('x = { targets = { ja_x = "JaX" }, jit = ["mha_fwd"] }',
+     "JIT module mha_fwd is fetched for mha_fwd but packaged for x"),
 ])
 def test_a_bad_row_is_refused_naming_the_op_and_the_rule(tables, row, why):
     _, table, _ = tables

@@ -82,7 +82,8 @@ def test_faults_misspelt_public_name_is_a_mypy_error(tmp_path):
         pytest.skip("mypy is not installed in this environment (pyproject's `test` group has it)")
     (tmp_path / "mypy.ini").write_text(MYPY_CONFIG.format(cache=tmp_path / "cache"))
     (tmp_path / "user.py").write_text("import jax_aiter as ja\n\n"
-                                      "print(ja.rms_norm, ja.flash_attn_func, ja.register, ja.__version__, ja.rmsnorm.rms_norm)\n"
+                                      "print(ja.rms_norm, ja.flash_attn_func, ja.register, ja.__version__, "
+                                      "ja.rmsnorm.rms_norm)\n"
                                       "ja.rms_nrom\n")
     r = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(tmp_path / "mypy.ini"), "user.py"],
                        cwd=tmp_path, env={**os.environ, "MYPYPATH": str(ROOT)}, capture_output=True, text=True,

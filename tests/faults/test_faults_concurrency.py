@@ -44,7 +44,8 @@ def test_faults_jit_build_waits_for_the_build_trees_lock(tmp_path):
     while the first holds it, and goes on when it is released."""
     build = tmp_path / "build"
     (build / "jax_aiter_build").mkdir(parents=True)
-    shutil.copyfile(ROOT / "build" / "jax_aiter_build" / "libjax_aiter.so", build / "jax_aiter_build" / "libjax_aiter.so")
+    shutil.copyfile(ROOT / "build" / "jax_aiter_build" / "libjax_aiter.so",
+                    build / "jax_aiter_build" / "libjax_aiter.so")
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("JA_")}, "JA_BACKEND": "cpu",
            "JA_BUILD_DIR": str(build), "JA_ROOT_DIR": str(ROOT), "PYTHONUNBUFFERED": "1"}
     fd = os.open(build, os.O_RDONLY | os.O_DIRECTORY)

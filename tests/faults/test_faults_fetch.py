@@ -138,7 +138,8 @@ def test_faults_pinned_install_refuses_an_unpinned_earlier_install(release, serv
     other.mkdir()
     substituted = make_release(other, ident, sizes=SIZES, seed=1)
     dest = tmp_path / "dest"
-    fetcher.fetch_release(f"file://{other}", ident, dest, MHA, opts=transfer.FetchOptions.from_env(), log=lambda m: None)
+    fetcher.fetch_release(f"file://{other}", ident, dest, MHA, opts=transfer.FetchOptions.from_env(),
+                          log=lambda m: None)
     pinned = {**ident, "pins": mf.raw_entries(manifest["files"])}
     r = fetcher.fetch_release(server.url, pinned, dest, MHA, opts=transfer.FetchOptions.from_env(), log=lambda m: None)
     assert r.status == "fetched"
@@ -301,7 +302,8 @@ def _gh(tmp_path: Path, attested: str) -> dict[str, str]:
 
 
 def test_faults_provenance_refuses_a_file_gh_finds_no_attestation_for(tmp_path, monkeypatch):
-    """jax_aiter.download.provenance through the gh on PATH: a file from a GitHub store that gh cannot vouch for stops the
+    """jax_aiter.download.provenance through the gh on PATH:
+    a file from a GitHub store that gh cannot vouch for stops the
     fetch; without gh the note says provenance was not checked."""
     from jax_aiter.download import provenance
 
@@ -384,7 +386,8 @@ def test_faults_trickling_server_fails_in_bounded_time_with_progress(release, se
     assert re.search(r"jit-libs-manifest\.json: \d+ bytes in \d+ s \(\d+ bytes?/s\) from 127\.0\.0\.1:", r.stderr), \
         r.stderr
     # the window is JA_FETCH_TIMEOUT_S=2 or longer: a loaded machine reads the clock late (3.0 s was seen), so no figure
-    assert re.search(r"too slow: \d+ bytes in \d+\.\d s \(\d+ bytes?/s\), under the 10 kB/s JA_FETCH_MIN_RATE asks for; "
+    assert re.search(r"too slow: \d+ bytes in \d+\.\d s \(\d+ bytes?/s\), "
+                     r"under the 10 kB/s JA_FETCH_MIN_RATE asks for; "
                      r"gave up after 2 attempts", r.stderr), r.stderr
     assert not (tmp_path / "dest").exists()
 

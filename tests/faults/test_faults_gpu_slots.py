@@ -38,8 +38,8 @@ def env(tmp_path):
 
 
 def _run(env: dict, *cmd: str, flags: tuple[str, ...] = (), timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *RUNNER, *flags, "--", *cmd], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    return subprocess.run([sys.executable, *RUNNER, *flags, "--", *cmd], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout, check=False)
 
 
 def test_faults_lock_never_follows_a_planted_symlink(env, tmp_path):

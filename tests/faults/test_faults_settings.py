@@ -22,7 +22,8 @@ def test_faults_every_numeric_setting_is_bounded(name):
     for bad in ("nan", "inf", "-inf", "abc", "", str(spec.hi * 10 + 1), str(spec.lo - 1)):
         with pytest.raises(settings.SettingError) as e:
             settings.number(name, bad)
-        assert f"{name}={bad!r} is not valid: give" in str(e.value) and f"from {spec.show(spec.lo)} to {spec.show(spec.hi)}" in str(e.value)
+        assert (f"{name}={bad!r} is not valid: give" in str(e.value)
+                and f"from {spec.show(spec.lo)} to {spec.show(spec.hi)}" in str(e.value))
     assert settings.number(name, str(spec.kind(spec.lo))) == spec.lo
     assert settings.from_env(name, {}) == spec.default
 

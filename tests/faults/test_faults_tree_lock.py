@@ -87,7 +87,8 @@ def test_faults_a_make_under_the_holder_goes_on(tmp_path):
     root = make_scratch(tmp_path / "src")
     script = ("import subprocess, sys\nfrom jatools.native import tree_lock\n"
               "with tree_lock.hold('nox -s tests'):\n"
-              f"    sys.exit(subprocess.run(['make', 'umbrella', 'PYTHON={sys.executable}'], timeout=600).returncode)\n")
+              f"    sys.exit(subprocess.run(['make', 'umbrella', 'PYTHON={sys.executable}'], "
+              "timeout=600).returncode)\n")
     r = subprocess.run([sys.executable, "-c", script], cwd=root, env=_env(root), capture_output=True, text=True,
                        timeout=900, check=False)
     assert r.returncode == 0, (r.stdout, r.stderr)

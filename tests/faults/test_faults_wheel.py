@@ -89,7 +89,8 @@ def test_faults_an_unearned_tag_is_never_written(build_copy, tmp_path, check):
                        capture_output=True, text=True, timeout=600, check=False)
     assert r.returncode == 2, r.stdout + r.stderr
     assert ("the tag comes from JA_WHEEL_PLAT_NAME and claims more than the libraries earn" in r.stderr
-            and "but the versioned symbols need manylinux_2_34_x86_64" in r.stderr and "Fix: tag it" in r.stderr), r.stderr
+            and "but the versioned symbols need manylinux_2_34_x86_64" in r.stderr
+            and "Fix: tag it" in r.stderr), r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, "one line"
     assert sorted(dist.glob("*.whl")) == good and not list(dist.glob(".*.tmp*")), "only the good wheel stays"
 

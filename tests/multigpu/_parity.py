@@ -234,7 +234,8 @@ CASES: list[Case] = [
                ("model",), (4,), 8, 2, (HEADS, P(), P()), True, local=_kv_head_of_shard("model", 2, True)),
     _attn_case("attn-gqa-uneven", "GQA 12/3, heads split 4 ways (a shard's heads span two kv heads), K/V replicated",
                ("model",), (4,), 12, 3, (HEADS, P(), P()), True, local=_kv_heads_of_queries("model", 4, True),
-               exceeds=frozenset({("auto", "grad")}), shardings_differ=frozenset({("auto", "forward"), ("auto", "grad")})),
+               exceeds=frozenset({("auto", "grad")}),
+               shardings_differ=frozenset({("auto", "forward"), ("auto", "grad")})),
     _attn_case("attn-mqa", "MQA 8/1, heads split 4 ways, K/V replicated", ("model",), (4,), 8, 1, (HEADS, P(), P()),
                True),
     _attn_case("attn-batch-heads", "GQA 8/2, batch 2 ways x heads 2 ways", ("data", "model"), (2, 2), 8, 2,
@@ -427,7 +428,8 @@ def inputs(case: Case) -> list[jax.Array]:
 
 def _cotangents(fn, args) -> list[jax.Array]:
     outs = jax.eval_shape(fn, *args)
-    return [jax.random.normal(jax.random.key(100 + i), o.shape, jnp.float32) for i, o in enumerate(jax.tree.leaves(outs))]
+    return [jax.random.normal(jax.random.key(100 + i), o.shape, jnp.float32)
+            for i, o in enumerate(jax.tree.leaves(outs))]
 
 
 def with_grad(case: Case, fn, args):

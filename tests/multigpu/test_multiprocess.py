@@ -46,7 +46,8 @@ def test_two_processes_equal_one(tmp_path):
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
-            pytest.fail("a worker did not finish within 300 s:\n" + "\n".join(q.communicate()[0][-3000:] for q in procs))
+            pytest.fail("a worker did not finish within 300 s:\n"
+                        + "\n".join(q.communicate()[0][-3000:] for q in procs))
     assert all(p.returncode == 0 for p in procs), "\n---\n".join(log[-4000:] for log in logs)
 
     got = np.load(out)

@@ -84,7 +84,8 @@ def test_rms_norm_fsdp(mesh_name, dtype):
 @dtypes
 def test_rms_norm_with_add_fsdp(mesh_name, dtype):
     mesh = _mesh(mesh_name)
-    x, r, w = random(23, (BATCH, SEQ, HIDDEN), dtype), random(24, (BATCH, SEQ, HIDDEN), dtype), random(25, (HIDDEN,), dtype)
+    x, r, w = (random(23, (BATCH, SEQ, HIDDEN), dtype), random(24, (BATCH, SEQ, HIDDEN), dtype),
+               random(25, (HIDDEN,), dtype))
     ct = random(26, (BATCH, SEQ, HIDDEN), jnp.float32)
 
     def op(x, r, w):  # both outputs enter the loss

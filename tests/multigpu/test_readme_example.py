@@ -27,7 +27,8 @@ def test_the_readme_example_runs_and_its_claims_hold():
     assert "assert ys.sharding.is_equivalent_to(xs.sharding, ys.ndim)" in code, "the sharding claim is no assert"
     assert not re.search(r"#.*\bsharding ==", code), "a claim left as a comment is not checked: write it as an assert"
     # the same devices in the fresh interpreter as here (the tier's XLA_FLAGS are inherited)
-    check = f"\nassert jax.device_count() == {jax.device_count()}, jax.device_count()\nprint('readme ran', flush=True)\n"
+    check = (f"\nassert jax.device_count() == {jax.device_count()}, jax.device_count()\n"
+             "print('readme ran', flush=True)\n")
     proc = subprocess.run([sys.executable, "-c", code + check], cwd=ROOT, capture_output=True, text=True,
                           timeout=600, check=False)
     assert proc.returncode == 0 and "readme ran" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]

@@ -74,7 +74,8 @@ def test_sharding_matches_plain_jax(case: Case, mode: str):
             assert not differ, f"{label}: output shardings (index, ours, plain JAX's) differ: {differ}"
     documented, measured = documented_rows().get((case.name, mode)), row(case, mode, results)
     assert documented == measured, (f"docs/transformations.md's sharding table row is stale:\n  docs: {documented}\n"
-                                    f"  measured: {measured}\nrewrite it with `python tests/multigpu/_parity.py --write`")
+                                    f"  measured: {measured}\n"
+                                    "rewrite it with `python tests/multigpu/_parity.py --write`")
 
 
 @pytest.mark.multigpu(devices=4)

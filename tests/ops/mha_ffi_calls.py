@@ -1,4 +1,5 @@
-"""The mha_fwd / mha_bwd FFI targets called directly with docs/attention.md's operands (its FFI spec) (below the public API), for
+"""The mha_fwd / mha_bwd FFI targets called directly with docs/attention.md's operands (its FFI spec)
+(below the public API), for
 the kernel-level tests (tests/ops/test_attention_kernels.py): optional operands absent are shape-(0,) arrays of
 their dtype; outputs are poisoned when JA_POISON_OUTPUTS=1 (jax_aiter/ops/_ffi.py).
 """

@@ -61,7 +61,8 @@ def test_bad_arguments_name_the_argument(kwargs, exc, msg):
 
 
 CU_BAD = [
-    ("decreasing", [0, 5, 3, 8], [0, 5, 3, 8], 0, r"cu_seqlens_q must not decrease: entry 2 \(3\) is below entry 1 \(5\)"),
+    ("decreasing", [0, 5, 3, 8], [0, 5, 3, 8], 0,
+     r"cu_seqlens_q must not decrease: entry 2 \(3\) is below entry 1 \(5\)"),
     ("short", [0, 3, 6], [0, 3, 6], 0, r"cu_seqlens_q must end at the number of packed tokens q = 8, got 6"),
     ("not from 0", [1, 3, 8], [1, 3, 8], 0, r"cu_seqlens_q must start at 0"),
     # the argument named (issue 84: the message said max_seqlen, which no API takes)

@@ -124,7 +124,8 @@ def _features(q, k, v, bias, key):
 
 
 @pytest.mark.parametrize("policy", [None, jax.checkpoint_policies.nothing_saveable,
-                                    jax.checkpoint_policies.everything_saveable], ids=["default", "nothing", "everything"])
+                                    jax.checkpoint_policies.everything_saveable],
+                         ids=["default", "nothing", "everything"])
 def test_remat_gives_the_same_gradients(device, policy):
     """jax.checkpoint around attention with every feature: the recomputed forward draws the same dropout mask and
     the gradients equal the ones without remat, bit for bit."""

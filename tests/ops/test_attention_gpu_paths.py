@@ -11,7 +11,8 @@ ja_mha_bwd_sm90_calls (on an sm_90 device only: elsewhere they are skipped, sayi
 cases with the Hopper kernels on must still run on SIMT (the Hopper kernels decline them).
 
 The calls go through the FFI targets ja_mha_fwd / ja_mha_bwd with the operands of docs/attention.md (rows, cols,
-alibi, bias, seed; absent ones as shape-(0,) arrays), by tests/ops/mha_ffi_calls.py. Masks come from jax_aiter/ops/_attn_mask.py (what the
+alibi, bias, seed; absent ones as shape-(0,) arrays), by tests/ops/mha_ffi_calls.py.
+Masks come from jax_aiter/ops/_attn_mask.py (what the
 kernels take); the reference's masks from tests/ops/reference.py's loop-written definitions, and its dropout
 mask from the plain-Python Philox there, so neither side checks itself. Error measure and bounds: rel_err and
 ATTENTION_RTOL (tests/ops/reference.py). The NaN/Inf cases plant non-finite values in K and V at keys some

@@ -1,7 +1,8 @@
 """The CPU attention kernels (mha_fwd / mha_bwd) through their FFI targets, every feature of the C ABI
 (csrc/include/ja/kernels/mha.h), against float64 NumPy.
 
-These call ja_mha_fwd / ja_mha_bwd with docs/attention.md's operands (its FFI spec) directly (tests/ops/mha_ffi_calls.py), below the
+These call ja_mha_fwd / ja_mha_bwd with docs/attention.md's operands (its FFI spec) directly
+(tests/ops/mha_ffi_calls.py), below the
 public API: masks arrive as rows (lo, hi, diag) and cols from jax_aiter/ops/_attn_mask.py, dropout as a seed.
 The reference is tests/ops/reference.py's attention_features_ref with masks and dropout draws written there
 with explicit loops (independent of _attn_mask.py and of the kernels). Every call runs on the CPU device with
@@ -355,7 +356,8 @@ def test_backward_checks_name_the_operand():
     o, lse = ffi.fwd(q, k, v, mask=ROWS, rows=rows, scale=0.1)
     cases = [
         ({"mask": ROWS, "rows": rows}, r"mask 2 \(rows\) needs cols int32"),
-        ({"mask": ROWS, "rows": rows, "cols": np.zeros((1, 2, 8), np.int32)}, r"cols\[0\] key 0: .* disagree with rows"),
+        ({"mask": ROWS, "rows": rows, "cols": np.zeros((1, 2, 8), np.int32)},
+         r"cols\[0\] key 0: .* disagree with rows"),
         ({"dbias": True}, r"dbias \(1, 2, 8, 8\) is asked for without a bias"),
     ]
     for kw, msg in cases:

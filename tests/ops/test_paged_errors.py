@@ -138,7 +138,8 @@ def test_fp8_pools_without_their_scales_are_refused(cpu, call, message):
 
 def test_wrong_dtypes_and_kv_cache_dtype_are_refused(cpu):
     k, v = _pools()
-    with pytest.raises(TypeError, match=r"kv_cache_dtype='fp8' says the pools hold float8_e4m3fn, but they are float32"):
+    with pytest.raises(TypeError,
+                       match=r"kv_cache_dtype='fp8' says the pools hold float8_e4m3fn, but they are float32"):
         paged_attention(_q(), k, v, *_table(), max_seq_len=8, kv_cache_dtype="fp8")
     with pytest.raises(TypeError, match=r"query has dtype bfloat16 but the pools hold float32"):
         paged_attention(_q(dtype=jnp.bfloat16), k, v, *_table(), max_seq_len=8)

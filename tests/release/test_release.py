@@ -60,7 +60,8 @@ def scratch(tmp_path_factory) -> Path:
 def built_with() -> dict[str, str]:
     """The backend and archs this checkout's build used, so the copy's build stays up to date."""
     ident = json.loads((BUILD / "aiter_build/build_record.json").read_text())["modules"]["rmsnorm_fwd"]["identity"]
-    return {"JA_BACKEND": ident["backend"], **({"GPU_ARCHS": ";".join(ident["gpu_archs"])} if ident["gpu_archs"] else {})}
+    return {"JA_BACKEND": ident["backend"],
+            **({"GPU_ARCHS": ";".join(ident["gpu_archs"])} if ident["gpu_archs"] else {})}
 
 
 def release(root: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
@@ -201,7 +202,8 @@ def test_upload_dry_run_accepts_green_and_refuses_modified_or_stale(scratch):
     code = "from jatools import release; import sys; release.upload('v0.1.0', dry_run=True)"
 
     def upload():
-        return subprocess.run([sys.executable, "-c", code], check=False, cwd=scratch, env=env, capture_output=True, text=True)
+        return subprocess.run([sys.executable, "-c", code], check=False, cwd=scratch, env=env, capture_output=True,
+                              text=True)
 
     untagged = upload()
     assert untagged.returncode != 0 and "there is no tag 'v0.1.0'" in untagged.stderr
@@ -253,7 +255,8 @@ def _append(path: Path, text: str) -> None:
 def test_the_wheel_fingerprint_covers_what_the_wheel_builder_imports():
     """The modules that decide a wheel's bytes and tag are found by importing the builder, not listed by hand:
     a change to the floor check, the ELF reader, the JIT expectations or the settings makes the wheel stale."""
-    files = {p.relative_to(REPO.resolve()).as_posix() for p in release_mod.code_inputs(REPO.resolve(), release_mod.WHEEL_BUILDER)}
+    files = {p.relative_to(REPO.resolve()).as_posix()
+             for p in release_mod.code_inputs(REPO.resolve(), release_mod.WHEEL_BUILDER)}
     for rel in ("jatools/wheel/wheel_build.py", "jatools/wheel/wheel_checks.py", "jatools/wheel/zip_writer.py",
                 "jatools/jitlibs/expect.py", "jatools/config.py", "jatools/wheel/wheel_layout.toml",
                 "jax_aiter/_loader.py", "pyproject.toml"):

@@ -169,7 +169,8 @@ def test_faults_index_a_swapped_wheel_is_refused_on_rewrite_and_on_the_next_rele
     shutil.copyfile(payload, root / "v0.1.0" / payload.name)
     where = str(root / "v0.1.0" / payload.name)
     for attempt in (lambda: release_index.write(root),
-                    lambda: release_index.add(root, "v0.2.0", published(stand_in_wheel(tmp_path / "n", "0.2.0+cuda13")))):
+                    lambda: release_index.add(root, "v0.2.0",
+                                              published(stand_in_wheel(tmp_path / "n", "0.2.0+cuda13")))):
         with pytest.raises(release_index.ReleaseIndexError, match="changed after it was published") as e:
             attempt()
         assert where in str(e.value) and "restore the published file" in str(e.value)
@@ -199,7 +200,8 @@ def test_faults_index_random_bytes_named_like_a_wheel_are_refused(store, tmp_pat
     fake = tmp_path / "jax_aiter-0.3.0+cuda13-py3-none-any.whl"
     fake.write_bytes(os.urandom(4096))
     if how == "added":  # even when a report vouches for its bytes, it is no wheel
-        with pytest.raises(release_index.ReleaseIndexError, match=re.escape(f"{fake} is named like a wheel but is not one")):
+        with pytest.raises(release_index.ReleaseIndexError,
+                           match=re.escape(f"{fake} is named like a wheel but is not one")):
             release_index.add(root, "v0.3.0", published(fake))
     else:
         shutil.copyfile(fake, root / "v0.1.0" / fake.name)

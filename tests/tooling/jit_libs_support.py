@@ -194,7 +194,8 @@ def git(root: Path, *args: str) -> str:
 
 
 CHECKOUT_FILES = ("pyproject.toml", "README.md", "docs/build.md", "tests/ops/test_rmsnorm.py",
-                  "jax_aiter/jit/optCompilerConfig.json", "jax_aiter/op_table.toml", "csrc/", "third_party/", "jatools/")
+                  "jax_aiter/jit/optCompilerConfig.json", "jax_aiter/op_table.toml", "csrc/", "third_party/",
+                  "jatools/")
 
 
 def make_checkout(root: Path) -> Path:
@@ -303,7 +304,7 @@ def popen_py(args: list[str], env: dict[str, str] | None = None) -> subprocess.P
                             env=full_env, cwd=REPO)
 
 
-# --- fixtures (imported by the test modules as *_fixture; used by their names) ---------------------------------------------------------------------------------------------
+# --- fixtures (imported by the test modules as *_fixture; used by their names) -------------------------------
 
 @pytest.fixture(name="checkout")
 def checkout_fixture(tmp_path: Path) -> Path:

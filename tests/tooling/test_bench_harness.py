@@ -42,14 +42,16 @@ def test_corpus_cache_is_reused_and_a_damaged_one_regenerated(tmp_path):
 
 def test_missing_anchor_tool_is_named_with_its_install_command(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
-    with pytest.raises(harness.AnchorMissing, match=r"zstd is not installed \(install it with `apt-get install -y zstd`\)"):
+    with pytest.raises(harness.AnchorMissing,
+                       match=r"zstd is not installed \(install it with `apt-get install -y zstd`\)"):
         harness.require("zstd")
 
 
 def test_install_command_defaults_to_apt_get_of_the_tool(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
-    with pytest.raises(harness.AnchorMissing, match=r"make is not installed \(install it with `apt-get install -y make`\); "
-                                                    r"sha256sum is not installed \(install it with `apt-get install -y coreutils`\)"):
+    with pytest.raises(harness.AnchorMissing,
+                       match=r"make is not installed \(install it with `apt-get install -y make`\); "
+                             r"sha256sum is not installed \(install it with `apt-get install -y coreutils`\)"):
         harness.require("make", "sha256sum")
 
 

@@ -22,16 +22,19 @@ def _make_var(name: str) -> str:
 
 def test_the_makefile_names_the_tables_folders():
     assert _make_var("BUILD") == f"$(or $(JA_BUILD_DIR),{config.defaults(ROOT)['build_dir']})"
-    for var, name in {"CFG": "config_mk", "UMBRELLA_DIR": "umbrella", "JIT_DIR": "jit", "STAGE_DIR": "wheel_stage"}.items():
+    for var, name in {"CFG": "config_mk", "UMBRELLA_DIR": "umbrella", "JIT_DIR": "jit",
+                      "STAGE_DIR": "wheel_stage"}.items():
         assert _make_var(var) == f"$(BUILD)/{TREE[name]}", var
     assert _make_var("OBJ") == f"$(BUILD)/{TREE['obj']}/$(JA_BACKEND_RESOLVED)"
     spelled = set(re.findall(r"\$\(BUILD\)/([\w.-]+)", MAKEFILE)) | set(re.findall(r"ORIGIN/\.\./([\w.-]+)", MAKEFILE))
-    assert spelled and spelled <= set(TREE.values()), f"the Makefile names folders the table lacks: {spelled - set(TREE.values())}"
+    assert spelled and spelled <= set(TREE.values()), \
+        f"the Makefile names folders the table lacks: {spelled - set(TREE.values())}"
 
 
 def test_the_runtime_and_the_settings_defaults_agree_with_the_table():
     assert _loader.DEFAULT_BUILD_DIR == config.defaults(ROOT)["build_dir"]
-    assert settings.BY_NAME["JA_FLAKY_JSON"].default == (config.build_path("test_results", env={}) / "flaky.json").as_posix()
+    assert (settings.BY_NAME["JA_FLAKY_JSON"].default
+            == (config.build_path("test_results", env={}) / "flaky.json").as_posix())
     assert {k: TREE[k] for k in settings.LIBRARY_DIRS} == settings.LIBRARY_DIRS
 
 

@@ -50,8 +50,8 @@ def invoke_tasks() -> set[str]:
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     full = {k: v for k, v in os.environ.items() if k not in ("GITHUB_OUTPUT", "GITHUB_ACTIONS")}
     full.update(PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}", **(env or {}))
-    return subprocess.run([sys.executable, str(ROOT / "ci" / "build.py"), *args], check=False, capture_output=True, text=True,
-                          env=full, cwd=ROOT)
+    return subprocess.run([sys.executable, str(ROOT / "ci" / "build.py"), *args], check=False, capture_output=True,
+                          text=True, env=full, cwd=ROOT)
 
 
 def test_golden_file_is_current() -> None:
@@ -65,8 +65,8 @@ def test_golden_file_is_current() -> None:
 def test_required_builds_exist() -> None:
     builds = ci_build.Build.all_builds()
     for name in ("pr_cpu", "pr_compile_cuda", "pr_compile_rocm", "pr_gpu_rocm_mi355", "pr_gpu_cuda_h200",
-                 "nightly_rocm_4gpu", "multigpu_rocm_4gpu", "validation_image", "release_rocm7", "release_cuda13", "release_index", "release_upload",
-                 "pr_convergence_gate", "nightly_cpu_sanitize"):
+                 "nightly_rocm_4gpu", "multigpu_rocm_4gpu", "validation_image", "release_rocm7", "release_cuda13",
+                 "release_index", "release_upload", "pr_convergence_gate", "nightly_cpu_sanitize"):
         assert name in builds
     shards = {n for n, b in builds.items() if b.group == "jit_libs_shard_rocm"}
     assert shards == {f"jit_libs_rocm_{m}" for m in ci_build.jit_modules()}
@@ -86,7 +86,8 @@ def test_the_cuda_lanes_gpu_tiers_test_its_validated_wheel_installed_never_the_b
             assert runs[1] == ["nox", "-s", "tests_lane", "--", "--lane", lane], (name, runs)
             assert "tests" not in build.sessions(), name
             assert build.commands()[1][-2:] == ["invoke", "jit.fetch"], name  # before the release takes them
-            tiers[name] = dict(next(s for s in build.steps if getattr(s, "session", "") == "tests_lane").env)["JA_TEST_TIER"]
+            tiers[name] = dict(next(s for s in build.steps
+                                    if getattr(s, "session", "") == "tests_lane").env)["JA_TEST_TIER"]
     assert tiers == {"pr_gpu_cuda_h200": "pr", "multigpu_cuda_h200_2gpu": "multigpu"}
 
 

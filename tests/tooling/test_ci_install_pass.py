@@ -29,7 +29,8 @@ def _wheel(folder: Path, dist: str, version: str) -> Path:
     files = {f"{name}_standin.py": "STANDIN = True\n",
              f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n",
              f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
-    record = "".join(f"{p},sha256={base64.urlsafe_b64encode(hashlib.sha256(t.encode()).digest()).rstrip(b'=').decode()},"
+    record = "".join(f"{p},sha256="
+                     f"{base64.urlsafe_b64encode(hashlib.sha256(t.encode()).digest()).rstrip(b'=').decode()},"
                      f"{len(t.encode())}\n" for p, t in files.items()) + f"{info}/RECORD,,\n"
     path = folder / f"{name}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as z:
@@ -40,7 +41,8 @@ def _wheel(folder: Path, dist: str, version: str) -> Path:
 
 def _install_command(build: str, session: str) -> list[str]:
     """CI's own install-pass command of `session` in `build`: `env K=V ... nox -s S --install-only [-- ARGS]`."""
-    cmds = [c for c in ci_build.get_build(build).commands() if "--install-only" in c and c[c.index("-s") + 1] == session]
+    cmds = [c for c in ci_build.get_build(build).commands()
+            if "--install-only" in c and c[c.index("-s") + 1] == session]
     assert len(cmds) == 1, cmds
     return cmds[0]
 

@@ -107,7 +107,8 @@ def test_a_job_runs_under_act_and_succeeds():
         assert any(line.startswith(job) and line.rstrip().endswith("succeeded") for line in r.stdout.splitlines()), \
             r.stdout
     log = (ROOT / "build" / "ci-local" / "jit-libs.yml_plan_cpu.log").read_text()
-    assert re.search(r"reason: no build found at http://127\.0\.0\.1:\d+/jit-libs-[0-9a-f]+ \(no such release\)", log), \
+    assert re.search(r"reason: no build found at http://127\.0\.0\.1:\d+/jit-libs-[0-9a-f]+ "
+                     r"\(no such release\)", log), \
         log[-3000:]
 
 

@@ -25,7 +25,8 @@ def repo(tmp_path: Path) -> Path:
     r = tmp_path / "repo"
     (r / "ci").mkdir(parents=True)
     shutil.copy(ROOT / convergence.TABLE, r / convergence.TABLE)
-    for rel in ("csrc/kernels/rmsnorm/rmsnorm_cpu.h", "tests/ops/test_rmsnorm.py", "docs/ci.md", "jax_aiter/ops/rmsnorm.py"):
+    for rel in ("csrc/kernels/rmsnorm/rmsnorm_cpu.h", "tests/ops/test_rmsnorm.py", "docs/ci.md",
+                "jax_aiter/ops/rmsnorm.py"):
         (r / rel).parent.mkdir(parents=True, exist_ok=True)
         (r / rel).write_text(f"// {rel}\n")
     git(r.parent, "init", "-q", "-b", "main", str(r))
@@ -47,7 +48,8 @@ def commit(repo: Path, files: dict[str, str], message: str) -> None:
 
 def run_task(repo: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**__import__("os").environ, "JA_ROOT_DIR": str(repo)}
-    return subprocess.run([*INVOKE, "convergence-check", *args], check=False, cwd=repo, capture_output=True, text=True, env=env)
+    return subprocess.run([*INVOKE, "convergence-check", *args], check=False, cwd=repo, capture_output=True,
+                          text=True, env=env)
 
 
 def test_test_only_change_passes(repo: Path) -> None:

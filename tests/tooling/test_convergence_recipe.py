@@ -101,7 +101,8 @@ def test_short_comparison_on_the_cpu(tmp_path: Path) -> None:
     except _loader.LibraryNotFoundError as e:
         pytest.skip(f"CPU libraries not built ({e}); `nox -s tests` builds them first")
     r = subprocess.run([sys.executable, "-m", "ci.convergence.train_tiny", "--compare", "--steps", "30",
-                        "--window", "5", "--repeats", "2", "--head-dim", "40", "--out", str(tmp_path)], check=False, capture_output=True, text=True, timeout=600, cwd=ROOT,
+                        "--window", "5", "--repeats", "2", "--head-dim", "40", "--out", str(tmp_path)],
+                       check=False, capture_output=True, text=True, timeout=600, cwd=ROOT,
                        env={**__import__("os").environ, "JAX_PLATFORMS": "cpu"})
     assert r.returncode == 0, r.stderr[-3000:]
     verdict = json.loads((tmp_path / "verdict.json").read_text())

@@ -79,7 +79,8 @@ def test_every_python_main_the_page_lists_exists():
     import importlib.util
 
     text = (REPO / "docs" / "architecture.md").read_text()
-    listed = re.findall(r"`(jatools[\w.]*)`", text[text.index("The `python -m` mains"):text.index("## Rules the layout")])
+    listed = re.findall(r"`(jatools[\w.]*)`",
+                        text[text.index("The `python -m` mains"):text.index("## Rules the layout")])
     assert len(listed) >= 10, listed
     for name in listed:
         spec = importlib.util.find_spec(name)

@@ -108,8 +108,8 @@ def test_python_packages_of_another_interpreter() -> None:
 def test_invoke_task_prints_text_and_writes_json(tools: Path, tmp_path: Path) -> None:
     out = tmp_path / "report.json"
     env = {**os.environ, **env_with(tools)}
-    r = subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(ROOT), "env-report", "--json-out", str(out)],
-                       check=False, cwd=tmp_path, capture_output=True, text=True, env=env)
+    r = subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(ROOT), "env-report", "--json-out",
+                        str(out)], check=False, cwd=tmp_path, capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("== environment report ==")
     assert json.loads(out.read_text())["gpus"]["count"] == 4

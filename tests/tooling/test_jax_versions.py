@@ -52,7 +52,8 @@ def test_each_end_of_the_range_as_pip_requirements(tmp_path):
 
 @pytest.mark.parametrize("deps,pin,msg", [
     (["jax>=0.11.0", "jaxlib>=0.11.0"], "0.11.2",
-     r"jax is required as >=0\.11\.0, without an upper bound: .*private JAX APIs .* write `\"jax>=X,<Y\", \"jaxlib>=X,<Y\"`"),
+     (r"jax is required as >=0\.11\.0, without an upper bound: .*private JAX APIs .* "
+      r"write `\"jax>=X,<Y\", \"jaxlib>=X,<Y\"`")),
     (["jax<0.13", "jaxlib<0.13"], "0.11.2", r"without a floor"),
     (["jax>=0.11.0,<0.13", "jaxlib>=0.11.0"], "0.11.2",
      r"jax is required as .* and jaxlib as >=0\.11\.0; JAX releases them together"),

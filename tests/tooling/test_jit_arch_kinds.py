@@ -44,7 +44,8 @@ def test_an_unbuilt_arch_kind_still_gets_its_empty_instance_table(checkout, tmp_
     table = tmp_path / "mha_fwd" / "gen" / "mha_fwd_gpu_sm90a_instances.inc"
     assert "gpu_sm90a" not in sources and "JA_INSTANCE" not in texts[table]
     texts, sources = jit_modules.generated("mha_fwd", module, ["cpu", "gpu", "gpu_sm90a"], tmp_path, checkout)
-    assert len(sources["gpu_sm90a"]) == len(sources["gpu"]) and texts[table].count("JA_INSTANCE(") == len(sources["gpu"])
+    assert (len(sources["gpu_sm90a"]) == len(sources["gpu"])
+            and texts[table].count("JA_INSTANCE(") == len(sources["gpu"]))
 
 
 def test_every_generated_file_names_the_module_that_wrote_it(checkout, tmp_path):
@@ -89,7 +90,8 @@ def test_sm90a_compiles_replace_the_arch_flags_and_name_the_pin_not_the_path(che
     steps = [st for st in jit_ninja.plan(modules, srcs, tc, s, pkgs) if st.rule == "gpu_sm90a"]
     assert steps and all(f"$PKG(nvidia-cutlass=={pin})" in st.extra for st in steps)
     text = jit_ninja.ninja_text(modules, steps, tc, flags, s, None)
-    assert "rule gpu_sm90a" in text and "code=sm_80" not in text.split("rule gpu_sm90a")[0].split("gpuflags_gpu_sm90a")[1]
+    assert ("rule gpu_sm90a" in text
+            and "code=sm_80" not in text.split("rule gpu_sm90a")[0].split("gpuflags_gpu_sm90a")[1])
 
 
 def test_the_cutlass_pin_enters_the_cuda_cache_id_only_where_sm90a_is_built(checkout):
@@ -127,7 +129,8 @@ def test_a_missing_or_other_cutlass_fails_the_build_with_the_fix(checkout, monke
         version = "1.0.0"
 
     monkeypatch.setattr(jit_packages.importlib.metadata, "distribution", lambda name: Other())
-    with pytest.raises(jit_modules.BuildError, match=rf"1.0.0 is installed but pyproject.toml pins nvidia-cutlass=={pin}"):
+    with pytest.raises(jit_modules.BuildError,
+                       match=rf"1.0.0 is installed but pyproject.toml pins nvidia-cutlass=={pin}"):
         jit_packages.package_include(checkout, "cutlass_include")
 
 

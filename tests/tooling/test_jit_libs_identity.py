@@ -30,8 +30,8 @@ from tests.tooling.jit_libs_support import (  # noqa: F401  (pytest fixtures)
 
 # Files the compilations of the JIT libraries read (a kernel header, a template, a CPU kernel, the
 # instance table's config) or that the identity itself reads (the FFI header), and files no build reads.
-READ_BY_THE_BUILD = ["csrc/include/ja/dtype.h", "csrc/kernels/mha/cpu/fwd.inst.in", "csrc/kernels/rmsnorm/rmsnorm_cpu.h",
-                     "third_party/xla_ffi/include/xla/ffi/api/c_api.h"]
+READ_BY_THE_BUILD = ["csrc/include/ja/dtype.h", "csrc/kernels/mha/cpu/fwd.inst.in",
+                     "csrc/kernels/rmsnorm/rmsnorm_cpu.h", "third_party/xla_ffi/include/xla/ffi/api/c_api.h"]
 NOT_READ = ["README.md", "docs/build.md", "tests/ops/test_rmsnorm.py", "csrc/include/ja/unused_by_any_kernel.h"]
 
 
@@ -93,7 +93,8 @@ def test_the_optimisation_flag_in_the_flag_source_changes_the_cache_id(checkout)
     """-O3 -> -O0 where the flags are made (the build tooling's toolchain module): a new cache id."""
     probe = ("from jatools import config; from jatools.native import jit_build; "
              "print(jit_build.checkout_identity(config.load(backend='cpu'))[0]['cache_id'])")
-    env = {**os.environ, "JA_ROOT_DIR": str(checkout), "JA_BACKEND": "cpu", "PYTHONPATH": f"{checkout}{os.pathsep}{REPO}"}  # its jatools, this jax_aiter
+    env = {**os.environ, "JA_ROOT_DIR": str(checkout), "JA_BACKEND": "cpu",
+           "PYTHONPATH": f"{checkout}{os.pathsep}{REPO}"}  # its jatools, this jax_aiter
     run = lambda: subprocess.run([sys.executable, "-c", probe], cwd=checkout, env=env, capture_output=True,
                                  text=True, check=True).stdout.strip()
     before = run()

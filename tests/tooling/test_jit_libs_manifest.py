@@ -50,7 +50,8 @@ def test_published_release_round_trips_and_documents_every_byte(checkout, tmp_pa
         assert asset.stat().st_size == c["size"] < f["size"] and sha256_file(asset) == c["sha256"]
         size, sha, comp_sha = blob.decode([asset], 20, f["size"])
         assert (size, sha, comp_sha) == (f["size"], f["sha256"], c["sha256"])
-    assert json.loads((checkout / "build/jit-libs-publish" / f"{tag}-summary.json").read_text())["assets"] == len(MODULES)
+    assert (json.loads((checkout / "build/jit-libs-publish" / f"{tag}-summary.json").read_text())["assets"]
+            == len(MODULES))
 
 
 def test_blobs_over_the_asset_limit_are_split_into_hashed_parts(checkout, tmp_path):
@@ -165,8 +166,8 @@ def test_gh_release_is_a_thin_last_step_with_the_manifest_uploaded_alone_and_las
     assert calls[0] == ["gh", "release", "download", tag, "--pattern", mf.MANIFEST_NAME, "--output", "-", *repo]
     assert calls[1] == ["gh", "release", "view", tag, "--json", "tagName", *repo]
     assert calls[2][:4] == ["gh", "release", "create", tag] and calls[2][-2:] == repo
-    assert calls[3] == ["gh", "release", "upload", tag, *(str(stage / f"{lib}.zst") for lib in sorted(MODULES.values())),
-                        "--clobber", *repo]
+    assert calls[3] == ["gh", "release", "upload", tag,
+                        *(str(stage / f"{lib}.zst") for lib in sorted(MODULES.values())), "--clobber", *repo]
     assert calls[5] == ["gh", "release", "upload", tag, str(stage / mf.MANIFEST_NAME), "--clobber", *repo]
     assert len(calls) == 6
 

@@ -48,7 +48,8 @@ def test_publish_to_a_github_release_runs_these_gh_commands_in_this_order(tasks,
     stage = checkout / "build/jit-libs-publish" / tag
     assert cmds[0] == f"gh release download {tag} --pattern {mf.MANIFEST_NAME} --output - --repo ROCm/jax-aiter"
     assert cmds[2].startswith(f"gh release create {tag} --title 'JIT libraries {tag}' --notes ")
-    assert cmds[3] == (f"gh release upload {tag} " + " ".join(str(stage / f"{lib}.zst") for lib in sorted(MODULES.values()))
+    assert cmds[3] == (f"gh release upload {tag} "
+                       + " ".join(str(stage / f"{lib}.zst") for lib in sorted(MODULES.values()))
                        + " --clobber --repo ROCm/jax-aiter")
     assert cmds[-1] == f"gh release upload {tag} {stage / mf.MANIFEST_NAME} --clobber --repo ROCm/jax-aiter"
     assert len(cmds) == 6
@@ -149,7 +150,8 @@ def test_faults_verify_unlisted_and_extra_libraries_fail(tasks, jit):
 
 
 @pytest.mark.parametrize("text, says", [("{not json", "is not valid JSON"), ('{"modules": {}}', "has no `files` list"),
-                                        ('{"files": [{"name": "x"}]}', "files[0] is not a unique {name, size, sha256}")])
+                                        ('{"files": [{"name": "x"}]}',
+                                         "files[0] is not a unique {name, size, sha256}")])
 def test_faults_verify_bad_record_names_the_file(tasks, jit, text, says):
     (jit / "build_record.json").write_text(text)
     msg = _verify_fails(tasks)

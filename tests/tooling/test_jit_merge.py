@@ -38,7 +38,8 @@ def make_shards(root: Path, idents: dict[str, dict] | None = None, modules: list
     shards = root / "jit-shards"
     for module in modules or list(MODULES):
         lib = MODULES[module]
-        write_build(shards / f"jit-shard-jit_libs_rocm_{module}", (idents or {}).get(module, IDENT), {lib: 3000 + len(lib)})
+        write_build(shards / f"jit-shard-jit_libs_rocm_{module}", (idents or {}).get(module, IDENT),
+                    {lib: 3000 + len(lib)})
     return shards
 
 
@@ -91,7 +92,8 @@ def test_toolchain_difference_warns_and_passes_but_strict_fails(tmp_path, paths)
     wanted, dest = paths
     odd = {**IDENT, "toolchain": {**IDENT["toolchain"], "gpu_compiler_version": "6.4.3"}}
     shards = make_shards(tmp_path, {"rmsnorm_fwd": odd})
-    with pytest.raises(jit_record.JitCacheError, match=r"toolchain gpu_compiler_version: wanted 6\.4\.\d, found 6\.4\.\d"):
+    with pytest.raises(jit_record.JitCacheError,
+                       match=r"toolchain gpu_compiler_version: wanted 6\.4\.\d, found 6\.4\.\d"):
         merge.merge(shards, dest, wanted, strict=True)
     assert not dest.exists()
     warnings: list[str] = []
@@ -151,7 +153,8 @@ def test_invoke_task_merges_then_verify_passes_and_errors_exit_1(tmp_path, monke
     write_build(checkout / "build" / "aiter_build", IDENT)
     with pytest.raises(Exit) as stale:  # libraries of other sources (IDENT's) are refused by name
         tasks.jit_verify(Context())
-    assert "are not this checkout's" in str(stale.value.message) and "kernel_source_revision" in str(stale.value.message)
+    assert ("are not this checkout's" in str(stale.value.message)
+            and "kernel_source_revision" in str(stale.value.message))
     odd = {**IDENT, "toolchain": {**IDENT["toolchain"], "cxx_version": "clang 20"}}
     monkeypatch.setenv("JA_TOOLCHAIN_STRICT", "1")
     with pytest.raises(Exit) as e:

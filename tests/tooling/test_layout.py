@@ -75,7 +75,8 @@ def test_every_setting_read_in_the_tree_is_in_the_table_and_every_entry_is_read(
 def test_every_pyproject_default_is_in_the_table() -> None:
     keys = set(config.defaults(ROOT))
     assert keys == set(settings.BY_KEY), (
-        f"pyproject [tool.jax-aiter] keys without an entry in jax_aiter/settings.py: {sorted(keys - set(settings.BY_KEY))}; "
+        "pyproject [tool.jax-aiter] keys without an entry in jax_aiter/settings.py: "
+        f"{sorted(keys - set(settings.BY_KEY))}; "
         f"entries naming a key pyproject lacks: {sorted(set(settings.BY_KEY) - keys)}")
     assert not [s for s in settings.SETTINGS if s.key and s.default is not None], "a default lives in pyproject or here"
 
@@ -92,4 +93,5 @@ def test_the_ci_builds_run_tiers_of_the_table() -> None:
 
     used = {value for b in ci_build.Build.all_builds().values() for env in (b.env, *(s.env for s in b.steps))
             for name, value in env if name == tag_filters.TIER_ENV}
-    assert used and used <= set(tag_filters.TIERS), f"ci/build.py runs tiers the table lacks: {used - set(tag_filters.TIERS)}"
+    assert used and used <= set(tag_filters.TIERS), \
+        f"ci/build.py runs tiers the table lacks: {used - set(tag_filters.TIERS)}"

@@ -41,7 +41,8 @@ def test_index_fills_the_gaps_from_the_host_and_names_what_nothing_satisfies(tmp
     a group requirement nothing satisfies (absent, or too old) fails the index and is named."""
     carried = tmp_path / "carried"
     carried.mkdir()
-    pytest_dist = next(d for d in offline_index.closure(("pytest",)) if offline_index.canonical_name(d.metadata["Name"]) == "pytest")
+    pytest_dist = next(d for d in offline_index.closure(("pytest",))
+                       if offline_index.canonical_name(d.metadata["Name"]) == "pytest")
     offline_index.repack(pytest_dist, carried)  # pytest carried; pluggy, iniconfig ... left to the host
     monkeypatch.setattr(offline_index, "SEEDS", ())
     monkeypatch.setattr(offline_index, "group_requirements", lambda names=offline_index.GROUPS: ["pytest>=8"])
@@ -49,7 +50,8 @@ def test_index_fills_the_gaps_from_the_host_and_names_what_nothing_satisfies(tmp
     names = {offline_index.canonical_name(p.name.split("-")[0]) for p in (tmp_path / "idx").glob("*.whl")}
     assert {"pytest", "pluggy", "iniconfig"} <= names
     assert len([p for p in (tmp_path / "idx").glob("*.whl") if p.name.startswith("pytest-")]) == 1  # not repacked twice
-    monkeypatch.setattr(offline_index, "group_requirements", lambda names=offline_index.GROUPS: ["pytest>=999", "no-such-distribution-ja>=1"])
+    monkeypatch.setattr(offline_index, "group_requirements",
+                        lambda names=offline_index.GROUPS: ["pytest>=999", "no-such-distribution-ja>=1"])
     assert offline_index.index(tmp_path / "idx2", carried) == 1
     assert "satisfies pytest>=999, no-such-distribution-ja>=1: carry a wheel" in capsys.readouterr().out
 

@@ -255,7 +255,8 @@ def test_retries_are_listed_and_never_hide_a_failure(suite, xdist):
     tests = {t["nodeid"]: t for t in res["tests"]}
     assert set(tests) == {"test_it.py::test_flaky", "test_it.py::test_broken"}
     assert tests["test_it.py::test_flaky"]["flaky"] and tests["test_it.py::test_flaky"]["final"] == "passed"
-    assert tests["test_it.py::test_broken"]["final"] == "failed" and len(tests["test_it.py::test_broken"]["attempts"]) == 2
+    assert (tests["test_it.py::test_broken"]["final"] == "failed"
+            and len(tests["test_it.py::test_broken"]["attempts"]) == 2)
     assert (res["flaky"], res["failed_after_retries"], res["retries_configured"]) == (1, 1, 2)
 
 
@@ -365,7 +366,8 @@ def test_longest_first_under_worksteal_starts_each_worker_on_a_long_test(cached_
     firsts = {}
     for rec in sorted(recs, key=lambda rec: rec["start"]):
         firsts.setdefault(rec["worker"], rec["i"])
-    assert sorted(firsts.values()) == [2, 4], sorted((r["start"], r["worker"], r["i"]) for r in recs)  # the two long tests, one per worker, each first
+    # the two long tests, one per worker, each first
+    assert sorted(firsts.values()) == [2, 4], sorted((r["start"], r["worker"], r["i"]) for r in recs)
 
 
 def test_longest_first_steps_aside_for_failed_first_and_without_a_cache(cached_suite):
@@ -536,8 +538,8 @@ def test_a_pinned_cuda_worker_starts_the_driver_in_the_background(suite, fake_dr
     worker does not wait for: the test runs while the (slow, stand-in) cuInit is still busy."""
     out, log = suite.tmp / "out", suite.tmp / "driver.log"
     out.mkdir()
-    r = suite(WAITS_FOR_THE_DRIVER, "-n", "1", gpus=2, OUT=str(out), LD_LIBRARY_PATH=str(fake_driver), FAKE_CUDA_LOG=str(log),
-              FAKE_CUDA_INIT_SECONDS="3")
+    r = suite(WAITS_FOR_THE_DRIVER, "-n", "1", gpus=2, OUT=str(out), LD_LIBRARY_PATH=str(fake_driver),
+              FAKE_CUDA_LOG=str(log), FAKE_CUDA_INIT_SECONDS="3")
     assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout + r.stderr
     calls = _driver_calls(log)
     assert [(w, a) for w, a, *_ in calls] == [("cuInit", 0), ("cuDeviceGet", 0), ("cuDevicePrimaryCtxRetain", 100)]

@@ -39,7 +39,8 @@ def test_the_scan_finds_a_hand_spelled_door(tmp_path):
 
 
 def test_the_table_names_the_doors():
-    assert remedies.door("jit") == "nox -s jit" and remedies.door("jit", ["mha_fwd"]) == "nox -s jit -- --module mha_fwd"
+    assert (remedies.door("jit") == "nox -s jit"
+            and remedies.door("jit", ["mha_fwd"]) == "nox -s jit -- --module mha_fwd")
     assert remedies.build_or_fetch(["a", "b"]) == ("build the JIT libraries with `nox -s jit -- --module a,b` or fetch "
                                                    "published ones with `invoke jit.fetch`")
     with pytest.raises(KeyError, match="no door for 'jit_build'; the actions are jit, jit_fetch"):

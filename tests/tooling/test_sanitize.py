@@ -46,7 +46,8 @@ def planted_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def call(lib: Path, fn: str, arg: int) -> subprocess.CompletedProcess:
     env = sanitize.runtime_env(ROOT, {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"})
     code = f"import ctypes; print(ctypes.CDLL({str(lib)!r}).{fn}({arg}))"
-    return subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, env=env,
+                          timeout=120)
 
 
 def test_ja_sanitize_parsed_and_validated() -> None:
@@ -166,4 +167,5 @@ def test_tsan_builds_into_its_own_tree_and_links_the_driver_against_it() -> None
     assert f"-L{settings.jit_dir}" in cmd and "build/sanitize-thread" in str(settings.jit_dir)
     # every JIT library of the op table, before the umbrella they need
     linked = [a for a in cmd if a.startswith("-l")]
-    assert linked[:-2] == [f"-l{m}" for m in jit_build.libraries(settings)] and linked[-2:] == ["-ljax_aiter", "-lpthread"]
+    assert (linked[:-2] == [f"-l{m}" for m in jit_build.libraries(settings)]
+            and linked[-2:] == ["-ljax_aiter", "-lpthread"])

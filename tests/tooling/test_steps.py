@@ -53,7 +53,8 @@ def test_up_to_date_steps_are_skipped_and_quiet_logs_stay_off_the_terminal(tmp_p
 
 @pytest.mark.parametrize("logged", [False, True])
 def test_a_step_past_its_time_limit_fails(tmp_path: Path, logged: bool) -> None:
-    step = steps.Step("slow", py("import time; time.sleep(30)"), timeout=0.5, log=tmp_path / "s.log" if logged else None)
+    step = steps.Step("slow", py("import time; time.sleep(30)"), timeout=0.5,
+                      log=tmp_path / "s.log" if logged else None)
     with pytest.raises(steps.StepFailed, match=r"step slow failed \(did not finish within 0.5 s\)") as e:
         steps.run([step], "demo")
     assert e.value.record.exit is None and e.value.record.seconds < 20

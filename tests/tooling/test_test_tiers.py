@@ -201,7 +201,8 @@ def test_unknown_tier_lists_the_valid_ones(tmp_path):
 def test_ci_test_sh_takes_the_tier_from_the_environment(tmp_path):
     env = {**{k: v for k, v in os.environ.items() if k != "JA_BACKEND"},  # a CPU host: the tier picks cpu
            "JA_TEST_TIER": "multigpu", "PYTHON": sys.executable, "JA_GPU_COUNT": "0"}
-    r = subprocess.run(["bash", str(ROOT / "ci" / "test.sh"), "--dry-run"], env=env, capture_output=True, text=True, check=False)
+    r = subprocess.run(["bash", str(ROOT / "ci" / "test.sh"), "--dry-run"], env=env, capture_output=True, text=True,
+                       check=False)
     assert r.returncode == 0, r.stderr
     assert "--xla_force_host_platform_device_count=4" in r.stdout and "-m 'multigpu and not gpu" in r.stdout
     bad = subprocess.run(["bash", str(ROOT / "ci" / "test.sh")], env={**env, "JA_TEST_TIER": "smoke"},
@@ -345,7 +346,8 @@ def test_plugin_requirements_are_the_validation_plugins_at_the_tests_jax_pin(tmp
     jax_pin = next(r for r in py["dependency-groups"]["test"] if isinstance(r, str) and r.startswith("jax=="))
     for platform in ("cuda", "rocm"):
         r, _ = _tier(tmp_path, "--plugin-requirements", "--platform", platform)
-        want = [f"{name}=={jax_pin.split('==')[1]}" for name in py["tool"]["jax-aiter"][f"validation_plugins_{platform}"]]
+        want = [f"{name}=={jax_pin.split('==')[1]}"
+                for name in py["tool"]["jax-aiter"][f"validation_plugins_{platform}"]]
         assert r.returncode == 0 and r.stdout.split() == want, r.stderr
     r, _ = _tier(tmp_path, "--plugin-requirements", "--platform", "cpu")
     assert r.returncode == 0 and r.stdout.strip() == ""
@@ -357,7 +359,8 @@ def test_deps_from_runs_pytest_with_that_interpreter_and_refuses_one_without_jax
     pytest.importorskip("jax", reason="--deps-from needs an interpreter with JAX")
     r, _ = _tier(tmp_path, "--tier", "pr", "--deps-from", sys.executable, "--dry-run")
     assert r.returncode == 0, r.stderr
-    assert f"{sys.executable} -m pytest" in r.stdout and f"pytest interpreter: {sys.executable} (--deps-from" in r.stdout
+    assert (f"{sys.executable} -m pytest" in r.stdout
+            and f"pytest interpreter: {sys.executable} (--deps-from" in r.stdout)
     bare = tmp_path / "bare"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
     r, _ = _tier(tmp_path, "--tier", "pr", "--deps-from", str(bare / "bin" / "python"), "--dry-run")
@@ -416,7 +419,8 @@ FAILING_TREE = """
 
 def test_each_failure_is_classified_infrastructure_or_test(tmp_path):
     pytest.importorskip("xdist", reason="a worker crash needs pytest-xdist")
-    pytest.importorskip("pytest_timeout", reason="the timeout class needs pytest-timeout (pip install -e . --group test)")
+    pytest.importorskip("pytest_timeout",
+                        reason="the timeout class needs pytest-timeout (pip install -e . --group test)")
     summary = tmp_path / "step-summary.md"
     r, res = _tier(tmp_path, "--tier", "pr", "--workers", "1", "--timeout", "2", tests=FAILING_TREE,
                    extra_env={"GITHUB_STEP_SUMMARY": str(summary)})

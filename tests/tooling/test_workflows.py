@@ -99,7 +99,8 @@ def test_workflows_validate_against_the_github_schema() -> None:
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-SCRIPTS = sorted({*ROOT.glob("ci/**/*.sh"), *ROOT.glob("scripts/*.sh"), ROOT / ".ci" / "run", *ROOT.glob("ci/act/**/*.sh")})
+SCRIPTS = sorted({*ROOT.glob("ci/**/*.sh"), *ROOT.glob("scripts/*.sh"), ROOT / ".ci" / "run",
+                  *ROOT.glob("ci/act/**/*.sh")})
 
 
 def _tool(name: str, package: str) -> str:
@@ -207,7 +208,8 @@ def test_steps_hold_no_logic() -> None:
                 continue
             run = step["run"].strip()
             assert RUN_BUILD.match(run) or RUN_MATRIX.match(run) or run in RUN_CHECKS, \
-                f"{name}:{job_id}: a run step may only call `bash scripts/run.sh python3 ci/build.py --build NAME`: {run!r}"
+                (f"{name}:{job_id}: a run step may only call "
+                 f"`bash scripts/run.sh python3 ci/build.py --build NAME`: {run!r}")
 
 
 MATRIX_JOB = {"runs-on": "${{ matrix.runner }}", "timeout-minutes": "${{ matrix.timeout_minutes }}",
@@ -312,7 +314,8 @@ def test_only_upload_jobs_get_write_access() -> None:
     for path in WORKFLOWS:  # a call grants no more than the called workflow's write jobs take, and only those
         for job_id, job in calls(load(path)).items():
             called = load(ROOT / job["uses"])
-            taken = {k for j in called["jobs"].values() for k, v in (j.get("permissions") or {}).items() if v == "write"}
+            taken = {k for j in called["jobs"].values()
+                     for k, v in (j.get("permissions") or {}).items() if v == "write"}
             granted = {k for k, v in (job.get("permissions") or {}).items() if v == "write"}
             assert granted == taken, f"{path.name}:{job_id} grants {granted}, the called jobs take {taken}"
     release = load(ROOT / ".github" / "workflows" / "release.yml")["jobs"]
@@ -373,7 +376,8 @@ def test_every_run_asks_the_store_and_only_main_publishes() -> None:
         assert [s.task for s in ci_build.get_build(f"jit_libs_plan_{b}").steps] == ["jit.decide"]
         assert jobs[f"shards_{b}"]["if"] == f"needs.plan_{b}.outputs.rebuild == 'true'"
         assert jobs[f"publish_{b}"]["if"] == ("github.ref == 'refs/heads/main' && "
-                                              "(github.event_name == 'push' || github.event_name == 'workflow_dispatch')")
+                                              "(github.event_name == 'push' || "
+                                              "github.event_name == 'workflow_dispatch')")
         assert ["verify", "jit.publish"] == [s.task for s in ci_build.get_build(f"jit_libs_merge_{b}").steps][1:]
         # the consumer: a fresh job fetches the published release, pinned to the libraries the merge staged
         check = jobs[f"check_{b}"]
@@ -423,7 +427,8 @@ def test_manylinux_jobs_use_the_containers_python_and_the_upload_checks_out_the_
                          if "manylinux" in (BUILDS[b].runner.container or "")}
             assert all(s.get("if") and all(f"'{b}'" not in s["if"] for b in manylinux) for s in setup), \
                 f"{name}:{job_id}"
-    lines = [x for x in (ROOT / "scripts" / "run.sh").read_text().splitlines() if x.startswith(("pyv=", "manylinux_py="))]
+    lines = [x for x in (ROOT / "scripts" / "run.sh").read_text().splitlines()
+             if x.startswith(("pyv=", "manylinux_py="))]
     found = subprocess.run(["bash", "-c", "; ".join([*lines, 'printf %s "$manylinux_py"'])], cwd=ROOT,
                            capture_output=True, text=True, check=True).stdout
     xy = config.python_version(ROOT).replace(".", "")

@@ -53,4 +53,5 @@ def newer_ffi_shim(work: Path, build_dir: Path) -> Path:
 
 def run_from_checkout(venv: Path, checkout: Path, code: str) -> subprocess.CompletedProcess:
     """Run `code` with the room's interpreter the way a developer would: from the checkout, not isolated."""
-    return subprocess.run([str(venv / "bin/python"), "-c", code], cwd=checkout, check=False, capture_output=True, text=True)
+    return subprocess.run([str(venv / "bin/python"), "-c", code], cwd=checkout, check=False, capture_output=True,
+                          text=True)

@@ -166,7 +166,8 @@ def test_report_json_and_summary(good_wheels, tmp_path, warm_wheelhouse):
     report = tmp_path / "report.json"
     out = subprocess.run(["bash", str(REPO / "scripts/validate_wheel.sh"), str(bad), "--engine", "none",
                           "--no-fill", "--wheelhouse", str(warm_wheelhouse), "--report", str(report)],
-                         check=False, capture_output=True, text=True, env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"})
+                         check=False, capture_output=True, text=True,
+                         env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"})
     assert out.returncode == 1, out.stderr
     assert "FAIL  wheel-record" in out.stdout and "FAIL: 0 of 1 wheel(s)" in out.stdout, out.stdout
     data = json.loads(report.read_text())

@@ -54,8 +54,8 @@ def test_the_room_is_outside_the_checkout(tmp_path):
 
 def test_find_python(tmp_path, python312):
     assert cenv.find_python("3.12", env={"JA_VALIDATE_PYTHON": "/opt/py"}) == Path("/opt/py")
-    out = subprocess.run([str(python312), "-c", "import sys; print(sys.version_info[:2])"], check=False, capture_output=True,
-                         text=True)
+    out = subprocess.run([str(python312), "-c", "import sys; print(sys.version_info[:2])"], check=False,
+                         capture_output=True, text=True)
     assert out.stdout.strip() == "(3, 12)"
     with pytest.raises(cenv.CleanRoomError, match="JA_VALIDATE_PYTHON"):
         cenv.find_python("2.1", env={"PYENV_ROOT": str(tmp_path)})

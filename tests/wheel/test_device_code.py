@@ -25,7 +25,8 @@ from jatools.native.sass_check import SassError, find_tools
 from jatools.wheel import device_code, wheel_contents
 from jatools.wheel.wheel_scan import read_dynamic
 
-KERNEL = "__global__ void k(float* x) { x[threadIdx.x] *= 2.0f; }\nextern \"C\" void run(float* x) { k<<<1, 32>>>(x); }\n"
+KERNEL = ("__global__ void k(float* x) { x[threadIdx.x] *= 2.0f; }\n"
+          "extern \"C\" void run(float* x) { k<<<1, 32>>>(x); }\n")
 CUDA_CASES = {
     "four archs": (["-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90a,code=sm_90a",
                     "-gencode", "arch=compute_90,code=sm_90", "-gencode", "arch=compute_120,code=sm_120"],

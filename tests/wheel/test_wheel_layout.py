@@ -15,7 +15,8 @@ def test_layout_matches_the_loader_table():
     assert full == shims | jit | {_loader.UMBRELLA}, "every library the loader looks for is in the full wheel"
     assert set(layout.variant("lite").libraries) == full - set(_loader.MHA_JIT_LIBS)
     assert set(layout.variant("lite").fetched) == set(_loader.MHA_JIT_LIBS)
-    assert layout.lib_member("x.so") == "jax_aiter/_lib/x.so" == f"{_loader.PACKAGED_LIB_DIR.relative_to(_loader.PACKAGE_DIR.parent).as_posix()}/x.so"
+    assert (layout.lib_member("x.so") == "jax_aiter/_lib/x.so"
+            == f"{_loader.PACKAGED_LIB_DIR.relative_to(_loader.PACKAGE_DIR.parent).as_posix()}/x.so")
     assert layout.identity_file == _loader.IDENTITY_FILE.relative_to(_loader.PACKAGE_DIR.parent).as_posix()
 
 
@@ -42,6 +43,7 @@ def test_versions_name_the_lane_then_the_variant():
 def test_external_allowlist_is_per_backend():
     layout = Layout.load()
     assert layout.external_allowed("libstdc++.so.6", "cpu")
-    assert layout.external_allowed("libamdhip64.so.7", "rocm") and not layout.external_allowed("libamdhip64.so.7", "cpu")
+    assert (layout.external_allowed("libamdhip64.so.7", "rocm")
+            and not layout.external_allowed("libamdhip64.so.7", "cpu"))
     assert layout.external_allowed("libcudart.so.12", "cuda") and not layout.external_allowed("libcudart.so.12", "rocm")
     assert not layout.external_allowed("libz.so.1", "rocm")
