@@ -60,6 +60,7 @@ def check_python_part(root: Path, layout: Layout) -> list[str]:
     not_packages = [p for p in packages if not (root / p.replace(".", "/") / "__init__.py").is_file()]
     files = python_files(root)
     missing = [f for f in layout.required_files if f.endswith(".py") and f not in files]
+    missing += [f"{sub} (a subpackage: it has an __init__.py)" for sub in _unlisted_subpackages(root, packages)]
     if not packages or not_packages or missing:
         why = ("lists no package" if not packages else
                f"names {', '.join(not_packages)}, which {'is' if len(not_packages) == 1 else 'are'} no package (no "
@@ -69,6 +70,14 @@ def check_python_part(root: Path, layout: Layout) -> list[str]:
                               ", ...). List jax_aiter and its subpackages there "
                               "(as the checkout's pyproject.toml does)")
     return files
+
+
+def _unlisted_subpackages(root: Path, packages: list[str]) -> list[str]:
+    """The packages below a listed one (folders with an __init__.py) that the list leaves out: a wheel without
+    them fails at its first import of one (checkout-only folders such as jax_aiter/jit have no __init__.py)."""
+    found = {".".join(init.parent.relative_to(root).parts)
+             for p in packages for init in (root / p.replace(".", "/")).rglob("__init__.py")}
+    return sorted(found - set(packages))
 
 
 def lane_of(layout: Layout, expectations: expect.JitExpectations) -> Lane:

@@ -192,10 +192,13 @@ def test_faults_no_front_end_writes_a_tag_the_symbols_do_not_earn(build_copy, tm
     ("[]", "lists no package"),
     ('["jax_aiter.ops"]', "leaves out jax_aiter/__init__.py"),
     ('["jax_aiter", "jax_aitr"]', "names jax_aitr, which is no package"),
+    ('["jax_aiter", "jax_aiter.mha", "jax_aiter.ops"]',
+     "leaves out jax_aiter.download (a subpackage: it has an __init__.py)"),
 ])
 def test_faults_a_wheel_without_its_python_package_is_refused(build_copy, tmp_path, packages, why):
     """pyproject's `packages = []` built a wheel with no Python package when --check was not given (issue 84); the
-    build now refuses it, with or without --check, naming the setting."""
+    build now refuses it, with or without --check, naming the setting. So does a list that leaves out a subpackage
+    (jax_aiter.download once was: the wheel built, and its clean-room validation failed at the first import)."""
     root = tmp_path / "repo"
     shutil.copytree(ROOT, root, ignore=shutil.ignore_patterns(".git", ".nox", "build", "dist", ".venv*", "__pycache__",
                                                                "third_party"))
