@@ -15,7 +15,7 @@ import nox
 # The checkout's tooling is not installed where nox runs: read it from here, so the sessions' Python and the test
 # tiers come from their one home each.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from jatools.config import SettingError, python_version, read_pyproject
+from jatools.config import SettingError, build_path, python_version, read_pyproject
 from jatools.native import tree_lock
 from jatools.native.jit_packages import is_headers_only
 from jatools.testing.jax_versions import ENDS as JAX_ENDS
@@ -126,7 +126,7 @@ def jax_range(session: nox.Session, end: str) -> None:
         session.error(str(e))
     _install(session, "-e", ".", *nox.project.dependency_groups(PYPROJECT, "tier"), *BUILD_DEPS, *jax)
     session.run("python", "-m", "jatools.native.build")
-    results = ("--results-dir", f"build/test-results/jax-{end}")
+    results = ("--results-dir", str(build_path("test_results") / f"jax-{end}"))
     session.run("python", "-m", "jatools.testing.tiers", "--tier", "pr", *results, "tests/ops/test_export.py",
                 *session.posargs)
     session.run("python", "-m", "jatools.testing.tiers", "--tier", "multigpu", *results,

@@ -277,7 +277,9 @@ def make_text(settings: config.Settings, flags: Mapping[str, list[str]], key: st
     found = launcher(settings, flags)
     if found is None:
         return "\n".join([*lines, "CACHE_LAUNCHER :=", "CACHE_CHECK =", ""])
-    lines.append(f"CACHE_LAUNCHER := {found.tool}")
+    from jatools.native.toolchain import make_words  # the toolchain's quoting: a checkout path with a space
+
+    lines.append(f"CACHE_LAUNCHER := {make_words([found.tool])}")
     # before each link: the cache entries the objects came from are checked (check(); one line per refused one)
     lines.append("CACHE_CHECK = @$(PYTHON) -m jatools.native.compiler_cache --check")
     lines += [f"export {k} := {v}" for k, v in sorted(found.env.items())]

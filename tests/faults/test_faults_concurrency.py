@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from tests.tooling.jit_libs_support import (  # noqa: F401  (pytest fixtures)
+    MODULES,
     REPO,
     checkout_fixture,
     checkout_identity,
@@ -81,8 +82,9 @@ def test_faults_publish_removes_what_a_killed_publish_left(checkout, tmp_path):
     """`invoke jit.publish` killed (SIGKILL) while it compresses leaves its dot-temporary staging folder; a re-publish
     never removed it. Now a publish, holding the staging folder's lock, removes it (saying so) and publishes."""
     ident = checkout_identity(checkout)
-    write_build(checkout / "build" / "aiter_build", ident, sizes={"librmsnorm_fwd.so": 40_000_000,
-                                                                  "libmha_fwd.so": 200_000, "libmha_bwd.so": 200_000})
+    # every configured module's library (a small one each), rmsnorm's large enough that compressing it takes a while
+    sizes = {**dict.fromkeys(MODULES.values(), 200_000), "librmsnorm_fwd.so": 40_000_000}
+    write_build(checkout / "build" / "aiter_build", ident, sizes=sizes)
     stage_root = checkout / "build" / "jit-libs-publish"
     store = tmp_path / "store"
     first = _publish(checkout, store)

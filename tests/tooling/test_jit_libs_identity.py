@@ -73,7 +73,8 @@ def test_op_data_in_the_op_table_keeps_the_cache_id(checkout):
     text = table.read_text()
     edited = (text.replace('ja_silu_and_mul = "JaSiluAndMul"', 'ja_silu_and_mul = "JaSiluAndMul", ja_silu = "JaSilu"')
               .replace("mha = true, fetched = true", "mha = false") + 'gelu = { targets = { ja_gelu = "JaGelu" } }\n')
-    assert edited.count("mha = false") == 2 and "ja_silu =" in edited
+    fetched_rows = text.count("mha = true, fetched = true")  # the attention and serving ops
+    assert fetched_rows >= 2 and edited.count("mha = false") == fetched_rows and "ja_silu =" in edited
     table.write_text(edited)
     assert _cache_id(checkout) == before
 
