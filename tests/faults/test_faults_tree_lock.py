@@ -26,8 +26,8 @@ def _env(root: Path, **extra: str) -> dict[str, str]:
     return env_for(root, PATH=":".join([*dirs, os.environ.get("PATH", "")]), PYTHONUNBUFFERED="1", **extra)
 
 
-def _make(root: Path, *goals: str) -> subprocess.Popen:
-    return subprocess.Popen(["make", *goals, f"PYTHON={sys.executable}"], cwd=root, env=_env(root),
+def _make(root: Path, *goals: str, **env: str) -> subprocess.Popen:
+    return subprocess.Popen(["make", *goals, f"PYTHON={sys.executable}"], cwd=root, env=_env(root, **env),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -41,8 +41,13 @@ def test_faults_two_makes_at_once_wait_their_turn_and_name_the_holder(tmp_path):
     """Two `make umbrella` at once in one tree raced on the umbrella's temporary file (4 of 4 failed, no library
     left, nothing named the other build). Now the second waits, naming the first, and both succeed."""
     root = make_scratch(tmp_path / "src")
-    first = _make(root, "umbrella")
-    time.sleep(0.5)
+    # The first compiles (no compiler cache: a cached build can end before a second starts), and the second starts
+    # once the first holds the tree: the two overlap whatever the machine's load.
+    first = _make(root, "umbrella", JA_COMPILER_CACHE="off")
+    build, end = root / "build", time.monotonic() + 120
+    while folder_lock.holder(build) is None and first.poll() is None and time.monotonic() < end:
+        time.sleep(0.005)
+    assert first.poll() is None, ("the first make ended before the second could start", first.communicate())
     second = _make(root, "umbrella")
     outs = [p.communicate(timeout=600) for p in (first, second)]
     assert [p.returncode for p in (first, second)] == [0, 0], outs
