@@ -227,6 +227,17 @@ struct BwdDqStage {
   using Tma = decltype(tma(nullptr, 0, 0, 0, 0));
 };
 
+// A backward kernel's parameters (both kernels'): the call's arguments, the TMA loads of Layouts (Q, dO, K, V)
+// and the dQ reduce-add of DqStage.
+template <typename Layouts, typename DqStage>
+struct BwdParams : BwdArgs<typename Layouts::Element> {
+  typename Layouts::TmaQ tma_q;
+  typename Layouts::TmadO tma_do;
+  typename Layouts::TmaK tma_k;
+  typename Layouts::TmaV tma_v;
+  typename DqStage::Tma tma_dq;
+};
+
 // Issued by warpgroup wg's leader once its half of the staging tile sdQ is written and fenced:
 // that half added to dq_accum's tile (m, col_tile) of BM x COLS / 2 (query head h, batch b) by one
 // TMA reduce-add (rows past seq_q and columns past d are clipped); tma_store_wait before the half is
@@ -715,6 +726,15 @@ __device__ __noinline__ int64_t convert_dq_exact(JaMhaProblem const& pr, mha_gpu
   return r;
 }
 
+// After a block's last tile: its warpgroup's last dQ reduce-add has left shared memory and, deterministic, the
+// semaphore of the tile it added to is released.
+CUTE_DEVICE void bwd_drain_dq(bool wg_leader, int32_t* pending) {
+  if (wg_leader) {
+    tma_store_wait<0>();
+    if (pending) bwd_sync_release(pending);
+  }
+}
+
 // dq = dq_accum rounded to the input dtype, one warp a row (b, i, h). A row that came out NaN or infinite (a K,
 // V or dO value hidden from it can put 0 x NaN into dq_accum) is computed again, exactly (convert_dq_exact).
 // The row index goes through that call and comes back as its result, so that no value of the loop lives
@@ -733,14 +753,21 @@ __global__ void __launch_bounds__(256, 8)
 }
 
 // Launches `kernel` (Tr::kThreads threads, Tr::kSmemBytes of shared memory) on one block per
-// (BN keys, kv head, batch).
+// (BN keys, kv head, batch), with the call's parameters (bwd_args: FEAT kernels take softcap and ALiBi).
 template <typename Tr, typename Kernel>
-const char* bwd_launch(Kernel kernel, typename Tr::Params p, const JaMhaBwdArgs& a, cudaStream_t stream,
-                       const char* what) {
-  const dim3 grid(unsigned((a.p.seq_k + Tr::BN - 1) / Tr::BN), unsigned(a.p.heads_kv), unsigned(a.p.batch));
+const char* bwd_launch(Kernel kernel, const JaMhaBwdArgs& a, bool feat, cudaStream_t stream, const char* what) {
+  const JaMhaProblem& pr = a.p;
+  const auto loads = bwd_loads<Tr>(a);
+  typename Tr::Params p{bwd_args<typename Tr::Element>(a, feat),
+                        loads.tma_q,
+                        loads.tma_do,
+                        loads.tma_k,
+                        loads.tma_v,
+                        Tr::DqStage::tma(a.dq_accum, int(pr.seq_q), int(pr.head_dim), int(pr.heads_q), int(pr.batch))};
+  const dim3 grid(unsigned((pr.seq_k + Tr::BN - 1) / Tr::BN), unsigned(pr.heads_kv), unsigned(pr.batch));
   p.chunk = causal_chunk(grid.x);  // read only by causal grids (grid_place)
   // deterministic, causal, grouped heads, a (kv head, batch)'s blocks resident at once (the top of this file)
-  p.heavy_first = p.sync && a.p.mask == kMaskCausal && p.group > 1 && grid.x <= multiprocessors();
+  p.heavy_first = p.sync && pr.mask == kMaskCausal && p.group > 1 && grid.x <= multiprocessors();
   return mha_gpu::launch_with_smem(kernel, grid, Tr::kThreads, Tr::kSmemBytes, stream, p, what);
 }
 

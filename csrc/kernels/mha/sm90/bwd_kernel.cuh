@@ -67,7 +67,6 @@ struct BwdTraits : BwdLayouts<Element_, D, D, 64, 128, 3, bwd_atom_width(D, D / 
   // are the contiguous half w, added to dq_accum by one TMA reduce-add.
   using DqStage = BwdDqStage<BM, D>;
   using SmemLayoutdQ = typename DqStage::Layout;
-  using TmadQ = typename DqStage::Tma;
 
   struct SharedStorage : BwdSmem<Layouts, kSlots> {
     array_aligned<Element, cosize_v<SmemLayoutdS>, 1024> ds[2];
@@ -76,13 +75,7 @@ struct BwdTraits : BwdLayouts<Element_, D, D, 64, 128, 3, bwd_atom_width(D, D / 
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "MHA backward (sm90) tiles exceed shared memory");
 
-  struct Params : BwdArgs<Element> {
-    typename Layouts::TmaQ tma_q;
-    typename Layouts::TmadO tma_do;
-    typename Layouts::TmaK tma_k;
-    typename Layouts::TmaV tma_v;
-    TmadQ tma_dq;
-  };
+  using Params = BwdParams<Layouts, DqStage>;
 };
 
 template <typename Tr, bool CAUSAL, bool FEAT>
@@ -226,10 +219,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
     warpgroup_wait<0>();
     warpgroup_fence_operand(tdKacc);
   }
-  if (wg_leader) {
-    tma_store_wait<0>();
-    if (pending) bwd_sync_release(pending);
-  }
+  bwd_drain_dq(wg_leader, pending);
 
   bwd_store_dkdv<BN, D, D, CAUSAL>(p, w, thr_dkv, tdKacc, thr_dkv, tdVacc);
 #else
@@ -240,15 +230,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) mha_bwd_sm90_kernel(CUTE_GRID
 template <typename T, int D, bool CAUSAL, bool FEAT>
 const char* mha_bwd_sm90_launch(const JaMhaBwdArgs& a, cudaStream_t stream) {
   using Tr = BwdTraits<typename CutlassType<T>::type, D>;
-  const JaMhaProblem& pr = a.p;
-  const auto loads = bwd_loads<Tr>(a);
-  typename Tr::Params p{bwd_args<typename Tr::Element>(a, FEAT),
-                        loads.tma_q,
-                        loads.tma_do,
-                        loads.tma_k,
-                        loads.tma_v,
-                        Tr::DqStage::tma(a.dq_accum, int(pr.seq_q), int(pr.head_dim), int(pr.heads_q), int(pr.batch))};
-  return bwd_launch<Tr>(mha_bwd_sm90_kernel<Tr, CAUSAL, FEAT>, p, a, stream, "mha_bwd (sm90)");
+  return bwd_launch<Tr>(mha_bwd_sm90_kernel<Tr, CAUSAL, FEAT>, a, FEAT, stream, "mha_bwd (sm90)");
 }
 
 }  // namespace mha_sm90

@@ -101,7 +101,6 @@ struct BwdTraitsD256
   // are the contiguous half w, added to dq_accum by one TMA reduce-add.
   using DqStage = BwdDqStage<BM, DQS>;
   using SmemLayoutdQ = typename DqStage::Layout;
-  using TmadQ = typename DqStage::Tma;
 
   struct SharedStorage : BwdSmem<Layouts, kSlots> {
     array_aligned<Element, cosize_v<SmemLayoutPdS>, 1024> p;
@@ -111,13 +110,7 @@ struct BwdTraitsD256
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "MHA backward (sm90, head dims 192/256) tiles exceed shared memory");
 
-  struct Params : BwdArgs<Element> {
-    typename Layouts::TmaQ tma_q;
-    typename Layouts::TmadO tma_do;
-    typename Layouts::TmaK tma_k;
-    typename Layouts::TmaV tma_v;
-    TmadQ tma_dq;
-  };
+  using Params = BwdParams<Layouts, DqStage>;
 };
 
 // (MMA, N, K) operand fragment -> (MMA, 1, K): its J-th block along N.
@@ -309,10 +302,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     for (int i = 0; i < decltype(size(acc_last))::value; ++i) dq_last(i) = acc_last(i) * p.scale;
   }
   if (n_iter > 0) add_dq(dq_last, n_iter - 1, kSlices - 1, 1.0f);
-  if (wg_leader) {
-    tma_store_wait<0>();
-    if (pending) bwd_sync_release(pending);
-  }
+  bwd_drain_dq(wg_leader, pending);
 
   bwd_store_dkdv<BN, D, DV, CAUSAL>(p, w, thr_dk, tdKacc, thr_dv, tdVacc);
 #else
@@ -323,15 +313,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 template <typename T, int D, int DV, bool CAUSAL, bool FEAT>
 const char* mha_bwd_sm90_d256_launch(const JaMhaBwdArgs& a, cudaStream_t stream) {
   using Tr = BwdTraitsD256<typename CutlassType<T>::type, D, DV>;
-  const JaMhaProblem& pr = a.p;
-  const auto loads = bwd_loads<Tr>(a);
-  typename Tr::Params p{bwd_args<typename Tr::Element>(a, FEAT),
-                        loads.tma_q,
-                        loads.tma_do,
-                        loads.tma_k,
-                        loads.tma_v,
-                        Tr::DqStage::tma(a.dq_accum, int(pr.seq_q), int(pr.head_dim), int(pr.heads_q), int(pr.batch))};
-  return bwd_launch<Tr>(mha_bwd_sm90_d256_kernel<Tr, CAUSAL, FEAT>, p, a, stream, "mha_bwd (sm90, head dims 192/256)");
+  return bwd_launch<Tr>(mha_bwd_sm90_d256_kernel<Tr, CAUSAL, FEAT>, a, FEAT, stream,
+                        "mha_bwd (sm90, head dims 192/256)");
 }
 
 }  // namespace mha_sm90
