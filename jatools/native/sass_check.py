@@ -7,7 +7,7 @@ to a routine of them, that start by converting the divisor to a float reciprocal
 I2F.U64.RP). The backward's main loop runs once per (key block, query tile) pair, and one such mapping from the
 loop's iteration to its (query head, tile) (`it / n`, `it % n`, chosen at run time) made the deterministic backward
 slower by a division at every use; ptxas said nothing and no test on the CPU could see it. The kernels now map
-iterations with cutlass::FastDivmod (a multiply-high and a shift, csrc/kernels/mha/sm90/bwd_common.cuh), and
+iterations with cutlass::FastDivmod (a multiply-high and a shift, csrc/kernels/mha/sm90/bwd_mainloop.cuh), and
 this check keeps it so: it disassembles every backward kernel of the sm_90a instances (cuobjdump -sass, from the
 pinned nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels, or a CUDA toolkit's), finds its main loop (the
 backward branch whose body holds the most warpgroup MMAs, HGMMA; the innermost such), and fails naming the kernel

@@ -2,7 +2,7 @@
 //
 // The middle kernel of the backward (dK, dV and the float32 dQ accumulation); the preprocess
 // (delta = rowsum(dO * O), zeroed dq_accum; deterministic: the semaphores) and the dQ conversion are
-// sm90/bwd_common.cuh's. Instance head dims 64, 96 and 128 run the kernel below; 192 and 256, whose
+// sm90/bwd_passes.cuh's. Instance head dims 64, 96 and 128 run the kernel below; 192 and 256, whose
 // dK and dV would not fit a warpgroup's registers here, run sm90/bwd_kernel_d256.cuh's (64 keys a block, the
 // head dim split over the warpgroups); sm90/bwd_launch.cuh picks between them.
 //
@@ -10,7 +10,7 @@
 // [64 w, 64 w + 64) of the tile and keeps their dK and dV (64 x D each, float32) in
 // wgmma accumulators for the whole block. K and V are loaded once by TMA; the block then
 // walks every query head of its GQA group and every 64-row query tile that can see its
-// keys (sm90/bwd_common.cuh: the mask's query range), Q and dO by TMA through three
+// keys (sm90/bwd_order.cuh: the mask's query range), Q and dO by TMA through three
 // shared-memory stages (tile i + 2 is loaded while tile i is computed), the rows' lse, delta
 // and mask bounds staged in shared memory, dS double-buffered, so one block barrier per tile
 // suffices. Per query tile (keys are the M dimension of the products, as in the mma.sync kernel):
@@ -29,7 +29,9 @@
 // Conventions are those of the other backward kernels (ja/kernels/mha.h): rows with no visible key
 // (lse = +inf) contribute 0. Keys and query rows past the ends are zero-filled by TMA and masked.
 #pragma once
-#include "mha/sm90/bwd_common.cuh"
+#include "mha/sm90/bwd_mainloop.cuh"
+#include "mha/sm90/bwd_epilogue.cuh"
+#include "mha/sm90/bwd_passes.cuh"
 
 namespace ja {
 namespace mha_sm90 {

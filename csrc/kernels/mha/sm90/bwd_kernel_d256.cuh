@@ -23,7 +23,7 @@
 //                                       shared memory per warpgroup and is added to dq_accum by
 //                                       one TMA reduce-add (whole 128-byte rows) while the next
 //                                       products run (deterministic: the tile's first slice waits for
-//                                       its semaphore, sm90/bwd_common.cuh)
+//                                       its semaphore, sm90/bwd_order.cuh)
 // Two block barriers a tile: one after S and dP are issued (every warpgroup is done with the
 // previous tile: its P/dS buffer, Q/dO stage and row slot may be refilled), one after P and
 // dS are stored. P and dS have one buffer each, which pays for the dQ staging.
@@ -45,7 +45,9 @@
 // (lse = +inf) contribute 0. Keys and query rows past the ends are zero-filled by TMA and masked; the
 // reduce-add clips rows past seq_q and columns past d.
 #pragma once
-#include "mha/sm90/bwd_common.cuh"
+#include "mha/sm90/bwd_mainloop.cuh"
+#include "mha/sm90/bwd_epilogue.cuh"
+#include "mha/sm90/bwd_passes.cuh"
 
 namespace ja {
 namespace mha_sm90 {

@@ -1,9 +1,9 @@
 // The entry point of the Hopper (sm_90a) attention backward: whether it takes a call, and which kernel runs it
 // (sm90/bwd_kernel.cuh: head dims up to 128; sm90/bwd_kernel_d256.cuh: 192 and 256), between the preprocess and
-// the dQ conversion of sm90/bwd_common.cuh.
+// the dQ conversion of sm90/bwd_passes.cuh.
 #pragma once
 #include "ja/kernels/mha.h"
-#include "mha/sm90/bwd_common.cuh"
+#include "mha/sm90/bwd_passes.cuh"
 #include "mha/sm90/bwd_kernel.cuh"
 #include "mha/sm90/bwd_kernel_d256.cuh"  // head dims 192, 256: the head dim split over the warpgroups
 #include "mha/sm90/dims.h"
