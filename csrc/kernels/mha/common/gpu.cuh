@@ -45,7 +45,7 @@ constexpr float kLn2 = 0.6931471805599453f;
 // mha_fwd_gpu / mha_bwd_gpu sends a call to the first kernel that handles all of its features (split-KV
 // decode, then mma.sync, then SIMT), and the SIMT kernels handle every one, so a call is refused only where
 // no kernel can run it (refuse_unhandled names the feature); the sm_90a kernels decline what they do not
-// handle (theirs: kFwdFeatures, kBwdFeatures in sm90/fwd_kernel.cuh, sm90/bwd_args.cuh). Bias and dropout
+// handle (theirs: kFwdFeatures, kBwdFeatures in sm90/fwd_args.cuh, sm90/bwd_args.cuh). Bias and dropout
 // run on the SIMT kernels only.
 constexpr uint32_t kMhaFwdAll = kMhaHeadDimV | kMhaRows | kMhaSoftcap | kMhaAlibi | kMhaBias | kMhaDropout;
 constexpr uint32_t kFwdSimtFeatures = kMhaFwdAll;

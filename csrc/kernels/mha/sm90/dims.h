@@ -1,6 +1,6 @@
 // Which head dims the sm_90a (wgmma + TMA) attention kernels run, and in which generated instance: one home
 // for that rule, read by the dispatch (dispatch.h, to pick the instance) and by the kernels
-// (sm90/fwd_kernel.cuh, mha_bwd_sm90*.cuh, to decline what they cannot run). A plain C++ header: the
+// (sm90/fwd_kernel.cuh, sm90/bwd_kernel*.cuh, to decline what they cannot run). A plain C++ header: the
 // host-compiled dispatch includes it.
 //
 // A kernel of head dim D runs head dims d (of q and k) and d_v (of v and o) up to D that are multiples of
