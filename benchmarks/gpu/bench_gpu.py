@@ -21,9 +21,10 @@ the head dims); features (issue 56's
 attention features through the public API against our dense kernel and cuDNN: packed documents, sliding
 windows, softcap, ALiBi, odd head dims, the deterministic backward; bench_attn_features.py); model (a
 Llama-like decoder built from our ops against the same model in plain JAX, cuDNN attention:
-prefill, train step, decode; model_bench.py, llama.py). The JSON records the GPU's provenance
-before and after the run (nvidia-smi: driver, clocks, power limit, ECC, other
-processes on the device), so two runs can be compared honestly.
+prefill, train step, decode; model_bench.py, llama.py; and a server loop, continuous batching of 64 requests over
+our paged KV cache against plain JAX's dense padded cache: serve_bench.py, serve_loop.py). The JSON records the
+GPU's provenance before and after the run (nvidia-smi: driver, clocks, power limit, ECC, other processes on the
+device), so two runs can be compared honestly.
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ import jax
 import jax.numpy as jnp
 
 import jax_aiter as ja
-from benchmarks.gpu import bench_attention, bench_attn_features, model_bench
+from benchmarks.gpu import bench_attention, bench_attn_features, model_bench, serve_bench
 from benchmarks.gpu.gpu_provenance import build_provenance, gpu_provenance
 from benchmarks.gpu.gpu_timing import (
     FLUSH,
@@ -247,7 +248,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="memory-bound shapes to run instead of the default grid (repeatable), e.g. 16384x8192")
     p.add_argument("--head-dim", type=int, action="append", choices=[32, 64, 96, 128, 256],
                    help="attention head dims (repeatable; default 64, 128 and 256, --quick: 128)")
-    p.add_argument("--model-workload", action="append", choices=[w.name for w in model_bench.WORKLOADS],
+    p.add_argument("--model-workload", action="append",
+                   choices=[w.name for w in model_bench.WORKLOADS] + [w.name for w in serve_bench.SERVE],
                    help="model workloads to run (repeatable; default all, --quick: "
                         + ", ".join(model_bench.QUICK) + ")")
     p.add_argument("--model-swaps", action="store_true", help="also time plain JAX with one group of our ops "
@@ -277,7 +279,7 @@ def run_sections(args: argparse.Namespace, lib, device_kind: str, save=lambda re
                "l2_flush_bytes": FLUSH_BYTES if FLUSH["on"] else 0, "gpu_ahead_cycles": SPIN["cycles"],
                "reps": args.reps,
                "copy": copy, "memory_bound": [], "chains": [], "decode": [], "attention": [], "features": [],
-               "model": [], "partial": True}
+               "model": [], "serve": [], "partial": True}
 
     def section(key, fn, *fn_args):
         results[key] = fn(*fn_args)
@@ -303,8 +305,9 @@ def run_sections(args: argparse.Namespace, lib, device_kind: str, save=lambda re
     if "features" in only:
         section("features", bench_attn_features.bench_features, lib, max(3, args.reps // 6))
     if "model" in only:
-        section("model", model_bench.bench_model, max(5, args.reps // 2),
-                args.model_workload or (list(model_bench.QUICK) if args.quick else None), args.model_swaps)
+        names = args.model_workload or (list(model_bench.QUICK) if args.quick else None)
+        section("model", model_bench.bench_model, max(5, args.reps // 2), names, args.model_swaps)
+        section("serve", serve_bench.bench_serve_all, max(3, args.reps // 10), names)
     results["partial"] = False
     results["seconds"] = round(time.time() - start, 1)
     results["machine"]["gpu_after"] = gpu_provenance()
@@ -370,6 +373,8 @@ def main(argv=None) -> int:
         bench_attn_features.print_table(results["features"])
     if results["model"]:
         model_bench.print_table(results["model"])
+    if results["serve"]:
+        serve_bench.print_table(results["serve"])
     print(f"JSON: {args.out}")
     if args.gate:
         return subprocess.call([sys.executable, "-m", "ci.perf.bench_gate", str(args.out)], cwd=ROOT)

@@ -185,22 +185,23 @@ def init_params(cfg: Config, key, dtype=jnp.bfloat16) -> dict:
 
 
 def rope(x, positions, theta):
-    """Rotary embedding (rotate-half form) of x [b, s, h, d] at integer positions [s], float32 angles."""
+    """Rotary embedding (rotate-half form) of x [b, s, h, d] at integer positions [s] (every row's) or [b, s] (each
+    row's own: a server's slots), float32 angles."""
     d = x.shape[-1]
     inv = theta ** (-jnp.arange(0, d, 2, dtype=jnp.float32) / d)
-    ang = positions.astype(jnp.float32)[:, None] * inv[None, :]
-    cos, sin = jnp.cos(ang)[None, :, None, :], jnp.sin(ang)[None, :, None, :]
+    ang = (positions.astype(jnp.float32)[..., None] * inv)[..., None, :]  # [(b,) s, 1, d / 2]
+    cos, sin = jnp.cos(ang), jnp.sin(ang)
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
-def _qkv(cfg: Config, layer, h, positions):
+def qkv(cfg: Config, layer, h, positions):
     b, s, _ = h.shape
-    qkv = h @ layer["wqkv"]
+    fused = h @ layer["wqkv"]
     nq, nk = cfg.heads_q * cfg.head_dim, cfg.heads_kv * cfg.head_dim
-    q = qkv[..., :nq].reshape(b, s, cfg.heads_q, cfg.head_dim)
-    k = qkv[..., nq:nq + nk].reshape(b, s, cfg.heads_kv, cfg.head_dim)
-    v = qkv[..., nq + nk:].reshape(b, s, cfg.heads_kv, cfg.head_dim)
+    q = fused[..., :nq].reshape(b, s, cfg.heads_q, cfg.head_dim)
+    k = fused[..., nq:nq + nk].reshape(b, s, cfg.heads_kv, cfg.head_dim)
+    v = fused[..., nq + nk:].reshape(b, s, cfg.heads_kv, cfg.head_dim)
     return rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta), v
 
 
@@ -215,7 +216,7 @@ def remat_policy():
     return cp.save_from_both_policies(cp.dots_saveable, cp.save_only_these_names(*RESIDUAL_NAMES))
 
 
-def _layers(cfg: Config, ops: Ops, params, x, attend):
+def layers(cfg: Config, ops: Ops, params, x, attend):
     """The decoder stack in fused-residual form; attend(i, layer, h) -> the attention output [b, s, hq*d]."""
     res = x
     h = ops.rms_norm(x, params["layers"][0]["attn_norm"], cfg.eps)
@@ -238,12 +239,12 @@ def prefill(cfg: Config, ops: Ops, params, tokens):
     cache = []
 
     def attend(i, layer, h):
-        q, k, v = _qkv(cfg, layer, h, positions)
+        q, k, v = qkv(cfg, layer, h, positions)
         if not cfg.remat:  # a rematerialized layer's k and v are its own trace's: a training step keeps no cache
             cache.append((k, v))
         return ops.attention(q, k, v, True, **cfg.attention_features(i)).reshape(b, s, cfg.heads_q * cfg.head_dim)
 
-    return _layers(cfg, ops, params, params["embed"][tokens], attend), cache
+    return layers(cfg, ops, params, params["embed"][tokens], attend), cache
 
 
 def forward(cfg: Config, ops: Ops, params, tokens):
@@ -275,14 +276,14 @@ def decode_step(cfg: Config, ops: Ops, params, cache, token, pos):
     new_cache = list(cache)
 
     def attend(i, layer, h):
-        q, k, v = _qkv(cfg, layer, h, positions)
+        q, k, v = qkv(cfg, layer, h, positions)
         ck, cv = cache[i]
         ck = jax.lax.dynamic_update_slice(ck, k, (0, pos, 0, 0))
         cv = jax.lax.dynamic_update_slice(cv, v, (0, pos, 0, 0))
         new_cache[i] = (ck, cv)
         return ops.attention(q, ck, cv, False).reshape(b, 1, cfg.heads_q * cfg.head_dim)
 
-    logits = _layers(cfg, ops, params, params["embed"][token][:, None, :], attend)
+    logits = layers(cfg, ops, params, params["embed"][token][:, None, :], attend)
     return logits[:, 0, :], new_cache
 
 
