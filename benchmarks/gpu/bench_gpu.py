@@ -19,7 +19,9 @@ its time with each turned off over its time); attention (prefill
 forward and backward against cuDNN and FlashAttention-3, 1k to 32k tokens; bench_attention.py; --head-dim picks
 the head dims); features (issue 56's
 attention features through the public API against our dense kernel and cuDNN: packed documents, sliding
-windows, softcap, ALiBi, odd head dims, the deterministic backward; bench_attn_features.py); model (a
+windows, softcap, ALiBi, odd head dims, the deterministic backward; bench_attn_features.py); serving (the paged
+KV cache: paged decode against copy bandwidth, our dense decode and FlashAttention-3's paged decode, FP8 KV, paged
+prefill against varlen, the FP8 forward against bf16; bench_serving.py); model (a
 Llama-like decoder built from our ops against the same model in plain JAX, cuDNN attention:
 prefill, train step, decode; model_bench.py, llama.py; and a server loop, continuous batching of 64 requests over
 our paged KV cache against plain JAX's dense padded cache: serve_bench.py, serve_loop.py). The JSON records the
@@ -43,7 +45,7 @@ import jax
 import jax.numpy as jnp
 
 import jax_aiter as ja
-from benchmarks.gpu import bench_attention, bench_attn_features, model_bench, serve_bench
+from benchmarks.gpu import bench_attention, bench_attn_features, bench_serving, model_bench, serve_bench
 from benchmarks.gpu.gpu_provenance import build_provenance, gpu_provenance
 from benchmarks.gpu.gpu_timing import (
     FLUSH,
@@ -236,7 +238,7 @@ def bench_decode(lib, reps, copy_gbps, quick):
     return rows
 
 
-SECTIONS = ["copy", "memory", "chain", "decode", "attention", "features", "model"]
+SECTIONS = ["copy", "memory", "chain", "decode", "attention", "features", "serving", "model"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -279,7 +281,7 @@ def run_sections(args: argparse.Namespace, lib, device_kind: str, save=lambda re
                "l2_flush_bytes": FLUSH_BYTES if FLUSH["on"] else 0, "gpu_ahead_cycles": SPIN["cycles"],
                "reps": args.reps,
                "copy": copy, "memory_bound": [], "chains": [], "decode": [], "attention": [], "features": [],
-               "model": [], "serve": [], "partial": True}
+               "serving": [], "model": [], "serve": [], "partial": True}
 
     def section(key, fn, *fn_args):
         results[key] = fn(*fn_args)
@@ -304,6 +306,8 @@ def run_sections(args: argparse.Namespace, lib, device_kind: str, save=lambda re
                 max(5, args.reps // 3), args.quick, args.head_dim)
     if "features" in only:
         section("features", bench_attn_features.bench_features, lib, max(3, args.reps // 6))
+    if "serving" in only:
+        section("serving", bench_serving.bench_serving, lib, max(5, args.reps // 3), copy["GBps"], args.quick)
     if "model" in only:
         names = args.model_workload or (list(model_bench.QUICK) if args.quick else None)
         section("model", model_bench.bench_model, max(5, args.reps // 2), names, args.model_swaps)
@@ -338,6 +342,8 @@ def print_kernel_tables(results: dict) -> None:
             print(f"    {k} not run: {why}")
     if results["attention"]:
         bench_attention.print_table(results["attention"])
+    if results["serving"]:
+        bench_serving.print_table(results["serving"])
 
 
 def write_json(path: Path, results: dict) -> None:
