@@ -53,6 +53,7 @@ from benchmarks.gpu.gpu_timing import (
     GPU_AHEAD_CYCLES,
     SPIN,
     build_timer,
+    compile_refusal,
     median,
     memcpy,
     n_sets,
@@ -182,15 +183,6 @@ def _mem_row(name, shape, nbytes, t, copy_gbps):
             "spread_ms": [min(t["ours"]), max(t["ours"])]}
 
 
-def _anchor_ok(f, args) -> str | None:
-    """None when f compiles for args (e.g. cuDNN accepts the shape), else the reason."""
-    try:
-        jax.jit(f).lower(*args).compile()
-        return None
-    except Exception as e:  # noqa: BLE001 -- any refusal is recorded, the rest of the run goes on
-        return f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
-
-
 # Decode: one query token per sequence against a long KV cache, grouped-query heads.
 DECODE_CASES = ((8, 32, 8, 8192), (8, 32, 8, 32768), (8, 32, 4, 8192), (8, 32, 4, 32768))
 DECODE_GOAL = 0.70
@@ -214,7 +206,7 @@ def bench_decode(lib, reps, copy_gbps, quick):
         }
         refused = {}
         for name in ("cudnn", "xla"):
-            why = _anchor_ok(cases[name], sets[0])
+            why = compile_refusal(cases[name], *sets[0])
             if why:
                 refused[name] = why
                 cases.pop(name)

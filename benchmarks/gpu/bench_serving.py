@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 import jax_aiter as ja
 from benchmarks.gpu.bench_attention import fa3
-from benchmarks.gpu.gpu_timing import median, n_sets, rand, time_cases
+from benchmarks.gpu.gpu_timing import compile_refusal, median, n_sets, rand, time_cases
 from jax_aiter.mha import flash_attn_varlen
 
 HQ, HKV, D = 32, 8, 128
@@ -86,17 +85,9 @@ def decode_cases(contexts: tuple[int, ...], fa3_mod, fp8: bool = False) -> dict:
     return cases
 
 
-def compiles(f, arg) -> str | None:
-    try:
-        jax.jit(f).lower(arg).compile()
-        return None
-    except Exception as e:  # noqa: BLE001 -- any refusal is recorded, the rest of the run goes on
-        return f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
-
-
 def timed(lib, cases: dict, sets: list, reps: int) -> tuple[dict, dict]:
     """({name: median ms} of the cases that compile, {name: why} of the others)."""
-    refused = {n: why for n, f in cases.items() if (why := compiles(f, sets[0]))}
+    refused = {n: why for n, f in cases.items() if (why := compile_refusal(f, sets[0]))}
     run = {n: (lambda *s, f=f: f(s[0])) for n, f in cases.items() if n not in refused}
     t = time_cases(lib, run, [(s,) for s in sets], reps) if run else {}
     return {n: median(v) for n, v in t.items()}, refused

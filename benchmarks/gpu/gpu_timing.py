@@ -146,6 +146,16 @@ def time_cases(lib, cases: dict, input_sets: list, reps: int) -> dict[str, list[
     return times
 
 
+def compile_refusal(f, *args) -> str | None:
+    """None when jax.jit(f) compiles for args (an anchor takes the shape, a kernel is in the build), else the reason
+    in one line: what a benchmark records for a case it leaves out."""
+    try:
+        jax.jit(f).lower(*args).compile()
+        return None
+    except Exception as e:  # noqa: BLE001 -- any refusal is recorded, the rest of the run goes on
+        return f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+
+
 def rand(shape, dtype, seed):
     return jax.device_put(jax.random.normal(jax.random.key(seed), shape, jnp.float32).astype(dtype))
 

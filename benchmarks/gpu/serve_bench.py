@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks.gpu import llama, model_bench, serve_loop
+from benchmarks.gpu.gpu_timing import compile_refusal
 from benchmarks.gpu.serve_schedule import make_requests
 
 
@@ -42,13 +43,9 @@ def plain_implementation(w: ServeWorkload) -> tuple[str | None, str | None]:
     q = jax.ShapeDtypeStruct((w.slots, 1, cfg.heads_q, cfg.head_dim), jnp.bfloat16)
     kv = jax.ShapeDtypeStruct((w.slots, n, cfg.heads_kv, cfg.head_dim), jnp.bfloat16)
     lens = jax.ShapeDtypeStruct((w.slots,), jnp.int32)
-    try:
-        attn = jax.jit(lambda q, k, v, n: jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=n,
-                                                                       implementation="cudnn"))
-        attn.lower(q, kv, kv, lens).compile()
-        return "cudnn", None
-    except Exception as e:  # noqa: BLE001 -- any refusal is recorded and the default implementation runs
-        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    why = compile_refusal(lambda q, k, v, n: jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=n,
+                                                                          implementation="cudnn"), q, kv, kv, lens)
+    return (None, why) if why else ("cudnn", None)
 
 
 def bench_serve(w: ServeWorkload, samples: int) -> dict:
@@ -64,7 +61,7 @@ def bench_serve(w: ServeWorkload, samples: int) -> dict:
             runs[name].append(serve_loop.run(server, requests, w.slots))
     med = {n: sorted(rs, key=lambda r: r["seconds"])[len(rs) // 2] for n, rs in runs.items()}  # the median run
     held = med["ours"]["peak_tokens_held"]
-    token_bytes = 2 * w.cfg.layers * w.cfg.heads_kv * w.cfg.head_dim * 2  # K and V, every layer, bfloat16
+    token_bytes = ours.kv_bytes() / (ours.table.num_pages * w.page_size)  # K and V of a token, every layer
     tps = {n: r["generated"] / r["seconds"] for n, r in med.items()}
     row = {"name": w.name, "kind": "serve", "config": vars(w.cfg), "requests": w.requests, "slots": w.slots,
            "page_size": w.page_size, "contexts": list(w.contexts), "generate": list(w.generate),
